@@ -1,0 +1,1 @@
+"""CLIP family (image-text contrastive): registered by its own module."""

@@ -1,0 +1,59 @@
+"""Multi-head self-attention through ``F.scaled_dot_product_attention``.
+
+The fused QKV projection stores its output rows per head, ``(H, 3, D)`` — Megatron's layout — rather
+than timm's ``(3, H, D)``. Splitting the rows into contiguous chunks (column-parallel tensor
+parallelism) then hands every rank whole heads with their q, k and v; the converters in
+``state_dict_adapter.py`` permute rows to and from the timm / open_clip layouts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .norms import make_norm
+
+
+def sdpa(q, k, v, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False):
+    """Scaled dot-product attention on ``(B, H, N, D)`` tensors (flash / cuDNN / memory-efficient)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        norm_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"hidden_size {dim} is not divisible by num_attention_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
+        self.q_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype) if qk_norm else nn.Identity()
+        self.k_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype) if qk_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False):
+        B, N, _ = x.shape
+        # -1 heads: under tensor parallelism this rank holds only its share of the heads.
+        qkv = self.qkv(x).view(B, N, -1, 3, self.head_dim)  # (B, N, H, 3, D)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # 3 x (B, H, N, D)
+        q, k = self.q_norm(q), self.k_norm(k)
+        drop = self.attn_drop if self.training else 0.0
+        x = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=drop, is_causal=is_causal)  # (B, H, N, D)
+        x = x.transpose(1, 2).reshape(B, N, -1)  # (B, N, H*D)
+        return self.proj_drop(self.proj(x))

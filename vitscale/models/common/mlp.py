@@ -1,0 +1,52 @@
+"""The transformer MLP (fc1 -> activation -> dropout -> fc2 -> dropout)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): the activation of OpenAI's original CLIP weights."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def make_activation(name: str) -> nn.Module:
+    """``gelu`` (exact erf), ``gelu_tanh``, ``quick_gelu``, ``relu`` or ``silu``."""
+    if name == "gelu":
+        return nn.GELU()
+    if name == "gelu_tanh":
+        return nn.GELU(approximate="tanh")
+    if name == "quick_gelu":
+        return QuickGELU()
+    if name == "relu":
+        return nn.ReLU()
+    if name == "silu":
+        return nn.SiLU()
+    raise ValueError(f"unknown activation {name!r}: use gelu, gelu_tanh, quick_gelu, relu or silu")
+
+
+class Mlp(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        out_dim: int | None = None,
+        bias: bool = True,
+        activation: str = "gelu",
+        dropout: float = 0.0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        out_dim = out_dim or dim
+        self.fc1 = nn.Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
+        self.act = make_activation(activation)
+        self.drop1 = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden, out_dim, bias=bias, device=device, dtype=dtype)
+        self.drop2 = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))

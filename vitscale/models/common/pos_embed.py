@@ -1,0 +1,36 @@
+"""Position-embedding resampling: the high-resolution fine-tuning path (ViT, ViT-22B)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def resample_pos_embed(
+    pos_embed: torch.Tensor,
+    new_grid: tuple[int, int],
+    old_grid: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 0,
+) -> torch.Tensor:
+    """Bicubically interpolate learned 1D position embeddings laid on a 2D patch grid.
+
+    ``pos_embed`` is ``(1, num_prefix_tokens + gh*gw, D)``; the prefix (class / register token)
+    embeddings are kept as they are. Same grid in, same tensor out (identity).
+    """
+    n_patch = pos_embed.shape[1] - num_prefix_tokens
+    if old_grid is None:
+        side = int(round(n_patch**0.5))
+        if side * side != n_patch:
+            raise ValueError(f"cannot infer a square grid from {n_patch} position embeddings; pass old_grid")
+        old_grid = (side, side)
+    if old_grid[0] * old_grid[1] != n_patch:
+        raise ValueError(f"grid {old_grid} does not match {n_patch} position embeddings")
+    if tuple(new_grid) == tuple(old_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    D = grid.shape[-1]
+    orig_dtype = grid.dtype
+    grid = grid.reshape(1, old_grid[0], old_grid[1], D).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=True)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(orig_dtype)  # (1, N', D)
+    return torch.cat([prefix, grid], dim=1)

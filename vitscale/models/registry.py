@@ -1,0 +1,134 @@
+"""One registry of model families and their variants; the trainer never branches on a model's name.
+
+A family (vit, clip, volo) registers a :class:`FamilySpec`: its model class, its variant table of
+frozen config dataclasses, the trainer task it defaults to and the dotted path of its parallelize
+function (imported lazily, so ``vitscale.models`` never imports distributed or training code).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+# Modules whose import registers a family. Order = order in `vitscale models`.
+_FAMILY_MODULES = ("vitscale.models.vit", "vitscale.models.clip", "vitscale.models.volo")
+_FAMILIES: dict[str, FamilySpec] = {}
+_loaded = False
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    name: str
+    """Family name: ``vit``, ``clip``, ``volo``."""
+    model_cls: type
+    """``model_cls(cfg, device=None, dtype=None)`` builds the model; ``init_weights()`` initialises it."""
+    variants: dict[str, Any]
+    """Variant name -> frozen config dataclass."""
+    task: str = "classification"
+    """The trainer task this family trains with by default (classification, contrastive, ...)."""
+    parallelize: str | None = None
+    """``"module:function"`` applying TP / activation checkpointing / compile / FSDP from outside."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Anything else a family wants to expose (e.g. state-dict adapters)."""
+
+
+def register_family(spec: FamilySpec) -> None:
+    clash = set(spec.variants) & {v for f in _FAMILIES.values() if f.name != spec.name for v in f.variants}
+    if clash:
+        raise ValueError(f"variant names already registered by another family: {sorted(clash)}")
+    _FAMILIES[spec.name] = spec
+
+
+def _load_families() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for mod in _FAMILY_MODULES:
+            importlib.import_module(mod)
+
+
+def families() -> dict[str, FamilySpec]:
+    _load_families()
+    return dict(_FAMILIES)
+
+
+def list_models(pattern: str | None = None, family: str | None = None) -> list[str]:
+    """Registered variant names, optionally filtered by a glob ``pattern`` or a ``family``."""
+    _load_families()
+    names = [n for f in _FAMILIES.values() if family in (None, f.name) for n in f.variants]
+    return [n for n in names if pattern is None or fnmatch.fnmatch(n, pattern)]
+
+
+def get_family(name: str) -> FamilySpec:
+    """The family of a variant name, or of a family name."""
+    _load_families()
+    if name in _FAMILIES:
+        return _FAMILIES[name]
+    for f in _FAMILIES.values():
+        if name in f.variants:
+            return f
+    close = difflib.get_close_matches(name, list_models(), n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else " See `vitscale models`."
+    raise KeyError(f"unknown model {name!r}.{hint}")
+
+
+def get_model_config(name: str, **overrides: Any) -> Any:
+    """The variant's config with ``overrides`` applied (nested dicts for nested configs)."""
+    return replace_config(get_family(name).variants[name], overrides)
+
+
+def replace_config(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """``dataclasses.replace`` that recurses into nested dataclass fields given as dicts and names
+    the closest valid field when a key is misspelt."""
+    if not overrides:
+        return cfg
+    valid = {f.name for f in dataclasses.fields(cfg)}
+    changes = {}
+    for key, value in overrides.items():
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{type(cfg).__name__} has no field {key!r}{hint}")
+        current = getattr(cfg, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            value = replace_config(current, value)
+        changes[key] = value
+    return dataclasses.replace(cfg, **changes)
+
+
+def create_model(
+    name: str,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    init: bool = True,
+    **overrides: Any,
+) -> nn.Module:
+    """Build a registered model, e.g. ``create_model("vit_b16", num_classes=10, img_h=384, img_w=384)``.
+
+    On ``device="meta"`` nothing is allocated or initialised: parallelize the model, ``to_empty()``
+    it, then call ``init_weights()``. Elsewhere the weights are initialised unless ``init=False``.
+    """
+    family = get_family(name)
+    cfg = replace_config(family.variants[name], overrides)
+    model = family.model_cls(cfg, device=device, dtype=dtype)
+    model.variant_name = name
+    if init and torch.device(device or "cpu").type != "meta":
+        model.init_weights()
+    return model
+
+
+def parallelize_fn(family: str | FamilySpec):
+    """The family's parallelize function (imported on demand)."""
+    spec = family if isinstance(family, FamilySpec) else get_family(family)
+    if spec.parallelize is None:
+        raise NotImplementedError(f"model family {spec.name!r} has no parallelize function")
+    module, fn = spec.parallelize.split(":")
+    return getattr(importlib.import_module(module), fn)

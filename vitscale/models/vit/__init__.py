@@ -1,0 +1,17 @@
+"""The ViT family: NeMo sizes B/16 … G/14, ViT-22B options, and a tiny debug variant."""
+
+from ..registry import FamilySpec, register_family
+from .configs import VARIANTS, ViTConfig
+from .model import Block, ParallelBlock, VisionTransformer
+
+register_family(
+    FamilySpec(
+        name="vit",
+        model_cls=VisionTransformer,
+        variants=VARIANTS,
+        task="classification",
+        parallelize="vitscale.models.vit.parallelize:parallelize_vit",
+    )
+)
+
+__all__ = ["Block", "ParallelBlock", "VARIANTS", "ViTConfig", "VisionTransformer"]

@@ -1,0 +1,151 @@
+"""ViT configuration (NeMo field names) and the variant table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+POOLS = ("token", "avg", "map", "none")
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """A Vision Transformer. Field names follow NeMo's ViT config where NeMo has the field."""
+
+    img_h: int = 224
+    """Input image height in pixels (NeMo ``img_h``)."""
+    img_w: int = 224
+    """Input image width in pixels (NeMo ``img_w``)."""
+    patch_dim: int = 16
+    """Side of the square patches (NeMo ``patch_dim``)."""
+    num_channels: int = 3
+    """Input image channels (NeMo ``num_channels``)."""
+    num_layers: int = 12
+    """Transformer blocks (NeMo ``num_layers``)."""
+    hidden_size: int = 768
+    """Token width (NeMo ``hidden_size``)."""
+    ffn_hidden_size: int = 3072
+    """MLP hidden width (NeMo ``ffn_hidden_size``)."""
+    num_attention_heads: int = 12
+    """Attention heads (NeMo ``num_attention_heads``)."""
+    hidden_dropout: float = 0.0
+    """Dropout on embeddings and on the attention / MLP outputs (NeMo ``hidden_dropout``)."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention probabilities (NeMo ``attention_dropout``)."""
+    num_classes: int = 1000
+    """Classifier outputs; 0 removes the classifier (features only)."""
+    drop_path_rate: float = 0.0
+    """Stochastic depth: the last block drops its branches with this rate, the first with 0."""
+    drop_patch_rate: float = 0.0
+    """Patch dropout: fraction of patch tokens dropped during training (NeMo CLIP ``drop_patch_rate``)."""
+    class_token_length: int = 1
+    """Learnable prefix tokens: 0 = none, 1 = a class token, >1 = class token plus registers."""
+    pool: str = "token"
+    """Head pooling: ``token`` (first prefix token), ``avg`` (mean of patch tokens, the pooled
+    classifier), ``map`` (multihead attention pooling) or ``none`` (all tokens)."""
+    fc_norm: bool | None = None
+    """Apply the final LayerNorm after pooling instead of before; None = only for ``avg`` pooling."""
+    final_norm: bool = True
+    """A LayerNorm after the last block (or after pooling with ``fc_norm``)."""
+    pre_norm: bool = False
+    """A LayerNorm on the embedded tokens before the first block (CLIP's ``ln_pre``)."""
+    pre_logits: bool = False
+    """NeMo's classify head: a hidden->hidden Linear + tanh before the classifier."""
+    head_dropout: float = 0.0
+    """Dropout on the pooled features before the classifier."""
+    head_bias_init: float = 0.0
+    """Initial classifier bias (e.g. -6.9 for sigmoid cross-entropy over many classes)."""
+    parallel_block: bool = False
+    """ViT-22B block: attention and MLP in parallel from one LayerNorm, QKV and fc1 fused into one
+    matmul, the two output projections fused into another."""
+    qk_norm: bool = False
+    """LayerNorm on queries and keys before the dot product (ViT-22B)."""
+    qkv_bias: bool = True
+    """Bias on the QKV projection (ViT-22B: False)."""
+    proj_bias: bool = True
+    """Bias on the attention output projection."""
+    mlp_bias: bool = True
+    """Bias on the MLP layers (ViT-22B keeps them)."""
+    norm_bias: bool = True
+    """LayerNorms with a bias (ViT-22B: False)."""
+    patch_bias: bool = True
+    """Bias on the patch-embedding projection (OpenAI CLIP: False)."""
+    norm_eps: float = 1e-6
+    """LayerNorm epsilon."""
+    activation: str = "gelu"
+    """MLP activation: gelu, gelu_tanh, quick_gelu, relu, silu."""
+    layer_scale_init: float | None = None
+    """LayerScale on each residual branch with this start value; None = off."""
+    pos_embed_prefix: bool = True
+    """Whether the prefix tokens get position embeddings too (timm ``no_embed_class=False``)."""
+
+    def __post_init__(self) -> None:
+        if self.pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, got {self.pool!r}")
+        if self.pool == "token" and self.class_token_length < 1:
+            raise ValueError("pool='token' needs class_token_length >= 1; use pool='avg' or 'map' without one")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} must be divisible by num_attention_heads {self.num_attention_heads}"
+            )
+        if self.img_h % self.patch_dim or self.img_w % self.patch_dim:
+            raise ValueError(f"image {self.img_h}x{self.img_w} is not divisible by patch_dim {self.patch_dim}")
+        if self.parallel_block and self.ffn_hidden_size % self.num_attention_heads:
+            raise ValueError("parallel_block needs ffn_hidden_size divisible by num_attention_heads")
+        if self.parallel_block and self.qkv_bias and not self.mlp_bias:
+            raise ValueError("parallel_block with qkv_bias=True needs mlp_bias=True (one fused bias)")
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.img_h // self.patch_dim, self.img_w // self.patch_dim
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.class_token_length
+
+    @property
+    def use_fc_norm(self) -> bool:
+        return (self.pool == "avg") if self.fc_norm is None else self.fc_norm
+
+    def with_image_size(self, img_h: int, img_w: int | None = None) -> ViTConfig:
+        return replace(self, img_h=img_h, img_w=img_w if img_w is not None else img_h)
+
+
+def _vit(hidden, ffn, heads, layers, patch, **kw) -> ViTConfig:
+    return ViTConfig(
+        hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads, num_layers=layers, patch_dim=patch, **kw
+    )
+
+
+# Sizes. B/16 … G/14: NeMo ViT model table (shared/seeds/000, "Model size (M) / Hidden size /
+# FFN_dim / Attention heads / Number of layers / PatchDim"). Ti, S, B/32: the original ViT / DeiT papers.
+VARIANTS: dict[str, ViTConfig] = {
+    # tiny, for tests and the CPU demo
+    "vit_debug": _vit(64, 128, 4, 2, 8, img_h=32, img_w=32, num_classes=10),
+    # DeiT-Ti / ViT-S (Touvron et al. 2021, Table 1) and ViT-B/32 (Dosovitskiy et al. 2021, Table 1)
+    "vit_ti16": _vit(192, 768, 3, 12, 16),
+    "vit_s16": _vit(384, 1536, 6, 12, 16),
+    "vit_b32": _vit(768, 3072, 12, 12, 32),
+    # NeMo table: B/16 86M, 768 / 3072 / 12 heads / 12 layers / patch 16
+    "vit_b16": _vit(768, 3072, 12, 12, 16),
+    # NeMo table: L/16 303M, 1024 / 4096 / 16 / 24 / 16
+    "vit_l16": _vit(1024, 4096, 16, 24, 16),
+    # NeMo table: H/16 632M, 1280 / 5120 / 16 / 32 / 16
+    "vit_h16": _vit(1280, 5120, 16, 32, 16),
+    # NeMo table: H/14 632M, 1280 / 5120 / 16 / 32 / 14
+    "vit_h14": _vit(1280, 5120, 16, 32, 14),
+    # NeMo table: g/14 1011M, 1408 / 6144 / 16 / 40 / 14
+    "vit_g14": _vit(1408, 6144, 16, 40, 14),
+    # NeMo table: G/14 1843M, 1664 / 8192 / 16 / 48 / 14
+    "vit_bigg14": _vit(1664, 8192, 16, 48, 14),
+    # ViT-22B (Dehghani et al. 2023, Table 1; shared/seeds/003): 6144 / 24576 / 48 heads / 48 layers,
+    # patch 14, parallel block, QK LayerNorm, no QKV or LayerNorm biases, MAP head; 21.7B parameters.
+    "vit_22b": _vit(
+        6144, 24576, 48, 48, 14,
+        class_token_length=0, pool="map", parallel_block=True, qk_norm=True, qkv_bias=False,
+        norm_bias=False,
+    ),
+}  # fmt: skip

@@ -1,0 +1,291 @@
+"""Vision Transformer: standard and ViT-22B parallel blocks, token / avg / MAP heads.
+
+Pure single-device PyTorch. Parallelism (FSDP, tensor parallel, activation checkpointing wrappers)
+is applied from outside by ``vitscale.models.vit.parallelize``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..common import (
+    Attention,
+    AttentionPoolHead,
+    DropPath,
+    LayerScale,
+    Mlp,
+    PatchDropout,
+    PatchEmbed,
+    make_activation,
+    make_norm,
+    resample_pos_embed,
+)
+from ..common.attention import sdpa
+from .configs import ViTConfig
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm1(x)); x + mlp(norm2(x))."""
+
+    def __init__(self, cfg: ViTConfig, drop_path: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        D, eps, nb = cfg.hidden_size, cfg.norm_eps, cfg.norm_bias
+        self.norm1 = make_norm(D, eps, nb, device, dtype)
+        self.attn = Attention(
+            D, cfg.num_attention_heads, qkv_bias=cfg.qkv_bias, proj_bias=cfg.proj_bias, qk_norm=cfg.qk_norm,
+            norm_eps=eps, norm_bias=nb, attn_drop=cfg.attention_dropout, proj_drop=cfg.hidden_dropout,
+            device=device, dtype=dtype,
+        )  # fmt: skip
+        ls = cfg.layer_scale_init
+        self.ls1 = LayerScale(D, ls, device, dtype) if ls is not None else nn.Identity()
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = make_norm(D, eps, nb, device, dtype)
+        self.mlp = Mlp(
+            D, cfg.ffn_hidden_size, bias=cfg.mlp_bias, activation=cfg.activation, dropout=cfg.hidden_dropout,
+            device=device, dtype=dtype,
+        )  # fmt: skip
+        self.ls2 = LayerScale(D, ls, device, dtype) if ls is not None else nn.Identity()
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
+
+
+class ParallelBlock(nn.Module):
+    """ViT-22B block: x + out_proj([attn(norm(x)), mlp_act(norm(x))]) with fused in/out projections.
+
+    ``in_proj`` computes Q, K, V and the MLP's first layer in one matmul. Its output rows are grouped
+    per head, ``(H, 3*Dh + F/H)`` — head h's q, k, v, then its 1/H share of the MLP hidden units —
+    and ``out_proj`` reads its input in the matching ``(H, Dh + F/H)`` order, so contiguous row /
+    column sharding (Megatron column / row parallel) gives every rank whole heads and an equal
+    slice of the MLP. The MLP hidden units keep their natural order (unit j sits in group j // (F/H)).
+    """
+
+    def __init__(self, cfg: ViTConfig, drop_path: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        D, H, F_ = cfg.hidden_size, cfg.num_attention_heads, cfg.ffn_hidden_size
+        eps, nb = cfg.norm_eps, cfg.norm_bias
+        self.num_heads = H
+        self.head_dim = D // H
+        self.mlp_per_head = F_ // H
+        self.attn_drop = cfg.attention_dropout
+        self.norm = make_norm(D, eps, nb, device, dtype)
+        self.in_proj = nn.Linear(D, H * (3 * self.head_dim + self.mlp_per_head), bias=cfg.qkv_bias, device=device, dtype=dtype)
+        # Without a QKV bias the MLP keeps its own bias, laid out per head like the in_proj rows.
+        if cfg.mlp_bias and not cfg.qkv_bias:
+            self.mlp_bias = nn.Parameter(torch.empty(H, self.mlp_per_head, device=device, dtype=dtype))
+        else:
+            self.register_parameter("mlp_bias", None)
+        self.q_norm = make_norm(self.head_dim, eps, nb, device, dtype) if cfg.qk_norm else nn.Identity()
+        self.k_norm = make_norm(self.head_dim, eps, nb, device, dtype) if cfg.qk_norm else nn.Identity()
+        self.act = make_activation(cfg.activation)
+        self.mlp_drop = nn.Dropout(cfg.hidden_dropout)
+        self.out_proj = nn.Linear(
+            H * (self.head_dim + self.mlp_per_head), D, bias=cfg.proj_bias or cfg.mlp_bias, device=device, dtype=dtype
+        )
+        self.out_drop = nn.Dropout(cfg.hidden_dropout)
+        ls = cfg.layer_scale_init
+        self.ls = LayerScale(D, ls, device, dtype) if ls is not None else nn.Identity()
+        self.drop_path = DropPath(drop_path)
+
+    def init_weights(self) -> None:
+        if self.mlp_bias is not None:
+            nn.init.zeros_(self.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        Dh, Fh = self.head_dim, self.mlp_per_head
+        y = self.in_proj(self.norm(x)).view(B, N, -1, 3 * Dh + Fh)  # (B, N, H, 3*Dh + F/H)
+        qkv, h = y.split([3 * Dh, Fh], dim=-1)  # (B, N, H, 3*Dh), (B, N, H, F/H)
+        if self.mlp_bias is not None:
+            h = h + self.mlp_bias
+        q, k, v = qkv.unflatten(-1, (3, Dh)).permute(3, 0, 2, 1, 4).unbind(0)  # 3 x (B, H, N, Dh)
+        q, k = self.q_norm(q), self.k_norm(k)
+        a = sdpa(q, k, v, dropout_p=self.attn_drop if self.training else 0.0).transpose(1, 2)  # (B, N, H, Dh)
+        h = self.mlp_drop(self.act(h))
+        y = self.out_proj(torch.cat([a, h], dim=-1).reshape(B, N, -1))  # (B, N, D)
+        return x + self.drop_path(self.ls(self.out_drop(y)))
+
+
+class VisionTransformer(nn.Module):
+    """ViT for classification and as the CLIP vision tower. ``cfg`` is a :class:`ViTConfig`."""
+
+    def __init__(self, cfg: ViTConfig, device=None, dtype=None):
+        super().__init__()
+        self.cfg = cfg
+        D, L = cfg.hidden_size, cfg.class_token_length
+        eps, nb = cfg.norm_eps, cfg.norm_bias
+        self.num_features = D
+        self.num_prefix_tokens = L
+        self.grad_checkpointing = False
+        self.patch_embed = PatchEmbed(cfg.patch_dim, cfg.num_channels, D, bias=cfg.patch_bias, device=device, dtype=dtype)
+        self.cls_token = nn.Parameter(torch.empty(1, L, D, device=device, dtype=dtype)) if L > 0 else None
+        n_pos = cfg.num_patches + (L if cfg.pos_embed_prefix else 0)
+        self.pos_embed = nn.Parameter(torch.empty(1, n_pos, D, device=device, dtype=dtype))
+        self.pos_drop = nn.Dropout(cfg.hidden_dropout)
+        self.patch_drop = PatchDropout(cfg.drop_patch_rate, L) if cfg.drop_patch_rate > 0 else nn.Identity()
+        self.norm_pre = make_norm(D, eps, nb, device, dtype) if cfg.pre_norm else nn.Identity()
+        block_cls = ParallelBlock if cfg.parallel_block else Block
+        n = cfg.num_layers
+        dpr = [cfg.drop_path_rate * i / max(n - 1, 1) for i in range(n)]  # linear stochastic-depth rule
+        self.blocks = nn.ModuleList([block_cls(cfg, dpr[i], device, dtype) for i in range(n)])
+        use_fc_norm = cfg.use_fc_norm
+        self.norm = make_norm(D, eps, nb, device, dtype) if cfg.final_norm and not use_fc_norm else nn.Identity()
+        self.attn_pool = (
+            AttentionPoolHead(
+                D, cfg.num_attention_heads, cfg.ffn_hidden_size, qk_norm=cfg.qk_norm, norm_eps=eps, norm_bias=nb,
+                activation=cfg.activation, device=device, dtype=dtype,
+            )
+            if cfg.pool == "map"
+            else None
+        )  # fmt: skip
+        self.fc_norm = make_norm(D, eps, nb, device, dtype) if cfg.final_norm and use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(cfg.head_dropout)
+        self.pre_logits = (
+            nn.Sequential(nn.Linear(D, D, device=device, dtype=dtype), nn.Tanh()) if cfg.pre_logits else nn.Identity()
+        )
+        self.num_classes = cfg.num_classes
+        self.head = nn.Linear(D, cfg.num_classes, device=device, dtype=dtype) if cfg.num_classes > 0 else nn.Identity()
+        self._register_load_state_dict_pre_hook(self._resample_pos_embed_on_load)
+
+    # ------------------------------------------------------------------ init
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter in place; works after ``to_empty()`` and on sharded params."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Conv2d)):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        for m in self.modules():
+            if m is not self and hasattr(m, "init_weights"):
+                m.init_weights()
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        if self.attn_pool is not None:
+            nn.init.trunc_normal_(self.attn_pool.latent, std=self.num_features**-0.5)
+        if isinstance(self.head, nn.Linear):
+            nn.init.constant_(self.head.bias, self.cfg.head_bias_init)
+
+    # ------------------------------------------------------------------ API
+    def no_weight_decay(self) -> set[str]:
+        """Parameters that take no weight decay besides norms and biases (which the optimizer skips)."""
+        names = {"pos_embed"}
+        if self.cls_token is not None:
+            names.add("cls_token")
+        if self.attn_pool is not None:
+            names.add("attn_pool.latent")
+        return names
+
+    def head_parameter_names(self) -> set[str]:
+        """The classifier's parameters (ViT-22B gives the head its own weight decay)."""
+        return {f"head.{n}" for n, _ in self.head.named_parameters()}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    def reset_classifier(self, num_classes: int, pool: str | None = None) -> None:
+        """Replace the classifier (fine-tuning to a new label set); ``pool`` may switch token/avg."""
+        if pool is not None and pool != self.cfg.pool:
+            if pool == "map" or self.cfg.pool == "map":
+                raise ValueError("switching to or from MAP pooling changes parameters: build a new model")
+            self.cfg = replace(self.cfg, pool=pool)
+        ref = self.pos_embed
+        self.num_classes = num_classes
+        self.cfg = replace(self.cfg, num_classes=num_classes)
+        if num_classes > 0:
+            self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
+            if ref.device.type != "meta":
+                with torch.no_grad():
+                    nn.init.trunc_normal_(self.head.weight, std=0.02)
+                    nn.init.constant_(self.head.bias, self.cfg.head_bias_init)
+        else:
+            self.head = nn.Identity()
+
+    def set_image_size(self, img_h: int, img_w: int | None = None) -> None:
+        """Resize the position embeddings to a new image size (high-resolution fine-tuning)."""
+        new = self.cfg.with_image_size(img_h, img_w)
+        with torch.no_grad():
+            pe = resample_pos_embed(self.pos_embed.data, new.grid, self.cfg.grid, self._pos_prefix())
+        self.pos_embed = nn.Parameter(pe)
+        self.cfg = new
+
+    # ------------------------------------------------------------------ forward
+    def _pos_prefix(self) -> int:
+        return self.num_prefix_tokens if self.cfg.pos_embed_prefix else 0
+
+    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        pos = self.pos_embed
+        if grid != self.cfg.grid:  # another image size at run time: interpolate on the fly
+            pos = resample_pos_embed(pos, grid, self.cfg.grid, self._pos_prefix())
+        B = x.shape[0]
+        if self.cls_token is None:
+            x = x + pos
+        elif self.cfg.pos_embed_prefix:
+            x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1) + pos  # (B, L+N, D)
+        else:
+            x = torch.cat([self.cls_token.expand(B, -1, -1), x + pos], dim=1)  # (B, L+N, D)
+        return self.pos_drop(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images ``(B, C, H, W)`` -> normalised tokens ``(B, prefix + patches, D)``."""
+        grid = (x.shape[-2] // self.cfg.patch_dim, x.shape[-1] // self.cfg.patch_dim)
+        x = self.patch_embed(x)  # (B, N, D)
+        x = self._pos_embed(x, grid)
+        x = self.patch_drop(x)
+        x = self.norm_pre(x)
+        for blk in self.blocks:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+        return self.norm(x)
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens ``(B, T, D)`` -> pooled features ``(B, D)`` (``(B, T, D)`` for pool='none')."""
+        pool = self.cfg.pool
+        if pool == "map":
+            return self.attn_pool(x[:, self.num_prefix_tokens :])
+        if pool == "token":
+            return x[:, 0]
+        if pool == "avg":
+            return x[:, self.num_prefix_tokens :].mean(dim=1)
+        return x
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.pool(x)
+        x = self.fc_norm(x)
+        x = self.head_drop(x)
+        x = self.pre_logits(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    # ------------------------------------------------------------------ loading
+    def _resample_pos_embed_on_load(self, state_dict, prefix, *args) -> None:
+        key = prefix + "pos_embed"
+        pe = state_dict.get(key)
+        if pe is None or pe.shape == self.pos_embed.shape:
+            return
+        n_prefix = self._pos_prefix()
+        n_old = pe.shape[1] - n_prefix
+        side = math.isqrt(n_old)
+        if side * side != n_old:
+            return  # not a square grid: let load_state_dict report the shape mismatch
+        state_dict[key] = resample_pos_embed(pe, self.cfg.grid, (side, side), n_prefix)
+
+
+__all__ = ["Block", "ParallelBlock", "VisionTransformer"]

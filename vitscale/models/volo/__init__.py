@@ -1,0 +1,1 @@
+"""VOLO family (outlook attention + token labeling): registered by its own module."""
