@@ -1,0 +1,314 @@
+"""Load a :class:`~vitscale.config.schema.Config`: defaults <- YAML <- dotted overrides.
+
+``load_config("digits_vit", ["train.max_steps=10", "model.hidden_size=128"])``. A config is a YAML
+path or a built-in name looked up in ``configs/`` (repo root, then the current directory) and in
+the package's ``vitscale/configs/``. An unknown key fails before anything runs and names the closest
+valid key; a value of the wrong type names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .schema import Config
+
+# Fields whose value must be one of a few words (checked at load time, before anything runs).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "optim.name": ("adamw", "adam", "sgd"),
+    "optim.fused": ("auto", "fused", "foreach", "none"),
+    "schedule.name": ("cosine", "rsqrt", "constant"),
+    "train.loss": ("softmax", "sigmoid"),
+    "train.device": ("auto", "cpu", "cuda"),
+    "parallel.activation_checkpointing": ("none", "full", "selective"),
+    "parallel.ac_method": ("block", "uniform"),
+    "precision.autocast": ("auto", "bf16", "fp16", "none"),
+    "log.progress": ("auto", "bar", "plain", "none"),
+}
+
+
+class ConfigError(ValueError):
+    """A config that cannot be loaded: unknown key, wrong type, bad value, missing file."""
+
+
+# ---------------------------------------------------------------------------------------- finding
+def config_dirs() -> list[Path]:
+    """Where built-in config names are looked up, in order."""
+    pkg = Path(__file__).resolve().parent.parent  # vitscale/
+    dirs = [pkg.parent / "configs", Path.cwd() / "configs", pkg / "configs"]
+    out: list[Path] = []
+    for d in dirs:
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def builtin_configs() -> list[str]:
+    names: set[str] = set()
+    for d in config_dirs():
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("*.yaml"))
+    return sorted(names)
+
+
+def find_config(name_or_path: str | os.PathLike) -> Path:
+    """A YAML path, or the file of a built-in config name (``digits_vit``)."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    stem = p.name[: -len(".yaml")] if p.name.endswith(".yaml") else p.name
+    for d in config_dirs():
+        cand = d / f"{stem}.yaml"
+        if cand.is_file():
+            return cand
+    close = difflib.get_close_matches(stem, builtin_configs(), n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else f" Built-in configs: {', '.join(builtin_configs())}."
+    raise ConfigError(f"no config file or built-in config named {str(name_or_path)!r}.{hint}")
+
+
+# ---------------------------------------------------------------------------------------- merging
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"a.b=1e-3"`` -> (["a", "b"], 0.001). Values are YAML scalars/lists; ``a.b=`` is ""."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key=value (e.g. train.max_steps=100)")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("-")
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = "" if raw == "" else yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def _set_dotted(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        nxt = node.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[part] = nxt
+        node = nxt
+    node[path[-1]] = value
+
+
+def _merge(base: dict, update: dict) -> dict:
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+# ---------------------------------------------------------------------------------------- typing
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}{f.name}"
+        keys.append(path)
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            keys.extend(_all_keys(tp, path + "."))
+    return keys
+
+
+def _suggest(path: str, valid_here: list[str], prefix: str) -> str:
+    leaf = path.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(leaf, valid_here, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {prefix + close[0]!r}?"
+    everything = _all_keys(Config)
+    by_leaf = [k for k in everything if k.rsplit(".", 1)[-1] == leaf]
+    if by_leaf:
+        return f"; did you mean {by_leaf[0]!r}?"
+    close = difflib.get_close_matches(path, everything, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid keys here: {', '.join(valid_here)}"
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """``value`` checked against the annotation ``tp`` (ints widen to float, lists to tuples)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, path)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return _build(tp, value, path + ".")
+    if origin in (tuple, list):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and args and args[-1] is Ellipsis:
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r} ({type(value).__name__})")
+        if origin is tuple and args and args[-1] is not Ellipsis and len(args) != len(value):
+            raise ConfigError(f"{path}: expected {len(args)} values, got {len(value)}: {value!r}")
+        elem = (lambda i: args[0]) if (not args or args[-1] is Ellipsis or origin is list) else (lambda i: args[i])
+        items = [_coerce(v, elem(i), f"{path}[{i}]") if args else v for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r} ({type(value).__name__})")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: expected true/false, got {value!r} ({type(value).__name__})")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{path}: expected an integer, got {value!r} ({type(value).__name__})")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads "3e-3" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{path}: expected a number, got {value!r} ({type(value).__name__})")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{path}: expected a string, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _build(cls: type, values: dict, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        path = prefix + key
+        if key not in hints or key not in names:
+            raise ConfigError(f"unknown config key {path!r}{_suggest(path, names, prefix)}")
+        kwargs[key] = _coerce(value, hints[key], path)
+    try:
+        obj = cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from e
+    return obj
+
+
+def _route_model_keys(tree: dict) -> None:
+    """Move ``model.<field of the variant config>`` into ``model.overrides`` (the shorthand)."""
+    model = tree.get("model")
+    if not isinstance(model, dict):
+        return
+    from vitscale.models.registry import get_family
+
+    name = model.get("name", "vit_debug")
+    try:
+        variant_cfg = get_family(name).variants[name]
+    except KeyError as e:
+        raise ConfigError(f"model.name: {e.args[0]}") from None
+    variant_fields = [f.name for f in dataclasses.fields(variant_cfg)]
+    own = [f.name for f in dataclasses.fields(Config().model)]
+    overrides = model.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"model.overrides: expected a mapping, got {overrides!r}")
+    for key in list(model):
+        if key in own:
+            continue
+        if key in variant_fields:
+            overrides[key] = model.pop(key)
+        else:
+            close = difflib.get_close_matches(key, own + variant_fields, n=1, cutoff=0.6)
+            hint = f"; did you mean 'model.{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown config key 'model.{key}' (not a field of {name}'s config){hint}")
+    for key in overrides:
+        if key not in variant_fields:
+            close = difflib.get_close_matches(key, variant_fields, n=1, cutoff=0.6)
+            hint = f"; did you mean 'model.{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown config key 'model.overrides.{key}' (not a field of {name}'s config){hint}")
+    model["overrides"] = overrides
+
+
+# ---------------------------------------------------------------------------------------- public
+def config_from_dict(tree: dict) -> Config:
+    tree = _merge({}, tree)
+    _route_model_keys(tree)
+    cfg = _build(Config, tree)
+    flat = config_to_dict(cfg)
+    for key, allowed in CHOICES.items():
+        group, leaf = key.split(".")
+        value = flat.get(group, {}).get(leaf)
+        if value not in allowed:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+    # Validates the model overrides' values (types and the variant's own checks) before anything runs.
+    from vitscale.models.registry import get_model_config
+
+    try:
+        get_model_config(cfg.model.name, **cfg.model.overrides)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model: {e}") from e
+    return cfg
+
+
+def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+    """defaults <- YAML (``name_or_path``; None = defaults only) <- dotted ``overrides``."""
+    tree: dict = {}
+    if name_or_path:
+        path = find_config(name_or_path)
+        with open(path) as f:
+            loaded = yaml.safe_load(f) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of config groups")
+        tree = loaded
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value)
+    return config_from_dict(tree)
+
+
+def config_to_dict(cfg: Any) -> dict:
+    """The config as plain YAML-able data (tuples become lists)."""
+
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(cfg)
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the resolved config (reloadable with ``load_config(path)``)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w") as f:
+        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False, default_flow_style=None)
+    os.replace(tmp, path)

@@ -1,0 +1,240 @@
+"""The typed run configuration: one root :class:`Config` of groups, a docstring under every field.
+
+The dataclasses are the truth: ``vitscale.config.load`` merges defaults <- YAML <- dotted overrides
+into them, refusing unknown keys (with the closest valid key) and wrong types (naming the field).
+Owners of later features (CLIP, token labeling) add their own groups as new fields of ``Config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+try:  # the data engineer's DataConfig is the `data` group
+    from vitscale.data.config import DataConfig
+except ModuleNotFoundError as e:  # pragma: no cover - only while vitscale.data is being written
+    if not (e.name or "").startswith("vitscale.data"):
+        raise
+
+    @dataclass
+    class DataConfig:  # type: ignore[no-redef]
+        """Placeholder of the data group until ``vitscale.data.config`` exists (same contract)."""
+
+        format: str = "synthetic"
+        """Dataset format: digits | imagefolder | synthetic."""
+        train_path: str | None = None
+        """Training split location."""
+        val_path: str | None = None
+        """Validation split location."""
+        img_size: int | None = None
+        """Image side; None = the model's img_h/img_w."""
+        num_classes: int | None = None
+        """Classes; None = from the dataset."""
+        mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+        """Normalisation mean."""
+        std: tuple[float, ...] = (0.5, 0.5, 0.5)
+        """Normalisation std."""
+        num_workers: int = 0
+        """DataLoader workers."""
+        pin_memory: bool = True
+        """Pinned host memory."""
+        persistent_workers: bool = True
+        """Keep workers alive between epochs."""
+        mixup_alpha: float = 0.0
+        """Mixup alpha (0 = off)."""
+        cutmix_alpha: float = 0.0
+        """CutMix alpha (0 = off)."""
+        mixup_prob: float = 1.0
+        """Probability of applying mixup/cutmix to a batch."""
+        mixup_switch_prob: float = 0.5
+        """Probability of cutmix instead of mixup when both are on."""
+        synthetic_size: int = 256
+        """Samples of the synthetic dataset."""
+
+
+@dataclass
+class ModelConfig:
+    """Which registered model to train."""
+
+    name: str = "vit_debug"
+    """Registered variant name (``vitscale models`` lists them), e.g. ``vit_debug``, ``vit_b16``."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Changes to the variant's config (``model.overrides.hidden_size=128``; the shorthand
+    ``model.hidden_size=128`` is routed here for any field of the variant's config)."""
+
+
+@dataclass
+class OptimConfig:
+    """The optimizer."""
+
+    name: str = "adamw"
+    """adamw | adam | sgd. Adam's weight decay is the L2 kind (NeMo's recipe), AdamW's is decoupled."""
+    lr: float = 1e-3
+    """Base learning rate (before the batch-size scaling rule)."""
+    lr_scale_batch: int = 0
+    """LR scaling rule: lr = lr * train.batch_size / lr_scale_batch (e.g. 1024); 0 = no scaling."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam/AdamW betas."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    nesterov: bool = False
+    """SGD Nesterov momentum."""
+    weight_decay: float = 0.05
+    """Weight decay of the body's matrices; never applied to norms, biases, position embeddings,
+    tokens or any name in the model's ``no_weight_decay()``."""
+    head_weight_decay: float | None = None
+    """Weight decay of the classifier head (ViT-22B decouples head and body); None = weight_decay."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    fused: str = "auto"
+    """auto (fused on CUDA, foreach elsewhere) | fused | foreach | none (plain for-loop)."""
+
+
+@dataclass
+class ScheduleConfig:
+    """The learning-rate schedule, a pure function of the step (so a resume needs only the step)."""
+
+    name: str = "cosine"
+    """cosine (linear warmup, cosine decay to min_lr) | rsqrt (linear warmup, reciprocal square root,
+    linear cooldown to 0) | constant (linear warmup, then flat)."""
+    warmup_steps: int = 0
+    """Linear warmup steps from 0 to the peak LR."""
+    warmup_epochs: float = 0.0
+    """Warmup in epochs (converted to steps; used when warmup_steps is 0)."""
+    cooldown_steps: int = 0
+    """rsqrt/constant: linear cooldown to 0 over the last steps."""
+    min_lr: float = 0.0
+    """Cosine: the final learning rate."""
+    rsqrt_timescale: int = 10000
+    """rsqrt: lr = peak * sqrt(timescale / max(step, timescale)) after warmup."""
+
+
+@dataclass
+class TrainConfig:
+    """The training loop."""
+
+    task: str | None = None
+    """classification | contrastive | token_labeling; None = the model family's default task."""
+    batch_size: int = 64
+    """GLOBAL images per optimizer step (over all ranks and micro-steps)."""
+    grad_accum: int = 1
+    """Micro-steps per optimizer step; per-rank micro batch = batch_size / (dp_world * grad_accum)."""
+    max_steps: int = 0
+    """Optimizer steps to train; 0 = use epochs."""
+    epochs: float = 0.0
+    """Epochs to train (used when max_steps is 0)."""
+    seed: int = 0
+    """Seed of initialisation, sampling, augmentation, dropout."""
+    loss: str = "softmax"
+    """Classification loss: softmax (cross-entropy) | sigmoid (binary cross-entropy, ViT-22B)."""
+    label_smoothing: float = 0.0
+    """Label smoothing of the targets (also passed to mixup)."""
+    grad_clip: float = 0.0
+    """Clip the global gradient norm to this value; 0 = off (the norm is still logged)."""
+    ema_decay: float = 0.0
+    """EMA of the weights with this decay (e.g. 0.9999); 0 = off. Evaluation then also reports EMA."""
+    output_dir: str = "runs/default"
+    """Run folder: config.yaml, metrics.jsonl, summary.json, checkpoints/, model.safetensors."""
+    log_every: int = 10
+    """Log (and sync with the device) every N steps."""
+    compile: bool = False
+    """torch.compile the model (per block when the family's parallelize function does it)."""
+    device: str = "auto"
+    """auto (cuda if available) | cpu | cuda."""
+
+
+@dataclass
+class ParallelConfig:
+    """Parallel layout (implemented in vitscale.distributed); the product of the sizes = world size."""
+
+    dp_replicate: int = 1
+    """Data-parallel replicas (DDP / HSDP outer dimension)."""
+    dp_shard: int = -1
+    """FSDP shard group size; -1 = the rest of the world."""
+    tp: int = 1
+    """Tensor-parallel size (Megatron-style column/row sharding within each block)."""
+    activation_checkpointing: str = "none"
+    """none | full | selective."""
+    ac_method: str = "block"
+    """block | uniform: how blocks are picked for checkpointing."""
+    ac_num_layers: int = 0
+    """Blocks to checkpoint; 0 = all."""
+
+
+@dataclass
+class PrecisionConfig:
+    """Numerics."""
+
+    param_dtype: str | None = None
+    """Compute dtype of parameters (FSDP mixed precision / autocast): None = bf16 on GPU, fp32 on CPU."""
+    reduce_dtype: str = "float32"
+    """Gradient reduction dtype."""
+    autocast: str = "auto"
+    """auto (bf16 autocast on GPU, none on CPU) | bf16 | fp16 | none."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints (torch.distributed.checkpoint, atomic, last K kept) and weights export."""
+
+    every: int = 0
+    """Save every N steps; 0 = only at the end."""
+    keep: int = 2
+    """Keep the newest K checkpoints."""
+    path: str | None = None
+    """A checkpoint (step folder, checkpoints/ folder, run folder or .safetensors) for ``vitscale eval``."""
+    init_from: str | None = None
+    """Initialise model weights only from this checkpoint (fine-tuning; position embeddings and a
+    mismatched head are adapted)."""
+    resume: bool = True
+    """Resume from the newest checkpoint in output_dir/checkpoints when there is one."""
+    export_safetensors: bool = True
+    """Write the final weights to output_dir/model.safetensors (and model_ema.safetensors)."""
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation on the val split."""
+
+    every: int = 0
+    """Evaluate every N steps; 0 = only at the end."""
+    batch_size: int = 256
+    """Per-rank evaluation batch size."""
+
+
+@dataclass
+class LogConfig:
+    """Logging."""
+
+    tensorboard: bool = False
+    """Also write TensorBoard events to output_dir/tb."""
+    progress: str = "auto"
+    """auto (a tqdm bar on a terminal, plain lines otherwise) | bar | plain | none."""
+    flops: bool = True
+    """Log achieved TFLOP/s (and MFU when the device peak is known)."""
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Data, augmentation and loading (vitscale.data.config)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """The learning-rate schedule."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The training loop."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Parallel layout."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Numerics."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoints."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """Logging."""
