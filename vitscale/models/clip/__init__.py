@@ -1,1 +1,17 @@
-"""CLIP family (image-text contrastive): registered by its own module."""
+"""CLIP family (image-text contrastive): NeMo / open_clip sizes B/32 … e/14 and a tiny debug variant."""
+
+from ..registry import FamilySpec, register_family
+from .configs import VARIANTS, CLIPConfig, CLIPTextConfig
+from .model import CLIP, CausalBlock, TextTransformer
+
+register_family(
+    FamilySpec(
+        name="clip",
+        model_cls=CLIP,
+        variants=VARIANTS,
+        task="contrastive",
+        parallelize="vitscale.models.clip.parallelize:parallelize_clip",
+    )
+)
+
+__all__ = ["CLIP", "CLIPConfig", "CLIPTextConfig", "CausalBlock", "TextTransformer", "VARIANTS"]

@@ -140,7 +140,7 @@ class VisionTransformer(nn.Module):
         self.norm = make_norm(D, eps, nb, device, dtype) if cfg.final_norm and not use_fc_norm else nn.Identity()
         self.attn_pool = (
             AttentionPoolHead(
-                D, cfg.num_attention_heads, cfg.ffn_hidden_size, qk_norm=cfg.qk_norm, norm_eps=eps, norm_bias=nb,
+                D, cfg.num_attention_heads, cfg.ffn_hidden_size, norm_eps=eps, norm_bias=nb,
                 activation=cfg.activation, device=device, dtype=dtype,
             )
             if cfg.pool == "map"

@@ -1,1 +1,17 @@
-"""VOLO family (outlook attention + token labeling): registered by its own module."""
+"""The VOLO family: outlook attention, D1 … D5 and a tiny debug variant; trains with classification or token labeling."""
+
+from ..registry import FamilySpec, register_family
+from .configs import VARIANTS, VOLOConfig
+from .model import VOLO, OutlookAttention, TokenMix
+
+register_family(
+    FamilySpec(
+        name="volo",
+        model_cls=VOLO,
+        variants=VARIANTS,
+        task="classification",
+        parallelize="vitscale.models.volo.parallelize:parallelize_volo",
+    )
+)
+
+__all__ = ["VARIANTS", "VOLO", "VOLOConfig", "OutlookAttention", "TokenMix"]

@@ -1,0 +1,131 @@
+"""timm <-> vitscale ViT parity: random weights, fp32, eval; outputs within 1e-5 relative both ways."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+timm = pytest.importorskip("timm")
+from timm.models.vision_transformer import ParallelScalingBlock  # noqa: E402
+from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402
+
+from vitscale.interop import create_timm_model, from_timm, load_timm_checkpoint, to_timm  # noqa: E402
+from vitscale.models import create_model  # noqa: E402
+
+BASE = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=7)
+
+# A spread of timm configurations covering every option vitscale can express.
+TIMM_CONFIGS = {
+    "cls_token": dict(),
+    "no_class_token_avg": dict(class_token=False, global_pool="avg"),
+    "registers": dict(reg_tokens=4, no_embed_class=True),
+    "registers_embed_prefix": dict(reg_tokens=2),
+    "avg_fc_norm_off": dict(global_pool="avg", fc_norm=False),
+    "map_head": dict(class_token=False, global_pool="map"),
+    "qk_norm": dict(qk_norm=True),
+    "no_qkv_bias": dict(qkv_bias=False),
+    "layer_scale": dict(init_values=1e-3),
+    "pre_norm_clip_style": dict(pre_norm=True),
+    "no_head": dict(num_classes=0),
+    "parallel_block": dict(block_fn=ParallelScalingBlock, qkv_bias=False, qk_norm=True),
+    "parallel_block_qkv_bias": dict(block_fn=ParallelScalingBlock, qkv_bias=True),
+    "parallel_map_22b_style": dict(
+        block_fn=ParallelScalingBlock, qkv_bias=False, qk_norm=True, class_token=False, global_pool="map"
+    ),
+    "mlp_ratio_3": dict(mlp_ratio=3.0),
+    "gelu_tanh": dict(act_layer="gelu_tanh"),
+}
+
+
+def _randomize(model: torch.nn.Module, seed: int = 0) -> None:
+    """Every parameter random (zeros and ones hide layout mistakes)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("name", list(TIMM_CONFIGS))
+def test_timm_to_vitscale_and_back(name):
+    torch.manual_seed(0)
+    tm = TimmViT(**{**BASE, **TIMM_CONFIGS[name]}).eval()
+    _randomize(tm)
+    x = torch.randn(3, 3, 32, 32)
+    ours = from_timm(tm).eval()
+    with torch.no_grad():
+        ref = tm(x)
+        out = ours(x)
+        assert out.shape == ref.shape
+        assert _rel(out, ref) < 1e-5
+        # features (pre-logits) agree too
+        assert _rel(ours.forward_head(ours.forward_features(x), pre_logits=True),
+                    tm.forward_head(tm.forward_features(x), pre_logits=True)) < 1e-5  # fmt: skip
+
+    # back: our state dict loads strictly into the matching timm model and gives the same output
+    tm2 = create_timm_model(ours, load_weights=False).eval()
+    missing = tm2.load_state_dict(to_timm(ours), strict=True)
+    assert not missing.missing_keys and not missing.unexpected_keys
+    with torch.no_grad():
+        assert _rel(tm2(x), out) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(class_token_length=3, pool="avg"),
+        dict(parallel_block=True, qkv_bias=False, qk_norm=True, pool="map", class_token_length=0),
+        dict(layer_scale_init=1e-2, pos_embed_prefix=False, class_token_length=2),
+    ],
+)
+def test_vitscale_to_timm_and_back(overrides):
+    torch.manual_seed(1)
+    ours = create_model("vit_debug", **overrides).eval()
+    _randomize(ours, seed=1)
+    x = torch.randn(2, 3, 32, 32)
+    tm = create_timm_model(ours).eval()
+    with torch.no_grad():
+        out = ours(x)
+        assert _rel(tm(x), out) < 1e-5
+        back = from_timm(tm).eval()
+        assert _rel(back(x), out) < 1e-5
+
+
+def test_22b_bias_free_norms_have_no_timm_equivalent():
+    ours = create_model("vit_debug", norm_bias=False)
+    with pytest.raises(ValueError, match="norm_bias"):
+        to_timm(ours) and create_timm_model(ours)
+
+
+def test_load_timm_checkpoint_from_disk(tmp_path):
+    from safetensors.torch import save_file
+
+    tm = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=5, img_size=64).eval()
+    _randomize(tm, seed=3)
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, str(path))
+    ours = load_timm_checkpoint(path, "vit_tiny_patch16_224", num_classes=5, img_size=64).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert _rel(ours(x), tm(x)) < 1e-5
+    # a .pth file of plain tensors loads too (weights_only: no arbitrary unpickling)
+    pth = tmp_path / "model.pth"
+    torch.save({"state_dict": tm.state_dict()}, pth)
+    ours2 = load_timm_checkpoint(pth, "vit_tiny_patch16_224", num_classes=5, img_size=64).eval()
+    with torch.no_grad():
+        assert _rel(ours2(x), tm(x)) < 1e-5
+
+
+def test_pickled_objects_are_refused(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    pth = tmp_path / "evil.pth"
+    torch.save({"state_dict": {"x": Evil()}}, pth)
+    with pytest.raises(Exception):  # noqa: B017 - weights_only refuses the object
+        load_timm_checkpoint(pth, "vit_tiny_patch16_224")

@@ -1,0 +1,221 @@
+"""CLIP: a ViT image tower and a causal text transformer projected into one embedding space.
+
+Pure single-device PyTorch; the API follows open_clip's ``CLIP`` (``encode_image``, ``encode_text``,
+``forward(images, tokens)``) plus vitscale's uniform model API. Parallelism is applied from outside.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..vit.model import Block, VisionTransformer
+from .configs import CLIPConfig, CLIPTextConfig
+
+
+class CausalBlock(Block):
+    """The ViT pre-norm block with (optionally) causal self-attention, for the text tower."""
+
+    def __init__(self, cfg: CLIPTextConfig, drop_path: float = 0.0, device=None, dtype=None):
+        super().__init__(cfg.block_config(), drop_path, device, dtype)
+        self.causal = cfg.causal
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), is_causal=self.causal)))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
+
+
+class TextTransformer(nn.Module):
+    """Token + position embeddings -> causal blocks -> final LayerNorm -> features at the EOT token."""
+
+    def __init__(self, cfg: CLIPTextConfig, device=None, dtype=None):
+        super().__init__()
+        self.cfg = cfg
+        D = cfg.hidden_size
+        self.num_features = D
+        self.grad_checkpointing = False
+        self.token_embedding = nn.Embedding(cfg.vocab_size, D, device=device, dtype=dtype)
+        self.pos_embed = nn.Parameter(torch.empty(1, cfg.encoder_seq_length, D, device=device, dtype=dtype))
+        n = cfg.num_layers
+        dpr = [cfg.drop_path_rate * i / max(n - 1, 1) for i in range(n)]
+        self.blocks = nn.ModuleList([CausalBlock(cfg, dpr[i], device, dtype) for i in range(n)])
+        self.norm = nn.LayerNorm(D, eps=cfg.norm_eps, device=device, dtype=dtype)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """open_clip's text-tower initialisation (scaled by width and depth)."""
+        D, L = self.cfg.hidden_size, self.cfg.num_layers
+        nn.init.normal_(self.token_embedding.weight, std=0.02)
+        nn.init.normal_(self.pos_embed, std=0.01)
+        attn_std, proj_std, fc_std = D**-0.5, D**-0.5 * (2 * L) ** -0.5, (2 * D) ** -0.5
+        for blk in self.blocks:
+            nn.init.normal_(blk.attn.qkv.weight, std=attn_std)
+            nn.init.normal_(blk.attn.proj.weight, std=proj_std)
+            nn.init.normal_(blk.mlp.fc1.weight, std=fc_std)
+            nn.init.normal_(blk.mlp.fc2.weight, std=proj_std)
+            for lin in (blk.attn.qkv, blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2):
+                if lin.bias is not None:
+                    nn.init.zeros_(lin.bias)
+            for norm in (blk.norm1, blk.norm2):
+                nn.init.ones_(norm.weight)
+                nn.init.zeros_(norm.bias)
+            for m in blk.modules():
+                if m is not blk and hasattr(m, "init_weights"):
+                    m.init_weights()
+        nn.init.ones_(self.norm.weight)
+        nn.init.zeros_(self.norm.bias)
+
+    def forward_features(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids ``(B, T)`` -> normalised token features ``(B, T, D)``."""
+        T = tokens.shape[1]
+        if T > self.pos_embed.shape[1]:
+            raise ValueError(f"{T} tokens exceed the context length {self.pos_embed.shape[1]}")
+        x = self.token_embedding(tokens) + self.pos_embed[:, :T]  # (B, T, D)
+        for blk in self.blocks:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+        return self.norm(x)
+
+    def pool(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``(B, T, D)`` -> ``(B, D)``: the end-of-text token (the highest id in each row, as open_clip)."""
+        if self.cfg.pool == "first":
+            return x[:, 0]
+        if self.cfg.pool == "last":
+            return x[:, -1]
+        idx = tokens.argmax(dim=-1)  # (B,)
+        return x[torch.arange(x.shape[0], device=x.device), idx]
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.forward_features(tokens), tokens)
+
+
+class CLIP(nn.Module):
+    """Image-text contrastive model. ``cfg`` is a :class:`CLIPConfig`.
+
+    ``visual`` is a :class:`VisionTransformer` (num_classes=0), ``text`` a :class:`TextTransformer`;
+    ``image_proj`` / ``text_proj`` are bias-free projections to ``output_dim`` (open_clip's ``proj`` /
+    ``text_projection`` transposed); ``logit_scale`` is the log temperature.
+    """
+
+    def __init__(self, cfg: CLIPConfig, device=None, dtype=None):
+        super().__init__()
+        self.cfg = cfg
+        self.visual = VisionTransformer(cfg.vision, device=device, dtype=dtype)
+        self.text = TextTransformer(cfg.text, device=device, dtype=dtype)
+        E = cfg.output_dim
+        self.image_proj = nn.Linear(cfg.vision.hidden_size, E, bias=False, device=device, dtype=dtype)
+        self.text_proj = nn.Linear(cfg.text.hidden_size, E, bias=False, device=device, dtype=dtype)
+        self.logit_scale = nn.Parameter(torch.empty((), device=device, dtype=dtype))
+        if cfg.logit_bias_init is not None:
+            self.logit_bias = nn.Parameter(torch.empty((), device=device, dtype=dtype))
+        else:
+            self.register_parameter("logit_bias", None)
+        self.num_features = E
+        self.num_classes = 0
+        self.head = nn.Identity()  # an optional classifier on the image embedding (reset_classifier)
+        # the image normalisation the model was trained with (NeMo image_mean / image_std), for inference
+        self.register_buffer(
+            "image_mean", torch.tensor(cfg.image_mean, device=device, dtype=torch.float32), persistent=False
+        )
+        self.register_buffer(
+            "image_std", torch.tensor(cfg.image_std, device=device, dtype=torch.float32), persistent=False
+        )
+
+    # ------------------------------------------------------------------ init
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter in place; works after ``to_empty()``."""
+        self.visual.init_weights()
+        self.text.init_weights()
+        nn.init.normal_(self.image_proj.weight, std=self.cfg.vision.hidden_size**-0.5)
+        nn.init.normal_(self.text_proj.weight, std=self.cfg.text.hidden_size**-0.5)
+        nn.init.constant_(self.logit_scale, self.cfg.logit_scale_init)
+        if self.logit_bias is not None:
+            nn.init.constant_(self.logit_bias, self.cfg.logit_bias_init)
+        if isinstance(self.head, nn.Linear):
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+        self.image_mean.copy_(torch.tensor(self.cfg.image_mean))
+        self.image_std.copy_(torch.tensor(self.cfg.image_std))
+
+    # ------------------------------------------------------------------ open_clip API
+    def encode_image(self, images: torch.Tensor, normalize: bool = False) -> torch.Tensor:
+        """Images ``(B, C, H, W)`` (already normalised) -> embeddings ``(B, output_dim)``."""
+        x = self.image_proj(self.visual.forward_head(self.visual.forward_features(images), pre_logits=True))
+        return F.normalize(x, dim=-1) if normalize else x
+
+    def encode_text(self, tokens: torch.Tensor, normalize: bool = False) -> torch.Tensor:
+        """Token ids ``(B, T)`` -> embeddings ``(B, output_dim)``."""
+        x = self.text_proj(self.text(tokens))
+        return F.normalize(x, dim=-1) if normalize else x
+
+    def get_logit_scale(self) -> torch.Tensor:
+        """``exp(logit_scale)`` clamped at ``logit_scale_max`` (100)."""
+        return self.logit_scale.exp().clamp(max=self.cfg.logit_scale_max)
+
+    def forward(self, images: torch.Tensor | None = None, tokens: torch.Tensor | None = None, output_dict: bool = False):
+        """L2-normalised image and text features and the temperature, as open_clip's ``CLIP.forward``:
+        a tuple ``(image_features, text_features, logit_scale[, logit_bias])`` or, with
+        ``output_dict=True``, a dict with those keys. Either input may be None."""
+        img = self.encode_image(images, normalize=True) if images is not None else None
+        txt = self.encode_text(tokens, normalize=True) if tokens is not None else None
+        scale = self.get_logit_scale()
+        if output_dict:
+            out = {"image_features": img, "text_features": txt, "logit_scale": scale}
+            if self.logit_bias is not None:
+                out["logit_bias"] = self.logit_bias
+            return out
+        if self.logit_bias is not None:
+            return img, txt, scale, self.logit_bias
+        return img, txt, scale
+
+    # ------------------------------------------------------------------ uniform vitscale API
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """Images -> the vision tower's normalised tokens ``(B, prefix + patches, D)``."""
+        return self.visual.forward_features(images)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Vision tokens -> the image embedding (``pre_logits``) or the classifier's logits when one
+        was added with :meth:`reset_classifier` (else the embedding)."""
+        x = self.image_proj(self.visual.forward_head(x, pre_logits=True))
+        return x if pre_logits else self.head(x)
+
+    def no_weight_decay(self) -> set[str]:
+        names = {f"visual.{n}" for n in self.visual.no_weight_decay()}
+        names |= {"text.pos_embed", "logit_scale"}
+        if self.logit_bias is not None:
+            names.add("logit_bias")
+        return names
+
+    def head_parameter_names(self) -> set[str]:
+        return {f"head.{n}" for n, _ in self.head.named_parameters()}
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Add (or remove, with 0) a linear classifier on the image embedding (fine-tuning / probes)."""
+        ref = self.image_proj.weight
+        self.num_classes = num_classes
+        if num_classes > 0:
+            self.head = nn.Linear(self.cfg.output_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            if ref.device.type != "meta":
+                with torch.no_grad():
+                    nn.init.trunc_normal_(self.head.weight, std=0.02)
+                    nn.init.zeros_(self.head.bias)
+        else:
+            self.head = nn.Identity()
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.visual.set_grad_checkpointing(enable)
+        self.text.grad_checkpointing = enable
+
+    def lock_image_tower(self) -> None:
+        """Freeze the image tower and its projection (LiT-style locked-image tuning)."""
+        for p in list(self.visual.parameters()) + list(self.image_proj.parameters()):
+            p.requires_grad_(False)
+
+
+__all__ = ["CLIP", "CausalBlock", "TextTransformer"]

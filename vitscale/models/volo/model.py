@@ -1,0 +1,368 @@
+"""VOLO: outlook attention on a fine token grid, then transformer and class-attention stages.
+
+Written from the paper's description (Yuan et al. 2021, Sec. 3 and Algorithm 1). Pure single-device
+PyTorch; parallelism is applied from outside by ``vitscale.models.volo.parallelize``.
+
+Outlook attention, for each window centre on a grid pooled by ``stride``: a linear layer maps the
+centre token to ``heads x K^2 x K^2`` weights (for each of the K^2 window positions, a softmax over
+the K^2 values it gathers); the values of the K x K window are unfolded, combined with those weights,
+and the K^2 results per window are folded (summed) back onto the tokens they came from.
+
+Layouts: ``OutlookAttention.v`` / ``.attn`` rows are head-major ``(H, Dh)`` / ``(H, K^2, K^2)``; the
+transformer blocks use the common :class:`Attention` (fused QKV rows per head ``(H, 3, Dh)``); the
+class attention's ``kv`` rows are per head ``(H, 2, Dh)``. The timm converter permutes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..common import Attention, DropPath, Mlp, make_norm, resample_pos_embed
+from ..common.attention import sdpa
+from .configs import VOLOConfig
+
+
+@dataclass(frozen=True)
+class TokenMix:
+    """MixToken on the coarse token grid: tokens inside ``box`` = (top, left, bottom, right) (coarse
+    grid units, end exclusive) are taken from sample ``perm[b]`` instead of sample ``b``."""
+
+    box: tuple[int, int, int, int]
+    perm: torch.Tensor
+
+
+def apply_token_mix(x: torch.Tensor, mix: TokenMix | None, scale: int = 1) -> torch.Tensor:
+    """Mix a channels-last grid ``(B, H, W, C)`` whose cells are ``scale`` x ``scale`` per coarse token."""
+    if mix is None:
+        return x
+    t, l, b, r = (v * scale for v in mix.box)
+    if b <= t or r <= l:
+        return x
+    x = x.clone()
+    x[:, t:b, l:r] = x[mix.perm, t:b, l:r]
+    return x
+
+
+class OutlookAttention(nn.Module):
+    """Outlook attention on a channels-last grid ``(B, H, W, C)``."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        kernel: int = 3,
+        padding: int = 1,
+        stride: int = 1,
+        qkv_bias: bool = False,
+        attn_drop: float = 0.0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"outlook dim {dim} is not divisible by heads {num_heads}")
+        self.head_dim = dim // num_heads
+        self.kernel, self.padding, self.stride = kernel, padding, stride
+        self.scale = self.head_dim**-0.5
+        self.v = nn.Linear(dim, dim, bias=qkv_bias, device=device, dtype=dtype)
+        self.attn = nn.Linear(dim, num_heads * kernel**4, device=device, dtype=dtype)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, _ = x.shape
+        K2, Dh, s = self.kernel**2, self.head_dim, self.stride
+        h, w = math.ceil(H / s), math.ceil(W / s)
+        v = self.v(x).permute(0, 3, 1, 2)  # (B, C, H, W)
+        v = F.unfold(v, self.kernel, padding=self.padding, stride=s)  # (B, C*K2, h*w), C-major
+        v = v.view(B, -1, Dh, K2, h * w).permute(0, 1, 4, 3, 2)  # (B, nH, h*w, K2, Dh)
+        centre = F.avg_pool2d(x.permute(0, 3, 1, 2), s, s, ceil_mode=True) if s > 1 else x.permute(0, 3, 1, 2)
+        a = self.attn(centre.permute(0, 2, 3, 1))  # (B, h, w, nH*K2*K2)
+        a = a.view(B, h * w, -1, K2, K2).transpose(1, 2)  # (B, nH, h*w, K2, K2)
+        a = self.attn_drop((a * self.scale).softmax(dim=-1))
+        y = (a @ v).permute(0, 1, 4, 3, 2).reshape(B, -1, h * w)  # (B, C*K2, h*w)
+        y = F.fold(y, (H, W), self.kernel, padding=self.padding, stride=s)  # (B, C, H, W)
+        return self.proj(y.permute(0, 2, 3, 1))  # (B, H, W, C)
+
+
+class Outlooker(nn.Module):
+    """x + outlook_attn(norm1(x)); x + mlp(norm2(x)) on a channels-last grid."""
+
+    def __init__(self, cfg: VOLOConfig, drop_path: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        D, eps = cfg.outlook_dim, cfg.norm_eps
+        self.norm1 = nn.LayerNorm(D, eps=eps, device=device, dtype=dtype)
+        self.attn = OutlookAttention(
+            D, cfg.outlook_heads, cfg.outlook_kernel, cfg.outlook_padding, cfg.outlook_stride, cfg.qkv_bias,
+            cfg.attention_dropout, device=device, dtype=dtype,
+        )  # fmt: skip
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(D, eps=eps, device=device, dtype=dtype)
+        self.mlp = Mlp(D, int(D * cfg.outlook_mlp_ratio), device=device, dtype=dtype)
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x)))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm self-attention block on a token sequence ``(B, N, D)``."""
+
+    def __init__(self, cfg: VOLOConfig, drop_path: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        D, eps = cfg.hidden_size, cfg.norm_eps
+        self.norm1 = nn.LayerNorm(D, eps=eps, device=device, dtype=dtype)
+        self.attn = Attention(
+            D, cfg.num_heads, qkv_bias=cfg.qkv_bias, attn_drop=cfg.attention_dropout, device=device, dtype=dtype
+        )
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(D, eps=eps, device=device, dtype=dtype)
+        self.mlp = Mlp(D, int(D * cfg.mlp_ratio), device=device, dtype=dtype)
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x)))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class ClassAttention(nn.Module):
+    """The class token (first token) attends to all tokens; only it is updated (CaiT)."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False, attn_drop: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        self.head_dim = dim // num_heads
+        self.attn_drop = attn_drop
+        self.q = nn.Linear(dim, dim, bias=qkv_bias, device=device, dtype=dtype)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias, device=device, dtype=dtype)  # rows (H, 2, Dh)
+        self.proj = nn.Linear(dim, dim, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        q = self.q(x[:, :1]).view(B, 1, -1, self.head_dim).transpose(1, 2)  # (B, H, 1, Dh)
+        k, v = self.kv(x).view(B, N, -1, 2, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)  # 2 x (B, H, N, Dh)
+        y = sdpa(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)  # (B, H, 1, Dh)
+        return self.proj(y.transpose(1, 2).reshape(B, 1, -1))  # (B, 1, D)
+
+
+class ClassBlock(nn.Module):
+    """cls + attn(norm1(all tokens)); cls + mlp(norm2(cls)); the patch tokens pass through."""
+
+    def __init__(self, cfg: VOLOConfig, device=None, dtype=None):
+        super().__init__()
+        D, eps = cfg.hidden_size, cfg.norm_eps
+        self.norm1 = nn.LayerNorm(D, eps=eps, device=device, dtype=dtype)
+        self.attn = ClassAttention(D, cfg.num_heads, cfg.qkv_bias, cfg.attention_dropout, device=device, dtype=dtype)
+        self.norm2 = nn.LayerNorm(D, eps=eps, device=device, dtype=dtype)
+        self.mlp = Mlp(D, int(D * cfg.mlp_ratio), device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cls = x[:, :1] + self.attn(self.norm1(x))  # (B, 1, D)
+        cls = cls + self.mlp(self.norm2(cls))
+        return torch.cat([cls, x[:, 1:]], dim=1)
+
+
+class ConvStem(nn.Module):
+    """Three conv-BN-ReLU layers (the first with stride ``stem_stride``), then a patchifying conv."""
+
+    def __init__(self, cfg: VOLOConfig, device=None, dtype=None):
+        super().__init__()
+        Ch, kw = cfg.stem_hidden, dict(bias=False, device=device, dtype=dtype)
+        self.conv = nn.Sequential(
+            nn.Conv2d(cfg.num_channels, Ch, 7, stride=cfg.stem_stride, padding=3, **kw),
+            nn.BatchNorm2d(Ch, device=device, dtype=dtype),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(Ch, Ch, 3, padding=1, **kw),
+            nn.BatchNorm2d(Ch, device=device, dtype=dtype),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(Ch, Ch, 3, padding=1, **kw),
+            nn.BatchNorm2d(Ch, device=device, dtype=dtype),
+            nn.ReLU(inplace=True),
+        )
+        p = cfg.patch_dim // cfg.stem_stride
+        self.proj = nn.Conv2d(Ch, cfg.outlook_dim, p, stride=p, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.conv(x)).permute(0, 2, 3, 1)  # (B, H/p, W/p, D)
+
+
+class VOLO(nn.Module):
+    """VOLO for classification, with the aux per-token head of token labeling. ``cfg``: :class:`VOLOConfig`.
+
+    ``forward(x)`` gives class logits (plus ``aux_weight`` x the aux head's max over tokens, as the
+    reference models at inference). ``forward(x, dense=True, mix=None)`` gives the training outputs of
+    token labeling: ``(class logits (B, classes), token logits (B, gh, gw, classes))`` with optional
+    MixToken applied to the tokens right after the stem.
+    """
+
+    supports_dense = True
+
+    def __init__(self, cfg: VOLOConfig, device=None, dtype=None):
+        super().__init__()
+        self.cfg = cfg
+        D = cfg.hidden_size
+        self.num_features = D
+        self.num_prefix_tokens = 1
+        self.grad_checkpointing = False
+        self.patch_embed = ConvStem(cfg, device, dtype)
+        n_all = sum(cfg.layers)
+        dpr = [cfg.drop_path_rate * i / max(n_all - 1, 1) for i in range(n_all)]
+        self.outlookers = nn.ModuleList([Outlooker(cfg, 0.0, device, dtype) for _ in range(cfg.layers[0])])
+        s = cfg.pooling_scale
+        self.downsample = nn.Conv2d(cfg.outlook_dim, D, s, stride=s, device=device, dtype=dtype)
+        self.pos_embed = nn.Parameter(torch.empty(1, *cfg.grid, D, device=device, dtype=dtype))
+        self.pos_drop = nn.Dropout(cfg.pos_dropout)
+        n0 = cfg.layers[0]
+        self.blocks = nn.ModuleList(
+            [TransformerBlock(cfg, dpr[n0 + i], device, dtype) for i in range(cfg.num_transformer_layers)]
+        )
+        self.cls_token = nn.Parameter(torch.empty(1, 1, D, device=device, dtype=dtype))
+        self.class_blocks = nn.ModuleList([ClassBlock(cfg, device, dtype) for _ in range(cfg.num_class_layers)])
+        self.norm = nn.LayerNorm(D, eps=cfg.norm_eps, device=device, dtype=dtype)
+        self.head_drop = nn.Dropout(cfg.head_dropout)
+        self.num_classes = cfg.num_classes
+        self._build_heads(cfg.num_classes, device, dtype)
+        self._register_load_state_dict_pre_hook(self._resample_pos_embed_on_load)
+
+    def _build_heads(self, num_classes: int, device, dtype) -> None:
+        D = self.num_features
+        self.head = nn.Linear(D, num_classes, device=device, dtype=dtype) if num_classes > 0 else nn.Identity()
+        use_aux = self.cfg.aux_head and num_classes > 0
+        self.aux_head = nn.Linear(D, num_classes, device=device, dtype=dtype) if use_aux else None
+
+    # ------------------------------------------------------------------ init
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter and buffer in place; works after ``to_empty()``."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Conv2d):
+                m.reset_parameters()  # PyTorch's default (Kaiming-uniform), as the reference
+            elif isinstance(m, nn.BatchNorm2d):
+                m.reset_parameters()  # weight 1, bias 0, running stats reset
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    # ------------------------------------------------------------------ API
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token"}
+
+    def head_parameter_names(self) -> set[str]:
+        names = {f"head.{n}" for n, _ in self.head.named_parameters()}
+        if self.aux_head is not None:
+            names |= {f"aux_head.{n}" for n, _ in self.aux_head.named_parameters()}
+        return names
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    def reset_classifier(self, num_classes: int, pool: str | None = None) -> None:
+        """New class and aux heads for ``num_classes`` (fine-tuning to a new label set)."""
+        if pool is not None:
+            self.cfg = replace(self.cfg, pool=pool)
+        ref = self.pos_embed
+        self.num_classes = num_classes
+        self.cfg = replace(self.cfg, num_classes=num_classes)
+        self._build_heads(num_classes, ref.device, ref.dtype)
+        if ref.device.type != "meta":
+            with torch.no_grad():
+                for m in (self.head, self.aux_head):
+                    if isinstance(m, nn.Linear):
+                        nn.init.trunc_normal_(m.weight, std=0.02)
+                        nn.init.zeros_(m.bias)
+
+    def set_image_size(self, img_h: int, img_w: int | None = None) -> None:
+        """Resize the position embedding to a new image size (high-resolution fine-tuning)."""
+        new = self.cfg.with_image_size(img_h, img_w)
+        with torch.no_grad():
+            pe = _resample_grid_pos(self.pos_embed.data, new.grid)
+        self.pos_embed = nn.Parameter(pe)
+        self.cfg = new
+
+    # ------------------------------------------------------------------ forward
+    def _run(self, blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(blk, x, use_reentrant=False)
+        return blk(x)
+
+    def forward_tokens(self, x: torch.Tensor, mix: TokenMix | None = None) -> torch.Tensor:
+        """Images ``(B, C, H, W)`` -> coarse tokens ``(B, gh, gw, D)`` after the transformer stages."""
+        x = self.patch_embed(x)  # (B, H/p, W/p, Do)
+        x = apply_token_mix(x, mix, self.cfg.pooling_scale)
+        for blk in self.outlookers:
+            x = self._run(blk, x)
+        x = self.downsample(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)  # (B, gh, gw, D)
+        pos = self.pos_embed
+        if pos.shape[1:3] != x.shape[1:3]:  # another image size at run time
+            pos = _resample_grid_pos(pos, tuple(x.shape[1:3]))
+        x = self.pos_drop(x + pos)
+        B, gh, gw, D = x.shape
+        x = x.reshape(B, gh * gw, D)  # (B, N, D)
+        for blk in self.blocks:
+            x = self._run(blk, x)
+        return x.view(B, gh, gw, D)
+
+    def forward_features(self, x: torch.Tensor, mix: TokenMix | None = None) -> torch.Tensor:
+        """Images -> normalised tokens ``(B, 1 + gh*gw, D)`` (class token first)."""
+        x = self.forward_tokens(x, mix)
+        B, gh, gw, D = x.shape
+        x = torch.cat([self.cls_token.expand(B, -1, -1), x.reshape(B, gh * gw, D)], dim=1)  # (B, 1+N, D)
+        for blk in self.class_blocks:
+            x = self._run(blk, x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        pooled = x[:, 0] if self.cfg.pool == "token" else x.mean(dim=1)
+        pooled = self.head_drop(pooled)
+        if pre_logits:
+            return pooled
+        out = self.head(pooled)
+        if self.aux_head is not None:
+            aux = self.aux_head(self.head_drop(x[:, 1:]))  # (B, N, classes)
+            out = out + self.cfg.aux_weight * aux.amax(dim=1)
+        return out
+
+    def forward_dense(self, x: torch.Tensor, mix: TokenMix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token-labeling outputs: class logits ``(B, classes)``, token logits ``(B, gh, gw, classes)``."""
+        if self.aux_head is None:
+            raise RuntimeError("dense outputs need the aux head (cfg.aux_head=True and num_classes > 0)")
+        feats = self.forward_features(x, mix)
+        B, gh, gw = x.shape[0], x.shape[-2] // self.cfg.token_stride, x.shape[-1] // self.cfg.token_stride
+        pooled = feats[:, 0] if self.cfg.pool == "token" else feats.mean(dim=1)
+        cls = self.head(self.head_drop(pooled))
+        tok = self.aux_head(self.head_drop(feats[:, 1:])).view(B, gh, gw, -1)  # (B, gh, gw, classes)
+        return cls, tok
+
+    def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None):
+        if dense:  # through forward() so FSDP's hooks gather the parameters
+            return self.forward_dense(x, mix)
+        return self.forward_head(self.forward_features(x, mix))
+
+    # ------------------------------------------------------------------ loading
+    def _resample_pos_embed_on_load(self, state_dict, prefix, *args) -> None:
+        key = prefix + "pos_embed"
+        pe = state_dict.get(key)
+        if pe is not None and pe.ndim == 4 and pe.shape != self.pos_embed.shape and pe.shape[-1] == self.pos_embed.shape[-1]:
+            state_dict[key] = _resample_grid_pos(pe, tuple(self.pos_embed.shape[1:3]))
+
+
+def _resample_grid_pos(pos: torch.Tensor, new_grid: tuple[int, int]) -> torch.Tensor:
+    """Bicubically resample a ``(1, gh, gw, D)`` position embedding to ``new_grid``."""
+    _, gh, gw, D = pos.shape
+    out = resample_pos_embed(pos.reshape(1, gh * gw, D), new_grid, (gh, gw), 0)  # (1, N', D)
+    return out.reshape(1, new_grid[0], new_grid[1], D)
+
+
+__all__ = ["VOLO", "ClassAttention", "ClassBlock", "OutlookAttention", "Outlooker", "TokenMix", "TransformerBlock"]

@@ -1,0 +1,90 @@
+"""Forward FLOPs per image: 2 FLOPs per multiply-add, attention matmuls included.
+
+``vit_flops`` is analytic (works for any ViT config and image size without building the model);
+``count_flops`` runs a model once under ``torch.utils.flop_counter.FlopCounterMode`` (any family).
+Training FLOPs are taken as 3x forward (backward = 2x forward) by the MFU code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def vit_flops(cfg: Any, img_size: int | tuple[int, int] | None = None) -> int:
+    """Forward FLOPs for one image through a ViT described by a ``ViTConfig``.
+
+    Counts every matmul (patch embedding, QKV, attention scores, attention x values, output
+    projection, MLP, MAP head, pre-logits, classifier); elementwise ops are ignored, as in the
+    usual MFU convention.
+    """
+    if img_size is None:
+        h, w = cfg.img_h, cfg.img_w
+    elif isinstance(img_size, int):
+        h = w = img_size
+    else:
+        h, w = img_size
+    p, D, F, C = cfg.patch_dim, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_channels
+    n_patch = (h // p) * (w // p)
+    n_keep = n_patch  # patch dropout is training-only; FLOPs are quoted without it
+    T = cfg.class_token_length + n_keep
+    flops = 2 * n_patch * (p * p * C) * D  # patch embedding
+    per_block = 2 * T * D * 3 * D  # QKV
+    per_block += 2 * 2 * T * T * D  # scores + attention x values
+    per_block += 2 * T * D * D  # output projection
+    per_block += 2 * 2 * T * D * F  # MLP fc1 + fc2
+    flops += cfg.num_layers * per_block
+    if cfg.pool == "map":
+        flops += 2 * D * D + 2 * n_patch * D * 2 * D  # query, keys/values
+        flops += 2 * 2 * n_patch * D  # one query's scores and weighted sum
+        flops += 2 * D * D + 2 * 2 * D * F  # output projection + MLP
+    if cfg.pre_logits:
+        flops += 2 * D * D
+    if cfg.num_classes:
+        flops += 2 * D * cfg.num_classes
+    return int(flops)
+
+
+def count_flops(model: nn.Module, *inputs: Any, **kwargs: Any) -> int:
+    """FLOPs of one forward call ``model(*inputs, **kwargs)`` as counted by PyTorch's FlopCounterMode.
+
+    Works on the meta device (no memory, no compute). Divide by the batch size for per-image FLOPs.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:  # (grad mode on: module_tracker trips over no_grad views of parameters)
+        model(*inputs, **kwargs)
+    return int(counter.get_total_flops())
+
+
+def flops(model_or_cfg: Any, img_size: int | tuple[int, int] | None = None) -> int:
+    """Forward FLOPs per image for a model name, a config or a model.
+
+    ViT configs are counted analytically; other families are traced once on the meta device.
+    """
+    from ..models.registry import create_model, get_model_config
+    from ..models.vit.configs import ViTConfig
+
+    if isinstance(model_or_cfg, str):
+        name = model_or_cfg
+        cfg = get_model_config(name)
+    elif isinstance(model_or_cfg, nn.Module):
+        name, cfg = getattr(model_or_cfg, "variant_name", None), getattr(model_or_cfg, "cfg", None)
+    else:
+        name, cfg = None, model_or_cfg
+    if isinstance(cfg, ViTConfig):
+        return vit_flops(cfg, img_size)
+    if isinstance(model_or_cfg, nn.Module):
+        model = model_or_cfg
+    elif name is not None:
+        model = create_model(name, device="meta")
+    else:
+        raise TypeError(f"cannot count FLOPs of {type(model_or_cfg).__name__}: pass a model or a model name")
+    example = getattr(model, "example_inputs", None)
+    if example is None:
+        raise TypeError(f"{type(model).__name__} has no example_inputs(batch, device); cannot trace FLOPs")
+    inputs = example(1, device="meta")
+    return count_flops(model, *inputs)
