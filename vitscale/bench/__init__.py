@@ -1,0 +1,6 @@
+"""Honest speed: ``vitscale bench`` (img/s, TFLOP/s, MFU, peak memory, against timm / open_clip)
+and the fast-path helpers it measures (``vitscale.bench.fastpath``)."""
+
+from .harness import BenchSettings, forward_flops_per_image, run_bench
+
+__all__ = ["BenchSettings", "forward_flops_per_image", "run_bench"]

@@ -1,0 +1,351 @@
+"""Training / inference throughput of a model, optionally against a reference implementation.
+
+Every implementation gets the same synthetic batch, the same loss, optimizer and precision. After a
+warm-up (compilation happens there), the timed steps are split into rounds and the implementations
+alternate round by round (ours, theirs, theirs, ours, ...), so drift of the machine (clocks, other
+processes) hits all of them alike. A round is timed with CUDA events on a GPU (one synchronisation
+at its end, none inside a step) and with ``time.perf_counter`` on a CPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..tools import mfu as mfu_tools
+from . import fastpath
+
+COMPARES = ("timm", "open_clip")
+
+
+@dataclass
+class BenchSettings:
+    model: str
+    """Registered variant name (``vitscale models``)."""
+    mode: str = "train"
+    """``train`` (forward + backward + AdamW step) or ``infer`` (forward under inference_mode)."""
+    device: str = "auto"
+    """``auto`` (cuda if available), ``cpu`` or ``cuda``."""
+    batch_size: int = 32
+    """Images per step."""
+    steps: int = 20
+    """Timed steps per implementation, split over ``rounds``."""
+    warmup: int = 3
+    """Untimed steps per implementation first (compilation, allocator and autotuning warm-up)."""
+    rounds: int = 5
+    """Timed rounds; implementations alternate round by round."""
+    compile: bool | None = None
+    """torch.compile each of our transformer blocks; None = on for CUDA, off on CPU."""
+    compare: str | None = None
+    """Reference implementation to run alongside: ``timm`` (ViT) or ``open_clip`` (CLIP)."""
+    compare_compiled: bool | None = None
+    """Also run the reference torch.compile'd (whole model); None = when ``compile`` is on."""
+    precision: str = "auto"
+    """``auto`` (bf16 on CUDA, fp32 on CPU), ``bf16`` (autocast; pure bf16 weights for infer) or ``fp32``."""
+    sdpa: str = "auto"
+    """SDPA backends: auto (flash > cuDNN > efficient > math), flash, cudnn, efficient, math, default."""
+    seed: int = 0
+    """Seed of the weights and the synthetic batch."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the variant's config (e.g. ``{"num_classes": 10}``)."""
+
+
+@dataclass
+class _Impl:
+    key: str
+    label: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    step: Callable[[], None]
+    times: list[float] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    peak_bytes: int | None = None
+
+    def release(self) -> None:
+        """Free gradients between rounds so the other implementation's peak does not include them."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def resident_bytes(self) -> int:
+        n = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        n += sum(b.numel() * b.element_size() for b in self.model.buffers())
+        if self.optimizer is not None:
+            for st in self.optimizer.state.values():
+                n += sum(t.numel() * t.element_size() for t in st.values() if torch.is_tensor(t))
+        return n
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda but no CUDA device is available")
+    return dev
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({mfu_tools._cpu_name()}, {torch.get_num_threads()} threads)"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------------- workloads
+def _first(out: Any) -> torch.Tensor:
+    if isinstance(out, dict):
+        return out.get("logits", next(iter(out.values())))
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out
+
+
+def classification_loss(out: Any, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(_first(out).float(), labels)
+
+
+def contrastive_loss(out: Any) -> torch.Tensor:
+    """Symmetric InfoNCE on (image_features, text_features, logit_scale) or open_clip's dict."""
+    if isinstance(out, dict):
+        img, txt, scale = out["image_features"], out["text_features"], out.get("logit_scale")
+    else:
+        img, txt = out[0], out[1]
+        scale = out[2] if len(out) > 2 else None
+    img = F.normalize(img.float(), dim=-1)
+    txt = F.normalize(txt.float(), dim=-1)
+    logits = img @ txt.t()  # (B, B)
+    if torch.is_tensor(scale):
+        logits = logits * scale.float()
+    target = torch.arange(logits.shape[0], device=logits.device)
+    return (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target)) / 2
+
+
+def _make_step(model, optimizer, inputs, labels, task, mode, device, precision) -> Callable[[], None]:
+    if mode == "infer":
+        pure_bf16 = precision == "bf16"
+
+        def infer_step() -> None:
+            with torch.inference_mode(), fastpath.autocast(device, "fp32" if pure_bf16 else precision):
+                model(*inputs)
+
+        return infer_step
+
+    def train_step() -> None:
+        with fastpath.autocast(device, precision):
+            out = model(*inputs)
+            loss = contrastive_loss(out) if task == "contrastive" else classification_loss(out, labels)
+        loss.backward()  # no .item(): nothing in the step waits for the device
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return train_step
+
+
+def _example_inputs(model: nn.Module, batch: int, device) -> tuple[torch.Tensor, ...]:
+    cfg = getattr(model, "cfg", None)
+    from ..models.vit.configs import ViTConfig
+
+    if isinstance(cfg, ViTConfig):
+        return (torch.randn(batch, cfg.num_channels, cfg.img_h, cfg.img_w, device=device),)
+    example = getattr(model, "example_inputs", None)
+    if example is None:
+        raise TypeError(f"{type(model).__name__} has no example_inputs(batch, device)")
+    return tuple(example(batch, device=device))
+
+
+def forward_flops_per_image(name: str, overrides: dict[str, Any]) -> int:
+    """Forward FLOPs of one sample, counted by FlopCounterMode on the meta device (no memory)."""
+    from ..models.registry import create_model
+    from ..tools.flops import count_flops
+
+    meta = create_model(name, device="meta", **overrides)
+    return count_flops(meta, *_example_inputs(meta, 1, "meta"))
+
+
+# ---------------------------------------------------------------------------------- run
+def _build(settings: BenchSettings, device: torch.device, precision: str) -> tuple[list[_Impl], dict]:
+    from ..models.registry import create_model, get_family
+
+    family = get_family(settings.model)
+    task = "contrastive" if family.task == "contrastive" else "classification"
+    compile_on = device.type == "cuda" if settings.compile is None else settings.compile
+    compare_compiled = compile_on if settings.compare_compiled is None else settings.compare_compiled
+    if settings.compare is not None and settings.compare not in COMPARES:
+        raise ValueError(f"--compare must be one of {COMPARES}, got {settings.compare!r}")
+    if settings.compare == "timm" and task != "classification":
+        raise ValueError(f"--compare timm needs a ViT classifier; {settings.model} is a {family.name} model")
+    if settings.compare == "open_clip" and task != "contrastive":
+        raise ValueError(f"--compare open_clip needs a CLIP model; {settings.model} is a {family.name} model")
+
+    pure_infer = settings.mode == "infer" and precision == "bf16"
+    torch.manual_seed(settings.seed)
+    ours = create_model(settings.model, device=device, **settings.overrides)
+    inputs = _example_inputs(ours, settings.batch_size, device)
+    num_classes = getattr(getattr(ours, "cfg", None), "num_classes", 0) or 1000
+    labels = torch.randint(0, num_classes, (settings.batch_size,), device=device)
+    if pure_infer:
+        inputs = tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs)
+
+    def finish(key: str, label: str, model: nn.Module, whole_compile: bool = False, block_compile: bool = False):
+        if pure_infer:
+            model = model.to(torch.bfloat16)
+        model.train(settings.mode == "train")
+        if block_compile:
+            fastpath.compile_blocks(model)
+        if whole_compile:
+            model.compile()
+        opt = None
+        if settings.mode == "train":
+            opt = fastpath.make_adamw([p for p in model.parameters() if p.requires_grad], device)
+        step = _make_step(model, opt, inputs, labels, task, settings.mode, device, precision)
+        return _Impl(key, label, model, opt, step)
+
+    impls = [finish("vitscale", f"vitscale {settings.model}", ours, block_compile=compile_on)]
+    if settings.compare == "timm":
+        from .reference import timm_vit
+
+        variants = [("timm", False)] + ([("timm_compiled", True)] if compare_compiled else [])
+        for key, comp in variants:
+            torch.manual_seed(settings.seed)
+            ref, label = timm_vit(ours.cfg, settings.model, device)
+            impls.append(finish(key, label + (" (torch.compile)" if comp else ""), ref, whole_compile=comp))
+    elif settings.compare == "open_clip":
+        from .reference import open_clip_model
+
+        variants = [("open_clip", False)] + ([("open_clip_compiled", True)] if compare_compiled else [])
+        for key, comp in variants:
+            torch.manual_seed(settings.seed)
+            ref, label = open_clip_model(settings.model, device)
+            impls.append(finish(key, label + (" (torch.compile)" if comp else ""), ref, whole_compile=comp))
+    info = dict(task=task, compile=compile_on, compare_compiled=compare_compiled if settings.compare else None)
+    return impls, info
+
+
+def _time_round(impl: _Impl, n: int, device: torch.device) -> float:
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _sync(device)
+        start.record()
+        for _ in range(n):
+            impl.step()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    for _ in range(n):
+        impl.step()
+    return time.perf_counter() - t0
+
+
+def run_bench(settings: BenchSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the benchmark; returns the result dict (the JSON written by ``vitscale bench --json``)."""
+    if settings.mode not in ("train", "infer"):
+        raise ValueError(f"mode must be 'train' or 'infer', got {settings.mode!r}")
+    if settings.batch_size < 1 or settings.steps < 1 or settings.rounds < 1 or settings.warmup < 0:
+        raise ValueError("batch_size, steps and rounds must be >= 1 and warmup >= 0")
+    device = resolve_device(settings.device)
+    precision = fastpath.resolve_precision(settings.precision, device)
+    flops_img = forward_flops_per_image(settings.model, settings.overrides)
+    peak_key = "bf16" if precision == "bf16" else "fp32"
+    peak, peak_source = mfu_tools.peak_tflops(device, peak_key, refresh=device.type == "cpu")
+
+    rounds = min(settings.rounds, settings.steps)
+    per_round = [settings.steps // rounds + (1 if r < settings.steps % rounds else 0) for r in range(rounds)]
+    with fastpath.sdpa_backend(settings.sdpa):
+        impls, info = _build(settings, device, precision)
+        log(
+            f"bench {settings.model} {settings.mode} on {device_description(device)}: batch {settings.batch_size}, "
+            f"{precision}, sdpa={settings.sdpa}, compile={info['compile']}, {settings.warmup} warm-up + "
+            f"{settings.steps} timed steps in {rounds} rounds; forward {flops_img / 1e9:.3f} GFLOP/img, "
+            f"peak {peak:.2f} TFLOP/s ({peak_source})"
+        )
+        for impl in impls:
+            t0 = time.perf_counter()
+            for _ in range(settings.warmup):
+                impl.step()
+            _sync(device)
+            impl.release()
+            log(f"  warm-up {impl.label}: {time.perf_counter() - t0:.1f} s")
+        for r, n in enumerate(per_round):
+            order = impls if r % 2 == 0 else impls[::-1]
+            for impl in order:
+                others = sum(o.resident_bytes() for o in impls if o is not impl)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                dt = _time_round(impl, n, device)
+                if device.type == "cuda":
+                    own = torch.cuda.max_memory_allocated(device) - others
+                    impl.peak_bytes = max(impl.peak_bytes or 0, own)
+                impl.times.append(dt)
+                impl.steps.append(n)
+                impl.release()
+                log(f"  round {r + 1}/{rounds} {impl.key}: {n * settings.batch_size / dt:.2f} img/s ({dt / n * 1e3:.1f} ms/step)")
+
+    out: dict[str, Any] = {
+        "model": settings.model,
+        "mode": settings.mode,
+        "device": device_description(device),
+        "batch_size": settings.batch_size,
+        "flops_per_img": flops_img,
+        "peak_tflops": peak,
+    }
+    for impl in impls:
+        total = sum(impl.times)
+        ips = sum(impl.steps) * settings.batch_size / total
+        per = [n * settings.batch_size / t for n, t in zip(impl.steps, impl.times)]
+        out[impl.key] = {
+            "img_per_s": ips,
+            "tflops": mfu_tools.achieved_tflops(ips, flops_img, settings.mode),
+            "mfu": mfu_tools.mfu(ips, flops_img, settings.mode, peak),
+            "peak_mem_gb": None if impl.peak_bytes is None else impl.peak_bytes / 1e9,
+            "round_img_per_s": per,
+            "implementation": impl.label,
+        }
+    ref = settings.compare
+    out["speedup"] = out["vitscale"]["img_per_s"] / out[ref]["img_per_s"] if ref else None
+    if ref:
+        # Robust to a busy machine: the median over rounds of ours / theirs in the same round.
+        ratios = [a / b for a, b in zip(out["vitscale"]["round_img_per_s"], out[ref]["round_img_per_s"])]
+        out["speedup_median_round"] = statistics.median(ratios)
+    if ref and f"{ref}_compiled" in out:
+        out["speedup_vs_compiled"] = out["vitscale"]["img_per_s"] / out[f"{ref}_compiled"]["img_per_s"]
+    out["torch"] = torch.__version__
+    from .report import git_commit
+
+    out["commit"] = git_commit()
+    out["peak_source"] = peak_source
+    out["step_flops_per_img"] = mfu_tools.step_flops_per_image(flops_img, settings.mode)
+    out["settings"] = {**asdict(settings), "precision": precision, "device": str(device), **info,
+                       "rounds": rounds, "peak_mem": "peak allocated during own rounds minus the other "
+                       "implementations' resident params/buffers/optimizer state (CUDA only)"}
+    out["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    _log_summary(out, log)
+    return out
+
+
+def _log_summary(out: dict[str, Any], log: Callable[[str], None]) -> None:
+    log(f"{'implementation':<44} {'img/s':>10} {'TFLOP/s':>9} {'MFU':>7} {'peak GB':>8}")
+    for key, v in out.items():
+        if isinstance(v, dict) and "img_per_s" in v:
+            mem = "-" if v["peak_mem_gb"] is None else f"{v['peak_mem_gb']:.2f}"
+            log(f"{v['implementation']:<44} {v['img_per_s']:>10.2f} {v['tflops']:>9.4f} {v['mfu'] * 100:>6.2f}% {mem:>8}")
+    if out.get("speedup") is not None:
+        msg = f"speedup vitscale / {out['settings']['compare']}: {out['speedup']:.3f}x"
+        msg += f" (median of per-round ratios {out['speedup_median_round']:.3f}x)"
+        if "speedup_vs_compiled" in out:
+            msg += f"; vs compiled: {out['speedup_vs_compiled']:.3f}x"
+        log(msg)
+
+
+__all__ = ["BenchSettings", "run_bench", "forward_flops_per_image", "resolve_device"]

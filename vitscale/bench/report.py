@@ -1,0 +1,56 @@
+"""Provenance of a benchmark result (commit, result file names) and writing it as JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Device-name fragments -> the short name used in result file names (first hit wins).
+_SLUGS = ("gb200", "b200", "gh200", "h200", "h100", "h800", "a100", "a800", "l40s", "l40", "l4", "a10g", "a10",
+          "4090", "v100")
+
+
+def git_commit() -> str | None:
+    """The checkout's commit (``+dirty`` when tracked files differ from it), or None outside git."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "vitscale"], cwd=root, timeout=30)
+        return sha.stdout.strip() + ("+dirty" if dirty.returncode == 1 else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def device_slug(device: str | torch.device) -> str:
+    """``cpu``, or a GPU's short name from its device name (``h100``, ``h200``, ``a100``, ...)."""
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    if device.type != "cuda":
+        return device.type
+    name = torch.cuda.get_device_name(device).lower()
+    for slug in _SLUGS:
+        if slug in name:
+            return slug
+    return "".join(c for c in name.replace("nvidia", "") if c.isalnum()) or "cuda"
+
+
+def result_name(model: str, mode: str, slug: str, when: float | None = None) -> str:
+    """``<model>_<device>_<yyyymm>`` for training, ``<model>_infer_<device>_<yyyymm>`` for inference."""
+    month = time.strftime("%Y%m", time.gmtime(when))
+    return f"{model}_{slug}_{month}" if mode == "train" else f"{model}_{mode}_{slug}_{month}"
+
+
+def write_json(result: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
+__all__ = ["device_slug", "git_commit", "result_name", "write_json"]

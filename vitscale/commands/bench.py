@@ -1,0 +1,88 @@
+"""``vitscale bench MODEL``: training / inference throughput, TFLOP/s, MFU and peak memory.
+
+Example: ``vitscale bench vit_s16 --device cpu --mode train --compare timm --batch-size 8
+--json benchmarks/results/vit_s16_cpu_202611.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+
+
+def _override(text: str) -> tuple[str, object]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        parsed = value
+    return key.strip(), parsed
+
+
+def register(subparsers) -> None:
+    from ..bench.fastpath import PRECISIONS, SDPA_CHOICES
+    from ..bench.harness import COMPARES
+
+    p = subparsers.add_parser(
+        "bench",
+        help="measure img/s, TFLOP/s, MFU and peak memory (optionally against timm / open_clip)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", metavar="MODEL", help="registered variant (see `vitscale models`)")
+    p.add_argument("--mode", choices=("train", "infer"), default="train", help="default: train")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: auto")
+    p.add_argument("--batch-size", type=int, default=32, help="images per step (default 32)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per implementation (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default 3)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds, implementations alternating (default 5)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile each block of our model (default: on for CUDA, off on CPU)")
+    p.add_argument("--compare", choices=COMPARES, default=None,
+                   help="run the reference implementation of the same architecture in the same process")
+    p.add_argument("--compare-compiled", action=argparse.BooleanOptionalAction, default=None,
+                   help="also run the reference under torch.compile (default: when --compile is on)")
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="auto = bf16 autocast on CUDA, fp32 on CPU")
+    p.add_argument("--sdpa", choices=SDPA_CHOICES, default="auto",
+                   help="attention backends (auto: flash > cuDNN > efficient > math)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", dest="overrides", type=_override, action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the model config, e.g. --set num_classes=10 (repeatable)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON here")
+    p.add_argument("--dry-run", action="store_true", help="check the arguments and the model, run nothing")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from ..bench.harness import BenchSettings, run_bench
+    from ..models.registry import get_family, get_model_config
+
+    settings = BenchSettings(
+        model=args.model, mode=args.mode, device=args.device, batch_size=args.batch_size, steps=args.steps,
+        warmup=args.warmup, rounds=args.rounds, compile=args.compile, compare=args.compare,
+        compare_compiled=args.compare_compiled, precision=args.precision, sdpa=args.sdpa, seed=args.seed,
+        overrides=dict(args.overrides),
+    )  # fmt: skip
+    if args.dry_run:
+        family = get_family(args.model)  # unknown names fail here, naming the closest
+        get_model_config(args.model, **settings.overrides)  # misspelt overrides fail here
+        expected = {"timm": "classification", "open_clip": "contrastive"}
+        if args.compare and family.task != expected[args.compare]:
+            raise SystemExit(f"--compare {args.compare} does not fit {args.model} ({family.name} family)")
+        print(f"dry run: {json.dumps({**settings.__dict__, 'family': family.name, 'json': args.json})}")
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = run_bench(settings)
+    if args.json:
+        from ..bench.report import write_json
+
+        print(f"wrote {write_json(result, args.json)}")
+    return 0
