@@ -1,0 +1,53 @@
+"""``vitscale models``: the model zoo as a table (name, family, params, GFLOPs, image size, patch)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "models",
+        help="list the model zoo",
+        description="Print every registered model: parameters (counted on the meta device, nothing is "
+        "allocated), forward GFLOPs per image (2 FLOPs per multiply-add, attention included), image size, patch.",
+    )
+    p.add_argument("pattern", nargs="?", default=None, help="glob filter, e.g. 'vit_*'")
+    p.add_argument("--family", default=None, help="only this family (vit, clip, volo)")
+    p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    p.set_defaults(func=run)
+
+
+def model_rows(pattern: str | None = None, family: str | None = None) -> list[dict]:
+    from ..models.registry import create_model, get_family, list_models
+    from ..tools.flops import flops
+
+    rows = []
+    for name in list_models(pattern, family):
+        fam = get_family(name)
+        model = create_model(name, device="meta")
+        n = sum(p.numel() for p in model.parameters())
+        cfg = fam.variants[name]
+        vision = getattr(cfg, "vision", cfg)  # CLIP configs nest their vision tower
+        img = getattr(vision, "img_h", None) or getattr(vision, "img_size", None)
+        patch = getattr(vision, "patch_dim", None) or getattr(vision, "patch_size", None)
+        try:
+            gflops = flops(model) / 1e9
+        except (TypeError, NotImplementedError):
+            gflops = None
+        rows.append(dict(name=name, family=fam.name, params_m=n / 1e6, gflops=gflops, img_size=img, patch=patch))
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = model_rows(args.pattern, args.family)
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    print(f"{'model':<16}{'family':<8}{'params (M)':>12}{'GFLOPs':>11}{'image':>8}{'patch':>7}")
+    for r in rows:
+        gf = f"{r['gflops']:.2f}" if r["gflops"] is not None else "-"
+        print(f"{r['name']:<16}{r['family']:<8}{r['params_m']:>12.2f}{gf:>11}{r['img_size']!s:>8}{r['patch']!s:>7}")
+    return 0
