@@ -1,0 +1,189 @@
+"""timm VOLO <-> vitscale VOLO.
+
+``volo_from_timm(timm_model)`` builds an equivalent :class:`vitscale.models.volo.VOLO` (config read
+from the timm model, weights converted) and ``volo_to_timm(model)`` returns a state dict that
+``timm.models.volo.VOLO.load_state_dict`` accepts. Key mapping:
+
+=====================================  =========================================
+timm                                   vitscale
+=====================================  =========================================
+``patch_embed.{conv,proj}``            same
+``network.0.{j}``                      ``outlookers.{j}``
+``network.1.proj``                     ``downsample``
+``network.{2,3,..}.{j}`` (in order)    ``blocks.{k}`` — ``attn.qkv`` rows (3, H, Dh) -> (H, 3, Dh)
+``post_network.{i}``                   ``class_blocks.{i}`` — ``attn.kv`` rows (2, H, Dh) -> (H, 2, Dh)
+``pos_embed, cls_token, norm, head, aux_head``  same
+=====================================  =========================================
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from ..models.volo import VOLO, VOLOConfig
+
+
+def _per_head(w: torch.Tensor, groups: int, heads: int) -> torch.Tensor:
+    """Rows ``(groups, H, Dh)`` -> ``(H, groups, Dh)`` (weights or biases)."""
+    rest = w.shape[1:]
+    return w.reshape(groups, heads, -1, *rest).transpose(0, 1).reshape(w.shape)
+
+
+def _from_per_head(w: torch.Tensor, groups: int, heads: int) -> torch.Tensor:
+    """Rows ``(H, groups, Dh)`` -> ``(groups, H, Dh)``."""
+    rest = w.shape[1:]
+    return w.reshape(heads, groups, -1, *rest).transpose(0, 1).reshape(w.shape)
+
+
+def config_from_timm(tm: nn.Module) -> VOLOConfig:
+    """The :class:`VOLOConfig` equivalent to a ``timm.models.volo.VOLO`` instance."""
+    net = tm.network
+    if not isinstance(net[1], nn.Module) or not hasattr(net[1], "proj") or len(net[0]) == 0:
+        raise ValueError("only VOLO layouts with one outlooker stage followed by a downsample are supported")
+    oa = net[0][0].attn
+    stages = [len(s) for s in list(net)[2:]]
+    tb = net[2][0]
+    pe = tm.patch_embed
+    stem_stride = pe.conv[0].stride[0]
+    p = pe.proj.kernel_size[0]
+    pool = net[1].proj.kernel_size[0]
+    patch_dim = stem_stride * p
+    gh, gw = tm.pos_embed.shape[1:3]
+    head = tm.head
+    num_classes = head.out_features if isinstance(head, nn.Linear) else 0
+    return VOLOConfig(
+        img_h=gh * patch_dim * pool,
+        img_w=gw * patch_dim * pool,
+        num_channels=pe.conv[0].in_channels,
+        num_classes=num_classes,
+        layers=(len(net[0]), *stages),
+        outlook_dim=oa.v.in_features,
+        outlook_heads=oa.num_heads,
+        hidden_size=tm.num_features,
+        num_heads=tb.attn.num_heads,
+        outlook_mlp_ratio=net[0][0].mlp.fc1.out_features / oa.v.in_features,
+        mlp_ratio=tb.mlp.fc1.out_features / tm.num_features,
+        patch_dim=patch_dim,
+        stem_hidden=pe.conv[0].out_channels,
+        stem_stride=stem_stride,
+        pooling_scale=pool,
+        outlook_kernel=oa.kernel_size,
+        outlook_padding=oa.padding,
+        outlook_stride=oa.stride,
+        num_class_layers=len(tm.post_network) if tm.post_network is not None else 0,
+        qkv_bias=oa.v.bias is not None,
+        aux_head=getattr(tm, "aux_head", None) is not None,
+        pool=tm.global_pool or "token",
+        norm_eps=tm.norm.eps,
+    )
+
+
+def _stage_map(cfg: VOLOConfig) -> list[tuple[int, int]]:
+    """For each vitscale transformer block k: (timm network index, index inside the stage)."""
+    out = []
+    for s, n in enumerate(cfg.layers[1:]):
+        out += [(2 + s, j) for j in range(n)]
+    return out
+
+
+def volo_state_dict_from_timm(sd: dict[str, torch.Tensor], cfg: VOLOConfig) -> dict[str, torch.Tensor]:
+    """Convert a timm VOLO state dict to vitscale keys and layouts."""
+    stage_of = {(i, j): k for k, (i, j) in enumerate(_stage_map(cfg))}
+    out = {}
+    for key, v in sd.items():
+        if m := re.match(r"network\.0\.(\d+)\.(.*)", key):
+            key = f"outlookers.{m[1]}.{m[2]}"
+        elif m := re.match(r"network\.1\.proj\.(.*)", key):
+            key = f"downsample.{m[1]}"
+        elif m := re.match(r"network\.(\d+)\.(\d+)\.(.*)", key):
+            k = stage_of[(int(m[1]), int(m[2]))]
+            key = f"blocks.{k}.{m[3]}"
+            if m[3].startswith("attn.qkv."):
+                v = _per_head(v, 3, cfg.num_heads)
+        elif m := re.match(r"post_network\.(\d+)\.(.*)", key):
+            key = f"class_blocks.{m[1]}.{m[2]}"
+            if m[2].startswith("attn.kv."):
+                v = _per_head(v, 2, cfg.num_heads)
+        out[key] = v
+    return out
+
+
+def volo_state_dict_to_timm(sd: dict[str, torch.Tensor], cfg: VOLOConfig) -> dict[str, torch.Tensor]:
+    """Convert a vitscale VOLO state dict to timm keys and layouts."""
+    stage = _stage_map(cfg)
+    out = {}
+    for key, v in sd.items():
+        if m := re.match(r"outlookers\.(\d+)\.(.*)", key):
+            key = f"network.0.{m[1]}.{m[2]}"
+        elif m := re.match(r"downsample\.(.*)", key):
+            key = f"network.1.proj.{m[1]}"
+        elif m := re.match(r"blocks\.(\d+)\.(.*)", key):
+            i, j = stage[int(m[1])]
+            key = f"network.{i}.{j}.{m[2]}"
+            if m[2].startswith("attn.qkv."):
+                v = _from_per_head(v, 3, cfg.num_heads)
+        elif m := re.match(r"class_blocks\.(\d+)\.(.*)", key):
+            key = f"post_network.{m[1]}.{m[2]}"
+            if m[2].startswith("attn.kv."):
+                v = _from_per_head(v, 2, cfg.num_heads)
+        out[key] = v
+    return out
+
+
+def volo_from_timm(timm_model: nn.Module, device=None, dtype=None) -> VOLO:
+    """A vitscale VOLO with the weights (and buffers) of a ``timm.models.volo.VOLO``."""
+    cfg = config_from_timm(timm_model)
+    model = VOLO(cfg, device=device, dtype=dtype)
+    sd = volo_state_dict_from_timm(timm_model.state_dict(), cfg)
+    model.load_state_dict(sd, strict=True)
+    return model
+
+
+def volo_to_timm(model: VOLO) -> dict[str, torch.Tensor]:
+    """A state dict for ``timm.create_model(<matching volo variant>)`` from a vitscale VOLO."""
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    return volo_state_dict_to_timm(sd, model.cfg)
+
+
+def timm_kwargs(cfg: VOLOConfig) -> dict:
+    """Keyword arguments building the matching ``timm.models.volo.VOLO`` (for ``to_timm`` round trips)."""
+    if cfg.outlook_kernel != 3 or cfg.outlook_padding != 1 or cfg.outlook_stride != 2:
+        raise ValueError("timm's VOLO builds outlook attention with kernel 3, padding 1, stride 2 only")
+    n = len(cfg.layers)
+    return dict(
+        layers=list(cfg.layers),
+        img_size=(cfg.img_h, cfg.img_w),
+        in_chans=cfg.num_channels,
+        num_classes=cfg.num_classes,
+        global_pool=cfg.pool,
+        patch_size=cfg.patch_dim,
+        stem_hidden_dim=cfg.stem_hidden,
+        embed_dims=[cfg.outlook_dim] + [cfg.hidden_size] * (n - 1),
+        num_heads=[cfg.outlook_heads] + [cfg.num_heads] * (n - 1),
+        downsamples=(True,) + (False,) * (n - 1),
+        outlook_attention=(True,) + (False,) * (n - 1),
+        mlp_ratio=(cfg.outlook_mlp_ratio,) + (cfg.mlp_ratio,) * (n - 1),
+        qkv_bias=cfg.qkv_bias,
+        post_layers=("ca",) * cfg.num_class_layers or None,
+        use_aux_head=cfg.aux_head,
+        pooling_scale=cfg.pooling_scale,
+    )
+
+
+__all__ = ["config_from_timm", "timm_kwargs", "volo_from_timm", "volo_state_dict_from_timm", "volo_state_dict_to_timm", "volo_to_timm"]
+
+
+def create_timm_volo(model: VOLO, load_weights: bool = True) -> nn.Module:
+    """The ``timm.models.volo.VOLO`` matching a vitscale VOLO (with its weights unless ``load_weights=False``)."""
+    from timm.models.volo import VOLO as TimmVOLO
+
+    tm = TimmVOLO(**timm_kwargs(model.cfg))
+    if load_weights:
+        tm.load_state_dict(volo_to_timm(model), strict=True)
+    return tm
+
+
+__all__ += ["create_timm_volo"]
