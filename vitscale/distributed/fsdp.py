@@ -1,0 +1,119 @@
+"""FSDP2 (``fully_shard``) helpers: per-block and root sharding with a MixedPrecisionPolicy.
+
+One code path covers every data-parallel layout, because FSDP2 takes a 1-D mesh (FSDP) or a 2-D
+``(replicate, shard)`` mesh (HSDP):
+
+- ``dp_shard > 1``                 -> FSDP over ``dp_shard`` (params, grads, optimizer state sharded:
+                                      the seeds' "distributed optimizer" / ZeRO-3).
+- ``dp_replicate > 1, dp_shard > 1`` -> HSDP: sharded inside a group, replicated across groups.
+- ``dp_replicate > 1, dp_shard == 1`` -> plain data parallel: HSDP with a shard group of one, i.e.
+                                      parameters whole on every rank and gradients all-reduced.
+  Chosen over ``torch.distributed._composable.replicate`` (DDP) because it is the same code path
+  and the same DTensor state-dict format as FSDP (so checkpoints reshard between DP, FSDP and TP
+  without special cases), composes with TP on a 2-D mesh, applies the same MixedPrecisionPolicy,
+  and runs on gloo as well as NCCL (covered by tests/distributed).
+- ``tp > 1`` alone                 -> still wrapped (shard group of one) so that every parameter is a
+                                      DTensor (one optimizer code path) and bf16 O2 applies.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+try:  # torch >= 2.6 exports FSDP2 here
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+except ImportError:  # pragma: no cover - torch < 2.6
+    from torch.distributed._composable.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+_DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+}  # fmt: skip
+
+
+def to_dtype(value, default: torch.dtype | None = None) -> torch.dtype | None:
+    """``"bf16"`` / ``"float32"`` / a torch.dtype / None (-> ``default``) -> torch.dtype."""
+    if value is None or value == "auto":
+        return default
+    if isinstance(value, torch.dtype):
+        return value
+    try:
+        return _DTYPES[str(value).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {value!r}: use one of {sorted(_DTYPES)}") from None
+
+
+def resolve_precision(precision_cfg, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
+    """(param_dtype, reduce_dtype): compute dtype bf16 on GPU and fp32 on CPU unless set; reduce fp32."""
+    default_param = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    param = to_dtype(getattr(precision_cfg, "param_dtype", None), default_param)
+    reduce = to_dtype(getattr(precision_cfg, "reduce_dtype", None), torch.float32)
+    return param, reduce
+
+
+def mixed_precision_policy(param_dtype: torch.dtype, reduce_dtype: torch.dtype = torch.float32):
+    """bf16 compute on an all-gathered bf16 copy, fp32 master weights kept sharded, fp32 gradient
+    reduction: the seeds' "O2" (``megatron_amp_O2``). With fp32 params it is a no-op policy."""
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=True)
+
+
+def dp_mesh_for(parallel_dims):
+    """The mesh FSDP2 shards over: 1-D ``dp_shard`` when there is no replication, else 2-D HSDP."""
+    if parallel_dims.dp_replicate == 1:
+        return parallel_dims.mesh["dp_shard"]
+    return parallel_dims.mesh["dp_replicate", "dp_shard"]
+
+
+def apply_fsdp(
+    model: nn.Module,
+    blocks: Iterable[nn.Module],
+    dp_mesh,
+    param_dtype: torch.dtype = torch.float32,
+    reduce_dtype: torch.dtype = torch.float32,
+    reshard_after_forward: bool = True,
+    extra_units: Iterable[nn.Module] = (),
+) -> nn.Module:
+    """``fully_shard`` each block (one all-gather per block), each of ``extra_units`` (e.g. a large
+    head), then the root (everything left: embeddings, norms, classifier).
+
+    The last block is not resharded after forward: backward needs it immediately.
+    """
+    mp = mixed_precision_policy(param_dtype, reduce_dtype)
+    blocks = list(blocks)
+    for i, block in enumerate(blocks):
+        fully_shard(
+            block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1
+        )
+    for unit in extra_units:
+        if unit is not None:
+            fully_shard(unit, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """Gradient accumulation: skip the reduce-scatter / all-reduce on all but the last micro-step."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+
+
+__all__ = [
+    "FSDPModule",
+    "MixedPrecisionPolicy",
+    "apply_fsdp",
+    "dp_mesh_for",
+    "fully_shard",
+    "is_fsdp",
+    "mixed_precision_policy",
+    "resolve_precision",
+    "set_gradient_sync",
+    "to_dtype",
+]

@@ -1,0 +1,88 @@
+"""Build a model for a parallel layout: meta device -> parallelize -> ``to_empty`` -> initialise.
+
+Two ways to initialise, chosen by ``init``:
+
+- ``"reference"``: every rank builds the full model on the CPU from ``seed`` and copies its own
+  shard out of it. The weights are bit-identical to a one-process run under any layout (what the
+  equivalence tests and small models use), at the cost of one full CPU copy per rank for a moment.
+- ``"sharded"``: ``init_weights()`` runs directly on the sharded parameters: nothing is ever
+  materialised whole (ViT-22B). The weights are a valid draw from the same distributions but differ
+  between layouts (DTensor random ops depend on the sharding on CPU).
+- ``"auto"``: ``reference`` up to ``REFERENCE_INIT_MAX_PARAMS`` parameters, else ``sharded``.
+
+Either way, resuming from a checkpoint (which loads under any layout) continues identically.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..models.registry import create_model, get_family, parallelize_fn
+
+REFERENCE_INIT_MAX_PARAMS = 700_000_000  # up to ViT-H; a full fp32 CPU copy is <= 2.8 GB per rank
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def copy_full_state_dict(model: nn.Module, full: dict[str, torch.Tensor]) -> None:
+    """Copy full (unsharded) tensors into a possibly sharded model, each rank keeping its shard.
+
+    Every rank must hold the same ``full`` tensors; ``distribute_tensor`` then only slices
+    (it scatters from the mesh's first rank, which holds identical data).
+    """
+    from .tensor_parallel import DTensor, distribute_tensor
+
+    own = dict(model.named_parameters())
+    own.update(dict(model.named_buffers()))
+    missing = sorted(set(own) - set(full))
+    if missing:
+        raise KeyError(f"reference state dict lacks {missing[:5]}")
+    for name, t in own.items():
+        src = full[name].to(dtype=t.dtype)
+        if isinstance(t, DTensor):
+            local = distribute_tensor(src.to(t.device), t.device_mesh, t.placements).to_local()
+            t.to_local().copy_(local)
+        else:
+            t.copy_(src)
+
+
+def build_model(
+    name: str,
+    parallel_dims,
+    cfg=None,
+    *,
+    seed: int = 0,
+    init: str = "auto",
+    overrides: dict | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Registered model ``name`` (with config ``overrides``) on ``parallel_dims.device``, parallelized
+    by its family's plan and initialised (see the module docstring for ``init``)."""
+    overrides = dict(overrides or {})
+    family = get_family(name)
+    with torch.device("meta"):
+        model = create_model(name, device="meta", dtype=dtype, **overrides)
+    if parallel_dims.distributed or cfg is not None:
+        parallelize_fn(family)(model, parallel_dims, cfg)
+    device = parallel_dims.device
+    model.to_empty(device=device)
+    if init == "auto":
+        init = "reference" if count_params(model) <= REFERENCE_INIT_MAX_PARAMS else "sharded"
+    if init == "reference":
+        torch.manual_seed(seed)
+        ref = create_model(name, device="cpu", dtype=dtype, init=True, **overrides)
+        copy_full_state_dict(model, ref.state_dict())
+        del ref
+    elif init == "sharded":
+        torch.manual_seed(seed)
+        model.init_weights()
+    else:
+        raise ValueError(f"init must be auto, reference or sharded, got {init!r}")
+    return model
+
+
+__all__ = ["REFERENCE_INIT_MAX_PARAMS", "build_model", "copy_full_state_dict", "count_params"]

@@ -1,0 +1,240 @@
+"""The parallel layout: ``dp_replicate x dp_shard x tp`` ranks and the DeviceMesh built from it.
+
+Mesh dimensions, outermost first: ``dp_replicate`` (plain data parallel / HSDP replicas),
+``dp_shard`` (FSDP2 sharding of parameters, gradients and optimizer state), ``tp`` (DTensor tensor +
+sequence parallel, innermost so its collectives stay inside a node). The layout is validated
+before anything is built, with errors that say which setting to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+
+
+class LayoutError(ValueError):
+    """An impossible parallel layout; the message says what to change."""
+
+
+@dataclass
+class ParallelDims:
+    """Sizes of the three mesh dimensions and the mesh once built (``None`` on one process)."""
+
+    dp_replicate: int = 1
+    """Replicas of the model (data parallel across them; with ``dp_shard > 1`` this is HSDP)."""
+    dp_shard: int = 1
+    """Ranks one replica is sharded over with FSDP2 (resolved: never -1 here)."""
+    tp: int = 1
+    """Tensor-parallel degree (heads and MLP hidden units split across this many ranks)."""
+    world_size: int = 1
+    """Number of processes; always the product of the three sizes."""
+    rank: int = 0
+    """Global rank of this process."""
+    local_rank: int = 0
+    """Rank within the node (selects the GPU)."""
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    """The device this rank computes on."""
+    mesh: Any = None
+    """The 3-D DeviceMesh ``(dp_replicate, dp_shard, tp)``; None when ``world_size == 1``."""
+
+    @classmethod
+    def from_sizes(cls, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1, world_size: int = 1, **kw):
+        """Resolve ``dp_shard=-1`` to "the rest" and validate the product against ``world_size``."""
+        for name, v in (("dp_replicate", dp_replicate), ("tp", tp)):
+            if not isinstance(v, int) or v < 1:
+                raise LayoutError(f"parallel.{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(dp_shard, int) or (dp_shard < 1 and dp_shard != -1):
+            raise LayoutError(f"parallel.dp_shard must be -1 (the rest) or an integer >= 1, got {dp_shard!r}")
+        if dp_shard == -1:
+            if world_size % (dp_replicate * tp):
+                raise LayoutError(
+                    f"world size {world_size} is not divisible by parallel.dp_replicate ({dp_replicate}) x "
+                    f"parallel.tp ({tp}) = {dp_replicate * tp}: change parallel.dp_replicate / parallel.tp "
+                    f"or the number of processes (torchrun --nproc-per-node)"
+                )
+            dp_shard = world_size // (dp_replicate * tp)
+        product = dp_replicate * dp_shard * tp
+        if product != world_size:
+            raise LayoutError(
+                f"parallel.dp_replicate ({dp_replicate}) x parallel.dp_shard ({dp_shard}) x parallel.tp ({tp}) = "
+                f"{product}, but the world size is {world_size}: set parallel.dp_shard=-1 to use the rest, or "
+                f"launch {product} processes"
+            )
+        return cls(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, world_size=world_size, **kw)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel degree: how many different micro-batches are processed per micro-step."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel index (ranks of one TP group share it and see the same batch)."""
+        return self.rank // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """Whether the model is wrapped by FSDP2 (sharding and/or data-parallel gradient reduction)."""
+        return self.dp_size > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def dp_mesh(self):
+        """The 2-D ``(dp_replicate, dp_shard)`` sub-mesh FSDP2 shards / replicates over (HSDP layout)."""
+        return self.mesh["dp_replicate", "dp_shard"]
+
+    def tp_mesh(self):
+        return self.mesh["tp"]
+
+    # ------------------------------------------------------------------ validation
+    def validate_model(self, model_cfg: Any) -> None:
+        """Check that every transformer inside ``model_cfg`` splits evenly over ``tp`` ranks.
+
+        Walks nested dataclass configs (e.g. CLIP's vision and text towers) and checks
+        ``num_attention_heads`` and ``ffn_hidden_size`` (and ``hidden_size`` for sequence parallel
+        LayerNorms is not needed: they stay replicated over channels).
+        """
+        if self.tp == 1 or model_cfg is None:
+            return
+        for path, cfg in _walk_configs(model_cfg):
+            where = f"{path}." if path else ""
+            heads = getattr(cfg, "num_attention_heads", None)
+            ffn = getattr(cfg, "ffn_hidden_size", None)
+            if isinstance(heads, int) and heads % self.tp:
+                ok = [d for d in range(1, heads + 1) if heads % d == 0]
+                raise LayoutError(
+                    f"model {where}num_attention_heads={heads} is not divisible by parallel.tp={self.tp}: "
+                    f"use parallel.tp in {ok}"
+                )
+            if isinstance(ffn, int) and ffn % self.tp:
+                raise LayoutError(
+                    f"model {where}ffn_hidden_size={ffn} is not divisible by parallel.tp={self.tp}: "
+                    f"change parallel.tp or model.ffn_hidden_size"
+                )
+            if isinstance(heads, int) and isinstance(ffn, int) and getattr(cfg, "parallel_block", False):
+                if (ffn // heads) * heads != ffn:
+                    raise LayoutError(f"model {where}ffn_hidden_size={ffn} must be a multiple of the heads ({heads})")
+
+    def describe(self) -> str:
+        parts = [f"world={self.world_size}", f"dp_replicate={self.dp_replicate}", f"dp_shard={self.dp_shard}"]
+        parts.append(f"tp={self.tp}")
+        mode = []
+        if self.dp_replicate > 1 and self.dp_shard > 1:
+            mode.append("HSDP")
+        elif self.dp_shard > 1:
+            mode.append("FSDP")
+        elif self.dp_replicate > 1:
+            mode.append("DP")
+        if self.tp > 1:
+            mode.append("TP+SP")
+        return " ".join(parts) + (f" ({' x '.join(mode)})" if mode else " (single process)")
+
+
+def _walk_configs(cfg: Any, path: str = ""):
+    if not dataclasses.is_dataclass(cfg):
+        return
+    yield path, cfg
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            yield from _walk_configs(v, f"{path}.{f.name}" if path else f.name)
+
+
+def _get(cfg: Any, name: str, default):
+    if cfg is None:
+        return default
+    if isinstance(cfg, dict):
+        return cfg.get(name, default)
+    return getattr(cfg, name, default)
+
+
+def resolve_device(device: str | torch.device | None = "auto", local_rank: int = 0) -> torch.device:
+    """``auto`` -> this rank's GPU when CUDA is available, else the CPU."""
+    if device is None or str(device) == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+    return device
+
+
+def world_info() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's environment (0, 0, 1 without torchrun)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), int(os.environ.get("LOCAL_RANK", dist.get_rank())), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def build_mesh(dims: ParallelDims):
+    """The 3-D DeviceMesh ``(dp_replicate, dp_shard, tp)`` on ``dims.device`` (all sizes kept, even 1)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = (dims.dp_replicate, dims.dp_shard, dims.tp)
+    return init_device_mesh(dims.device.type, shape, mesh_dim_names=MESH_DIMS)
+
+
+def init_distributed(parallel_cfg: Any = None, device: str | torch.device | None = "auto", timeout_s: int = 1800):
+    """Set up the process group (NCCL on GPU, gloo on CPU) and the mesh; return :class:`ParallelDims`.
+
+    Without torchrun (``WORLD_SIZE`` unset or 1) nothing is initialised and the layout is the single
+    process one; ``parallel_cfg`` may then still ask for ``dp_shard=-1`` (resolves to 1), but any
+    size > 1 is an error that says to launch with torchrun.
+    """
+    rank, local_rank, world = world_info()
+    dp_replicate = _get(parallel_cfg, "dp_replicate", 1)
+    dp_shard = _get(parallel_cfg, "dp_shard", -1)
+    tp = _get(parallel_cfg, "tp", 1)
+    dev = resolve_device(device, local_rank)
+    dims = ParallelDims.from_sizes(
+        dp_replicate, dp_shard, tp, world, rank=rank, local_rank=local_rank, device=dev
+    )  # validates before any process group exists
+    if world == 1:
+        return dims
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        kw = {"device_id": dev} if dev.type == "cuda" else {}
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    dims.mesh = build_mesh(dims)
+    return dims
+
+
+def destroy_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+__all__ = [
+    "LayoutError",
+    "MESH_DIMS",
+    "ParallelDims",
+    "build_mesh",
+    "destroy_distributed",
+    "init_distributed",
+    "resolve_device",
+    "world_info",
+]
