@@ -1,0 +1,94 @@
+"""``build_loaders``: the one entry point the trainer uses (see docs/data.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import digits as digits_mod
+from .config import FORMATS, DataConfig
+from .dataset import KeyedDataset
+from .loader import BadFileReporter, ResumableLoader
+from .sampler import EvalShardSampler, ShardedBatchSampler
+from .sources import SyntheticSource, TensorSource
+from .transforms import SampleTransform
+
+SYNTHETIC_DEFAULT_CLASSES = 1000
+
+
+@dataclass
+class Loaders:
+    train: ResumableLoader
+    """This rank's training batches (resumable; see :class:`ResumableLoader`)."""
+    val: ResumableLoader | None
+    """This rank's validation shard (indices ``rank::world_size``), or None."""
+    num_classes: int
+    class_names: list[str]
+
+
+def _sources(cfg: DataConfig, img_size, num_channels: int, seed: int):
+    """-> (train_source, val_source or None, num_classes, class_names)."""
+    fmt = cfg.format
+    if fmt == "digits":
+        tr = TensorSource(*digits_mod.load_digits_split("train", num_channels))
+        va = TensorSource(*digits_mod.load_digits_split("val", num_channels))
+        return tr, va, digits_mod.NUM_CLASSES, list(digits_mod.CLASS_NAMES)
+    if fmt == "synthetic":
+        nc = cfg.num_classes or SYNTHETIC_DEFAULT_CLASSES
+        tr = SyntheticSource(cfg.synthetic_size, nc, img_size, num_channels, seed)
+        n_val = int(round(cfg.synthetic_size * cfg.val_split))
+        # the val set uses another key so its images differ from the training images
+        va = SyntheticSource(n_val, nc, img_size, num_channels, seed + 1_000_003) if n_val > 0 else None
+        return tr, va, nc, [str(i) for i in range(nc)]
+    if fmt == "imagefolder":
+        from .imagefolder import imagefolder_sources
+
+        return imagefolder_sources(cfg)
+    raise ValueError(f"unknown data.format {fmt!r}; expected one of {FORMATS}")
+
+
+def build_loaders(
+    cfg_data: DataConfig,
+    *,
+    img_size: tuple[int, int],
+    num_channels: int,
+    seed: int,
+    micro_batch_size: int,
+    eval_batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    drop_last: bool = True,
+    device: torch.device | str | None = None,
+) -> Loaders:
+    """Build this rank's train and val loaders.
+
+    ``img_size`` is the model's (H, W) unless ``cfg_data.img_size`` overrides it. Batches are dicts
+    ``{"image": float (B, C, H, W) normalised, "label": long (B,), "index": long (B,), "skipped": int,
+    "crop": float (B, 4), "flip": bool (B,)}``. With ``device``, batches are moved there and
+    normalised there (uint8 crosses the host->device copy).
+    """
+    if cfg_data.img_size:
+        img_size = (int(cfg_data.img_size), int(cfg_data.img_size))
+    img_size = (int(img_size[0]), int(img_size[1]))
+    train_src, val_src, num_classes, class_names = _sources(cfg_data, img_size, num_channels, seed)
+    if cfg_data.num_classes and cfg_data.format != "synthetic":
+        if cfg_data.num_classes < num_classes:
+            raise ValueError(f"data.num_classes={cfg_data.num_classes} but the dataset has {num_classes} classes")
+        num_classes = cfg_data.num_classes
+    reporter = BadFileReporter()  # shared by train and val: one warning per bad file per run
+    common = dict(
+        mean=cfg_data.mean, std=cfg_data.std, device=device, reporter=reporter,
+        num_workers=cfg_data.num_workers, pin_memory=cfg_data.pin_memory,
+        persistent_workers=cfg_data.persistent_workers, prefetch_factor=cfg_data.prefetch_factor,
+    )
+    train_ds = KeyedDataset(train_src, SampleTransform(cfg_data, img_size, num_channels, seed, train=True))
+    train_sampler = ShardedBatchSampler(len(train_src), micro_batch_size, seed=seed, rank=rank,
+                                        world_size=world_size, shuffle=True, drop_last=drop_last)
+    train = ResumableLoader(train_ds, train_sampler, **common)
+    val = None
+    if val_src is not None and len(val_src) > 0:
+        val_ds = KeyedDataset(val_src, SampleTransform(cfg_data, img_size, num_channels, seed, train=False))
+        val_sampler = EvalShardSampler(len(val_src), eval_batch_size, rank=rank, world_size=world_size)
+        val = ResumableLoader(val_ds, val_sampler, **common)
+    return Loaders(train=train, val=val, num_classes=num_classes, class_names=class_names)

@@ -1,0 +1,44 @@
+"""The map-style dataset the DataLoader workers run, and the batch collation."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from .transforms import SampleTransform
+
+
+class KeyedDataset(Dataset):
+    """``dataset[(epoch, index)]`` -> one transformed sample dict (uint8 image)."""
+
+    def __init__(self, source, transform: SampleTransform):
+        self.source, self.transform = source, transform
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, item):
+        epoch, index = item if isinstance(item, tuple) else (0, item)
+        s = self.source.sample(int(index), int(epoch), self.transform)
+        return {
+            "image": s.aug.image,
+            "label": s.label,
+            "index": s.index,
+            "crop": s.aug.crop,
+            "flip": s.aug.flip,
+            "erase": s.aug.erase,
+            "bad": s.bad,
+        }
+
+
+def collate(samples: list[dict]) -> dict:
+    """Stack samples; ``bad`` becomes the list of (path, reason) of files replaced in the batch."""
+    return {
+        "image": torch.stack([s["image"] for s in samples]),  # (B, C, H, W) uint8
+        "label": torch.tensor([s["label"] for s in samples], dtype=torch.long),
+        "index": torch.tensor([s["index"] for s in samples], dtype=torch.long),
+        "crop": torch.tensor([s["crop"] for s in samples], dtype=torch.float32),  # (B, 4)
+        "flip": torch.tensor([s["flip"] for s in samples], dtype=torch.bool),
+        "erase": torch.tensor([s["erase"] for s in samples], dtype=torch.long),  # (B, 6)
+        "bad": [b for s in samples for b in s["bad"]],
+    }

@@ -1,0 +1,49 @@
+"""scikit-learn's handwritten digits: 1,797 real 8x8 images (17 gray levels, 0..16), 10 classes.
+
+Ships with scikit-learn, so no download. The split is fixed: stratified, ``random_state=0``,
+300 validation images (30 per class, give or take one) and 1,497 training images. Images are
+stored as uint8 (value * 255 / 16, rounded) and upsampled to the model size by the transforms
+(RandomResizedCrop for training, resize for eval), replicated to 3 channels for RGB models.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+NUM_CLASSES = 10
+VAL_SIZE = 300
+CLASS_NAMES = [str(i) for i in range(NUM_CLASSES)]
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[np.ndarray, np.ndarray]:
+    """(images float (1797, 8, 8) in 0..16, targets int (1797,))."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return d.images, d.target
+
+
+@lru_cache(maxsize=1)
+def _split_indices() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.model_selection import train_test_split
+
+    y = _load()[1]
+    train_idx, val_idx = train_test_split(
+        np.arange(len(y)), test_size=VAL_SIZE, stratify=y, random_state=0, shuffle=True
+    )
+    return np.sort(train_idx), np.sort(val_idx)
+
+
+def load_digits_split(split: str, num_channels: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(images uint8 (N, C, 8, 8), labels long (N,))`` of the ``train`` or ``val`` split."""
+    images, targets = _load()
+    train_idx, val_idx = _split_indices()
+    idx = {"train": train_idx, "val": val_idx}[split]
+    x = np.rint(images[idx] * (255.0 / 16.0)).astype(np.uint8)  # (N, 8, 8), 0..16 -> 0..255
+    images = torch.from_numpy(x)[:, None].expand(-1, num_channels, -1, -1).contiguous()  # (N, C, 8, 8)
+    labels = torch.from_numpy(targets[idx].astype(np.int64))
+    return images, labels

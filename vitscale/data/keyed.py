@@ -1,0 +1,72 @@
+"""Keyed randomness: every random draw of the input pipeline comes from a key, never from shared state.
+
+The epoch permutation is keyed by ``(seed, epoch)`` and each sample's augmentation by
+``(seed, epoch, index)`` (``index`` = the sample's position in the dataset), so the batches are the
+same with any number of DataLoader workers or ranks, and after a resume.
+"""
+
+from __future__ import annotations
+
+import random
+from contextlib import contextmanager
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+# Stream tags keep independent draws for the same (seed, epoch, index) apart.
+STREAM_PERM = 1
+STREAM_SAMPLE = 2
+STREAM_TORCH = 3
+STREAM_ERASE = 4
+STREAM_MIXUP = 5
+STREAM_SYNTHETIC = 6
+STREAM_SPLIT = 7
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def key(*parts: int) -> int:
+    """Mix integers into one 63-bit seed (stable across processes and Python versions)."""
+    h = 0x6A09E667F3BCC908
+    for p in parts:
+        h = _splitmix64(h ^ (int(p) & _MASK64))
+    return h & ((1 << 63) - 1)
+
+
+def py_rng(*parts: int) -> random.Random:
+    """A ``random.Random`` keyed by ``parts``."""
+    return random.Random(key(*parts))
+
+
+def torch_gen(*parts: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` keyed by ``parts``."""
+    return torch.Generator().manual_seed(key(*parts))
+
+
+def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
+    """The order of the ``n`` samples in ``epoch``: a permutation keyed by (seed, epoch)."""
+    if not shuffle:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch_gen(seed, epoch, STREAM_PERM))
+
+
+@contextmanager
+def seeded_global_torch_rng(*parts: int):
+    """Run a block with torch's global CPU RNG seeded from ``parts`` and restore it afterwards.
+
+    torchvision's random transforms (RandAugment, ColorJitter) draw from the global generator; this
+    keys them without disturbing the caller's RNG stream (nor the CUDA generators).
+    """
+    state = torch.get_rng_state()
+    torch.default_generator.manual_seed(key(*parts))
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state)

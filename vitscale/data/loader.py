@@ -1,0 +1,127 @@
+"""The resumable loader: DataLoader workers + batch post-processing in the main process.
+
+Post-processing (per batch, on ``device`` when one is given): uint8 -> float, normalise with
+mean/std, random erasing with keyed noise, and bad-file reporting: every undecodable file gets ONE
+warning line (``skipped undecodable image <path> ...``) per run, deduplicated here by path, and
+``batch["skipped"]`` counts the files first reported in that batch (so summing it over a run
+counts each bad file once).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch.utils.data import DataLoader
+
+from .dataset import KeyedDataset, collate
+from .keyed import torch_gen
+
+log = logging.getLogger("vitscale.data")
+
+
+def _worker_init(_worker_id: int) -> None:
+    torch.set_num_threads(1)
+
+
+class BadFileReporter:
+    """Deduplicates bad files by path and warns once for each."""
+
+    def __init__(self):
+        self.seen: set[str] = set()
+
+    def report(self, bad: list[tuple[str, str]]) -> int:
+        new = 0
+        for path, reason in bad:
+            if path not in self.seen:
+                self.seen.add(path)
+                new += 1
+                log.warning("skipped undecodable image %s (%s); replaced by another sample", path, reason)
+        return new
+
+
+class ResumableLoader:
+    """Iterates this rank's batches; ``state_dict()`` = ``{epoch, batch_index}`` of the next unseen batch.
+
+    - ``set_epoch(e)``: start epoch ``e`` from its first batch (a no-op when ``e`` is the current epoch,
+      so calling it after ``load_state_dict`` keeps the resumed position).
+    - Iterating to the end of an epoch moves on to the next epoch (``batch_index`` 0).
+    - Breaking out early and iterating again continues at the next unseen batch.
+    """
+
+    def __init__(self, dataset: KeyedDataset, sampler, *, mean, std, num_workers: int = 0,
+                 pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int = 2,
+                 device: torch.device | str | None = None, reporter: BadFileReporter | None = None):
+        self.dataset, self.sampler = dataset, sampler
+        self.epoch, self.batch_index = 0, 0
+        self.device = torch.device(device) if device is not None else None
+        self.reporter = reporter or BadFileReporter()
+        c = dataset.transform.num_channels
+        mean, std = list(mean), list(std)
+        if len(mean) == 3 and c == 1:  # 1-channel model with RGB statistics: use their average
+            mean, std = [sum(mean) / 3], [sum(std) / 3]
+        if len(mean) != c or len(std) != c:
+            raise ValueError(f"data.mean / data.std need {c} values, got {mean} / {std}")
+        self._mean = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1) * 255.0
+        self._inv_std = 1.0 / (torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1) * 255.0)
+        kwargs = {}
+        if num_workers > 0:
+            kwargs = dict(persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
+                          worker_init_fn=_worker_init)
+        self._dl = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
+                              pin_memory=pin_memory and torch.cuda.is_available(), **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        if int(epoch) != self.epoch:
+            self.epoch, self.batch_index = int(epoch), 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch_index": self.batch_index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.batch_index = int(state["epoch"]), int(state["batch_index"])
+
+    def __iter__(self):
+        self.sampler.set_position(self.epoch, self.batch_index)
+        if self.batch_index < len(self):
+            it = iter(self._dl)
+            while True:
+                batch = self._next(it)
+                if batch is None:
+                    break
+                self.batch_index += 1
+                yield self.postprocess(batch)
+        self.epoch, self.batch_index = self.epoch + 1, 0
+
+    def _next(self, it):
+        # Loading in the main process: per-sample ops are tiny, and intra-op threads only contend.
+        threads = torch.get_num_threads() if self._dl.num_workers == 0 else None
+        if threads is not None:
+            torch.set_num_threads(1)
+        try:
+            return next(it)
+        except StopIteration:
+            return None
+        finally:
+            if threads is not None:
+                torch.set_num_threads(threads)
+
+    def postprocess(self, batch: dict) -> dict:
+        img = batch.pop("image")
+        erase = batch.pop("erase")
+        bad = batch.pop("bad")
+        if self.device is not None:
+            img = img.to(self.device, non_blocking=True)
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        mean, inv_std = self._mean.to(img.device), self._inv_std.to(img.device)
+        x = (img.float() - mean) * inv_std  # (B, C, H, W) normalised
+        for b in torch.nonzero(erase[:, 0]).flatten().tolist():
+            _, top, left, h, w, seed = erase[b].tolist()
+            noise = torch.randn((x.shape[1], h, w), generator=torch_gen(seed))
+            x[b, :, top:top + h, left:left + w] = noise.to(x.device)
+        batch["image"] = x
+        batch["skipped"] = self.reporter.report(bad)
+        return batch

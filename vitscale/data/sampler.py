@@ -1,0 +1,81 @@
+"""Batch samplers that shard a keyed epoch permutation over ranks.
+
+Training: the epoch order is a permutation keyed by (seed, epoch). Global micro-batch ``b`` is
+``perm[b * G:(b + 1) * G]`` with ``G = micro_batch_size * world_size``, and rank ``r`` takes the
+STRIDED slice ``chunk[r::world_size]``. So the union over ranks of one step's micro-batches is the
+1-process batch of that step, and an optimizer step of ``B`` images covers ``perm[s*B:(s+1)*B]``
+whatever the number of ranks and accumulation steps. Items are ``(epoch, index)`` so workers key
+their augmentation without sharing state (works with persistent workers).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .keyed import epoch_permutation
+
+
+class ShardedBatchSampler:
+    """Yields this rank's micro-batches of ``(epoch, index)`` from ``start`` onward in ``epoch``."""
+
+    def __init__(self, n: int, micro_batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1,
+                 shuffle: bool = True, drop_last: bool = True):
+        if micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+        self.n, self.micro, self.seed = n, micro_batch_size, seed
+        self.rank, self.world = rank, world_size
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.global_batch = micro_batch_size * world_size
+        if drop_last and n < self.global_batch:
+            raise ValueError(
+                f"dataset of {n} samples is smaller than one global micro-batch of {self.global_batch} "
+                f"({micro_batch_size} x {world_size} ranks)"
+            )
+        self.epoch = 0
+        self.start = 0
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self.n // self.global_batch
+        return math.ceil(self.n / self.global_batch)
+
+    def set_position(self, epoch: int, start: int) -> None:
+        self.epoch, self.start = int(epoch), int(start)
+
+    def indices(self, epoch: int, b: int) -> list[int]:
+        """Dataset indices of this rank's micro-batch ``b`` of ``epoch``."""
+        perm = epoch_permutation(self.n, self.seed, epoch, self.shuffle)
+        return self._chunk(perm, b)
+
+    def _chunk(self, perm, b: int) -> list[int]:
+        chunk = perm[b * self.global_batch:(b + 1) * self.global_batch].tolist()
+        if len(chunk) % self.world:  # last, partial global batch: wrap around so every rank gets some
+            chunk += perm[: self.world - len(chunk) % self.world].tolist()
+        return chunk[self.rank::self.world]
+
+    def __iter__(self):
+        epoch = self.epoch
+        perm = epoch_permutation(self.n, self.seed, epoch, self.shuffle)
+        for b in range(self.start, len(self)):
+            yield [(epoch, i) for i in self._chunk(perm, b)]
+
+
+class EvalShardSampler:
+    """Rank ``r`` evaluates indices ``r::world_size`` in order, in batches of ``batch_size``."""
+
+    def __init__(self, n: int, batch_size: int, *, rank: int = 0, world_size: int = 1):
+        self.mine = list(range(rank, n, world_size))
+        self.batch_size = batch_size
+        self.epoch, self.start = 0, 0
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.mine) / self.batch_size)
+
+    def set_position(self, epoch: int, start: int) -> None:
+        self.epoch, self.start = int(epoch), int(start)
+
+    def __iter__(self):
+        for b in range(self.start, len(self)):
+            yield [(0, i) for i in self.mine[b * self.batch_size:(b + 1) * self.batch_size]]

@@ -1,0 +1,113 @@
+"""Sample sources: in-memory uint8 tensors (digits), synthetic images, and image files.
+
+A source maps a dataset index to a transformed sample; the dataset adds the batch bookkeeping.
+``FileSource`` never fails on a bad file: an undecodable file is replaced by the next decodable
+sample (index + 1, + 2, ... modulo the dataset size, the same in every epoch) and reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import keyed
+from .decode import BadImageError, center_crop_box, load_resized_crop, pil_to_uint8_tensor
+from .transforms import Augmented, SampleTransform
+
+MAX_REPLACEMENTS = 64
+
+
+@dataclass
+class Sample:
+    aug: Augmented
+    label: int
+    index: int
+    bad: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) of replaced files
+
+
+class TensorSource:
+    """Images held in memory as a uint8 tensor (N, C, H, W) with int labels."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        assert images.dtype == torch.uint8 and images.ndim == 4, images.shape
+        self.images, self.labels = images, labels.long()
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def sample(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
+        img = self.images[index]
+        aug = tf.tensor_train(img, epoch, index) if tf.train else tf.tensor_eval(img)
+        return Sample(aug, int(self.labels[index]), index)
+
+
+class SyntheticSource:
+    """``n`` random uint8 images keyed by (seed, index) with labels keyed the same way."""
+
+    def __init__(self, n: int, num_classes: int, size: tuple[int, int], num_channels: int, seed: int):
+        self.n, self.num_classes, self.size, self.num_channels = n, num_classes, size, num_channels
+        self.seed = seed
+        g = keyed.torch_gen(seed, keyed.STREAM_SYNTHETIC)
+        self.labels = torch.randint(0, num_classes, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def image(self, index: int) -> torch.Tensor:
+        g = keyed.torch_gen(self.seed, index, keyed.STREAM_SYNTHETIC)
+        return torch.randint(0, 256, (self.num_channels, *self.size), generator=g, dtype=torch.uint8)
+
+    def sample(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
+        img = self.image(index)
+        aug = tf.tensor_train(img, epoch, index) if tf.train else tf.tensor_eval(img)
+        return Sample(aug, int(self.labels[index]), index)
+
+
+class FileSource:
+    """Image files with int labels, decoded with PIL (fast reduced-size JPEG decoding optional)."""
+
+    def __init__(self, paths: list[str], labels: list[int], fast_decode: bool = True):
+        self.paths, self.labels, self.fast_decode = list(paths), list(labels), fast_decode
+        self._bad: dict[int, str] = {}  # index -> reason, per process (worker)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def _load(self, j: int, slot: int, epoch: int, tf: SampleTransform) -> Augmented:
+        """Decode file ``j`` with the augmentation randomness of dataset slot ``slot``."""
+        if tf.train:
+            rng = tf.rng(epoch, slot)
+            box_fn = tf.box_fn(rng)
+        else:
+            rng = None
+            box_fn = lambda h, w: center_crop_box(h, w, tf.img_size, tf.cfg.crop_pct)  # noqa: E731
+        img, (top, left, h, w), (h0, w0) = load_resized_crop(
+            self.paths[j], box_fn, tf.img_size, num_channels=tf.num_channels,
+            interpolation=tf.interpolation, fast=self.fast_decode,
+        )
+        t = pil_to_uint8_tensor(img)
+        crop = (top / h0, left / w0, h / h0, w / w0)
+        if not tf.train:
+            return Augmented(t, crop, False, [0] * 6)
+        return tf.finish(t, rng, crop, epoch, slot)
+
+    def sample(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
+        bad: list[tuple[str, str]] = []
+        n = len(self.paths)
+        for k in range(min(n, MAX_REPLACEMENTS)):
+            j = (index + k) % n
+            if j in self._bad:
+                bad.append((self.paths[j], self._bad[j]))
+                continue
+            try:
+                # augmentation stays keyed by the requested slot, so a replacement is deterministic
+                aug = self._load(j, index, epoch, tf)
+            except BadImageError as e:
+                self._bad[j] = str(e)
+                bad.append((self.paths[j], str(e)))
+                continue
+            return Sample(aug, int(self.labels[j]), j, bad)
+        raise RuntimeError(
+            f"{len(bad)} consecutive undecodable images starting at {self.paths[index]!r}; is the data folder corrupt?"
+        )
