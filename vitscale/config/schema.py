@@ -52,6 +52,9 @@ except ModuleNotFoundError as e:  # pragma: no cover - only while vitscale.data 
         """Samples of the synthetic dataset."""
 
 
+from vitscale.data.token_label_config import TeacherConfig, TokenLabelConfig  # noqa: E402 (volo engineer)
+
+
 @dataclass
 class ModelConfig:
     """Which registered model to train."""
@@ -238,3 +241,7 @@ class Config:
     """Evaluation."""
     log: LogConfig = field(default_factory=LogConfig)
     """Logging."""
+    token_label: TokenLabelConfig = field(default_factory=TokenLabelConfig)
+    """Token labeling: dense teacher labels and MixToken (train.task=token_labeling)."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """The teacher of ``vitscale label-tokens``."""

@@ -1,0 +1,162 @@
+"""Dense token labels on disk (token labeling, Jiang et al. 2021) and their alignment with augmentations.
+
+Layout of a label folder (written by ``vitscale label-tokens``)::
+
+    token_labels.json             {"splits": {"train": {"num_samples", "grid", "topk", ...}}, "num_classes", ...}
+    train.values.f16              float16 (N, k, gh, gw): the teacher's top-k softmax scores per location
+    train.indices.i16             int16   (N, k, gh, gw): their class indices
+    train.cls_values.f16          float16 (N, k): the teacher's top-k class-token scores
+    train.cls_indices.i16         int16   (N, k)
+
+Row ``i`` belongs to sample ``i`` of the split (the batches' ``"index"``). Raw little-endian arrays
+read through ``numpy.memmap``: no pickle, random access per batch, 20 bytes per location for k=5
+(ImageNet at 14x14 and k=5: ~5 GB).
+
+The maps cover the whole original image (the teacher saw it resized, uncropped). A training crop
+``(top, left, h, w)`` (fractions of the original, the batches' ``"crop"``) is cut out of the dense
+map with RoIAlign-style bilinear sampling onto the student's token grid, then flipped where the
+image was (``"flip"``), then renormalised to a distribution per token.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+META_FILE = "token_labels.json"
+
+
+def _files(root: Path, split: str) -> dict[str, Path]:
+    return {
+        "values": root / f"{split}.values.f16",
+        "indices": root / f"{split}.indices.i16",
+        "cls_values": root / f"{split}.cls_values.f16",
+        "cls_indices": root / f"{split}.cls_indices.i16",
+    }
+
+
+class TokenLabelWriter:
+    """Writes one split's dense top-k maps, row by sample index; ``close()`` checks every row was written."""
+
+    def __init__(self, root: str | Path, split: str, num_samples: int, grid: tuple[int, int], topk: int,
+                 num_classes: int, info: dict | None = None):  # fmt: skip
+        if num_classes > np.iinfo(np.int16).max:
+            raise ValueError(f"{num_classes} classes do not fit the int16 index format")
+        self.root, self.split = Path(root), split
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.n, self.grid, self.topk, self.num_classes = num_samples, tuple(grid), topk, num_classes
+        self.info = info or {}
+        f = _files(self.root, split)
+        shape = (num_samples, topk, *self.grid)
+        self.values = np.memmap(f["values"], np.float16, "w+", shape=shape)
+        self.indices = np.memmap(f["indices"], np.int16, "w+", shape=shape)
+        self.cls_values = np.memmap(f["cls_values"], np.float16, "w+", shape=(num_samples, topk))
+        self.cls_indices = np.memmap(f["cls_indices"], np.int16, "w+", shape=(num_samples, topk))
+        self.written = np.zeros(num_samples, dtype=bool)
+
+    def write(self, index: torch.Tensor, token_probs: torch.Tensor, cls_probs: torch.Tensor) -> None:
+        """``index`` (B,); ``token_probs`` (B, gh, gw, C) and ``cls_probs`` (B, C) distributions."""
+        idx = index.cpu().numpy()
+        v, i = token_probs.float().topk(self.topk, dim=-1)  # (B, gh, gw, k)
+        self.values[idx] = v.permute(0, 3, 1, 2).cpu().numpy().astype(np.float16)
+        self.indices[idx] = i.permute(0, 3, 1, 2).cpu().numpy().astype(np.int16)
+        cv, ci = cls_probs.float().topk(self.topk, dim=-1)
+        self.cls_values[idx] = cv.cpu().numpy().astype(np.float16)
+        self.cls_indices[idx] = ci.cpu().numpy().astype(np.int16)
+        self.written[idx] = True
+
+    def close(self) -> dict:
+        if not self.written.all():
+            raise RuntimeError(f"{int((~self.written).sum())} of {self.n} samples of {self.split!r} got no labels")
+        for a in (self.values, self.indices, self.cls_values, self.cls_indices):
+            a.flush()
+        meta_path = self.root / META_FILE
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"splits": {}}
+        meta["num_classes"] = self.num_classes
+        meta.update({k: v for k, v in self.info.items() if k != "splits"})
+        meta["splits"][self.split] = {"num_samples": self.n, "grid": list(self.grid), "topk": self.topk}
+        meta_path.write_text(json.dumps(meta, indent=1))
+        return meta
+
+
+class TokenLabelStore:
+    """Read-only access to one split of a label folder."""
+
+    def __init__(self, root: str | Path, split: str = "train"):
+        self.root = Path(root)
+        meta_path = self.root / META_FILE
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"no token labels at {self.root} (missing {META_FILE}); run `vitscale label-tokens`")
+        self.meta = json.loads(meta_path.read_text())
+        if split not in self.meta["splits"]:
+            raise KeyError(f"token labels at {self.root} have no split {split!r} ({sorted(self.meta['splits'])})")
+        s = self.meta["splits"][split]
+        self.num_samples, self.grid, self.topk = s["num_samples"], tuple(s["grid"]), s["topk"]
+        self.num_classes = self.meta["num_classes"]
+        f = _files(self.root, split)
+        shape = (self.num_samples, self.topk, *self.grid)
+        self.values = np.memmap(f["values"], np.float16, "r", shape=shape)
+        self.indices = np.memmap(f["indices"], np.int16, "r", shape=shape)
+        self.cls_values = np.memmap(f["cls_values"], np.float16, "r", shape=(self.num_samples, self.topk))
+        self.cls_indices = np.memmap(f["cls_indices"], np.int16, "r", shape=(self.num_samples, self.topk))
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def topk_maps(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k scores ``(B, k, gh, gw)`` float32 and class indices ``(B, k, gh, gw)`` int64."""
+        idx = np.asarray(index.detach().cpu().numpy(), dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
+            raise IndexError(f"sample index out of range for {self.num_samples} token-label rows")
+        v = torch.from_numpy(np.ascontiguousarray(self.values[idx])).float()
+        i = torch.from_numpy(np.ascontiguousarray(self.indices[idx])).long()
+        return v, i
+
+    def dense(self, index: torch.Tensor, num_classes: int | None = None, device=None) -> torch.Tensor:
+        """Per-location class distributions ``(B, C, gh, gw)`` (top-k scattered, renormalised)."""
+        v, i = self.topk_maps(index)
+        return scatter_topk(v.to(device), i.to(device), num_classes or self.num_classes)
+
+    def cls_targets(self, index: torch.Tensor, num_classes: int | None = None, device=None) -> torch.Tensor:
+        """The teacher's class-token distributions ``(B, C)`` (top-k scattered, renormalised)."""
+        idx = np.asarray(index.detach().cpu().numpy(), dtype=np.int64)
+        v = torch.from_numpy(np.ascontiguousarray(self.cls_values[idx])).float().to(device)
+        i = torch.from_numpy(np.ascontiguousarray(self.cls_indices[idx])).long().to(device)
+        out = torch.zeros(v.shape[0], num_classes or self.num_classes, device=device).scatter_(1, i, v)
+        return out / out.sum(1, keepdim=True).clamp_min(1e-12)
+
+
+def scatter_topk(values: torch.Tensor, indices: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``(B, k, gh, gw)`` top-k scores + indices -> ``(B, C, gh, gw)`` distributions."""
+    B, _, gh, gw = values.shape
+    out = values.new_zeros(B, num_classes, gh, gw).scatter_(1, indices, values)
+    return out / out.sum(1, keepdim=True).clamp_min(1e-12)
+
+
+def align_dense_labels(dense: torch.Tensor, crop: torch.Tensor, flip: torch.Tensor, out_grid: tuple[int, int],
+                       sampling_ratio: int = 2) -> torch.Tensor:  # fmt: skip
+    """Cut each sample's crop out of its full-image label map and resample it to ``out_grid``.
+
+    ``dense`` (B, C, gh, gw) covers the whole original image; ``crop`` (B, 4) is (top, left, h, w) as
+    fractions of it; ``flip`` (B,) marks horizontally flipped crops. Returns ``(B, oh, ow, C)``
+    distributions (RoIAlign bilinear sampling with ``aligned=True``: pixel-centre convention).
+    """
+    from torchvision.ops import roi_align
+
+    B, C, gh, gw = dense.shape
+    crop = crop.to(dense.device, torch.float32)
+    top, left, h, w = crop.unbind(1)
+    boxes = torch.stack(
+        [torch.arange(B, device=dense.device, dtype=torch.float32), left * gw, top * gh, (left + w) * gw, (top + h) * gh],
+        dim=1,
+    )  # (B, 5): batch index, x1, y1, x2, y2 in label-map cells
+    out = roi_align(dense.float(), boxes, tuple(out_grid), spatial_scale=1.0, sampling_ratio=sampling_ratio, aligned=True)
+    out = torch.where(flip.to(dense.device).view(B, 1, 1, 1), out.flip(-1), out)  # (B, C, oh, ow)
+    out = out / out.sum(1, keepdim=True).clamp_min(1e-12)
+    return out.permute(0, 2, 3, 1)  # (B, oh, ow, C)
+
+
+__all__ = ["META_FILE", "TokenLabelStore", "TokenLabelWriter", "align_dense_labels", "scatter_topk"]
