@@ -1,0 +1,53 @@
+"""``vitscale demo``: train the built-in digits ViT on this machine and print its accuracy and time."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "demo",
+        help="train the built-in digits ViT and print its val top-1 (what `make demo` runs)",
+        description="Train config digits_vit (a small patch-4 ViT on scikit-learn's handwritten digits, "
+        "shipped with the package: no download) and print the validation top-1 and the wall time. "
+        "Expected: >= 97%% top-1 in under 3 minutes on 2 CPU cores.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: vitscale demo --output-dir runs/demo train.epochs=5",
+    )
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    p.add_argument("--output-dir", default="runs/demo", help="run folder (default: runs/demo)")
+    p.add_argument("--resume", action="store_true", help="resume from a checkpoint in the run folder "
+                   "instead of starting over")  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from vitscale.config import ConfigError, load_config
+
+    overrides = [f"train.output_dir={args.output_dir}", f"checkpoint.resume={'true' if args.resume else 'false'}"]
+    try:
+        cfg = load_config("digits_vit", overrides + list(args.overrides))
+    except ConfigError as e:
+        print(f"vitscale demo: config error: {e}", file=sys.stderr)
+        return 2
+    if not args.resume:
+        import shutil
+        from pathlib import Path
+
+        shutil.rmtree(Path(cfg.train.output_dir) / "checkpoints", ignore_errors=True)
+        (Path(cfg.train.output_dir) / "metrics.jsonl").unlink(missing_ok=True)
+    from vitscale.train import train
+
+    t0 = time.perf_counter()
+    summary = train(cfg)
+    wall = time.perf_counter() - t0
+    top1 = summary.get("val_top1", float("nan"))
+    print(
+        f"digits_vit: val top-1 {top1:.2f}% (top-5 {summary.get('val_top5', float('nan')):.2f}%) after "
+        f"{summary['steps']} steps in {wall:.1f} s total ({summary['wall_time_s']:.1f} s training, "
+        f"{summary['img_per_s']:.0f} img/s) -> {cfg.train.output_dir}"
+    )
+    return 0

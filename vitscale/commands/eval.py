@@ -1,0 +1,51 @@
+"""``vitscale eval CONFIG checkpoint.path=PATH``: top-1 / top-5 of trained weights on the val split."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate a checkpoint on the val split (top-1 / top-5 / loss)",
+        description="Evaluate weights on the config's validation data. checkpoint.path may be a run "
+        "folder (newest checkpoint, else model.safetensors), a checkpoints/ folder, a step_N folder or a "
+        ".safetensors file.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: vitscale eval digits_vit checkpoint.path=runs/digits_vit\n"
+        "         vitscale eval digits_vit checkpoint.path=runs/digits_vit/model.safetensors --ema",
+    )
+    p.add_argument("config", help="YAML path or built-in config name (model and data)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
+    p.add_argument("--output", help="also write the metrics to this JSON file")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from vitscale.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"vitscale eval: config error: {e}", file=sys.stderr)
+        return 2
+    if not cfg.checkpoint.path:
+        print("vitscale eval: set checkpoint.path=PATH (run folder, step folder or .safetensors)", file=sys.stderr)
+        return 2
+    from vitscale.eval.classification import evaluate_checkpoint
+
+    try:
+        result = evaluate_checkpoint(cfg, cfg.checkpoint.path, ema=args.ema)
+    except (FileNotFoundError, KeyError) as e:
+        print(f"vitscale eval: {e}", file=sys.stderr)
+        return 1
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+    return 0

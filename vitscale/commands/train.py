@@ -1,0 +1,51 @@
+"""``vitscale train CONFIG [key=value ...]``: train a model from a YAML recipe plus dotted overrides."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EPILOG = """\
+CONFIG is a YAML file or a built-in name (digits_vit, imagenet_vit_b16, ...). Overrides are dotted
+keys, e.g.:
+  vitscale train digits_vit train.max_steps=200 optim.lr=1e-3 model.hidden_size=128
+  torchrun --nproc-per-node 8 -m vitscale train imagenet_vit_b16 data.train_path=/data/imagenet/train
+A run resumes from the newest checkpoint in train.output_dir (checkpoint.resume=false to start over).
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train a model (config + dotted overrides)",
+        description="Train a model. Writes config.yaml, metrics.jsonl, summary.json, checkpoints/ and "
+        "model.safetensors into train.output_dir.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("config", help="YAML path or built-in config name")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import yaml
+
+    from vitscale.config import ConfigError, config_to_dict, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"vitscale train: config error: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
+        return 0
+    from vitscale.train import train
+
+    summary = train(cfg)
+    if summary.get("_rank", 0) == 0:
+        print(json.dumps({k: summary[k] for k in summary if not k.startswith("_")}, indent=1))
+    return 0

@@ -1,0 +1,79 @@
+"""Optimizers with per-group weight decay, and the LR scaling rule.
+
+Groups: ``decay`` (the body's matrices), ``no_decay`` (norms, biases, 1-D params and the model's
+``no_weight_decay()`` names: position embeddings, tokens), ``head`` (the classifier from the model's
+``head_parameter_names()``, with ``optim.head_weight_decay`` — ViT-22B decouples head and body decay).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vitscale.config.schema import OptimConfig
+
+
+def scaled_lr(cfg: OptimConfig, global_batch: int) -> float:
+    """lr = base_lr * global_batch / lr_scale_batch (the linear scaling rule); no scaling if 0."""
+    if cfg.lr_scale_batch and cfg.lr_scale_batch > 0:
+        return cfg.lr * global_batch / cfg.lr_scale_batch
+    return cfg.lr
+
+
+def _strip(name: str) -> str:
+    # Wrappers (torch.compile, activation checkpointing, DDP) insert these into parameter names.
+    for token in ("_orig_mod.", "_checkpoint_wrapped_module.", "module."):
+        name = name.replace(token, "")
+    return name
+
+
+def param_groups(model: nn.Module, weight_decay: float, head_weight_decay: float | None) -> list[dict]:
+    """Parameter groups named ``decay`` / ``no_decay`` / ``head`` (empty groups left out)."""
+    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    head = set(model.head_parameter_names()) if hasattr(model, "head_parameter_names") else set()
+    groups: dict[str, list] = {"decay": [], "no_decay": [], "head": []}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        n = _strip(name)
+        if p.ndim <= 1 or n.endswith(".bias") or n in skip or any(n.startswith(s + ".") for s in skip):
+            groups["no_decay"].append(p)  # norms, biases, gains, tokens, position embeddings
+        elif n in head:
+            groups["head"].append(p)
+        else:
+            groups["decay"].append(p)
+    hwd = weight_decay if head_weight_decay is None else head_weight_decay
+    decays = {"decay": weight_decay, "no_decay": 0.0, "head": hwd}
+    return [{"name": k, "params": v, "weight_decay": decays[k]} for k, v in groups.items() if v]
+
+
+def _impl_kwargs(cls: type, mode: str, params: list) -> dict:
+    devices = {p.device.type for g in params for p in g["params"]}
+    if mode == "none":
+        return {"foreach": False}
+    if mode == "foreach":
+        return {"foreach": True}
+    if mode == "fused":
+        return {"fused": True}
+    # auto: fused kernels on CUDA (AdamW/Adam/SGD all have them since torch 2.4), foreach elsewhere.
+    if devices == {"cuda"}:
+        return {"fused": True}
+    return {"foreach": True}
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
+    """AdamW / Adam / SGD over :func:`param_groups`. Each group remembers ``initial_lr`` = peak LR."""
+    groups = param_groups(model, cfg.weight_decay, cfg.head_weight_decay)
+    for g in groups:
+        g["lr"] = lr
+        g["initial_lr"] = lr
+    name = cfg.name.lower()
+    if name == "adamw":
+        cls, kw = torch.optim.AdamW, {"betas": tuple(cfg.betas), "eps": cfg.eps}
+    elif name == "adam":
+        cls, kw = torch.optim.Adam, {"betas": tuple(cfg.betas), "eps": cfg.eps}
+    elif name == "sgd":
+        cls, kw = torch.optim.SGD, {"momentum": cfg.momentum, "nesterov": cfg.nesterov}
+    else:
+        raise ValueError(f"unknown optimizer {cfg.name!r} (adamw | adam | sgd)")
+    return cls(groups, lr=lr, **kw, **_impl_kwargs(cls, cfg.fused, groups))

@@ -1,0 +1,64 @@
+"""Learning-rate schedules as pure functions of the step (a resume needs only the step).
+
+``step`` is the 1-based index of the optimizer update about to happen; the returned factor multiplies
+the peak LR. All start with a linear warmup from ~0 (step 1 gets peak/warmup).
+"""
+
+from __future__ import annotations
+
+import math
+
+from vitscale.config.schema import ScheduleConfig
+
+
+def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, warmup_steps: int, peak_lr: float) -> float:
+    """The LR at ``step`` divided by the peak LR."""
+    w = max(warmup_steps, 0)
+    if w and step <= w:
+        return step / w
+    name = cfg.name
+    if name == "cosine":
+        floor = cfg.min_lr / peak_lr if peak_lr > 0 else 0.0
+        span = max(total_steps - w, 1)
+        progress = min(max(step - w, 0) / span, 1.0)
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if name == "rsqrt":
+        # ViT-22B / big_vision: peak * sqrt(timescale / max(t, timescale)) with t counted after warmup,
+        # then a linear cooldown to 0 over the last cooldown_steps.
+        t = max(step - w, 0)
+        ts = max(cfg.rsqrt_timescale, 1)
+        f = math.sqrt(ts / max(t + ts, ts))
+        return f * _cooldown(cfg, step, total_steps)
+    if name == "constant":
+        return _cooldown(cfg, step, total_steps)
+    raise ValueError(f"unknown schedule {name!r} (cosine | rsqrt | constant)")
+
+
+def _cooldown(cfg: ScheduleConfig, step: int, total_steps: int) -> float:
+    c = cfg.cooldown_steps
+    if c <= 0 or step <= total_steps - c:
+        return 1.0
+    return max(total_steps - step, 0) / c
+
+
+def warmup_steps(cfg: ScheduleConfig, steps_per_epoch: int) -> int:
+    if cfg.warmup_steps:
+        return cfg.warmup_steps
+    return int(round(cfg.warmup_epochs * steps_per_epoch))
+
+
+class Schedule:
+    """Sets every param group's LR to ``initial_lr * factor(step)``."""
+
+    def __init__(self, optimizer, cfg: ScheduleConfig, total_steps: int, warmup: int, peak_lr: float):
+        self.optimizer, self.cfg, self.total, self.warmup, self.peak = optimizer, cfg, total_steps, warmup, peak_lr
+
+    def factor(self, step: int) -> float:
+        return lr_factor(self.cfg, step, self.total, self.warmup, self.peak)
+
+    def apply(self, step: int) -> float:
+        """Set the LR for optimizer update number ``step`` (1-based); returns the peak group's LR."""
+        f = self.factor(step)
+        for g in self.optimizer.param_groups:
+            g["lr"] = g["initial_lr"] * f
+        return self.peak * f

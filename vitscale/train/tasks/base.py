@@ -1,0 +1,65 @@
+"""What a training task is: a loss over a batch and an evaluation over a loader.
+
+The trainer never branches on a model's name: the family's default task (``FamilySpec.task``) or
+``train.task`` picks a class from this registry. CLIP (contrastive) and token labeling register
+their own tasks from their own modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+_TASKS: dict[str, type[Task]] = {}
+# Modules that register a task when imported (looked up lazily by name).
+_TASK_MODULES = {
+    "classification": "vitscale.train.tasks.classification",
+    "contrastive": "vitscale.train.tasks.contrastive",
+    "token_labeling": "vitscale.train.tasks.token_labeling",
+}
+
+
+class Task:
+    """``Task(cfg, model, num_classes)``; the trainer calls :meth:`loss` per micro-batch.
+
+    Attributes the trainer sets after construction: ``autocast`` (a zero-argument context factory
+    for the forward pass) and ``device``.
+    """
+
+    name = "task"
+
+    def __init__(self, cfg: Any, model: nn.Module, num_classes: int | None):
+        self.cfg = cfg
+        self.num_classes = num_classes
+        self.autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+        self.device = torch.device("cpu")
+
+    def loss(self, model: nn.Module, batch: dict, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Mean loss of the (already on-device) micro-batch and detached metric tensors.
+
+        ``step`` is a counter of micro-batches (keys per-batch randomness such as mixup)."""
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module, loader) -> dict[str, float]:
+        """Metrics over a whole (per-rank sharded) loader, reduced over ranks; keys ``val_*``."""
+        raise NotImplementedError
+
+
+def register_task(name: str, cls: type[Task]) -> None:
+    _TASKS[name] = cls
+
+
+def get_task(name: str) -> type[Task]:
+    if name not in _TASKS and name in _TASK_MODULES:
+        importlib.import_module(_TASK_MODULES[name])
+    if name not in _TASKS:
+        raise KeyError(f"unknown task {name!r}; registered: {', '.join(sorted(_TASKS)) or 'none'}")
+    return _TASKS[name]
+
+
+def list_tasks() -> list[str]:
+    return sorted(set(_TASKS) | set(_TASK_MODULES))

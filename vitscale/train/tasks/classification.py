@@ -1,0 +1,76 @@
+"""Image classification: softmax cross-entropy (+ label smoothing) or sigmoid cross-entropy (ViT-22B),
+with mixup / cutmix soft targets from ``vitscale.data.mixup``."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitscale.eval.classification import evaluate_classification
+
+from .base import Task, register_task
+
+
+def smooth_one_hot(labels: torch.Tensor, num_classes: int, smoothing: float) -> torch.Tensor:
+    off = smoothing / num_classes
+    return torch.full((labels.shape[0], num_classes), off, device=labels.device).scatter_(
+        1, labels.unsqueeze(1), 1.0 - smoothing + off
+    )
+
+
+def classification_loss(logits: torch.Tensor, target: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
+    """``target``: class indices ``(B,)`` or soft targets ``(B, K)``. Returns the batch mean."""
+    logits = logits.float()
+    if kind == "softmax":
+        if target.ndim == 1:
+            return F.cross_entropy(logits, target, label_smoothing=smoothing)
+        return F.cross_entropy(logits, target)
+    if kind == "sigmoid":
+        if target.ndim == 1:
+            target = smooth_one_hot(target, logits.shape[-1], smoothing)
+        # Summed over classes, averaged over the batch (big_vision's sigmoid_xent used by ViT-22B).
+        return F.binary_cross_entropy_with_logits(logits, target, reduction="none").sum(-1).mean()
+    raise ValueError(f"unknown classification loss {kind!r} (softmax | sigmoid)")
+
+
+class ClassificationTask(Task):
+    name = "classification"
+
+    def __init__(self, cfg, model: nn.Module, num_classes: int | None):
+        super().__init__(cfg, model, num_classes)
+        self.kind = cfg.train.loss
+        self.smoothing = cfg.train.label_smoothing
+        d = cfg.data
+        self.mixup = None
+        if getattr(d, "mixup_alpha", 0) > 0 or getattr(d, "cutmix_alpha", 0) > 0:
+            from vitscale.data.mixup import Mixup
+
+            kw = dict(
+                mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, prob=d.mixup_prob,
+                switch_prob=d.mixup_switch_prob, label_smoothing=self.smoothing, num_classes=num_classes,
+            )  # fmt: skip
+            if "seed" in inspect.signature(Mixup).parameters:
+                kw["seed"] = cfg.train.seed
+            self.mixup = Mixup(**kw)
+
+    def loss(self, model, batch, step):
+        images, labels = batch["image"], batch["label"]
+        target = labels
+        if self.mixup is not None:
+            images, target = self.mixup(images, labels, step)
+        with self.autocast():
+            logits = model(images)
+        loss = classification_loss(logits, target, self.kind, self.smoothing)
+        metrics = {}
+        if target.ndim == 1:
+            metrics["train_top1"] = (logits.detach().argmax(-1) == labels).float().mean() * 100
+        return loss, metrics
+
+    def evaluate(self, model, loader):
+        return evaluate_classification(model, loader, self.device, autocast=self.autocast, loss=self.kind)
+
+
+register_task("classification", ClassificationTask)

@@ -1,0 +1,387 @@
+"""The trainer: one loop for every model family, task and parallel layout.
+
+Build order (torchtitan's): model on the meta device -> the family's parallelize function (TP,
+activation checkpointing, compile, FSDP; only when it is needed) -> ``to_empty(device)`` ->
+``init_weights()`` under the run's seed. The loop never branches on a model's name: the task
+(``train.task`` or the family's default) computes the loss and the evaluation.
+
+Steps count from 1 (step N = the N-th optimizer update). The host syncs with the device only at log,
+eval and checkpoint steps. A resume restores model, optimizer, EMA, step, data position and RNG, so
+the loss curve continues exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vitscale.checkpoint import Checkpointer
+from vitscale.checkpoint.checkpointer import export_safetensors, load_model_weights, read_weights
+from vitscale.config import Config, save_config
+from vitscale.models.registry import create_model, get_family, get_model_config, parallelize_fn
+
+from .ema import EMA
+from .metrics import MetricsLogger
+from .optim import build_optimizer, scaled_lr
+from .schedules import Schedule, warmup_steps
+from .tasks import get_task
+
+
+# ----------------------------------------------------------------------------------------- setup
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but CUDA is not available (use train.device=auto or cpu)")
+    return torch.device(name)
+
+
+def init_parallel(cfg: Config, device: torch.device):
+    """``vitscale.distributed.init_distributed`` when present; else a one-process layout."""
+    try:
+        from vitscale.distributed import init_distributed
+    except ImportError:
+        init_distributed = None
+    if init_distributed is not None:
+        return init_distributed(cfg.parallel, device)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise RuntimeError("launched with several processes but vitscale.distributed is not available")
+    return types.SimpleNamespace(world_size=1, rank=0, dp_rank=0, dp_size=1, is_main=True, device=device, mesh=None)
+
+
+def autocast_factory(cfg: Config, device: torch.device):
+    mode = cfg.precision.autocast
+    if mode == "auto":
+        mode = "bf16" if device.type == "cuda" else "none"
+    if mode == "none":
+        return contextlib.nullcontext
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[mode]
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _reduce_mean(t: torch.Tensor, world: int) -> torch.Tensor:
+    if world > 1 and dist.is_initialized():
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= world
+    return t
+
+
+def _resolve_model_overrides(cfg: Config, num_classes: int | None, img_size) -> dict:
+    """The model overrides plus the data's class count and image size for fields the variant has."""
+    base = get_model_config(cfg.model.name, **cfg.model.overrides)
+    names = {f.name for f in dataclasses.fields(base)}
+    over = dict(cfg.model.overrides)
+    if num_classes and "num_classes" in names and "num_classes" not in over:
+        over["num_classes"] = num_classes
+    if cfg.data.img_size and {"img_h", "img_w"} <= names:
+        over.setdefault("img_h", cfg.data.img_size)
+        over.setdefault("img_w", cfg.data.img_size)
+    return over
+
+
+# ----------------------------------------------------------------------------------------- trainer
+class Trainer:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.device = resolve_device(cfg.train.device)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.pd = init_parallel(cfg, self.device)
+        self.device = getattr(self.pd, "device", self.device)
+        self.world = self.pd.world_size
+        self.is_main = self.pd.rank == 0
+        self.out = Path(cfg.train.output_dir)
+        if self.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.out / "config.yaml")
+        tc = cfg.train
+        dp = getattr(self.pd, "dp_size", 1)
+        if tc.batch_size % (dp * tc.grad_accum):
+            raise ValueError(
+                f"train.batch_size={tc.batch_size} must be divisible by data-parallel size {dp} x "
+                f"train.grad_accum {tc.grad_accum}"
+            )
+        self.micro_batch = tc.batch_size // (dp * tc.grad_accum)
+
+        # Data (the model's image size unless data.img_size says otherwise).
+        base_cfg = get_model_config(cfg.model.name, **cfg.model.overrides)
+        img = cfg.data.img_size
+        img_size = (img, img) if img else (getattr(base_cfg, "img_h", 224), getattr(base_cfg, "img_w", 224))
+        self.img_size = img_size
+        from vitscale.data import build_loaders
+
+        self.loaders = build_loaders(
+            cfg.data, img_size=img_size, num_channels=getattr(base_cfg, "num_channels", 3), seed=tc.seed,
+            micro_batch_size=self.micro_batch, eval_batch_size=cfg.eval.batch_size,
+            rank=getattr(self.pd, "dp_rank", 0), world_size=dp, device=self.device,
+        )  # fmt: skip
+        self.num_classes = cfg.data.num_classes or self.loaders.num_classes
+        self.model_overrides = _resolve_model_overrides(cfg, self.num_classes, img_size)
+
+        # Model: meta -> parallelize -> to_empty -> init_weights (same weights on any layout).
+        self.family = get_family(cfg.model.name)
+        torch.manual_seed(tc.seed)
+        model = create_model(cfg.model.name, device="meta", **self.model_overrides)
+        self.model_cfg = model.cfg if hasattr(model, "cfg") else None
+        model = self._parallelize(model)
+        model.to_empty(device=self.device)
+        with torch.no_grad():
+            torch.manual_seed(tc.seed)
+            model.init_weights()
+        model.train()
+        self.model = model
+        torch.manual_seed(tc.seed + 1 + getattr(self.pd, "dp_rank", 0))  # dropout / drop-path streams
+
+        # Optimization.
+        self.peak_lr = scaled_lr(cfg.optim, tc.batch_size)
+        self.optimizer = build_optimizer(model, cfg.optim, self.peak_lr)
+        self.steps_per_epoch = max(len(self.loaders.train) // tc.grad_accum, 1)
+        if tc.max_steps > 0:
+            self.total_steps = tc.max_steps
+        elif tc.epochs > 0:
+            self.total_steps = max(int(math.ceil(tc.epochs * self.steps_per_epoch)), 1)
+        else:
+            raise ValueError("set train.max_steps or train.epochs")
+        self.schedule = Schedule(
+            self.optimizer, cfg.schedule, self.total_steps, warmup_steps(cfg.schedule, self.steps_per_epoch), self.peak_lr
+        )
+        self.ema = EMA(model, tc.ema_decay) if tc.ema_decay > 0 else None
+        self.autocast = autocast_factory(cfg, self.device)
+        task_name = tc.task or self.family.task
+        self.task = get_task(task_name)(cfg, model, self.num_classes)
+        self.task.autocast = self.autocast
+        self.task.device = self.device
+        self.checkpointer = Checkpointer(self.out / "checkpoints", keep=cfg.checkpoint.keep)
+        self.step = 0
+        self.skipped = 0
+        self.flops_per_image = self._flops() if cfg.log.flops else None
+        self.peak_tflops = self._peak() if self.flops_per_image else None
+        self._restore()
+
+    # ------------------------------------------------------------------------------------- building
+    def _parallelize(self, model):
+        cfg = self.cfg
+        needs = self.world > 1 or cfg.train.compile or cfg.parallel.activation_checkpointing != "none"
+        if not needs:
+            return model
+        try:
+            fn = parallelize_fn(self.family)
+        except (NotImplementedError, ImportError, AttributeError):
+            fn = None
+        if fn is not None:
+            return fn(model, self.pd, cfg)
+        if self.world > 1:
+            raise RuntimeError(f"model family {self.family.name!r} has no parallelize function for {self.world} ranks")
+        if cfg.parallel.activation_checkpointing != "none" and hasattr(model, "set_grad_checkpointing"):
+            model.set_grad_checkpointing(True)
+        if cfg.train.compile:
+            model.compile()
+        return model
+
+    def _flops(self) -> float | None:
+        try:
+            from vitscale.tools.flops import flops
+
+            try:
+                return float(flops(self.model_cfg, self.img_size))
+            except TypeError:
+                return float(flops(self.cfg.model.name, self.img_size))
+        except Exception:  # FLOPs are informative only
+            return None
+
+    def _peak(self) -> float | None:
+        if self.device.type != "cuda":
+            return None  # a CPU peak must be measured (seconds); the bench command does it
+        try:
+            from vitscale.tools.mfu import peak_tflops
+        except ImportError:
+            return None
+        try:
+            dtype = torch.bfloat16 if self.autocast is not contextlib.nullcontext else torch.float32
+            return float(peak_tflops(self.device, dtype)[0])
+        except Exception:
+            return None
+
+    def state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        state = {
+            "model": get_model_state_dict(self.model),
+            "optim": get_optimizer_state_dict(self.model, self.optimizer),
+        }
+        if self.ema is not None:
+            state["ema"] = get_model_state_dict(self.ema.module)
+        return state
+
+    def _restore(self) -> None:
+        cfg = self.cfg
+        latest = self.checkpointer.latest() if cfg.checkpoint.resume else None
+        if latest is not None:
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+            state = self.state()
+            ts = self.checkpointer.load(latest, state)
+            set_model_state_dict(self.model, state["model"])
+            set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+            if self.ema is not None and "ema" in state:
+                set_model_state_dict(self.ema.module, state["ema"])
+            self.step = int(ts["step"])
+            self.skipped = int(ts.get("skipped", 0))
+            self.loaders.train.load_state_dict(ts["data"])
+            self.resumed_from = str(latest)
+            return
+        self.resumed_from = None
+        if cfg.checkpoint.init_from:
+            sd = read_weights(cfg.checkpoint.init_from, "model")
+            report = load_model_weights(self.model, sd)
+            if self.ema is not None:
+                self.ema.module.load_state_dict(self.model.state_dict())
+            self.init_report = report
+
+    # ------------------------------------------------------------------------------------- loop
+    def _batches(self):
+        loader = self.loaders.train
+        while True:  # the loader moves on to the next epoch by itself at the end of one
+            yield from loader
+
+    def _to_device(self, batch: dict) -> dict:
+        nb = self.device.type == "cuda"
+        return {k: (v.to(self.device, non_blocking=nb) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+    def train_step(self, batches) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        """One optimizer update (``grad_accum`` micro-batches). Returns device tensors, no sync."""
+        cfg = self.cfg.train
+        model, n = self.model, cfg.grad_accum
+        loss_sum = torch.zeros((), device=self.device)
+        metric_sums: dict[str, torch.Tensor] = {}
+        sync = getattr(model, "set_requires_gradient_sync", None)
+        for micro in range(n):
+            if sync is not None and n > 1:
+                sync(micro == n - 1)  # FSDP2: reduce gradients on the last micro-step only
+            batch = self._to_device(next(batches))
+            self.skipped += int(batch.get("skipped", 0))
+            loss, metrics = self.task.loss(model, batch, (self.step - 1) * n + micro)
+            (loss / n).backward()
+            loss_sum += loss.detach()
+            for k, v in metrics.items():
+                metric_sums[k] = metric_sums.get(k, 0) + v.detach()
+        params = [p for p in model.parameters() if p.grad is not None]
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        self.schedule.apply(self.step)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(model)
+        return loss_sum / n, {k: v / n for k, v in metric_sums.items()}, grad_norm
+
+    def evaluate(self) -> dict[str, float]:
+        if self.loaders.val is None:
+            return {}
+        res = self.task.evaluate(self.model, self.loaders.val)
+        if self.ema is not None:
+            res.update({f"{k}_ema": v for k, v in self.task.evaluate(self.ema.module, self.loaders.val).items()})
+        return res
+
+    def save_checkpoint(self) -> None:
+        ts = {"step": self.step, "data": self.loaders.train.state_dict(), "skipped": self.skipped}
+        self.checkpointer.save(self.step, self.state(), ts)
+
+    def fit(self) -> dict[str, Any]:
+        cfg = self.cfg
+        tc = cfg.train
+        log = MetricsLogger(
+            self.out, enabled=self.is_main, total_steps=self.total_steps, start_step=self.step,
+            progress=cfg.log.progress, tensorboard=cfg.log.tensorboard,
+        )  # fmt: skip
+        if self.resumed_from:
+            log.info(f"resumed from {self.resumed_from} at step {self.step}")
+        n_params = sum(p.numel() for p in self.model.parameters())
+        log.info(
+            f"training {cfg.model.name} ({n_params / 1e6:.2f}M params) for {self.total_steps} steps, "
+            f"batch {tc.batch_size} ({self.micro_batch}/rank x {tc.grad_accum} accum x {self.world} ranks), "
+            f"peak lr {self.peak_lr:.3e}, device {self.device}"
+        )
+        batches = self._batches()
+        start_step = self.step
+        t_start = t_last = time.perf_counter()
+        images_since = 0
+        last_eval: dict[str, float] = {}
+        while self.step < self.total_steps:
+            self.step += 1
+            loss, metrics, grad_norm = self.train_step(batches)
+            images_since += tc.batch_size
+            log.advance()
+            is_last = self.step == self.total_steps
+            do_eval = is_last or (cfg.eval.every > 0 and self.step % cfg.eval.every == 0)
+            if self.step % tc.log_every == 0 or is_last or do_eval or self.step == 1:
+                loss_g = _reduce_mean(loss, self.world)  # global mean over ranks (the sync point)
+                now = time.perf_counter()
+                ips = images_since / max(now - t_last, 1e-9)
+                rec: dict[str, Any] = {"step": self.step, "loss": loss_g.item(), "lr": self.schedule.peak * self.schedule.factor(self.step),
+                                       "img_per_s": ips, "grad_norm": float(grad_norm.item())}  # fmt: skip
+                for k, v in metrics.items():
+                    rec[k] = _reduce_mean(v, self.world).item()
+                if self.flops_per_image:
+                    from vitscale.tools.mfu import achieved_tflops
+
+                    rec["tflops"] = achieved_tflops(ips, self.flops_per_image, "train")
+                    if self.peak_tflops:
+                        rec["mfu"] = rec["tflops"] / self.peak_tflops
+                rec["epoch"] = self.step / self.steps_per_epoch
+                if do_eval:
+                    last_eval = self.evaluate()
+                    rec.update(last_eval)
+                log.log(rec)
+                images_since = 0
+                t_last = time.perf_counter()  # eval time is not counted in img/s
+            if (cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0) or is_last:
+                self.save_checkpoint()
+                t_last = time.perf_counter()
+        wall = time.perf_counter() - t_start
+        if self.step == start_step and self.loaders.val is not None:  # resumed a finished run
+            last_eval = self.evaluate()
+        skipped = torch.tensor(float(self.skipped), device=self.device)
+        if self.world > 1 and dist.is_initialized():
+            dist.all_reduce(skipped)
+        if cfg.checkpoint.export_safetensors:
+            meta = {"model": cfg.model.name, "overrides": json.dumps(self.model_overrides), "step": str(self.step)}
+            export_safetensors(self.model, self.out / "model.safetensors", meta)
+            if self.ema is not None:
+                export_safetensors(self.ema.module, self.out / "model_ema.safetensors", meta)
+        steps_run = self.step - start_step
+        summary = {
+            "model": cfg.model.name,
+            "steps": self.step,
+            "steps_this_run": steps_run,
+            "wall_time_s": wall,
+            "img_per_s": steps_run * tc.batch_size / max(wall, 1e-9),
+            "skipped_files": int(skipped.item()),
+            **{k: v for k, v in last_eval.items()},
+        }
+        if self.resumed_from:
+            summary["resumed_from"] = self.resumed_from
+        if self.is_main:
+            with open(self.out / "summary.json", "w") as f:
+                json.dump(summary, f, indent=1)
+            if self.skipped:
+                log.info(f"skipped {self.skipped} undecodable files (see the warnings above)")
+        log.close()
+        return summary
+
+
+def train(cfg: Config) -> dict[str, Any]:
+    """Train per ``cfg``; returns the summary (also written to ``<output_dir>/summary.json``)."""
+    return Trainer(cfg).fit()
