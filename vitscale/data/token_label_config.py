@@ -29,8 +29,9 @@ class TokenLabelConfig:
     """MixToken box area ratio ~ Beta(alpha, alpha)."""
     mix_token_prob: float = 1.0
     """Probability of MixToken per micro-batch."""
-    sampling_ratio: int = 2
-    """RoIAlign samples per output cell side when cropping the dense maps to the student grid."""
+    sampling_ratio: int = 0
+    """RoIAlign samples per output cell side when cropping the dense maps to the student grid;
+    0 = adaptive (ceil(crop cells / output cells): one bilinear sample per cell when upsampling)."""
 
 
 @dataclass

@@ -7,6 +7,8 @@ Layout of a label folder (written by ``vitscale label-tokens``)::
     train.indices.i16             int16   (N, k, gh, gw): their class indices
     train.cls_values.f16          float16 (N, k): the teacher's top-k class-token scores
     train.cls_indices.i16         int16   (N, k)
+    train.boxes.f32               float32 (N, 4): the part of the original image the teacher saw
+                                  (top, left, h, w fractions; (0, 0, 1, 1) unless a center crop cut it)
 
 Row ``i`` belongs to sample ``i`` of the split (the batches' ``"index"``). Raw little-endian arrays
 read through ``numpy.memmap``: no pickle, random access per batch, 20 bytes per location for k=5
@@ -35,6 +37,7 @@ def _files(root: Path, split: str) -> dict[str, Path]:
         "indices": root / f"{split}.indices.i16",
         "cls_values": root / f"{split}.cls_values.f16",
         "cls_indices": root / f"{split}.cls_indices.i16",
+        "boxes": root / f"{split}.boxes.f32",
     }
 
 
@@ -55,11 +58,17 @@ class TokenLabelWriter:
         self.indices = np.memmap(f["indices"], np.int16, "w+", shape=shape)
         self.cls_values = np.memmap(f["cls_values"], np.float16, "w+", shape=(num_samples, topk))
         self.cls_indices = np.memmap(f["cls_indices"], np.int16, "w+", shape=(num_samples, topk))
+        self.boxes = np.memmap(f["boxes"], np.float32, "w+", shape=(num_samples, 4))
         self.written = np.zeros(num_samples, dtype=bool)
 
-    def write(self, index: torch.Tensor, token_probs: torch.Tensor, cls_probs: torch.Tensor) -> None:
-        """``index`` (B,); ``token_probs`` (B, gh, gw, C) and ``cls_probs`` (B, C) distributions."""
+    def write(self, index: torch.Tensor, token_probs: torch.Tensor, cls_probs: torch.Tensor,
+              boxes: torch.Tensor | None = None) -> None:  # fmt: skip
+        """``index`` (B,); ``token_probs`` (B, gh, gw, C) and ``cls_probs`` (B, C) distributions;
+        ``boxes`` (B, 4) the teacher's view of each image (None = the whole image)."""
         idx = index.cpu().numpy()
+        if boxes is None:
+            boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0]]).expand(len(idx), 4)
+        self.boxes[idx] = boxes.float().cpu().numpy()
         v, i = token_probs.float().topk(self.topk, dim=-1)  # (B, gh, gw, k)
         self.values[idx] = v.permute(0, 3, 1, 2).cpu().numpy().astype(np.float16)
         self.indices[idx] = i.permute(0, 3, 1, 2).cpu().numpy().astype(np.int16)
@@ -71,7 +80,7 @@ class TokenLabelWriter:
     def close(self) -> dict:
         if not self.written.all():
             raise RuntimeError(f"{int((~self.written).sum())} of {self.n} samples of {self.split!r} got no labels")
-        for a in (self.values, self.indices, self.cls_values, self.cls_indices):
+        for a in (self.values, self.indices, self.cls_values, self.cls_indices, self.boxes):
             a.flush()
         meta_path = self.root / META_FILE
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"splits": {}}
@@ -102,6 +111,7 @@ class TokenLabelStore:
         self.indices = np.memmap(f["indices"], np.int16, "r", shape=shape)
         self.cls_values = np.memmap(f["cls_values"], np.float16, "r", shape=(self.num_samples, self.topk))
         self.cls_indices = np.memmap(f["cls_indices"], np.int16, "r", shape=(self.num_samples, self.topk))
+        self.boxes = np.memmap(f["boxes"], np.float32, "r", shape=(self.num_samples, 4))
 
     def __len__(self) -> int:
         return self.num_samples
@@ -120,6 +130,11 @@ class TokenLabelStore:
         v, i = self.topk_maps(index)
         return scatter_topk(v.to(device), i.to(device), num_classes or self.num_classes)
 
+    def view_boxes(self, index: torch.Tensor, device=None) -> torch.Tensor:
+        """The teacher's view ``(B, 4)`` (top, left, h, w fractions of the original image)."""
+        idx = np.asarray(index.detach().cpu().numpy(), dtype=np.int64)
+        return torch.from_numpy(np.ascontiguousarray(self.boxes[idx])).to(device)
+
     def cls_targets(self, index: torch.Tensor, num_classes: int | None = None, device=None) -> torch.Tensor:
         """The teacher's class-token distributions ``(B, C)`` (top-k scattered, renormalised)."""
         idx = np.asarray(index.detach().cpu().numpy(), dtype=np.int64)
@@ -137,18 +152,22 @@ def scatter_topk(values: torch.Tensor, indices: torch.Tensor, num_classes: int) 
 
 
 def align_dense_labels(dense: torch.Tensor, crop: torch.Tensor, flip: torch.Tensor, out_grid: tuple[int, int],
-                       sampling_ratio: int = 2) -> torch.Tensor:  # fmt: skip
-    """Cut each sample's crop out of its full-image label map and resample it to ``out_grid``.
+                       sampling_ratio: int = 0, view: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Cut each sample's crop out of its label map and resample it to ``out_grid``.
 
-    ``dense`` (B, C, gh, gw) covers the whole original image; ``crop`` (B, 4) is (top, left, h, w) as
-    fractions of it; ``flip`` (B,) marks horizontally flipped crops. Returns ``(B, oh, ow, C)``
-    distributions (RoIAlign bilinear sampling with ``aligned=True``: pixel-centre convention).
+    ``dense`` (B, C, gh, gw) covers ``view`` (B, 4) of the original image (default: all of it);
+    ``crop`` (B, 4) is (top, left, h, w) as fractions of the original; ``flip`` (B,) marks
+    horizontally flipped crops. Returns ``(B, oh, ow, C)`` distributions (RoIAlign bilinear sampling
+    with ``aligned=True``: pixel-centre convention; cells outside the teacher's view get zero targets).
     """
     from torchvision.ops import roi_align
 
     B, C, gh, gw = dense.shape
     crop = crop.to(dense.device, torch.float32)
     top, left, h, w = crop.unbind(1)
+    if view is not None:  # express the crop in the teacher's view
+        vt, vl, vh, vw = view.to(dense.device, torch.float32).unbind(1)
+        top, left, h, w = (top - vt) / vh, (left - vl) / vw, h / vh, w / vw
     boxes = torch.stack(
         [torch.arange(B, device=dense.device, dtype=torch.float32), left * gw, top * gh, (left + w) * gw, (top + h) * gh],
         dim=1,
