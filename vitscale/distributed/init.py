@@ -7,7 +7,7 @@ Two ways to initialise, chosen by ``init``:
   equivalence tests and small models use), at the cost of one full CPU copy per rank for a moment.
 - ``"sharded"``: ``init_weights()`` runs directly on the sharded parameters: nothing is ever
   materialised whole (ViT-22B). The weights are a valid draw from the same distributions but differ
-  between layouts (DTensor random ops depend on the sharding on CPU).
+  between layouts (see :func:`sharded_init`).
 - ``"auto"``: ``reference`` up to ``REFERENCE_INIT_MAX_PARAMS`` parameters, else ``sharded``.
 
 Either way, resuming from a checkpoint (which loads under any layout) continues identically.
@@ -50,6 +50,44 @@ def copy_full_state_dict(model: nn.Module, full: dict[str, torch.Tensor]) -> Non
             t.copy_(src)
 
 
+def _tp_sharded(p) -> bool:
+    from .tensor_parallel import DTensor
+
+    if not isinstance(p, DTensor) or "tp" not in (p.device_mesh.mesh_dim_names or ()):
+        return False
+    return p.placements[p.device_mesh.mesh_dim_names.index("tp")].is_shard()
+
+
+@torch.no_grad()
+def sharded_init(model: nn.Module, parallel_dims, seed: int) -> None:
+    """``init_weights()`` on the local shards only.
+
+    On GPU, DTensor's offset-based RNG gives every shard its own part of one random stream. CPU
+    meshes have no such tracker and every rank would draw the same numbers, i.e. identical shards;
+    there each rank draws from ``seed + rank`` and the parameters that are replicated across the
+    TP group (embeddings, head, norms) are then broadcast from the group's first rank.
+    """
+    import torch.distributed as dist
+
+    if not parallel_dims.distributed or parallel_dims.device.type != "cpu":
+        torch.manual_seed(seed)
+        model.init_weights()
+        return
+    torch.manual_seed(seed + 1_000_003 * parallel_dims.rank)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*random operators may not have complete support.*")
+        model.init_weights()
+    if parallel_dims.tp_enabled:
+        tp_mesh = parallel_dims.tp_mesh()
+        group = tp_mesh.get_group()
+        src = dist.get_global_rank(group, 0)
+        for p in list(model.parameters()) + list(model.buffers()):
+            if not _tp_sharded(p):
+                dist.broadcast(p.to_local() if hasattr(p, "to_local") else p, src=src, group=group)
+
+
 def build_model(
     name: str,
     parallel_dims,
@@ -78,11 +116,10 @@ def build_model(
         copy_full_state_dict(model, ref.state_dict())
         del ref
     elif init == "sharded":
-        torch.manual_seed(seed)
-        model.init_weights()
+        sharded_init(model, parallel_dims, seed)
     else:
         raise ValueError(f"init must be auto, reference or sharded, got {init!r}")
     return model
 
 
-__all__ = ["REFERENCE_INIT_MAX_PARAMS", "build_model", "copy_full_state_dict", "count_params"]
+__all__ = ["REFERENCE_INIT_MAX_PARAMS", "build_model", "copy_full_state_dict", "count_params", "sharded_init"]
