@@ -1,0 +1,130 @@
+"""Keyed determinism (workers, ranks), resumable position and batch contract of the data loaders."""
+
+import pytest
+import torch
+
+from vitscale.data import DataConfig, build_loaders
+
+
+def _cfg(**kw):
+    base = dict(format="synthetic", synthetic_size=96, num_classes=7, num_workers=0, val_split=0.25,
+                randaugment="m9-n2", random_erasing=0.5, hflip=0.5, rrc_scale=(0.3, 1.0))
+    base.update(kw)
+    return DataConfig(**base)
+
+
+def _loaders(cfg, micro=8, rank=0, world=1, seed=3):
+    return build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=seed, micro_batch_size=micro,
+                         eval_batch_size=10, rank=rank, world_size=world)
+
+
+def _take(loader, n):
+    out = []
+    for b in loader:
+        out.append(b)
+        if len(out) == n:
+            break
+    return out
+
+
+def _same(a, b):
+    for k in ("image", "label", "index", "crop", "flip"):
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_batch_contract():
+    L = _loaders(_cfg())
+    b = next(iter(L.train))
+    assert b["image"].dtype == torch.float32 and b["image"].shape == (8, 3, 16, 16)
+    assert b["label"].dtype == torch.long and b["label"].shape == (8,)
+    assert b["index"].dtype == torch.long and b["index"].shape == (8,)
+    assert b["crop"].shape == (8, 4) and b["flip"].dtype == torch.bool
+    assert b["skipped"] == 0
+    assert L.num_classes == 7 and len(L.class_names) == 7
+    assert len(L.train) == 96 // 8
+    assert ((b["label"] >= 0) & (b["label"] < 7)).all()
+    crop = b["crop"]
+    assert (crop >= 0).all() and (crop[:, 0] + crop[:, 2] <= 1 + 1e-6).all() and (crop[:, 1] + crop[:, 3] <= 1 + 1e-6).all()
+    v = list(L.val)
+    assert sum(x["image"].shape[0] for x in v) == 24  # 96 * 0.25
+
+
+def test_epoch_is_a_permutation_and_epochs_differ():
+    L = _loaders(_cfg(randaugment="", random_erasing=0.0))
+    e0 = torch.cat([b["index"] for b in L.train])
+    assert L.train.state_dict() == {"epoch": 1, "batch_index": 0}
+    e1 = torch.cat([b["index"] for b in L.train])
+    assert sorted(e0.tolist()) == list(range(96)) == sorted(e1.tolist())
+    assert not torch.equal(e0, e1)
+
+
+def test_same_batches_with_0_or_2_workers():
+    a = _take(_loaders(_cfg(num_workers=0)).train, 4)
+    b = _take(_loaders(_cfg(num_workers=2, persistent_workers=True)).train, 4)
+    for x, y in zip(a, b):
+        _same(x, y)
+        assert torch.allclose(x["image"], y["image"])
+
+
+def test_ranks_shard_the_global_batch_strided():
+    one = _take(_loaders(_cfg(), micro=8).train, 3)
+    shards = [_take(_loaders(_cfg(), micro=4, rank=r, world=2).train, 3) for r in range(2)]
+    for step in range(3):
+        for r in range(2):
+            for k in ("image", "label", "index", "crop", "flip"):
+                assert torch.equal(shards[r][step][k], one[step][k][r::2]), (step, r, k)
+    val = [torch.cat([b["index"] for b in _loaders(_cfg(), micro=4, rank=r, world=2).val]) for r in range(2)]
+    assert sorted(torch.cat(val).tolist()) == list(range(24))
+
+
+def test_resume_continues_at_next_unseen_batch():
+    L = _loaders(_cfg())
+    ref = _take(L.train, 12 + 3)  # full epoch 0 then 3 batches of epoch 1
+    L2 = _loaders(_cfg())
+    _take(L2.train, 5)
+    state = L2.train.state_dict()
+    assert state == {"epoch": 0, "batch_index": 5}
+    L3 = _loaders(_cfg())
+    L3.train.load_state_dict(state)
+    L3.train.set_epoch(0)  # same epoch: keeps the resumed position
+    rest = list(L3.train)
+    assert len(rest) == 12 - 5
+    for x, y in zip(rest, ref[5:12]):
+        _same(x, y)
+    nxt = _take(L3.train, 3)  # rolled over to epoch 1
+    for x, y in zip(nxt, ref[12:]):
+        _same(x, y)
+    L3.train.set_epoch(4)
+    assert L3.train.state_dict() == {"epoch": 4, "batch_index": 0}
+
+
+def test_seed_changes_order():
+    a = next(iter(_loaders(_cfg(), seed=1).train))["index"]
+    b = next(iter(_loaders(_cfg(), seed=2).train))["index"]
+    assert not torch.equal(a, b)
+
+
+def test_normalisation_and_erasing():
+    cfg = _cfg(randaugment="", random_erasing=0.0, hflip=0.0, rrc_scale=(1.0, 1.0), rrc_ratio=(1.0, 1.0),
+               mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    L = _loaders(cfg)
+    b = next(iter(L.train))
+    src = L.train.dataset.source
+    raw = torch.stack([src.image(i) for i in b["index"].tolist()]).float() / 255.0
+    assert torch.allclose(b["image"], (raw - 0.5) / 0.25, atol=1e-5)
+    erased = _loaders(_cfg(randaugment="", random_erasing=1.0, hflip=0.0, rrc_scale=(1.0, 1.0), rrc_ratio=(1.0, 1.0),
+                           mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)))
+    e = next(iter(erased.train))
+    assert torch.equal(e["index"], b["index"])
+    diff = (e["image"] != b["image"]).flatten(1).any(1)
+    assert diff.all()  # every image has an erased box (p=1, 16x16 always fits)
+
+
+def test_drop_last_false_and_too_small():
+    cfg = _cfg(synthetic_size=20, val_split=0.0)
+    L = build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=8, eval_batch_size=8, drop_last=False)
+    assert L.val is None
+    sizes = [b["image"].shape[0] for b in L.train]
+    assert sizes == [8, 8, 4]
+    with pytest.raises(ValueError, match="smaller than one global micro-batch"):
+        build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=16, eval_batch_size=8, world_size=2)
