@@ -116,6 +116,7 @@ def _quiet():
 
 def dcp_load(state: dict, path: str | os.PathLike) -> None:
     """Load the tensors of ``state`` in place from the DCP folder ``path`` (safe reader)."""
+    safe_load_metadata(Path(path) / ".metadata")  # refuse a tampered index before DCP reads it
     ctx = _quiet()
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(str(path)))
@@ -319,10 +320,10 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], stri
     _run_load_pre_hooks(model, sd)
     current = model.state_dict()
     skipped = [k for k, v in sd.items() if k in current and tuple(current[k].shape) != tuple(v.shape)]
-    for k in skipped:
-        del sd[k]
     unexpected = [k for k in sd if k not in current]
     missing = [k for k in current if k not in sd]
+    for k in skipped:
+        del sd[k]
     if strict and (skipped or unexpected or missing):
         raise RuntimeError(f"weights do not match the model: missing {missing}, unexpected {unexpected}, shape {skipped}")
     for k in unexpected:
