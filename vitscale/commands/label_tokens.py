@@ -1,0 +1,151 @@
+"""``vitscale label-tokens CONFIG teacher.checkpoint=... [key=value ...] OUT``: dense token labels from a teacher.
+
+Runs the teacher over every image of the dataset in CONFIG (uncropped: ``data.crop_pct=1``, no
+augmentation) and stores per image its top-k class scores at every token location, plus its
+class-token top-k, in OUT (see :mod:`vitscale.data.token_labels`). A VOLO teacher's locations are
+its aux head's outputs; a ViT teacher's come from its own classifier applied to every patch token
+(pre-logits features -> head). Train a student on them with ``train.task=token_labeling
+token_label.path=OUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+EPILOG = """\
+Examples:
+  vitscale label-tokens digits_vit teacher.checkpoint=runs/digits_vit runs/digits_token_labels
+  vitscale label-tokens imagenet_volo_d1 teacher.timm=volo_d5_224 teacher.checkpoint=d5.pth.tar \\
+      data.train_path=/data/imagenet/train teacher.topk=5 /data/imagenet_token_labels
+CONFIG supplies the data (and, without teacher.model / teacher.timm, the teacher architecture).
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "label-tokens",
+        help="store a teacher's dense top-k token labels for token labeling",
+        description=__doc__.split("\n\n", 1)[1],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("config", help="YAML path or built-in config name (data + teacher settings)")
+    p.add_argument("args", nargs="+", metavar="key=value | OUT", help="dotted overrides, then the output folder")
+    p.set_defaults(func=run)
+
+
+def build_teacher(cfg, num_classes: int):
+    """The teacher model (eval mode, CPU) per ``cfg.teacher``."""
+    import torch
+
+    t = cfg.teacher
+    if not t.checkpoint:
+        raise ValueError("set teacher.checkpoint (a .safetensors file, run folder or checkpoint)")
+    if t.timm:
+        from vitscale.interop import load_timm_checkpoint
+
+        return load_timm_checkpoint(t.checkpoint, t.timm).eval()
+    from vitscale.checkpoint.checkpointer import load_model_weights, read_weights
+    from vitscale.models import create_model, get_model_config
+
+    name = t.model or cfg.model.name
+    overrides = dict(t.overrides if t.model else cfg.model.overrides)
+    sd = read_weights(t.checkpoint, t.weights)
+    head = sd.get("head.weight")
+    fields = {f.name for f in dataclasses.fields(get_model_config(name, **overrides))}
+    if "num_classes" in fields:
+        overrides["num_classes"] = int(head.shape[0]) if isinstance(head, torch.Tensor) else num_classes
+    model = create_model(name, **overrides)
+    load_model_weights(model, sd, strict=True)
+    return model.eval()
+
+
+def _loader(cfg, split: str, img_size, num_channels: int, batch_size: int, device):
+    """An unaugmented, uncropped, in-order loader over one split (batches carry ``index``/``crop``)."""
+    from vitscale.data.build import _sources
+    from vitscale.data.dataset import KeyedDataset
+    from vitscale.data.loader import ResumableLoader
+    from vitscale.data.sampler import EvalShardSampler
+    from vitscale.data.transforms import SampleTransform
+
+    dcfg = dataclasses.replace(cfg.data, crop_pct=1.0)
+    train_src, val_src, num_classes, _ = _sources(dcfg, img_size, num_channels, cfg.train.seed)
+    src = {"train": train_src, "val": val_src}.get(split)
+    if src is None:
+        raise ValueError(f"the dataset has no {split!r} split")
+    ds = KeyedDataset(src, SampleTransform(dcfg, img_size, num_channels, cfg.train.seed, train=False))
+    loader = ResumableLoader(
+        ds, EvalShardSampler(len(src), batch_size), mean=dcfg.mean, std=dcfg.std, num_workers=dcfg.num_workers,
+        pin_memory=False, persistent_workers=False, device=device,
+    )  # fmt: skip
+    return loader, len(src), num_classes
+
+
+def label_tokens(cfg, out: str) -> dict:
+    """Label every split in ``cfg.teacher.splits``; returns a summary (teacher accuracy per split)."""
+    import torch
+
+    from vitscale.data.token_labels import TokenLabelWriter
+    from vitscale.train.tasks.token_labeling import dense_forward
+    from vitscale.train.trainer import autocast_factory, resolve_device
+
+    device = resolve_device(cfg.train.device)
+    t = cfg.teacher
+    summary: dict = {"out": out, "splits": {}}
+    from vitscale.data.build import _sources
+
+    fallback_classes = cfg.data.num_classes or _sources(cfg.data, (32, 32), 3, cfg.train.seed)[2]
+    teacher = build_teacher(cfg, fallback_classes).to(device)
+    mc = teacher.cfg
+    img = (t.img_size, t.img_size) if t.img_size else (mc.img_h, mc.img_w)
+    autocast = autocast_factory(cfg, device)
+    for split in t.splits:
+        loader, n, num_classes = _loader(cfg, split, img, mc.num_channels, t.batch_size, device)
+        C = getattr(teacher, "num_classes", num_classes)
+        info = {"teacher": t.model or t.timm or cfg.model.name, "teacher_checkpoint": str(t.checkpoint),
+                "teacher_img_size": list(img), "dataset": cfg.data.format}  # fmt: skip
+        writer = None
+        correct = seen = 0
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for batch in loader:
+                with autocast():
+                    cls, tok = dense_forward(teacher, batch["image"])
+                cls_p, tok_p = cls.float().softmax(-1), tok.float().softmax(-1)
+                if writer is None:
+                    writer = TokenLabelWriter(out, split, n, tuple(tok.shape[1:3]), min(t.topk, C), C, info)
+                writer.write(batch["index"], tok_p, cls_p, batch.get("crop"))
+                correct += int((cls_p.argmax(-1) == batch["label"]).sum())
+                seen += batch["label"].numel()
+        writer.close()
+        summary["splits"][split] = {
+            "images": n, "grid": list(writer.grid), "topk": writer.topk, "teacher_top1": 100.0 * correct / max(seen, 1),
+            "seconds": round(time.perf_counter() - t0, 2),
+        }  # fmt: skip
+    return summary
+
+
+def run(args) -> int:
+    from vitscale.config import ConfigError, load_config
+
+    overrides = [a for a in args.args if "=" in a]
+    outs = [a for a in args.args if "=" not in a]
+    if len(outs) != 1:
+        print(f"vitscale label-tokens: give exactly one output folder (got {outs or 'none'})", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as e:
+        print(f"vitscale label-tokens: config error: {e}", file=sys.stderr)
+        return 2
+    try:
+        summary = label_tokens(cfg, outs[0])
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"vitscale label-tokens: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=1))
+    return 0

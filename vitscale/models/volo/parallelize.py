@@ -1,0 +1,99 @@
+"""Parallelize a VOLO from outside the model: TP -> activation checkpointing -> compile -> FSDP2.
+
+FSDP2 shards every outlooker, transformer and class-attention block as its own unit (one
+all-gather per block), then the root (stem, patch merging, position embedding, class token, final
+norm, class and aux heads).
+
+Tensor parallelism (Megatron column / row pairs, no sequence parallelism — the coarse token grid,
+e.g. 14 x 14 = 196 tokens, rarely splits evenly, and the fine grid is channels-last 2-D):
+
+- outlooker: ``attn.v`` and ``attn.attn`` column parallel (rows are head-major, ``(H, Dh)`` and
+  ``(H, K^2, K^2)``, so each rank gets whole heads with their window weights; unfold / fold run on
+  the local channels), ``attn.proj`` row parallel; ``mlp.fc1`` column, ``mlp.fc2`` row parallel;
+- transformer block: ``attn.qkv`` column parallel (rows ``(H, 3, Dh)``), ``attn.proj`` row;
+  MLP as above;
+- class attention: ``attn.q`` and ``attn.kv`` (rows ``(H, 2, Dh)``) column, ``attn.proj`` row; MLP as above.
+
+LayerNorms, the convolutional stem, patch merging, embeddings and heads are replicated over TP ranks.
+Head counts and MLP widths of both stages must divide by ``tp``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ...distributed.activation_checkpoint import apply_activation_checkpointing
+from ...distributed.compile import apply_compile
+from ...distributed.fsdp import apply_fsdp, dp_mesh_for, resolve_precision
+from ...distributed.tensor_parallel import apply_plan, colwise, rowwise
+
+
+def _mlp_plan() -> dict[str, Any]:
+    return {"mlp.fc1": colwise(), "mlp.fc2": rowwise(sequence_parallel_output=False)}
+
+
+def outlooker_plan() -> dict[str, Any]:
+    return {"attn.v": colwise(), "attn.attn": colwise(), "attn.proj": rowwise(sequence_parallel_output=False), **_mlp_plan()}
+
+
+def transformer_plan() -> dict[str, Any]:
+    return {"attn.qkv": colwise(), "attn.proj": rowwise(sequence_parallel_output=False), **_mlp_plan()}
+
+
+def class_block_plan() -> dict[str, Any]:
+    return {"attn.q": colwise(), "attn.kv": colwise(), "attn.proj": rowwise(sequence_parallel_output=False), **_mlp_plan()}
+
+
+def check_tp(cfg, tp: int) -> None:
+    """Every sharded dimension must split evenly over ``tp`` ranks."""
+    checks = {
+        "outlook_heads": cfg.outlook_heads,
+        "num_heads": cfg.num_heads,
+        "outlook MLP width": int(cfg.outlook_dim * cfg.outlook_mlp_ratio),
+        "MLP width": int(cfg.hidden_size * cfg.mlp_ratio),
+    }
+    bad = [f"{k}={v}" for k, v in checks.items() if v % tp]
+    if bad:
+        raise ValueError(f"VOLO cannot be split over parallel.tp={tp}: {', '.join(bad)} not divisible")
+
+
+def apply_tp(model: nn.Module, tp_mesh) -> None:
+    check_tp(model.cfg, tp_mesh.size())
+    for blk in model.outlookers:
+        apply_plan(blk, tp_mesh, outlooker_plan())
+    for blk in model.blocks:
+        apply_plan(blk, tp_mesh, transformer_plan())
+    for blk in model.class_blocks:
+        apply_plan(blk, tp_mesh, class_block_plan())
+
+
+def all_blocks(model: nn.Module) -> list[nn.Module]:
+    return [*model.outlookers, *model.blocks, *model.class_blocks]
+
+
+def parallelize_volo(model: nn.Module, parallel_dims, cfg=None) -> nn.Module:
+    """Apply ``parallel_dims`` and the ``cfg.parallel`` / ``cfg.train.compile`` / ``cfg.precision``
+    options to a VOLO (on the meta device or materialised); returns the same module."""
+    par = getattr(cfg, "parallel", None)
+    train = getattr(cfg, "train", None)
+    prec = getattr(cfg, "precision", None)
+    if getattr(parallel_dims, "tp_enabled", False):
+        apply_tp(model, parallel_dims.tp_mesh())
+    blocks = all_blocks(model)
+    apply_activation_checkpointing(
+        blocks,
+        getattr(par, "activation_checkpointing", "none") or "none",
+        getattr(par, "ac_method", "block") or "block",
+        int(getattr(par, "ac_num_layers", 0) or 0),
+    )
+    if getattr(train, "compile", False):
+        apply_compile(blocks)
+    if getattr(parallel_dims, "distributed", False):
+        param_dtype, reduce_dtype = resolve_precision(prec, parallel_dims.device)
+        apply_fsdp(model, blocks, dp_mesh_for(parallel_dims), param_dtype, reduce_dtype)
+    return model
+
+
+__all__ = ["apply_tp", "check_tp", "class_block_plan", "outlooker_plan", "parallelize_volo", "transformer_plan"]
