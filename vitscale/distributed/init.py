@@ -110,16 +110,36 @@ def build_model(
     model.to_empty(device=device)
     if init == "auto":
         init = "reference" if count_params(model) <= REFERENCE_INIT_MAX_PARAMS else "sharded"
+    init_weights(model, parallel_dims, seed, lambda: create_model(name, device="meta", dtype=dtype, **overrides), init)
+    return model
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, parallel_dims, seed: int, reference_factory=None, init: str = "auto") -> str:
+    """Initialise a parallelized, ``to_empty``-ed model; returns the method used.
+
+    ``reference_factory()`` builds the same, unparallelized model (on meta or CPU). The reference
+    weights are what one process gets from ``torch.manual_seed(seed); model.init_weights()`` on the
+    CPU, so a run on any layout starts from exactly the one-process weights.
+    """
+    if init == "auto":
+        small = count_params(model) <= REFERENCE_INIT_MAX_PARAMS
+        init = "reference" if small and reference_factory is not None else "sharded"
     if init == "reference":
+        if reference_factory is None:
+            raise ValueError("init='reference' needs a reference_factory")
+        ref = reference_factory()
+        if any(p.is_meta for p in ref.parameters()):
+            ref.to_empty(device="cpu")
         torch.manual_seed(seed)
-        ref = create_model(name, device="cpu", dtype=dtype, init=True, **overrides)
+        ref.init_weights()
         copy_full_state_dict(model, ref.state_dict())
         del ref
     elif init == "sharded":
         sharded_init(model, parallel_dims, seed)
     else:
         raise ValueError(f"init must be auto, reference or sharded, got {init!r}")
-    return model
+    return init
 
 
-__all__ = ["REFERENCE_INIT_MAX_PARAMS", "build_model", "copy_full_state_dict", "count_params", "sharded_init"]
+__all__ = ["REFERENCE_INIT_MAX_PARAMS", "build_model", "copy_full_state_dict", "count_params", "init_weights", "sharded_init"]

@@ -138,8 +138,14 @@ class Trainer:
         model = self._parallelize(model)
         model.to_empty(device=self.device)
         with torch.no_grad():
-            torch.manual_seed(tc.seed)
-            model.init_weights()
+            if self.world > 1:  # the one-process weights, sharded (vitscale.distributed.init)
+                from vitscale.distributed.init import init_weights
+
+                name, over = cfg.model.name, self.model_overrides
+                init_weights(model, self.pd, tc.seed, lambda: create_model(name, device="meta", **over))
+            else:
+                torch.manual_seed(tc.seed)
+                model.init_weights()
         model.train()
         self.model = model
         torch.manual_seed(tc.seed + 1 + getattr(self.pd, "dp_rank", 0))  # dropout / drop-path streams
@@ -279,7 +285,12 @@ class Trainer:
                 metric_sums[k] = metric_sums.get(k, 0) + v.detach()
         params = [p for p in model.parameters() if p.grad is not None]
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        if self.world > 1:  # DTensors on several meshes (FSDP x TP): per-mesh reductions
+            from vitscale.distributed.utils import clip_grad_norm_
+
+            grad_norm = clip_grad_norm_(params, max_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         self.schedule.apply(self.step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

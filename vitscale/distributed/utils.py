@@ -1,0 +1,64 @@
+"""Small collectives the trainer needs on any layout: gradient-norm clipping over DTensors that live
+on different meshes (FSDP-only parameters next to FSDP x TP ones), global means."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+
+
+def _sharded_mesh_dims(t) -> tuple[int, ...]:
+    return tuple(i for i, p in enumerate(t.placements) if p.is_shard())
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float = float("inf")) -> torch.Tensor:
+    """L2 norm of all gradients (every shard counted once) and in-place clipping to ``max_norm``.
+
+    ``torch.nn.utils.clip_grad_norm_`` stacks per-parameter norms, which fails when DTensors sit on
+    different meshes (FSDP x TP). Here each gradient's local squared sum is added up per
+    ``(mesh, sharded mesh dims)`` group and all-reduced over exactly the mesh dimensions it is
+    sharded on (replicated dimensions already hold the full value). Returns the global norm (a plain
+    tensor, identical on every rank).
+    """
+    from .tensor_parallel import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    groups: dict = defaultdict(list)
+    for g in grads:
+        if isinstance(g, DTensor):
+            groups[(g.device_mesh, _sharded_mesh_dims(g))].append(g.to_local())
+        else:
+            groups[None].append(g)
+    device = (grads[0].to_local() if isinstance(grads[0], DTensor) else grads[0]).device
+    total = torch.zeros((), device=device, dtype=torch.float32)
+    for key, local in groups.items():
+        sq = torch.stack([torch.linalg.vector_norm(x.float()) ** 2 for x in local]).sum()
+        if key is not None:
+            mesh, dims = key
+            for d in dims:  # one all-reduce per sharded mesh dimension
+                dist.all_reduce(sq, group=mesh.get_group(d))
+        total += sq
+    norm = total.sqrt()
+    if max_norm != float("inf"):
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        locals_ = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        torch._foreach_mul_(locals_, coef)
+    return norm
+
+
+def global_mean(t: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Mean of ``t`` over all ranks (TP ranks hold equal values, so this is the data-parallel mean)."""
+    if world_size > 1 and dist.is_initialized():
+        t = t.clone()
+        dist.all_reduce(t)
+        t /= world_size
+    return t
+
+
+__all__ = ["clip_grad_norm_", "global_mean"]
