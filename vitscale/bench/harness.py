@@ -248,7 +248,11 @@ def _time_round(impl: _Impl, n: int, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def run_bench(settings: BenchSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
+def _print(msg: str) -> None:
+    print(msg, flush=True)  # flushed: the raw log of a long run shows progress as it goes
+
+
+def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> dict[str, Any]:
     """Run the benchmark; returns the result dict (the JSON written by ``vitscale bench --json``)."""
     if settings.mode not in ("train", "infer"):
         raise ValueError(f"mode must be 'train' or 'infer', got {settings.mode!r}")

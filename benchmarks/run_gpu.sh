@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Every GPU figure of issue 6 in one call, on one H100 / H200 (bf16, 224 px, synthetic data).
+#
+#   bash benchmarks/run_gpu.sh              # all groups, in the order below
+#   bash benchmarks/run_gpu.sh train infer  # only some groups: train infer clip micro sdpa
+#   bash benchmarks/run_gpu.sh --dry-run    # parse every command on any machine, run nothing
+#
+# Each run writes benchmarks/results/<model>[_infer]_<gpu>_<yyyymm>.json and the raw log beside it
+# (<same name>.log); a failed run (OOM, missing package) is reported at the end and the script goes
+# on with the next one. Environment: PYTHON (default: .venv/bin/python if present, else python),
+# RUN_TIMEOUT seconds per run (default 900). The whole default set takes roughly 10-15 minutes,
+# most of it torch.compile warm-up; pass groups to split it over several calls.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
+fi
+RUN_TIMEOUT=${RUN_TIMEOUT:-900}
+RESULTS=benchmarks/results
+DRY=0
+GROUPS_WANTED=()
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY=1 ;;
+    train|infer|clip|micro|sdpa) GROUPS_WANTED+=("$arg") ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $arg (groups: train infer clip micro sdpa; --dry-run)" >&2; exit 2 ;;
+  esac
+done
+[[ ${#GROUPS_WANTED[@]} -eq 0 ]] && GROUPS_WANTED=(train infer clip micro sdpa)
+
+MONTH=$(date -u +%Y%m)
+if [[ $DRY -eq 1 ]]; then
+  GPU=dryrun
+else
+  GPU=$("$PYTHON" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; from vitscale.bench.report import device_slug; print(device_slug('cuda'))") || exit 1
+  mkdir -p "$RESULTS"
+  "$PYTHON" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))"
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv 2>/dev/null || true
+fi
+
+FAILED=()
+DRY_CMDS=""
+# run NAME CMD...: run CMD (a python module/script invocation) writing $RESULTS/NAME.json + NAME.log
+run() {
+  local name=$1; shift
+  if [[ $DRY -eq 1 ]]; then  # collected, then checked in one python process at the end
+    DRY_CMDS+="$(printf '%q ' "$@")"$'\n'
+    return
+  fi
+  echo "=== $name: $*"
+  timeout "$RUN_TIMEOUT" "$PYTHON" "$@" --json "$RESULTS/$name.json" 2>&1 | tee "$RESULTS/$name.log"
+  local rc=${PIPESTATUS[0]}
+  [[ $rc -eq 0 ]] || FAILED+=("$name (exit $rc)")
+}
+
+want() { [[ " ${GROUPS_WANTED[*]} " == *" $1 "* ]]; }
+
+# Training: ours (bf16, per-block compile, fused AdamW, flash SDPA) vs timm eager and timm compiled.
+if want train; then
+  run "vit_b16_${GPU}_${MONTH}" -m vitscale bench vit_b16 --device cuda --mode train --batch-size 256 \
+    --steps 30 --warmup 5 --compare timm
+  run "vit_l16_${GPU}_${MONTH}" -m vitscale bench vit_l16 --device cuda --mode train --batch-size 128 \
+    --steps 20 --warmup 5 --compare timm
+  run "vit_h14_${GPU}_${MONTH}" -m vitscale bench vit_h14 --device cuda --mode train --batch-size 64 \
+    --steps 20 --warmup 5 --compare timm --no-compare-compiled
+fi
+
+# Inference: pure bf16 weights under inference_mode.
+if want infer; then
+  run "vit_b16_infer_${GPU}_${MONTH}" -m vitscale bench vit_b16 --device cuda --mode infer --batch-size 256 \
+    --steps 50 --warmup 5 --compare timm
+  run "vit_l16_infer_${GPU}_${MONTH}" -m vitscale bench vit_l16 --device cuda --mode infer --batch-size 256 \
+    --steps 30 --warmup 5 --compare timm --no-compare-compiled
+  run "vit_h14_infer_${GPU}_${MONTH}" -m vitscale bench vit_h14 --device cuda --mode infer --batch-size 128 \
+    --steps 20 --warmup 5 --compare timm --no-compare-compiled
+fi
+
+# CLIP B/32 contrastive training vs open_clip's ViT-B-32.
+if want clip; then
+  run "clip_b32_${GPU}_${MONTH}" -m vitscale bench clip_b32 --device cuda --mode train --batch-size 512 \
+    --steps 30 --warmup 5 --compare open_clip
+fi
+
+# Fast-path questions: does the batch-second layout pay with SDPA, is a matmul patch embedding faster?
+if want micro; then
+  run "layout_${GPU}_${MONTH}" benchmarks/layout.py --model vit_b16 --device cuda --batch-size 256 --layers 4 \
+    --steps 40 --rounds 10
+  run "layout_compiled_${GPU}_${MONTH}" benchmarks/layout.py --model vit_b16 --device cuda --batch-size 256 \
+    --layers 4 --steps 40 --rounds 10 --compile
+  run "patch_embed_${GPU}_${MONTH}" benchmarks/patch_embed.py --model vit_b16 --device cuda --batch-size 256 \
+    --steps 100 --rounds 10
+fi
+
+# SDPA backend: flash vs cuDNN on B/16 training (ours only).
+if want sdpa; then
+  for backend in flash cudnn efficient; do
+    run "vit_b16_sdpa_${backend}_${GPU}_${MONTH}" -m vitscale bench vit_b16 --device cuda --mode train \
+      --batch-size 256 --steps 20 --warmup 5 --sdpa "$backend"
+  done
+fi
+
+if [[ $DRY -eq 1 ]]; then
+  printf '%s' "$DRY_CMDS" | "$PYTHON" -m vitscale.bench.dry_run
+  exit $?
+fi
+if [[ ${#FAILED[@]} -gt 0 ]]; then
+  echo "FAILED: ${FAILED[*]}" >&2
+  exit 1
+fi
+echo "all runs done"
