@@ -1,0 +1,82 @@
+"""The trainer on 2 gloo processes: FSDP (through ``torchrun -m vitscale train``), data parallel and
+tensor parallel runs of ``digits_vit`` follow the one-process loss curve step by step; a checkpoint
+written by 2 FSDP ranks resumes on 1 rank and on a TP layout onto the same curve."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from _launch import free_port, run_distributed
+
+STEPS = 8
+CKPT_AT = 4
+TOL = 2e-4
+ARGS = [
+    f"train.max_steps={STEPS}", "train.epochs=0", "train.log_every=1", "train.batch_size=16",
+    "schedule.name=constant", "schedule.warmup_steps=0", "log.progress=none", "eval.every=0",
+    f"checkpoint.every={CKPT_AT}", "checkpoint.keep=5", "checkpoint.export_safetensors=false",
+    "log.flops=false",
+]  # fmt: skip
+
+
+def _losses(out: Path) -> dict[int, float]:
+    with open(out / "metrics.jsonl") as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    return {r["step"]: r["loss"] for r in recs if "loss" in r}
+
+
+def _train(out: Path, *extra: str) -> None:
+    from vitscale.config import load_config
+    from vitscale.train import train
+
+    train(load_config("digits_vit", ARGS + [f"train.output_dir={out}", *extra]))
+
+
+def _layouts(root: str) -> None:
+    """Inside 2 ranks: data parallel, tensor parallel, and TP resuming the FSDP checkpoint."""
+    root = Path(root)
+    _train(root / "dp", "parallel.dp_replicate=2", "parallel.dp_shard=1")
+    _train(root / "tp", "parallel.tp=2", "parallel.dp_shard=1")
+    _train(root / "fsdp_to_tp", "parallel.tp=2", "parallel.dp_shard=1")
+
+
+def _seed_resume(src: Path, dst: Path) -> None:
+    (dst / "checkpoints").mkdir(parents=True)
+    shutil.copytree(src / "checkpoints" / f"step_{CKPT_AT:08d}", dst / "checkpoints" / f"step_{CKPT_AT:08d}")
+
+
+def _close(got: dict[int, float], ref: dict[int, float], steps, label: str) -> None:
+    assert sorted(got) == list(steps), f"{label}: logged steps {sorted(got)}"
+    for s in steps:
+        assert abs(got[s] - ref[s]) / abs(ref[s]) <= TOL, f"{label} step {s}: {got[s]} vs one process {ref[s]}"
+
+
+def test_trainer_layouts_and_resharded_resume(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+        "-m", "vitscale", "train", "digits_vit", *ARGS, f"train.output_dir={tmp_path / 'fsdp'}",
+    ]  # fmt: skip
+    fsdp = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _train(tmp_path / "single")  # the one-process reference, meanwhile
+    log, _ = fsdp.communicate(timeout=300)
+    assert fsdp.returncode == 0, log[-4000:]
+    ref = _losses(tmp_path / "single")
+    assert abs(ref[STEPS] - ref[1]) > 0.05, "the curve must move for the comparison to mean something"
+    _close(_losses(tmp_path / "fsdp"), ref, range(1, STEPS + 1), "fsdp (torchrun)")
+    assert (tmp_path / "fsdp" / "checkpoints" / f"step_{CKPT_AT:08d}" / "__1_0.distcp").is_file()  # rank 1's shard
+
+    _seed_resume(tmp_path / "fsdp", tmp_path / "fsdp_to_tp")
+    run_distributed(_layouts, 2, str(tmp_path))
+    _close(_losses(tmp_path / "dp"), ref, range(1, STEPS + 1), "data parallel")
+    _close(_losses(tmp_path / "tp"), ref, range(1, STEPS + 1), "tensor parallel")
+    _close(_losses(tmp_path / "fsdp_to_tp"), ref, range(CKPT_AT + 1, STEPS + 1), "FSDP checkpoint -> TP")
+
+    _seed_resume(tmp_path / "fsdp", tmp_path / "fsdp_to_one")  # 2 ranks -> 1
+    _train(tmp_path / "fsdp_to_one")
+    _close(_losses(tmp_path / "fsdp_to_one"), ref, range(CKPT_AT + 1, STEPS + 1), "FSDP checkpoint -> 1 process")
