@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from vitscale.data import DataConfig, build_loaders
-from vitscale.data.decode import BadImageError, convert_mode, draft_factor, load_resized_crop, open_image
+from vitscale.data.decode import BadImageError, convert_mode, draft_factor, decode_resized_crop, open_image
 
 
 def _odd_images():
@@ -35,7 +35,7 @@ def _odd_images():
 
 
 @pytest.mark.parametrize("name", list(_odd_images()))
-def test_odd_modes_convert_to_rgb(tmp_path, name):
+def test_odd_modes_convert_to_rgb(tmp_path, name, monkeypatch):
     img = _odd_images()[name]
     path = tmp_path / name
     img.save(path)
@@ -44,10 +44,15 @@ def test_odd_modes_convert_to_rgb(tmp_path, name):
     rgb = convert_mode(src, 3)
     assert rgb.mode == "RGB" and rgb.size == (24, 20)
     assert convert_mode(Image.open(path), 1).mode == "L"
-    out, box, (h, w) = load_resized_crop(str(path), lambda h, w: (0, 0, h, w), (16, 16), fast=True)
-    assert out.mode == "RGB" and out.size == (16, 16) and (h, w) == (20, 24)
-    arr = np.asarray(out)
-    assert arr.std() > 0  # real content survived the conversion (not a blank image)
+    from vitscale.data import decode
+
+    for fast, sj in ((True, True), (True, False), (False, False)):
+        monkeypatch.setattr(decode, "USE_SIMPLEJPEG", sj)
+        out, box, (h, w) = decode_resized_crop(str(path), lambda h, w: (0, 0, h, w), (16, 16), fast=fast)
+        assert out.dtype == torch.uint8 and out.shape == (3, 16, 16) and (h, w) == (20, 24)
+        assert out.float().std() > 0  # real content survived the conversion (not a blank image)
+        gray, _, _ = decode_resized_crop(str(path), lambda h, w: (0, 0, h, w), (16, 16), num_channels=1, fast=fast)
+        assert gray.shape == (1, 16, 16)
 
 
 def test_16bit_scaled_not_clipped(tmp_path):
@@ -87,7 +92,7 @@ def test_each_kind_of_bad_file_raises_bad_image(tmp_path):
     _make_folder(tmp_path)
     for path in _add_bad_files(tmp_path):
         with pytest.raises(BadImageError):
-            load_resized_crop(path, lambda h, w: (0, 0, h, w), (16, 16))
+            decode_resized_crop(path, lambda h, w: (0, 0, h, w), (16, 16))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -141,7 +146,11 @@ def test_imagefolder_val_path_and_split(tmp_path):
     assert torch.cat([b["label"] for b in S.val]).bincount().tolist() == [3, 3]
 
 
-def test_fast_decode_uses_reduced_jpeg_and_matches_full_decode(tmp_path):
+@pytest.mark.parametrize("simplejpeg", [True, False])
+def test_fast_decode_uses_reduced_jpeg_and_matches_full_decode(tmp_path, monkeypatch, simplejpeg):
+    from vitscale.data import decode
+
+    monkeypatch.setattr(decode, "USE_SIMPLEJPEG", simplejpeg)
     # a smooth natural-like image: reduced-DCT decoding + resize ~ full decode + resize
     y, x = np.mgrid[0:480, 0:640]
     arr = np.dstack([(x / 640 * 255), (y / 480 * 255), ((x + y) / 1120 * 255)]).astype(np.uint8)
@@ -150,11 +159,14 @@ def test_fast_decode_uses_reduced_jpeg_and_matches_full_decode(tmp_path):
     assert draft_factor(480, 640, 112, 112) == 4 and draft_factor(200, 640, 112, 112) == 1
     assert draft_factor(240, 300, 112, 112) == 2
     box = lambda h, w: (10, 20, 460, 600)  # noqa: E731
-    fast, b1, _ = load_resized_crop(path, box, (112, 112), fast=True)
-    full, b2, _ = load_resized_crop(path, box, (112, 112), fast=False)
+    fast, b1, _ = decode_resized_crop(path, box, (112, 112), fast=True)
+    full, b2, _ = decode_resized_crop(path, box, (112, 112), fast=False)
     assert b1 == b2
-    diff = np.abs(np.asarray(fast, dtype=np.float32) - np.asarray(full, dtype=np.float32))
-    assert diff.mean() < 2.0
+    assert fast.shape == full.shape == (3, 112, 112)
+    if simplejpeg and decode._simplejpeg() is not None:
+        arr, _, _, scale = decode._decode_simplejpeg(open(path, "rb").read(), box, (112, 112), 3)
+        assert scale == 4.0 and arr.shape == (120, 160, 3)
+    assert (fast.float() - full.float()).abs().mean() < 2.0
     img = open_image(path)
     from vitscale.data.decode import apply_draft
     assert apply_draft(img, 4) == 4.0 and img.size == (160, 120)

@@ -8,20 +8,18 @@ cannot be decoded raise :class:`BadImageError`; the dataset replaces them (see `
 
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
 import torch
 from PIL import Image
 
-RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
-
-
 class BadImageError(Exception):
     """The file is not a decodable image (empty, truncated, not an image, ...)."""
 
 
-def open_image(path: str) -> Image.Image:
+def open_image(path) -> Image.Image:
     """Open lazily (reads the header only); raises :class:`BadImageError` for non-images."""
     try:
         img = Image.open(path)
@@ -66,11 +64,11 @@ def convert_mode(img: Image.Image, num_channels: int = 3) -> Image.Image:
 
 
 def pil_to_uint8_tensor(img: Image.Image) -> torch.Tensor:
-    """PIL ``RGB``/``L`` -> uint8 tensor (C, H, W)."""
+    """PIL ``RGB``/``L`` -> uint8 tensor (C, H, W) (a channels-last view of the pixel array)."""
     arr = np.array(img, dtype=np.uint8, copy=True)
     if arr.ndim == 2:
         arr = arr[:, :, None]
-    return torch.from_numpy(arr).permute(2, 0, 1)  # (C, H, W)
+    return torch.from_numpy(arr).permute(2, 0, 1)  # (C, H, W), channels-last strides
 
 
 def draft_factor(box_h: float, box_w: float, out_h: int, out_w: int) -> int:
@@ -82,7 +80,7 @@ def draft_factor(box_h: float, box_w: float, out_h: int, out_w: int) -> int:
 
 
 def apply_draft(img: Image.Image, factor: int) -> float:
-    """Ask the JPEG decoder to decode at 1/``factor`` scale; returns the achieved scale factor."""
+    """Ask PIL's JPEG decoder to decode at 1/``factor`` scale; returns the achieved scale factor."""
     if factor <= 1 or img.format != "JPEG":
         return 1.0
     w, h = img.size
@@ -93,7 +91,47 @@ def apply_draft(img: Image.Image, factor: int) -> float:
     return w / box[2] if box[2] else 1.0
 
 
-def load_resized_crop(
+def _simplejpeg():
+    if not USE_SIMPLEJPEG:
+        return None
+    try:
+        import simplejpeg
+    except ImportError:  # optional: the PIL draft path is the fallback
+        return None
+    return simplejpeg
+
+
+# The fast path decodes baseline JPEGs with libjpeg-turbo through simplejpeg when it is installed
+# (no PIL object, no extra copy); set False to use PIL's draft mode only (benchmarks compare both).
+USE_SIMPLEJPEG = True
+
+
+def _decode_simplejpeg(data: bytes, box_fn, out_size, num_channels: int):
+    """-> (uint8 (H', W', C) array, box, (H, W), scale) or None when simplejpeg can't do this file."""
+    sj = _simplejpeg()
+    if sj is None or data[:2] != b"\xff\xd8":
+        return None
+    try:
+        height, width, colorspace, _ = sj.decode_jpeg_header(data)
+    except Exception:
+        return None
+    if colorspace not in ("Gray", "YCbCr", "RGB", "GRAY") or height <= 0 or width <= 0:
+        return None  # CMYK / YCCK / unknown: PIL converts those
+    box = box_fn(height, width)
+    a = draft_factor(box[2], box[3], out_size[0], out_size[1])
+    try:
+        arr = sj.decode_jpeg(
+            data, colorspace="RGB" if num_channels == 3 else "GRAY",
+            min_height=-(-height // a), min_width=-(-width // a), min_factor=a, strict=True,
+        )
+    except Exception:
+        return "fallback", box  # corrupt / truncated: let PIL decide (it raises BadImageError)
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return arr, box, (height, width), width / arr.shape[1]
+
+
+def decode_resized_crop(
     path: str,
     box_fn,
     out_size: tuple[int, int],
@@ -101,31 +139,63 @@ def load_resized_crop(
     num_channels: int = 3,
     interpolation: str = "bilinear",
     fast: bool = True,
-) -> tuple[Image.Image, tuple[float, float, float, float], tuple[int, int]]:
+) -> tuple[torch.Tensor, tuple[float, float, float, float], tuple[int, int]]:
     """Decode ``path`` and return the crop ``box_fn(H, W) -> (top, left, h, w)`` resized to ``out_size``.
 
-    The box is computed from the header's size before decoding, so with ``fast`` a JPEG is decoded
-    at the smallest DCT scale that still has at least ``out_size`` pixels inside the box. Returns the
-    PIL image (``out_size``), the box in original pixels and the original (H, W).
+    The box is drawn from the header's size BEFORE decoding (``box_fn`` is called exactly once), so
+    with ``fast`` a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that still has at
+    least ``out_size`` pixels inside the box, by libjpeg-turbo through ``simplejpeg`` when installed
+    (else PIL ``Image.draft``). The crop is resized as a uint8 tensor (antialiased). Returns the uint8
+    tensor (C, out_h, out_w), the box in original pixels and the original (H, W).
     """
-    src = open_image(path)
     try:
-        width, height = src.size
-        if width <= 0 or height <= 0:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise BadImageError(f"{type(e).__name__}: {e}") from None
+    if not data:
+        raise BadImageError("empty file")
+    box = None
+    if fast:
+        got = _decode_simplejpeg(data, box_fn, out_size, num_channels)
+        if got is not None and isinstance(got[0], str):  # corrupt: PIL reports it
+            box = got[1]
+        elif got is not None:
+            arr, box, (h0, w0), scale = got
+            return _crop_resize(torch.from_numpy(arr).permute(2, 0, 1), box, scale, out_size, interpolation), box, (h0, w0)
+    src = open_image(io.BytesIO(data))
+    try:
+        w0, h0 = src.size
+        if w0 <= 0 or h0 <= 0:
             raise BadImageError("empty image")
-        top, left, bh, bw = box_fn(height, width)
-        scale = apply_draft(src, draft_factor(bh, bw, out_size[0], out_size[1])) if fast else 1.0
+        if box is None:
+            box = box_fn(h0, w0)
+        scale = apply_draft(src, draft_factor(box[2], box[3], out_size[0], out_size[1])) if fast else 1.0
         src.load()
         img = convert_mode(src, num_channels)
-        crop = (left / scale, top / scale, (left + bw) / scale, (top + bh) / scale)
-        out = img.resize((out_size[1], out_size[0]), RESAMPLE[interpolation], box=crop)
+        t = pil_to_uint8_tensor(img)
     except BadImageError:
         raise
     except Exception as e:  # truncated data, decoder errors, bombs, ...
         raise BadImageError(f"{type(e).__name__}: {e}") from None
     finally:
         src.close()
-    return out, (top, left, bh, bw), (height, width)
+    return _crop_resize(t, box, scale, out_size, interpolation), box, (h0, w0)
+
+
+def _crop_resize(t: torch.Tensor, box, scale: float, out_size, interpolation: str) -> torch.Tensor:
+    """Cut ``box`` (original pixels) out of ``t`` decoded at 1/``scale`` and resize it to ``out_size``."""
+    from torchvision.transforms.v2 import functional as F
+
+    _, h, w = t.shape
+    top, left = int(round(box[0] / scale)), int(round(box[1] / scale))
+    bottom = min(h, max(top + 1, int(round((box[0] + box[2]) / scale))))
+    right = min(w, max(left + 1, int(round((box[1] + box[3]) / scale))))
+    crop = t[:, top:bottom, left:right]  # (C, h', w') view
+    if tuple(crop.shape[-2:]) == tuple(out_size):
+        return crop
+    mode = F.InterpolationMode.BICUBIC if interpolation == "bicubic" else F.InterpolationMode.BILINEAR
+    return F.resize(crop, list(out_size), interpolation=mode, antialias=True)
 
 
 def center_crop_box(height: int, width: int, out_size: tuple[int, int], crop_pct: float):

@@ -117,7 +117,7 @@ class ResumableLoader:
             img = img.to(self.device, non_blocking=True)
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         mean, inv_std = self._mean.to(img.device), self._inv_std.to(img.device)
-        x = (img.float() - mean) * inv_std  # (B, C, H, W) normalised
+        x = img.float().sub_(mean).mul_(inv_std)  # (B, C, H, W) normalised, in place
         for b in torch.nonzero(erase[:, 0]).flatten().tolist():
             _, top, left, h, w, seed = erase[b].tolist()
             noise = torch.randn((x.shape[1], h, w), generator=torch_gen(seed))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import keyed
-from .decode import BadImageError, center_crop_box, load_resized_crop, pil_to_uint8_tensor
+from .decode import BadImageError, center_crop_box, decode_resized_crop
 from .transforms import Augmented, SampleTransform
 
 MAX_REPLACEMENTS = 64
@@ -82,11 +82,10 @@ class FileSource:
         else:
             rng = None
             box_fn = lambda h, w: center_crop_box(h, w, tf.img_size, tf.cfg.crop_pct)  # noqa: E731
-        img, (top, left, h, w), (h0, w0) = load_resized_crop(
+        t, (top, left, h, w), (h0, w0) = decode_resized_crop(
             self.paths[j], box_fn, tf.img_size, num_channels=tf.num_channels,
             interpolation=tf.interpolation, fast=self.fast_decode,
         )
-        t = pil_to_uint8_tensor(img)
         crop = (top / h0, left / w0, h / h0, w / w0)
         if not tf.train:
             return Augmented(t, crop, False, [0] * 6)
