@@ -158,6 +158,11 @@ def _example_inputs(model: nn.Module, batch: int, device) -> tuple[torch.Tensor,
 
     if isinstance(cfg, ViTConfig):
         return (torch.randn(batch, cfg.num_channels, cfg.img_h, cfg.img_w, device=device),)
+    vision, text = getattr(cfg, "vision", None), getattr(cfg, "text", None)
+    if isinstance(vision, ViTConfig) and text is not None:  # CLIP: images and token ids
+        images = torch.randn(batch, vision.num_channels, vision.img_h, vision.img_w, device=device)
+        tokens = torch.randint(0, text.vocab_size, (batch, text.encoder_seq_length), device=device)
+        return images, tokens
     example = getattr(model, "example_inputs", None)
     if example is None:
         raise TypeError(f"{type(model).__name__} has no example_inputs(batch, device)")
@@ -226,7 +231,7 @@ def _build(settings: BenchSettings, device: torch.device, precision: str) -> tup
         variants = [("open_clip", False)] + ([("open_clip_compiled", True)] if compare_compiled else [])
         for key, comp in variants:
             torch.manual_seed(settings.seed)
-            ref, label = open_clip_model(settings.model, device)
+            ref, label = open_clip_model(ours, settings.model, device)
             impls.append(finish(key, label + (" (torch.compile)" if comp else ""), ref, whole_compile=comp))
     info = dict(task=task, compile=compile_on, compare_compiled=compare_compiled if settings.compare else None)
     return impls, info

@@ -90,26 +90,21 @@ def open_clip_name(variant: str) -> str:
     return f"ViT-{size}-{m.group(2)}{m.group(3).replace('_', '-')}"
 
 
-def open_clip_model(variant: str, device=None) -> tuple[nn.Module, str]:
-    """open_clip's CLIP of the same size as our ``variant`` (random init, nothing downloaded).
+def open_clip_model(ours: nn.Module, variant: str, device=None) -> tuple[nn.Module, str]:
+    """open_clip's CLIP of the same architecture as our CLIP ``ours`` (nothing downloaded).
 
-    Uses ``vitscale.interop.open_clip.open_clip_config(variant)`` when the CLIP interop module
-    provides it (exact architecture match, debug sizes included), else open_clip's registered
-    model of the same name.
+    Built by ``vitscale.interop.open_clip.create_open_clip_model`` (exact architecture, our weights
+    copied, debug sizes included); where that cannot express the model, open_clip's registered
+    model of the same name (``clip_b32`` -> ``ViT-B-32``) with random weights.
     """
     import open_clip
 
     try:
-        from ..interop import open_clip as ours_interop  # owned by the CLIP engineer
+        from ..interop.open_clip import create_open_clip_model  # owned by the CLIP engineer
 
-        to_cfg = getattr(ours_interop, "open_clip_config", None)
-    except ImportError:
-        to_cfg = None
-    if to_cfg is not None:
-        cfg = to_cfg(variant)
-        model = open_clip.CLIP(**cfg)
-        label = f"open_clip CLIP({variant} config)"
-    else:
+        model = create_open_clip_model(ours, load_weights=True)
+        label = f"open_clip CLIP ({variant} architecture)"
+    except (ImportError, ValueError):
         name = open_clip_name(variant)
         model = open_clip.create_model(name, pretrained=None)
         label = f"open_clip {name}"
