@@ -77,6 +77,12 @@ def _reduce_mean(t: torch.Tensor, world: int) -> torch.Tensor:
     return t
 
 
+def _step_seed(seed: int, step: int, rank: int) -> int:
+    x = (seed * 1_000_003 + step) * 1_000_033 + rank
+    x = (x ^ (x >> 31)) * 0x9E3779B97F4A7C15 & (2**63 - 1)
+    return x
+
+
 def _resolve_model_overrides(cfg: Config, num_classes: int | None, img_size) -> dict:
     """The model overrides plus the data's class count and image size for fields the variant has."""
     base = get_model_config(cfg.model.name, **cfg.model.overrides)
@@ -278,6 +284,9 @@ class Trainer:
                 sync(micro == n - 1)  # FSDP2: reduce gradients on the last micro-step only
             batch = self._to_device(next(batches))
             self.skipped += int(batch.get("skipped", 0))
+            # Dropout / drop-path draw from a stream keyed by (seed, micro-step, data-parallel rank): a
+            # resume continues exactly whatever else touched the global RNG (e.g. DataLoader iterators).
+            torch.manual_seed(_step_seed(cfg.seed, (self.step - 1) * n + micro, getattr(self.pd, "dp_rank", 0)))
             loss, metrics = self.task.loss(model, batch, (self.step - 1) * n + micro)
             (loss / n).backward()
             loss_sum += loss.detach()

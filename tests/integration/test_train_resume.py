@@ -1,0 +1,102 @@
+"""Exact resume: a run restarted from a checkpoint (also after SIGKILL) continues on the same curve."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from vitscale.config import load_config
+from vitscale.train import train
+
+TINY = [
+    "model.name=vit_debug", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=2",
+    "model.num_attention_heads=2", "model.hidden_dropout=0.1", "model.drop_path_rate=0.1",
+    "data.format=synthetic", "data.num_classes=10", "data.synthetic_size=96", "data.val_split=0.25",
+    "data.num_workers=0", "data.randaugment=m9-n2", "data.random_erasing=0.25", "data.mixup_alpha=0.8",
+    "data.cutmix_alpha=1.0", "train.label_smoothing=0.1",
+    "train.batch_size=16", "train.grad_accum=2", "train.log_every=1", "train.ema_decay=0.9",
+    "optim.lr=1e-3", "schedule.warmup_steps=3", "eval.every=4", "eval.batch_size=32", "log.progress=plain",
+]  # fmt: skip
+
+
+def _curve(out: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: {k: r[k] for k in ("loss", "lr", "grad_norm", "val_top1", "val_loss_ema") if k in r} for r in rows}
+
+
+def _mixup_available() -> bool:
+    try:
+        import vitscale.data.mixup  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _tiny(out, steps, every, extra=()):
+    over = [o for o in TINY if _mixup_available() or "mix" not in o]
+    return load_config(None, over + [f"train.output_dir={out}", f"train.max_steps={steps}",
+                                     f"checkpoint.every={every}", "checkpoint.keep=5", *extra])  # fmt: skip
+
+
+def test_resume_from_checkpoint_is_bit_exact(tmp_path):
+    full = tmp_path / "full"
+    summary = train(_tiny(full, 10, 4))  # 6 samples per epoch-step -> crosses an epoch boundary
+    assert summary["steps"] == 10 and "val_top1" in summary
+    ref = _curve(full)
+    assert sorted(ref) == list(range(1, 11))
+    # a second folder holding only the step-4 checkpoint and the log up to a later, lost step
+    part = tmp_path / "part"
+    (part / "checkpoints").mkdir(parents=True)
+    shutil.copytree(full / "checkpoints" / "step_00000004", part / "checkpoints" / "step_00000004")
+    lines = (full / "metrics.jsonl").read_text().splitlines()[:6]
+    (part / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    resumed = train(_tiny(part, 10, 4))
+    assert resumed["resumed_from"].endswith("step_00000004") and resumed["steps_this_run"] == 6
+    assert _curve(part) == ref  # same losses, LRs, grad norms and evals, bit for bit
+    assert resumed["val_top1"] == summary["val_top1"]
+    from safetensors.torch import load_file
+
+    a, b = load_file(full / "model.safetensors"), load_file(part / "model.safetensors")
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)  # identical final weights
+
+
+def test_sigkill_mid_training_then_resume(tmp_path):
+    ref_dir = tmp_path / "ref"
+    train(_tiny(ref_dir, 14, 3))
+    ref = _curve(ref_dir)
+
+    out = tmp_path / "killed"
+    over = [o for o in TINY if _mixup_available() or "mix" not in o]
+    args = [sys.executable, "-m", "vitscale", "train", "-", *over, f"train.output_dir={out}",
+            "train.max_steps=14", "checkpoint.every=3", "checkpoint.keep=5"]  # fmt: skip
+    args[args.index("-")] = str(_write_empty(tmp_path))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    deadline = time.time() + 120
+    ckpts = out / "checkpoints"
+    while time.time() < deadline and proc.poll() is None:
+        if (ckpts / "step_00000006").is_dir():
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed: " + proc.stdout.read().decode()[-2000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    done = _curve(out)
+    assert 6 <= max(done) < 14  # killed part-way
+    assert _curve(out).items() <= ref.items()  # the same curve up to the kill
+
+    result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "resumed from" in result.stdout
+    assert _curve(out) == ref
+
+
+def _write_empty(tmp_path: Path) -> Path:
+    p = tmp_path / "empty.yaml"
+    p.write_text("{}\n")
+    return p
