@@ -123,6 +123,7 @@ def _decode_simplejpeg(data: bytes, box_fn, out_size, num_channels: int):
         arr = sj.decode_jpeg(
             data, colorspace="RGB" if num_channels == 3 else "GRAY",
             min_height=-(-height // a), min_width=-(-width // a), min_factor=a, strict=True,
+            fastdct=True, fastupsample=True,  # ~10% faster; ~40 dB PSNR against the accurate IDCT
         )
     except Exception:
         return "fallback", box  # corrupt / truncated: let PIL decide (it raises BadImageError)
@@ -145,7 +146,7 @@ def decode_resized_crop(
     The box is drawn from the header's size BEFORE decoding (``box_fn`` is called exactly once), so
     with ``fast`` a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that still has at
     least ``out_size`` pixels inside the box, by libjpeg-turbo through ``simplejpeg`` when installed
-    (else PIL ``Image.draft``). The crop is resized as a uint8 tensor (antialiased). Returns the uint8
+    (fast integer IDCT and plain chroma upsampling), else PIL ``Image.draft``. The crop is resized as a uint8 tensor (antialiased). Returns the uint8
     tensor (C, out_h, out_w), the box in original pixels and the original (H, W).
     """
     try:
