@@ -128,3 +128,13 @@ def test_drop_last_false_and_too_small():
     assert sizes == [8, 8, 4]
     with pytest.raises(ValueError, match="smaller than one global micro-batch"):
         build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=16, eval_batch_size=8, world_size=2)
+
+
+def test_break_and_continue_with_persistent_workers():
+    ref = _take(_loaders(_cfg(num_workers=0)).train, 7)
+    L = _loaders(_cfg(num_workers=2, persistent_workers=True))
+    first = _take(L.train, 3)
+    assert L.train.state_dict() == {"epoch": 0, "batch_index": 3}
+    rest = _take(L.train, 4)  # a new iteration continues at the next unseen batch
+    for x, y in zip(first + rest, ref):
+        _same(x, y)
