@@ -88,6 +88,7 @@ def run(n_images: int = 256, out: int = 224, batch_size: int = 32, rounds: int =
 
     from . import decode
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     tmp = None
     if root is None:
@@ -129,6 +130,7 @@ def run(n_images: int = 256, out: int = 224, batch_size: int = 32, rounds: int =
                 log(f"round {r} {name:22s} {n / wall:8.1f} img/s wall  {n / cpu:8.1f} img/s cpu")
     finally:
         decode.USE_SIMPLEJPEG = True
+        torch.set_num_threads(threads)
         if tmp is not None:
             tmp.cleanup()
     for name, res in results.items():
