@@ -13,11 +13,11 @@ from pathlib import Path
 
 from _launch import free_port, run_distributed
 
-STEPS = 8
-CKPT_AT = 4
+STEPS = 6
+CKPT_AT = 3
 TOL = 2e-4
 ARGS = [
-    f"train.max_steps={STEPS}", "train.epochs=0", "train.log_every=1", "train.batch_size=16",
+    f"train.max_steps={STEPS}", "train.epochs=0", "train.log_every=1", "train.batch_size=8", "model.num_layers=2",
     "schedule.name=constant", "schedule.warmup_steps=0", "log.progress=none", "eval.every=0",
     f"checkpoint.every={CKPT_AT}", "checkpoint.keep=5", "checkpoint.export_safetensors=false",
     "log.flops=false",
@@ -67,7 +67,7 @@ def test_trainer_layouts_and_resharded_resume(tmp_path):
     log, _ = fsdp.communicate(timeout=300)
     assert fsdp.returncode == 0, log[-4000:]
     ref = _losses(tmp_path / "single")
-    assert abs(ref[STEPS] - ref[1]) > 0.05, "the curve must move for the comparison to mean something"
+    assert max(ref.values()) - min(ref.values()) > 0.02, "the curve must move for the comparison to mean something"
     _close(_losses(tmp_path / "fsdp"), ref, range(1, STEPS + 1), "fsdp (torchrun)")
     assert (tmp_path / "fsdp" / "checkpoints" / f"step_{CKPT_AT:08d}" / "__1_0.distcp").is_file()  # rank 1's shard
 
