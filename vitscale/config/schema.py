@@ -53,6 +53,7 @@ except ModuleNotFoundError as e:  # pragma: no cover - only while vitscale.data 
 
 
 from vitscale.data.token_label_config import TeacherConfig, TokenLabelConfig  # noqa: E402 (volo engineer)
+from vitscale.data.captions_config import ClipConfig  # noqa: E402 (clip engineer)
 
 
 @dataclass
@@ -245,3 +246,5 @@ class Config:
     """Token labeling: dense teacher labels and MixToken (train.task=token_labeling)."""
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     """The teacher of ``vitscale label-tokens``."""
+    clip: ClipConfig = field(default_factory=ClipConfig)
+    """Contrastive image-text training and zero-shot / retrieval evaluation (train.task=contrastive)."""
