@@ -1,0 +1,135 @@
+"""Consolidate a DCP training checkpoint (one shard per rank, any layout) into safetensors.
+
+Runs on one process without a process group: DCP reads the shards of every rank and reassembles
+full tensors. Large models are written in several files (``max_shard_bytes``), each loaded and
+written on its own, so memory stays at one output file's worth; an index
+``<name>.safetensors.index.json`` (Hugging Face layout) then maps each tensor to its file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .checkpointer import dcp_load, read_tensor_metadata, resolve_checkpoint
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(text: str | int | None) -> int | None:
+    """``"5GB"`` / ``"500MiB"`` / ``123`` -> bytes; None / 0 -> None (one file)."""
+    if text in (None, 0, "0", ""):
+        return None
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().upper().replace(" ", "")
+    num = s.rstrip("KMGTIB")
+    unit = s[len(num) :]
+    if unit not in _UNITS:
+        raise ValueError(f"cannot parse size {text!r}: use e.g. 5GB, 500MB, 2GiB")
+    return int(float(num) * _UNITS[unit])
+
+
+def _run_metadata(ckpt: Path) -> dict[str, str]:
+    """Model name / overrides from the run's config.yaml next to ``checkpoints/`` (when present)."""
+    meta = {"source": str(ckpt), "format": "pt"}
+    for cfg_path in (ckpt.parent.parent / "config.yaml", ckpt.parent / "config.yaml"):
+        if cfg_path.is_file():
+            import yaml
+
+            with open(cfg_path) as f:
+                cfg = yaml.safe_load(f) or {}
+            model = cfg.get("model", {}) or {}
+            if "name" in model:
+                meta["model"] = str(model["name"])
+                meta["overrides"] = json.dumps(model.get("overrides") or {})
+            break
+    state = ckpt / "trainer_state.json"
+    if state.is_file():
+        with open(state) as f:
+            meta["step"] = str(json.load(f).get("step", ""))
+    return meta
+
+
+def consolidate(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    key: str = "model",
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int | None = None,
+) -> list[Path]:
+    """Write the ``key`` subtree (``model`` or ``ema``) of a DCP checkpoint to ``out`` (.safetensors).
+
+    ``checkpoint`` may be a step folder, a ``checkpoints/`` folder or a run folder (newest step).
+    Returns the files written.
+    """
+    from safetensors.torch import save_file
+
+    ckpt = resolve_checkpoint(checkpoint)
+    prefix = key + "."
+    meta = {k[len(prefix) :]: v for k, v in read_tensor_metadata(ckpt).items() if k.startswith(prefix)}
+    if not meta:
+        raise KeyError(f"checkpoint {ckpt} holds no {key!r} tensors")
+    out = Path(out)
+    if out.suffix != ".safetensors":
+        out = out.with_suffix(".safetensors")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def nbytes(size, dt):
+        n = 1
+        for d in size:
+            n *= d
+        return n * torch.empty((), dtype=dtype or dt).element_size()
+
+    groups: list[list[str]] = [[]]
+    used = 0
+    for name, (size, dt) in meta.items():
+        b = nbytes(size, dt)
+        if max_shard_bytes and groups[-1] and used + b > max_shard_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append(name)
+        used += b
+    file_meta = _run_metadata(ckpt)
+    files = []
+    weight_map = {}
+    for i, names in enumerate(groups):
+        path = out if len(groups) == 1 else out.with_name(f"{out.stem}-{i + 1:05d}-of-{len(groups):05d}.safetensors")
+        tensors = {n: torch.empty(meta[n][0], dtype=meta[n][1]) for n in names}
+        dcp_load({key: tensors}, ckpt)
+        if dtype is not None:
+            tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in tensors.items()}
+        tmp = str(path) + ".tmp"
+        save_file({n: t.contiguous() for n, t in tensors.items()}, tmp, metadata=file_meta)
+        os.replace(tmp, path)
+        files.append(path)
+        weight_map.update({n: path.name for n in names})
+        del tensors
+    if len(groups) > 1:
+        total = sum(nbytes(*meta[n]) for n in meta)
+        index = {"metadata": {**file_meta, "total_size": total}, "weight_map": weight_map}
+        with open(out.with_name(out.name + ".index.json"), "w") as f:
+            json.dump(index, f, indent=1)
+    return files
+
+
+def load_consolidated(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a consolidated file, or every file listed by its ``.index.json``."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    index = p.with_name(p.name + ".index.json") if p.suffix == ".safetensors" else p
+    if index.suffix == ".json" and index.is_file():
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        out = {}
+        for name in files:
+            out.update(load_file(str(index.parent / name)))
+        return out
+    return load_file(str(p))
+
+
+__all__ = ["consolidate", "load_consolidated", "parse_size"]

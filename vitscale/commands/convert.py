@@ -1,0 +1,48 @@
+"""``vitscale convert CHECKPOINT OUT``: consolidate a DCP checkpoint into one safetensors file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EPILOG = """\
+CHECKPOINT is a step folder (runs/x/checkpoints/step_00001000), a checkpoints/ folder or a run
+folder (the newest step). The checkpoint may come from any number of ranks and any layout (FSDP,
+TP, HSDP); conversion runs on one process. Examples:
+  vitscale convert runs/vit_b16 vit_b16.safetensors
+  vitscale convert runs/vit_22b/checkpoints/step_00100000 out/vit_22b.safetensors --dtype bf16 --max-shard-size 5GB
+  vitscale convert runs/vit_b16 vit_b16_ema.safetensors --key ema
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "convert",
+        help="consolidate a distributed (DCP) checkpoint into safetensors",
+        description="Consolidate a torch.distributed.checkpoint training checkpoint (one shard per rank) "
+        "into a single safetensors file (or several with an index for very large models).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("checkpoint", help="step folder, checkpoints/ folder or run folder")
+    p.add_argument("out", help="output .safetensors path")
+    p.add_argument("--key", default="model", choices=["model", "ema"], help="which weights (default: model)")
+    p.add_argument("--dtype", default=None, help="cast floating tensors (bf16, fp16, fp32); default: as saved")
+    p.add_argument("--max-shard-size", default=None, help="split into files of at most this size (e.g. 5GB)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from vitscale.checkpoint.consolidate import consolidate, parse_size
+    from vitscale.distributed.fsdp import to_dtype
+
+    try:
+        files = consolidate(
+            args.checkpoint, args.out, key=args.key, dtype=to_dtype(args.dtype), max_shard_bytes=parse_size(args.max_shard_size)
+        )
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        print(f"vitscale convert: {e}", file=sys.stderr)
+        return 2
+    for f in files:
+        print(f)
+    return 0

@@ -1,0 +1,72 @@
+"""``vitscale memory MODEL``: estimated memory per GPU of a training layout (no allocation)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EPILOG = """\
+Examples:
+  vitscale memory vit_h14 --dp-shard 8 --micro-batch 32
+  vitscale memory vit_22b --dp-shard 64 --tp 8 --micro-batch 8 --ac full
+  vitscale memory --table vit_b16 vit_l16 vit_h14 vit_g14 vit_bigg14 vit_22b   (the docs table)
+States = fp32 master weights + fp32 gradients + optimizer moments (sharded by FSDP / TP);
+the rest = activations of one micro-batch, FSDP's all-gathered units and a 1 GiB allowance on GPU.
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "memory",
+        help="estimate memory per GPU for a model and parallel layout",
+        description="Estimate the memory per rank of training MODEL under a parallel layout.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("models", nargs="+", metavar="MODEL", help="registered model name(s)")
+    p.add_argument("--dp-replicate", type=int, default=1)
+    p.add_argument("--dp-shard", type=int, default=1)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--micro-batch", type=int, default=32, help="images per rank per micro-step")
+    p.add_argument("--dtype", default="bf16", help="compute dtype: bf16 (default) or fp32")
+    p.add_argument("--ac", default="none", choices=["none", "full", "selective"], help="activation checkpointing")
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd"])
+    p.add_argument("--img-size", type=int, default=None)
+    p.add_argument("--table", action="store_true", help="markdown table over the standard layouts")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from vitscale.tools.memory import GIB, estimate, memory_table
+
+    try:
+        if args.table:
+            print(memory_table(args.models, micro_batch=args.micro_batch, ac=args.ac, param_dtype=args.dtype))
+            return 0
+        for name in args.models:
+            e = estimate(
+                name, dp_replicate=args.dp_replicate, dp_shard=args.dp_shard, tp=args.tp,
+                micro_batch=args.micro_batch, param_dtype=args.dtype, ac=args.ac, optimizer=args.optimizer,
+                img_size=args.img_size,
+            )  # fmt: skip
+            if args.json:
+                print(json.dumps(e.as_dict()))
+                continue
+            print(f"{name} ({e.params / 1e6:,.1f}M params), {e.layout}")
+            for label, b in (
+                ("weights (fp32, this rank's shard)", e.param_bytes),
+                ("gradients (fp32)", e.grad_bytes),
+                (f"optimizer ({args.optimizer})", e.optim_bytes),
+                ("FSDP all-gathered units", e.unsharded_bytes),
+                ("activations", e.activation_bytes),
+                ("recompute (full AC)", e.recompute_bytes),
+                ("overhead allowance", e.overhead_bytes),
+            ):
+                print(f"  {label:<36} {b / GIB:8.2f} GiB")
+            print(f"  {'total per rank':<36} {e.total_gib:8.2f} GiB")
+    except (KeyError, ValueError, TypeError) as err:
+        print(f"vitscale memory: {err}", file=sys.stderr)
+        return 2
+    return 0
