@@ -94,6 +94,7 @@ def run(n_images: int = 256, out: int = 224, batch_size: int = 32, rounds: int =
     if root is None:
         tmp = tempfile.TemporaryDirectory(prefix="vitscale_bench_data_")
         root = tmp.name
+    load_before = os.getloadavg()
     paths = make_jpegs(root, n_images, quality=quality)
     mean_bytes = float(np.mean([os.path.getsize(p) for p in paths]))
     log(f"{len(paths)} JPEGs (~500x375, q{quality}, {mean_bytes / 1024:.1f} KiB avg) in {root}; "
@@ -133,6 +134,8 @@ def run(n_images: int = 256, out: int = 224, batch_size: int = 32, rounds: int =
         torch.set_num_threads(threads)
         if tmp is not None:
             tmp.cleanup()
+    load_after = os.getloadavg()
+    log(f"load average (1, 5, 15 min) before {load_before}, after {load_after} on {os.cpu_count()} cpus")
     for name, res in results.items():
         n = res["images"]
         res["img_per_s"] = n / float(np.median(res["wall_s"]))
@@ -155,6 +158,8 @@ def run(n_images: int = 256, out: int = 224, batch_size: int = 32, rounds: int =
         "device": "cpu",
         "cpu": platform.processor() or platform.machine(),
         "threads": 1,
+        "cpu_count": os.cpu_count(),
+        "load_average_before_after": [list(load_before), list(load_after)],
         "num_workers": 0,
         "n_images": len(paths),
         "image_size": "500x375 (1 in 4 portrait)",
