@@ -1,0 +1,53 @@
+"""The ImageNet recipes run end to end with tiny overrides on synthetic data, including the 512px
+fine-tuning path (init from a lower-resolution checkpoint, position embeddings interpolated)."""
+
+import json
+
+import pytest
+import torch
+
+from vitscale.config import load_config
+from vitscale.train import train
+
+TINY_MODEL = [
+    "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=1", "model.num_attention_heads=2",
+    "model.patch_dim=8", "data.format=synthetic", "data.num_classes=10", "data.synthetic_size=32",
+    "data.val_split=0.5", "data.num_workers=0", "train.batch_size=8", "train.log_every=1", "eval.batch_size=16",
+    "log.progress=none", "schedule.warmup_steps=1",
+]  # fmt: skip
+
+
+def test_pretrain_then_finetune_at_higher_resolution(tmp_path):
+    pre = load_config("imagenet_vit_b16", TINY_MODEL + ["data.img_size=32", "train.epochs=0", "train.max_steps=3",
+                                                      f"train.output_dir={tmp_path / 'pre'}"])  # fmt: skip
+    assert pre.optim.name == "adamw" and pre.optim.weight_decay == 0.3  # the recipe's own values stay
+    s1 = train(pre)
+    assert s1["steps"] == 3 and 0 <= s1["val_top1"] <= 100
+    ft = load_config("imagenet_vit_b16_ft512", TINY_MODEL + ["data.img_size=64", "train.max_steps=2",
+                     f"checkpoint.init_from={tmp_path / 'pre'}", f"train.output_dir={tmp_path / 'ft'}"])  # fmt: skip
+    from vitscale.train.trainer import Trainer
+
+    trainer = Trainer(ft)
+    assert isinstance(trainer.optimizer, torch.optim.SGD) and trainer.optimizer.defaults["momentum"] == 0.9
+    assert trainer.model.pos_embed.shape[1] == 1 + 8 * 8  # 64px / patch 8, resampled from 4x4
+    assert not trainer.init_report["missing"] and not trainer.init_report["skipped"]
+    from safetensors.torch import load_file
+
+    w224 = load_file(tmp_path / "pre" / "model.safetensors")
+    torch.testing.assert_close(trainer.model.blocks[0].attn.qkv.weight.detach(), w224["blocks.0.attn.qkv.weight"])
+    s2 = trainer.fit()
+    assert s2["steps"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["lr"] <= 0.03 for r in rows)
+
+
+@pytest.mark.parametrize("loss", ["sigmoid"])
+def test_sigmoid_loss_rsqrt_schedule_head_decay(tmp_path, loss):
+    cfg = load_config("imagenet_vit_b16", TINY_MODEL + [
+        "data.img_size=32", "train.epochs=0", "train.max_steps=3", f"train.loss={loss}", "schedule.name=rsqrt",
+        "schedule.cooldown_steps=1", "optim.head_weight_decay=3.0", "train.grad_accum=2", "optim.lr_scale_batch=1024",
+        f"train.output_dir={tmp_path}"])  # fmt: skip
+    s = train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["lr"] == 0.0 and rows[0]["lr"] == pytest.approx(3e-3 * 8 / 1024)  # scaled, warmup 1
+    assert s["steps"] == 3 and all(r["loss"] > 0 for r in rows)
