@@ -65,6 +65,7 @@ class _Impl:
     optimizer: torch.optim.Optimizer | None
     step: Callable[[], None]
     times: list[float] = field(default_factory=list)
+    cpu_times: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     peak_bytes: int | None = None
 
@@ -292,7 +293,9 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
                 others = sum(o.resident_bytes() for o in impls if o is not impl)
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
+                c0 = time.process_time()
                 dt = _time_round(impl, n, device)
+                impl.cpu_times.append(time.process_time() - c0)
                 if device.type == "cuda":
                     own = torch.cuda.max_memory_allocated(device) - others
                     impl.peak_bytes = max(impl.peak_bytes or 0, own)
@@ -321,12 +324,19 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
             "round_img_per_s": per,
             "implementation": impl.label,
         }
+        if device.type == "cpu":
+            # CPU seconds of this process (all its threads): less sensitive than wall time to other
+            # processes competing for the cores, though it also counts threads spinning at barriers.
+            out[impl.key]["img_per_cpu_s"] = sum(impl.steps) * settings.batch_size / sum(impl.cpu_times)
+            out[impl.key]["round_cpu_s"] = impl.cpu_times
     ref = settings.compare
     out["speedup"] = out["vitscale"]["img_per_s"] / out[ref]["img_per_s"] if ref else None
     if ref:
         # Robust to a busy machine: the median over rounds of ours / theirs in the same round.
         ratios = [a / b for a, b in zip(out["vitscale"]["round_img_per_s"], out[ref]["round_img_per_s"])]
         out["speedup_median_round"] = statistics.median(ratios)
+        if device.type == "cpu":
+            out["speedup_cpu_time"] = out["vitscale"]["img_per_cpu_s"] / out[ref]["img_per_cpu_s"]
     if ref and f"{ref}_compiled" in out:
         out["speedup_vs_compiled"] = out["vitscale"]["img_per_s"] / out[f"{ref}_compiled"]["img_per_s"]
     out["torch"] = torch.__version__
@@ -352,6 +362,8 @@ def _log_summary(out: dict[str, Any], log: Callable[[str], None]) -> None:
     if out.get("speedup") is not None:
         msg = f"speedup vitscale / {out['settings']['compare']}: {out['speedup']:.3f}x"
         msg += f" (median of per-round ratios {out['speedup_median_round']:.3f}x)"
+        if "speedup_cpu_time" in out:
+            msg += f"; per CPU-second {out['speedup_cpu_time']:.3f}x"
         if "speedup_vs_compiled" in out:
             msg += f"; vs compiled: {out['speedup_vs_compiled']:.3f}x"
         log(msg)
