@@ -48,7 +48,7 @@ def build_teacher(cfg, num_classes: int):
     if t.timm:
         from vitscale.interop import load_timm_checkpoint
 
-        return load_timm_checkpoint(t.checkpoint, t.timm).eval()
+        return load_timm_checkpoint(t.checkpoint, t.timm, **dict(t.overrides)).eval()
     from vitscale.checkpoint.checkpointer import load_model_weights, read_weights
     from vitscale.models import create_model, get_model_config
 

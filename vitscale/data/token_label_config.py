@@ -44,7 +44,8 @@ class TeacherConfig:
     model: str | None = None
     """Registered variant of the teacher; None = ``model.name`` with ``model.overrides`` of this config."""
     overrides: dict[str, Any] = field(default_factory=dict)
-    """Changes to the teacher variant's config (with ``teacher.model``)."""
+    """Changes to the teacher variant's config (with ``teacher.model``), or keyword arguments of
+    ``timm.create_model`` (with ``teacher.timm``, e.g. ``{img_size: 32, num_classes: 10}``)."""
     timm: str | None = None
     """A timm architecture name (ViT or VOLO): build it without weights, load ``checkpoint`` into it,
     convert with ``vitscale.interop.from_timm``."""
