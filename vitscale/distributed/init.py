@@ -15,6 +15,8 @@ Either way, resuming from a checkpoint (which loads under any layout) continues 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -58,14 +60,38 @@ def _tp_sharded(p) -> bool:
     return p.placements[p.device_mesh.mesh_dim_names.index("tp")].is_shard()
 
 
+@contextlib.contextmanager
+def _local_views(model: nn.Module):
+    """Let every module see its DTensor parameters as their local shards (views: in-place writes
+    land in the shards). DTensor random ops on a CPU mesh fall back to building the full tensor;
+    on the local views nothing bigger than a shard is ever allocated. The ViT family initialises
+    from constants (std 0.02, width**-0.5), not from the tensor shapes, so the draws keep their
+    distribution."""
+    from .tensor_parallel import DTensor
+
+    swapped = []
+    for m in model.modules():
+        for name, p in list(m._parameters.items()):
+            if isinstance(p, DTensor):
+                m._parameters[name] = p.to_local()
+                swapped.append((m, name, p))
+    try:
+        yield
+    finally:
+        for m, name, p in swapped:
+            m._parameters[name] = p
+
+
 @torch.no_grad()
 def sharded_init(model: nn.Module, parallel_dims, seed: int) -> None:
     """``init_weights()`` on the local shards only.
 
     On GPU, DTensor's offset-based RNG gives every shard its own part of one random stream. CPU
-    meshes have no such tracker and every rank would draw the same numbers, i.e. identical shards;
-    there each rank draws from ``seed + rank`` and the parameters that are replicated across the
-    TP group (embeddings, head, norms) are then broadcast from the group's first rank.
+    meshes have no such tracker (DTensor random ops there would draw the same numbers on every
+    rank, i.e. identical shards, and build each full tensor first); there each rank initialises
+    its local shards (:func:`_local_views`) from ``seed + rank``, and the parameters that are
+    replicated across the TP group (embeddings, head, norms) are then broadcast from the group's
+    first rank.
     """
     import torch.distributed as dist
 
@@ -74,10 +100,7 @@ def sharded_init(model: nn.Module, parallel_dims, seed: int) -> None:
         model.init_weights()
         return
     torch.manual_seed(seed + 1_000_003 * parallel_dims.rank)
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*random operators may not have complete support.*")
+    with _local_views(model):
         model.init_weights()
     if parallel_dims.tp_enabled:
         tp_mesh = parallel_dims.tp_mesh()
