@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from vitscale.data import DataConfig, build_loaders
-from vitscale.data.decode import BadImageError, convert_mode, draft_factor, decode_resized_crop, open_image
+from vitscale.data.decode import BadImageError, convert_mode, decode_resized_crop, draft_factor, open_image
 
 
 def _odd_images():
@@ -22,7 +22,7 @@ def _odd_images():
     pal_t.info["transparency"] = 0
     return {
         "cmyk.jpg": Image.fromarray(rgb).convert("CMYK"),
-        "i16.png": Image.fromarray((gray.astype(np.uint16) * 257)),  # 16-bit PNG
+        "i16.png": Image.fromarray(gray.astype(np.uint16) * 257),  # 16-bit PNG
         "i32.tif": Image.fromarray(gray.astype(np.int32) * 200, mode="I"),
         "pal.png": pal,
         "pal_transparent.png": pal_t,

@@ -20,8 +20,8 @@ def test_parse_randaugment():
 
 def test_rrc_box_in_bounds_and_keyed():
     for seed in range(200):
-        t, l, h, w = rrc_box(random.Random(seed), 375, 500, (0.08, 1.0), (3 / 4, 4 / 3))
-        assert 0 <= t and 0 <= l and t + h <= 375 and l + w <= 500 and h > 0 and w > 0
+        t, lft, h, w = rrc_box(random.Random(seed), 375, 500, (0.08, 1.0), (3 / 4, 4 / 3))
+        assert 0 <= t and 0 <= lft and t + h <= 375 and lft + w <= 500 and h > 0 and w > 0
     assert rrc_box(random.Random(7), 100, 100, (0.08, 1), (0.75, 1.33)) == rrc_box(random.Random(7), 100, 100, (0.08, 1), (0.75, 1.33))
 
 
@@ -59,7 +59,7 @@ def test_crop_fractions_describe_the_crop():
     img = torch.arange(64 * 64, dtype=torch.int32).view(1, 64, 64)
     img = torch.stack([(img // 64) * 4, (img % 64) * 4, torch.zeros_like(img)], 1)[0].to(torch.uint8)  # row/col ramps
     a = tf.tensor_train(img, epoch=0, index=3)
-    t, l, h, w = a.crop
+    t, lft, h, w = a.crop
     # the crop's top-left pixel of the output comes from the box's top-left region of the input
     assert abs(a.image[0, 0, 0].item() / 4 - t * 64) <= max(2.0, h * 64 / 16)
-    assert abs(a.image[1, 0, 0].item() / 4 - l * 64) <= max(2.0, w * 64 / 16)
+    assert abs(a.image[1, 0, 0].item() / 4 - lft * 64) <= max(2.0, w * 64 / 16)

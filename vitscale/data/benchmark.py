@@ -9,7 +9,6 @@ to the normalised float batch the model consumes. Figures are images per second 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import platform
@@ -119,7 +118,7 @@ def run(n_images: int = 256, out: int = 224, batch_size: int = 32, rounds: int =
         pipelines.pop("vitscale_pil_draft")
     results = {k: {"wall_s": [], "cpu_s": [], "images": 0} for k in pipelines}
     try:
-        for name, make in pipelines.items():  # warm-up: page cache, imports, lazy init
+        for make in pipelines.values():  # warm-up: page cache, imports, lazy init
             _time_epoch(make())
         for r in range(rounds):
             for name, make in pipelines.items():
@@ -136,7 +135,7 @@ def run(n_images: int = 256, out: int = 224, batch_size: int = 32, rounds: int =
             tmp.cleanup()
     load_after = os.getloadavg()
     log(f"load average (1, 5, 15 min) before {load_before}, after {load_after} on {os.cpu_count()} cpus")
-    for name, res in results.items():
+    for res in results.values():
         n = res["images"]
         res["img_per_s"] = n / float(np.median(res["wall_s"]))
         res["cpu_img_per_s"] = n / float(np.median(res["cpu_s"]))

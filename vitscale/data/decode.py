@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+
 class BadImageError(Exception):
     """The file is not a decodable image (empty, truncated, not an image, ...)."""
 

@@ -14,8 +14,7 @@ import random
 from dataclasses import dataclass
 
 import torch
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import v2
+from torchvision.transforms import InterpolationMode, v2
 from torchvision.transforms.v2 import functional as F
 
 from . import keyed
