@@ -1,0 +1,83 @@
+"""Layout resolution and its error messages, activation-checkpointing selection (one process)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from vitscale.distributed import LayoutError, ParallelDims, init_distributed
+from vitscale.distributed.activation_checkpoint import apply_activation_checkpointing, selected_layers
+from vitscale.distributed.utils import clip_grad_norm_
+from vitscale.models.registry import create_model, get_model_config
+
+
+def test_dp_shard_minus_one_takes_the_rest():
+    d = ParallelDims.from_sizes(dp_replicate=2, dp_shard=-1, tp=4, world_size=64)
+    assert (d.dp_replicate, d.dp_shard, d.tp, d.dp_size) == (2, 8, 4, 16)
+    assert d.fsdp_enabled and d.tp_enabled and "HSDP" in d.describe() and "TP" in d.describe()
+    d = ParallelDims.from_sizes(dp_replicate=2, dp_shard=1, tp=1, world_size=2)
+    assert "(DP)" in d.describe()
+    d = ParallelDims.from_sizes(dp_shard=2, tp=2, world_size=4, rank=3)
+    assert (d.dp_rank, d.tp_rank) == (1, 1)  # TP ranks of one group share a data-parallel rank
+
+
+def test_layout_errors_say_what_to_change():
+    with pytest.raises(LayoutError, match=r"= 6, but the world size is 8: set parallel.dp_shard=-1"):
+        ParallelDims.from_sizes(dp_replicate=1, dp_shard=3, tp=2, world_size=8)
+    with pytest.raises(LayoutError, match=r"world size 8 is not divisible by .* parallel.tp \(3\)"):
+        ParallelDims.from_sizes(dp_shard=-1, tp=3, world_size=8)
+    with pytest.raises(LayoutError, match="parallel.tp must be an integer >= 1"):
+        ParallelDims.from_sizes(tp=0, world_size=1)
+    d = ParallelDims.from_sizes(dp_shard=1, tp=8, world_size=8)
+    with pytest.raises(LayoutError, match=r"num_attention_heads=12 is not divisible by parallel.tp=8: use parallel.tp in \[1, 2, 3, 4, 6, 12\]"):
+        d.validate_model(get_model_config("vit_b16"))
+    d4 = ParallelDims.from_sizes(dp_shard=1, tp=4, world_size=4)
+    d4.validate_model(get_model_config("vit_b16"))  # 12 heads, 3072 FFN: fine
+    with pytest.raises(LayoutError, match="ffn_hidden_size=3070 is not divisible by parallel.tp=4"):
+        d4.validate_model(get_model_config("vit_b16", ffn_hidden_size=3070))
+
+
+def test_single_process_without_torchrun(monkeypatch):
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    d = init_distributed(NS(dp_replicate=1, dp_shard=-1, tp=1), "cpu")
+    assert (d.world_size, d.dp_shard, d.mesh, d.distributed) == (1, 1, None, False)
+    with pytest.raises(LayoutError, match="launch 2 processes"):
+        init_distributed(NS(dp_replicate=1, dp_shard=2, tp=1), "cpu")
+
+
+def test_activation_checkpoint_layer_selection():
+    assert selected_layers(12, "block", 0) == list(range(12))
+    assert selected_layers(12, "block", 3) == [0, 1, 2]
+    assert selected_layers(12, "uniform", 4) == [0, 4, 8]
+    assert selected_layers(12, "uniform", 0) == list(range(12))
+    with pytest.raises(ValueError, match="ac_method"):
+        selected_layers(12, "every", 2)
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_keeps_names_and_gradients(mode):
+    torch.manual_seed(0)
+    ref = create_model("vit_debug", qk_norm=True)
+    model = create_model("vit_debug", qk_norm=True)
+    model.load_state_dict(ref.state_dict())
+    assert apply_activation_checkpointing(model.blocks, mode, "block", 1) == [0]
+    assert list(model.state_dict()) == list(ref.state_dict())
+    x = torch.randn(3, 3, 32, 32)
+    ref(x).square().mean().backward()
+    model(x).square().mean().backward()
+    for (n, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=n)
+
+
+def test_grad_norm_matches_torch_on_one_process():
+    torch.manual_seed(0)
+    m = create_model("vit_debug")
+    m(torch.randn(2, 3, 32, 32)).sum().backward()
+    params = list(m.parameters())
+    want = torch.nn.utils.clip_grad_norm_(params, float("inf"))
+    got = clip_grad_norm_(params, 0.5)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(clip_grad_norm_(params), torch.tensor(0.5), atol=1e-4, rtol=1e-4)
