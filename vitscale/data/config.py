@@ -7,7 +7,7 @@ from dataclasses import dataclass
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-FORMATS = ("digits", "imagefolder", "synthetic")
+FORMATS = ("digits", "imagefolder", "synthetic", "webdataset", "csv")
 
 
 @dataclass
@@ -72,3 +72,15 @@ class DataConfig:
     """Fraction held out for validation when there is no ``val_path`` (imagefolder, by a fixed
     seed-0 stratified split) and the size of synthetic's validation set relative to ``synthetic_size``;
     0 = no validation set. Digits always use their fixed 1,497 / 300 split."""
+    # --- image-text pairs (added by the CLIP engineer; read by vitscale/data/{webdataset,csv}.py) ---
+    csv_img_key: str = "filepath"
+    """``csv`` format: the column of image paths (relative paths are relative to the CSV file's folder)."""
+    csv_caption_key: str = "title"
+    """``csv`` format: the column of captions."""
+    csv_label_key: str | None = None
+    """``csv`` format: an optional column of integer class labels (for zero-shot evaluation)."""
+    csv_separator: str | None = None
+    """``csv`` format: the field separator; None = tab for ``.tsv`` files, comma otherwise."""
+    caption_context_length: int = 77
+    """``webdataset`` / ``csv``: tokens per caption (open_clip's 77; longer captions are cut, ending in
+    the end-of-text token)."""

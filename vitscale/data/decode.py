@@ -151,8 +151,11 @@ def decode_resized_crop(
     tensor (C, out_h, out_w), the box in original pixels and the original (H, W).
     """
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        if isinstance(path, (bytes, bytearray)):  # already-read bytes (e.g. a tar member; CLIP engineer)
+            data = bytes(path)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
     except OSError as e:
         raise BadImageError(f"{type(e).__name__}: {e}") from None
     if not data:
