@@ -138,3 +138,23 @@ def test_break_and_continue_with_persistent_workers():
     rest = _take(L.train, 4)  # a new iteration continues at the next unseen batch
     for x, y in zip(first + rest, ref):
         _same(x, y)
+
+
+def test_plugin_format_with_extra_fields():
+    from vitscale.data import register_format
+    from vitscale.data.sources import SyntheticSource
+
+    class Captioned(SyntheticSource):
+        def sample(self, index, epoch, tf):
+            s = super().sample(index, epoch, tf)
+            s.extra = {"text": torch.full((5,), index), "caption": f"image {index}"}
+            return s
+
+    register_format("captioned_test", lambda cfg, size, c, seed: (Captioned(16, 3, size, c, seed), None, 3, ["a", "b", "c"]))
+    L = build_loaders(DataConfig(format="captioned_test", num_workers=0), img_size=(16, 16), num_channels=3, seed=0,
+                      micro_batch_size=4, eval_batch_size=4, device="cpu")
+    b = next(iter(L.train))
+    assert b["text"].shape == (4, 5) and torch.equal(b["text"][:, 0], b["index"])
+    assert b["caption"] == [f"image {i}" for i in b["index"].tolist()]
+    with pytest.raises(ValueError, match="unknown data.format 'nope'"):
+        _loaders(DataConfig(format="nope"))

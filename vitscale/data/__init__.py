@@ -4,7 +4,7 @@
 eval_batch_size=..., rank=..., world_size=...) -> Loaders``; see ``docs/data.md``.
 """
 
-from .build import Loaders, build_loaders
+from .build import Loaders, build_loaders, register_format
 from .config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
 
-__all__ = ["DataConfig", "Loaders", "build_loaders", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["DataConfig", "Loaders", "build_loaders", "register_format", "IMAGENET_MEAN", "IMAGENET_STD"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,17 @@ from .sources import SyntheticSource, TensorSource
 from .transforms import SampleTransform
 
 SYNTHETIC_DEFAULT_CLASSES = 1000
+
+# Formats added by other modules: name -> fn(cfg, img_size, num_channels, seed) returning
+# (train_source, val_source or None, num_classes, class_names). A source has ``__len__`` and
+# ``sample(index, epoch, transform) -> vitscale.data.sources.Sample`` (``Sample.extra`` adds batch
+# fields, e.g. caption tokens). ``vitscale.data.<format>`` is imported on first use to register it.
+_FORMATS: dict = {}
+
+
+def register_format(name: str, sources_fn) -> None:
+    """Add ``data.format=<name>`` (see ``_FORMATS``); the keyed sampler / transforms / loader are reused."""
+    _FORMATS[name] = sources_fn
 
 
 @dataclass
@@ -45,7 +57,16 @@ def _sources(cfg: DataConfig, img_size, num_channels: int, seed: int):
         from .imagefolder import imagefolder_sources
 
         return imagefolder_sources(cfg)
-    raise ValueError(f"unknown data.format {fmt!r}; expected one of {FORMATS}")
+    if fmt not in _FORMATS and isinstance(fmt, str) and fmt.isidentifier():
+        try:
+            importlib.import_module(f"vitscale.data.{fmt}")
+        except ModuleNotFoundError as e:
+            if e.name != f"vitscale.data.{fmt}":
+                raise
+    if fmt in _FORMATS:
+        return _FORMATS[fmt](cfg, img_size, num_channels, seed)
+    known = sorted(set(FORMATS) | set(_FORMATS))
+    raise ValueError(f"unknown data.format {fmt!r}; expected one of {known}")
 
 
 def build_loaders(

@@ -20,7 +20,7 @@ class KeyedDataset(Dataset):
     def __getitem__(self, item):
         epoch, index = item if isinstance(item, tuple) else (0, item)
         s = self.source.sample(int(index), int(epoch), self.transform)
-        return {
+        return s.extra | {
             "image": s.aug.image,
             "label": s.label,
             "index": s.index,
@@ -31,9 +31,27 @@ class KeyedDataset(Dataset):
         }
 
 
+_KNOWN = ("image", "label", "index", "crop", "flip", "erase", "bad")
+
+
+def _collate_extra(values: list):
+    if all(isinstance(v, torch.Tensor) for v in values) and len({tuple(v.shape) for v in values}) == 1:
+        return torch.stack(values)
+    if all(isinstance(v, (bool, int)) for v in values):
+        return torch.tensor(values)
+    if all(isinstance(v, (bool, int, float)) for v in values):
+        return torch.tensor(values, dtype=torch.float32)
+    return list(values)
+
+
 def collate(samples: list[dict]) -> dict:
-    """Stack samples; ``bad`` becomes the list of (path, reason) of files replaced in the batch."""
-    return {
+    """Stack samples; ``bad`` becomes the list of (path, reason) of files replaced in the batch.
+
+    Extra fields of plugin formats are stacked when they are same-shape tensors, made tensors when
+    they are numbers, and kept as lists otherwise.
+    """
+    extra = {k: _collate_extra([s[k] for s in samples]) for k in samples[0] if k not in _KNOWN}
+    return extra | {
         "image": torch.stack([s["image"] for s in samples]),  # (B, C, H, W) uint8
         "label": torch.tensor([s["label"] for s in samples], dtype=torch.long),
         "index": torch.tensor([s["index"] for s in samples], dtype=torch.long),

@@ -115,7 +115,8 @@ class ResumableLoader:
         bad = batch.pop("bad")
         if self.device is not None:
             img = img.to(self.device, non_blocking=True)
-            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            batch = {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                     for k, v in batch.items()}
         mean, inv_std = self._mean.to(img.device), self._inv_std.to(img.device)
         x = img.float().sub_(mean).mul_(inv_std)  # (B, C, H, W) normalised, in place
         for b in torch.nonzero(erase[:, 0]).flatten().tolist():

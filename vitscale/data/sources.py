@@ -24,6 +24,7 @@ class Sample:
     label: int
     index: int
     bad: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) of replaced files
+    extra: dict = field(default_factory=dict)  # more batch fields from plugin formats (e.g. "text")
 
 
 class TensorSource:
