@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from _launch import free_port, run_distributed
 
 STEPS = 6
@@ -61,6 +62,7 @@ def test_trainer_layouts_and_resharded_resume(tmp_path):
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
         "-m", "vitscale", "train", "digits_vit", *ARGS, f"train.output_dir={tmp_path / 'fsdp'}",
+        "checkpoint.export_safetensors=true",
     ]  # fmt: skip
     fsdp = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _train(tmp_path / "single")  # the one-process reference, meanwhile
@@ -80,3 +82,23 @@ def test_trainer_layouts_and_resharded_resume(tmp_path):
     _seed_resume(tmp_path / "fsdp", tmp_path / "fsdp_to_one")  # 2 ranks -> 1
     _train(tmp_path / "fsdp_to_one")
     _close(_losses(tmp_path / "fsdp_to_one"), ref, range(CKPT_AT + 1, STEPS + 1), "FSDP checkpoint -> 1 process")
+
+    # `vitscale convert`: the 2-rank FSDP checkpoint consolidates into one safetensors file holding
+    # exactly the weights the FSDP run gathered and exported at its last step (and, up to the
+    # layouts' float rounding, the one-process run's weights).
+    from safetensors.torch import load_file
+
+    from vitscale.checkpoint.consolidate import consolidate, load_consolidated
+    from vitscale.cli import main
+
+    out = tmp_path / "fsdp.safetensors"
+    assert main(["convert", str(tmp_path / "fsdp"), str(out)]) == 0
+    got = load_consolidated(out)
+    exported = load_file(str(tmp_path / "fsdp" / "model.safetensors"))
+    single = load_consolidated(consolidate(tmp_path / "single", tmp_path / "single.safetensors")[0])
+    assert set(got) == set(exported) == set(single) and "blocks.0.attn.qkv.weight" in got
+    for k in exported:
+        assert torch.equal(got[k], exported[k]), k
+        torch.testing.assert_close(got[k], single[k], atol=2e-3, rtol=0)
+    parts = consolidate(tmp_path / "fsdp", tmp_path / "split.safetensors", max_shard_bytes=200_000)
+    assert len(parts) > 1 and load_consolidated(tmp_path / "split.safetensors").keys() == got.keys()
