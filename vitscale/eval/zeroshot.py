@@ -1,0 +1,120 @@
+"""Zero-shot classification with a CLIP model: class names x prompt templates -> a text classifier.
+
+As open_clip's ``build_zero_shot_classifier``: every prompt is embedded and L2-normalised, the
+prompts of a class are averaged and the mean normalised again; an image is assigned the class whose
+embedding is closest. Embeddings of a (per-rank sharded) loader are gathered over ranks in dataset
+order, so the metrics are those of the whole split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def readable_class_names(names: list[str] | tuple[str, ...]) -> list[str]:
+    """Names for prompts: digits '0'..'9' become number words, underscores become spaces."""
+    out = []
+    for n in names:
+        n = str(n)
+        out.append(NUMBER_WORDS[int(n)] if n.isdigit() and int(n) < 10 else n.replace("_", " "))
+    return out
+
+
+@torch.no_grad()
+def zeroshot_classifier(
+    model: nn.Module, tokenizer, class_names, templates, device, autocast=contextlib.nullcontext
+) -> torch.Tensor:
+    """``(output_dim, num_classes)`` classifier: the normalised mean prompt embedding per class."""
+    weights = []
+    for name in class_names:
+        tokens = tokenizer([t.format(name) for t in templates]).to(device)  # (T, L)
+        with autocast():
+            emb = model.encode_text(tokens)
+        emb = F.normalize(emb.float(), dim=-1).mean(0)
+        weights.append(F.normalize(emb, dim=-1))
+    return torch.stack(weights, dim=1)  # (E, K)
+
+
+def _gather_ordered(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's rows and sort them by dataset index (ranks may hold unequal counts)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return t[index.argsort()]
+    world = dist.get_world_size()
+    n = torch.tensor([t.shape[0]], device=t.device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    m = int(max(s.item() for s in sizes))
+    pad = torch.zeros((m - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+    ipad = torch.full((m - t.shape[0],), -1, dtype=index.dtype, device=t.device)
+    parts = [torch.empty((m, *t.shape[1:]), dtype=t.dtype, device=t.device) for _ in range(world)]
+    iparts = [torch.empty(m, dtype=index.dtype, device=t.device) for _ in range(world)]
+    dist.all_gather(parts, torch.cat([t, pad]))
+    dist.all_gather(iparts, torch.cat([index.to(t.device), ipad]))
+    allt, alli = torch.cat(parts), torch.cat(iparts)
+    keep = alli >= 0
+    allt, alli = allt[keep], alli[keep]
+    return allt[alli.argsort()]
+
+
+@torch.no_grad()
+def collect_embeddings(model: nn.Module, loader, device, autocast=contextlib.nullcontext) -> dict[str, torch.Tensor]:
+    """Normalised image (and, when batches carry ``text`` tokens, text) embeddings and labels of the
+    whole split, gathered over ranks in dataset order."""
+    was_training = model.training
+    model.eval()
+    img, txt, labels, index = [], [], [], []
+    for batch in loader:
+        images = batch["image"].to(device, non_blocking=True)
+        with autocast():
+            img.append(F.normalize(model.encode_image(images).float(), dim=-1))
+            if "text" in batch:
+                txt.append(F.normalize(model.encode_text(batch["text"].to(device)).float(), dim=-1))
+        labels.append(batch["label"].to(device))
+        index.append(batch["index"].to(device))
+    model.train(was_training)
+    if not img:
+        return {}
+    idx = torch.cat(index)
+    out = {"image": _gather_ordered(torch.cat(img), idx), "label": _gather_ordered(torch.cat(labels), idx)}
+    if txt:
+        out["text"] = _gather_ordered(torch.cat(txt), idx)
+    return out
+
+
+def zeroshot_accuracy(image_features: torch.Tensor, labels: torch.Tensor, classifier: torch.Tensor) -> dict[str, float]:
+    """``{"zeroshot_top1", "zeroshot_top5"}`` as fractions (open_clip's convention)."""
+    logits = image_features @ classifier  # (N, K)
+    k = min(5, logits.shape[1])
+    topk = logits.topk(k, dim=-1).indices
+    hit = topk == labels.unsqueeze(1)
+    return {"zeroshot_top1": hit[:, 0].float().mean().item(), "zeroshot_top5": hit.any(1).float().mean().item()}
+
+
+@torch.no_grad()
+def evaluate_zeroshot(
+    model: nn.Module, loader, class_names, templates, device, autocast=contextlib.nullcontext, tokenizer=None
+) -> dict[str, float]:
+    """Zero-shot top-1 / top-5 of ``model`` on ``loader`` (batches with ``image`` and ``label``)."""
+    if tokenizer is None:
+        from vitscale.models.clip.tokenizer import create_tokenizer
+
+        tokenizer = create_tokenizer("clip")
+    emb = collect_embeddings(model, loader, device, autocast)
+    clf = zeroshot_classifier(model, tokenizer, class_names, templates, device, autocast)
+    return zeroshot_accuracy(emb["image"], emb["label"], clf)
+
+
+__all__ = [
+    "collect_embeddings",
+    "evaluate_zeroshot",
+    "readable_class_names",
+    "zeroshot_accuracy",
+    "zeroshot_classifier",
+]
