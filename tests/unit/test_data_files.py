@@ -117,6 +117,15 @@ def test_bad_files_skipped_counted_once_and_warned(tmp_path, caplog, workers):
         assert sum(path in line for line in lines) == 1
     bad_idx = {L.train.dataset.source.paths.index(p) for p in bad}
     assert not bad_idx & set(seen)  # replaced samples carry the replacement's index
+    state = L.train.state_dict()
+    assert sorted(state["skipped_paths"]) == sorted(bad)
+    # a resumed run does not report / count the same files again
+    R = build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=5, eval_batch_size=5)
+    R.train.load_state_dict(state)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vitscale.data"):
+        assert sum(b["skipped"] for b in R.train) == 0
+    assert not [r for r in caplog.records if "skipped" in r.getMessage()]
 
 
 def test_replacement_is_deterministic(tmp_path):

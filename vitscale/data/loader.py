@@ -79,10 +79,14 @@ class ResumableLoader:
             self.epoch, self.batch_index = int(epoch), 0
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch_index": self.batch_index}
+        state = {"epoch": self.epoch, "batch_index": self.batch_index}
+        if self.reporter.seen:  # bad files already reported and counted: not again after a resume
+            state["skipped_paths"] = sorted(self.reporter.seen)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.batch_index = int(state["epoch"]), int(state["batch_index"])
+        self.reporter.seen.update(state.get("skipped_paths", ()))
 
     def __iter__(self):
         self.sampler.set_position(self.epoch, self.batch_index)
