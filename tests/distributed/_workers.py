@@ -63,3 +63,14 @@ def curves_for_layouts(cases: list[tuple[str, dict, str, dict, int]]):
         label, layout, name, overrides, steps, *rest = case
         out[label] = train_curve(layout, name, overrides, steps, ac=rest[0] if rest else "none")
     return out
+
+
+def sharded_init_fingerprint(layout: dict, name: str, overrides: dict):
+    """Sharded (layout-dependent) initialisation on CPU: per parameter, whether it is sharded over
+    TP and the sum of this rank's local values."""
+    from vitscale.distributed import init_distributed
+    from vitscale.distributed.init import _tp_sharded, build_model
+
+    dims = init_distributed(NS(**layout), "cpu")
+    model = build_model(name, dims, make_cfg(), seed=0, init="sharded", overrides=overrides)
+    return {n: (_tp_sharded(p), p.to_local().double().sum().item()) for n, p in model.named_parameters()}

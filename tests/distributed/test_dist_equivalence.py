@@ -4,7 +4,7 @@ the one-process loss curve step by step (fp32, no dropout / drop-path)."""
 from __future__ import annotations
 
 from _launch import run_distributed
-from _workers import curves_for_layouts, train_curve
+from _workers import curves_for_layouts, sharded_init_fingerprint, train_curve
 
 STEPS = 10
 TOL = 2e-4
@@ -34,13 +34,18 @@ def _rel(a, b):
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
+def _all(cases):
+    return {"curves": curves_for_layouts(cases), "init_tp": sharded_init_fingerprint(dict(dp_shard=1, tp=2), "vit_debug", {})}
+
+
 def test_layouts_follow_single_process_curve():
     refs = {}
     for label, _, name, ov, steps, *rest in CASES:
         key = (name, tuple(sorted(ov.items())), steps)
         if key not in refs:
             refs[key] = train_curve({}, name, ov, steps)
-    results = run_distributed(curves_for_layouts, 2, CASES)
+    out = run_distributed(_all, 2, CASES)
+    results = [o["curves"] for o in out]
     assert results[0] == results[1], "both ranks must log the same global-mean loss"
     for label, _, name, ov, steps, *rest in CASES:
         ref = refs[(name, tuple(sorted(ov.items())), steps)]
@@ -50,3 +55,13 @@ def test_layouts_follow_single_process_curve():
     # the curves move (training happens), so agreement is not trivial
     ref = refs[("vit_debug", (), STEPS)]
     assert abs(ref[-1] - ref[0]) > 1e-3
+
+    # Sharded initialisation under TP (the path of models too big for a full CPU copy): parameters
+    # replicated over the TP group are identical on both ranks, TP shards are different draws.
+    a, b = out[0]["init_tp"], out[1]["init_tp"]
+    assert any(sharded for sharded, _ in a.values())
+    for name, (sharded, total) in a.items():
+        if not sharded:
+            assert total == b[name][1], name
+        elif name.endswith("qkv.weight") or name.endswith("fc1.weight"):
+            assert total != b[name][1], name
