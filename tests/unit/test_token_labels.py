@@ -88,8 +88,8 @@ def test_mix_token_box_is_keyed_and_lam_is_the_kept_area():
     boxes = {draw_mix_token((14, 14), 8, 1.0, 1.0, seed=3, step=s)[0].box for s in range(20) if draw_mix_token((14, 14), 8, 1.0, 1.0, seed=3, step=s)[0]}
     assert len(boxes) > 5  # varies with the step
     mix, lam = a
-    t, l, bt, r = mix.box
-    assert lam == pytest.approx(1 - (bt - t) * (r - l) / 196)
+    top, left, bottom, right = mix.box
+    assert lam == pytest.approx(1 - (bottom - top) * (right - left) / 196)
     assert torch.equal(mix.perm, torch.arange(7, -1, -1))
     assert draw_mix_token((14, 14), 8, 1.0, 0.0, seed=3, step=5) == (None, 1.0)  # prob 0: never
 
@@ -137,13 +137,13 @@ def test_mix_token_mixes_inputs_and_targets_with_one_box(tmp_path):
     mix, lam = draw_mix_token((4, 4), 4, 1.0, 1.0, 0, step)
     batch = _batch()
     cls_t, tok_t = task.targets(batch, (4, 4), "cpu")
-    t, l, b, r = mix.box
+    top, left, bottom, right = mix.box
     model = create_model("volo_debug").eval()  # eval: no dropout, fixed BN, deterministic
     loss, metrics = task.loss(model, batch, step)
     with torch.no_grad():
         cls, tk = model(batch["image"], dense=True, mix=mix)
     mixed_tok = tok_t.clone()
-    mixed_tok[:, t:b, l:r] = tok_t.flip(0)[:, t:b, l:r]
+    mixed_tok[:, top:bottom, left:right] = tok_t.flip(0)[:, top:bottom, left:right]
     ref_tok = -(mixed_tok * F.log_softmax(tk, -1)).sum(-1).mean()
     ref_cls = -((lam * cls_t + (1 - lam) * cls_t.flip(0)) * F.log_softmax(cls, -1)).sum(-1).mean()
     torch.testing.assert_close(metrics["train_token_loss"], ref_tok, rtol=1e-4, atol=1e-4)

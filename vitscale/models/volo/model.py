@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..common import Attention, DropPath, Mlp, make_norm, resample_pos_embed
+from ..common import Attention, DropPath, Mlp, resample_pos_embed
 from ..common.attention import sdpa
 from .configs import VOLOConfig
 
@@ -41,11 +41,11 @@ def apply_token_mix(x: torch.Tensor, mix: TokenMix | None, scale: int = 1) -> to
     """Mix a channels-last grid ``(B, H, W, C)`` whose cells are ``scale`` x ``scale`` per coarse token."""
     if mix is None:
         return x
-    t, l, b, r = (v * scale for v in mix.box)
-    if b <= t or r <= l:
+    top, left, bottom, right = (v * scale for v in mix.box)
+    if bottom <= top or right <= left:
         return x
     x = x.clone()
-    x[:, t:b, l:r] = x[mix.perm, t:b, l:r]
+    x[:, top:bottom, left:right] = x[mix.perm, top:bottom, left:right]
     return x
 
 

@@ -84,13 +84,13 @@ def draw_mix_token(grid: tuple[int, int], batch: int, alpha: float, prob: float,
     ch, cw = int(gh * cut), int(gw * cut)
     cy = int(torch.randint(gh, (), generator=g))
     cx = int(torch.randint(gw, (), generator=g))
-    t, b = max(cy - ch // 2, 0), min(cy + (ch + 1) // 2, gh)
-    l, r = max(cx - cw // 2, 0), min(cx + (cw + 1) // 2, gw)
-    if b <= t or r <= l:
+    top, bottom = max(cy - ch // 2, 0), min(cy + (ch + 1) // 2, gh)
+    left, right = max(cx - cw // 2, 0), min(cx + (cw + 1) // 2, gw)
+    if bottom <= top or right <= left:
         return None, 1.0
-    lam = 1.0 - (b - t) * (r - l) / (gh * gw)
+    lam = 1.0 - (bottom - top) * (right - left) / (gh * gw)
     perm = torch.arange(batch - 1, -1, -1)  # the reversed batch, as the reference
-    return TokenMix((t, l, b, r), perm), lam
+    return TokenMix((top, left, bottom, right), perm), lam
 
 
 def _beta(g: torch.Generator, alpha: float) -> float:
