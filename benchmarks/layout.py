@@ -106,6 +106,7 @@ def main() -> None:
         "batch_first_ms": bf["ms"], "batch_second_ms": bs["ms"],
         "speedup_batch_second": bf["ms"] / bs["ms"],
         "speedup_batch_second_median_round": bf["median_round_ms"] / bs["median_round_ms"],
+        "speedup_batch_second_cpu_time": (res["batch_first"]["cpu_ms"] / res["batch_second"]["cpu_ms"]) if "cpu_ms" in res["batch_first"] else None,
         "rounds": res, "torch": torch.__version__, "commit": git_commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip

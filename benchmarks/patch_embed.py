@@ -86,6 +86,7 @@ def main() -> None:
         "conv_ms": res["conv"]["ms"], "matmul_ms": res["matmul"]["ms"],
         "speedup_matmul": res["conv"]["ms"] / res["matmul"]["ms"],
         "speedup_matmul_median_round": res["conv"]["median_round_ms"] / res["matmul"]["median_round_ms"],
+        "speedup_matmul_cpu_time": (res["conv"]["cpu_ms"] / res["matmul"]["cpu_ms"]) if "cpu_ms" in res["conv"] else None,
         "rounds": res, "torch": torch.__version__, "commit": git_commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }  # fmt: skip

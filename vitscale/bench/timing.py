@@ -15,7 +15,8 @@ def time_alternating(
     """Run each callable ``warmup`` times, then ``steps`` timed calls split over ``rounds`` rounds,
     alternating the callables round by round (order reversed every other round).
 
-    Returns ``{name: {"ms": mean ms per call, "median_round_ms": ..., "rounds_ms": [...]}}``.
+    Returns ``{name: {"ms": mean ms per call, "median_round_ms": ..., "rounds_ms": [...]}}`` and, on
+    CPU, ``cpu_ms``: process CPU milliseconds per call.
     CUDA is timed with events (one synchronisation per round), CPU with ``perf_counter``.
     """
     names = list(fns)
@@ -27,6 +28,7 @@ def time_alternating(
     rounds = max(1, min(rounds, steps))
     per_round = [steps // rounds + (1 if r < steps % rounds else 0) for r in range(rounds)]
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for r, n_calls in enumerate(per_round):
         for name in names if r % 2 == 0 else names[::-1]:
             fn = fns[name]
@@ -40,10 +42,12 @@ def time_alternating(
                 end.synchronize()
                 dt = start.elapsed_time(end) / 1e3
             else:
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 for _ in range(n_calls):
                     fn()
                 dt = time.perf_counter() - t0
+                cpu[name].append((time.process_time() - c0) / n_calls * 1e3)
             times[name].append(dt / n_calls * 1e3)
     out = {}
     for name in names:
@@ -51,6 +55,8 @@ def time_alternating(
         total_calls = sum(per_round)
         mean = sum(t * c for t, c in zip(ms, per_round)) / total_calls
         out[name] = {"ms": mean, "median_round_ms": statistics.median(ms), "rounds_ms": ms}
+        if cpu[name]:  # CPU seconds of the process per call (less sensitive to competing processes)
+            out[name]["cpu_ms"] = sum(t * c for t, c in zip(cpu[name], per_round)) / total_calls
     return out
 
 
