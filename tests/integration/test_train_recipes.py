@@ -46,8 +46,9 @@ def test_sigmoid_loss_rsqrt_schedule_head_decay(tmp_path, loss):
     cfg = load_config("imagenet_vit_b16", TINY_MODEL + [
         "data.img_size=32", "train.epochs=0", "train.max_steps=3", f"train.loss={loss}", "schedule.name=rsqrt",
         "schedule.cooldown_steps=1", "optim.head_weight_decay=3.0", "train.grad_accum=2", "optim.lr_scale_batch=1024",
-        f"train.output_dir={tmp_path}"])  # fmt: skip
+        "log.tensorboard=true", f"train.output_dir={tmp_path}"])  # fmt: skip
     s = train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["lr"] == 0.0 and rows[0]["lr"] == pytest.approx(3e-3 * 8 / 1024)  # scaled, warmup 1
     assert s["steps"] == 3 and all(r["loss"] > 0 for r in rows)
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))  # optional TensorBoard events

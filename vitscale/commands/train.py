@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 EPILOG = """\
@@ -46,6 +47,6 @@ def run(args) -> int:
     from vitscale.train import train
 
     summary = train(cfg)
-    if summary.get("_rank", 0) == 0:
-        print(json.dumps({k: summary[k] for k in summary if not k.startswith("_")}, indent=1))
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(summary, indent=1))
     return 0
