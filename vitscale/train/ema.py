@@ -15,9 +15,17 @@ class EMA:
     exactly like the model's and checkpoint through the same state-dict path.
     """
 
-    def __init__(self, model: nn.Module, decay: float):
+    def __init__(self, model: nn.Module, decay: float, module: nn.Module | None = None):
         self.decay = decay
-        self.module = copy.deepcopy(model).eval()
+        if module is None:
+            module = copy.deepcopy(model)
+        else:  # FSDP modules cannot be deep-copied: the caller built a second, identically sharded model
+            with torch.no_grad():
+                for d, s in zip(module.parameters(), model.parameters()):
+                    d.copy_(s.detach())
+                for d, s in zip(module.buffers(), model.buffers()):
+                    d.copy_(s)
+        self.module = module.eval()
         for p in self.module.parameters():
             p.requires_grad_(False)
 

@@ -169,7 +169,13 @@ class Trainer:
         self.schedule = Schedule(
             self.optimizer, cfg.schedule, self.total_steps, warmup_steps(cfg.schedule, self.steps_per_epoch), self.peak_lr
         )
-        self.ema = EMA(model, tc.ema_decay) if tc.ema_decay > 0 else None
+        self.ema = None
+        if tc.ema_decay > 0:
+            ema_module = None
+            if self.world > 1:  # FSDP modules cannot be deep-copied: a second model sharded the same way
+                ema_module = self._parallelize(create_model(cfg.model.name, device="meta", **self.model_overrides))
+                ema_module.to_empty(device=self.device)
+            self.ema = EMA(model, tc.ema_decay, module=ema_module)
         self.autocast = autocast_factory(cfg, self.device)
         task_name = tc.task or self.family.task
         self.task = get_task(task_name)(cfg, model, self.num_classes)
