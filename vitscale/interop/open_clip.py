@@ -107,7 +107,7 @@ def config_from_open_clip(oc: nn.Module) -> CLIPConfig:
         vision=vision, text=text, output_dim=v.proj.shape[1],
         image_mean=tuple(getattr(v, "image_mean", None) or OPENAI_MEAN),
         image_std=tuple(getattr(v, "image_std", None) or OPENAI_STD),
-        logit_bias_init=float(bias) if bias is not None and bias.device.type != "meta" else (None if bias is None else -10.0),
+        logit_bias_init=None if bias is None else (float(bias.flatten()[0]) if bias.device.type != "meta" else -10.0),
     )  # fmt: skip
 
 
@@ -161,9 +161,6 @@ def from_open_clip(oc: nn.Module) -> CLIP:
     model = CLIP(cfg, device="meta")
     sd = state_dict_from_open_clip(oc.state_dict(), cfg)
     model.load_state_dict(sd, strict=True, assign=True)
-    # non-persistent buffers stay on meta after assign: rebuild them on the weights' device
-    model.image_mean = torch.tensor(cfg.image_mean, device=ref.device)
-    model.image_std = torch.tensor(cfg.image_std, device=ref.device)
     return model.to(device=ref.device)
 
 

@@ -110,22 +110,15 @@ class CLIP(nn.Module):
         E = cfg.output_dim
         self.image_proj = nn.Linear(cfg.vision.hidden_size, E, bias=False, device=device, dtype=dtype)
         self.text_proj = nn.Linear(cfg.text.hidden_size, E, bias=False, device=device, dtype=dtype)
-        self.logit_scale = nn.Parameter(torch.empty((), device=device, dtype=dtype))
+        # shape (1,), not (): FSDP2 cannot shard 0-dim parameters (open_clip's are 0-dim; converters reshape)
+        self.logit_scale = nn.Parameter(torch.empty(1, device=device, dtype=dtype))
         if cfg.logit_bias_init is not None:
-            self.logit_bias = nn.Parameter(torch.empty((), device=device, dtype=dtype))
+            self.logit_bias = nn.Parameter(torch.empty(1, device=device, dtype=dtype))
         else:
             self.register_parameter("logit_bias", None)
         self.num_features = E
         self.num_classes = 0
         self.head = nn.Identity()  # an optional classifier on the image embedding (reset_classifier)
-        # the image normalisation the model was trained with (NeMo image_mean / image_std), for inference
-        self.register_buffer(
-            "image_mean", torch.tensor(cfg.image_mean, device=device, dtype=torch.float32), persistent=False
-        )
-        self.register_buffer(
-            "image_std", torch.tensor(cfg.image_std, device=device, dtype=torch.float32), persistent=False
-        )
-
     # ------------------------------------------------------------------ init
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -140,8 +133,6 @@ class CLIP(nn.Module):
         if isinstance(self.head, nn.Linear):
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
-        self.image_mean.copy_(torch.tensor(self.cfg.image_mean))
-        self.image_std.copy_(torch.tensor(self.cfg.image_std))
 
     # ------------------------------------------------------------------ open_clip API
     def encode_image(self, images: torch.Tensor, normalize: bool = False) -> torch.Tensor:
@@ -156,7 +147,7 @@ class CLIP(nn.Module):
 
     def get_logit_scale(self) -> torch.Tensor:
         """``exp(logit_scale)`` clamped at ``logit_scale_max`` (100)."""
-        return self.logit_scale.exp().clamp(max=self.cfg.logit_scale_max)
+        return self.logit_scale.exp().clamp(max=self.cfg.logit_scale_max).reshape(())
 
     def forward(self, images: torch.Tensor | None = None, tokens: torch.Tensor | None = None, output_dict: bool = False):
         """L2-normalised image and text features and the temperature, as open_clip's ``CLIP.forward``:
@@ -168,10 +159,10 @@ class CLIP(nn.Module):
         if output_dict:
             out = {"image_features": img, "text_features": txt, "logit_scale": scale}
             if self.logit_bias is not None:
-                out["logit_bias"] = self.logit_bias
+                out["logit_bias"] = self.logit_bias.reshape(())
             return out
         if self.logit_bias is not None:
-            return img, txt, scale, self.logit_bias
+            return img, txt, scale, self.logit_bias.reshape(())
         return img, txt, scale
 
     # ------------------------------------------------------------------ uniform vitscale API

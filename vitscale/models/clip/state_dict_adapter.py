@@ -91,7 +91,7 @@ def state_dict_from_open_clip(sd: dict[str, torch.Tensor], cfg: CLIPConfig) -> d
         elif k == "text_projection":
             out["text_proj.weight"] = t.t().contiguous()  # (E, D)
         elif k in ("logit_scale", "logit_bias"):
-            out[k] = t.reshape(())
+            out[k] = t.reshape(1)  # vitscale keeps them 1-D (FSDP2 shards no 0-dim parameters)
         else:
             raise KeyError(f"open_clip key {k!r} has no vitscale equivalent (only ViT CLIP models are supported)")
     return out

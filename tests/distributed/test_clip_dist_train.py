@@ -1,0 +1,71 @@
+"""CLIP under FSDP (both towers, one unit per block) and tensor parallelism on 2 gloo processes
+follows the one-process loss curve; the InfoNCE loss spans the whole data-parallel batch."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import torch
+from _launch import run_distributed
+
+STEPS = 3
+BATCH = 8
+OVERRIDES = dict(text={"encoder_seq_length": 16})
+
+
+def clip_curve(layout: dict, local_loss: bool = False):
+    import torch.distributed as dist
+
+    from vitscale.distributed import init_distributed
+    from vitscale.distributed.init import build_model
+    from vitscale.train.losses_contrastive import ClipLoss
+
+    dims = init_distributed(NS(**layout), "cpu")
+    cfg = NS(
+        parallel=NS(activation_checkpointing="none", ac_method="block", ac_num_layers=0),
+        train=NS(compile=False),
+        precision=NS(param_dtype="float32", reduce_dtype="float32"),
+    )
+    model = build_model("clip_debug", dims, cfg, seed=0, init="reference", overrides=OVERRIDES)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
+    group = None
+    if dims.distributed and dims.dp_size < dims.world_size:  # tp: every rank of the replica holds the batch
+        group = dist.new_group([dist.get_rank()])
+    loss_fn = ClipLoss(local_loss=local_loss, group=group)
+    g = torch.Generator().manual_seed(1)
+    n = BATCH // dims.dp_size
+    losses = []
+    for _ in range(STEPS):
+        x = torch.randn(BATCH, 3, 32, 32, generator=g)
+        t = torch.randint(1, 49000, (BATCH, 16), generator=g)
+        t[:, -1] = 49407  # end of text
+        sl = slice(dims.dp_rank * n, (dims.dp_rank + 1) * n)
+        img, txt, scale = model(x[sl], t[sl])
+        loss = loss_fn(img, txt, scale)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        value = loss.detach().clone()
+        if dims.distributed:
+            dist.all_reduce(value)
+            value /= dims.world_size
+        losses.append(value.item())
+    return losses
+
+
+def layouts():
+    return {
+        "fsdp": clip_curve(dict(dp_shard=2)),
+        "fsdp_local_loss": clip_curve(dict(dp_shard=2), local_loss=True),
+        "tp": clip_curve(dict(dp_shard=1, tp=2)),
+    }
+
+
+def test_clip_fsdp_and_tp_follow_single_process_curve():
+    ref = clip_curve({})
+    assert abs(ref[-1] - ref[0]) > 1e-3  # training moves the loss
+    results = run_distributed(layouts, 2)
+    assert results[0] == results[1]
+    for label, got in results[0].items():
+        rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+        assert rel <= 2e-4, f"{label}: {got} vs one process {ref}"
