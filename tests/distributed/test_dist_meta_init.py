@@ -1,4 +1,4 @@
-"""ViT-22B (one block at full width: 6144 wide, 48 heads, MAP head) is built on the meta device,
+"""ViT-22B (two blocks at full width: 6144 wide, 48 heads, MAP head) is built on the meta device,
 sharded with FSDP over 2 ranks, materialised with ``to_empty`` and initialised shard by shard:
 no rank ever holds the whole model (peak RSS growth and held bytes well below its size)."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from _launch import run_distributed
 
-LAYERS = 1
+LAYERS = 2
 
 
 def _rss_now() -> int:
@@ -54,11 +54,13 @@ def test_vit_22b_is_never_materialised_whole():
 
     r0, r1 = run_distributed(_build_22b, 2)
     full = r0["full_bytes"]
-    assert full > 1.5e9  # ~0.9B parameters in bf16
+    for i, r in enumerate((r0, r1)):
+        print(f"rank {i}: holds {r['local_bytes'] / 2**30:.2f} GiB of {full / 2**30:.2f} GiB, peak RSS growth {r['rss_growth'] / 2**30:.2f} GiB")
+    assert full > 2.5e9  # ~1.4B parameters in bf16
     for r in (r0, r1):
         assert r["all_dtensor"] and r["finite"]
         assert abs(r["local_bytes"] - full / 2) / full < 0.01  # each rank holds half
-        assert r["rss_growth"] < 0.75 * full, (r["rss_growth"], full)
+        assert r["rss_growth"] < 0.75 * full  # measured ~0.63: the shard + one parameter's temporaries, (r["rss_growth"], full)
         assert abs(r["in_proj_std"] - 0.02) < 0.002  # trunc_normal(std=0.02) on the shard
     assert r0["in_proj_head"] != r1["in_proj_head"]  # the two shards are different draws
     est = estimate("vit_22b", overrides=dict(num_layers=LAYERS), dp_shard=2)
