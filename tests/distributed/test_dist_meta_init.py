@@ -60,7 +60,8 @@ def test_vit_22b_is_never_materialised_whole():
     for r in (r0, r1):
         assert r["all_dtensor"] and r["finite"]
         assert abs(r["local_bytes"] - full / 2) / full < 0.01  # each rank holds half
-        assert r["rss_growth"] < 0.75 * full  # measured ~0.63: the shard + one parameter's temporaries, (r["rss_growth"], full)
+        # measured ~0.63 x full: the shard plus one parameter's temporaries
+        assert r["rss_growth"] < 0.75 * full, (r["rss_growth"], full)
         assert abs(r["in_proj_std"] - 0.02) < 0.002  # trunc_normal(std=0.02) on the shard
     assert r0["in_proj_head"] != r1["in_proj_head"]  # the two shards are different draws
     est = estimate("vit_22b", overrides=dict(num_layers=LAYERS), dp_shard=2)
