@@ -40,14 +40,14 @@ def _all(cases):
 
 def test_layouts_follow_single_process_curve():
     refs = {}
-    for label, _, name, ov, steps, *rest in CASES:
+    for _label, _, name, ov, steps, *_rest in CASES:
         key = (name, tuple(sorted(ov.items())), steps)
         if key not in refs:
             refs[key] = train_curve({}, name, ov, steps)
     out = run_distributed(_all, 2, CASES)
     results = [o["curves"] for o in out]
     assert results[0] == results[1], "both ranks must log the same global-mean loss"
-    for label, _, name, ov, steps, *rest in CASES:
+    for label, _, name, ov, steps, *_rest in CASES:
         ref = refs[(name, tuple(sorted(ov.items())), steps)]
         got = results[0][label]
         assert len(got) == steps

@@ -7,7 +7,6 @@ from __future__ import annotations
 import resource
 
 import pytest
-
 from _launch import run_distributed
 
 LAYERS = 2

@@ -14,7 +14,7 @@ and checkpoints are the same with and without activation checkpointing.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

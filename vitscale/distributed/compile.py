@@ -3,7 +3,7 @@ so parameter names are unchanged and identical blocks reuse one compiled graph."
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import nn
 

@@ -18,7 +18,7 @@ One code path covers every data-parallel layout, because FSDP2 takes a 1-D mesh 
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn

@@ -4,7 +4,7 @@ on different meshes (FSDP-only parameters next to FSDP x TP ones), global means.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
