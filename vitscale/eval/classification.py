@@ -67,5 +67,15 @@ def evaluate_checkpoint(cfg, path, *, ema: bool = False) -> dict:
     num_classes = cfg.data.num_classes or loaders.num_classes
     model = create_model(cfg.model.name, device=device, **_resolve_model_overrides(cfg, num_classes, img_size))
     report = load_model_weights(model, read_weights(path, "ema" if ema else "model"), strict=True)
-    res = evaluate_classification(model, loaders.val, device, autocast=autocast_factory(cfg, device), loss=cfg.train.loss)
+    from vitscale.models.registry import get_family
+
+    task_name = cfg.train.task or get_family(cfg.model.name).task
+    if task_name == "contrastive":  # zero-shot / retrieval through the contrastive task (clip engineer)
+        from vitscale.train.tasks import get_task
+
+        task = get_task(task_name)(cfg, model, num_classes)
+        task.device, task.autocast = device, autocast_factory(cfg, device)
+        res = task.evaluate(model, loaders.val)
+    else:
+        res = evaluate_classification(model, loaders.val, device, autocast=autocast_factory(cfg, device), loss=cfg.train.loss)
     return {"checkpoint": str(path), "ema": ema, **res, **({"load": report} if any(report.values()) else {})}

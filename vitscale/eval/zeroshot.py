@@ -64,7 +64,9 @@ def _gather_ordered(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def collect_embeddings(model: nn.Module, loader, device, autocast=contextlib.nullcontext) -> dict[str, torch.Tensor]:
+def collect_embeddings(
+    model: nn.Module, loader, device, autocast=contextlib.nullcontext, text_transform=None
+) -> dict[str, torch.Tensor]:
     """Normalised image (and, when batches carry ``text`` tokens, text) embeddings and labels of the
     whole split, gathered over ranks in dataset order."""
     was_training = model.training
@@ -75,7 +77,10 @@ def collect_embeddings(model: nn.Module, loader, device, autocast=contextlib.nul
         with autocast():
             img.append(F.normalize(model.encode_image(images).float(), dim=-1))
             if "text" in batch:
-                txt.append(F.normalize(model.encode_text(batch["text"].to(device)).float(), dim=-1))
+                tokens = batch["text"].to(device)
+                if text_transform is not None:
+                    tokens = text_transform(tokens)
+                txt.append(F.normalize(model.encode_text(tokens).float(), dim=-1))
         labels.append(batch["label"].to(device))
         index.append(batch["index"].to(device))
     model.train(was_training)

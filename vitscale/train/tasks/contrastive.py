@@ -92,12 +92,25 @@ class ContrastiveTask(Task):
         which = (key ^ (key >> 13)) % T  # (B,)
         return self._caption_tokens[labels.to(self.device), which.to(self.device)]  # (B, L)
 
+    def fit_context(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Cut token rows longer than ``clip.context_length`` as open_clip does: the last kept token
+        becomes the end-of-text token when the text was longer."""
+        L = self.cfg.clip.context_length
+        if tokens.shape[1] <= L:
+            return tokens
+        eot = self.tokenizer.eot_token_id
+        cut = tokens[:, :L].clone()
+        too_long = tokens.argmax(dim=-1) >= L  # the end-of-text token (highest id) was cut off
+        cut[too_long, L - 1] = eot
+        return cut
+
     # ------------------------------------------------------------------ loss
     def loss(self, model, batch, step):
         images = batch["image"]
         tokens = batch.get("text")
         if tokens is None:
             tokens = self.caption_tokens(batch["label"], batch["index"], step)
+        tokens = self.fit_context(tokens)
         with self.autocast():
             out = model(images, tokens, output_dict=True)
         img, txt = out["image_features"], out["text_features"]
@@ -110,7 +123,7 @@ class ContrastiveTask(Task):
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
     def evaluate(self, model, loader):
-        emb = collect_embeddings(model, loader, self.device, self.autocast)
+        emb = collect_embeddings(model, loader, self.device, self.autocast, text_transform=self.fit_context)
         if not emb:
             return {}
         res: dict[str, float] = {}
