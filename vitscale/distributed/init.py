@@ -156,7 +156,9 @@ def init_weights(model: nn.Module, parallel_dims, seed: int, reference_factory=N
             ref.to_empty(device="cpu")
         torch.manual_seed(seed)
         ref.init_weights()
-        copy_full_state_dict(model, ref.state_dict())
+        # buffers too: non-persistent ones (masks, index tables) are not in state_dict() and
+        # to_empty() left them uninitialised on the sharded model
+        copy_full_state_dict(model, {**ref.state_dict(), **dict(ref.named_buffers())})
         del ref
     elif init == "sharded":
         sharded_init(model, parallel_dims, seed)
