@@ -80,3 +80,13 @@ def test_layouts_shard_states_and_activations():
         estimate("vit_b16", tp=8)
     table = memory_table(["vit_b16", "vit_22b"], micro_batch=8)
     assert "| vit_22b |" in table and "n/a" in table  # B/16's 12 heads do not split over TP 8
+
+
+def test_memory_command(capsys):
+    from vitscale.cli import main
+
+    assert main(["memory", "vit_l16", "--dp-shard", "8", "--tp", "4", "--micro-batch", "16", "--ac", "full"]) == 0
+    out = capsys.readouterr().out
+    assert "vit_l16" in out and "total per rank" in out and "dp_shard=8 tp=4" in out
+    assert main(["memory", "vit_b16", "--tp", "8"]) == 2  # 12 heads: an error, not a traceback
+    assert "not divisible by tp=8" in capsys.readouterr().err
