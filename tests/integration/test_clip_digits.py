@@ -25,7 +25,16 @@ def test_clip_train_and_eval_on_digit_shards(tmp_path):
     assert summary["skipped_files"] == 0
     # `vitscale eval` on the exported weights gives the same zero-shot numbers
     res_file = tmp_path / "eval.json"
-    rc = main(["eval", "digits_clip", *common, f"checkpoint.path={out}/model.safetensors", "--output", str(res_file)])
+    rc = main(
+        [
+            "eval",
+            "digits_clip",
+            *common,
+            f"checkpoint.path={out}/model.safetensors",
+            "--output",
+            str(res_file),
+        ]
+    )
     assert rc == 0
     res = json.loads(res_file.read_text())
     assert abs(res["zeroshot_top1"] - summary["zeroshot_top1"]) < 1e-6

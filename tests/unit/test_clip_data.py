@@ -127,4 +127,6 @@ def test_digits_captions_writes_shards(tmp_path):
     texts = [tok.decode(t[1 : int(t.argmax())]) for t in batch["text"]]
     words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     assert all(words[y] in s for s, y in zip(texts, batch["label"].tolist()))
-    assert len(set(s.replace(words[y], "{}") for s, y in zip(texts, batch["label"].tolist()))) > 1  # several templates
+    assert (
+        len(set(s.replace(words[y], "{}") for s, y in zip(texts, batch["label"].tolist()))) > 1
+    )  # several templates

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 
+import open_clip
 import pytest
 import torch
+from open_clip.model import CLIP as OpenCLIP
 
-open_clip = pytest.importorskip("open_clip")
-from open_clip.model import CLIP as OpenCLIP  # noqa: E402
-
-from vitscale.interop import from_open_clip, load_open_clip_checkpoint, to_open_clip  # noqa: E402
-from vitscale.interop.open_clip import config_from_open_clip, open_clip_config  # noqa: E402
-from vitscale.models.clip import CLIP  # noqa: E402
+from vitscale.interop import from_open_clip, load_open_clip_checkpoint, to_open_clip
+from vitscale.interop.open_clip import config_from_open_clip, open_clip_config
+from vitscale.models.clip import CLIP
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:
@@ -68,7 +67,9 @@ def test_open_clip_parity_both_ways(name, variant):
     oc = _empty_open_clip(open_clip.get_model_config(name))
     _randomize(oc, 1)
     ours = from_open_clip(oc).eval()
-    assert ours.cfg == vitscale.get_model_config(variant)  # the registered variant is open_clip's architecture
+    assert ours.cfg == vitscale.get_model_config(
+        variant
+    )  # the registered variant is open_clip's architecture
     images, tokens = _inputs(224)
     img, txt, scale = ours(images, tokens)  # normalised features, as open_clip's forward
     ref = oc(images, tokens)
@@ -133,4 +134,6 @@ def test_config_round_trip_and_unsupported():
         assert config_from_open_clip(oc) == cfg, name
     # a vision tower open_clip cannot express is refused, not silently converted
     with pytest.raises(ValueError):
-        open_clip_config(vitscale.get_model_config("clip_debug", vision={"class_token_length": 8, "pool": "token"}))
+        open_clip_config(
+            vitscale.get_model_config("clip_debug", vision={"class_token_length": 8, "pool": "token"})
+        )

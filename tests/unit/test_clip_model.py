@@ -22,7 +22,7 @@ def _count(m: torch.nn.Module) -> int:
 
 @pytest.mark.parametrize("name", list(OPEN_CLIP_NAMES))
 def test_param_count_matches_open_clip(name):
-    open_clip = pytest.importorskip("open_clip")
+    import open_clip
     from open_clip.model import CLIP as OpenCLIP
 
     with torch.device("meta"):
@@ -98,7 +98,8 @@ def test_grad_checkpointing_same_output_and_meta_init():
 def test_nemo_vision_options():
     # NeMo's default 8 class tokens, global average pooling, patch dropout and drop path
     m = vitscale.create_model(
-        "clip_debug", vision={"class_token_length": 8, "pool": "avg", "drop_patch_rate": 0.5, "drop_path_rate": 0.1}
+        "clip_debug",
+        vision={"class_token_length": 8, "pool": "avg", "drop_patch_rate": 0.5, "drop_path_rate": 0.1},
     )
     assert m.visual.cls_token.shape[1] == 8
     m.train()
@@ -107,7 +108,6 @@ def test_nemo_vision_options():
 
 
 def test_tokenizer_matches_open_clip():
-    open_clip = pytest.importorskip("open_clip")
     from open_clip.tokenizer import SimpleTokenizer
 
     texts = [

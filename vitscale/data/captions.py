@@ -42,7 +42,9 @@ class CaptionSource(FileSource):
     def __init__(self, images: list, captions: list[str | None], labels: list[int] | None = None, *,
                  fast_decode: bool = True, context_length: int = 77):  # fmt: skip
         labels = labels if labels is not None else [-1] * len(images)
-        super().__init__([str(p) if p is not None else "<missing image>" for p in images], labels, fast_decode)
+        super().__init__(
+            [str(p) if p is not None else "<missing image>" for p in images], labels, fast_decode
+        )
         self.images, self.captions = list(images), list(captions)
         self.context_length = context_length
         self._files: dict[tuple[int, str], object] = {}  # (pid, shard) -> open file, per worker process
@@ -101,7 +103,10 @@ def read_class_names(path: str | None) -> list[str] | None:
     if not path:
         return None
     folder = path if os.path.isdir(path) else os.path.dirname(path.split("{")[0].split("*")[0]) or "."
-    for cand in (os.path.join(folder, CLASSNAMES_FILE), os.path.join(os.path.dirname(folder.rstrip("/")), CLASSNAMES_FILE)):
+    for cand in (
+        os.path.join(folder, CLASSNAMES_FILE),
+        os.path.join(os.path.dirname(folder.rstrip("/")), CLASSNAMES_FILE),
+    ):
         if os.path.isfile(cand):
             with open(cand) as f:
                 return [line.strip() for line in f if line.strip()]
@@ -126,7 +131,9 @@ DIGIT_CAPTION_TEMPLATES = (
 )
 
 
-def write_digits_captions(out_dir: str, size: int = 32, shard_size: int = 500, templates=DIGIT_CAPTION_TEMPLATES) -> dict:
+def write_digits_captions(
+    out_dir: str, size: int = 32, shard_size: int = 500, templates=DIGIT_CAPTION_TEMPLATES
+) -> dict:
     """Write the digits (fixed 1,497 / 300 split) as WebDataset shards ``OUT/{train,val}/digits-%06d.tar``;
     each sample is ``<key>.png`` + ``<key>.txt`` (a caption from ``templates``, the template chosen by
     the sample index) + ``<key>.cls``. ``OUT/classnames.txt`` lists the class words."""
@@ -150,7 +157,9 @@ def write_digits_captions(out_dir: str, size: int = 32, shard_size: int = 500, t
                 buf = io.BytesIO()
                 pil.save(buf, format="PNG")
                 caption = templates[(n * 7 + y) % len(templates)].format(DIGIT_WORDS[y])
-                sink.write({"__key__": f"{split}{n:05d}", "png": buf.getvalue(), "txt": caption, "cls": str(y)})
+                sink.write(
+                    {"__key__": f"{split}{n:05d}", "png": buf.getvalue(), "txt": caption, "cls": str(y)}
+                )
         counts[split] = len(labels)
     for folder in (out_dir, os.path.join(out_dir, "train"), os.path.join(out_dir, "val")):
         with open(os.path.join(folder, CLASSNAMES_FILE), "w") as f:
@@ -180,7 +189,9 @@ def register_data_command(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )  # fmt: skip
     d.add_argument("out_dir", metavar="OUT_DIR")
-    d.add_argument("--size", type=int, default=32, help="side of the written PNGs (bicubic upsampling; 8 = native)")
+    d.add_argument(
+        "--size", type=int, default=32, help="side of the written PNGs (bicubic upsampling; 8 = native)"
+    )
     d.add_argument("--shard-size", type=int, default=500, help="samples per shard")
     d.set_defaults(func=_digits_captions)
 

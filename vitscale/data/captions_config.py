@@ -17,7 +17,11 @@ DEFAULT_CAPTION_TEMPLATES = (
     "the number {}, written by hand.",
     "a low resolution image of a {}.",
 )
-DEFAULT_ZEROSHOT_TEMPLATES = ("a photo of the number {}.", "a handwritten {}.", "a blurry photo of the digit {}.")
+DEFAULT_ZEROSHOT_TEMPLATES = (
+    "a photo of the number {}.",
+    "a handwritten {}.",
+    "a blurry photo of the digit {}.",
+)
 
 
 @dataclass

@@ -14,7 +14,9 @@ from .build import register_format
 from .captions import CaptionSource, read_class_names
 
 
-def read_pairs(path: str, img_key: str, caption_key: str, label_key: str | None = None, sep: str | None = None):
+def read_pairs(
+    path: str, img_key: str, caption_key: str, label_key: str | None = None, sep: str | None = None
+):
     """-> (image paths, captions, labels) of a CSV / TSV file."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no CSV/TSV file at {path!r}")

@@ -85,7 +85,9 @@ def index_shards(shards: list[str]) -> tuple[list, list, list]:
 def webdataset_sources(cfg, img_size, num_channels: int, seed: int):
     """-> (train CaptionSource, val CaptionSource or None, num_classes, class_names)."""
     if not cfg.train_path:
-        raise ValueError("data.format=webdataset needs data.train_path (a folder of .tar shards, a glob or a brace pattern)")
+        raise ValueError(
+            "data.format=webdataset needs data.train_path (a folder of .tar shards, a glob or a brace pattern)"
+        )
     kw = dict(fast_decode=cfg.fast_decode, context_length=cfg.caption_context_length)
     train = CaptionSource(*index_shards(expand_shards(cfg.train_path)), **kw)
     val = CaptionSource(*index_shards(expand_shards(cfg.val_path)), **kw) if cfg.val_path else None

@@ -15,7 +15,9 @@ from torch import nn
 from .zeroshot import collect_embeddings
 
 
-def retrieval_recall(image_features: torch.Tensor, text_features: torch.Tensor, ks=(1, 5, 10)) -> dict[str, float]:
+def retrieval_recall(
+    image_features: torch.Tensor, text_features: torch.Tensor, ks=(1, 5, 10)
+) -> dict[str, float]:
     """Recall@k both ways for paired, normalised features ``(N, E)``."""
     sim = image_features @ text_features.t()  # (N, N)
     n = sim.shape[0]
@@ -32,7 +34,9 @@ def retrieval_recall(image_features: torch.Tensor, text_features: torch.Tensor, 
 
 
 @torch.no_grad()
-def evaluate_retrieval(model: nn.Module, loader, device, autocast=contextlib.nullcontext, ks=(1, 5, 10)) -> dict[str, float]:
+def evaluate_retrieval(
+    model: nn.Module, loader, device, autocast=contextlib.nullcontext, ks=(1, 5, 10)
+) -> dict[str, float]:
     """Recall@k of ``model`` on a loader whose batches carry ``image`` and ``text`` tokens."""
     emb = collect_embeddings(model, loader, device, autocast)
     if "text" not in emb:

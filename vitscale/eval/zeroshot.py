@@ -93,13 +93,18 @@ def collect_embeddings(
     return out
 
 
-def zeroshot_accuracy(image_features: torch.Tensor, labels: torch.Tensor, classifier: torch.Tensor) -> dict[str, float]:
+def zeroshot_accuracy(
+    image_features: torch.Tensor, labels: torch.Tensor, classifier: torch.Tensor
+) -> dict[str, float]:
     """``{"zeroshot_top1", "zeroshot_top5"}`` as fractions (open_clip's convention)."""
     logits = image_features @ classifier  # (N, K)
     k = min(5, logits.shape[1])
     topk = logits.topk(k, dim=-1).indices
     hit = topk == labels.unsqueeze(1)
-    return {"zeroshot_top1": hit[:, 0].float().mean().item(), "zeroshot_top5": hit.any(1).float().mean().item()}
+    return {
+        "zeroshot_top1": hit[:, 0].float().mean().item(),
+        "zeroshot_top5": hit.any(1).float().mean().item(),
+    }
 
 
 @torch.no_grad()

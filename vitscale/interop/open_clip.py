@@ -49,7 +49,9 @@ def _activation(mod: nn.Module) -> str:
 def _tower_common(blocks: nn.ModuleList) -> dict[str, Any]:
     blk = blocks[0]
     if type(blk).__name__ != "ResidualAttentionBlock" or not isinstance(blk.attn, nn.MultiheadAttention):
-        raise ValueError(f"only open_clip's standard ResidualAttentionBlock is supported, got {type(blk).__name__}")
+        raise ValueError(
+            f"only open_clip's standard ResidualAttentionBlock is supported, got {type(blk).__name__}"
+        )
     if not isinstance(getattr(blk, "ln_attn", nn.Identity()), nn.Identity):
         raise ValueError("open_clip scale_attn (ln_attn) is not supported")
     if not isinstance(getattr(blk.mlp, "ln", nn.Identity()), nn.Identity):
@@ -68,7 +70,9 @@ def _tower_common(blocks: nn.ModuleList) -> dict[str, Any]:
 def config_from_open_clip(oc: nn.Module) -> CLIPConfig:
     """The :class:`CLIPConfig` equivalent to an open_clip ``CLIP`` instance."""
     if type(oc).__name__ != "CLIP" or not hasattr(oc, "token_embedding"):
-        raise TypeError(f"only open_clip's CLIP (ViT + built-in text tower) is supported, not {type(oc).__name__}")
+        raise TypeError(
+            f"only open_clip's CLIP (ViT + built-in text tower) is supported, not {type(oc).__name__}"
+        )
     v = oc.visual
     if type(v).__name__ != "VisionTransformer":
         raise TypeError(f"only ViT image towers are supported, not {type(v).__name__}")
@@ -117,7 +121,14 @@ def open_clip_config(model_or_cfg: Any) -> dict[str, Any]:
     v, t = cfg.vision, cfg.text
     if v.class_token_length != 1 or not v.pos_embed_prefix:
         raise ValueError("open_clip's ViT has exactly one class token with a position embedding")
-    if v.patch_bias or v.parallel_block or v.qk_norm or not v.qkv_bias or not v.norm_bias or v.pool not in ("token", "avg"):
+    if (
+        v.patch_bias
+        or v.parallel_block
+        or v.qk_norm
+        or not v.qkv_bias
+        or not v.norm_bias
+        or v.pool not in ("token", "avg")
+    ):
         raise ValueError("this vision tower has options open_clip's VisionTransformer lacks")
     if v.img_h != v.img_w or v.norm_eps != 1e-5 or t.norm_eps != 1e-5:
         raise ValueError("open_clip needs square images and LayerNorm eps 1e-5")
@@ -137,7 +148,10 @@ def open_clip_config(model_or_cfg: Any) -> dict[str, Any]:
         no_causal_mask=not t.causal, pool_type=t.pool,
     )  # fmt: skip
     kw: dict[str, Any] = dict(
-        embed_dim=cfg.output_dim, vision_cfg=vision_cfg, text_cfg=text_cfg, quick_gelu=v.activation == "quick_gelu"
+        embed_dim=cfg.output_dim,
+        vision_cfg=vision_cfg,
+        text_cfg=text_cfg,
+        quick_gelu=v.activation == "quick_gelu",
     )
     if cfg.logit_bias_init is not None:
         kw["init_logit_bias"] = cfg.logit_bias_init
@@ -186,7 +200,11 @@ def load_open_clip_checkpoint(path: str | Path, name: str) -> CLIP:
     arch = open_clip.get_model_config(oc_name)
     if arch is None:
         raise KeyError(f"unknown open_clip architecture {oc_name!r}")
-    arch = {k: v for k, v in arch.items() if k in ("embed_dim", "vision_cfg", "text_cfg", "quick_gelu", "init_logit_bias")}
+    arch = {
+        k: v
+        for k, v in arch.items()
+        if k in ("embed_dim", "vision_cfg", "text_cfg", "quick_gelu", "init_logit_bias")
+    }
     sd = {k: v for k, v in _read_tensors(path).items() if k != "attn_mask"}
     with torch.device("meta"):
         oc = OpenCLIP(**arch)

@@ -194,7 +194,9 @@ class SigLipLoss(nn.Module):
         return _SigLipRing.apply(img, txt, scale, bias, self.group)
 
 
-def build_contrastive_loss(name: str, *, local_loss: bool = False, gather_with_grad: bool = True, group=None) -> nn.Module:
+def build_contrastive_loss(
+    name: str, *, local_loss: bool = False, gather_with_grad: bool = True, group=None
+) -> nn.Module:
     """``softmax`` (CLIP InfoNCE) or ``sigmoid`` (SigLIP)."""
     if name in ("softmax", "clip", "infonce"):
         return ClipLoss(local_loss=local_loss, gather_with_grad=gather_with_grad, group=group)

@@ -118,12 +118,19 @@ def _vision(hidden, ffn, heads, layers, patch, **kw) -> ViTConfig:
     )  # fmt: skip
     base.update(kw)
     return ViTConfig(
-        hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads, num_layers=layers, patch_dim=patch, **base
+        hidden_size=hidden,
+        ffn_hidden_size=ffn,
+        num_attention_heads=heads,
+        num_layers=layers,
+        patch_dim=patch,
+        **base,
     )
 
 
 def _text(hidden, heads, layers, **kw) -> CLIPTextConfig:
-    return CLIPTextConfig(hidden_size=hidden, ffn_hidden_size=4 * hidden, num_attention_heads=heads, num_layers=layers, **kw)
+    return CLIPTextConfig(
+        hidden_size=hidden, ffn_hidden_size=4 * hidden, num_attention_heads=heads, num_layers=layers, **kw
+    )
 
 
 def _clip(vision: ViTConfig, text: CLIPTextConfig, output_dim: int, **kw) -> CLIPConfig:

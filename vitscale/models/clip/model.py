@@ -119,6 +119,7 @@ class CLIP(nn.Module):
         self.num_features = E
         self.num_classes = 0
         self.head = nn.Identity()  # an optional classifier on the image embedding (reset_classifier)
+
     # ------------------------------------------------------------------ init
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -149,7 +150,12 @@ class CLIP(nn.Module):
         """``exp(logit_scale)`` clamped at ``logit_scale_max`` (100)."""
         return self.logit_scale.exp().clamp(max=self.cfg.logit_scale_max).reshape(())
 
-    def forward(self, images: torch.Tensor | None = None, tokens: torch.Tensor | None = None, output_dict: bool = False):
+    def forward(
+        self,
+        images: torch.Tensor | None = None,
+        tokens: torch.Tensor | None = None,
+        output_dict: bool = False,
+    ):
         """L2-normalised image and text features and the temperature, as open_clip's ``CLIP.forward``:
         a tuple ``(image_features, text_features, logit_scale[, logit_bias])`` or, with
         ``output_dict=True``, a dict with those keys. Either input may be None."""

@@ -93,7 +93,9 @@ def state_dict_from_open_clip(sd: dict[str, torch.Tensor], cfg: CLIPConfig) -> d
         elif k in ("logit_scale", "logit_bias"):
             out[k] = t.reshape(1)  # vitscale keeps them 1-D (FSDP2 shards no 0-dim parameters)
         else:
-            raise KeyError(f"open_clip key {k!r} has no vitscale equivalent (only ViT CLIP models are supported)")
+            raise KeyError(
+                f"open_clip key {k!r} has no vitscale equivalent (only ViT CLIP models are supported)"
+            )
     return out
 
 

@@ -34,7 +34,11 @@ CONTEXT_LENGTH = 77
 def byte_symbols() -> list[str]:
     """A printable unicode character for each of the 256 bytes (GPT-2's reversible byte mapping):
     printable latin-1 bytes map to themselves, the rest to code points 256, 257, ... in byte order."""
-    keep = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) | set(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        set(range(ord("!"), ord("~") + 1))
+        | set(range(ord("¡"), ord("¬") + 1))
+        | set(range(ord("®"), ord("ÿ") + 1))
+    )
     out, extra = [], 0
     for b in range(256):
         if b in keep:

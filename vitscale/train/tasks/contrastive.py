@@ -58,7 +58,9 @@ def _dp_group(cfg):
     if tp == 1:
         return None
     world = dist.get_world_size()
-    groups = [[t + k * tp for k in range(world // tp)] for t in range(tp)]  # mesh (dp_replicate, dp_shard, tp)
+    groups = [
+        [t + k * tp for k in range(world // tp)] for t in range(tp)
+    ]  # mesh (dp_replicate, dp_shard, tp)
     mine, _ = dist.new_subgroups_by_enumeration(groups)
     return mine
 
@@ -72,7 +74,10 @@ class ContrastiveTask(Task):
         self.seed = cfg.train.seed
         self.tokenizer = create_tokenizer("clip", context_length=cc.context_length)
         self.loss_fn = build_contrastive_loss(
-            cfg.train.loss, local_loss=cc.local_loss, gather_with_grad=cc.gather_with_grad, group=_dp_group(cfg)
+            cfg.train.loss,
+            local_loss=cc.local_loss,
+            gather_with_grad=cc.gather_with_grad,
+            group=_dp_group(cfg),
         )
         self.class_names = dataset_class_names(cfg)
         self.templates = list(cc.caption_templates)
@@ -83,7 +88,9 @@ class ContrastiveTask(Task):
         """Tokens of templated captions for labelled images: template keyed by (seed, step, index)."""
         if self._caption_tokens is None:
             if not self.class_names:
-                raise ValueError("batches have no captions and the dataset has no class names (set clip.class_names)")
+                raise ValueError(
+                    "batches have no captions and the dataset has no class names (set clip.class_names)"
+                )
             texts = [t.format(n) for n in self.class_names for t in self.templates]
             K, T = len(self.class_names), len(self.templates)
             self._caption_tokens = self.tokenizer(texts).view(K, T, -1).to(self.device)  # (K, T, L)
@@ -132,7 +139,12 @@ class ContrastiveTask(Task):
             was_training = model.training
             model.eval()
             clf = zeroshot_classifier(
-                model, self.tokenizer, self.class_names, self.cfg.clip.zeroshot_templates, self.device, self.autocast
+                model,
+                self.tokenizer,
+                self.class_names,
+                self.cfg.clip.zeroshot_templates,
+                self.device,
+                self.autocast,
             )
             model.train(was_training)
             res.update(zeroshot_accuracy(emb["image"], labels, clf))
