@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -38,6 +39,12 @@ def test_token_labeling_pipeline_and_high_res_finetune(tmp_path, capsys):
     recs = [json.loads(line) for line in (low / "metrics.jsonl").read_text().splitlines()]
     train_recs = [r for r in recs if "train_token_loss" in r]
     assert train_recs and all(torch.isfinite(torch.tensor(r["loss"])) for r in train_recs)
+
+    # the trained VOLO evaluates through the CLI to the same accuracy
+    ev = tmp_path / "eval.json"
+    assert main(["eval", "digits_volo", f"checkpoint.path={low}", "model.layers=[1,1]", "data.num_workers=0",
+                 "--output", str(ev)]) == 0  # fmt: skip
+    assert json.loads(ev.read_text())["val_top1"] == pytest.approx(out["val_top1"])
 
     # 32 px -> 64 px: the 4x4 position embedding is resampled to 8x8, every other weight is loaded
     # (lr 0 keeps the loaded weights), the token labels are resampled to the 8x8 grid.
