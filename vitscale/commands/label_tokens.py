@@ -130,8 +130,13 @@ def label_tokens(cfg, out: str) -> dict:
 
 
 def run(args) -> int:
+    import os
+
     from vitscale.config import ConfigError, load_config
 
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        print("vitscale label-tokens runs in one process: launch it without torchrun", file=sys.stderr)
+        return 2
     overrides = [a for a in args.args if "=" in a]
     outs = [a for a in args.args if "=" not in a]
     if len(outs) != 1:
