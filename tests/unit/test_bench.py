@@ -185,3 +185,11 @@ def test_run_gpu_script_is_valid_and_its_commands_parse():
     for model in ("vit_b16", "vit_l16", "vit_h14", "clip_b32"):
         assert any(f"bench {model} " in ln for ln in lines)
     assert any("--mode infer" in ln for ln in lines)
+
+
+def test_volo_debug_runs_without_a_reference():
+    res = run_bench(BenchSettings("volo_debug", mode="train", device="cpu", batch_size=2, steps=1, rounds=1,
+                                  warmup=1), log=lambda s: None)  # fmt: skip
+    assert res["speedup"] is None and set(res) >= FIELDS
+    _check_impl(res["vitscale"], res["flops_per_img"], "train", res["peak_tflops"])
+    assert res["vitscale"]["img_per_cpu_s"] > 0
