@@ -96,9 +96,17 @@ def main() -> None:
         return step
 
     with sdpa_backend("auto"):
-        res = time_alternating({"batch_first": train(run_bf, x_bf), "batch_second": train(run_bs, x_bs)},
-                               device, args.steps, args.rounds)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
+        res = time_alternating(
+            {"batch_first": train(run_bf, x_bf), "batch_second": train(run_bs, x_bs)},
+            device,
+            args.steps,
+            args.rounds,
+        )
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu, {torch.get_num_threads()} threads"
+    )
     bf, bs = res["batch_first"], res["batch_second"]
     out = {
         "benchmark": "layout", "model": args.model, "layers": args.layers, "device": name,

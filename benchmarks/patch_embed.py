@@ -79,7 +79,11 @@ def main() -> None:
         return step
 
     res = time_alternating({k: train(f) for k, f in fwd.items()}, device, args.steps, args.rounds)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu, {torch.get_num_threads()} threads"
+    )
     out = {
         "benchmark": "patch_embed", "model": args.model, "device": name, "precision": precision,
         "batch_size": args.batch_size, "compile": args.compile, "max_abs_diff": max_diff,

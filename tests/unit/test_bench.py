@@ -74,7 +74,9 @@ def test_clip_debug_infer_against_open_clip():
 
 def test_compare_must_fit_the_family():
     with pytest.raises(ValueError, match="ViT classifier"):
-        run_bench(BenchSettings("clip_debug", device="cpu", steps=1, warmup=0, compare="timm"), log=lambda s: None)
+        run_bench(
+            BenchSettings("clip_debug", device="cpu", steps=1, warmup=0, compare="timm"), log=lambda s: None
+        )
 
 
 def test_mfu_arithmetic():

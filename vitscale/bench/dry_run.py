@@ -45,7 +45,10 @@ def main() -> int:
         if not line or line.startswith("#"):
             continue
         err = check(line)
-        print(f"{'ok  ' if err is None else 'FAIL'} {line}" + ("" if err is None else f"\n     {err}"), flush=True)
+        print(
+            f"{'ok  ' if err is None else 'FAIL'} {line}" + ("" if err is None else f"\n     {err}"),
+            flush=True,
+        )
         failed += err is not None
     return 1 if failed else 0
 

@@ -102,7 +102,9 @@ def compile_blocks(model: nn.Module, **compile_kwargs) -> int:
     return len(blocks)
 
 
-def make_adamw(params, device: torch.device, lr: float = 1e-4, weight_decay: float = 0.05) -> torch.optim.AdamW:
+def make_adamw(
+    params, device: torch.device, lr: float = 1e-4, weight_decay: float = 0.05
+) -> torch.optim.AdamW:
     """AdamW with the fastest implementation for the device: fused on CUDA, foreach on CPU."""
     if device.type == "cuda":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)

@@ -167,7 +167,9 @@ def _example_inputs(model: nn.Module, batch: int, device) -> tuple[torch.Tensor,
         images = torch.randn(batch, vision.num_channels, vision.img_h, vision.img_w, device=device)
         tokens = torch.randint(0, text.vocab_size, (batch, text.encoder_seq_length), device=device)
         return images, tokens
-    raise TypeError(f"{type(model).__name__} has no example_inputs(batch, device) and no image size in its config")
+    raise TypeError(
+        f"{type(model).__name__} has no example_inputs(batch, device) and no image size in its config"
+    )
 
 
 def forward_flops_per_image(name: str, overrides: dict[str, Any]) -> int:
@@ -203,7 +205,9 @@ def _build(settings: BenchSettings, device: torch.device, precision: str) -> tup
     if pure_infer:
         inputs = tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs)
 
-    def finish(key: str, label: str, model: nn.Module, whole_compile: bool = False, block_compile: bool = False):
+    def finish(
+        key: str, label: str, model: nn.Module, whole_compile: bool = False, block_compile: bool = False
+    ):
         if pure_infer:
             model = model.to(torch.bfloat16)
         model.train(settings.mode == "train")
@@ -234,7 +238,9 @@ def _build(settings: BenchSettings, device: torch.device, precision: str) -> tup
             torch.manual_seed(settings.seed)
             ref, label = open_clip_model(ours, settings.model, device)
             impls.append(finish(key, label + (" (torch.compile)" if comp else ""), ref, whole_compile=comp))
-    info = dict(task=task, compile=compile_on, compare_compiled=compare_compiled if settings.compare else None)
+    info = dict(
+        task=task, compile=compile_on, compare_compiled=compare_compiled if settings.compare else None
+    )
     return impls, info
 
 
@@ -302,7 +308,9 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
                 impl.times.append(dt)
                 impl.steps.append(n)
                 impl.release()
-                log(f"  round {r + 1}/{rounds} {impl.key}: {n * settings.batch_size / dt:.2f} img/s ({dt / n * 1e3:.1f} ms/step)")
+                log(
+                    f"  round {r + 1}/{rounds} {impl.key}: {n * settings.batch_size / dt:.2f} img/s ({dt / n * 1e3:.1f} ms/step)"
+                )
 
     out: dict[str, Any] = {
         "model": settings.model,
@@ -345,9 +353,15 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
     out["commit"] = git_commit()
     out["peak_source"] = peak_source
     out["step_flops_per_img"] = mfu_tools.step_flops_per_image(flops_img, settings.mode)
-    out["settings"] = {**asdict(settings), "precision": precision, "device": str(device), **info,
-                       "rounds": rounds, "peak_mem": "peak allocated during own rounds minus the other "
-                       "implementations' resident params/buffers/optimizer state (CUDA only)"}
+    out["settings"] = {
+        **asdict(settings),
+        "precision": precision,
+        "device": str(device),
+        **info,
+        "rounds": rounds,
+        "peak_mem": "peak allocated during own rounds minus the other "
+        "implementations' resident params/buffers/optimizer state (CUDA only)",
+    }
     out["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     _log_summary(out, log)
     return out
@@ -355,10 +369,12 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
 
 def _log_summary(out: dict[str, Any], log: Callable[[str], None]) -> None:
     log(f"{'implementation':<44} {'img/s':>10} {'TFLOP/s':>9} {'MFU':>7} {'peak GB':>8}")
-    for key, v in out.items():
+    for v in out.values():
         if isinstance(v, dict) and "img_per_s" in v:
             mem = "-" if v["peak_mem_gb"] is None else f"{v['peak_mem_gb']:.2f}"
-            log(f"{v['implementation']:<44} {v['img_per_s']:>10.2f} {v['tflops']:>9.4f} {v['mfu'] * 100:>6.2f}% {mem:>8}")
+            log(
+                f"{v['implementation']:<44} {v['img_per_s']:>10.2f} {v['tflops']:>9.4f} {v['mfu'] * 100:>6.2f}% {mem:>8}"
+            )
     if out.get("speedup") is not None:
         msg = f"speedup vitscale / {out['settings']['compare']}: {out['speedup']:.3f}x"
         msg += f" (median of per-round ratios {out['speedup_median_round']:.3f}x)"

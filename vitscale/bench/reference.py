@@ -29,7 +29,12 @@ TIMM_NAMES = {
     "vit_bigg14": "vit_gigantic_patch14_224",
 }
 
-_TIMM_ACT = {"gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "relu": nn.ReLU, "silu": nn.SiLU}
+_TIMM_ACT = {
+    "gelu": nn.GELU,
+    "gelu_tanh": partial(nn.GELU, approximate="tanh"),
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+}
 
 
 def timm_kwargs(cfg: Any) -> dict[str, Any]:
@@ -84,7 +89,9 @@ def open_clip_name(variant: str) -> str:
     m = re.fullmatch(r"clip_([a-z]+)(\d+)(.*)", variant)
     if not m:
         raise ValueError(f"no open_clip model name for {variant!r}")
-    size = {"b": "B", "l": "L", "h": "H", "g": "g", "bigg": "bigG", "e": "e", "s": "S", "m": "M"}.get(m.group(1))
+    size = {"b": "B", "l": "L", "h": "H", "g": "g", "bigg": "bigG", "e": "e", "s": "S", "m": "M"}.get(
+        m.group(1)
+    )
     if size is None:
         raise ValueError(f"no open_clip model name for {variant!r}")
     return f"ViT-{size}-{m.group(2)}{m.group(3).replace('_', '-')}"

@@ -11,15 +11,32 @@ from typing import Any
 import torch
 
 # Device-name fragments -> the short name used in result file names (first hit wins).
-_SLUGS = ("gb200", "b200", "gh200", "h200", "h100", "h800", "a100", "a800", "l40s", "l40", "l4", "a10g", "a10",
-          "4090", "v100")
+_SLUGS = (
+    "gb200",
+    "b200",
+    "gh200",
+    "h200",
+    "h100",
+    "h800",
+    "a100",
+    "a800",
+    "l40s",
+    "l40",
+    "l4",
+    "a10g",
+    "a10",
+    "4090",
+    "v100",
+)
 
 
 def git_commit() -> str | None:
     """The checkout's commit (``+dirty`` when tracked files differ from it), or None outside git."""
     root = Path(__file__).resolve().parents[2]
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
         if sha.returncode != 0:
             return None
         dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "vitscale"], cwd=root, timeout=30)

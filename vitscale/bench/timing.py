@@ -10,7 +10,11 @@ import torch
 
 
 def time_alternating(
-    fns: dict[str, Callable[[], object]], device: torch.device, steps: int = 10, rounds: int = 5, warmup: int = 2
+    fns: dict[str, Callable[[], object]],
+    device: torch.device,
+    steps: int = 10,
+    rounds: int = 5,
+    warmup: int = 2,
 ) -> dict[str, dict[str, float]]:
     """Run each callable ``warmup`` times, then ``steps`` timed calls split over ``rounds`` rounds,
     alternating the callables round by round (order reversed every other round).

@@ -38,20 +38,46 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="images per step (default 32)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per implementation (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (default 3)")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds, implementations alternating (default 5)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile each block of our model (default: on for CUDA, off on CPU)")
-    p.add_argument("--compare", choices=COMPARES, default=None,
-                   help="run the reference implementation of the same architecture in the same process")
-    p.add_argument("--compare-compiled", action=argparse.BooleanOptionalAction, default=None,
-                   help="also run the reference under torch.compile (default: when --compile is on)")
-    p.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="auto = bf16 autocast on CUDA, fp32 on CPU")
-    p.add_argument("--sdpa", choices=SDPA_CHOICES, default="auto",
-                   help="attention backends (auto: flash > cuDNN > efficient > math)")
+    p.add_argument(
+        "--rounds", type=int, default=5, help="timed rounds, implementations alternating (default 5)"
+    )
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile each block of our model (default: on for CUDA, off on CPU)",
+    )
+    p.add_argument(
+        "--compare",
+        choices=COMPARES,
+        default=None,
+        help="run the reference implementation of the same architecture in the same process",
+    )
+    p.add_argument(
+        "--compare-compiled",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also run the reference under torch.compile (default: when --compile is on)",
+    )
+    p.add_argument(
+        "--precision", choices=PRECISIONS, default="auto", help="auto = bf16 autocast on CUDA, fp32 on CPU"
+    )
+    p.add_argument(
+        "--sdpa",
+        choices=SDPA_CHOICES,
+        default="auto",
+        help="attention backends (auto: flash > cuDNN > efficient > math)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--set", dest="overrides", type=_override, action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field of the model config, e.g. --set num_classes=10 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        type=_override,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field of the model config, e.g. --set num_classes=10 (repeatable)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON here")
     p.add_argument("--dry-run", action="store_true", help="check the arguments and the model, run nothing")

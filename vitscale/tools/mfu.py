@@ -94,8 +94,12 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def measure_matmul_tflops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                          size: int = 2048, min_time: float = 0.5) -> float:
+def measure_matmul_tflops(
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    size: int = 2048,
+    min_time: float = 0.5,
+) -> float:
     """Best-of rate of a square ``size`` matmul on ``device`` in TFLOP/s (2 FLOPs per multiply-add)."""
     device = torch.device(device)
     a = torch.randn(size, size, device=device, dtype=dtype)
@@ -118,8 +122,12 @@ def measure_matmul_tflops(device: torch.device | str = "cpu", dtype: torch.dtype
     return best
 
 
-def peak_tflops(device: torch.device | str, dtype: torch.dtype | str = torch.bfloat16,
-                cache: bool = True, refresh: bool = False) -> tuple[float, str]:
+def peak_tflops(
+    device: torch.device | str,
+    dtype: torch.dtype | str = torch.bfloat16,
+    cache: bool = True,
+    refresh: bool = False,
+) -> tuple[float, str]:
     """Peak TFLOP/s of ``device`` for ``dtype`` and where the figure comes from.
 
     CUDA: the datasheet table by GPU name (fp32 means tf32 when TF32 matmuls are allowed); a GPU not
@@ -139,7 +147,9 @@ def peak_tflops(device: torch.device | str, dtype: torch.dtype | str = torch.bfl
         if hit is not None:
             return hit
         tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(key, torch.float32)
-        return measure_matmul_tflops(device, tdtype, size=8192), f"measured {key} matmul on {name} (not in table)"
+        return measure_matmul_tflops(
+            device, tdtype, size=8192
+        ), f"measured {key} matmul on {name} (not in table)"
     if device.type != "cpu":
         raise ValueError(f"no peak for device type {device.type!r}")
     tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(key, torch.float32)
