@@ -120,3 +120,12 @@ def test_tokenizer_matches_open_clip():
     assert ours(texts).shape == (8, 77) and ours(texts).dtype == torch.long
     assert ours(texts[3])[0, -1] == ours.eot_token_id  # truncation ends in end-of-text
     assert ours.decode(ours.encode("a photo of the number seven")).strip() == "a photo of the number seven"
+
+
+def test_zero_dim_logit_scale_loads():
+    # open_clip and older checkpoints store the temperature 0-dim; the model keeps it 1-D for FSDP2
+    m = vitscale.create_model("clip_debug")
+    sd = m.state_dict()
+    sd["logit_scale"] = torch.tensor(2.0)
+    m.load_state_dict(sd, strict=True)
+    assert m.logit_scale.shape == (1,) and m.logit_scale.item() == 2.0

@@ -117,8 +117,16 @@ class CLIP(nn.Module):
         else:
             self.register_parameter("logit_bias", None)
         self.num_features = E
+        self._register_load_state_dict_pre_hook(self._reshape_scalars_on_load)
         self.num_classes = 0
         self.head = nn.Identity()  # an optional classifier on the image embedding (reset_classifier)
+
+    def _reshape_scalars_on_load(self, state_dict, prefix, *args) -> None:
+        """Accept 0-dim ``logit_scale`` / ``logit_bias`` (open_clip's shape, older checkpoints)."""
+        for name in ("logit_scale", "logit_bias"):
+            t = state_dict.get(prefix + name)
+            if t is not None and t.ndim == 0:
+                state_dict[prefix + name] = t.reshape(1)
 
     # ------------------------------------------------------------------ init
     @torch.no_grad()
