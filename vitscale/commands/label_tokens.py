@@ -4,7 +4,11 @@ Runs the teacher over every image of the dataset in CONFIG (uncropped: ``data.cr
 augmentation) and stores per image its top-k class scores at every token location, plus its
 class-token top-k, in OUT (see :mod:`vitscale.data.token_labels`). A VOLO teacher's locations are
 its aux head's outputs; a ViT teacher's come from its own classifier applied to every patch token
-(pre-logits features -> head). Train a student on them with ``train.task=token_labeling
+(pre-logits features -> head): train such a teacher with ``model.pool=avg`` (its classifier is trained
+on the mean patch token, so per-token outputs are class-activation maps; a class-token ViT's patch
+tokens are never trained to classify).
+The summary reports the teacher's class top-1 and the fraction of locations whose top class is
+the image label (``teacher_token_top1``). Train a student on them with ``train.task=token_labeling
 token_label.path=OUT``.
 """
 
@@ -110,6 +114,7 @@ def label_tokens(cfg, out: str) -> dict:
                 "teacher_img_size": list(img), "dataset": cfg.data.format}  # fmt: skip
         writer = None
         correct = seen = 0
+        tok_correct = 0.0
         t0 = time.perf_counter()
         with torch.no_grad():
             for batch in loader:
@@ -120,10 +125,12 @@ def label_tokens(cfg, out: str) -> dict:
                     writer = TokenLabelWriter(out, split, n, tuple(tok.shape[1:3]), min(t.topk, C), C, info)
                 writer.write(batch["index"], tok_p, cls_p, batch.get("crop"))
                 correct += int((cls_p.argmax(-1) == batch["label"]).sum())
+                tok_correct += float((tok_p.argmax(-1) == batch["label"].view(-1, 1, 1)).float().mean((1, 2)).sum())
                 seen += batch["label"].numel()
         writer.close()
         summary["splits"][split] = {
             "images": n, "grid": list(writer.grid), "topk": writer.topk, "teacher_top1": 100.0 * correct / max(seen, 1),
+            "teacher_token_top1": 100.0 * tok_correct / max(seen, 1),
             "seconds": round(time.perf_counter() - t0, 2),
         }  # fmt: skip
     return summary
