@@ -1,5 +1,6 @@
 """CLIP under FSDP (both towers, one unit per block) and tensor parallelism on 2 gloo processes
-follows the one-process loss curve; the InfoNCE loss spans the whole data-parallel batch."""
+follows the one-process loss curve (the InfoNCE loss spans the whole data-parallel batch), and the
+evaluation embeddings (gathered over ranks in dataset order) equal the one-process ones."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def clip_curve(layout: dict, local_loss: bool = False):
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
     group = None
     if dims.distributed and dims.dp_size < dims.world_size:  # tp: every rank of the replica holds the batch
-        group = dist.new_group([dist.get_rank()])
+        group = dist.new_subgroups_by_enumeration([[0], [1]])[0]  # the data-parallel group of one rank
+    model._test_dp_group = group
     loss_fn = ClipLoss(local_loss=local_loss, group=group)
     g = torch.Generator().manual_seed(1)
     n = BATCH // dims.dp_size
@@ -50,7 +52,33 @@ def clip_curve(layout: dict, local_loss: bool = False):
             dist.all_reduce(value)
             value /= dims.world_size
         losses.append(value.item())
-    return losses
+    return losses + _eval_checksums(model, dims)
+
+
+def _eval_checksums(model, dims):
+    """Zero-shot style evaluation through the sharded model: this rank's strided shard of 10 pairs,
+    embeddings gathered in dataset order; returns a checksum of them and the retrieval recall@1."""
+    from vitscale.eval.retrieval import retrieval_recall
+    from vitscale.eval.zeroshot import collect_embeddings
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(10, 3, 32, 32, generator=g)
+    t = torch.randint(1, 49000, (10, 16), generator=g)
+    t[:, -1] = 49407
+    mine = list(range(dims.dp_rank, 10, dims.dp_size))
+    loader = [
+        {"image": x[mine[i : i + 3]], "text": t[mine[i : i + 3]], "label": torch.zeros(len(mine[i : i + 3]), dtype=torch.long),
+         "index": torch.tensor(mine[i : i + 3])}
+        for i in range(0, len(mine), 3)
+    ]  # fmt: skip
+    emb = collect_embeddings(model, loader, "cpu", group=getattr(model, "_test_dp_group", None))
+    w = torch.arange(1, 11, dtype=torch.float32).unsqueeze(1)
+    r = retrieval_recall(emb["image"], emb["text"])
+    return [
+        float((emb["image"] * w).sum()),
+        float((emb["text"] * w).sum()),
+        r["text_retrieval_recall@1"] + 1.0,
+    ]
 
 
 def layouts():
@@ -63,7 +91,7 @@ def layouts():
 
 def test_clip_fsdp_and_tp_follow_single_process_curve():
     ref = clip_curve({})
-    assert abs(ref[-1] - ref[0]) > 1e-3  # training moves the loss
+    assert abs(ref[STEPS - 1] - ref[0]) > 1e-3  # training moves the loss
     results = run_distributed(layouts, 2)
     assert results[0] == results[1]
     for label, got in results[0].items():

@@ -27,6 +27,12 @@ def readable_class_names(names: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
+def _embed(model: nn.Module, images=None, tokens=None) -> torch.Tensor:
+    """Embeddings through ``forward`` (not ``encode_*``), so FSDP2's root unit gathers its parameters."""
+    out = model(images, tokens, output_dict=True)
+    return out["image_features"] if images is not None else out["text_features"]
+
+
 @torch.no_grad()
 def zeroshot_classifier(
     model: nn.Module, tokenizer, class_names, templates, device, autocast=contextlib.nullcontext
@@ -36,27 +42,28 @@ def zeroshot_classifier(
     for name in class_names:
         tokens = tokenizer([t.format(name) for t in templates]).to(device)  # (T, L)
         with autocast():
-            emb = model.encode_text(tokens)
+            emb = _embed(model, tokens=tokens)
         emb = F.normalize(emb.float(), dim=-1).mean(0)
         weights.append(F.normalize(emb, dim=-1))
     return torch.stack(weights, dim=1)  # (E, K)
 
 
-def _gather_ordered(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Concatenate every rank's rows and sort them by dataset index (ranks may hold unequal counts)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+def _gather_ordered(t: torch.Tensor, index: torch.Tensor, group=None) -> torch.Tensor:
+    """Concatenate every data-parallel rank's rows and sort them by dataset index (ranks may hold
+    unequal counts). ``group``: the data-parallel group (None = the world)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return t[index.argsort()]
-    world = dist.get_world_size()
+    world = dist.get_world_size(group)
     n = torch.tensor([t.shape[0]], device=t.device)
     sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n)
+    dist.all_gather(sizes, n, group=group)
     m = int(max(s.item() for s in sizes))
     pad = torch.zeros((m - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
     ipad = torch.full((m - t.shape[0],), -1, dtype=index.dtype, device=t.device)
     parts = [torch.empty((m, *t.shape[1:]), dtype=t.dtype, device=t.device) for _ in range(world)]
     iparts = [torch.empty(m, dtype=index.dtype, device=t.device) for _ in range(world)]
-    dist.all_gather(parts, torch.cat([t, pad]))
-    dist.all_gather(iparts, torch.cat([index.to(t.device), ipad]))
+    dist.all_gather(parts, torch.cat([t, pad]), group=group)
+    dist.all_gather(iparts, torch.cat([index.to(t.device), ipad]), group=group)
     allt, alli = torch.cat(parts), torch.cat(iparts)
     keep = alli >= 0
     allt, alli = allt[keep], alli[keep]
@@ -65,31 +72,34 @@ def _gather_ordered(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def collect_embeddings(
-    model: nn.Module, loader, device, autocast=contextlib.nullcontext, text_transform=None
+    model: nn.Module, loader, device, autocast=contextlib.nullcontext, text_transform=None, group=None
 ) -> dict[str, torch.Tensor]:
     """Normalised image (and, when batches carry ``text`` tokens, text) embeddings and labels of the
-    whole split, gathered over ranks in dataset order."""
+    whole split, gathered over the data-parallel ranks (``group``; None = the world) in dataset order."""
     was_training = model.training
     model.eval()
     img, txt, labels, index = [], [], [], []
     for batch in loader:
         images = batch["image"].to(device, non_blocking=True)
         with autocast():
-            img.append(F.normalize(model.encode_image(images).float(), dim=-1))
+            img.append(F.normalize(_embed(model, images=images).float(), dim=-1))
             if "text" in batch:
                 tokens = batch["text"].to(device)
                 if text_transform is not None:
                     tokens = text_transform(tokens)
-                txt.append(F.normalize(model.encode_text(tokens).float(), dim=-1))
+                txt.append(F.normalize(_embed(model, tokens=tokens).float(), dim=-1))
         labels.append(batch["label"].to(device))
         index.append(batch["index"].to(device))
     model.train(was_training)
     if not img:
         return {}
     idx = torch.cat(index)
-    out = {"image": _gather_ordered(torch.cat(img), idx), "label": _gather_ordered(torch.cat(labels), idx)}
+    out = {
+        "image": _gather_ordered(torch.cat(img), idx, group),
+        "label": _gather_ordered(torch.cat(labels), idx, group),
+    }
     if txt:
-        out["text"] = _gather_ordered(torch.cat(txt), idx)
+        out["text"] = _gather_ordered(torch.cat(txt), idx, group)
     return out
 
 

@@ -73,11 +73,12 @@ class ContrastiveTask(Task):
         cc = cfg.clip
         self.seed = cfg.train.seed
         self.tokenizer = create_tokenizer("clip", context_length=cc.context_length)
+        self.group = _dp_group(cfg)  # data-parallel ranks: loss and evaluation gather over these
         self.loss_fn = build_contrastive_loss(
             cfg.train.loss,
             local_loss=cc.local_loss,
             gather_with_grad=cc.gather_with_grad,
-            group=_dp_group(cfg),
+            group=self.group,
         )
         self.class_names = dataset_class_names(cfg)
         self.templates = list(cc.caption_templates)
@@ -130,7 +131,9 @@ class ContrastiveTask(Task):
     # ------------------------------------------------------------------ eval
     @torch.no_grad()
     def evaluate(self, model, loader):
-        emb = collect_embeddings(model, loader, self.device, self.autocast, text_transform=self.fit_context)
+        emb = collect_embeddings(
+            model, loader, self.device, self.autocast, text_transform=self.fit_context, group=self.group
+        )
         if not emb:
             return {}
         res: dict[str, float] = {}
