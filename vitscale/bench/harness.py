@@ -154,22 +154,9 @@ def _make_step(model, optimizer, inputs, labels, task, mode, device, precision) 
 
 
 def _example_inputs(model: nn.Module, batch: int, device) -> tuple[torch.Tensor, ...]:
-    cfg = getattr(model, "cfg", None)
-    from ..models.vit.configs import ViTConfig
+    from ..tools.flops import example_inputs
 
-    example = getattr(model, "example_inputs", None)
-    if example is not None:  # a family that knows its own inputs
-        return tuple(example(batch, device=device))
-    if isinstance(cfg, ViTConfig) or all(hasattr(cfg, a) for a in ("img_h", "img_w", "num_channels")):
-        return (torch.randn(batch, cfg.num_channels, cfg.img_h, cfg.img_w, device=device),)  # ViT, VOLO
-    vision, text = getattr(cfg, "vision", None), getattr(cfg, "text", None)
-    if isinstance(vision, ViTConfig) and text is not None:  # CLIP: images and token ids
-        images = torch.randn(batch, vision.num_channels, vision.img_h, vision.img_w, device=device)
-        tokens = torch.randint(0, text.vocab_size, (batch, text.encoder_seq_length), device=device)
-        return images, tokens
-    raise TypeError(
-        f"{type(model).__name__} has no example_inputs(batch, device) and no image size in its config"
-    )
+    return example_inputs(model, batch, device)
 
 
 def forward_flops_per_image(name: str, overrides: dict[str, Any]) -> int:

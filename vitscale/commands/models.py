@@ -11,7 +11,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "models",
         help="list the model zoo",
         description="Print every registered model: parameters (counted on the meta device, nothing is "
-        "allocated), forward GFLOPs per image (2 FLOPs per multiply-add, attention included), image size, patch.",
+        "allocated), forward GFLOPs per sample (2 FLOPs per multiply-add, attention included; CLIP: image + text "
+        "tower), image size, patch.",
     )
     p.add_argument("pattern", nargs="?", default=None, help="glob filter, e.g. 'vit_*'")
     p.add_argument("--family", default=None, help="only this family (vit, clip, volo)")

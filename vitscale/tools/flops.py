@@ -83,8 +83,24 @@ def flops(model_or_cfg: Any, img_size: int | tuple[int, int] | None = None) -> i
         model = create_model(name, device="meta")
     else:
         raise TypeError(f"cannot count FLOPs of {type(model_or_cfg).__name__}: pass a model or a model name")
-    example = getattr(model, "example_inputs", None)
-    if example is None:
-        raise TypeError(f"{type(model).__name__} has no example_inputs(batch, device); cannot trace FLOPs")
-    inputs = example(1, device="meta")
-    return count_flops(model, *inputs)
+    return count_flops(model, *example_inputs(model, 1, "meta"))
+
+
+def example_inputs(model: nn.Module, batch: int, device: Any = "cpu") -> tuple[torch.Tensor, ...]:
+    """Random inputs of the right shapes for one forward call of any zoo model.
+
+    A model may define ``example_inputs(batch, device)`` itself; otherwise CLIP-like configs (a
+    ``vision`` tower and a ``text`` tower) get images and token ids, image models get images.
+    """
+    own = getattr(model, "example_inputs", None)
+    if own is not None:
+        return tuple(own(batch, device=device))
+    cfg = getattr(model, "cfg", None)
+    vision, text = getattr(cfg, "vision", None), getattr(cfg, "text", None)
+    if vision is not None and text is not None:
+        images = torch.randn(batch, vision.num_channels, vision.img_h, vision.img_w, device=device)
+        tokens = torch.randint(0, text.vocab_size, (batch, text.encoder_seq_length), device=device)
+        return images, tokens
+    if all(hasattr(cfg, a) for a in ("img_h", "img_w", "num_channels")):
+        return (torch.randn(batch, cfg.num_channels, cfg.img_h, cfg.img_w, device=device),)
+    raise TypeError(f"{type(model).__name__} has no example_inputs(batch, device) and no image size in its config")
