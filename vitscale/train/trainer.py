@@ -101,6 +101,8 @@ class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.device = resolve_device(cfg.train.device)
+        if self.device.type == "cpu" and cfg.train.cpu_threads > 0:
+            torch.set_num_threads(cfg.train.cpu_threads)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
