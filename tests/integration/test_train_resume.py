@@ -16,7 +16,7 @@ TINY = [
     "model.name=vit_debug", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=2",
     "model.num_attention_heads=2", "model.hidden_dropout=0.1", "model.drop_path_rate=0.1",
     "data.format=synthetic", "data.num_classes=10", "data.synthetic_size=96", "data.val_split=0.25",
-    "data.num_workers=0", "train.label_smoothing=0.1", "train.batch_size=16", "train.grad_accum=2", "train.log_every=1", "train.ema_decay=0.9",
+    "data.num_workers=0", "train.label_smoothing=0.1", "train.batch_size=16", "train.cpu_threads=1", "train.grad_accum=2", "train.log_every=1", "train.ema_decay=0.9",
     "optim.lr=1e-3", "schedule.warmup_steps=3", "eval.every=4", "eval.batch_size=32", "log.progress=plain",
 ]  # fmt: skip
 # every stochastic feature, for the in-process resume test
