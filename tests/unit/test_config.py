@@ -7,8 +7,7 @@ import textwrap
 
 import pytest
 
-from vitscale.config import Config, ConfigError, config_to_dict, load_config, save_config
-from vitscale.config import schema
+from vitscale.config import Config, ConfigError, config_to_dict, load_config, save_config, schema
 
 
 def test_defaults_yaml_and_overrides_merge(tmp_path):

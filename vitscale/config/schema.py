@@ -52,8 +52,8 @@ except ModuleNotFoundError as e:  # pragma: no cover - only while vitscale.data 
         """Samples of the synthetic dataset."""
 
 
-from vitscale.data.token_label_config import TeacherConfig, TokenLabelConfig  # noqa: E402 (volo engineer)
 from vitscale.data.captions_config import ClipConfig  # noqa: E402 (clip engineer)
+from vitscale.data.token_label_config import TeacherConfig, TokenLabelConfig  # noqa: E402 (volo engineer)
 
 
 @dataclass
