@@ -10,50 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-try:  # the data engineer's DataConfig is the `data` group
-    from vitscale.data.config import DataConfig
-except ModuleNotFoundError as e:  # pragma: no cover - only while vitscale.data is being written
-    if not (e.name or "").startswith("vitscale.data"):
-        raise
-
-    @dataclass
-    class DataConfig:  # type: ignore[no-redef]
-        """Placeholder of the data group until ``vitscale.data.config`` exists (same contract)."""
-
-        format: str = "synthetic"
-        """Dataset format: digits | imagefolder | synthetic."""
-        train_path: str | None = None
-        """Training split location."""
-        val_path: str | None = None
-        """Validation split location."""
-        img_size: int | None = None
-        """Image side; None = the model's img_h/img_w."""
-        num_classes: int | None = None
-        """Classes; None = from the dataset."""
-        mean: tuple[float, ...] = (0.5, 0.5, 0.5)
-        """Normalisation mean."""
-        std: tuple[float, ...] = (0.5, 0.5, 0.5)
-        """Normalisation std."""
-        num_workers: int = 0
-        """DataLoader workers."""
-        pin_memory: bool = True
-        """Pinned host memory."""
-        persistent_workers: bool = True
-        """Keep workers alive between epochs."""
-        mixup_alpha: float = 0.0
-        """Mixup alpha (0 = off)."""
-        cutmix_alpha: float = 0.0
-        """CutMix alpha (0 = off)."""
-        mixup_prob: float = 1.0
-        """Probability of applying mixup/cutmix to a batch."""
-        mixup_switch_prob: float = 0.5
-        """Probability of cutmix instead of mixup when both are on."""
-        synthetic_size: int = 256
-        """Samples of the synthetic dataset."""
-
-
-from vitscale.data.captions_config import ClipConfig  # noqa: E402 (clip engineer)
-from vitscale.data.token_label_config import TeacherConfig, TokenLabelConfig  # noqa: E402 (volo engineer)
+from vitscale.data.captions_config import ClipConfig  # the CLIP engineer's group
+from vitscale.data.config import DataConfig  # the data engineer's group
+from vitscale.data.token_label_config import TeacherConfig, TokenLabelConfig  # the VOLO engineer's groups
 
 
 @dataclass
