@@ -36,7 +36,7 @@ class MetricsLogger:
         if mode == "bar":
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
