@@ -61,28 +61,31 @@ def count_flops(model: nn.Module, *inputs: Any, **kwargs: Any) -> int:
 
 
 def flops(model_or_cfg: Any, img_size: int | tuple[int, int] | None = None) -> int:
-    """Forward FLOPs per image for a model name, a config or a model.
+    """Forward FLOPs per sample for a model name, a config or a model.
 
-    ViT configs are counted analytically; other families are traced once on the meta device.
+    ViT configs are counted analytically; other families (CLIP: image + text tower, VOLO) are traced
+    once on the meta device at ``img_size`` when their config can change it.
     """
-    from ..models.registry import create_model, get_model_config
+    from ..models.registry import families, get_model_config
     from ..models.vit.configs import ViTConfig
 
+    model = model_or_cfg if isinstance(model_or_cfg, nn.Module) else None
     if isinstance(model_or_cfg, str):
-        name = model_or_cfg
-        cfg = get_model_config(name)
-    elif isinstance(model_or_cfg, nn.Module):
-        name, cfg = getattr(model_or_cfg, "variant_name", None), getattr(model_or_cfg, "cfg", None)
+        cfg = get_model_config(model_or_cfg)
+    elif model is not None:
+        cfg = getattr(model, "cfg", None)
     else:
-        name, cfg = None, model_or_cfg
+        cfg = model_or_cfg
     if isinstance(cfg, ViTConfig):
         return vit_flops(cfg, img_size)
-    if isinstance(model_or_cfg, nn.Module):
-        model = model_or_cfg
-    elif name is not None:
-        model = create_model(name, device="meta")
-    else:
-        raise TypeError(f"cannot count FLOPs of {type(model_or_cfg).__name__}: pass a model or a model name")
+    if img_size is not None and cfg is not None and hasattr(cfg, "with_image_size"):
+        h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
+        cfg, model = cfg.with_image_size(h, w), None
+    if model is None:
+        family = next((f for f in families().values() if any(type(v) is type(cfg) for v in f.variants.values())), None)
+        if family is None:
+            raise TypeError(f"cannot count FLOPs of {type(model_or_cfg).__name__}: pass a model, a config or a name")
+        model = family.model_cls(cfg, device="meta")
     return count_flops(model, *example_inputs(model, 1, "meta"))
 
 
