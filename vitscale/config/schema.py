@@ -100,8 +100,9 @@ class TrainConfig:
     """Run folder: config.yaml, metrics.jsonl, summary.json, checkpoints/, model.safetensors."""
     log_every: int = 10
     """Log (and sync with the device) every N steps."""
-    compile: bool = False
-    """torch.compile the model (per block when the family's parallelize function does it)."""
+    compile: bool | None = None
+    """torch.compile the model per block (the family's parallelize function does it); None = on
+    when training on CUDA (the fast path), off on CPU."""
     device: str = "auto"
     """auto (cuda if available) | cpu | cuda."""
     cpu_threads: int = 0

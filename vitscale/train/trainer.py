@@ -106,6 +106,8 @@ class Trainer:
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        if cfg.train.compile is None:  # the fast path: per-block torch.compile on GPU by default
+            cfg.train.compile = self.device.type == "cuda"
         self.pd = init_parallel(cfg, self.device)
         self.device = getattr(self.pd, "device", self.device)
         self.world = self.pd.world_size
