@@ -103,10 +103,14 @@ def build_loaders(
         num_workers=cfg_data.num_workers, pin_memory=cfg_data.pin_memory,
         persistent_workers=cfg_data.persistent_workers, prefetch_factor=cfg_data.prefetch_factor,
     )
-    train_ds = KeyedDataset(train_src, SampleTransform(cfg_data, img_size, num_channels, seed, train=True))
-    train_sampler = ShardedBatchSampler(len(train_src), micro_batch_size, seed=seed, rank=rank,
-                                        world_size=world_size, shuffle=True, drop_last=drop_last)
-    train = ResumableLoader(train_ds, train_sampler, **common)
+    train_tf = SampleTransform(cfg_data, img_size, num_channels, seed, train=True)
+    if hasattr(train_src, "build_loader"):  # a streaming source builds its own loader (webdataset_stream.py)
+        train = train_src.build_loader(train_tf, micro_batch_size=micro_batch_size, rank=rank,
+                                       world_size=world_size, drop_last=drop_last, **common)
+    else:
+        train_sampler = ShardedBatchSampler(len(train_src), micro_batch_size, seed=seed, rank=rank,
+                                            world_size=world_size, shuffle=True, drop_last=drop_last)
+        train = ResumableLoader(KeyedDataset(train_src, train_tf), train_sampler, **common)
     val = None
     if val_src is not None and len(val_src) > 0:
         val_ds = KeyedDataset(val_src, SampleTransform(cfg_data, img_size, num_channels, seed, train=False))

@@ -84,3 +84,19 @@ class DataConfig:
     caption_context_length: int = 77
     """``webdataset`` / ``csv``: tokens per caption (open_clip's 77; longer captions are cut, ending in
     the end-of-text token)."""
+    webdataset_mode: str = "index"
+    """``webdataset``: ``index`` (read every shard's tar headers at start-up, then seek samples: exact
+    keyed epochs, same batches for any rank / worker count; up to millions of samples) or ``stream``
+    (``vitscale/data/webdataset_stream.py``: shards read sequentially through the ``webdataset`` package,
+    split by rank then DataLoader worker or resampled, with a shuffle buffer; nothing read at start-up,
+    for LAION-400M-scale data). See docs/clip.md."""
+    samples_per_epoch: int | None = None
+    """``webdataset`` stream mode: samples per epoch (all ranks), which sets the loader length and so
+    ``train.epochs``; None = number of shards x samples in the first shard (reads one shard)."""
+    resampled: bool = False
+    """``webdataset`` stream mode: draw shards with replacement per (rank, worker), keyed by (seed,
+    epoch) (open_clip's ``--dataset-resampled``): every worker always has data, epochs are
+    ``samples_per_epoch`` long, and samples may repeat or be missed within an epoch."""
+    webdataset_shuffle_buffer: int = 1000
+    """``webdataset`` stream mode: samples held by each worker's shuffle buffer (raw bytes, before
+    decoding); <= 1 = shard order."""

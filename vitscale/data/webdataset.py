@@ -89,10 +89,19 @@ def webdataset_sources(cfg, img_size, num_channels: int, seed: int):
             "data.format=webdataset needs data.train_path (a folder of .tar shards, a glob or a brace pattern)"
         )
     kw = dict(fast_decode=cfg.fast_decode, context_length=cfg.caption_context_length)
-    train = CaptionSource(*index_shards(expand_shards(cfg.train_path)), **kw)
+    mode = getattr(cfg, "webdataset_mode", "index")
+    if mode == "stream":  # nothing indexed: shards streamed through the webdataset package
+        from .webdataset_stream import StreamSource
+
+        train = StreamSource(cfg, expand_shards(cfg.train_path))
+    elif mode == "index":
+        train = CaptionSource(*index_shards(expand_shards(cfg.train_path)), **kw)
+    else:
+        raise ValueError(f"data.webdataset_mode must be 'index' or 'stream', got {mode!r}")
     val = CaptionSource(*index_shards(expand_shards(cfg.val_path)), **kw) if cfg.val_path else None
     names = read_class_names(cfg.train_path) or []
-    n_cls = len(names) or (max(train.labels) + 1 if max(train.labels, default=-1) >= 0 else 0)
+    labels = train.labels or (val.labels if val is not None else [])
+    n_cls = len(names) or (max(labels) + 1 if max(labels, default=-1) >= 0 else 0)
     return train, val, n_cls, names or [str(i) for i in range(n_cls)]
 
 
