@@ -55,20 +55,20 @@ def test_deterministic_per_seed_and_epoch(shards):
 
 @pytest.mark.parametrize("resampled", [True, False])
 def test_resume_mid_epoch_continues_exactly(shards, resampled):
-    kw = dict(workers=2, resampled=resampled, samples_per_epoch=640)
+    kw = dict(workers=2, resampled=resampled, samples_per_epoch=384)
     full = _epoch(_loader(shards, **kw))
-    assert len(full) == 20
+    assert len(full) == 12
     first = _loader(shards, **kw)
     it = iter(first)
-    head = [next(it) for _ in range(7)]  # odd: the next batch comes from worker 1
-    assert [b["index"].tolist() for b in head] == [i for i, _, _ in full[:7]]
+    head = [next(it) for _ in range(5)]  # odd: the next batch comes from worker 1
+    assert [b["index"].tolist() for b in head] == [i for i, _, _ in full[:5]]
     state = first.state_dict()
-    assert state["batch_index"] == 7 and state["worker_batches"] == [4, 3]
+    assert state["batch_index"] == 5 and state["worker_batches"] == [3, 2]
     resumed = _loader(shards, **kw)
     resumed.load_state_dict(state)
     rest = _epoch(resumed)
-    assert len(rest) == 13
-    for (ia, xa, ta), (ib, xb, tb) in zip(full[7:], rest):
+    assert len(rest) == 7
+    for (ia, xa, ta), (ib, xb, tb) in zip(full[5:], rest):
         assert ia == ib and torch.equal(xa, xb) and torch.equal(ta, tb)
     assert resumed.epoch == 1 and resumed.state_dict()["batch_index"] == 0
 
@@ -108,7 +108,7 @@ def test_cli_train_stream_mode(shards, tmp_path):
     out = tmp_path / "run"
     rc = main(["train", "digits_clip", "data.format=webdataset", f"data.train_path={shards}/train",
                f"data.val_path={shards}/val", "data.webdataset_mode=stream", "data.resampled=true",
-               "data.samples_per_epoch=512", "data.num_workers=0", f"train.output_dir={out}", "train.max_steps=3",
+               "data.samples_per_epoch=512", "data.num_workers=0", f"train.output_dir={out}", "train.max_steps=2",
                "train.epochs=0", "train.batch_size=32", "eval.every=0", "checkpoint.every=0",
                "log.progress=none"])  # fmt: skip
     assert rc == 0

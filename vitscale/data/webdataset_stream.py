@@ -301,6 +301,9 @@ class StreamSource:
             fast_decode=cfg.fast_decode, context_length=cfg.caption_context_length,
         )  # fmt: skip
         common.pop("persistent_workers", None)
+        from vitscale.models.clip.tokenizer import create_tokenizer
+
+        create_tokenizer("clip", context_length=cfg.caption_context_length)  # cached: forked workers inherit it
         return StreamLoader(ds, num_workers=num_workers, **common)
 
 
