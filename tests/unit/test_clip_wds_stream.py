@@ -44,8 +44,8 @@ def test_every_sample_once_across_ranks_and_workers(shards):
 
 
 def test_deterministic_per_seed_and_epoch(shards):
-    a, b = _loader(shards, workers=2, resampled=True, samples_per_epoch=320), _loader(shards, workers=2,
-                                                                                       resampled=True, samples_per_epoch=320)  # fmt: skip
+    kw = dict(workers=2, resampled=True, samples_per_epoch=320)
+    a, b = _loader(shards, **kw), _loader(shards, **kw)
     ea, eb = _epoch(a), _epoch(b)
     assert len(ea) == len(a) == 10
     for (ia, xa, ta), (ib, xb, tb) in zip(ea, eb):

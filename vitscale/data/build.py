@@ -104,7 +104,7 @@ def build_loaders(
         persistent_workers=cfg_data.persistent_workers, prefetch_factor=cfg_data.prefetch_factor,
     )
     train_tf = SampleTransform(cfg_data, img_size, num_channels, seed, train=True)
-    if hasattr(train_src, "build_loader"):  # a streaming source builds its own loader (webdataset_stream.py)
+    if hasattr(train_src, "build_loader"):  # streaming sources build their own loader
         train = train_src.build_loader(train_tf, micro_batch_size=micro_batch_size, rank=rank,
                                        world_size=world_size, drop_last=drop_last, **common)
     else:

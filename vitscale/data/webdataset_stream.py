@@ -121,8 +121,8 @@ class StreamDataset(IterableDataset):
             for n, sample in enumerate(read_shard(self.shards[s])):
                 yield (s << 32) | n, self.shards[s], sample
 
-    def decode(self, sample: dict, slot: int) -> Augmented:
-        """Image + caption of one raw sample -> augmented uint8 image (``BadImageError`` if bad)."""
+    def decode(self, sample: dict, slot: int) -> tuple[Augmented, str]:
+        """One raw sample -> (augmented uint8 image, caption); ``BadImageError`` if bad."""
         tf, epoch = self.transform, self.epoch
         cap = next((sample[e] for e in CAPTION_EXTS if e in sample), None)
         if isinstance(cap, bytes):
@@ -194,7 +194,6 @@ class StreamDataset(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         physical = info.id if info is not None else 0
-        torch.set_num_threads(1) if info is not None else None
         yield from self.batches((physical + self.rotate) % self.num_workers)
 
 
@@ -303,7 +302,8 @@ class StreamSource:
         common.pop("persistent_workers", None)
         from vitscale.models.clip.tokenizer import create_tokenizer
 
-        create_tokenizer("clip", context_length=cfg.caption_context_length)  # cached: forked workers inherit it
+        # cached (2 s to build): forked workers inherit it instead of building their own every epoch
+        create_tokenizer("clip", context_length=cfg.caption_context_length)
         return StreamLoader(ds, num_workers=num_workers, **common)
 
 
