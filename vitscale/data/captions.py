@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .decode import BadImageError, center_crop_box, decode_resized_crop
+from .decode import BadImageError
 from .sources import FileSource, Sample
 from .transforms import Augmented, SampleTransform
 
@@ -70,20 +70,7 @@ class CaptionSource(FileSource):
         cap = self.captions[j]
         if cap is None or not cap.strip():
             raise BadImageError("missing or empty caption")
-        if tf.train:
-            rng = tf.rng(epoch, slot)
-            box_fn = tf.box_fn(rng)
-        else:
-            rng = None
-            box_fn = lambda h, w: center_crop_box(h, w, tf.img_size, tf.cfg.crop_pct)  # noqa: E731
-        t, (top, left, h, w), (h0, w0) = decode_resized_crop(
-            self._bytes(j), box_fn, tf.img_size, num_channels=tf.num_channels,
-            interpolation=tf.interpolation, fast=self.fast_decode,
-        )  # fmt: skip
-        crop = (top / h0, left / w0, h / h0, w / w0)
-        if not tf.train:
-            return Augmented(t, crop, False, [0] * 6)
-        return tf.finish(t, rng, crop, epoch, slot)
+        return tf.decode(self._bytes(j), epoch, slot, fast=self.fast_decode)
 
     def tokens(self, j: int) -> torch.Tensor:
         from vitscale.models.clip.tokenizer import create_tokenizer

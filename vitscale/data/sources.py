@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import keyed
-from .decode import BadImageError, center_crop_box, decode_resized_crop
+from .decode import BadImageError
 from .transforms import Augmented, SampleTransform
 
 MAX_REPLACEMENTS = 64
@@ -77,20 +77,7 @@ class FileSource:
 
     def _load(self, j: int, slot: int, epoch: int, tf: SampleTransform) -> Augmented:
         """Decode file ``j`` with the augmentation randomness of dataset slot ``slot``."""
-        if tf.train:
-            rng = tf.rng(epoch, slot)
-            box_fn = tf.box_fn(rng)
-        else:
-            rng = None
-            box_fn = lambda h, w: center_crop_box(h, w, tf.img_size, tf.cfg.crop_pct)  # noqa: E731
-        t, (top, left, h, w), (h0, w0) = decode_resized_crop(
-            self.paths[j], box_fn, tf.img_size, num_channels=tf.num_channels,
-            interpolation=tf.interpolation, fast=self.fast_decode,
-        )
-        crop = (top / h0, left / w0, h / h0, w / w0)
-        if not tf.train:
-            return Augmented(t, crop, False, [0] * 6)
-        return tf.finish(t, rng, crop, epoch, slot)
+        return tf.decode(self.paths[j], epoch, slot, fast=self.fast_decode)
 
     def sample(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
         bad: list[tuple[str, str]] = []

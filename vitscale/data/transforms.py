@@ -19,6 +19,7 @@ from torchvision.transforms.v2 import functional as F
 
 from . import keyed
 from .config import DataConfig
+from .decode import center_crop_box, decode_resized_crop
 
 _INTERP = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC}
 
@@ -143,6 +144,24 @@ class SampleTransform:
         return Augmented(out, (top / h0, left / w0, h / h0, w / w0), False, [0] * 6)
 
     # --- shared tail ------------------------------------------------------------------------------
+    def decode(self, src, epoch: int, slot: int, fast: bool = True) -> Augmented:
+        """Decode ``src`` (a path or the encoded bytes) straight to the crop this sample draws
+        (train: RandomResizedCrop keyed by (epoch, slot); eval: center crop), then augment it.
+        Raises ``BadImageError`` for an undecodable image."""
+        if self.train:
+            rng = self.rng(epoch, slot)
+            box_fn = self.box_fn(rng)
+        else:
+            rng = None
+            box_fn = lambda h, w: center_crop_box(h, w, self.img_size, self.cfg.crop_pct)  # noqa: E731
+        t, (top, left, h, w), (h0, w0) = decode_resized_crop(
+            src, box_fn, self.img_size, num_channels=self.num_channels, interpolation=self.interpolation, fast=fast
+        )
+        crop = (top / h0, left / w0, h / h0, w / w0)
+        if not self.train:
+            return Augmented(t, crop, False, [0] * 6)
+        return self.finish(t, rng, crop, epoch, slot)
+
     def finish(self, image: torch.Tensor, rng: random.Random, crop, epoch: int, index: int) -> Augmented:
         """Flip, photometric augmentation and the random-erasing draw of a resized uint8 crop."""
         flip = self.cfg.hflip > 0 and rng.random() < self.cfg.hflip

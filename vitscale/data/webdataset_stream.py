@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import keyed
 from .dataset import collate
-from .decode import BadImageError, center_crop_box, decode_resized_crop
+from .decode import BadImageError
 from .loader import BadFileReporter, ResumableLoader, _worker_init
 from .transforms import Augmented, SampleTransform
 from .webdataset import IMAGE_EXTS
@@ -132,20 +132,7 @@ class StreamDataset(IterableDataset):
         data = next((sample[e] for e in IMAGE_EXTS if e in sample), None)
         if data is None:
             raise BadImageError("missing image")
-        if tf.train:
-            rng = tf.rng(epoch, slot)
-            box_fn = tf.box_fn(rng)
-        else:
-            rng = None
-            box_fn = lambda h, w: center_crop_box(h, w, tf.img_size, tf.cfg.crop_pct)  # noqa: E731
-        t, (top, left, h, w), (h0, w0) = decode_resized_crop(
-            data, box_fn, tf.img_size, num_channels=tf.num_channels,
-            interpolation=tf.interpolation, fast=self.fast_decode,
-        )  # fmt: skip
-        crop = (top / h0, left / w0, h / h0, w / w0)
-        if not tf.train:
-            return Augmented(t, crop, False, [0] * 6), cap
-        return tf.finish(t, rng, crop, epoch, slot), cap
+        return tf.decode(data, epoch, slot, fast=self.fast_decode), cap
 
     def batches(self, worker: int):
         """All micro-batches of logical worker ``worker`` in this epoch (the first ``skip`` decoded but
