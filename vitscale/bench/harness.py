@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tools import mfu as mfu_tools
+from ..tools.flops import example_inputs
 from . import fastpath
 
 COMPARES = ("timm", "open_clip")
@@ -153,19 +154,13 @@ def _make_step(model, optimizer, inputs, labels, task, mode, device, precision) 
     return train_step
 
 
-def _example_inputs(model: nn.Module, batch: int, device) -> tuple[torch.Tensor, ...]:
-    from ..tools.flops import example_inputs
-
-    return example_inputs(model, batch, device)
-
-
 def forward_flops_per_image(name: str, overrides: dict[str, Any]) -> int:
     """Forward FLOPs of one sample, counted by FlopCounterMode on the meta device (no memory)."""
     from ..models.registry import create_model
     from ..tools.flops import count_flops
 
     meta = create_model(name, device="meta", **overrides)
-    return count_flops(meta, *_example_inputs(meta, 1, "meta"))
+    return count_flops(meta, *example_inputs(meta, 1, "meta"))
 
 
 # ---------------------------------------------------------------------------------- run
@@ -186,7 +181,7 @@ def _build(settings: BenchSettings, device: torch.device, precision: str) -> tup
     pure_infer = settings.mode == "infer" and precision == "bf16"
     torch.manual_seed(settings.seed)
     ours = create_model(settings.model, device=device, **settings.overrides)
-    inputs = _example_inputs(ours, settings.batch_size, device)
+    inputs = example_inputs(ours, settings.batch_size, device)
     num_classes = getattr(getattr(ours, "cfg", None), "num_classes", 0) or 1000
     labels = torch.randint(0, num_classes, (settings.batch_size,), device=device)
     if pure_infer:
