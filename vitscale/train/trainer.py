@@ -279,8 +279,13 @@ class Trainer:
             yield from loader
 
     def _to_device(self, batch: dict) -> dict:
+        """The batch on the device, plus ``"host"``: the loader's own CPU tensors. A task that reads
+        host-side data by a batch value (token-label rows by sample index) takes it from there: a
+        device copy read back (``.cpu()``, ``.item()``) would make the host wait for the GPU."""
         nb = self.device.type == "cuda"
-        return {k: (v.to(self.device, non_blocking=nb) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+        out = {k: (v.to(self.device, non_blocking=nb) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+        out["host"] = batch
+        return out
 
     def train_step(self, batches) -> tuple[torch.Tensor, dict, torch.Tensor]:
         """One optimizer update (``grad_accum`` micro-batches). Returns device tensors, no sync."""
@@ -309,7 +314,7 @@ class Trainer:
 
             grad_norm = clip_grad_norm_(params, max_norm)
         else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # foreach on CPU / CUDA
         self.schedule.apply(self.step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -109,7 +109,7 @@ class ContrastiveTask(Task):
         eot = self.tokenizer.eot_token_id
         cut = tokens[:, :L].clone()
         too_long = tokens.argmax(dim=-1) >= L  # the end-of-text token (highest id) was cut off
-        cut[too_long, L - 1] = eot
+        cut[:, L - 1] = torch.where(too_long, eot, cut[:, L - 1])  # no boolean-mask indexing: no host sync
         return cut
 
     # ------------------------------------------------------------------ loss
