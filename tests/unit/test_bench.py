@@ -195,3 +195,18 @@ def test_volo_debug_runs_without_a_reference():
     assert res["speedup"] is None and set(res) >= FIELDS
     _check_impl(res["vitscale"], res["flops_per_img"], "train", res["peak_tflops"])
     assert res["vitscale"]["img_per_cpu_s"] > 0
+
+
+def test_profile_ops_script_profiles_ours_and_timm(tmp_path):
+    mod = _load_script("profile_ops")
+    out = tmp_path / "ops.json"
+    assert mod.main(["--model", "vit_debug", "--device", "cpu", "--batch-size", "2", "--steps", "1", "--repeats", "2",
+                     "--warmup", "1", "--json", str(out)]) == 0  # fmt: skip
+    res = json.loads(out.read_text())
+    ours, timm = res["ms_per_step"]["vitscale"], res["ms_per_step"]["timm"]
+    # both run a training step: matmuls forward (addmm) and backward (mm), attention, the optimizer
+    for ops in (ours, timm):
+        assert {"aten::addmm", "aten::mm", "aten::_scaled_dot_product_flash_attention_for_cpu"} <= set(ops)
+        assert all(v > 0 for v in ops.values())
+    assert "aten::convolution_backward" in timm and "aten::convolution_backward" not in ours  # matmul patch embed
+    assert res["total_ms_per_step"]["vitscale"] == pytest.approx(sum(ours.values()))
