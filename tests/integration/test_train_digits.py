@@ -99,3 +99,26 @@ def test_image_folder_with_bad_files_trains_and_reports_skips(tmp_path):
     warned = [m for m in handler.messages if "skipped" in m]
     assert len(warned) == n_bad and any("empty.png" in w for w in warned)
     assert 0 <= summary["val_top1"] <= 100
+
+
+def test_train_sdpa_setting_holds_during_the_steps(tmp_path, monkeypatch):
+    import torch
+
+    from vitscale.train import trainer as T
+
+    seen = []
+    step = T.Trainer.train_step
+
+    def spy(self, batches):
+        seen.append((torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+        return step(self, batches)
+
+    monkeypatch.setattr(T.Trainer, "train_step", spy)
+    tiny = ["train.max_steps=2", "train.epochs=0", "train.batch_size=16", "model.num_layers=1", "eval.every=0",
+            "checkpoint.every=0", "log.progress=none", "data.num_workers=0"]  # fmt: skip
+    assert main(["train", "digits_vit", "train.sdpa=math", f"train.output_dir={tmp_path / 'math'}", *tiny]) == 0
+    assert seen == [(False, True)] * 2  # only the math kernel allowed inside the loop
+    assert torch.backends.cuda.flash_sdp_enabled()  # and restored after it
+    seen.clear()
+    assert main(["train", "digits_vit", f"train.output_dir={tmp_path / 'auto'}", *tiny]) == 0
+    assert seen == [(True, True)] * 2  # auto: every kernel allowed (flash first, math last)

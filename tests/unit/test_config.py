@@ -114,3 +114,12 @@ def test_every_field_has_a_docstring():
                     nxt = body[i + 1] if i + 1 < len(body) else None
                     ok = isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)
                     assert ok, f"{cls.__name__}.{node.target.id} has no docstring"
+
+
+def test_sdpa_choices_match_the_bench():
+    from vitscale.bench.fastpath import SDPA_CHOICES
+    from vitscale.config.load import CHOICES
+
+    assert CHOICES["train.sdpa"] == SDPA_CHOICES
+    with pytest.raises(ConfigError, match="train.sdpa"):
+        load_config(None, ["train.sdpa=fast"])

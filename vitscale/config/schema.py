@@ -103,6 +103,10 @@ class TrainConfig:
     compile: bool | None = None
     """torch.compile the model per block (the family's parallelize function does it); None = on
     when training on CUDA (the fast path), off on CPU."""
+    sdpa: str = "auto"
+    """Attention kernels (``F.scaled_dot_product_attention`` backends), as ``vitscale bench --sdpa``:
+    auto (flash > cuDNN > memory-efficient > math, first that fits) | flash | cudnn | efficient |
+    math | default (PyTorch's own choice). Applies to training and evaluation."""
     device: str = "auto"
     """auto (cuda if available) | cpu | cuda."""
     cpu_threads: int = 0

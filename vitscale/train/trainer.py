@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vitscale.bench.fastpath import sdpa_backend
 from vitscale.checkpoint import Checkpointer
 from vitscale.checkpoint.checkpointer import export_safetensors, load_model_weights, read_weights
 from vitscale.config import Config, save_config
@@ -349,6 +350,12 @@ class Trainer:
             f"batch {tc.batch_size} ({self.micro_batch}/rank x {tc.grad_accum} accum x {self.world} ranks), "
             f"peak lr {self.peak_lr:.3e}, device {self.device}"
         )
+        with sdpa_backend(cfg.train.sdpa):  # the attention kernels of the fast path, as `vitscale bench`
+            return self._fit(log)
+
+    def _fit(self, log: MetricsLogger) -> dict[str, Any]:
+        cfg = self.cfg
+        tc = cfg.train
         batches = self._batches()
         start_step = self.step
         t_start = t_last = time.perf_counter()
