@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..common.init import trunc_normal_
 from ..vit.model import Block, VisionTransformer
 from .configs import CLIPConfig, CLIPTextConfig
 
@@ -140,7 +141,7 @@ class CLIP(nn.Module):
         if self.logit_bias is not None:
             nn.init.constant_(self.logit_bias, self.cfg.logit_bias_init)
         if isinstance(self.head, nn.Linear):
-            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
 
     # ------------------------------------------------------------------ open_clip API
@@ -208,7 +209,7 @@ class CLIP(nn.Module):
             self.head = nn.Linear(self.cfg.output_dim, num_classes, device=ref.device, dtype=ref.dtype)
             if ref.device.type != "meta":
                 with torch.no_grad():
-                    nn.init.trunc_normal_(self.head.weight, std=0.02)
+                    trunc_normal_(self.head.weight, std=0.02)
                     nn.init.zeros_(self.head.bias)
         else:
             self.head = nn.Identity()

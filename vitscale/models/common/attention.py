@@ -50,7 +50,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False):
         B, N, _ = x.shape
         # -1 heads: under tensor parallelism this rank holds only its share of the heads.
-        qkv = self.qkv(x).view(B, N, -1, 3, self.head_dim)  # (B, N, H, 3, D)
+        qkv = self.qkv(x).reshape(B, N, -1, 3, self.head_dim)  # (B, N, H, 3, D)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # 3 x (B, H, N, D)
         q, k = self.q_norm(q), self.k_norm(k)
         drop = self.attn_drop if self.training else 0.0

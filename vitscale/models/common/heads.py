@@ -43,8 +43,8 @@ class AttentionPoolHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, _ = x.shape
-        q = self.q(self.latent.expand(B, -1, -1)).view(B, 1, -1, self.head_dim).transpose(1, 2)  # (B, H, 1, D)
-        kv = self.kv(x).view(B, N, -1, 2, self.head_dim)  # (B, N, H, 2, D)
+        q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, -1, self.head_dim).transpose(1, 2)  # (B, H, 1, D)
+        kv = self.kv(x).reshape(B, N, -1, 2, self.head_dim)  # (B, N, H, 2, D)
         k, v = kv.permute(3, 0, 2, 1, 4).unbind(0)  # 2 x (B, H, N, D)
         q, k = self.q_norm(q), self.k_norm(k)
         x = sdpa(q, k, v).transpose(1, 2).reshape(B, 1, -1)  # (B, 1, H*D)

@@ -26,6 +26,7 @@ from ..common import (
     resample_pos_embed,
 )
 from ..common.attention import sdpa
+from ..common.init import trunc_normal_
 from .configs import ViTConfig
 
 
@@ -102,7 +103,7 @@ class ParallelBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, _ = x.shape
         Dh, Fh = self.head_dim, self.mlp_per_head
-        y = self.in_proj(self.norm(x)).view(B, N, -1, 3 * Dh + Fh)  # (B, N, H, 3*Dh + F/H)
+        y = self.in_proj(self.norm(x)).reshape(B, N, -1, 3 * Dh + Fh)  # (B, N, H, 3*Dh + F/H)
         qkv, h = y.split([3 * Dh, Fh], dim=-1)  # (B, N, H, 3*Dh), (B, N, H, F/H)
         if self.mlp_bias is not None:
             h = h + self.mlp_bias
@@ -161,7 +162,7 @@ class VisionTransformer(nn.Module):
         """(Re)initialise every parameter in place; works after ``to_empty()`` and on sharded params."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Conv2d)):
-                nn.init.trunc_normal_(m.weight, std=0.02)
+                trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.LayerNorm):
@@ -171,11 +172,11 @@ class VisionTransformer(nn.Module):
         for m in self.modules():
             if m is not self and hasattr(m, "init_weights"):
                 m.init_weights()
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         if self.attn_pool is not None:
-            nn.init.trunc_normal_(self.attn_pool.latent, std=self.num_features**-0.5)
+            trunc_normal_(self.attn_pool.latent, std=self.num_features**-0.5)
         if isinstance(self.head, nn.Linear):
             nn.init.constant_(self.head.bias, self.cfg.head_bias_init)
 
@@ -209,7 +210,7 @@ class VisionTransformer(nn.Module):
             self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
             if ref.device.type != "meta":
                 with torch.no_grad():
-                    nn.init.trunc_normal_(self.head.weight, std=0.02)
+                    trunc_normal_(self.head.weight, std=0.02)
                     nn.init.constant_(self.head.bias, self.cfg.head_bias_init)
         else:
             self.head = nn.Identity()

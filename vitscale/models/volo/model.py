@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..common import Attention, DropPath, Mlp, resample_pos_embed
 from ..common.attention import sdpa
+from ..common.init import trunc_normal_
 from .configs import VOLOConfig
 
 
@@ -145,8 +146,8 @@ class ClassAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, _ = x.shape
-        q = self.q(x[:, :1]).view(B, 1, -1, self.head_dim).transpose(1, 2)  # (B, H, 1, Dh)
-        k, v = self.kv(x).view(B, N, -1, 2, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)  # 2 x (B, H, N, Dh)
+        q = self.q(x[:, :1]).reshape(B, 1, -1, self.head_dim).transpose(1, 2)  # (B, H, 1, Dh)
+        k, v = self.kv(x).reshape(B, N, -1, 2, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)  # 2 x (B, H, N, Dh)
         y = sdpa(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)  # (B, H, 1, Dh)
         return self.proj(y.transpose(1, 2).reshape(B, 1, -1))  # (B, 1, D)
 
@@ -242,7 +243,7 @@ class VOLO(nn.Module):
         """(Re)initialise every parameter and buffer in place; works after ``to_empty()``."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
+                trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.Conv2d):
@@ -252,8 +253,8 @@ class VOLO(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        trunc_normal_(self.pos_embed, std=0.02)
+        trunc_normal_(self.cls_token, std=0.02)
 
     # ------------------------------------------------------------------ API
     def no_weight_decay(self) -> set[str]:
@@ -280,7 +281,7 @@ class VOLO(nn.Module):
             with torch.no_grad():
                 for m in (self.head, self.aux_head):
                     if isinstance(m, nn.Linear):
-                        nn.init.trunc_normal_(m.weight, std=0.02)
+                        trunc_normal_(m.weight, std=0.02)
                         nn.init.zeros_(m.bias)
 
     def set_image_size(self, img_h: int, img_w: int | None = None) -> None:
