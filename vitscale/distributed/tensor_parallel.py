@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import torch
 from torch import nn
 
 try:  # torch >= 2.5
@@ -96,24 +97,91 @@ def exit_sequence_parallel() -> ParallelStyle:
     )
 
 
-def gather_sequence_input() -> ParallelStyle:
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+# torch 2.11 (the GPU image's; fixed by 2.15, versions between unchecked) all-gathers unevenly
+# sharded tokens (197 over 2 ranks) into a padded buffer and cuts the padding off with narrow(),
+# leaving a non-contiguous local tensor on which DTensor's linear fails ("view size is not
+# compatible with input tensor's size and stride").
+GATHER_NEEDS_CONTIGUOUS = _torch_version() < (2, 15)
+
+
+def _contiguous_local_inputs(module: nn.Module, args: tuple) -> tuple | None:
+    out, changed = [], False
+    for a in args:
+        if isinstance(a, DTensor) and not a.to_local().is_contiguous():
+            local = a.to_local().contiguous()  # differentiable: the gradient flows back to ``a``
+            a = DTensor.from_local(local, a.device_mesh, a.placements, run_check=False, shape=a.shape, stride=a.stride())
+            changed = True
+        out.append(a)
+    return tuple(out) if changed else None
+
+
+class ContiguousLocalInputs(ParallelStyle):
+    """After an input all-gather: give DTensor inputs a contiguous local tensor (a copy only where the
+    gather left it non-contiguous, see ``GATHER_NEEDS_CONTIGUOUS``)."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        module.register_forward_pre_hook(_contiguous_local_inputs)
+        return module
+
+
+def _then_contiguous(style: ParallelStyle) -> ParallelStyle | list[ParallelStyle]:
+    return [style, ContiguousLocalInputs()] if GATHER_NEEDS_CONTIGUOUS else style
+
+
+def _contiguous_dtensor(t: Any) -> Any:
+    if isinstance(t, DTensor) and not t.to_local().is_contiguous():
+        local = t.to_local().contiguous()
+        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+    return t
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity forward; the gradient's local tensor made contiguous on the way back."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _contiguous_dtensor(g)
+
+
+class ContiguousOutputGrad(ParallelStyle):
+    """Before a row-parallel Linear's reduce-scatter onto token shards: the backward of that
+    reduce-scatter all-gathers the gradient, which leaves it non-contiguous on the torch versions of
+    ``GATHER_NEEDS_CONTIGUOUS``, and the Linear's backward then fails. Applied *before* the
+    ``RowwiseParallel`` style, so its hook sees the Linear's own output."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        module.register_forward_hook(lambda mod, args, out: _ContiguousGrad.apply(out) if isinstance(out, DTensor) else None)
+        return module
+
+
+def gather_sequence_input() -> ParallelStyle | list[ParallelStyle]:
     """Module input: token-sharded -> replicated (the all-gather before a column-parallel matmul)."""
-    return PrepareModuleInput(
-        input_layouts=(Shard(SEQ_DIM),), desired_input_layouts=(Replicate(),), use_local_output=False
+    return _then_contiguous(
+        PrepareModuleInput(input_layouts=(Shard(SEQ_DIM),), desired_input_layouts=(Replicate(),), use_local_output=False)
     )
 
 
-def colwise(input_sharded_on_tokens: bool = False) -> ParallelStyle:
+def colwise(input_sharded_on_tokens: bool = False) -> ParallelStyle | list[ParallelStyle]:
     """Column-parallel Linear; its output is this rank's columns (heads / hidden units) as a local tensor."""
     if input_sharded_on_tokens:
-        return ColwiseParallel(input_layouts=Shard(SEQ_DIM))
+        return _then_contiguous(ColwiseParallel(input_layouts=Shard(SEQ_DIM)))
     return ColwiseParallel()
 
 
-def rowwise(sequence_parallel_output: bool = True) -> ParallelStyle:
+def rowwise(sequence_parallel_output: bool = True) -> ParallelStyle | list[ParallelStyle]:
     """Row-parallel Linear: reduce-scatter onto token shards (SP) or all-reduce to a replicated output."""
     if sequence_parallel_output:
-        return RowwiseParallel(output_layouts=Shard(SEQ_DIM), use_local_output=False)
+        style = RowwiseParallel(output_layouts=Shard(SEQ_DIM), use_local_output=False)
+        return [ContiguousOutputGrad(), style] if GATHER_NEEDS_CONTIGUOUS else style
     return RowwiseParallel()
 
 
@@ -149,7 +217,10 @@ def apply_plan(module: nn.Module, tp_mesh, plan: dict[str, Any]) -> None:
 
 
 __all__ = [
+    "ContiguousLocalInputs",
+    "ContiguousOutputGrad",
     "DTensor",
+    "GATHER_NEEDS_CONTIGUOUS",
     "Replicate",
     "SEQ_DIM",
     "Shard",
