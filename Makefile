@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo test test-torch lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+## The test suite on another torch release, in its own venv: make test-torch TORCH=2.11.0 TORCHVISION=0.26.0
+## (2.11 is the GPU image's torch, 2.6 the oldest supported: TORCH=2.6.0 TORCHVISION=0.21.0).
+TORCH ?= 2.11.0
+TORCHVISION ?= 0.26.0
+test-torch:
+	test -x .venv-torch$(TORCH)/bin/python || $(PYTHON) -m venv .venv-torch$(TORCH)
+	.venv-torch$(TORCH)/bin/python -m pip install --quiet torch==$(TORCH) torchvision==$(TORCHVISION) -e ".[dev]"
+	.venv-torch$(TORCH)/bin/python -m pytest -q -p no:cacheprovider tests
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check vitscale tests
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .venv-torch* runs .pytest_cache
