@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace as NS
 
 import torch
-from _launch import run_distributed
+from _launch import needs_cpu_fsdp, run_distributed
 
 STEPS = 3
 BATCH = 8
@@ -89,6 +89,7 @@ def layouts():
     }
 
 
+@needs_cpu_fsdp
 def test_clip_fsdp_and_tp_follow_single_process_curve():
     ref = clip_curve({})
     assert abs(ref[STEPS - 1] - ref[0]) > 1e-3  # training moves the loss

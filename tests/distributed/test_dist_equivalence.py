@@ -3,7 +3,7 @@ the one-process loss curve step by step (fp32, no dropout / drop-path)."""
 
 from __future__ import annotations
 
-from _launch import run_distributed
+from _launch import needs_cpu_fsdp, run_distributed
 from _workers import curves_for_layouts, sharded_init_fingerprint, train_curve
 
 STEPS = 10
@@ -38,6 +38,7 @@ def _all(cases):
     return {"curves": curves_for_layouts(cases), "init_tp": sharded_init_fingerprint(dict(dp_shard=1, tp=2), "vit_debug", {})}
 
 
+@needs_cpu_fsdp
 def test_layouts_follow_single_process_curve():
     refs = {}
     for _label, _, name, ov, steps, *_rest in CASES:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
-from _launch import free_port, run_distributed
+from _launch import free_port, needs_cpu_fsdp, run_distributed
 
 STEPS = 6
 CKPT_AT = 3
@@ -57,6 +57,7 @@ def _close(got: dict[int, float], ref: dict[int, float], steps, label: str) -> N
         assert abs(got[s] - ref[s]) / abs(ref[s]) <= TOL, f"{label} step {s}: {got[s]} vs one process {ref[s]}"
 
 
+@needs_cpu_fsdp
 def test_trainer_layouts_and_resharded_resume(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [

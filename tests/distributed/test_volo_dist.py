@@ -11,7 +11,7 @@ from types import SimpleNamespace as NS
 
 import torch
 import torch.nn.functional as F
-from _launch import run_distributed
+from _launch import needs_cpu_fsdp, run_distributed
 
 STEPS = 4
 BATCH = 8
@@ -60,6 +60,7 @@ def layouts():
     }
 
 
+@needs_cpu_fsdp
 def test_volo_fsdp_and_tp_follow_single_process_curve():
     ref = volo_curve({})
     assert abs(ref[-1] - ref[0]) > 1e-3  # training moves the loss

@@ -68,6 +68,14 @@ def dp_mesh_for(parallel_dims):
     return parallel_dims.mesh["dp_replicate", "dp_shard"]
 
 
+def fsdp_runs_on(device_type: str) -> bool:
+    """Whether this torch's FSDP2 runs on ``device_type``. torch 2.6's ``fully_shard`` records events
+    on the device's current stream, which CPU streams there cannot do ("'Stream' object has no
+    attribute 'record_event'"), so CPU / gloo FSDP2 needs a newer torch (checked here: 2.11, 2.15);
+    on CUDA it runs on 2.6."""
+    return device_type != "cpu" or hasattr(torch.cpu.Stream, "record_event")
+
+
 def apply_fsdp(
     model: nn.Module,
     blocks: Iterable[nn.Module],
@@ -110,6 +118,7 @@ __all__ = [
     "MixedPrecisionPolicy",
     "apply_fsdp",
     "dp_mesh_for",
+    "fsdp_runs_on",
     "fully_shard",
     "is_fsdp",
     "mixed_precision_policy",

@@ -112,6 +112,15 @@ class Trainer:
         self.pd = init_parallel(cfg, self.device)
         self.device = getattr(self.pd, "device", self.device)
         self.world = self.pd.world_size
+        if self.world > 1:
+            from vitscale.distributed.fsdp import fsdp_runs_on
+
+            if not fsdp_runs_on(self.device.type):  # fail here, not with an AttributeError in the first step
+                raise RuntimeError(
+                    f"multi-process training wraps the model in FSDP2, which cannot train on CPU with torch "
+                    f"{torch.__version__} (its CPU streams lack record_event): train on CUDA, or on CPU with a "
+                    "newer torch (2.11 and 2.15 checked)"
+                )
         self.is_main = self.pd.rank == 0
         self.out = Path(cfg.train.output_dir)
         if self.is_main:
