@@ -234,16 +234,17 @@ class Trainer:
             return None
 
     def _peak(self) -> float | None:
-        if self.device.type != "cuda":
-            return None  # a CPU peak must be measured (seconds); the bench command does it
+        """Peak TFLOP/s for MFU: the datasheet figure of the GPU, or on CPU a measured fp32 matmul
+        peak with this run's thread count (a fraction of a second, then cached per CPU model and
+        thread count in ``$VITSCALE_CACHE_DIR``, as ``vitscale bench`` does)."""
+        from vitscale.tools.mfu import peak_tflops
+
         try:
-            from vitscale.tools.mfu import peak_tflops
-        except ImportError:
-            return None
-        try:
+            if self.device.type == "cpu":
+                return float(peak_tflops(self.device, torch.float32)[0])
             dtype = torch.bfloat16 if self.autocast is not contextlib.nullcontext else torch.float32
             return float(peak_tflops(self.device, dtype)[0])
-        except Exception:
+        except Exception:  # MFU is informative only
             return None
 
     def state(self) -> dict:
