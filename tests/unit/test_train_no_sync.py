@@ -6,13 +6,17 @@ everything that would make the host wait for a GPU — ``.item()``, ``int()`` / 
 tensor, ``.cpu()`` / ``.numpy()`` of a device tensor, reading with a boolean mask (``x[mask]``,
 ``nonzero``) — raises there. (Writing through a mask, ``x[mask] = v``, does not raise on meta
 although it syncs on CUDA; the code uses ``torch.where`` / ``masked_fill`` for that.) Host-side work (the data loader, the optimizer's CPU step counters, token labels read from a
-memory map by the host copy of the indices) is allowed, exactly as on CUDA.
+memory map by the host copy of the indices) is allowed, exactly as on CUDA. A blocking copy from
+the host to the device also waits for the GPU (PyTorch synchronises the stream after it), so the
+steps also run under a dispatch mode that records every host-to-device copy made without
+``non_blocking=True`` — the loader's own move to the device and normalisation included.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from vitscale.config import load_config
 from vitscale.train.trainer import Trainer
@@ -20,35 +24,68 @@ from vitscale.train.trainer import Trainer
 FAST = ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0", "log.progress=none"]
 
 
-def _trainer_on_meta(config: str, overrides: list[str], tmp_path) -> tuple[Trainer, list[dict]]:
+class _BlockingCopies(TorchDispatchMode):
+    """Records host-to-device copies that would block: a ``.to(device)`` / ``copy_`` from the CPU
+    without ``non_blocking=True`` synchronises the CUDA stream (as ``torch.tensor(data,
+    device=...)`` does, seen here as ``lift_fresh`` of a device tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = str(func)
+        if func is torch.ops.aten._to_copy.default:
+            dev = kwargs.get("device")
+            if args[0].device.type == "cpu" and dev is not None and torch.device(dev).type == "meta":
+                if not kwargs.get("non_blocking", False):
+                    self.found.append(f"{name} {tuple(args[0].shape)}")
+        elif func is torch.ops.aten.copy_.default:
+            nb = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            if args[0].device.type == "meta" and args[1].device.type == "cpu" and args[1].dim() > 0 and not nb:
+                self.found.append(f"{name} {tuple(args[1].shape)}")
+        elif func is torch.ops.aten.lift_fresh.default and args[0].device.type == "meta":
+            self.found.append(f"{name} (torch.tensor(..., device=...)) {tuple(args[0].shape)}")
+        return func(*args, **kwargs)
+
+
+def _trainer_on_meta(config: str, overrides: list[str], tmp_path) -> Trainer:
+    """A trainer built on the CPU, then moved to the meta device: model, EMA, task, and the loader,
+    which now moves each batch there itself (and keeps its host copy, as on a GPU)."""
     cfg = load_config(config, [*FAST, f"train.output_dir={tmp_path / 'run'}", "train.device=cpu", *overrides])
     t = Trainer(cfg)
-    host_batches = [next(iter(t.loaders.train)) for _ in range(cfg.train.grad_accum)]
     meta = torch.device("meta")
     t.model.to(meta)  # the same Parameter objects: the optimizer still holds them
     if t.ema is not None:
         t.ema.module.to(meta)
-    t.device = t.task.device = meta
+    t.device = t.task.device = t.loaders.train.device = meta
     if getattr(t.task, "_caption_tokens", None) is not None:
         t.task._caption_tokens = t.task._caption_tokens.to(meta)
-    return t, host_batches
+    return t
 
 
-def _run_steps(t: Trainer, host_batches: list[dict], steps: int = 2) -> tuple[torch.Tensor, dict, torch.Tensor]:
-    out = None
-    for _ in range(steps):  # the second step runs the optimizer with state from the first
-        t.step += 1
-        out = t.train_step(iter(host_batches))
+def _run_steps(t: Trainer, steps: int = 2) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    """One warm-up step (first-use caches), then ``steps`` steps, loading included, in which no
+    blocking host-to-device copy may happen."""
+    batches = t._batches()
+    t.step += 1
+    t.train_step(batches)
+    with _BlockingCopies() as mode:
+        for _ in range(steps):  # the later steps run the optimizer with state from the first
+            t.step += 1
+            out = t.train_step(batches)
+    assert not mode.found, f"blocking host-to-device copies inside the step: {mode.found}"
     return out
 
 
 @pytest.mark.parametrize(
     "config, overrides",
     [
-        # softmax CE + mixup/cutmix + EMA + clipping + 2 micro-batches + stochastic depth + patch dropout
+        # softmax CE + mixup/cutmix + EMA + clipping + 2 micro-batches + stochastic depth + patch dropout + erasing
         ("digits_vit", ["model.num_layers=1", "train.batch_size=8", "train.grad_accum=2", "train.ema_decay=0.9",
                         "train.grad_clip=1.0", "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0",
-                        "model.drop_path_rate=0.1", "model.drop_patch_rate=0.25"]),
+                        "model.drop_path_rate=0.1", "model.drop_patch_rate=0.25", "data.random_erasing=1.0"]),
         # sigmoid CE (ViT-22B's loss) on the parallel block with QK norm, label smoothing
         ("digits_vit", ["model.num_layers=1", "train.batch_size=8", "train.loss=sigmoid", "train.label_smoothing=0.1",
                         "model.parallel_block=true", "model.qk_norm=true"]),
@@ -59,8 +96,8 @@ def _run_steps(t: Trainer, host_batches: list[dict], steps: int = 2) -> tuple[to
     ],
 )  # fmt: skip
 def test_train_step_reads_nothing_back(config, overrides, tmp_path):
-    t, batches = _trainer_on_meta(config, overrides, tmp_path)
-    loss, metrics, grad_norm = _run_steps(t, batches)
+    t = _trainer_on_meta(config, overrides, tmp_path)
+    loss, metrics, grad_norm = _run_steps(t)
     assert loss.device.type == "meta" and grad_norm.device.type == "meta"
     assert all(v.device.type == "meta" for v in metrics.values())
     assert all(p.device.type == "meta" for p in t.model.parameters())
@@ -76,13 +113,13 @@ def test_token_labeling_step_reads_nothing_back(tmp_path):
             torch.rand(n, classes, generator=g).softmax(-1))  # fmt: skip
     w.close()
     for cls_target in ("ground_truth", "teacher"):
-        t, batches = _trainer_on_meta(
+        t = _trainer_on_meta(
             "digits_volo",
             ["model.layers=[1,1]", "train.batch_size=8", f"token_label.path={tmp_path / 'labels'}",
              "token_label.mix_token_prob=1.0", f"token_label.cls_target={cls_target}"],  # fmt: skip
             tmp_path / cls_target,
         )
-        loss, metrics, _ = _run_steps(t, batches)
+        loss, metrics, _ = _run_steps(t)
         assert loss.device.type == "meta" and "train_token_loss" in metrics
 
 
@@ -97,7 +134,7 @@ def test_meta_device_catches_a_host_read():
 def test_clip_caption_cut_reads_nothing_back(tmp_path):
     """Captions longer than the text tower's context are cut on the device (the shard path), with
     ``torch.where`` rather than a masked write (which would sync on CUDA, though not on meta)."""
-    t, _ = _trainer_on_meta("digits_clip", ["train.batch_size=8"], tmp_path)
+    t = _trainer_on_meta("digits_clip", ["train.batch_size=8"], tmp_path)
     L = t.cfg.clip.context_length
     host = t.task.tokenizer(["a photo of the digit seven " * 8, "seven"], context_length=3 * L)
     cut = t.task.fit_context(host.to("meta"))

@@ -64,6 +64,7 @@ class ResumableLoader:
             raise ValueError(f"data.mean / data.std need {c} values, got {mean} / {std}")
         self._mean = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1) * 255.0
         self._inv_std = 1.0 / (torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1) * 255.0)
+        self._stats_device: tuple[torch.Tensor, torch.Tensor] | None = None
         kwargs = {}
         if num_workers > 0:
             kwargs = dict(persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
@@ -113,20 +114,33 @@ class ResumableLoader:
             if threads is not None:
                 torch.set_num_threads(threads)
 
+    def _stats(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and 1/std on ``device``, copied there once (a blocking copy per batch would make the
+        host wait for the GPU)."""
+        if self._stats_device is None or self._stats_device[0].device != device:
+            self._stats_device = (self._mean.to(device), self._inv_std.to(device))
+        return self._stats_device
+
     def postprocess(self, batch: dict) -> dict:
+        """uint8 -> normalised float on ``device``, random erasing, bad-file count. With a device the
+        small per-sample tensors also stay on the host, as ``batch["host"]``: what is read on the
+        host (token-label rows by index) is read from there, never back from the GPU. Every copy to
+        the device is non-blocking: nothing here waits for the GPU's queue."""
         img = batch.pop("image")
         erase = batch.pop("erase")
         bad = batch.pop("bad")
         if self.device is not None:
+            host = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
             img = img.to(self.device, non_blocking=True)
             batch = {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
                      for k, v in batch.items()}
-        mean, inv_std = self._mean.to(img.device), self._inv_std.to(img.device)
+            batch["host"] = host
+        mean, inv_std = self._stats(img.device)
         x = img.float().sub_(mean).mul_(inv_std)  # (B, C, H, W) normalised, in place
-        for b in torch.nonzero(erase[:, 0]).flatten().tolist():
+        for b in torch.nonzero(erase[:, 0]).flatten().tolist():  # erase: host tensor
             _, top, left, h, w, seed = erase[b].tolist()
             noise = torch.randn((x.shape[1], h, w), generator=torch_gen(seed))
-            x[b, :, top:top + h, left:left + w] = noise.to(x.device)
+            x[b, :, top:top + h, left:left + w] = noise.to(x.device, non_blocking=True)
         batch["image"] = x
         batch["skipped"] = self.reporter.report(bad)
         return batch

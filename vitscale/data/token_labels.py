@@ -128,20 +128,26 @@ class TokenLabelStore:
     def dense(self, index: torch.Tensor, num_classes: int | None = None, device=None) -> torch.Tensor:
         """Per-location class distributions ``(B, C, gh, gw)`` (top-k scattered, renormalised)."""
         v, i = self.topk_maps(index)
-        return scatter_topk(v.to(device), i.to(device), num_classes or self.num_classes)
+        return scatter_topk(_to(v, device), _to(i, device), num_classes or self.num_classes)
 
     def view_boxes(self, index: torch.Tensor, device=None) -> torch.Tensor:
         """The teacher's view ``(B, 4)`` (top, left, h, w fractions of the original image)."""
         idx = np.asarray(index.detach().cpu().numpy(), dtype=np.int64)
-        return torch.from_numpy(np.ascontiguousarray(self.boxes[idx])).to(device)
+        return _to(torch.from_numpy(np.ascontiguousarray(self.boxes[idx])), device)
 
     def cls_targets(self, index: torch.Tensor, num_classes: int | None = None, device=None) -> torch.Tensor:
         """The teacher's class-token distributions ``(B, C)`` (top-k scattered, renormalised)."""
         idx = np.asarray(index.detach().cpu().numpy(), dtype=np.int64)
-        v = torch.from_numpy(np.ascontiguousarray(self.cls_values[idx])).float().to(device)
-        i = torch.from_numpy(np.ascontiguousarray(self.cls_indices[idx])).long().to(device)
+        v = _to(torch.from_numpy(np.ascontiguousarray(self.cls_values[idx])).float(), device)
+        i = _to(torch.from_numpy(np.ascontiguousarray(self.cls_indices[idx])).long(), device)
         out = torch.zeros(v.shape[0], num_classes or self.num_classes, device=device).scatter_(1, i, v)
         return out / out.sum(1, keepdim=True).clamp_min(1e-12)
+
+
+def _to(t: torch.Tensor, device) -> torch.Tensor:
+    """Host rows to the training device without waiting for it (a blocking host-to-GPU copy
+    synchronises the stream; from pageable memory a non-blocking one is staged at once)."""
+    return t if device is None else t.to(device, non_blocking=True)
 
 
 def scatter_topk(values: torch.Tensor, indices: torch.Tensor, num_classes: int) -> torch.Tensor:

@@ -293,8 +293,9 @@ class Trainer:
         """The batch on the device, plus ``"host"``: the loader's own CPU tensors. A task that reads
         host-side data by a batch value (token-label rows by sample index) takes it from there: a
         device copy read back (``.cpu()``, ``.item()``) would make the host wait for the GPU."""
-        nb = self.device.type == "cuda"
-        out = {k: (v.to(self.device, non_blocking=nb) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+        if "host" in batch:  # the loader moved it already (vitscale.data.loader: normalised on the device)
+            return batch
+        out = {k: (v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
         out["host"] = batch
         return out
 

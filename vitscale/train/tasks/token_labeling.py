@@ -131,7 +131,8 @@ class TokenLabelingTask(Task):
         dense = self.store.dense(index, C, device)  # (B, C, th, tw) over the whole image
         crop = batch.get("crop")
         if crop is None:
-            crop = torch.tensor([[0.0, 0.0, 1.0, 1.0]], device=device).expand(B, 4)
+            crop = torch.zeros(B, 4, device=device)
+            crop[:, 2:] = 1.0  # the whole image (top, left, h, w): filled on the device, nothing copied there
         flip = batch.get("flip")
         if flip is None:
             flip = torch.zeros(B, dtype=torch.bool, device=device)
@@ -153,7 +154,7 @@ class TokenLabelingTask(Task):
         if self.tl.mix_token:
             mix, lam = draw_mix_token(grid, images.shape[0], self.tl.mix_token_alpha, self.tl.mix_token_prob, self.seed, step)
         if mix is not None:
-            mix = TokenMix(mix.box, mix.perm.to(device))
+            mix = TokenMix(mix.box, mix.perm.to(device, non_blocking=True))
             tok_t = apply_token_mix(tok_t, mix)
             cls_t = lam * cls_t + (1.0 - lam) * cls_t[mix.perm]
         with self.autocast():
