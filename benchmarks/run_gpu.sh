@@ -8,7 +8,7 @@
 # Each run writes benchmarks/results/<model>[_infer]_<gpu>_<yyyymm>.json and the raw log beside it
 # (<same name>.log); a failed run (OOM, missing package) is reported at the end and the script goes
 # on with the next one. Environment: PYTHON (default: .venv/bin/python if present, else python3),
-# RUN_TIMEOUT seconds per run (default 900). The whole default set takes roughly 10-15 minutes,
+# RUN_TIMEOUT seconds per run (default 900), MODELS (e.g. "vit_b16 clip_b32": only their runs). The whole default set takes roughly 10-15 minutes,
 # most of it torch.compile warm-up; pass groups to split it over several calls.
 set -uo pipefail
 
@@ -49,6 +49,11 @@ DRY_CMDS=""
 # run NAME CMD...: run CMD (a python module/script invocation) writing $RESULTS/NAME.json + NAME.log
 run() {
   local name=$1; shift
+  if [[ -n "${MODELS:-}" ]]; then  # MODELS="vit_b16 clip_b32": only the runs of these models
+    local m hit=0
+    for m in $MODELS; do [[ " $* " == *" $m "* ]] && hit=1; done
+    [[ $hit -eq 1 ]] || return 0
+  fi
   if [[ $DRY -eq 1 ]]; then  # collected, then checked in one python process at the end
     DRY_CMDS+="$(printf '%q ' "$@")"$'\n'
     return
