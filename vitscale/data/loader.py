@@ -56,15 +56,7 @@ class ResumableLoader:
         self.epoch, self.batch_index = 0, 0
         self.device = torch.device(device) if device is not None else None
         self.reporter = reporter or BadFileReporter()
-        c = dataset.transform.num_channels
-        mean, std = list(mean), list(std)
-        if len(mean) == 3 and c == 1:  # 1-channel model with RGB statistics: use their average
-            mean, std = [sum(mean) / 3], [sum(std) / 3]
-        if len(mean) != c or len(std) != c:
-            raise ValueError(f"data.mean / data.std need {c} values, got {mean} / {std}")
-        self._mean = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1) * 255.0
-        self._inv_std = 1.0 / (torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1) * 255.0)
-        self._stats_device: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._set_stats(dataset.transform.num_channels, mean, std)
         kwargs = {}
         if num_workers > 0:
             kwargs = dict(persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
@@ -113,6 +105,18 @@ class ResumableLoader:
         finally:
             if threads is not None:
                 torch.set_num_threads(threads)
+
+    def _set_stats(self, c: int, mean, std) -> None:
+        """Normalisation constants for ``c`` channels, on the uint8 scale (the device copy is made on
+        first use)."""
+        mean, std = list(mean), list(std)
+        if len(mean) == 3 and c == 1:  # 1-channel model with RGB statistics: use their average
+            mean, std = [sum(mean) / 3], [sum(std) / 3]
+        if len(mean) != c or len(std) != c:
+            raise ValueError(f"data.mean / data.std need {c} values, got {mean} / {std}")
+        self._mean = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1) * 255.0
+        self._inv_std = 1.0 / (torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1) * 255.0)
+        self._stats_device: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _stats(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and 1/std on ``device``, copied there once (a blocking copy per batch would make the

@@ -202,15 +202,6 @@ class StreamLoader(ResumableLoader):
         self._dl = DataLoader(dataset, batch_size=None, num_workers=num_workers,
                               pin_memory=pin_memory and torch.cuda.is_available(), **kwargs)  # fmt: skip
 
-    def _set_stats(self, c: int, mean, std) -> None:
-        mean, std = list(mean), list(std)
-        if len(mean) == 3 and c == 1:
-            mean, std = [sum(mean) / 3], [sum(std) / 3]
-        if len(mean) != c or len(std) != c:
-            raise ValueError(f"data.mean / data.std need {c} values, got {mean} / {std}")
-        self._mean = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1) * 255.0
-        self._inv_std = 1.0 / (torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1) * 255.0)
-
     def __len__(self) -> int:
         return self.dataset.batches_per_rank
 
