@@ -36,10 +36,12 @@ def run(args) -> int:
     if not cfg.checkpoint.path:
         print("vitscale eval: set checkpoint.path=PATH (run folder, step folder or .safetensors)", file=sys.stderr)
         return 2
+    from vitscale.bench.fastpath import sdpa_backend
     from vitscale.eval.classification import evaluate_checkpoint
 
     try:
-        result = evaluate_checkpoint(cfg, cfg.checkpoint.path, ema=args.ema)
+        with sdpa_backend(cfg.train.sdpa):  # the attention kernels training used
+            result = evaluate_checkpoint(cfg, cfg.checkpoint.path, ema=args.ema)
     except (FileNotFoundError, KeyError) as e:
         print(f"vitscale eval: {e}", file=sys.stderr)
         return 1
