@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .captions_config import DEFAULT_CAPTION_TEMPLATES
 from .decode import BadImageError
 from .sources import FileSource, Sample
 from .transforms import Augmented, SampleTransform
@@ -108,14 +109,7 @@ def class_names_for(cfg_data) -> list[str] | None:
 # ----------------------------------------------------------------------------- digits-captions
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-DIGIT_CAPTION_TEMPLATES = (
-    "a photo of the number {}.",
-    "a drawing of the number {}.",
-    "a handwritten {}.",
-    "a blurry photo of the digit {}.",
-    "the number {}, written by hand.",
-    "a low resolution image of a {}.",
-)
+DIGIT_CAPTION_TEMPLATES = DEFAULT_CAPTION_TEMPLATES  # the captions the CLIP task templates too
 
 
 def write_digits_captions(

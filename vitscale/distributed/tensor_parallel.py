@@ -109,15 +109,18 @@ def _torch_version() -> tuple[int, int]:
 GATHER_NEEDS_CONTIGUOUS = _torch_version() < (2, 15)
 
 
+def _contiguous_dtensor(t: Any) -> Any:
+    """``t`` with a contiguous local tensor if it is a DTensor whose local tensor is not (the copy is
+    differentiable: the gradient flows back to ``t``); anything else unchanged."""
+    if isinstance(t, DTensor) and not t.to_local().is_contiguous():
+        local = t.to_local().contiguous()
+        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+    return t
+
+
 def _contiguous_local_inputs(module: nn.Module, args: tuple) -> tuple | None:
-    out, changed = [], False
-    for a in args:
-        if isinstance(a, DTensor) and not a.to_local().is_contiguous():
-            local = a.to_local().contiguous()  # differentiable: the gradient flows back to ``a``
-            a = DTensor.from_local(local, a.device_mesh, a.placements, run_check=False, shape=a.shape, stride=a.stride())
-            changed = True
-        out.append(a)
-    return tuple(out) if changed else None
+    out = tuple(_contiguous_dtensor(a) for a in args)
+    return out if any(o is not a for o, a in zip(out, args)) else None
 
 
 class ContiguousLocalInputs(ParallelStyle):
@@ -131,13 +134,6 @@ class ContiguousLocalInputs(ParallelStyle):
 
 def _then_contiguous(style: ParallelStyle) -> ParallelStyle | list[ParallelStyle]:
     return [style, ContiguousLocalInputs()] if GATHER_NEEDS_CONTIGUOUS else style
-
-
-def _contiguous_dtensor(t: Any) -> Any:
-    if isinstance(t, DTensor) and not t.to_local().is_contiguous():
-        local = t.to_local().contiguous()
-        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
-    return t
 
 
 class _ContiguousGrad(torch.autograd.Function):
