@@ -1,21 +1,25 @@
-"""Checkpoints: DCP save/load (atomic, last K, safe metadata reading), safetensors export."""
+"""Checkpoints: DCP save/load through safetensors + JSON (nothing unpickled), checksummed, atomic,
+last K kept, newest intact resumed; checksummed safetensors exports."""
 
 from .checkpointer import (
     Checkpointer,
-    SafeFileSystemReader,
-    dcp_load,
+    SaveError,
+    find_checkpoint,
     list_checkpoints,
     read_tensor_metadata,
+    read_weights,
     resolve_checkpoint,
-    safe_load_metadata,
 )
+from .integrity import CheckpointError, CorruptFile
 
 __all__ = [
+    "CheckpointError",
     "Checkpointer",
-    "SafeFileSystemReader",
-    "dcp_load",
+    "CorruptFile",
+    "SaveError",
+    "find_checkpoint",
     "list_checkpoints",
     "read_tensor_metadata",
+    "read_weights",
     "resolve_checkpoint",
-    "safe_load_metadata",
 ]

@@ -1,31 +1,30 @@
-"""Training checkpoints through torch.distributed.checkpoint (DCP), written atomically, last K kept.
+"""Training checkpoints through torch.distributed.checkpoint (DCP): safetensors + JSON, checksummed,
+written atomically, the newest K kept, the newest *intact* one resumed.
 
 Layout of ``<output_dir>/checkpoints/``::
 
-    step_00000100/            one checkpoint (a DCP folder)
-        .metadata             DCP's index
-        __0_0.distcp ...      tensors: model, optim (state tensors only), ema
-        trainer_state.json    step, data position, anything else JSON (written by rank 0)
-        rng_rank0.json ...    each rank's RNG states (torch, cuda, python, numpy), base64 / lists
+    step_00000100/                 one checkpoint (format: vitscale/checkpoint/storage.py)
+        checkpoint.json            index: tensors, their chunks and files (sealed JSON)
+        files-rank00000.json ...   each rank's manifest: size and XXH3-64 of each file it wrote
+        model-rank00000.safetensors, optim-…, ema-…   each rank's tensor chunks
+        trainer_state.json         step, data position (rank 0)
+        rng_rank0.json ...         each rank's RNG states (torch, cuda, python, numpy)
 
-A checkpoint is first written to ``.tmp-step_…`` and renamed once complete, so a run killed mid-save
-never leaves a half checkpoint where a resume would look.
-
-Safe loading (no arbitrary unpickling): only tensors go into DCP — non-tensor leaves (optimizer
-hyper-parameters) are dropped before saving and the freshly built optimizer's are kept on load, so
-DCP's bytes path (``torch.load(weights_only=False)``) is never taken. DCP's ``.metadata`` file is a
-pickle: :class:`SafeFileSystemReader` reads it with a restricted unpickler that allows only DCP's
-metadata classes, ``torch.Size``, dtypes/layouts, paths and builtin containers. Everything else
-is JSON.
+Nothing is unpickled on any path: tensors are raw bytes in safetensors files, everything else JSON.
+A checkpoint is written to ``.tmp-step_…`` and renamed once every rank has written and checksummed
+its files, so a run killed mid-save never leaves a half checkpoint where a resume would look; a save
+that fails (disk full, permission) removes its partial folder and raises one readable error. Before
+a resume uses a checkpoint, its files are verified against their checksums (the ranks share the
+work); a damaged one is skipped with a warning naming the file, and the next older one is used.
+Checkpoints of the previous format (DCP's pickled ``.metadata``) are refused, see :func:`legacy_error`.
 """
 
 from __future__ import annotations
 
 import base64
-import io
 import json
+import logging
 import os
-import pickle
 import random
 import re
 import shutil
@@ -35,61 +34,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
+
+from .integrity import CheckpointError, CorruptFile, naming_errors
+from .safetensors_io import read_safetensors, write_safetensors
+from .storage import INDEX, SafetensorsReader, SafetensorsWriter, read_full, read_manifests, read_member, verify
 
 STEP_RE = re.compile(r"^step_(\d+)$")
+TRAINER_STATE = "trainer_state.json"
+log = logging.getLogger("vitscale.checkpoint")
 
 
-# ------------------------------------------------------------------------------------- safe reading
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Unpickles DCP metadata only: anything outside the allow-list raises UnpicklingError."""
-
-    _MODULES_ALL_CLASSES = ("torch.distributed.checkpoint.metadata",)
-    _ALLOWED = {
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("torch.serialization", "_get_layout"),
-        ("torch", "Size"),
-        ("pathlib", "PosixPath"),
-        ("pathlib", "PurePosixPath"),
-        ("pathlib", "WindowsPath"),
-        ("pathlib", "PureWindowsPath"),
-        ("collections", "OrderedDict"),
-        ("builtins", "set"),
-        ("builtins", "frozenset"),
-        ("builtins", "slice"),
-        ("builtins", "complex"),
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module in self._MODULES_ALL_CLASSES or (module, name) in self._ALLOWED:
-            obj = super().find_class(module, name)
-            if module in self._MODULES_ALL_CLASSES and not isinstance(obj, type):
-                raise pickle.UnpicklingError(f"refusing {module}.{name} in checkpoint metadata")
-            return obj
-        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout)):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name} from checkpoint metadata")
-
-
-def safe_load_metadata(path: str | os.PathLike):
-    with open(path, "rb") as f:
-        return _RestrictedUnpickler(io.BufferedReader(f)).load()
-
-
-class SafeFileSystemReader(FileSystemReader):
-    """DCP reader whose ``.metadata`` goes through :class:`_RestrictedUnpickler`."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any):
-        rank = kwargs.get("rank")
-        name = ".metadata" if rank is None else f"__{rank}.metadata"
-        metadata = safe_load_metadata(os.path.join(str(self.path), name))
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        if hasattr(self, "load_id"):
-            metadata.storage_meta.load_id = self.load_id
-        return metadata
+class SaveError(CheckpointError):
+    """A checkpoint or export could not be written; its partial files are gone."""
 
 
 def tensors_only(tree: Any) -> Any:
@@ -110,30 +67,36 @@ def _quiet():
 
     ctx = warnings.catch_warnings()
     ctx.__enter__()
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
     return ctx
 
 
-def dcp_load(state: dict, path: str | os.PathLike) -> None:
-    """Load the tensors of ``state`` in place from the DCP folder ``path`` (safe reader)."""
-    safe_load_metadata(Path(path) / ".metadata")  # refuse a tampered index before DCP reads it
-    ctx = _quiet()
-    try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)))
-    finally:
-        ctx.__exit__(None, None, None)
+def _cause(e: BaseException | None) -> str:
+    """The root cause of a (possibly DCP-wrapped, possibly other-rank) failure, in one line."""
+    failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: (exception, traceback)}
+    if isinstance(failures, dict) and failures:
+        rank, exc = sorted(failures.items(), key=lambda kv: kv[0])[0]
+        e = exc[0] if isinstance(exc, tuple) else exc
+        prefix = f"rank {rank}: " if len(failures) < _rank_world()[1] else ""
+        return prefix + _cause(e)
+    if e is None:
+        return "another rank failed (see its error)"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror} ({e.filename})" if e.filename else e.strerror
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
 
 
-def read_tensor_metadata(path: str | os.PathLike) -> dict[str, tuple[torch.Size, torch.dtype]]:
-    """``{flat key: (size, dtype)}`` of every tensor in a DCP checkpoint (e.g. ``model.pos_embed``)."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+def legacy_error(path: Path) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is a checkpoint in vitscale's old format (DCP's pickled .metadata), which is no longer read because "
+        f"reading it can run code; start a new train.output_dir, or convert one you made yourself: "
+        f"vitscale convert --trust-legacy-pickle {path} NEW_STEP_FOLDER"
+    )
 
-    md = safe_load_metadata(Path(path) / ".metadata")
-    return {
-        k: (v.size, v.properties.dtype)
-        for k, v in md.state_dict_metadata.items()
-        if isinstance(v, TensorStorageMetadata)
-    }
+
+def is_legacy(path: Path) -> bool:
+    return (path / ".metadata").is_file() and not (path / INDEX).exists()
 
 
 # ------------------------------------------------------------------------------------- RNG as JSON
@@ -172,7 +135,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(_unb64(state["cuda"]))
 
 
-# ------------------------------------------------------------------------------------- checkpointer
+# ------------------------------------------------------------------------------------- collectives
 def _rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -184,85 +147,184 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _all_ok(ok: bool) -> bool:
+    """True when every rank says ok (one all-reduce; the ranks then take the same branch)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return ok
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    flag = torch.tensor([0 if ok else 1], device=device)
+    dist.all_reduce(flag)
+    return int(flag.item()) == 0
+
+
+def _all_lines(lines: list[str]) -> list[str]:
+    """Every rank's lines, the same list on every rank."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return lines
+    gathered: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(gathered, list(lines))  # strings between this run's own processes
+    return sorted({line for part in gathered for line in part})
+
+
+# ------------------------------------------------------------------------------------- finding
 def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
-    """Complete checkpoints under ``root`` as (step, path), oldest first."""
+    """Step folders under ``root`` as (step, path), oldest first (intact or not: see :func:`verify`)."""
     root = Path(root)
     if not root.is_dir():
         return []
-    found = []
-    for p in root.iterdir():
-        m = STEP_RE.match(p.name)
-        if m and p.is_dir() and (p / ".metadata").is_file() and (p / "trainer_state.json").is_file():
-            found.append((int(m.group(1)), p))
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_RE.match(p.name)) and p.is_dir()]
     return sorted(found)
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A step folder from a step folder, a ``checkpoints/`` folder or a run folder (newest)."""
+def _is_step_folder(p: Path) -> bool:
+    return (p / INDEX).is_file() or (p / ".metadata").is_file()
+
+
+def _newest_intact(found: list[tuple[int, Path]], root: Path, *, keys=None, need=(), collective: bool) -> tuple[Path, dict]:
+    """The newest checkpoint of ``found`` whose files all verify; damaged ones are skipped with a
+    warning; raises a one-line :class:`CheckpointError` when none is intact."""
+    rank, world = _rank_world() if collective else (0, 1)
+    bad: list[str] = []
+    for _, path in reversed(found):
+        if is_legacy(path):
+            raise legacy_error(path)
+        idx, problems = verify(path, keys=keys, share=(rank, world), need=need)
+        if collective:
+            problems = _all_lines(problems)
+        if not problems:
+            return path, idx
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        if rank == 0:
+            log.warning("skipping damaged checkpoint %s: %s%s", path.name, problems[0], more)
+        bad.append(problems[0] + more)
+    raise CheckpointError(f"no intact checkpoint in {root}: " + "; ".join(bad))
+
+
+def find_checkpoint(path: str | os.PathLike, keys: set[str] | None = None) -> tuple[Path, dict]:
+    """(step folder, verified index) from a step folder, a ``checkpoints/`` folder or a run folder
+    (its newest intact checkpoint). One process; only the files holding ``keys`` are checksummed."""
     p = Path(path)
-    if (p / ".metadata").is_file():
-        return p
+    if _is_step_folder(p):
+        if is_legacy(p):
+            raise legacy_error(p)
+        idx, problems = verify(p, keys=keys)
+        if problems:
+            raise CheckpointError(f"damaged checkpoint: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        return p, idx
     for root in (p, p / "checkpoints"):
         found = list_checkpoints(root)
         if found:
-            return found[-1][1]
+            return _newest_intact(found, root, keys=keys, collective=False)
     raise FileNotFoundError(f"no checkpoint at {str(path)!r} (expected a step_N folder, checkpoints/ or a run folder)")
 
 
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A step folder from a step folder, a ``checkpoints/`` folder or a run folder (newest intact)."""
+    return find_checkpoint(path)[0]
+
+
+def read_tensor_metadata(path: str | os.PathLike) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """``{flat key: (size, dtype)}`` of every tensor in a checkpoint (e.g. ``model.pos_embed``)."""
+    from .safetensors_io import dtype_from_code
+
+    _, idx = find_checkpoint(path, keys=set())
+    return {k: (torch.Size(t["shape"]), dtype_from_code(t["dtype"])) for k, t in idx["tensors"].items()}
+
+
+# ------------------------------------------------------------------------------------- checkpointer
 class Checkpointer:
     """Saves / finds / loads training checkpoints under ``root`` keeping the newest ``keep``."""
 
     def __init__(self, root: str | os.PathLike, keep: int = 2):
         self.root = Path(root)
         self.keep = max(int(keep), 1)
+        self._verified: tuple[Path, dict] | None = None
 
     def latest(self) -> Path | None:
+        """The newest intact checkpoint (collective: every rank calls it, each checksums its share of
+        the files); damaged newer ones are skipped with a warning. None when there is none at all."""
         found = list_checkpoints(self.root)
-        return found[-1][1] if found else None
+        if not found:
+            return None
+        self._verified = _newest_intact(found, self.root, need=(TRAINER_STATE,), collective=True)
+        return self._verified[0]
 
     def save(self, step: int, state: dict, trainer_state: dict) -> Path:
-        """``state``: nested dict of tensors (non-tensor leaves are dropped); ``trainer_state``: JSON."""
+        """``state``: nested dict of tensors (non-tensor leaves are dropped); ``trainer_state``: JSON.
+        Raises :class:`SaveError` (the partial folder removed, older checkpoints untouched)."""
         rank, world = _rank_world()
         final = self.root / f"step_{step:08d}"
         tmp = self.root / f".tmp-step_{step:08d}"
+        err: BaseException | None = None
         if rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir()
-        _barrier()
-        ctx = _quiet()
-        try:
-            dcp.save(tensors_only(state), checkpoint_id=str(tmp))
-        finally:
-            ctx.__exit__(None, None, None)
-        with open(tmp / f"rng_rank{rank}.json", "w") as f:
-            json.dump(rng_state(), f)
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir()
+            except OSError as e:
+                err = e
+        if _all_ok(err is None):
+            try:
+                extra = {f"rng_rank{rank}.json": json.dumps(rng_state()).encode()}
+                if rank == 0:
+                    extra[TRAINER_STATE] = json.dumps({**trainer_state, "world_size": world}, indent=1, allow_nan=False).encode()
+                ctx = _quiet()
+                try:
+                    dcp.save(tensors_only(state), storage_writer=SafetensorsWriter(tmp, rank, extra))
+                finally:
+                    ctx.__exit__(None, None, None)
+            except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
+                err = e
+            if _all_ok(err is None) and rank == 0:
+                try:
+                    if final.exists():
+                        shutil.rmtree(final)
+                    os.replace(tmp, final)  # the atomic step: a checkpoint exists only once complete
+                    _fsync_dir(self.root)
+                except OSError as e:
+                    err = e
+        if not _all_ok(err is None):
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise SaveError(f"could not save checkpoint {final}: {_cause(err)}; its partial files were removed, the older checkpoints in {self.root} are intact")
         if rank == 0:
-            with open(tmp / "trainer_state.json", "w") as f:
-                json.dump({**trainer_state, "world_size": world}, f, indent=1)
-        _barrier()
-        if rank == 0:
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)  # the atomic step: a checkpoint exists only once complete
-            _fsync_dir(self.root)
             for _, old in list_checkpoints(self.root)[: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
         _barrier()
         return final
 
     def load(self, path: str | os.PathLike, state: dict) -> dict:
-        """Load tensors into ``state`` in place and restore this rank's RNG; returns trainer_state."""
+        """Load tensors into ``state`` in place (resharded to this run's layout) and restore this
+        rank's RNG; returns trainer_state. Verifies the files first unless :meth:`latest` just did."""
         path = Path(path)
-        dcp_load(tensors_only(state), path)
-        with open(path / "trainer_state.json") as f:
-            trainer_state = json.load(f)
         rank, world = _rank_world()
-        rng_file = path / f"rng_rank{rank}.json"
-        if rng_file.is_file() and trainer_state.get("world_size", 1) == world:
-            with open(rng_file) as f:
-                set_rng_state(json.load(f))
+        if self._verified is not None and self._verified[0] == path:
+            idx = self._verified[1]
+        else:
+            if is_legacy(path):
+                raise legacy_error(path)
+            idx, problems = verify(path, share=(rank, world), need=(TRAINER_STATE,))
+            problems = _all_lines(problems)
+            if problems:
+                raise CheckpointError(f"damaged checkpoint: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        files = read_manifests(path, idx)
+        ctx = _quiet()
+        try:
+            dcp.load(tensors_only(state), storage_reader=SafetensorsReader(path, idx))
+        except (Exception, CheckpointException) as e:
+            raise CheckpointError(f"cannot load checkpoint {path}: {_cause(e)}") from None
+        finally:
+            ctx.__exit__(None, None, None)
+        try:
+            trainer_state = json.loads(read_member(path, TRAINER_STATE, files[TRAINER_STATE]))
+            if not isinstance(trainer_state, dict) or not isinstance(trainer_state.get("step"), int):
+                raise CorruptFile(path / TRAINER_STATE, "no step number")
+            rng_file = f"rng_rank{rank}.json"
+            if rng_file in files and trainer_state.get("world_size", 1) == world:
+                set_rng_state(json.loads(read_member(path, rng_file, files[rng_file])))
+        except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+            raise CheckpointError(f"cannot load checkpoint {path}: {_cause(e)}") from None
         return trainer_state
 
 
@@ -279,26 +341,25 @@ def _fsync_dir(path: Path) -> None:
 
 # ------------------------------------------------------------------------------------- model weights
 def read_weights(path: str | os.PathLike, key: str = "model") -> dict[str, torch.Tensor]:
-    """Full (unsharded) CPU weights from a ``.safetensors`` file or a DCP checkpoint / run folder.
+    """Full (unsharded) CPU weights from a ``.safetensors`` file or a checkpoint / run folder,
+    verified (checksums; the newest intact checkpoint of a run folder).
 
-    ``key`` selects the DCP subtree: ``model`` or ``ema``; for a run folder holding only exported
-    weights, ``model.safetensors`` / ``model_ema.safetensors``.
+    ``key`` selects the checkpoint subtree: ``model`` or ``ema``; for a run folder holding only
+    exported weights, ``model.safetensors`` / ``model_ema.safetensors``.
     """
     p = Path(path)
-    if p.is_dir() and not list_checkpoints(p) and not list_checkpoints(p / "checkpoints") and not (p / ".metadata").is_file():
+    if p.is_dir() and not _is_step_folder(p) and not list_checkpoints(p) and not list_checkpoints(p / "checkpoints"):
         p = p / ("model_ema.safetensors" if key == "ema" else "model.safetensors")
     if p.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(p))
-    ckpt = resolve_checkpoint(p)
+        if not p.is_file():
+            raise FileNotFoundError(f"no weights file at {str(p)!r}")
+        return read_safetensors(p)[0]
+    ckpt, idx = find_checkpoint(p, keys={key})
     prefix = key + "."
-    meta = read_tensor_metadata(ckpt)
-    tensors = {k[len(prefix):]: torch.empty(size, dtype=dtype) for k, (size, dtype) in meta.items() if k.startswith(prefix)}
-    if not tensors:
+    fqns = [k for k in idx["tensors"] if k.startswith(prefix)]
+    if not fqns:
         raise KeyError(f"checkpoint {ckpt} holds no {key!r} weights")
-    dcp_load({key: tensors}, ckpt)
-    return tensors
+    return {k[len(prefix) :]: v for k, v in read_full(ckpt, idx, fqns).items()}
 
 
 def _run_load_pre_hooks(model: torch.nn.Module, sd: dict) -> None:
@@ -333,15 +394,31 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], stri
 
 
 def export_safetensors(model: torch.nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
-    """Gather the full weights (rank 0 writes) into a ``.safetensors`` file, atomically."""
-    from safetensors.torch import save_file
+    """Gather the full weights (rank 0 writes) into a ``.safetensors`` file, atomically, with a
+    content checksum in its metadata (``vitscale.checksum``, verified by :func:`read_weights`)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     distributed = dist.is_available() and dist.is_initialized()
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=distributed))
+    err = None
     if _rank_world()[0] == 0:
-        sd = {k: v.detach().to("cpu").contiguous().clone() for k, v in sd.items()}
-        tmp = str(path) + ".tmp"
-        save_file(sd, tmp, metadata=metadata or {})
-        os.replace(tmp, path)
-    _barrier()
+        try:
+            write_weights(sd, path, metadata)
+        except Exception as e:  # every rank must hear of it (no rank left waiting)
+            err = e
+    if not _all_ok(err is None):
+        raise SaveError(f"could not write {path}: {_cause(err)}")
+
+
+def write_weights(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """``tensors`` as a checksummed ``.safetensors`` file, written to ``<path>.tmp`` then renamed;
+    a failed write leaves nothing behind."""
+    tmp = Path(str(path) + ".tmp")
+    entries = [(k, v.dtype, tuple(v.shape), (lambda v=v: v)) for k, v in tensors.items()]
+    try:
+        write_safetensors(tmp, entries, metadata, embed_checksum=True)
+        with naming_errors(path):
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,7 +1,7 @@
-"""Consolidate a DCP training checkpoint (one shard per rank, any layout) into safetensors.
+"""Consolidate a training checkpoint (one shard per rank, any layout) into safetensors.
 
-Runs on one process without a process group: DCP reads the shards of every rank and reassembles
-full tensors. Large models are written in several files (``max_shard_bytes``), each loaded and
+Runs on one process without a process group: the chunks of every rank are verified (checksums) and
+reassembled into full tensors. Large models are written in several files (``max_shard_bytes``), each loaded and
 written on its own, so memory stays at one output file's worth; an index
 ``<name>.safetensors.index.json`` (Hugging Face layout) then maps each tensor to its file.
 """
@@ -14,7 +14,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpointer import dcp_load, read_tensor_metadata, resolve_checkpoint
+from .checkpointer import find_checkpoint, write_weights
+from .safetensors_io import dtype_from_code, read_safetensors
+from .storage import read_full
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -49,8 +51,11 @@ def _run_metadata(ckpt: Path) -> dict[str, str]:
             break
     state = ckpt / "trainer_state.json"
     if state.is_file():
-        with open(state) as f:
-            meta["step"] = str(json.load(f).get("step", ""))
+        try:
+            with open(state) as f:
+                meta["step"] = str(int(json.load(f)["step"]))
+        except (ValueError, KeyError, TypeError):
+            pass  # informative only
     return meta
 
 
@@ -64,13 +69,13 @@ def consolidate(
     """Write the ``key`` subtree (``model`` or ``ema``) of a DCP checkpoint to ``out`` (.safetensors).
 
     ``checkpoint`` may be a step folder, a ``checkpoints/`` folder or a run folder (newest step).
-    Returns the files written.
+    Returns the files written, each with a content checksum in its metadata.
     """
-    from safetensors.torch import save_file
-
-    ckpt = resolve_checkpoint(checkpoint)
+    ckpt, idx = find_checkpoint(checkpoint, keys={key})
     prefix = key + "."
-    meta = {k[len(prefix) :]: v for k, v in read_tensor_metadata(ckpt).items() if k.startswith(prefix)}
+    meta = {
+        k[len(prefix) :]: (torch.Size(t["shape"]), dtype_from_code(t["dtype"])) for k, t in idx["tensors"].items() if k.startswith(prefix)
+    }
     if not meta:
         raise KeyError(f"checkpoint {ckpt} holds no {key!r} tensors")
     out = Path(out)
@@ -98,13 +103,10 @@ def consolidate(
     weight_map = {}
     for i, names in enumerate(groups):
         path = out if len(groups) == 1 else out.with_name(f"{out.stem}-{i + 1:05d}-of-{len(groups):05d}.safetensors")
-        tensors = {n: torch.empty(meta[n][0], dtype=meta[n][1]) for n in names}
-        dcp_load({key: tensors}, ckpt)
+        tensors = {n[len(prefix) :]: t for n, t in read_full(ckpt, idx, [prefix + n for n in names]).items()}
         if dtype is not None:
             tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in tensors.items()}
-        tmp = str(path) + ".tmp"
-        save_file({n: t.contiguous() for n, t in tensors.items()}, tmp, metadata=file_meta)
-        os.replace(tmp, path)
+        write_weights(tensors, path, file_meta)
         files.append(path)
         weight_map.update({n: path.name for n in names})
         del tensors
@@ -117,8 +119,8 @@ def consolidate(
 
 
 def load_consolidated(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Read a consolidated file, or every file listed by its ``.index.json``."""
-    from safetensors.torch import load_file
+    """Read a consolidated file, or every file listed by its ``.index.json`` (checksums verified)."""
+    from .integrity import check_name
 
     p = Path(path)
     index = p.with_name(p.name + ".index.json") if p.suffix == ".safetensors" else p
@@ -127,9 +129,9 @@ def load_consolidated(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             files = sorted(set(json.load(f)["weight_map"].values()))
         out = {}
         for name in files:
-            out.update(load_file(str(index.parent / name)))
+            out.update(read_safetensors(check_name(index.parent, name))[0])
         return out
-    return load_file(str(p))
+    return read_safetensors(p)[0]
 
 
 __all__ = ["consolidate", "load_consolidated", "parse_size"]

@@ -37,12 +37,13 @@ def run(args) -> int:
         print("vitscale eval: set checkpoint.path=PATH (run folder, step folder or .safetensors)", file=sys.stderr)
         return 2
     from vitscale.bench.fastpath import sdpa_backend
+    from vitscale.checkpoint import CheckpointError
     from vitscale.eval.classification import evaluate_checkpoint
 
     try:
         with sdpa_backend(cfg.train.sdpa):  # the attention kernels training used
             result = evaluate_checkpoint(cfg, cfg.checkpoint.path, ema=args.ema)
-    except (FileNotFoundError, KeyError) as e:
+    except (FileNotFoundError, KeyError, CheckpointError) as e:
         print(f"vitscale eval: {e}", file=sys.stderr)
         return 1
     text = json.dumps(result, indent=1)

@@ -44,9 +44,14 @@ def run(args) -> int:
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
+    from vitscale.checkpoint import CheckpointError
     from vitscale.train import train
 
-    summary = train(cfg)
+    try:
+        summary = train(cfg)
+    except CheckpointError as e:  # a damaged / old-format checkpoint, a failed save: one line
+        print(f"vitscale train: {e}", file=sys.stderr)
+        return 1
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary, indent=1))
     return 0
