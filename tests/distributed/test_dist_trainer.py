@@ -72,7 +72,7 @@ def test_trainer_layouts_and_resharded_resume(tmp_path):
     ref = _losses(tmp_path / "single")
     assert max(ref.values()) - min(ref.values()) > 0.02, "the curve must move for the comparison to mean something"
     _close(_losses(tmp_path / "fsdp"), ref, range(1, STEPS + 1), "fsdp (torchrun)")
-    assert (tmp_path / "fsdp" / "checkpoints" / f"step_{CKPT_AT:08d}" / "__1_0.distcp").is_file()  # rank 1's shard
+    assert (tmp_path / "fsdp" / "checkpoints" / f"step_{CKPT_AT:08d}" / "model-rank00001.safetensors").is_file()  # rank 1's shard
 
     _seed_resume(tmp_path / "fsdp", tmp_path / "fsdp_to_tp")
     run_distributed(_layouts, 2, str(tmp_path))
