@@ -185,6 +185,7 @@ def read_index(path: Path) -> dict:
                 raise bad(f"tensor {fqn[:80]!r}: a chunk reaches outside the tensor")
             if not isinstance(c.get("file"), str) or not _ints([c.get("start"), c.get("length")]):
                 raise bad(f"tensor {fqn[:80]!r}: malformed chunk location")
+            check_name(path, c["file"])
             if c["length"] != nbytes(c["sizes"], dtype):
                 raise bad(f"tensor {fqn[:80]!r}: a chunk of {c['length']} bytes for sizes {c['sizes'][:8]}")
             covered += math.prod(c["sizes"])
