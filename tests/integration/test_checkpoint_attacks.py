@@ -156,12 +156,12 @@ def test_old_format_pickle_reaching_code_through_allowed_class(genuine, tmp_path
     run = _copy(genuine, tmp_path)
     step = _legacy(run)
     (step / ".metadata").write_bytes(payload)
-    _refused_everywhere(run, tmp_path, canary, "old format", capsys)
+    _refused_everywhere(run, tmp_path, canary, "old checkpoint format", capsys)
     # and through a fresh process, as a user runs it
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     res = subprocess.run([sys.executable, "-m", "vitscale", *_commands(run, tmp_path)["resume"]], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 1 and not canary.exists(), res.stderr[-2000:]
-    assert len(res.stderr.strip().splitlines()) == 1 and "vitscale convert --trust-legacy-pickle" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "checkpoint.init_from=model.safetensors" in res.stderr
 
 
 def test_old_format_bytes_item_loaded_with_torch_load(genuine, tmp_path, capsys):
@@ -186,7 +186,7 @@ def test_old_format_bytes_item_loaded_with_torch_load(genuine, tmp_path, capsys)
     _stock_dcp_load(step, ["pos_embed"])  # the payload is live: DCP's stock reader runs it
     assert canary.exists()
     canary.unlink()
-    _refused_everywhere(run, tmp_path, canary, "old format", capsys)
+    _refused_everywhere(run, tmp_path, canary, "old checkpoint format", capsys)
 
 
 # ------------------------------------------------------------------------------------- new format

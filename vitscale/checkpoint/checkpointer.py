@@ -16,7 +16,7 @@ its files, so a run killed mid-save never leaves a half checkpoint where a resum
 that fails (disk full, permission) removes its partial folder and raises one readable error. Before
 a resume uses a checkpoint, its files are verified against their checksums (the ranks share the
 work); a damaged one is skipped with a warning naming the file, and the next older one is used.
-Checkpoints of the previous format (DCP's pickled ``.metadata``) are refused, see :func:`legacy_error`.
+Checkpoints of the previous format (DCP's pickled ``.metadata``) are refused (:func:`legacy_error`).
 """
 
 from __future__ import annotations
@@ -88,10 +88,11 @@ def _cause(e: BaseException | None) -> str:
 
 
 def legacy_error(path: Path) -> CheckpointError:
+    """An old-format checkpoint is never read (its index is a pickle): one line saying what to do."""
     return CheckpointError(
-        f"{path} is a checkpoint in vitscale's old format (DCP's pickled .metadata), which is no longer read because "
-        f"reading it can run code; start a new train.output_dir, or convert one you made yourself: "
-        f"vitscale convert --trust-legacy-pickle {path} NEW_STEP_FOLDER"
+        f"{path} is in vitscale's old checkpoint format (a pickled DCP .metadata, which can run code when read) and is "
+        f"not read: start a new train.output_dir, or for a checkpoint you made yourself, export its weights with the "
+        f"vitscale that wrote it (vitscale convert {path} model.safetensors) and start from checkpoint.init_from=model.safetensors"
     )
 
 
