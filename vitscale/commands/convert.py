@@ -8,7 +8,9 @@ import sys
 EPILOG = """\
 CHECKPOINT is a step folder (runs/x/checkpoints/step_00001000), a checkpoints/ folder or a run
 folder (the newest step). The checkpoint may come from any number of ranks and any layout (FSDP,
-TP, HSDP); conversion runs on one process. Examples:
+TP, HSDP); conversion runs on one process. The checkpoint's files are verified against their
+checksums first (a run folder: its newest intact checkpoint); each output file carries a checksum in
+its safetensors metadata. Examples:
   vitscale convert runs/vit_b16 vit_b16.safetensors
   vitscale convert runs/vit_22b/checkpoints/step_00100000 out/vit_22b.safetensors --dtype bf16 --max-shard-size 5GB
   vitscale convert runs/vit_b16 vit_b16_ema.safetensors --key ema
