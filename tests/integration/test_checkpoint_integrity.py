@@ -28,7 +28,7 @@ def _losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
 
 
-def test_garbage_in_newest_checkpoint_falls_back_to_older(tmp_path, capsys):
+def test_garbage_in_newest_checkpoint_falls_back_to_older(tmp_path, capsys, caplog):
     run = tmp_path / "run"
     assert main(["train", "digits_vit", "train.max_steps=4", f"train.output_dir={run}", *TINY]) == 0
     first = _losses(run)
@@ -41,7 +41,9 @@ def test_garbage_in_newest_checkpoint_falls_back_to_older(tmp_path, capsys):
 
     assert main(["train", "digits_vit", "train.max_steps=6", f"train.output_dir={run}", *TINY]) == 0
     out = capsys.readouterr()
-    warning = [line for line in out.err.splitlines() if "skipping damaged checkpoint" in line]
+    # logging's stderr fallback prints it, unless a handler is installed (pytest's capture is one)
+    lines = out.err.splitlines() + [r.getMessage() for r in caplog.records if r.name == "vitscale.checkpoint"]
+    warning = [line for line in lines if "skipping damaged checkpoint" in line]
     assert len(warning) == 1 and "step_00000004" in warning[0] and str(shard) in warning[0] and "checksum mismatch" in warning[0]
     summary = json.loads(out.out[out.out.index("{") :])
     assert summary["resumed_from"].endswith("step_00000002") and summary["steps_this_run"] == 4
