@@ -38,7 +38,15 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from .integrity import CheckpointError, CorruptFile, naming_errors
 from .safetensors_io import read_safetensors, write_safetensors
-from .storage import INDEX, SafetensorsReader, SafetensorsWriter, read_full, read_manifests, read_member, verify
+from .storage import (
+    INDEX,
+    SafetensorsReader,
+    SafetensorsWriter,
+    read_full,
+    read_manifests,
+    read_member,
+    verify,
+)
 
 STEP_RE = re.compile(r"^step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
