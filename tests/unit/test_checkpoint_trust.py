@@ -197,3 +197,17 @@ def test_state_files_are_strict_json(tmp_path):
         Checkpointer(tmp_path).save(1, _state(), {"step": 1, "loss": float("nan")})
     assert not any(tmp_path.iterdir())
     assert json.loads(seal_json({"a": 1}))["checksum"].startswith("xxh3_64:")
+
+
+def test_convert_reads_no_endless_state_file(tmp_path):
+    """`vitscale convert` checksums only the weights it converts; the informative step number comes
+    from trainer_state.json, which must then be a small regular file (not a link to /dev/zero)."""
+    from vitscale.checkpoint.consolidate import consolidate, load_consolidated
+
+    ck = _saved(tmp_path, steps=(1,))
+    state = ck.latest() / "trainer_state.json"
+    state.unlink()
+    state.symlink_to("/dev/zero")
+    (out,) = consolidate(ck.latest(), tmp_path / "w.safetensors")
+    assert load_consolidated(out)["w"].equal(_state(1)["model"]["w"])
+    assert "step" not in read_safetensors(out)[1]

@@ -36,26 +36,28 @@ def parse_size(text: str | int | None) -> int | None:
 
 
 def _run_metadata(ckpt: Path) -> dict[str, str]:
-    """Model name / overrides from the run's config.yaml next to ``checkpoints/`` (when present)."""
+    """Model name / overrides from the run's config.yaml next to ``checkpoints/`` and the step, when
+    present (informative: small regular files only, anything unreadable is left out)."""
+    from .integrity import CorruptFile, member, read_json
+
     meta = {"source": str(ckpt), "format": "pt"}
     for cfg_path in (ckpt.parent.parent / "config.yaml", ckpt.parent / "config.yaml"):
-        if cfg_path.is_file():
+        if cfg_path.is_file() and cfg_path.stat().st_size <= 1 << 20:
             import yaml
 
-            with open(cfg_path) as f:
-                cfg = yaml.safe_load(f) or {}
-            model = cfg.get("model", {}) or {}
-            if "name" in model:
-                meta["model"] = str(model["name"])
-                meta["overrides"] = json.dumps(model.get("overrides") or {})
+            try:
+                cfg = yaml.safe_load(cfg_path.read_text()) or {}
+                model = cfg.get("model", {}) or {}
+                if "name" in model:
+                    meta["model"] = str(model["name"])
+                    meta["overrides"] = json.dumps(model.get("overrides") or {})
+            except (yaml.YAMLError, AttributeError, TypeError, ValueError, UnicodeDecodeError):
+                pass
             break
-    state = ckpt / "trainer_state.json"
-    if state.is_file():
-        try:
-            with open(state) as f:
-                meta["step"] = str(int(json.load(f)["step"]))
-        except (ValueError, KeyError, TypeError):
-            pass  # informative only
+    try:
+        meta["step"] = str(int(read_json(member(ckpt, "trainer_state.json"), 1 << 20)["step"]))
+    except (CorruptFile, KeyError, TypeError, ValueError):
+        pass
     return meta
 
 
