@@ -204,10 +204,12 @@ def test_convert_reads_no_endless_state_file(tmp_path):
     from trainer_state.json, which must then be a small regular file (not a link to /dev/zero)."""
     from vitscale.checkpoint.consolidate import consolidate, load_consolidated
 
-    ck = _saved(tmp_path, steps=(1,))
-    state = ck.latest() / "trainer_state.json"
-    state.unlink()
-    state.symlink_to("/dev/zero")
-    (out,) = consolidate(ck.latest(), tmp_path / "w.safetensors")
+    _saved(tmp_path, steps=(1,))
+    step = tmp_path / "checkpoints" / "step_00000001"
+    (step / "trainer_state.json").unlink()
+    (step / "trainer_state.json").symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError, match="trainer_state.json: is a symbolic link"):
+        Checkpointer(step.parent).latest()  # a resume refuses it
+    (out,) = consolidate(step, tmp_path / "w.safetensors")
     assert load_consolidated(out)["w"].equal(_state(1)["model"]["w"])
     assert "step" not in read_safetensors(out)[1]
