@@ -120,7 +120,7 @@ def _counts(model) -> tuple[int, int, int]:
             n = sum(p.numel() for p in m.parameters())
             biggest = max(biggest, n)
             # everything but the norms / LayerScale of a block is sharded by TP
-            tp += n - sum(p.numel() for mm in m.modules() if isinstance(mm, torch.nn.LayerNorm) for p in mm.parameters())
+            tp += n - sum(p.numel() for mm in m.modules() if isinstance(mm, (torch.nn.LayerNorm, torch.nn.RMSNorm)) for p in mm.parameters())
             tp -= sum(p.numel() for n_, p in m.named_parameters() if n_.startswith(("ls", "ls1", "ls2")))
     pool = getattr(model, "attn_pool", None)
     if pool is not None:

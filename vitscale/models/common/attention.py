@@ -30,6 +30,7 @@ class Attention(nn.Module):
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
         norm_bias: bool = True,
+        norm_type: str = "layernorm",
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         device=None,
@@ -42,8 +43,8 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.attn_drop = attn_drop
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
-        self.q_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype) if qk_norm else nn.Identity()
-        self.k_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype) if qk_norm else nn.Identity()
+        self.q_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
+        self.k_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = nn.Dropout(proj_drop)
 

@@ -25,6 +25,7 @@ class AttentionPoolHead(nn.Module):
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
         norm_bias: bool = True,
+        norm_type: str = "layernorm",
         activation: str = "gelu",
         device=None,
         dtype=None,
@@ -35,10 +36,10 @@ class AttentionPoolHead(nn.Module):
         self.latent = nn.Parameter(torch.empty(1, 1, dim, device=device, dtype=dtype))
         self.q = nn.Linear(dim, dim, bias=qkv_bias, device=device, dtype=dtype)
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias, device=device, dtype=dtype)
-        self.q_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype) if qk_norm else nn.Identity()
-        self.k_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype) if qk_norm else nn.Identity()
+        self.q_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
+        self.k_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, device=device, dtype=dtype)
-        self.norm = make_norm(dim, norm_eps, norm_bias, device, dtype)
+        self.norm = make_norm(dim, norm_eps, norm_bias, device, dtype, norm_type)
         self.mlp = Mlp(dim, mlp_hidden, activation=activation, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

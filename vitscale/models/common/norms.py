@@ -1,4 +1,4 @@
-"""Normalisation layers: LayerNorm with or without bias (ViT-22B), LayerScale."""
+"""Normalisation layers: LayerNorm with or without bias (ViT-22B), RMSNorm, LayerScale."""
 
 from __future__ import annotations
 
@@ -6,8 +6,15 @@ import torch
 from torch import nn
 
 
-def make_norm(dim: int, eps: float = 1e-6, bias: bool = True, device=None, dtype=None) -> nn.LayerNorm:
-    """A LayerNorm; ``bias=False`` gives the bias-free LayerNorm of ViT-22B."""
+def make_norm(
+    dim: int, eps: float = 1e-6, bias: bool = True, device=None, dtype=None, kind: str = "layernorm"
+) -> nn.Module:
+    """A LayerNorm (``bias=False``: the bias-free LayerNorm of ViT-22B) or, with ``kind="rmsnorm"``,
+    an RMSNorm (a scale, never a bias: ``x / sqrt(mean(x^2) + eps) * weight``)."""
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=eps, device=device, dtype=dtype)
+    if kind != "layernorm":
+        raise ValueError(f"unknown norm {kind!r}: use layernorm or rmsnorm")
     return nn.LayerNorm(dim, eps=eps, bias=bias, device=device, dtype=dtype)
 
 

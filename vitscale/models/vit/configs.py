@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 POOLS = ("token", "avg", "map", "none")
+NORMS = ("layernorm", "rmsnorm")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class ViTConfig:
     """Patch dropout: fraction of patch tokens dropped during training (NeMo CLIP ``drop_patch_rate``)."""
     class_token_length: int = 1
     """Learnable prefix tokens: 0 = none, 1 = a class token, >1 = class token plus registers."""
+    class_token: bool = True
+    """Whether the first prefix token is a class token. False: all ``class_token_length`` prefix tokens
+    are register tokens (timm ``class_token=False, reg_tokens=N``). The model computes the same either
+    way; the flag names the tokens for conversion and rules out ``pool='token'``."""
     pool: str = "token"
     """Head pooling: ``token`` (first prefix token), ``avg`` (mean of patch tokens, the pooled
     classifier), ``map`` (multihead attention pooling) or ``none`` (all tokens)."""
@@ -65,8 +70,11 @@ class ViTConfig:
     """Bias on the attention output projection."""
     mlp_bias: bool = True
     """Bias on the MLP layers (ViT-22B keeps them)."""
+    norm_type: str = "layernorm"
+    """Every norm of the model (blocks, QK norms, pre / final / fc norm, MAP head): ``layernorm`` or
+    ``rmsnorm`` (root-mean-square norm with a scale only, as timm's ``RmsNorm``)."""
     norm_bias: bool = True
-    """LayerNorms with a bias (ViT-22B: False)."""
+    """LayerNorms with a bias (ViT-22B: False); an RMSNorm never has one."""
     patch_bias: bool = True
     """Bias on the patch-embedding projection (OpenAI CLIP: False)."""
     norm_eps: float = 1e-6
@@ -81,8 +89,10 @@ class ViTConfig:
     def __post_init__(self) -> None:
         if self.pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {self.pool!r}")
-        if self.pool == "token" and self.class_token_length < 1:
-            raise ValueError("pool='token' needs class_token_length >= 1; use pool='avg' or 'map' without one")
+        if self.pool == "token" and (self.class_token_length < 1 or not self.class_token):
+            raise ValueError("pool='token' needs a class token (class_token_length >= 1, class_token=True)")
+        if self.norm_type not in NORMS:
+            raise ValueError(f"norm_type must be one of {NORMS}, got {self.norm_type!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} must be divisible by num_attention_heads {self.num_attention_heads}"

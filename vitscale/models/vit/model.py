@@ -35,17 +35,17 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ViTConfig, drop_path: float = 0.0, device=None, dtype=None):
         super().__init__()
-        D, eps, nb = cfg.hidden_size, cfg.norm_eps, cfg.norm_bias
-        self.norm1 = make_norm(D, eps, nb, device, dtype)
+        D, eps, nb, nt = cfg.hidden_size, cfg.norm_eps, cfg.norm_bias, cfg.norm_type
+        self.norm1 = make_norm(D, eps, nb, device, dtype, nt)
         self.attn = Attention(
             D, cfg.num_attention_heads, qkv_bias=cfg.qkv_bias, proj_bias=cfg.proj_bias, qk_norm=cfg.qk_norm,
-            norm_eps=eps, norm_bias=nb, attn_drop=cfg.attention_dropout, proj_drop=cfg.hidden_dropout,
+            norm_eps=eps, norm_bias=nb, norm_type=nt, attn_drop=cfg.attention_dropout, proj_drop=cfg.hidden_dropout,
             device=device, dtype=dtype,
         )  # fmt: skip
         ls = cfg.layer_scale_init
         self.ls1 = LayerScale(D, ls, device, dtype) if ls is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
-        self.norm2 = make_norm(D, eps, nb, device, dtype)
+        self.norm2 = make_norm(D, eps, nb, device, dtype, nt)
         self.mlp = Mlp(
             D, cfg.ffn_hidden_size, bias=cfg.mlp_bias, activation=cfg.activation, dropout=cfg.hidden_dropout,
             device=device, dtype=dtype,
@@ -72,20 +72,20 @@ class ParallelBlock(nn.Module):
     def __init__(self, cfg: ViTConfig, drop_path: float = 0.0, device=None, dtype=None):
         super().__init__()
         D, H, F_ = cfg.hidden_size, cfg.num_attention_heads, cfg.ffn_hidden_size
-        eps, nb = cfg.norm_eps, cfg.norm_bias
+        eps, nb, nt = cfg.norm_eps, cfg.norm_bias, cfg.norm_type
         self.num_heads = H
         self.head_dim = D // H
         self.mlp_per_head = F_ // H
         self.attn_drop = cfg.attention_dropout
-        self.norm = make_norm(D, eps, nb, device, dtype)
+        self.norm = make_norm(D, eps, nb, device, dtype, nt)
         self.in_proj = nn.Linear(D, H * (3 * self.head_dim + self.mlp_per_head), bias=cfg.qkv_bias, device=device, dtype=dtype)
         # Without a QKV bias the MLP keeps its own bias, laid out per head like the in_proj rows.
         if cfg.mlp_bias and not cfg.qkv_bias:
             self.mlp_bias = nn.Parameter(torch.empty(H, self.mlp_per_head, device=device, dtype=dtype))
         else:
             self.register_parameter("mlp_bias", None)
-        self.q_norm = make_norm(self.head_dim, eps, nb, device, dtype) if cfg.qk_norm else nn.Identity()
-        self.k_norm = make_norm(self.head_dim, eps, nb, device, dtype) if cfg.qk_norm else nn.Identity()
+        self.q_norm = make_norm(self.head_dim, eps, nb, device, dtype, nt) if cfg.qk_norm else nn.Identity()
+        self.k_norm = make_norm(self.head_dim, eps, nb, device, dtype, nt) if cfg.qk_norm else nn.Identity()
         self.act = make_activation(cfg.activation)
         self.mlp_drop = nn.Dropout(cfg.hidden_dropout)
         self.out_proj = nn.Linear(
@@ -122,7 +122,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         D, L = cfg.hidden_size, cfg.class_token_length
-        eps, nb = cfg.norm_eps, cfg.norm_bias
+        eps, nb, nt = cfg.norm_eps, cfg.norm_bias, cfg.norm_type
         self.num_features = D
         self.num_prefix_tokens = L
         self.grad_checkpointing = False
@@ -132,22 +132,22 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.empty(1, n_pos, D, device=device, dtype=dtype))
         self.pos_drop = nn.Dropout(cfg.hidden_dropout)
         self.patch_drop = PatchDropout(cfg.drop_patch_rate, L) if cfg.drop_patch_rate > 0 else nn.Identity()
-        self.norm_pre = make_norm(D, eps, nb, device, dtype) if cfg.pre_norm else nn.Identity()
+        self.norm_pre = make_norm(D, eps, nb, device, dtype, nt) if cfg.pre_norm else nn.Identity()
         block_cls = ParallelBlock if cfg.parallel_block else Block
         n = cfg.num_layers
         dpr = [cfg.drop_path_rate * i / max(n - 1, 1) for i in range(n)]  # linear stochastic-depth rule
         self.blocks = nn.ModuleList([block_cls(cfg, dpr[i], device, dtype) for i in range(n)])
         use_fc_norm = cfg.use_fc_norm
-        self.norm = make_norm(D, eps, nb, device, dtype) if cfg.final_norm and not use_fc_norm else nn.Identity()
+        self.norm = make_norm(D, eps, nb, device, dtype, nt) if cfg.final_norm and not use_fc_norm else nn.Identity()
         self.attn_pool = (
             AttentionPoolHead(
-                D, cfg.num_attention_heads, cfg.ffn_hidden_size, norm_eps=eps, norm_bias=nb,
+                D, cfg.num_attention_heads, cfg.ffn_hidden_size, norm_eps=eps, norm_bias=nb, norm_type=nt,
                 activation=cfg.activation, device=device, dtype=dtype,
             )
             if cfg.pool == "map"
             else None
         )  # fmt: skip
-        self.fc_norm = make_norm(D, eps, nb, device, dtype) if cfg.final_norm and use_fc_norm else nn.Identity()
+        self.fc_norm = make_norm(D, eps, nb, device, dtype, nt) if cfg.final_norm and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.head_dropout)
         self.pre_logits = (
             nn.Sequential(nn.Linear(D, D, device=device, dtype=dtype), nn.Tanh()) if cfg.pre_logits else nn.Identity()
@@ -169,6 +169,8 @@ class VisionTransformer(nn.Module):
                 nn.init.ones_(m.weight)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.RMSNorm):
+                nn.init.ones_(m.weight)
         for m in self.modules():
             if m is not self and hasattr(m, "init_weights"):
                 m.init_weights()
