@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from functools import partial
+
 import pytest
 import torch
 
@@ -32,8 +35,12 @@ TIMM_CONFIGS = {
     "parallel_map_22b_style": dict(
         block_fn=ParallelScalingBlock, qkv_bias=False, qk_norm=True, class_token=False, global_pool="map"
     ),
+    "parallel_block_fused_out_proj": dict(block_fn=partial(ParallelScalingBlock, fuse_out_proj=True), qkv_bias=True),
     "mlp_ratio_3": dict(mlp_ratio=3.0),
     "gelu_tanh": dict(act_layer="gelu_tanh"),
+    "silu_rmsnorm": dict(act_layer="silu", norm_layer="rmsnorm", qk_norm=True),
+    "registers_no_class_token": dict(class_token=False, reg_tokens=3, global_pool="avg"),
+    "dynamic_img_size": dict(dynamic_img_size=True, global_pool="map", class_token=False),
 }
 
 
@@ -66,11 +73,14 @@ def test_timm_to_vitscale_and_back(name):
                     tm.forward_head(tm.forward_features(x), pre_logits=True)) < 1e-5  # fmt: skip
 
     # back: our state dict loads strictly into the matching timm model and gives the same output
-    tm2 = create_timm_model(ours, load_weights=False).eval()
+    tm2 = create_timm_model(ours, load_weights=False, dynamic_img_size=tm.dynamic_img_size).eval()
     missing = tm2.load_state_dict(to_timm(ours), strict=True)
     assert not missing.missing_keys and not missing.unexpected_keys
     with torch.no_grad():
         assert _rel(tm2(x), out) < 1e-5
+        if tm.dynamic_img_size:  # another image size: both interpolate the position embeddings alike
+            x48 = torch.randn(2, 3, 48, 48)
+            assert _rel(ours(x48), tm(x48)) < 1e-5 and _rel(tm2(x48), tm(x48)) < 1e-5
 
 
 @pytest.mark.parametrize(
@@ -80,6 +90,10 @@ def test_timm_to_vitscale_and_back(name):
         dict(class_token_length=3, pool="avg"),
         dict(parallel_block=True, qkv_bias=False, qk_norm=True, pool="map", class_token_length=0),
         dict(layer_scale_init=1e-2, pos_embed_prefix=False, class_token_length=2),
+        dict(class_token=False, class_token_length=4, pool="avg"),  # registers only
+        dict(norm_type="rmsnorm", qk_norm=True, pool="map", class_token_length=0),
+        dict(norm_type="rmsnorm", parallel_block=True, qkv_bias=False, qk_norm=True, class_token_length=3),
+        dict(drop_path_rate=0.1, hidden_dropout=0.1, attention_dropout=0.05, head_dropout=0.2),
     ],
 )
 def test_vitscale_to_timm_and_back(overrides):
@@ -93,6 +107,22 @@ def test_vitscale_to_timm_and_back(overrides):
         assert _rel(tm(x), out) < 1e-5
         back = from_timm(tm).eval()
         assert _rel(back(x), out) < 1e-5
+    # the whole configuration comes back, dropout rates included (timm keeps them in float32)
+    want = dataclasses.asdict(dataclasses.replace(ours.cfg, fc_norm=ours.cfg.use_fc_norm))
+    got = dataclasses.asdict(back.cfg)
+    floats = [k for k, v in want.items() if isinstance(v, float)]
+    assert {k: v for k, v in got.items() if k not in floats} == {k: v for k, v in want.items() if k not in floats}
+    assert [got[k] for k in floats] == pytest.approx([want[k] for k in floats], rel=1e-6)
+
+
+def test_register_and_norm_options_map_to_timm():
+    ours = create_model("vit_debug", class_token=False, class_token_length=2, pool="avg", norm_type="rmsnorm")
+    tm = create_timm_model(ours)
+    assert not tm.has_class_token and tm.num_reg_tokens == 2 and tm.cls_token is None
+    assert type(tm.blocks[0].norm1).__name__ == "RmsNorm" and type(tm.blocks[0].attn.q_norm).__name__ == "Identity"
+    assert set(to_timm(ours)) == set(tm.state_dict()) and "reg_token" in tm.state_dict()
+    with pytest.raises(ValueError, match="class token"):
+        create_model("vit_debug", class_token=False, pool="token")
 
 
 def test_22b_bias_free_norms_have_no_timm_equivalent():

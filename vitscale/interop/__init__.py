@@ -3,6 +3,8 @@
 - ``from_timm(timm_model)`` -> the equivalent vitscale model carrying its weights.
 - ``to_timm(model)`` -> a state dict that loads with ``strict=True`` into the timm model built by
   ``create_timm_model(model)`` (or from ``timm_kwargs(model)``).
+- ``unsupported_timm_vits()`` -> ``{name: reason}`` for the installed timm's registered ViTs that
+  vitscale's ViT cannot express; every other one converts exactly (``timm_vit.py``).
 - ``load_timm_checkpoint(path, name)`` -> a vitscale model from a local timm ``.safetensors`` or
   ``.pth``/``.bin`` file (tensors only: never unpickles arbitrary objects; no network).
 - CLIP: ``from_open_clip``, ``to_open_clip``, ``load_open_clip_checkpoint`` (in ``open_clip.py``).
@@ -36,7 +38,12 @@ def from_timm(timm_model: nn.Module) -> nn.Module:
         return volo_from_timm(timm_model)
     if not _is_timm_vit(timm_model):
         raise TypeError(f"from_timm supports timm VisionTransformer and VOLO, not {type(timm_model).__name__}")
-    cfg = vit_adapter.config_from_timm(timm_model)
+    from .timm_vit import architecture_differences
+
+    cfg = vit_adapter.config_from_timm(timm_model)  # ValueError naming what vitscale cannot express
+    diffs = architecture_differences(timm_model, cfg)
+    if diffs:  # an option config_from_timm does not know: refuse rather than convert approximately
+        raise ValueError("vitscale's ViT does not reproduce this timm model: " + "; ".join(diffs))
     ref = next(timm_model.parameters())
     model = VisionTransformer(cfg, device="meta")
     sd = vit_adapter.state_dict_from_timm(timm_model.state_dict(), cfg)
@@ -61,15 +68,19 @@ def timm_kwargs(model_or_cfg: Any) -> dict[str, Any]:
     return vit_adapter.timm_kwargs(cfg)
 
 
-def create_timm_model(model: nn.Module, load_weights: bool = True) -> nn.Module:
-    """The timm model matching a vitscale model (with its weights unless ``load_weights=False``)."""
+def create_timm_model(model: nn.Module, load_weights: bool = True, **timm_overrides: Any) -> nn.Module:
+    """The timm model matching a vitscale model (with its weights unless ``load_weights=False``).
+
+    ``timm_overrides`` go to timm's ``VisionTransformer``, e.g. ``dynamic_img_size=True`` to feed the
+    timm model other image sizes, as the vitscale model accepts them.
+    """
     if type(model).__name__ == "VOLO":
         from .timm_volo import create_timm_volo
 
         return create_timm_volo(model, load_weights=load_weights)
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-    tm = TimmViT(**timm_kwargs(model))
+    tm = TimmViT(**{**timm_kwargs(model), **timm_overrides})
     if load_weights:
         tm.load_state_dict(to_timm(model), strict=True)
     return tm
@@ -105,6 +116,17 @@ def load_timm_checkpoint(path: str | Path, name: str, **timm_overrides: Any) -> 
     return from_timm(tm)
 
 
+def unsupported_timm_vits(names: list[str] | None = None) -> dict[str, str]:
+    """``{name: reason}`` for the installed timm's ViTs that vitscale cannot express (seconds, no network).
+
+    Every other registered timm ``VisionTransformer`` converts exactly both ways; ``names`` limits the
+    check to those timm model names. ``docs/timm_vits.md`` lists them all for the timm it names.
+    """
+    from .timm_vit import unsupported_timm_vits as _f
+
+    return _f(names)
+
+
 def from_open_clip(model: nn.Module) -> nn.Module:
     from .open_clip import from_open_clip as _f
 
@@ -132,4 +154,5 @@ __all__ = [
     "timm_kwargs",
     "to_open_clip",
     "to_timm",
+    "unsupported_timm_vits",
 ]

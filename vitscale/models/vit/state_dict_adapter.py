@@ -7,11 +7,15 @@ Row layouts differ only in the fused projections:
   ``(H, 3*Dh + F/H)``. Output projection: timm has ``attn_out_proj`` + ``mlp_out_proj`` (or a fused
   ``out_proj`` over ``[attn D | mlp F]``); vitscale one ``out_proj`` over per-head ``(H, Dh + F/H)``
   columns, whose bias is the sum of timm's two biases.
-This module imports nothing from timm; ``vitscale.interop`` builds the timm models.
+- Prefix tokens: timm ``cls_token (1, 1, D)`` and ``reg_token (1, R, D)``; vitscale one
+  ``cls_token (1, L, D)`` (``class_token=False``: registers only).
+Reading a timm model imports nothing from timm (``timm_kwargs`` imports timm's layer classes);
+``vitscale.interop`` builds the timm models.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -52,22 +56,127 @@ def _ungroup_in_proj(t: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.
 
 # ----------------------------------------------------------------------------- configs
 
+_ACTIVATIONS = {"GELU": "gelu", "GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu", "SiLU": "silu", "ReLU": "relu"}
+_NORMS = {"LayerNorm": "layernorm", "RmsNorm": "rmsnorm", "RMSNorm": "rmsnorm"}
 
-def config_from_timm(tm: Any) -> ViTConfig:
-    """The ``ViTConfig`` equivalent to a timm ``VisionTransformer`` instance."""
+
+def _is(m: Any, *names: str) -> bool:
+    return type(m).__name__ in names
+
+
+def _activation(act: Any) -> str | None:
+    name = _ACTIVATIONS.get(type(act).__name__)
+    if name == "gelu" and getattr(act, "approximate", "none") == "tanh":
+        return "gelu_tanh"
+    return name
+
+
+def _side(hw: Any) -> Any:
+    return hw[0] if hw[0] == hw[1] else tuple(hw)
+
+
+def _norms(tm: Any) -> list[Any]:
+    """Every norm layer of a timm ViT after the patch embedding (``norm*``, ``*_norm`` attributes)."""
+    return [
+        m for n, m in tm.named_modules()
+        if "norm" in n.rsplit(".", 1)[-1] and not n.startswith("patch_embed") and not _is(m, "Identity")
+    ]  # fmt: skip
+
+
+def unsupported_timm_options(tm: Any) -> list[str]:
+    """What a timm ``VisionTransformer`` uses that vitscale's ViT cannot express (empty: nothing).
+
+    Each entry is a short reason naming the timm option; :func:`config_from_timm` raises them.
+    """
     from torch import nn
 
-    blk = tm.blocks[0]
-    parallel = hasattr(blk, "in_proj")
-    D = tm.embed_dim
-    if getattr(tm, "pos_embed", None) is None:
-        raise ValueError("timm models without learned position embeddings are not supported")
+    name = type(tm).__name__
+    if name != "VisionTransformer":
+        return [f"{name}, a subclass of timm's VisionTransformer with its own tokens / heads"]
+    why: list[str] = []
+    pe = tm.patch_embed
+    if not _is(pe, "PatchEmbed"):
+        stem = getattr(pe, "backbone", None)
+        what = f" with a {type(stem).__name__} backbone" if stem is not None else ""
+        why.append(f"a convolutional stem ({type(pe).__name__}{what}) instead of a patch embedding")
+    else:
+        if not isinstance(pe.norm, nn.Identity):
+            why.append("a norm after the patch embedding (timm embed_norm_layer)")
+        if pe.patch_size[0] != pe.patch_size[1]:
+            why.append(f"non-square patches {tuple(pe.patch_size)}")
+        if getattr(pe, "dynamic_img_pad", False):
+            why.append("inputs padded to a multiple of the patch size (timm dynamic_img_pad)")
+        if pe.img_size is None:
+            why.append("no fixed image size")
+        elif pe.img_size[0] % pe.patch_size[0] or pe.img_size[1] % pe.patch_size[1]:
+            fit = [s // p * p for s, p in zip(pe.img_size, pe.patch_size)]
+            cut = _side([s - f for s, f in zip(pe.img_size, fit)])
+            why.append(
+                f"image size {_side(pe.img_size)} is no multiple of the patch size {_side(pe.patch_size)}: timm"
+                f" never sees its last {cut} pixels; built with img_size={_side(fit)} it is the same network and converts"
+            )
+    if tm.pos_embed is None:
+        why.append("no position embeddings (timm pos_embed='none')")
     if tm.global_pool not in ("token", "avg", "map", ""):
-        raise ValueError(f"timm global_pool={tm.global_pool!r} has no vitscale equivalent")
-    if tm.global_pool == "map" and type(tm.attn_pool).__name__ != "AttentionPoolLatent":
-        raise ValueError("only timm's AttentionPoolLatent MAP head is supported")
+        why.append(f"global_pool={tm.global_pool!r}")
+    elif tm.global_pool == "map":
+        ap = tm.attn_pool
+        if not _is(ap, "AttentionPoolLatent") or ap.latent_len != 1 or ap.pos_embed is not None or ap.mlp is None:
+            why.append("a MAP head other than one latent query with projection, norm and MLP")
     if getattr(tm, "pool_include_prefix", False):
-        raise ValueError("timm pool_include_prefix=True is not supported")
+        why.append("pooling that includes the prefix tokens (timm pool_include_prefix)")
+    kinds = {type(b).__name__ for b in tm.blocks}
+    if kinds - {"Block", "ParallelScalingBlock"} or len(kinds) > 1:
+        why.append(f"{'/'.join(sorted(kinds))} blocks")
+    else:
+        blk = tm.blocks[0]
+        if _is(blk, "Block"):
+            if not _is(blk.attn, "Attention"):
+                why.append(f"{type(blk.attn).__name__} instead of standard attention")
+            elif not isinstance(getattr(blk.attn, "norm", nn.Identity()), nn.Identity):
+                why.append("a norm inside the attention (timm scale_attn_norm)")
+            if not _is(blk.mlp, "Mlp"):
+                kind = type(blk.mlp).__name__
+                why.append(f"a gated MLP ({kind})" if "glu" in kind.lower() else f"a {kind} MLP")
+            else:
+                if not isinstance(blk.mlp.norm, nn.Identity):
+                    why.append("a norm inside the MLP (timm scale_mlp_norm)")
+                if not isinstance(blk.mlp.fc1, nn.Linear):
+                    why.append("a convolutional MLP")
+            act = getattr(blk.mlp, "act", None)
+        else:
+            act = blk.mlp_act
+        if act is not None and _activation(act) is None:
+            why.append(f"the {type(act).__name__} activation")
+    norms = {type(m).__name__ for m in _norms(tm)}
+    if norms - set(_NORMS):
+        why.append(f"{'/'.join(sorted(norms - set(_NORMS)))} norm layers")
+    elif len({_NORMS[n] for n in norms}) > 1:
+        why.append(f"mixed norm layers ({', '.join(sorted(norms))})")
+    return why
+
+
+def _mlp_ratio(ffn: int, dim: int) -> float:
+    """A ratio with ``int(dim * ratio) == ffn`` (timm's rule for the MLP width)."""
+    r = ffn / dim
+    while int(dim * r) < ffn:  # F / D may round down, e.g. 4304 / 1152 * 1152 = 4303.99...
+        r = math.nextafter(r, math.inf)
+    return r
+
+
+def config_from_timm(tm: Any) -> ViTConfig:
+    """The ``ViTConfig`` equivalent to a timm ``VisionTransformer`` instance.
+
+    ValueError listing every option vitscale's ViT cannot express (:func:`unsupported_timm_options`).
+    """
+    from torch import nn
+
+    why = unsupported_timm_options(tm)
+    if why:
+        raise ValueError("; ".join(why))
+    blk = tm.blocks[0]
+    parallel = _is(blk, "ParallelScalingBlock")
+    D = tm.embed_dim
     if parallel:
         heads = blk.num_heads
         ffn = blk.in_proj.out_features - 3 * D
@@ -76,9 +185,8 @@ def config_from_timm(tm: Any) -> ViTConfig:
         out = blk.out_proj if blk.out_proj is not None else blk.attn_out_proj
         proj_bias = out.bias is not None
         qk_norm = not isinstance(blk.q_norm, nn.Identity)
-        act = blk.mlp_act
-        norm = blk.in_norm
-        ls = blk.ls
+        act, norm, ls = blk.mlp_act, blk.in_norm, blk.ls
+        attn_drop, proj_drop = blk.attn_drop.p, blk.mlp_drop.p
     else:
         heads = blk.attn.num_heads
         ffn = blk.mlp.fc1.out_features
@@ -86,20 +194,14 @@ def config_from_timm(tm: Any) -> ViTConfig:
         proj_bias = blk.attn.proj.bias is not None
         mlp_bias = blk.mlp.fc1.bias is not None
         qk_norm = not isinstance(blk.attn.q_norm, nn.Identity)
-        act = blk.mlp.act
-        norm = blk.norm1
-        ls = blk.ls1
-    act_name = {"GELU": "gelu", "GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu", "SiLU": "silu", "ReLU": "relu"}.get(
-        type(act).__name__
-    )
-    if act_name == "gelu" and getattr(act, "approximate", "none") == "tanh":
-        act_name = "gelu_tanh"
-    if act_name is None:
-        raise ValueError(f"unsupported timm activation {type(act).__name__}")
+        act, norm, ls = blk.mlp.act, blk.norm1, blk.ls1
+        attn_drop, proj_drop = blk.attn.attn_drop.p, blk.attn.proj_drop.p
+    if tm.pos_drop.p != proj_drop:
+        raise ValueError(f"timm pos_drop_rate {tm.pos_drop.p} != proj_drop_rate {proj_drop}: vitscale has one hidden_dropout")
+    last = tm.blocks[-1]
+    drop_path = getattr(getattr(last, "drop_path1", getattr(last, "drop_path", None)), "drop_prob", 0.0)
     grid = tm.patch_embed.grid_size
     patch = tm.patch_embed.patch_size[0]
-    n_prefix = tm.num_prefix_tokens
-    norm_bias = getattr(norm, "bias", None) is not None
     return ViTConfig(
         img_h=grid[0] * patch,
         img_w=grid[1] * patch,
@@ -109,22 +211,29 @@ def config_from_timm(tm: Any) -> ViTConfig:
         hidden_size=D,
         ffn_hidden_size=ffn,
         num_attention_heads=heads,
+        hidden_dropout=proj_drop,
+        attention_dropout=attn_drop,
         num_classes=tm.num_classes,
-        class_token_length=n_prefix,
+        drop_path_rate=drop_path,
+        drop_patch_rate=getattr(tm.patch_drop, "prob", 0.0),
+        class_token_length=tm.num_prefix_tokens,
+        class_token=tm.has_class_token or tm.num_prefix_tokens == 0,
         pool={"": "none"}.get(tm.global_pool, tm.global_pool),
         fc_norm=not isinstance(tm.fc_norm, nn.Identity),
         final_norm=not (isinstance(tm.norm, nn.Identity) and isinstance(tm.fc_norm, nn.Identity)),
         pre_norm=not isinstance(tm.norm_pre, nn.Identity),
+        head_dropout=tm.head_drop.p,
         parallel_block=parallel,
         qk_norm=qk_norm,
         qkv_bias=qkv_bias,
         proj_bias=proj_bias,
         mlp_bias=mlp_bias,
-        norm_bias=norm_bias,
+        norm_type=_NORMS[type(norm).__name__],
+        norm_bias=getattr(norm, "bias", None) is not None or _NORMS[type(norm).__name__] == "rmsnorm",
         patch_bias=tm.patch_embed.proj.bias is not None,
         norm_eps=norm.eps,
-        activation=act_name,
-        layer_scale_init=None if isinstance(ls, nn.Identity) else 1e-5,
+        activation=_activation(act),
+        layer_scale_init=None if isinstance(ls, nn.Identity) else ls.init_values,
         pos_embed_prefix=not tm.no_embed_class,
     )
 
@@ -135,7 +244,7 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         raise ValueError("timm has no pre-logits (tanh) layer: a model with pre_logits=True has no timm equivalent")
     if not cfg.parallel_block and cfg.proj_bias != cfg.mlp_bias:
         raise ValueError("timm ties the attention-projection and MLP biases (proj_bias); set them equal")
-    if not cfg.norm_bias:
+    if not cfg.norm_bias and cfg.norm_type == "layernorm":
         raise ValueError("timm's ViT LayerNorms always have a bias: norm_bias=False has no timm equivalent")
     if cfg.patch_bias == cfg.pre_norm:
         raise ValueError("timm gives the patch embedding a bias exactly when pre_norm is off")
@@ -143,13 +252,14 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
 
     from torch import nn
 
-    acts = {"gelu": nn.GELU, "gelu_tanh": partial(nn.GELU, approximate="tanh"), "silu": nn.SiLU, "relu": nn.ReLU}
-    if cfg.activation == "quick_gelu":
-        from timm.layers import QuickGELU
+    if cfg.norm_type == "rmsnorm":
+        from timm.layers import RmsNorm
 
-        act = QuickGELU
+        norm_layer = partial(RmsNorm, eps=cfg.norm_eps)
     else:
-        act = acts[cfg.activation]
+        norm_layer = partial(nn.LayerNorm, eps=cfg.norm_eps)
+    acts = {"gelu": nn.GELU, "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": nn.SiLU, "relu": nn.ReLU}
+    class_token = cfg.class_token and cfg.class_token_length > 0
     kw: dict[str, Any] = dict(
         img_size=(cfg.img_h, cfg.img_w),
         patch_size=cfg.patch_dim,
@@ -159,19 +269,25 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         embed_dim=cfg.hidden_size,
         depth=cfg.num_layers,
         num_heads=cfg.num_attention_heads,
-        mlp_ratio=cfg.ffn_hidden_size / cfg.hidden_size,
+        mlp_ratio=_mlp_ratio(cfg.ffn_hidden_size, cfg.hidden_size),
         qkv_bias=cfg.qkv_bias,
         qk_norm=cfg.qk_norm,
         proj_bias=cfg.proj_bias or cfg.mlp_bias,
         init_values=cfg.layer_scale_init,
-        class_token=cfg.pool == "token" or cfg.class_token_length > 0,
-        reg_tokens=max(cfg.class_token_length - 1, 0),
+        class_token=class_token,
+        reg_tokens=cfg.class_token_length - int(class_token),
         no_embed_class=not cfg.pos_embed_prefix,
         pre_norm=cfg.pre_norm,
         final_norm=cfg.final_norm,
         fc_norm=cfg.use_fc_norm,
-        norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps),
-        act_layer=act,
+        drop_rate=cfg.head_dropout,
+        pos_drop_rate=cfg.hidden_dropout,
+        proj_drop_rate=cfg.hidden_dropout,
+        attn_drop_rate=cfg.attention_dropout,
+        patch_drop_rate=cfg.drop_patch_rate,
+        drop_path_rate=cfg.drop_path_rate,
+        norm_layer=norm_layer,
+        act_layer=acts[cfg.activation],
     )
     if cfg.parallel_block:
         from timm.models.vision_transformer import ParallelScalingBlock
@@ -242,11 +358,12 @@ def state_dict_to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str,
     H, D = cfg.num_attention_heads, cfg.hidden_size
     out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
-        if k == "cls_token":
-            if cfg.class_token_length >= 1:
+        if k == "cls_token":  # (1, L, D): [class token,] registers
+            n_cls = int(cfg.class_token)
+            if n_cls:
                 out["cls_token"] = v[:, :1]
-            if cfg.class_token_length > 1:
-                out["reg_token"] = v[:, 1:]
+            if cfg.class_token_length > n_cls:
+                out["reg_token"] = v[:, n_cls:]
             continue
         if k.startswith("blocks.") and cfg.parallel_block:
             continue
