@@ -32,6 +32,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "parallel.ac_method": ("block", "uniform"),
     "precision.autocast": ("auto", "bf16", "fp16", "none"),
     "log.progress": ("auto", "bar", "plain", "none"),
+    "eval.probe": ("none", "linear", "fewshot"),
 }
 
 
@@ -167,6 +168,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if origin in (tuple, list):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and args and args[-1] is Ellipsis:
             value = [value]
+        if isinstance(value, str) and args and args[-1] is Ellipsis and args[0] in (int, float):
+            value = [yaml.safe_load(v) for v in value.split(",")]  # numbers: ``eval.shots=1,5,10``
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {value!r} ({type(value).__name__})")
         if origin is tuple and args and args[-1] is not Ellipsis and len(args) != len(value):

@@ -171,6 +171,27 @@ class EvalConfig:
     """Evaluate every N steps; 0 = only at the end."""
     batch_size: int = 256
     """Per-rank evaluation batch size."""
+    probe: str = "none"
+    """``vitscale eval`` on frozen pre-logits features (``forward_head(forward_features(x),
+    pre_logits=True)``; CLIP: the image embedding) instead of the model's own head: none | linear
+    (L-BFGS multinomial logistic regression on the train split, L2 penalty chosen on a held-out part
+    of it, validation top-1 / top-5) | fewshot (big_vision's few-shot evaluator: closed-form ridge
+    regression on ``shots`` images per class, validation top-1 averaged over ``fewshot_seeds``)."""
+    probe_l2: tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+    """Linear probe: the L2 penalties tried (on standardised features; objective = mean
+    cross-entropy + l2 / 2 * |W|^2, so scikit-learn's C = 1 / (l2 * n_train)); one value = no search."""
+    probe_holdout: float = 0.2
+    """Linear probe: fraction of each class of the train split held out to choose ``probe_l2`` (a
+    split keyed by ``train.seed``); the chosen penalty is then refit on the whole train split."""
+    probe_max_iter: int = 1000
+    """Linear probe: L-BFGS iterations per fit (at most)."""
+    shots: tuple[int, ...] = (1, 5, 10, 25)
+    """Few-shot: training images per class (big_vision's default; ``eval.shots=1,5,10``)."""
+    fewshot_seeds: int = 3
+    """Few-shot: draws of the k images per class (keyed by ``train.seed``, draw and class);
+    accuracies are averaged over them (big_vision: 3)."""
+    fewshot_l2: float = 1024.0
+    """Few-shot: ridge penalty on whitened features (big_vision: 2 ** 10)."""
 
 
 @dataclass
