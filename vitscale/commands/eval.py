@@ -16,7 +16,9 @@ def register(subparsers) -> None:
         ".safetensors file.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: vitscale eval digits_vit checkpoint.path=runs/digits_vit\n"
-        "         vitscale eval digits_vit checkpoint.path=runs/digits_vit/model.safetensors --ema",
+        "         vitscale eval digits_vit checkpoint.path=runs/digits_vit/model.safetensors --ema\n"
+        "         vitscale eval runs/digits_vit/config.yaml checkpoint.path=runs/digits_vit eval.probe=linear\n"
+        "         vitscale eval runs/digits_vit/config.yaml checkpoint.path=runs/digits_vit eval.probe=fewshot eval.shots=1,5,10",
     )
     p.add_argument("config", help="YAML path or built-in config name (model and data)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
@@ -43,7 +45,7 @@ def run(args) -> int:
     try:
         with sdpa_backend(cfg.train.sdpa):  # the attention kernels training used
             result = evaluate_checkpoint(cfg, cfg.checkpoint.path, ema=args.ema)
-    except (FileNotFoundError, KeyError, CheckpointError) as e:
+    except (FileNotFoundError, KeyError, ValueError, CheckpointError) as e:
         print(f"vitscale eval: {e}", file=sys.stderr)
         return 1
     text = json.dumps(result, indent=1)

@@ -70,7 +70,11 @@ def evaluate_checkpoint(cfg, path, *, ema: bool = False) -> dict:
     from vitscale.models.registry import get_family
 
     task_name = cfg.train.task or get_family(cfg.model.name).task
-    if task_name == "contrastive":  # zero-shot / retrieval through the contrastive task (clip engineer)
+    if cfg.eval.probe != "none":  # a linear / few-shot probe on frozen features instead of the head
+        from vitscale.eval.probe import run_probe
+
+        res = run_probe(cfg, model, loaders, device, autocast=autocast_factory(cfg, device))
+    elif task_name == "contrastive":  # zero-shot / retrieval through the contrastive task (clip engineer)
         from vitscale.train.tasks import get_task
 
         task = get_task(task_name)(cfg, model, num_classes)

@@ -1,0 +1,227 @@
+"""Linear-probe and few-shot evaluation of frozen features (``vitscale eval … eval.probe=linear|fewshot``).
+
+Features are the model's pre-logits representation through the uniform model API,
+``forward_head(forward_features(x), pre_logits=True)``: the pooled (and ``fc_norm``-ed) tokens of a ViT
+or VOLO, the image embedding of a CLIP (its ``forward_head`` is ``encode_image``'s projection). They
+are computed once for the train split (with the evaluation transform: no augmentation) and the
+validation split.
+
+- ``linear``: multinomial logistic regression, ``mean cross-entropy + l2 / 2 * |W|^2`` (bias not
+  penalised) on features standardised with the train split's mean and std, fitted full-batch with
+  ``torch.optim.LBFGS`` (strong-Wolfe line search): the objective of the CLIP paper's probes
+  (arXiv:2103.00020, scikit-learn's L-BFGS ``LogisticRegression`` with a searched C) solved by
+  torch, so that it runs where the features are (a GPU for ImageNet-sized feature sets) in float64
+  on CPU; ``tests/unit/test_probe.py`` checks it against scikit-learn. The penalty is chosen from
+  ``eval.probe_l2`` on a held-out part of the train split, then refit on the whole split.
+- ``fewshot``: big_vision's few-shot evaluator (``big_vision/evaluators/fewshot_lsr.py``): for each
+  of ``eval.fewshot_seeds`` draws, ``k`` train images per class, features whitened with their mean
+  and std, a constant bias feature of 100 appended, closed-form ridge regression (penalty
+  ``eval.fewshot_l2``) onto one-hot targets in {-1, 1}, top-1 of the argmax on the validation split.
+
+One process (features of the whole splits on one device).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitscale.data import keyed
+
+STREAM_PROBE_SPLIT = 101
+STREAM_FEWSHOT = 102
+BIAS_FEATURE = 100.0  # big_vision's constant bias feature: large, so the bias is barely penalised
+SMALL_PROBLEM = 1 << 22  # feature matrices with fewer elements are fitted on one CPU thread
+
+
+# ----------------------------------------------------------------------------------------- features
+def split_loader(cfg, loaders, split: str, device):
+    """The ``split`` ("train" / "val") in order, with the evaluation transform (no augmentation)."""
+    from vitscale.data.dataset import KeyedDataset
+    from vitscale.data.loader import ResumableLoader
+    from vitscale.data.sampler import EvalShardSampler
+
+    if loaders.val is None:
+        raise FileNotFoundError("the config has no validation data (set data.val_path or data.val_split)")
+    if split == "val":
+        return loaders.val
+    train = getattr(loaders.train, "dataset", None)
+    if not isinstance(train, KeyedDataset):
+        raise ValueError("probes read the whole train split: not available for data.webdataset_mode=stream")
+    return ResumableLoader(
+        KeyedDataset(train.source, loaders.val.dataset.transform),  # the eval transform of this run
+        EvalShardSampler(len(train.source), cfg.eval.batch_size), mean=cfg.data.mean, std=cfg.data.std,
+        num_workers=cfg.data.num_workers, pin_memory=cfg.data.pin_memory, persistent_workers=False, device=device,
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def extract_features(model: nn.Module, loader, device, autocast=contextlib.nullcontext):
+    """``(features float32 (N, D), labels (N,))`` on ``device``, in the loader's order."""
+    was_training = model.training
+    model.eval()
+    feats, labels = [], []
+    for batch in loader:
+        images = batch["image"].to(device, non_blocking=True)
+        with autocast():
+            f = model.forward_head(model.forward_features(images), pre_logits=True)
+        feats.append(f.float())
+        labels.append(batch["label"].to(device))
+    model.train(was_training)
+    return torch.cat(feats), torch.cat(labels)
+
+
+# ----------------------------------------------------------------------------------------- linear
+def _standardize(ref: torch.Tensor, *xs: torch.Tensor) -> list[torch.Tensor]:
+    mean, std = ref.mean(0, keepdim=True), ref.std(0, unbiased=False, keepdim=True) + 1e-5
+    return [(x - mean) / std for x in xs]
+
+
+def fit_logistic(x: torch.Tensor, y: torch.Tensor, num_classes: int, l2: float, max_iter: int = 1000, init=None):
+    """Minimise ``mean CE(x @ W + b, y) + l2 / 2 * |W|^2`` with L-BFGS; returns ``(W (D, C), b (C,))``."""
+    w = torch.zeros(x.shape[1], num_classes, dtype=x.dtype, device=x.device) if init is None else init[0].clone()
+    b = torch.zeros(num_classes, dtype=x.dtype, device=x.device) if init is None else init[1].clone()
+    w.requires_grad_(True)
+    b.requires_grad_(True)
+    tol = 1e-7 if x.dtype == torch.float64 else 1e-5  # on the largest gradient entry (scikit-learn's tol: 1e-4)
+    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe",
+                            tolerance_grad=tol, tolerance_change=tol * 1e-3)  # fmt: skip
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(x @ w + b, y) + 0.5 * l2 * (w * w).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad(), _threads_for(x):
+        opt.step(closure)
+    return w.detach(), b.detach()
+
+
+@contextlib.contextmanager
+def _threads_for(x: torch.Tensor):
+    """One intra-op thread for a small CPU problem: an L-BFGS iteration of a few microseconds' work
+    does not pay for waking threads (2 threads on a busy 2-core machine were ~60x slower)."""
+    threads = torch.get_num_threads()
+    small = x.device.type == "cpu" and x.numel() < SMALL_PROBLEM
+    if small:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if small:
+            torch.set_num_threads(threads)
+
+
+def _topk(logits: torch.Tensor, y: torch.Tensor, k: int) -> float:
+    k = min(k, logits.shape[1])
+    return 100.0 * float((logits.topk(k, dim=1).indices == y[:, None]).any(1).double().mean())
+
+
+def holdout_split(y: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(fit, held_out)`` indices: ``round(n_c * fraction)`` of every class ``c`` (at least one when
+    it has two or more), chosen by a permutation keyed by (seed, class)."""
+    fit, held = [], []
+    y_cpu = y.cpu()
+    for c in torch.unique(y_cpu).tolist():
+        idx = torch.nonzero(y_cpu == c).flatten()
+        perm = idx[torch.randperm(len(idx), generator=keyed.torch_gen(seed, c, STREAM_PROBE_SPLIT))]
+        k = min(max(int(round(len(idx) * fraction)), 1), len(idx) - 1) if len(idx) > 1 else 0
+        held.append(perm[:k])
+        fit.append(perm[k:])
+    return torch.cat(fit).sort().values.to(y.device), torch.cat(held).sort().values.to(y.device)
+
+
+def linear_probe(xtr, ytr, xva, yva, num_classes: int, l2s, holdout: float, max_iter: int, seed: int) -> dict:
+    """The linear probe (module docstring); top-1 / top-5 in percent."""
+    dtype = torch.float64 if xtr.device.type == "cpu" else torch.float32
+    xtr, xva = xtr.to(dtype), xva.to(dtype)
+    l2s = sorted({float(v) for v in l2s}, reverse=True)  # strong -> weak: each fit warm-starts the next
+    out: dict = {}
+    init = None
+    if len(l2s) > 1:
+        fit, held = holdout_split(ytr, holdout, seed)
+        xf, xh = _standardize(xtr[fit], xtr[fit], xtr[held])
+        scores = {}
+        for l2 in l2s:
+            init = fit_logistic(xf, ytr[fit], num_classes, l2, max_iter, init)
+            scores[l2] = _topk(xh @ init[0] + init[1], ytr[held], 1)
+        best = max(l2s, key=lambda v: (scores[v], v))  # ties: the stronger penalty
+        out["linear_probe_holdout_top1"] = {f"{v:g}": s for v, s in scores.items()}
+        out["linear_probe_holdout_images"] = int(len(held))
+    else:
+        best = l2s[0]
+    xs, xv = _standardize(xtr, xtr, xva)
+    w, b = fit_logistic(xs, ytr, num_classes, best, max_iter)
+    logits = xv @ w + b
+    out = {"linear_probe_top1": _topk(logits, yva, 1), "linear_probe_top5": _topk(logits, yva, 5),
+           "linear_probe_l2": best, **out}  # fmt: skip
+    return out
+
+
+# ----------------------------------------------------------------------------------------- few-shot
+def ridge_accuracy(x, y, x_test, y_test, num_classes: int, l2: float) -> float:
+    """Top-1 (percent) of closed-form ridge regression from ``(x, y)``, big_vision style."""
+    x, x_test = x.double(), x_test.double()
+    x, x_test = _standardize(x, x, x_test)
+    pad = lambda t: torch.cat([t, torch.full((t.shape[0], 1), BIAS_FEATURE, dtype=t.dtype, device=t.device)], 1)  # noqa: E731
+    x, x_test = pad(x), pad(x_test)  # (N, D + 1)
+    target = 2.0 * F.one_hot(y, num_classes).double() - 1.0  # (N, C) in {-1, 1}
+    n, d = x.shape
+    eye = lambda m: torch.eye(m, dtype=x.dtype, device=x.device)  # noqa: E731
+    if n >= d:  # (x^T x + l2 I)^-1 x^T t
+        w = torch.linalg.solve(x.T @ x + l2 * eye(d), x.T @ target)
+    else:  # x^T (x x^T + l2 I)^-1 t: the same solution through the smaller system
+        w = x.T @ torch.linalg.solve(x @ x.T + l2 * eye(n), target)
+    return _topk(x_test @ w, y_test, 1)
+
+
+def fewshot(xtr, ytr, xva, yva, num_classes: int, shots, seeds: int, l2: float, seed: int) -> dict:
+    """k-shot top-1 (percent) averaged over ``seeds`` keyed draws of k train images per class."""
+    by_class = [torch.nonzero(ytr == c).flatten() for c in range(num_classes)]
+    per_seed: dict[int, list[float]] = {int(k): [] for k in shots}
+    for s in range(seeds):
+        perms = [idx[torch.randperm(len(idx), generator=keyed.torch_gen(seed, s, c, STREAM_FEWSHOT)).to(idx.device)]
+                 for c, idx in enumerate(by_class)]  # fmt: skip
+        for k in per_seed:
+            pick = torch.cat([p[:k] for p in perms])
+            per_seed[k].append(ridge_accuracy(xtr[pick], ytr[pick], xva, yva, num_classes, l2))
+    out: dict = {}
+    for k, accs in per_seed.items():
+        out[f"fewshot_{k}shot_top1"] = sum(accs) / len(accs)
+        out[f"fewshot_{k}shot_top1_seeds"] = accs
+    fewest = min(len(i) for i in by_class)
+    if fewest < max(per_seed):
+        out["fewshot_note"] = f"a class has only {fewest} train images: larger k use all of them"
+    return out
+
+
+# ----------------------------------------------------------------------------------------- entry
+def run_probe(cfg, model: nn.Module, loaders, device, autocast=contextlib.nullcontext) -> dict:
+    """``eval.probe`` of ``model`` on the run's train / val splits; the metrics ``vitscale eval`` prints.
+    On the CPU it runs on ``train.cpu_threads`` threads when set, as training does."""
+    threads = torch.get_num_threads()
+    if torch.device(device).type == "cpu" and cfg.train.cpu_threads > 0:  # as training does (tiny models: 1)
+        torch.set_num_threads(cfg.train.cpu_threads)
+    try:
+        return _run_probe(cfg, model, loaders, device, autocast)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_probe(cfg, model, loaders, device, autocast) -> dict:
+    ec = cfg.eval
+    xtr, ytr = extract_features(model, split_loader(cfg, loaders, "train", device), device, autocast)
+    xva, yva = extract_features(model, split_loader(cfg, loaders, "val", device), device, autocast)
+    num_classes = int(max(cfg.data.num_classes or loaders.num_classes, int(ytr.max()) + 1, int(yva.max()) + 1))
+    res = {"probe": ec.probe, "feature_dim": int(xtr.shape[1]), "train_images": int(len(ytr)), "val_images": int(len(yva))}
+    if ec.probe == "linear":
+        res.update(linear_probe(xtr, ytr, xva, yva, num_classes, ec.probe_l2, ec.probe_holdout, ec.probe_max_iter, cfg.train.seed))
+    elif ec.probe == "fewshot":
+        res.update(fewshot(xtr, ytr, xva, yva, num_classes, ec.shots, ec.fewshot_seeds, ec.fewshot_l2, cfg.train.seed))
+    else:
+        raise ValueError(f"eval.probe={ec.probe!r}: expected linear or fewshot")
+    return res
