@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "demo",
     "train",
     "eval",
+    "export",
     "data",
     "models",
     "bench",

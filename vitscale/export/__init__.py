@@ -1,0 +1,112 @@
+"""``vitscale export``: trained weights -> ONNX or ``torch.export`` graphs + ``export.json``, checked.
+
+A classifier (ViT, VOLO) becomes one graph, ``image`` (normalised images -> logits); CLIP becomes two,
+``image`` and ``text`` (token ids -> L2-normalised embeddings). Beside them, ``export.json`` holds
+what a server needs (preprocessing constants, class names, CLIP's tokenizer settings and vocabulary
+file, logit scale), each file's SHA-256, and the result of the check run right after writing (the
+file loaded back and compared with the eager model on real images and captions; ``check.py``).
+docs/using.md describes the layout; ``scripts/serve_onnx.py`` serves it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+FORMATS = {"onnx": ".onnx", "torch-export": ".pt2"}
+
+
+def default_out_dir(src: str | Path, fmt: str, ema: bool = False) -> Path:
+    """``<run folder>/export/<format>[-ema]`` (the folder of a bare ``.safetensors`` file)."""
+    p = Path(src)
+    return (p if p.is_dir() else p.parent) / "export" / (fmt + ("-ema" if ema else ""))
+
+
+def _io(name: str, dtype: str, shape: list) -> dict:
+    return {"name": name, "dtype": dtype, "shape": shape}
+
+
+def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool = False, config: str | None = None,
+           log=print) -> dict:  # fmt: skip
+    """Export ``src`` (run folder or ``.safetensors``) as ``fmt`` into ``out`` with a static batch
+    size ``batch`` (None = dynamic), check every file, write ``export.json``; returns its content."""
+    import torch
+
+    from vitscale import __version__
+    from vitscale.models.registry import get_family
+
+    from .check import check_graph, real_captions, real_images
+    from .graphs import MAX_BATCH, build_graphs, capture, write_onnx, write_pt2
+    from .source import load_source
+    from .spec import class_names, preprocess_spec, run_class_names, sha256, tokenizer_spec
+
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}: choose {' or '.join(FORMATS)}")
+    if batch is not None and batch < 1:
+        raise ValueError(f"batch size must be positive or dynamic, got {batch}")
+    source = load_source(src, ema=ema, config=config)
+    out = Path(out) if out else default_out_dir(src, fmt, ema)
+    out.mkdir(parents=True, exist_ok=True)
+    model = source.model
+    contrastive = source.task == "contrastive"
+    images = real_images(source)
+    tokens = real_captions(source) if contrastive else None
+    b = "batch" if batch is None else batch
+    info: dict = {
+        "format": fmt,
+        "exported_by": f"vitscale {__version__}, torch {torch.__version__}",
+        "model": {"name": source.name, "family": get_family(source.name).name, "task": source.task,
+                  "overrides": source.overrides, "weights": source.weights, "ema": ema, "step": source.step},
+        "batch": "dynamic" if batch is None else batch,
+        "preprocess": preprocess_spec(source),
+        "graphs": {},
+    }  # fmt: skip
+    if batch is None:
+        info["max_batch"] = MAX_BATCH
+    if contrastive:
+        info["embedding_dim"] = int(model.cfg.output_dim)
+        with torch.no_grad():
+            info["logit_scale"] = float(model.get_logit_scale())
+        info["tokenizer"] = tokenizer_spec(source, out)
+        info["zeroshot"] = {"class_names": run_class_names(source), "templates": list(source.cfg.clip.zeroshot_templates)}
+    else:
+        with torch.no_grad():
+            num_classes = int(model(images[:1]).shape[-1])
+        info["num_classes"] = num_classes
+        info["labels"] = class_names(source, num_classes)
+    for graph in build_graphs(source, images, tokens):
+        path = out / f"{graph.name}{FORMATS[fmt]}"
+        log(f"exporting the {graph.name} graph to {path}")
+        program, example = capture(graph, batch)
+        if fmt == "onnx":
+            write_onnx(program, example, graph, path)
+        else:
+            write_pt2(program, path)
+        check = check_graph(graph, path, fmt, batch)
+        verdict = "passed" if check["passed"] else "FAILED"
+        log(f"check {verdict}: {check['runtime']} vs eager, max relative error {check['max_rel_error']:.2e} "
+            f"(tolerance {check['tolerance']:.0e}) on {check['inputs']}, batch sizes {', '.join(check['max_rel_error_by_batch'])}")  # fmt: skip
+        dims = list(example.shape[1:])
+        with torch.no_grad():
+            out_dim = list(graph.reference(example[:1]).shape[1:])
+        info["graphs"][graph.name] = {
+            "file": path.name,
+            "sha256": sha256(path),
+            "input": _io(graph.input_name, str(example.dtype).replace("torch.", ""), [b, *dims]),
+            "output": _io(graph.output_name, "float32", [b, *out_dim]),
+            "output_is": graph.description,
+            "check": check,
+        }
+        if fmt == "onnx" and (out / f"{path.name}.data").is_file():
+            info["graphs"][graph.name]["external_data"] = f"{path.name}.data"
+    checks = [g["check"] for g in info["graphs"].values()]
+    info["check"] = {"passed": all(c["passed"] for c in checks), "max_rel_error": max(c["max_rel_error"] for c in checks),
+                     "tolerance": checks[0]["tolerance"]}  # fmt: skip
+    tmp = out / ".export.json.tmp"
+    tmp.write_text(json.dumps(info, indent=1) + "\n")
+    os.replace(tmp, out / "export.json")
+    return info
+
+
+__all__ = ["FORMATS", "default_out_dir", "export"]

@@ -1,0 +1,94 @@
+"""A trained model and its run config from a run folder or a bare ``.safetensors`` export.
+
+A run folder (``vitscale train``'s ``train.output_dir``) holds ``config.yaml`` and the weights
+(``model.safetensors`` / ``model_ema.safetensors``, else the newest DCP checkpoint). The header of
+a ``.safetensors`` export names the model and its resolved overrides (``vitscale.train.trainer``
+writes ``{"model", "overrides", "step"}``), so a bare file needs no config for the model itself;
+the preprocessing constants then come from a ``config.yaml`` beside it, ``--config``, or vitscale's
+defaults (said so in the export's JSON).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Source:
+    """What an export is made from."""
+
+    model: nn.Module
+    """The model in eval mode, fp32, on the CPU, with the trained weights loaded."""
+    cfg: object
+    """The run's :class:`vitscale.config.Config` (or the defaults when there is no config)."""
+    name: str
+    """Registered variant name, e.g. ``vit_debug``."""
+    overrides: dict
+    """The variant overrides the weights were trained with."""
+    task: str
+    """``classification`` / ``token_labeling`` (one image graph) or ``contrastive`` (CLIP: two graphs)."""
+    weights: str
+    """The file or checkpoint the weights were read from."""
+    config_from: str
+    """Where the run config (preprocessing, tokenizer, class names) came from, or ``defaults``."""
+    step: int | None = None
+    """Training step of the weights, when the source says."""
+
+
+def _safetensors_metadata(path: Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
+def load_source(src: str | Path, *, ema: bool = False, config: str | None = None) -> Source:
+    """Build the model of ``src`` (run folder or ``.safetensors``) with its weights.
+
+    ``config`` (a YAML path or built-in name) replaces the run's own ``config.yaml`` for the
+    preprocessing constants, tokenizer settings and class names.
+    """
+    from vitscale.checkpoint.checkpointer import load_model_weights, read_weights
+    from vitscale.config import Config, load_config
+    from vitscale.models.registry import create_model, get_family, get_model_config
+
+    p = Path(src)
+    if not p.exists():
+        raise FileNotFoundError(f"{src}: no such run folder or .safetensors file")
+    if p.is_file() and p.suffix != ".safetensors":
+        raise ValueError(f"{src}: expected a run folder or a .safetensors file")
+    if p.is_file() and ema:
+        raise ValueError("--ema selects model_ema.safetensors of a run folder; pass that file instead")
+    folder = p if p.is_dir() else p.parent
+    cfg_path = config or (str(folder / "config.yaml") if (folder / "config.yaml").is_file() else None)
+    cfg = load_config(cfg_path) if cfg_path else Config()
+    config_from = str(cfg_path) if cfg_path else "defaults"
+
+    weights_file = p if p.is_file() else folder / ("model_ema.safetensors" if ema else "model.safetensors")
+    meta = _safetensors_metadata(weights_file) if weights_file.is_file() else {}
+    sd = read_weights(weights_file if weights_file.is_file() else p, "ema" if ema else "model")
+    if "model" in meta:  # the header names the model and its resolved overrides
+        name, over = meta["model"], json.loads(meta.get("overrides") or "{}")
+    elif cfg_path:  # a DCP checkpoint: the run config says, the class count is the head's
+        name, over = cfg.model.name, dict(cfg.model.overrides)
+        fields = {f.name for f in dataclasses.fields(get_model_config(name, **over))}
+        head = sd.get("head.weight")
+        if "num_classes" in fields and "num_classes" not in over and isinstance(head, torch.Tensor):
+            over["num_classes"] = int(head.shape[0])
+        if cfg.data.img_size and {"img_h", "img_w"} <= fields:
+            over.setdefault("img_h", cfg.data.img_size)
+            over.setdefault("img_w", cfg.data.img_size)
+    else:
+        raise ValueError(f"{src}: the weights do not name their model and there is no config.yaml (pass --config)")
+    model = create_model(name, device="cpu", **over)
+    load_model_weights(model, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, strict=True)
+    model = model.float().eval()
+    task = cfg.train.task if cfg_path and cfg.train.task else get_family(name).task
+    step = int(meta["step"]) if meta.get("step", "").isdigit() else None
+    return Source(model, cfg, name, over, task, str(weights_file if weights_file.is_file() else p), config_from, step)
