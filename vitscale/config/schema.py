@@ -177,7 +177,7 @@ class EvalConfig:
     (L-BFGS multinomial logistic regression on the train split, L2 penalty chosen on a held-out part
     of it, validation top-1 / top-5) | fewshot (big_vision's few-shot evaluator: closed-form ridge
     regression on ``shots`` images per class, validation top-1 averaged over ``fewshot_seeds``)."""
-    probe_l2: tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+    probe_l2: tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
     """Linear probe: the L2 penalties tried (on standardised features; objective = mean
     cross-entropy + l2 / 2 * |W|^2, so scikit-learn's C = 1 / (l2 * n_train)); one value = no search."""
     probe_holdout: float = 0.2

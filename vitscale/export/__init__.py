@@ -46,6 +46,9 @@ def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool
     if batch is not None and batch < 1:
         raise ValueError(f"batch size must be positive or dynamic, got {batch}")
     source = load_source(src, ema=ema, config=config)
+    if source.config_from == "defaults":
+        log("note: no config.yaml beside the weights: the preprocessing constants in export.json are vitscale's "
+            "defaults (ImageNet mean/std, crop_pct 0.875); pass --config to give the run's")  # fmt: skip
     out = Path(out) if out else default_out_dir(src, fmt, ema)
     out.mkdir(parents=True, exist_ok=True)
     model = source.model
