@@ -22,11 +22,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
         help="export trained weights to ONNX or torch.export (+ export.json), checked against eager",
-        description="Export a ViT / VOLO classifier (one graph: images -> logits) or a CLIP (two graphs: "
-        "images -> embedding, token ids -> embedding) with export.json beside it: preprocessing "
-        "constants, class names, CLIP's tokenizer settings, each file's SHA-256 and the check run right "
-        "after writing (ONNX Runtime on the CPU or the loaded torch.export program vs the eager model on "
-        "real images and captions, 1e-4 relative). See docs/using.md.",
+        description="Export a ViT / VOLO classifier (one graph: images -> logits) or a CLIP (two graphs:\n"
+        "images -> embedding, token ids -> embedding) with export.json beside it: preprocessing constants,\n"
+        "class names, CLIP's tokenizer settings, each file's SHA-256 and the check run right after writing\n"
+        "(ONNX Runtime on the CPU, or the loaded torch.export program, vs the eager model on real images and\n"
+        "captions: 1e-4 relative). See docs/using.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: vitscale export runs/digits_vit --format onnx --batch dynamic\n"
         "         vitscale export runs/digits_clip --format torch-export\n"
