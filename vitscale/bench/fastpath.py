@@ -74,7 +74,9 @@ def sdpa_backend(choice: str = "auto") -> Iterator[None]:
         yield
 
 
-BLOCK_CONTAINERS = ("blocks", "layers", "resblocks", "network")
+BLOCK_CONTAINERS = ("blocks", "layers", "resblocks", "network", "outlookers", "class_blocks")
+# VOLO's outlooker and class-attention stages are block stacks too (the trainer compiles them:
+# vitscale.models.volo.parallelize.all_blocks); left out, they ran eager under `vitscale bench`.
 
 
 def transformer_blocks(model: nn.Module) -> list[tuple[nn.ModuleList, int]]:
