@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 POOLS = ("token", "avg")
+OUTLOOK_IMPLS = ("auto", "triton", "eager")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,12 @@ class VOLOConfig:
     """Stride of the outlook attention: attention weights are generated on a grid average-pooled by
     this stride, and values are unfolded with it. The released VOLO models (and timm) use 2; 1 gives
     one window per fine-grid token."""
+    outlook_impl: str = "auto"
+    """How outlook attention aggregates its windows: ``triton`` (a fused Triton kernel, forward and
+    backward, that never materialises the K^2-times unfolded values; CUDA only, no attention
+    dropout), ``eager`` (unfold -> matmul -> fold in PyTorch) or ``auto`` (``triton`` on CUDA when
+    Triton is importable and no attention dropout is active, ``eager`` elsewhere). Same outputs
+    within rounding; see docs/volo.md."""
     num_class_layers: int = 2
     """Class-attention blocks at the end (CaiT style: only the class token is updated)."""
     qkv_bias: bool = False
@@ -79,6 +86,8 @@ class VOLOConfig:
     """LayerNorm epsilon (PyTorch's default, as the reference models)."""
 
     def __post_init__(self) -> None:
+        if self.outlook_impl not in OUTLOOK_IMPLS:
+            raise ValueError(f"outlook_impl must be one of {OUTLOOK_IMPLS}, got {self.outlook_impl!r}")
         if self.pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {self.pool!r}")
         if len(self.layers) < 2:

@@ -6,7 +6,8 @@ PyTorch; parallelism is applied from outside by ``vitscale.models.volo.paralleli
 Outlook attention, for each window centre on a grid pooled by ``stride``: a linear layer maps the
 centre token to ``heads x K^2 x K^2`` weights (for each of the K^2 window positions, a softmax over
 the K^2 values it gathers); the values of the K x K window are unfolded, combined with those weights,
-and the K^2 results per window are folded (summed) back onto the tokens they came from.
+and the K^2 results per window are folded (summed) back onto the tokens they came from. That
+aggregation runs as a fused Triton op on CUDA or as unfold / fold (``outlook_kernel.py``).
 
 Layouts: ``OutlookAttention.v`` / ``.attn`` rows are head-major ``(H, Dh)`` / ``(H, K^2, K^2)``; the
 transformer blocks use the common :class:`Attention` (fused QKV rows per head ``(H, 3, Dh)``); the
@@ -15,7 +16,6 @@ class attention's ``kv`` rows are per head ``(H, 2, Dh)``. The timm converter pe
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -26,7 +26,8 @@ from torch.utils.checkpoint import checkpoint
 from ..common import Attention, DropPath, Mlp, resample_pos_embed
 from ..common.attention import sdpa
 from ..common.init import trunc_normal_
-from .configs import VOLOConfig
+from .configs import OUTLOOK_IMPLS, VOLOConfig
+from .outlook_kernel import outlook_attention, outlook_reference, use_kernel
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,9 @@ def apply_token_mix(x: torch.Tensor, mix: TokenMix | None, scale: int = 1) -> to
 
 
 class OutlookAttention(nn.Module):
-    """Outlook attention on a channels-last grid ``(B, H, W, C)``."""
+    """Outlook attention on a channels-last grid ``(B, H, W, C)``. ``impl`` (``auto`` | ``triton`` |
+    ``eager``, see :attr:`VOLOConfig.outlook_impl`) picks the fused Triton op or the
+    unfold / fold reference; the attribute can be changed on a built model."""
 
     def __init__(
         self,
@@ -62,12 +65,18 @@ class OutlookAttention(nn.Module):
         stride: int = 1,
         qkv_bias: bool = False,
         attn_drop: float = 0.0,
+        impl: str = "auto",
         device=None,
         dtype=None,
     ):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"outlook dim {dim} is not divisible by heads {num_heads}")
+        if impl not in OUTLOOK_IMPLS:
+            raise ValueError(f"outlook_impl must be one of {OUTLOOK_IMPLS}, got {impl!r}")
+        if impl == "triton" and attn_drop > 0:
+            raise ValueError("outlook_impl='triton' has no attention dropout: set attention_dropout=0 or use 'auto'")
+        self.impl = impl
         self.head_dim = dim // num_heads
         self.kernel, self.padding, self.stride = kernel, padding, stride
         self.scale = self.head_dim**-0.5
@@ -77,19 +86,15 @@ class OutlookAttention(nn.Module):
         self.proj = nn.Linear(dim, dim, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, H, W, _ = x.shape
-        K2, Dh, s = self.kernel**2, self.head_dim, self.stride
-        h, w = math.ceil(H / s), math.ceil(W / s)
-        v = self.v(x).permute(0, 3, 1, 2)  # (B, C, H, W)
-        v = F.unfold(v, self.kernel, padding=self.padding, stride=s)  # (B, C*K2, h*w), C-major
-        v = v.view(B, -1, Dh, K2, h * w).permute(0, 1, 4, 3, 2)  # (B, nH, h*w, K2, Dh)
-        centre = F.avg_pool2d(x.permute(0, 3, 1, 2), s, s, ceil_mode=True) if s > 1 else x.permute(0, 3, 1, 2)
-        a = self.attn(centre.permute(0, 2, 3, 1))  # (B, h, w, nH*K2*K2)
-        a = a.view(B, h * w, -1, K2, K2).transpose(1, 2)  # (B, nH, h*w, K2, K2)
-        a = self.attn_drop((a * self.scale).softmax(dim=-1))
-        y = (a @ v).permute(0, 1, 4, 3, 2).reshape(B, -1, h * w)  # (B, C*K2, h*w)
-        y = F.fold(y, (H, W), self.kernel, padding=self.padding, stride=s)  # (B, C, H, W)
-        return self.proj(y.permute(0, 2, 3, 1))  # (B, H, W, C)
+        s = self.stride
+        v = self.v(x)  # (B, H, W, C)
+        centre = x if s == 1 else F.avg_pool2d(x.permute(0, 3, 1, 2), s, s, ceil_mode=True).permute(0, 2, 3, 1)
+        a = self.attn(centre)  # (B, h, w, nH*K2*K2), h = ceil(H / s)
+        if use_kernel(self.impl, v, self.training and self.attn_drop.p > 0):
+            y = outlook_attention(v, a, self.kernel, self.padding, s, self.scale)
+        else:
+            y = outlook_reference(v, a, self.kernel, self.padding, s, self.scale, self.attn_drop)
+        return self.proj(y)  # (B, H, W, C)
 
 
 class Outlooker(nn.Module):
@@ -101,7 +106,7 @@ class Outlooker(nn.Module):
         self.norm1 = nn.LayerNorm(D, eps=eps, device=device, dtype=dtype)
         self.attn = OutlookAttention(
             D, cfg.outlook_heads, cfg.outlook_kernel, cfg.outlook_padding, cfg.outlook_stride, cfg.qkv_bias,
-            cfg.attention_dropout, device=device, dtype=dtype,
+            cfg.attention_dropout, cfg.outlook_impl, device=device, dtype=dtype,
         )  # fmt: skip
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(D, eps=eps, device=device, dtype=dtype)
