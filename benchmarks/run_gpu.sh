@@ -2,7 +2,7 @@
 # Every GPU figure of issue 6 in one call, on one H100 / H200 (bf16, 224 px, synthetic data).
 #
 #   bash benchmarks/run_gpu.sh              # all groups, in the order below
-#   bash benchmarks/run_gpu.sh train infer  # only some groups: train infer clip micro sdpa
+#   bash benchmarks/run_gpu.sh train infer  # only some groups: train infer clip micro sdpa volo_d1 volo_d5 volo_micro
 #   bash benchmarks/run_gpu.sh --dry-run    # parse every command on any machine, run nothing
 #
 # Each run writes benchmarks/results/<model>[_infer]_<gpu>_<yyyymm>.json and the raw log beside it
@@ -27,12 +27,12 @@ GROUPS_WANTED=()
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    train|infer|clip|micro|sdpa) GROUPS_WANTED+=("$arg") ;;
+    train|infer|clip|micro|sdpa|volo_d1|volo_d5|volo_micro) GROUPS_WANTED+=("$arg") ;;
     -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "unknown argument: $arg (groups: train infer clip micro sdpa; --dry-run)" >&2; exit 2 ;;
+    *) echo "unknown argument: $arg (groups: train infer clip micro sdpa volo_d1 volo_d5 volo_micro; --dry-run)" >&2; exit 2 ;;
   esac
 done
-[[ ${#GROUPS_WANTED[@]} -eq 0 ]] && GROUPS_WANTED=(train infer clip micro sdpa)
+[[ ${#GROUPS_WANTED[@]} -eq 0 ]] && GROUPS_WANTED=(train infer clip micro sdpa volo_d1 volo_d5 volo_micro)
 
 MONTH=$(date -u +%Y%m)
 if [[ $DRY -eq 1 ]]; then
@@ -114,6 +114,29 @@ if want sdpa; then
     run "vit_b16_sdpa_${backend}_${GPU}_${MONTH}" -m vitscale bench vit_b16 --device cuda --mode train \
       --batch-size 256 --steps 20 --warmup 5 --sdpa "$backend"
   done
+fi
+
+# VOLO training (issue 15: D1 >= 1.15x timm compiled, D5 >= 1.5x 290 img/s): ours with the fused
+# outlook attention (outlook_impl auto = Triton on CUDA), and the same with the unfold / fold path.
+if want volo_d1; then
+  run "volo_d1_${GPU}_${MONTH}" -m vitscale bench volo_d1 --device cuda --mode train --batch-size 128 \
+    --steps 30 --warmup 5 --compare timm
+  run "volo_d1_outlook_eager_${GPU}_${MONTH}" -m vitscale bench volo_d1 --device cuda --mode train \
+    --batch-size 128 --steps 30 --warmup 5 --set outlook_impl=eager
+fi
+if want volo_d5; then
+  run "volo_d5_${GPU}_${MONTH}" -m vitscale bench volo_d5 --device cuda --mode train --batch-size 64 \
+    --steps 20 --warmup 5
+  run "volo_d5_outlook_eager_${GPU}_${MONTH}" -m vitscale bench volo_d5 --device cuda --mode train \
+    --batch-size 64 --steps 20 --warmup 5 --set outlook_impl=eager
+fi
+
+# The outlook attention alone and one outlooker block: eager / compiled unfold-fold vs the Triton op.
+if want volo_micro; then
+  run "volo_outlook_d1_${GPU}_${MONTH}" benchmarks/volo_outlook.py --model volo_d1 --device cuda --batch-size 128 \
+    --steps 50 --rounds 10
+  run "volo_outlook_d5_${GPU}_${MONTH}" benchmarks/volo_outlook.py --model volo_d5 --device cuda --batch-size 64 \
+    --steps 50 --rounds 10
 fi
 
 if [[ $DRY -eq 1 ]]; then
