@@ -110,7 +110,8 @@ def build_loaders(
     else:
         train_sampler = ShardedBatchSampler(len(train_src), micro_batch_size, seed=seed, rank=rank,
                                             world_size=world_size, shuffle=True, drop_last=drop_last)
-        train = ResumableLoader(KeyedDataset(train_src, train_tf), train_sampler, **common)
+        train = ResumableLoader(KeyedDataset(train_src, train_tf), train_sampler, **common,
+                                across_epochs=cfg_data.prefetch_across_epochs)
     val = None
     if val_src is not None and len(val_src) > 0:
         val_ds = KeyedDataset(val_src, SampleTransform(cfg_data, img_size, num_channels, seed, train=False))

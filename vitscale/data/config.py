@@ -37,6 +37,11 @@ class DataConfig:
     """Keep worker processes alive across epochs (only when ``num_workers > 0``)."""
     prefetch_factor: int = 2
     """Batches each worker prepares ahead (only when ``num_workers > 0``)."""
+    prefetch_across_epochs: bool = True
+    """Training loader: one DataLoader iterator runs on through the epochs, so the workers load the
+    next epoch's first batches while the last ones of the current epoch are consumed (no stall at
+    epoch boundaries); batches and resume positions are the same either way. False: a new iterator
+    per epoch (the workers idle at every boundary until the next epoch's iteration starts)."""
     fast_decode: bool = True
     """JPEG fast path: choose the RandomResizedCrop box first, then decode at the smallest DCT scale
     (1/2, 1/4, 1/8; PIL ``Image.draft``) that still covers the output resolution for that box."""

@@ -47,15 +47,24 @@ class ResumableLoader:
       so calling it after ``load_state_dict`` keeps the resumed position).
     - Iterating to the end of an epoch moves on to the next epoch (``batch_index`` 0).
     - Breaking out early and iterating again continues at the next unseen batch.
+    - ``across_epochs`` (training; ``data.prefetch_across_epochs``): one DataLoader iterator runs on
+      through the epochs (the sampler goes on into the next epoch), so while the last batches of an
+      epoch are consumed the workers already load the next epoch's first ones — no stall at the
+      boundary. Each ``for`` over the loader still ends with its epoch, and every batch is the one
+      that epoch's own iteration would give. The iterator is kept between ``for`` loops and
+      replaced only when the position is moved (``set_epoch`` to another epoch, ``load_state_dict``).
     """
 
     def __init__(self, dataset: KeyedDataset, sampler, *, mean, std, num_workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int = 2,
-                 device: torch.device | str | None = None, reporter: BadFileReporter | None = None):
+                 device: torch.device | str | None = None, reporter: BadFileReporter | None = None,
+                 across_epochs: bool = False):
         self.dataset, self.sampler = dataset, sampler
         self.epoch, self.batch_index = 0, 0
         self.device = torch.device(device) if device is not None else None
         self.reporter = reporter or BadFileReporter()
+        self.across_epochs = across_epochs
+        self._live = None  # across_epochs: the DataLoader iterator; its next batch is (epoch, batch_index)
         self._set_stats(dataset.transform.num_channels, mean, std)
         kwargs = {}
         if num_workers > 0:
@@ -70,6 +79,7 @@ class ResumableLoader:
     def set_epoch(self, epoch: int) -> None:
         if int(epoch) != self.epoch:
             self.epoch, self.batch_index = int(epoch), 0
+            self._live = None
 
     def state_dict(self) -> dict:
         state = {"epoch": self.epoch, "batch_index": self.batch_index}
@@ -80,14 +90,22 @@ class ResumableLoader:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.batch_index = int(state["epoch"]), int(state["batch_index"])
         self.reporter.seen.update(state.get("skipped_paths", ()))
+        self._live = None
 
     def __iter__(self):
-        self.sampler.set_position(self.epoch, self.batch_index)
         if self.batch_index < len(self):
-            it = iter(self._dl)
-            while True:
+            if self.across_epochs:
+                if self._live is None:
+                    self.sampler.set_position(self.epoch, self.batch_index, through_epochs=True)
+                    self._live = iter(self._dl)
+                it = self._live
+            else:
+                self.sampler.set_position(self.epoch, self.batch_index)
+                it = iter(self._dl)
+            while self.batch_index < len(self):
                 batch = self._next(it)
-                if batch is None:
+                if batch is None:  # the sampler ended (an empty epoch): nothing left to keep
+                    self._live = None
                     break
                 self.batch_index += 1
                 yield self.postprocess(batch)

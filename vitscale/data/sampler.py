@@ -5,7 +5,9 @@ Training: the epoch order is a permutation keyed by (seed, epoch). Global micro-
 STRIDED slice ``chunk[r::world_size]``. So the union over ranks of one step's micro-batches is the
 1-process batch of that step, and an optimizer step of ``B`` images covers ``perm[s*B:(s+1)*B]``
 whatever the number of ranks and accumulation steps. Items are ``(epoch, index)`` so workers key
-their augmentation without sharing state (works with persistent workers).
+their augmentation without sharing state (works with persistent workers), and one iteration may run
+on through the following epochs (``set_position(..., through_epochs=True)``) with every batch keyed
+exactly as in an iteration of its own epoch.
 """
 
 from __future__ import annotations
@@ -35,14 +37,18 @@ class ShardedBatchSampler:
             )
         self.epoch = 0
         self.start = 0
+        self.through = False
 
     def __len__(self) -> int:
         if self.drop_last:
             return self.n // self.global_batch
         return math.ceil(self.n / self.global_batch)
 
-    def set_position(self, epoch: int, start: int) -> None:
-        self.epoch, self.start = int(epoch), int(start)
+    def set_position(self, epoch: int, start: int, through_epochs: bool = False) -> None:
+        """Iterate from batch ``start`` of ``epoch``: to the end of that epoch, or with
+        ``through_epochs`` on into the following epochs without end (one DataLoader iterator whose
+        workers run ahead across epoch boundaries; see ``ResumableLoader``)."""
+        self.epoch, self.start, self.through = int(epoch), int(start), bool(through_epochs)
 
     def indices(self, epoch: int, b: int) -> list[int]:
         """Dataset indices of this rank's micro-batch ``b`` of ``epoch``."""
@@ -56,10 +62,14 @@ class ShardedBatchSampler:
         return chunk[self.rank::self.world]
 
     def __iter__(self):
-        epoch = self.epoch
-        perm = epoch_permutation(self.n, self.seed, epoch, self.shuffle)
-        for b in range(self.start, len(self)):
-            yield [(epoch, i) for i in self._chunk(perm, b)]
+        epoch, start, through = self.epoch, self.start, self.through
+        while True:
+            perm = epoch_permutation(self.n, self.seed, epoch, self.shuffle)
+            for b in range(start, len(self)):
+                yield [(epoch, i) for i in self._chunk(perm, b)]
+            if not through or len(self) == 0:
+                return
+            epoch, start = epoch + 1, 0
 
 
 class EvalShardSampler:
