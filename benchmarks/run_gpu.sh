@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU figure of issue 6 in one call, on one H100 / H200 (bf16, 224 px, synthetic data).
+# Every GPU figure of issues 6 and 15 in one call, on one H100 / H200 (bf16, 224 px, synthetic data).
 #
 #   bash benchmarks/run_gpu.sh              # all groups, in the order below
 #   bash benchmarks/run_gpu.sh train infer  # only some groups: train infer clip micro sdpa volo_d1 volo_d5 volo_micro data
@@ -8,8 +8,8 @@
 # Each run writes benchmarks/results/<model>[_infer]_<gpu>_<yyyymm>.json and the raw log beside it
 # (<same name>.log); a failed run (OOM, missing package) is reported at the end and the script goes
 # on with the next one. Environment: PYTHON (default: .venv/bin/python if present, else python3),
-# RUN_TIMEOUT seconds per run (default 900), MODELS (e.g. "vit_b16 clip_b32": only their runs). The whole default set takes roughly 10-15 minutes,
-# most of it torch.compile warm-up; pass groups to split it over several calls.
+# RUN_TIMEOUT seconds per run (default 900), MODELS (e.g. "vit_b16 clip_b32": only their runs). The whole default set takes well over 10 minutes,
+# most of it torch.compile warm-up; pass groups to split it over several calls (each group fits 10 minutes).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
