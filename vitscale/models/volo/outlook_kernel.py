@@ -15,9 +15,7 @@ The head count is read from the logits' width, so under tensor parallelism (head
 tensors) each rank runs it on its own heads.
 """
 
-from __future__ import annotations
-
-import importlib.util
+import importlib.util  # no `from __future__ import annotations`: custom_op reads the annotations as types
 import os
 
 import torch
