@@ -1,1 +1,38 @@
 """One module per CLI command; each exposes ``register(subparsers)``."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Plain-text help for every command: the description and epilog are wrapped to the terminal
+    paragraph by paragraph, while lines that start with a space (examples, commands) are kept as
+    written. Give it as ``formatter_class`` to ``add_parser``."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out: list[str] = []
+        para: list[str] = []
+
+        def flush() -> None:
+            if para:
+                out.extend(textwrap.wrap(" ".join(para), width, initial_indent=indent, subsequent_indent=indent,
+                                         break_long_words=False, break_on_hyphens=False))
+                para.clear()
+
+        for line in text.strip("\n").splitlines():
+            if not line.strip():
+                flush()
+                out.append("")
+            elif line[0].isspace():
+                flush()
+                out.append(indent + line)
+            else:
+                para.append(line.strip())
+        flush()
+        return "\n".join(out)
+
+
+class DefaultsHelpFormatter(HelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """``HelpFormatter`` that also appends each option's default to its help."""

@@ -1,7 +1,8 @@
-"""``vitscale bench MODEL``: training / inference throughput, TFLOP/s, MFU and peak memory.
+"""vitscale bench MODEL: training / inference throughput, TFLOP/s, MFU and peak memory.
 
-Example: ``vitscale bench vit_s16 --device cpu --mode train --compare timm --batch-size 8
---json benchmarks/results/vit_s16_cpu_202611.json``.
+Example:
+  vitscale bench vit_s16 --device cpu --mode train --compare timm --batch-size 8 \\
+      --json benchmarks/results/vit_s16_cpu_202611.json
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+
+from . import HelpFormatter
 
 
 def _override(text: str) -> tuple[str, object]:
@@ -30,7 +33,7 @@ def register(subparsers) -> None:
         "bench",
         help="measure img/s, TFLOP/s, MFU and peak memory (optionally against timm / open_clip)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("model", metavar="MODEL", help="registered variant (see `vitscale models`)")
     p.add_argument("--mode", choices=("train", "infer"), default="train", help="default: train")
@@ -68,7 +71,7 @@ def register(subparsers) -> None:
         default="auto",
         help="attention backends (auto: flash > cuDNN > efficient > math)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the random batch (default 0)")
     p.add_argument(
         "--set",
         dest="overrides",

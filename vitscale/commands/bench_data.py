@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
+from . import DefaultsHelpFormatter
 
 
 def register(subparsers) -> None:
@@ -12,7 +12,7 @@ def register(subparsers) -> None:
         "bench-data",
         help="benchmark JPEG decode + RandomResizedCrop + flip against torchvision (per core)",
         description=benchmark.__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     benchmark.add_arguments(p)
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from . import HelpFormatter
 
 EPILOG = """\
 CHECKPOINT is a step folder (runs/x/checkpoints/step_00001000), a checkpoints/ folder or a run
@@ -24,7 +25,7 @@ def register(subparsers) -> None:
         description="Consolidate a torch.distributed.checkpoint training checkpoint (one shard per rank) "
         "into a single safetensors file (or several with an index for very large models).",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("checkpoint", help="step folder, checkpoints/ folder or run folder")
     p.add_argument("out", help="output .safetensors path")

@@ -8,9 +8,10 @@ add subcommands next to it: a module listed in ``PLUGIN_MODULES`` that defines
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
+
+from . import DefaultsHelpFormatter
 
 # Modules that may add `vitscale data <name>` subcommands via `register_data_command(subparsers)`.
 PLUGIN_MODULES = ("vitscale.data.captions",)
@@ -60,8 +61,8 @@ def register(subparsers) -> None:
     d = sub.add_parser("digits", help="write the digits dataset as an image folder",
                        description="Write scikit-learn's digits (train 1,497 / val 300, stratified, seed 0) "
                        "as OUT_DIR/train/<class>/*.png and OUT_DIR/val/<class>/*.png.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    d.add_argument("out_dir", metavar="OUT_DIR")
+                       formatter_class=DefaultsHelpFormatter)
+    d.add_argument("out_dir", metavar="OUT_DIR", help="folder to write (created if missing)")
     d.add_argument("--size", type=int, default=32, help="side of the written PNGs (bicubic upsampling; 8 = native)")
     d.set_defaults(func=_digits)
     for name in PLUGIN_MODULES:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+
+from . import HelpFormatter
 
 
 def register(subparsers) -> None:
@@ -13,9 +14,9 @@ def register(subparsers) -> None:
         help="train the built-in digits ViT and print its val top-1 (what `make demo` runs)",
         description="Train config digits_vit (a small patch-4 ViT on scikit-learn's handwritten digits, "
         "shipped with the package: no download) and print the validation top-1 and the wall time. "
-        "Expected: >= 97%% top-1 in under 3 minutes on 2 CPU cores.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: vitscale demo --output-dir runs/demo train.epochs=5",
+        "Expected: >= 97% top-1 in under 3 minutes on 2 CPU cores.",
+        formatter_class=HelpFormatter,
+        epilog="Example:\n  vitscale demo --output-dir runs/demo train.epochs=5",
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     p.add_argument("--output-dir", default="runs/demo", help="run folder (default: runs/demo)")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+
+from . import HelpFormatter
 
 
 def register(subparsers) -> None:
@@ -14,7 +15,7 @@ def register(subparsers) -> None:
         description="Evaluate weights on the config's validation data. checkpoint.path may be a run "
         "folder (newest checkpoint, else model.safetensors), a checkpoints/ folder, a step_N folder or a "
         ".safetensors file.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Example: vitscale eval digits_vit checkpoint.path=runs/digits_vit\n"
         "         vitscale eval digits_vit checkpoint.path=runs/digits_vit/model.safetensors --ema\n"
         "         vitscale eval runs/digits_vit/config.yaml checkpoint.path=runs/digits_vit eval.probe=linear\n"

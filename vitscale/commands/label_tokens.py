@@ -1,24 +1,26 @@
 """``vitscale label-tokens CONFIG teacher.checkpoint=... [key=value ...] OUT``: dense token labels from a teacher.
 
-Runs the teacher over every image of the dataset in CONFIG (uncropped: ``data.crop_pct=1``, no
+Runs the teacher over every image of the dataset in CONFIG (uncropped: data.crop_pct=1, no
 augmentation) and stores per image its top-k class scores at every token location, plus its
-class-token top-k, in OUT (see :mod:`vitscale.data.token_labels`). A VOLO teacher's locations are
-its aux head's outputs; a ViT teacher's come from its own classifier applied to every patch token
-(pre-logits features -> head): train such a teacher with ``model.pool=avg`` (its classifier is trained
-on the mean patch token, so per-token outputs are class-activation maps; a class-token ViT's patch
-tokens are never trained to classify).
+class-token top-k, in OUT (the format is described in vitscale/data/token_labels.py). A VOLO
+teacher's locations are its aux head's outputs; a ViT teacher's come from its own classifier applied
+to every patch token (pre-logits features -> head): train such a teacher with model.pool=avg (its
+classifier is trained on the mean patch token, so per-token outputs are class-activation maps; a
+class-token ViT's patch tokens are never trained to classify).
+
 The summary reports the teacher's class top-1 and the fraction of locations whose top class is
-the image label (``teacher_token_top1``). Train a student on them with ``train.task=token_labeling
-token_label.path=OUT``.
+the image label (teacher_token_top1). Train a student on them with train.task=token_labeling
+token_label.path=OUT.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
 import time
+
+from . import HelpFormatter
 
 EPILOG = """\
 Examples:
@@ -35,7 +37,7 @@ def register(subparsers) -> None:
         help="store a teacher's dense top-k token labels for token labeling",
         description=__doc__.split("\n\n", 1)[1],
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("config", help="YAML path or built-in config name (data + teacher settings)")
     p.add_argument("args", nargs="+", metavar="key=value | OUT", help="dotted overrides, then the output folder")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+
+from . import HelpFormatter
 
 EPILOG = """\
 Examples:
@@ -22,17 +23,21 @@ def register(subparsers) -> None:
         help="estimate memory per GPU for a model and parallel layout",
         description="Estimate the memory per rank of training MODEL under a parallel layout.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("models", nargs="+", metavar="MODEL", help="registered model name(s)")
-    p.add_argument("--dp-replicate", type=int, default=1)
-    p.add_argument("--dp-shard", type=int, default=1)
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--micro-batch", type=int, default=32, help="images per rank per micro-step")
+    p.add_argument("--dp-replicate", type=int, default=1, help="data-parallel replicas, each holding a whole "
+                   "copy of the (sharded) model: HSDP's replicate dimension (default: 1)")
+    p.add_argument("--dp-shard", type=int, default=1, help="ranks FSDP shards weights, gradients and "
+                   "optimizer states over (default: 1)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per model replica (default: 1)")
+    p.add_argument("--micro-batch", type=int, default=32, help="images per rank per micro-step (default: 32)")
     p.add_argument("--dtype", default="bf16", help="compute dtype: bf16 (default) or fp32")
-    p.add_argument("--ac", default="none", choices=["none", "full", "selective"], help="activation checkpointing")
-    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd"])
-    p.add_argument("--img-size", type=int, default=None)
+    p.add_argument("--ac", default="none", choices=["none", "full", "selective"], help="activation checkpointing (default: none)")
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd"],
+                   help="optimizer, for its states: two fp32 moments (adamw, adam) or one (sgd with momentum)")
+    p.add_argument("--img-size", type=int, default=None, help="training image side in pixels (default: the "
+                   "model's)")
     p.add_argument("--table", action="store_true", help="markdown table over the standard layouts")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
+
+from . import HelpFormatter
 
 EPILOG = """\
 CONFIG is a YAML file or a built-in name (digits_vit, imagenet_vit_b16, ...). Overrides are dotted
@@ -23,7 +24,7 @@ def register(subparsers) -> None:
         description="Train a model. Writes config.yaml, metrics.jsonl, summary.json, checkpoints/ and "
         "model.safetensors into train.output_dir.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("config", help="YAML path or built-in config name")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")

@@ -1,6 +1,6 @@
 """Input-pipeline benchmark: vitscale's loader vs torchvision's ImageFolder + v2 transforms, per CPU core.
 
-Both pipelines run in the same process, one thread (``torch.set_num_threads(1)``), no workers,
+Both pipelines run in the same process, one thread (torch.set_num_threads(1)), no workers,
 alternating round by round over the same ImageNet-sized JPEGs (crops / resizes of the two real
 photos scikit-learn ships, ~500x375, quality 90): JPEG decode + RandomResizedCrop(224) + flip, up
 to the normalised float batch the model consumes. Figures are images per second of one core
@@ -213,9 +213,9 @@ def main(argv: list[str] | None = None, *, out_dir: str | None = None) -> int:
 def add_arguments(p) -> None:
     p.add_argument("--images", type=int, default=256, help="number of JPEGs to generate")
     p.add_argument("--size", type=int, default=224, help="output resolution")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32, help="images per batch")
     p.add_argument("--rounds", type=int, default=5, help="timed passes per pipeline, alternating")
-    p.add_argument("--quality", type=int, default=90)
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality of the generated images (1-95)")
     p.add_argument("--out-dir", default="benchmarks/results", help="where the JSON and the raw log go ('' = nowhere)")
 
 

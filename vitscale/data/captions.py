@@ -160,16 +160,16 @@ def _digits_captions(args) -> int:
 
 def register_data_command(sub) -> None:
     """``vitscale data digits-captions OUT_DIR`` (called by ``vitscale.commands.data``)."""
-    import argparse
+    from vitscale.commands import DefaultsHelpFormatter
 
     d = sub.add_parser(
         "digits-captions", help="write the digits as captioned WebDataset shards (CLIP)",
         description="Write scikit-learn's digits (train 1,497 / val 300) as WebDataset tar shards "
         "OUT_DIR/{train,val}/digits-NNNNNN.tar with <key>.png, <key>.txt (a caption such as 'a handwritten "
         "seven.' from several templates) and <key>.cls, plus OUT_DIR/classnames.txt.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )  # fmt: skip
-    d.add_argument("out_dir", metavar="OUT_DIR")
+    d.add_argument("out_dir", metavar="OUT_DIR", help="folder to write (created if missing)")
     d.add_argument(
         "--size", type=int, default=32, help="side of the written PNGs (bicubic upsampling; 8 = native)"
     )
