@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "train",
     "eval",
     "export",
+    "report",
     "data",
     "models",
     "bench",

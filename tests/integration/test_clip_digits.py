@@ -23,6 +23,10 @@ def test_clip_train_and_eval_on_digit_shards(tmp_path):
         assert 0.0 <= summary[key] <= 1.0, key
     assert summary["zeroshot_top5"] >= summary["zeroshot_top1"]
     assert summary["skipped_files"] == 0
+    # the run's report draws CLIP's evaluation: zero-shot accuracy and retrieval recall
+    report = (out / "report.html").read_text()
+    assert 'id="plot-zeroshot"' in report and 'id="plot-retrieval"' in report
+    assert f"{summary['zeroshot_top1'] * 100:.2f}%" in report  # a fraction in the files, in percent here
     # `vitscale eval` on the exported weights gives the same zero-shot numbers
     res_file = tmp_path / "eval.json"
     rc = main(

@@ -26,7 +26,7 @@ RST = re.compile(r"``|:(?:mod|func|class|meth|attr|ref|doc|data|obj):`")
 
 def test_every_command_is_walked():
     names = {p for p, _ in COMMANDS}
-    assert {("demo",), ("train",), ("eval",), ("bench",), ("label-tokens",), ("memory",),
+    assert {("demo",), ("train",), ("eval",), ("report",), ("bench",), ("label-tokens",), ("memory",),
             ("data", "digits")} <= names  # fmt: skip
 
 
@@ -47,3 +47,9 @@ def test_help_reads_as_plain_text(path, capsys):
         assert action.help and action.help != argparse.SUPPRESS, f"vitscale {' '.join(path)}: {name} has no help"
         assert name.split("/")[0] in text or str(action.metavar) in text
 
+
+def test_top_level_help_lists_report(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "report" in out and "%%" not in out

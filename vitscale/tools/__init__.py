@@ -1,4 +1,4 @@
-"""Tools: FLOP counting (``flops``), MFU, memory estimates, logging helpers."""
+"""Tools: FLOP counting (``flops``), MFU, memory estimates, run reports (``report``: report.html)."""
 
 from .flops import count_flops, example_inputs, flops, vit_flops
 

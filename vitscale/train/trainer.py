@@ -30,6 +30,7 @@ from vitscale.checkpoint import Checkpointer
 from vitscale.checkpoint.checkpointer import export_safetensors, load_model_weights, read_weights
 from vitscale.config import Config, save_config
 from vitscale.models.registry import create_model, get_family, get_model_config, parallelize_fn
+from vitscale.tools.report import try_write_report
 
 from .ema import EMA
 from .metrics import MetricsLogger
@@ -398,6 +399,8 @@ class Trainer:
                     last_eval = self.evaluate()
                     rec.update(last_eval)
                 log.log(rec)
+                if do_eval and not is_last and self.is_main:  # keep report.html current (the last one: below)
+                    try_write_report(self.out)
                 images_since = 0
                 t_last = time.perf_counter()  # eval time is not counted in img/s
             if (cfg.checkpoint.every > 0 and self.step % cfg.checkpoint.every == 0) or is_last:
@@ -431,6 +434,7 @@ class Trainer:
                 json.dump(summary, f, indent=1)
             if self.skipped:
                 log.info(f"skipped {self.skipped} undecodable files (see the warnings above)")
+            try_write_report(self.out)
         log.close()
         return summary
 

@@ -1,0 +1,265 @@
+"""The report's plots: one PNG per panel, drawn with matplotlib's Agg canvas (headless; pyplot and the
+user's matplotlib backend are left alone, so a notebook that trains keeps its own backend).
+
+A panel gathers the logged keys that share an axis (train and val loss; val top-1 and top-5). In a
+comparison of several runs each panel holds one key, one colour per run. Curves with more than
+``MAX_POINTS`` points are drawn as the mean of ``BUCKETS`` equal bins with their min-max band, so a
+100k-step run draws as fast as a short one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import math
+from dataclasses import dataclass
+
+from .run import Run, Series
+
+MAX_POINTS = 2000
+BUCKETS = 800
+
+# How the run files hold ratios today, as the value meaning 100%: classification accuracies are
+# percentages, MFU and CLIP zero-shot / retrieval are fractions. The plots show every ratio in percent.
+RATIO_FULL_SCALE = (
+    ("val_top*", 100.0),
+    ("train_top1", 100.0),
+    ("train_i2t_top1", 100.0),
+    ("mfu", 1.0),
+    ("zeroshot_*", 1.0),
+    ("*retrieval_recall@*", 1.0),
+)
+
+
+@dataclass(frozen=True)
+class Panel:
+    id: str
+    title: str
+    ylabel: str
+    patterns: tuple[str, ...]
+    percent: bool = False
+    log_y: bool = False
+    sci_y: bool = False
+    alt: str = ""
+    pair_style: bool = False  # colour by the trailing number (@K), line style by what comes before it
+
+
+# In page order. A key goes to the first panel whose patterns match it; keys no panel claims get one
+# panel each ("other"), so a new logged value is drawn without a change here.
+PANELS = (
+    Panel("loss", "Loss", "loss (mean per image)", ("loss", "train_*loss", "val_loss*"),
+          alt="training and validation loss over steps"),
+    Panel("accuracy", "Accuracy", "top-k accuracy (%)", ("val_top*", "train_top1", "train_i2t_top1"), percent=True,
+          alt="validation and training-batch accuracy over steps"),
+    Panel("zeroshot", "Zero-shot classification", "accuracy (%)", ("zeroshot_*",), percent=True,
+          alt="CLIP zero-shot top-1 and top-5 accuracy over steps"),
+    Panel("retrieval", "Image-text retrieval", "recall@K (%)", ("*retrieval_recall@*",), percent=True,
+          alt="CLIP image-to-text and text-to-image retrieval recall@K over steps", pair_style=True),
+    Panel("lr", "Learning rate", "learning rate", ("lr",), sci_y=True, alt="learning rate over steps"),
+    Panel("throughput", "Throughput", "images / s", ("img_per_s",), alt="training images per second over steps"),
+    Panel("mfu", "Model FLOPs utilisation", "MFU (% of peak)", ("mfu",), percent=True,
+          alt="model FLOPs utilisation over steps"),
+    Panel("tflops", "Achieved compute", "TFLOP/s", ("tflops",), alt="achieved TFLOP/s over steps"),
+    Panel("grad_norm", "Gradient norm", "global L2 norm (before clipping)", ("grad_norm",), log_y=True,
+          alt="global gradient norm over steps"),
+)
+
+
+# Panel titles of single keys in a comparison (where a panel holds one key).
+KEY_TITLES = {
+    "loss": "Training loss", "val_loss": "Validation loss", "train_top1": "Training-batch top-1",
+    "val_top1": "Validation top-1", "val_top5": "Validation top-5", "zeroshot_top1": "Zero-shot top-1",
+    "zeroshot_top5": "Zero-shot top-5", "train_i2t_top1": "In-batch image-to-text top-1",
+}  # fmt: skip
+
+
+def full_scale(key: str) -> float | None:
+    for pattern, scale in RATIO_FULL_SCALE:
+        if fnmatch.fnmatchcase(key, pattern):
+            return scale
+    return None
+
+
+def _panel_of(key: str) -> Panel | None:
+    for p in PANELS:
+        if any(fnmatch.fnmatchcase(key, pat) for pat in p.patterns):
+            return p
+    return None
+
+
+def plan(runs: list[Run], compare: bool) -> list[tuple[Panel, list[str]]]:
+    """The panels to draw and the keys of each, in page order. TFLOP/s is drawn only where no MFU is
+    logged (MFU is TFLOP/s over one fixed peak: the same curve)."""
+    keys: list[str] = []
+    for run in runs:
+        keys += [k for k in run.series if k not in keys and run.series[k].finite()[0]]
+    if "mfu" in keys and "tflops" in keys:
+        keys.remove("tflops")
+    grouped: dict[str, tuple[Panel, list[str]]] = {}
+    order = {p.id: i for i, p in enumerate(PANELS)}
+    for k in keys:
+        p = _panel_of(k)
+        if p is None:
+            p = Panel(f"other-{k}", k, k, (k,), alt=f"{k} over steps")
+            order[p.id] = len(order)
+        grouped.setdefault(p.id, (p, []))[1].append(k)
+    out = []
+    for pid in sorted(grouped, key=lambda i: order[i]):
+        p, ks = grouped[pid]
+        ks.sort(key=_key_order)
+        if compare and len(ks) > 1:  # one key per panel, a colour per run
+            for k in ks:
+                title = f"{KEY_TITLES[k]} ({k})" if k in KEY_TITLES else f"{p.title}: {k}"
+                out.append((Panel(_slug(k), title, p.ylabel, (k,), p.percent, p.log_y, p.sci_y,
+                                  f"{k} of each run over steps"), [k]))  # fmt: skip
+        else:
+            out.append((p, ks))
+    return out
+
+
+def _key_order(k: str) -> tuple:
+    # train before val, top-1 before top-5, recall@1 before @10, the model before its EMA
+    return (k.endswith("_ema"), not k.startswith(("loss", "train")), _num_suffix(k), k)
+
+
+def _num_suffix(k: str) -> float:
+    digits = ""
+    for ch in reversed(k.removesuffix("_ema")):
+        if not ch.isdigit():
+            break
+        digits = ch + digits
+    return float(digits) if digits else -1.0
+
+
+def _slug(k: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in k)
+
+
+def _bucketed(xs: list[float], ys: list[float]):
+    """Mean per bin and the min-max band, for curves too long to draw point by point."""
+    n = len(xs)
+    mx, my, lo, hi = [], [], [], []
+    for b in range(BUCKETS):
+        i, j = b * n // BUCKETS, (b + 1) * n // BUCKETS
+        if j <= i:
+            continue
+        seg = ys[i:j]
+        mx.append(sum(xs[i:j]) / (j - i))
+        my.append(sum(seg) / (j - i))
+        lo.append(min(seg))
+        hi.append(max(seg))
+    return mx, my, lo, hi
+
+
+def _sparse(s: Series, run: Run) -> bool:
+    """Logged at few of the run's records (evaluation results): drawn with markers."""
+    return len(s.steps) * 2 <= run.records or len(s.steps) <= 12
+
+
+# open_clip's names: text retrieval ranks captions for each image, image retrieval images for each caption.
+_DIRECTION = {"text": "image → text", "image": "text → image"}
+
+
+def legend_name(key: str) -> str:
+    """``text_retrieval_recall@5`` -> ``image → text, R@5``; other keys as logged."""
+    head, sep, k = key.partition("_retrieval_recall@")
+    if sep and head in _DIRECTION:
+        return f"{_DIRECTION[head]}, R@{k}"
+    return key
+
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
+          "#bcbd22")
+STYLES = ("-", "--", ":", "-.")
+
+
+def _styles(panel: Panel, keys: list[str], compare: bool) -> list[tuple[int, str]]:
+    """(colour index, line style) per key: in a comparison the colour is the run's, keys differ by style."""
+    if compare:
+        return [(0, STYLES[i % len(STYLES)]) for i in range(len(keys))]
+    if not panel.pair_style:
+        return [(i, "-") for i in range(len(keys))]
+    nums = sorted({_num_suffix(k) for k in keys})
+    heads = sorted({k.removesuffix("_ema").rstrip("0123456789") for k in keys})
+    return [(nums.index(_num_suffix(k)), STYLES[heads.index(k.removesuffix("_ema").rstrip("0123456789")) % len(STYLES)])
+            for k in keys]  # fmt: skip
+
+
+def draw(panel: Panel, keys: list[str], runs: list[Run], labels: list[str], *, dpi: int = 100) -> bytes:
+    """The panel as PNG bytes."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    fig = Figure(figsize=(6.4, 3.6), dpi=dpi)  # fixed margins: a constrained layout draws everything twice
+    ax = fig.add_subplot()
+    compare = len(runs) > 1
+    styles = _styles(panel, keys, compare)
+    curves = []  # (xs, ys, colour, style, label, sparse)
+    bad_steps: list[float] = []
+    for ri, run in enumerate(runs):
+        for ki, key in enumerate(keys):
+            s = run.series.get(key)
+            if s is None:
+                continue
+            bad_steps += s.non_finite_steps()
+            xs, ys = s.finite()
+            if not xs:
+                continue
+            scale = full_scale(key) if panel.percent else None
+            if scale:
+                ys = [y * 100.0 / scale for y in ys]
+            ci, style = styles[ki]
+            color = COLORS[(ri if compare else ci) % len(COLORS)]
+            name = legend_name(key)
+            label = (f"{labels[ri]}: {name}" if len(keys) > 1 else labels[ri]) if compare else name
+            curves.append((xs, ys, color, style, label, _sparse(s, run)))
+    ys_all = [y for c in curves for y in c[1]]
+    exp = 0
+    if panel.sci_y and ys_all and max(abs(y) for y in ys_all) > 0:
+        exp = math.floor(math.log10(max(abs(y) for y in ys_all)))
+        exp = exp if exp < -2 or exp > 4 else 0
+    for xs, ys, color, style, label, sparse in curves:
+        if exp:
+            ys = [y / 10.0**exp for y in ys]
+        if sparse:
+            ax.plot(xs, ys, style, marker="o", markersize=4, color=color, label=label, linewidth=1.5)
+        elif len(xs) > MAX_POINTS:
+            bx, by, lo, hi = _bucketed(xs, ys)
+            ax.fill_between(bx, lo, hi, color=color, alpha=0.2, linewidth=0)
+            ax.plot(bx, by, style, color=color, linewidth=1.2,
+                    label=label if compare else f"{label} (mean of {len(xs) // len(bx)}-step bins; band: min to max)")
+        else:
+            ax.plot(xs, ys, style, color=color, label=label, linewidth=1.2)
+    if bad_steps:
+        ax.plot(bad_steps, [0.0] * len(bad_steps), "x", color="#d62728", markersize=7, clip_on=False,
+                transform=ax.get_xaxis_transform(), label=f"non-finite ({len(bad_steps)})")  # fmt: skip
+    positive = [y for y in ys_all if y > 0]
+    if panel.log_y and positive and len(positive) == len(ys_all) and max(positive) > 20 * min(positive):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    if panel.percent:
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
+    fig.text(0.012, 0.975, panel.title, fontsize=12, va="top", ha="left")
+    ax.set_xlabel("step (optimizer updates)")
+    ax.set_ylabel(panel.ylabel + (f" (×1e{exp})" if exp else ""))
+    ax.grid(True, alpha=0.3)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.set_xlim(left=0)
+    if not compare and runs[0].epoch_per_step:
+        r = runs[0].epoch_per_step
+        top = ax.secondary_xaxis("top", functions=(lambda x: x * r, lambda e: e / r))
+        top.set_xlabel("epoch", fontsize=9, loc="right")
+        top.tick_params(labelsize=8)
+    epoch_axis = not compare and runs[0].epoch_per_step
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.14, top=0.76 if epoch_axis else 0.88)
+    if max((c[0][-1] for c in curves), default=0) >= 10000:
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k" if v else "0"))
+    if curves or bad_steps:
+        n = len(curves) + bool(bad_steps)
+        ax.legend(fontsize=9 if n <= 4 else 8, frameon=False, loc="best", ncol=1 if n <= 4 else 2)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()
