@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from . import HelpFormatter
 
@@ -14,7 +15,8 @@ def register(subparsers) -> None:
         help="train the built-in digits ViT and print its val top-1 (what `make demo` runs)",
         description="Train config digits_vit (a small patch-4 ViT on scikit-learn's handwritten digits, "
         "shipped with the package: no download) and print the validation top-1 and the wall time. "
-        "Expected: >= 97% top-1 in under 3 minutes on 2 CPU cores.",
+        "Expected: >= 97% top-1 in under 3 minutes on 2 CPU cores. The run folder gets report.html: the "
+        "training curves, settings and summary of the run, to open in a browser.",
         formatter_class=HelpFormatter,
         epilog="Example:\n  vitscale demo --output-dir runs/demo train.epochs=5",
     )
@@ -27,6 +29,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from vitscale.config import ConfigError, load_config
+    from vitscale.tools.report import REPORT_NAME
 
     overrides = [f"train.output_dir={args.output_dir}", f"checkpoint.resume={'true' if args.resume else 'false'}"]
     try:
@@ -34,12 +37,13 @@ def run(args) -> int:
     except ConfigError as e:
         print(f"vitscale demo: config error: {e}", file=sys.stderr)
         return 2
+    out = Path(cfg.train.output_dir)
     if not args.resume:
         import shutil
-        from pathlib import Path
 
-        shutil.rmtree(Path(cfg.train.output_dir) / "checkpoints", ignore_errors=True)
-        (Path(cfg.train.output_dir) / "metrics.jsonl").unlink(missing_ok=True)
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        for name in ("metrics.jsonl", "summary.json", REPORT_NAME):  # a previous demo's
+            (out / name).unlink(missing_ok=True)
     from vitscale.train import train
 
     t0 = time.perf_counter()
@@ -51,4 +55,7 @@ def run(args) -> int:
         f"{summary['steps']} steps in {wall:.1f} s total ({summary['wall_time_s']:.1f} s training, "
         f"{summary['img_per_s']:.0f} img/s) -> {cfg.train.output_dir}"
     )
+    report = out / REPORT_NAME
+    if report.is_file():
+        print(f"report: {report}  (training curves, settings and summary; open {report.resolve().as_uri()})")
     return 0
