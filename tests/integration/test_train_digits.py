@@ -20,6 +20,7 @@ def test_demo_command_trains_digits_and_eval_agrees(tmp_path, capsys):
     assert main(["demo", "--output-dir", str(out), *SHORT]) == 0
     printed = capsys.readouterr().out
     assert "digits_vit: val top-1" in printed
+    assert f"report: {out / 'report.html'}" in printed and (out / "report.html").is_file()  # where to look next
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 100 and summary["skipped_files"] == 0
     # 100 steps of a 2-block ViT: well above chance (10%; measured 32.7%), loss well below ln 10 (measured 1.87)
