@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,23 @@ class Series:
     steps: list[float] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
 
+    @cached_property
+    def _split(self) -> tuple[list[float], list[float], list[float]]:
+        xs, ys, bad = [], [], []
+        for s, v in zip(self.steps, self.values):
+            if math.isfinite(v):
+                xs.append(s)
+                ys.append(v)
+            else:
+                bad.append(s)
+        return xs, ys, bad
+
     def finite(self) -> tuple[list[float], list[float]]:
-        pts = [(s, v) for s, v in zip(self.steps, self.values) if math.isfinite(v)]
-        return [p[0] for p in pts], [p[1] for p in pts]
+        """Steps and values where the value is finite (computed once: read the whole file first)."""
+        return self._split[0], self._split[1]
 
     def non_finite_steps(self) -> list[float]:
-        return [s for s, v in zip(self.steps, self.values) if not math.isfinite(v)]
+        return self._split[2]
 
     def last_finite(self) -> tuple[float, float] | None:
         for s, v in zip(reversed(self.steps), reversed(self.values)):
@@ -113,7 +125,7 @@ def read_metrics(path: Path, run: Run) -> None:
         for k, v in rec.items():
             if k in NOT_CURVES:
                 continue
-            x = _number(v)
+            x = float(v) if type(v) is float or type(v) is int else _number(v)  # the common case first
             if x is None:
                 continue
             s = series.get(k)
