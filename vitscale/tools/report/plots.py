@@ -242,19 +242,14 @@ def draw(panel: Panel, keys: list[str], runs: list[Run], labels: list[str], *, d
     if panel.percent:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}%"))
     fig.text(0.012, 0.975, panel.title, fontsize=12, va="top", ha="left")
-    ax.set_xlabel("step (optimizer updates)")
+    epochs = "" if compare or not runs[0].epoch_per_step else f"; 1 epoch = {1 / runs[0].epoch_per_step:.4g} steps"
+    ax.set_xlabel(f"step (optimizer updates{epochs})")  # not a second axis: that doubles the drawing time
     ax.set_ylabel(panel.ylabel + (f" (×1e{exp})" if exp else ""))
     ax.grid(True, alpha=0.3)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     ax.set_xlim(left=0)
-    if not compare and runs[0].epoch_per_step:
-        r = runs[0].epoch_per_step
-        top = ax.secondary_xaxis("top", functions=(lambda x: x * r, lambda e: e / r))
-        top.set_xlabel("epoch", fontsize=9, loc="right")
-        top.tick_params(labelsize=8)
-    epoch_axis = not compare and runs[0].epoch_per_step
-    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.14, top=0.76 if epoch_axis else 0.88)
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.14, top=0.88)
     if max((c[0][-1] for c in curves), default=0) >= 10000:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k" if v else "0"))
     if curves or bad_steps:
