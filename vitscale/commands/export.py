@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import HelpFormatter
+
 
 def _batch(text: str):
     if text == "dynamic":
@@ -27,7 +29,7 @@ def register(subparsers) -> None:
         "class names, CLIP's tokenizer settings, each file's SHA-256 and the check run right after writing\n"
         "(ONNX Runtime on the CPU, or the loaded torch.export program, vs the eager model on real images and\n"
         "captions: 1e-4 relative). See docs/using.md.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Example: vitscale export runs/digits_vit --format onnx --batch dynamic\n"
         "         vitscale export runs/digits_clip --format torch-export\n"
         "         vitscale export weights.safetensors --config digits_vit --out /tmp/served",
