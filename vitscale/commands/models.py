@@ -30,9 +30,7 @@ def model_rows(pattern: str | None = None, family: str | None = None) -> list[di
         model = create_model(name, device="meta")
         n = sum(p.numel() for p in model.parameters())
         cfg = fam.variants[name]
-        vision = getattr(cfg, "vision", cfg)  # CLIP configs nest their vision tower
-        img = getattr(vision, "img_h", None) or getattr(vision, "img_size", None)
-        patch = getattr(vision, "patch_dim", None) or getattr(vision, "patch_size", None)
+        img, patch = cfg.img_h, cfg.patch_dim  # CLIP: its vision tower's
         try:
             gflops = flops(model) / 1e9
         except (TypeError, NotImplementedError):

@@ -28,7 +28,8 @@ class FamilySpec:
     name: str
     """Family name: ``vit``, ``clip``, ``volo``."""
     model_cls: type
-    """``model_cls(cfg, device=None, dtype=None)`` builds the model; ``init_weights()`` initialises it."""
+    """``model_cls(cfg, device=None, dtype=None)`` builds the model (a :class:`~vitscale.models.contract.Model`);
+    ``init_weights()`` initialises it."""
     variants: dict[str, Any]
     """Variant name -> frozen config dataclass."""
     task: str = "classification"
@@ -79,6 +80,15 @@ def get_family(name: str) -> FamilySpec:
     raise KeyError(f"unknown model {name!r}.{hint}")
 
 
+def family_of(model_or_cfg: Any) -> FamilySpec:
+    """The family of a model instance (also under FSDP / compile wrappers) or of a variant config."""
+    _load_families()
+    for f in _FAMILIES.values():
+        if isinstance(model_or_cfg, f.model_cls) or any(type(v) is type(model_or_cfg) for v in f.variants.values()):
+            return f
+    raise KeyError(f"{type(model_or_cfg).__name__} belongs to no registered model family")
+
+
 def get_model_config(name: str, **overrides: Any) -> Any:
     """The variant's config with ``overrides`` applied (nested dicts for nested configs)."""
     return replace_config(get_family(name).variants[name], overrides)
@@ -119,7 +129,6 @@ def create_model(
     family = get_family(name)
     cfg = replace_config(family.variants[name], overrides)
     model = family.model_cls(cfg, device=device, dtype=dtype)
-    model.variant_name = name
     if init and torch.device(device or "cpu").type != "meta":
         model.init_weights()
     return model

@@ -82,19 +82,19 @@ def _model_cfg(model: Any, overrides: dict | None = None):
         return model, get_model_config(model, **(overrides or {}))
     if dataclasses.is_dataclass(model):
         return type(model).__name__, model
-    cfg = getattr(model, "cfg", None)
-    return getattr(model, "variant_name", type(model).__name__), cfg
+    return type(model).__name__, model.cfg
 
 
 def _vision_cfg(cfg):
     """The ViT config inside ``cfg`` (CLIP's vision tower, or ``cfg`` itself)."""
-    if hasattr(cfg, "num_layers") and hasattr(cfg, "hidden_size"):
+    from vitscale.models.clip.configs import CLIPConfig
+    from vitscale.models.vit.configs import ViTConfig
+
+    if isinstance(cfg, ViTConfig):
         return cfg
-    for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(v) and hasattr(v, "hidden_size") and hasattr(v, "img_h"):
-            return v
-    raise TypeError(f"no ViT config in {type(cfg).__name__}")
+    if isinstance(cfg, CLIPConfig):
+        return cfg.vision
+    raise TypeError(f"no ViT config in {type(cfg).__name__}: the estimate covers ViT and CLIP models")
 
 
 def param_counts(name: str, cfg) -> tuple[int, int, int]:
@@ -110,7 +110,7 @@ def param_counts(name: str, cfg) -> tuple[int, int, int]:
 
 
 def _counts(model) -> tuple[int, int, int]:
-    from vitscale.models.vit.model import Block, ParallelBlock
+    from vitscale.models.vit.model import Block, ParallelBlock, VisionTransformer
 
     total = sum(p.numel() for p in model.parameters())
     tp = 0
@@ -122,7 +122,7 @@ def _counts(model) -> tuple[int, int, int]:
             # everything but the norms / LayerScale of a block is sharded by TP
             tp += n - sum(p.numel() for mm in m.modules() if isinstance(mm, (torch.nn.LayerNorm, torch.nn.RMSNorm)) for p in mm.parameters())
             tp -= sum(p.numel() for n_, p in m.named_parameters() if n_.startswith(("ls", "ls1", "ls2")))
-    pool = getattr(model, "attn_pool", None)
+    pool = model.attn_pool if isinstance(model, VisionTransformer) else None  # (a CLIP's stays in its root)
     if pool is not None:
         for lin in (pool.q, pool.kv, pool.proj, pool.mlp.fc1, pool.mlp.fc2):
             tp += sum(p.numel() for p in lin.parameters())
@@ -143,8 +143,8 @@ def block_activation_elems(cfg, tokens: int, tp: int = 1, ac: str = "none") -> f
     activations are recomputed.
     """
     D, F = cfg.hidden_size, cfg.ffn_hidden_size
-    qk = 2 * D if getattr(cfg, "qk_norm", False) else 0
-    if getattr(cfg, "parallel_block", False):
+    qk = 2 * D if cfg.qk_norm else 0
+    if cfg.parallel_block:
         none = D / tp + D + (5 * D + 3 * F + qk) / tp
         selective = D / tp + (3 * D + F + D + D) / tp  # input, in_proj out, attention out, out_proj out
     else:

@@ -109,6 +109,10 @@ class CLIPConfig:
     def patch_dim(self) -> int:
         return self.vision.patch_dim
 
+    def with_image_size(self, img_h: int, img_w: int | None = None) -> CLIPConfig:
+        """The same model for images of ``img_h`` x ``img_w`` (the vision tower's size)."""
+        return replace(self, vision=self.vision.with_image_size(img_h, img_w))
+
 
 def _vision(hidden, ffn, heads, layers, patch, **kw) -> ViTConfig:
     """An open_clip-style image tower: conv1 without bias, ln_pre, class token, LayerNorm eps 1e-5."""
@@ -166,7 +170,3 @@ VARIANTS: dict[str, CLIPConfig] = {
     # NeMo: e/14 224, vision 1792 (15360) / 28 / 56, text 1280 / 20 / 36, output 1280 (open_clip ViT-e-14)
     "clip_e14": _clip(_vision(1792, 15360, 28, 56, 14), _text(1280, 20, 36), 1280),
 }  # fmt: skip
-
-
-def with_image_size(cfg: CLIPConfig, img_h: int, img_w: int | None = None) -> CLIPConfig:
-    return replace(cfg, vision=cfg.vision.with_image_size(img_h, img_w))

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
+from ..common.checkpointing import run_blocks
+from ..common.flops import image_hw, traced_flops
 from ..common.init import trunc_normal_
 from ..vit.model import Block, VisionTransformer
 from .configs import CLIPConfig, CLIPTextConfig
@@ -75,11 +76,7 @@ class TextTransformer(nn.Module):
         if T > self.pos_embed.shape[1]:
             raise ValueError(f"{T} tokens exceed the context length {self.pos_embed.shape[1]}")
         x = self.token_embedding(tokens) + self.pos_embed[:, :T]  # (B, T, D)
-        for blk in self.blocks:
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(blk, x, use_reentrant=False)
-            else:
-                x = blk(x)
+        x = run_blocks(self.blocks, x, self.grad_checkpointing)
         return self.norm(x)
 
     def pool(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -101,7 +98,12 @@ class CLIP(nn.Module):
     ``visual`` is a :class:`VisionTransformer` (num_classes=0), ``text`` a :class:`TextTransformer`;
     ``image_proj`` / ``text_proj`` are bias-free projections to ``output_dim`` (open_clip's ``proj`` /
     ``text_projection`` transposed); ``logit_scale`` is the log temperature.
+
+    Implements :class:`vitscale.models.contract.Model`; it has no per-token class logits
+    (``supports_dense = False``).
     """
+
+    supports_dense = False
 
     def __init__(self, cfg: CLIPConfig, device=None, dtype=None):
         super().__init__()
@@ -218,10 +220,29 @@ class CLIP(nn.Module):
         self.visual.set_grad_checkpointing(enable)
         self.text.grad_checkpointing = enable
 
+    def example_inputs(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
+        """Images and token ids (the text tower's full context)."""
+        v, t = self.cfg.vision, self.cfg.text
+        images = torch.randn(batch, v.num_channels, v.img_h, v.img_w, device=device)
+        tokens = torch.randint(0, t.vocab_size, (batch, t.encoder_seq_length), device=device)
+        return images, tokens
+
+    def flops(self, img_size: int | tuple[int, int] | None = None) -> int:
+        """Image + text tower FLOPs of one image-caption pair, traced on the meta device."""
+        return traced_flops(CLIP, self.cfg if img_size is None else self.cfg.with_image_size(*image_hw(img_size)))
+
+    def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
+        raise NotImplementedError(_NO_DENSE)
+
+    def forward_dense(self, x: torch.Tensor, mix=None) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError(_NO_DENSE)
+
     def lock_image_tower(self) -> None:
         """Freeze the image tower and its projection (LiT-style locked-image tuning)."""
         for p in list(self.visual.parameters()) + list(self.image_proj.parameters()):
             p.requires_grad_(False)
 
+
+_NO_DENSE = "CLIP gives no per-token class logits (token labeling needs a ViT or VOLO model)"
 
 __all__ = ["CLIP", "CausalBlock", "TextTransformer"]

@@ -11,7 +11,6 @@ from dataclasses import replace
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from ..common import (
     Attention,
@@ -26,8 +25,11 @@ from ..common import (
     resample_pos_embed,
 )
 from ..common.attention import sdpa
+from ..common.checkpointing import run_blocks
 from ..common.init import trunc_normal_
+from ..common.token_mix import TokenMix, apply_token_mix
 from .configs import ViTConfig
+from .flops import vit_flops
 
 
 class Block(nn.Module):
@@ -116,7 +118,13 @@ class ParallelBlock(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    """ViT for classification and as the CLIP vision tower. ``cfg`` is a :class:`ViTConfig`."""
+    """ViT for classification and as the CLIP vision tower. ``cfg`` is a :class:`ViTConfig`.
+
+    Implements :class:`vitscale.models.contract.Model`. Dense per-token logits (token labeling) are its
+    own classifier applied to every patch token (pre-logits features -> head).
+    """
+
+    supports_dense = True
 
     def __init__(self, cfg: ViTConfig, device=None, dtype=None):
         super().__init__()
@@ -249,11 +257,7 @@ class VisionTransformer(nn.Module):
         x = self._pos_embed(x, grid)
         x = self.patch_drop(x)
         x = self.norm_pre(x)
-        for blk in self.blocks:
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(blk, x, use_reentrant=False)
-            else:
-                x = blk(x)
+        x = run_blocks(self.blocks, x, self.grad_checkpointing)
         return self.norm(x)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
@@ -268,14 +272,43 @@ class VisionTransformer(nn.Module):
         return x
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.pool(x)
+        return self._classify(self.pool(x), pre_logits)
+
+    def _classify(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pooled features ``(B, D)`` (or every token, ``(B, T, D)``) -> logits."""
         x = self.fc_norm(x)
         x = self.head_drop(x)
         x = self.pre_logits(x)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_dense(self, x: torch.Tensor, mix: TokenMix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class logits ``(B, C)`` and the classifier on every patch token ``(B, gh, gw, C)``. With pool
+        ``token`` the class logits come from the same pass; otherwise from a second forward, as a
+        plain ``model(x)`` call would give them."""
+        p = self.cfg.patch_dim
+        B, gh, gw = x.shape[0], x.shape[-2] // p, x.shape[-1] // p
+        if mix is not None:  # swap whole patches = swap patch tokens (ViT patches do not overlap)
+            x = apply_token_mix(x.permute(0, 2, 3, 1), mix, p).permute(0, 3, 1, 2)
+        every = self._classify(self.forward_features(x))  # (B, prefix + N, C)
+        tok = every[:, self.num_prefix_tokens :].reshape(B, gh, gw, -1)  # (B, gh, gw, C)
+        cls = every[:, 0] if self.cfg.pool == "token" else self.forward_head(self.forward_features(x))
+        return cls, tok
+
+    def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None):
+        if dense:  # through forward() so FSDP's hooks gather the parameters
+            return self.forward_dense(x, mix)
         return self.forward_head(self.forward_features(x))
+
+    # ------------------------------------------------------------------ sizes
+    def example_inputs(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
+        c = self.cfg
+        return (torch.randn(batch, c.num_channels, c.img_h, c.img_w, device=device),)
+
+    def flops(self, img_size: int | tuple[int, int] | None = None) -> int:
+        return vit_flops(self.cfg, img_size)
+
+    def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
+        return img_hw[0] // self.cfg.patch_dim, img_hw[1] // self.cfg.patch_dim
 
     # ------------------------------------------------------------------ loading
     def _resample_pos_embed_on_load(self, state_dict, prefix, *args) -> None:

@@ -16,39 +16,20 @@ class attention's ``kv`` rows are per head ``(H, 2, Dh)``. The timm converter pe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from ..common import Attention, DropPath, Mlp, resample_pos_embed
 from ..common.attention import sdpa
+from ..common.checkpointing import run_blocks
+from ..common.flops import image_hw, traced_flops
 from ..common.init import trunc_normal_
+from ..common.token_mix import TokenMix, apply_token_mix
 from .configs import OUTLOOK_IMPLS, VOLOConfig
 from .outlook_kernel import outlook_attention, outlook_reference, use_kernel
-
-
-@dataclass(frozen=True)
-class TokenMix:
-    """MixToken on the coarse token grid: tokens inside ``box`` = (top, left, bottom, right) (coarse
-    grid units, end exclusive) are taken from sample ``perm[b]`` instead of sample ``b``."""
-
-    box: tuple[int, int, int, int]
-    perm: torch.Tensor
-
-
-def apply_token_mix(x: torch.Tensor, mix: TokenMix | None, scale: int = 1) -> torch.Tensor:
-    """Mix a channels-last grid ``(B, H, W, C)`` whose cells are ``scale`` x ``scale`` per coarse token."""
-    if mix is None:
-        return x
-    top, left, bottom, right = (v * scale for v in mix.box)
-    if bottom <= top or right <= left:
-        return x
-    x = x.clone()
-    x[:, top:bottom, left:right] = x[mix.perm, top:bottom, left:right]
-    return x
 
 
 class OutlookAttention(nn.Module):
@@ -298,17 +279,11 @@ class VOLO(nn.Module):
         self.cfg = new
 
     # ------------------------------------------------------------------ forward
-    def _run(self, blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if self.grad_checkpointing and torch.is_grad_enabled():
-            return checkpoint(blk, x, use_reentrant=False)
-        return blk(x)
-
     def forward_tokens(self, x: torch.Tensor, mix: TokenMix | None = None) -> torch.Tensor:
         """Images ``(B, C, H, W)`` -> coarse tokens ``(B, gh, gw, D)`` after the transformer stages."""
         x = self.patch_embed(x)  # (B, H/p, W/p, Do)
         x = apply_token_mix(x, mix, self.cfg.pooling_scale)
-        for blk in self.outlookers:
-            x = self._run(blk, x)
+        x = run_blocks(self.outlookers, x, self.grad_checkpointing)
         x = self.downsample(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)  # (B, gh, gw, D)
         pos = self.pos_embed
         if pos.shape[1:3] != x.shape[1:3]:  # another image size at run time
@@ -316,8 +291,7 @@ class VOLO(nn.Module):
         x = self.pos_drop(x + pos)
         B, gh, gw, D = x.shape
         x = x.reshape(B, gh * gw, D)  # (B, N, D)
-        for blk in self.blocks:
-            x = self._run(blk, x)
+        x = run_blocks(self.blocks, x, self.grad_checkpointing)
         return x.view(B, gh, gw, D)
 
     def forward_features(self, x: torch.Tensor, mix: TokenMix | None = None) -> torch.Tensor:
@@ -325,8 +299,7 @@ class VOLO(nn.Module):
         x = self.forward_tokens(x, mix)
         B, gh, gw, D = x.shape
         x = torch.cat([self.cls_token.expand(B, -1, -1), x.reshape(B, gh * gw, D)], dim=1)  # (B, 1+N, D)
-        for blk in self.class_blocks:
-            x = self._run(blk, x)
+        x = run_blocks(self.class_blocks, x, self.grad_checkpointing)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -355,6 +328,18 @@ class VOLO(nn.Module):
         if dense:  # through forward() so FSDP's hooks gather the parameters
             return self.forward_dense(x, mix)
         return self.forward_head(self.forward_features(x, mix))
+
+    # ------------------------------------------------------------------ sizes
+    def example_inputs(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
+        c = self.cfg
+        return (torch.randn(batch, c.num_channels, c.img_h, c.img_w, device=device),)
+
+    def flops(self, img_size: int | tuple[int, int] | None = None) -> int:
+        """Forward FLOPs of one image, traced on the meta device."""
+        return traced_flops(VOLO, self.cfg if img_size is None else self.cfg.with_image_size(*image_hw(img_size)))
+
+    def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
+        return img_hw[0] // self.cfg.token_stride, img_hw[1] // self.cfg.token_stride
 
     # ------------------------------------------------------------------ loading
     def _resample_pos_embed_on_load(self, state_dict, prefix, *args) -> None:

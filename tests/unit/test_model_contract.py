@@ -1,0 +1,88 @@
+"""Every registered family implements the model contract (vitscale/models/contract.py) — checked on
+each family's debug variant."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitscale.models.common.flops import count_flops
+from vitscale.models.contract import Model, VariantConfig, check_model, contract_members
+from vitscale.models.registry import create_model, families, family_of
+
+FAMILIES = sorted(families())
+
+
+def _debug(family: str) -> str:
+    name = f"{family}_debug"
+    assert name in families()[family].variants, f"family {family!r} has no {name} variant (tests build it)"
+    return name
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_model_implements_the_contract(family):
+    torch.manual_seed(0)
+    model = create_model(_debug(family)).eval()
+    check_model(model)
+    assert isinstance(model, Model) and isinstance(model.cfg, VariantConfig)
+    assert family_of(model).name == family and family_of(model.cfg).name == family
+    inputs = model.example_inputs(2, "cpu")
+    images = inputs[0]
+    assert images.shape == (2, model.cfg.num_channels, model.cfg.img_h, model.cfg.img_w)
+    with torch.no_grad():
+        model(*inputs)  # one forward call of the model's own inputs
+        # grad checkpointing changes no output
+        feats = model.forward_features(images)
+        model.set_grad_checkpointing(True)
+        torch.testing.assert_close(model.forward_features(images), feats)
+        model.set_grad_checkpointing(False)
+    names = {n for n, _ in model.named_parameters()}
+    assert all(any(n == s or n.startswith(s + ".") for n in names) for s in model.no_weight_decay())
+    assert model.head_parameter_names() <= names
+    # the FLOPs a model states are those PyTorch's counter finds in one forward call on meta
+    meta = create_model(_debug(family), device="meta")
+    assert model.flops() == count_flops(meta, *meta.example_inputs(1, "meta")) > 0
+    h, w = model.cfg.img_h, model.cfg.img_w
+    assert model.flops((2 * h, 2 * w)) > model.flops()
+    # a new classifier on the pooled features
+    model.reset_classifier(3)
+    assert model.num_classes == 3 and model.head_parameter_names()
+    with torch.no_grad():
+        assert model.forward_head(model.forward_features(images)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dense_logits_or_a_named_refusal(family):
+    torch.manual_seed(0)
+    model = create_model(_debug(family)).eval()
+    images = model.example_inputs(2, "cpu")[0]
+    if model.supports_dense:
+        with torch.no_grad():
+            cls, tok = model(images, dense=True)
+        grid = model.token_grid(tuple(images.shape[-2:]))
+        assert cls.shape == (2, model.num_classes) and tok.shape == (2, *grid, model.num_classes)
+    else:
+        with pytest.raises(NotImplementedError, match=type(model).__name__):
+            model.forward_dense(images)
+        with pytest.raises(NotImplementedError, match=type(model).__name__):
+            model.token_grid(tuple(images.shape[-2:]))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_initialises_after_to_empty(family):
+    torch.manual_seed(0)
+    model = create_model(_debug(family), device="meta")
+    model.to_empty(device="cpu")
+    model.init_weights()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert all(torch.isfinite(b).all() for b in model.buffers() if b.is_floating_point())
+
+
+def test_the_contract_names_its_members():
+    members = contract_members()
+    for name in ("cfg", "init_weights", "forward_features", "forward_head", "no_weight_decay",
+                 "head_parameter_names", "reset_classifier", "set_grad_checkpointing", "example_inputs", "flops",
+                 "supports_dense", "forward_dense", "token_grid"):  # fmt: skip
+        assert name in members
+    with pytest.raises(TypeError, match="missing"):
+        check_model(torch.nn.Linear(2, 2))

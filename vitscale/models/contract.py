@@ -1,0 +1,120 @@
+"""The model contract: what every family's model offers, and all that callers may rely on.
+
+A registered family's model class implements :class:`Model` (``tests/unit/test_model_contract.py``
+checks every family). The trainer, the tasks, evaluation, FLOP counting, the bench and
+``label-tokens`` use these members directly — never ``hasattr`` probes. A capability a family lacks
+is declared (``supports_dense = False``) and its method raises ``NotImplementedError`` naming the
+family, as torchtitan's model protocol (``torchtitan/protocols/model.py``) makes every model state
+what it offers.
+
+Dense per-token logits (token labeling) are asked through the module call,
+``model(images, dense=True, mix=mix)``, not through ``forward_dense``: under FSDP2 only the call
+runs the root module's hooks that gather its parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+
+class TokenMixLike(Protocol):
+    """A MixToken box (:class:`vitscale.models.common.token_mix.TokenMix`)."""
+
+    box: tuple[int, int, int, int]
+    perm: torch.Tensor
+
+
+@runtime_checkable
+class VariantConfig(Protocol):
+    """What every family's frozen config dataclass offers besides its own fields."""
+
+    @property
+    def img_h(self) -> int: ...
+    @property
+    def img_w(self) -> int: ...
+    @property
+    def num_channels(self) -> int: ...
+    @property
+    def patch_dim(self) -> int: ...
+    def with_image_size(self, img_h: int, img_w: int | None = None) -> Any:
+        """The same config for another input size."""
+        ...
+
+
+@runtime_checkable
+class Model(Protocol):
+    """The uniform API of every zoo model (an ``nn.Module``; timm's names where timm has one)."""
+
+    cfg: Any
+    """The frozen config dataclass the model was built from (a :class:`VariantConfig`)."""
+    num_classes: int
+    """Outputs of the classifier; 0 = no classifier (features only)."""
+    supports_dense: bool
+    """Whether ``model(images, dense=True, mix=...)`` gives per-token class logits (token labeling)."""
+
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter and buffer in place; works after ``to_empty()`` and on
+        sharded parameters."""
+        ...
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images ``(B, C, H, W)`` -> normalised tokens ``(B, T, D)``."""
+        ...
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens -> logits (or the pooled features with ``pre_logits``)."""
+        ...
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names (or prefixes) that take no weight decay besides norms and biases."""
+        ...
+
+    def head_parameter_names(self) -> set[str]:
+        """The classifier's parameters (``optim.head_weight_decay`` applies to them)."""
+        ...
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A new classifier with ``num_classes`` outputs (0 removes it)."""
+        ...
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in backward (single-device; the trainer applies
+        activation checkpointing from outside through the family's parallelize plan)."""
+        ...
+
+    def example_inputs(self, batch: int, device: Any = None) -> tuple[torch.Tensor, ...]:
+        """Random inputs of the right shapes for one ``model(*inputs)`` call."""
+        ...
+
+    def flops(self, img_size: int | tuple[int, int] | None = None) -> int:
+        """Forward FLOPs of one sample (2 per multiply-add, attention matmuls included) at
+        ``img_size`` (None = the configured size)."""
+        ...
+
+    def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
+        """The grid ``(gh, gw)`` of the dense per-token logits for images of ``img_hw``."""
+        ...
+
+    def forward_dense(self, x: torch.Tensor, mix: TokenMixLike | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class logits ``(B, classes)`` and per-token logits ``(B, gh, gw, classes)``, with MixToken
+        ``mix`` applied to the tokens (run it as ``model(x, dense=True, mix=mix)``)."""
+        ...
+
+
+def contract_members() -> list[str]:
+    """The names :class:`Model` requires: its attributes, then its methods."""
+    methods = [n for n, v in vars(Model).items() if callable(v) and not n.startswith("_")]
+    return [*Model.__annotations__, *methods]
+
+
+def check_model(model: nn.Module) -> None:
+    """TypeError naming every contract member ``model`` lacks (a new family's first check)."""
+    missing = [name for name in contract_members() if not hasattr(model, name)]
+    if missing:
+        raise TypeError(f"{type(model).__name__} does not implement the model contract: missing {', '.join(missing)}")
+
+
+__all__ = ["Model", "TokenMixLike", "VariantConfig", "check_model", "contract_members"]
