@@ -10,11 +10,13 @@ import torch.nn.functional as F
 GLOBAL_BATCH = 8
 
 
-def make_cfg(ac: str = "none", ac_method: str = "block", ac_num_layers: int = 0):
-    return NS(
-        parallel=NS(activation_checkpointing=ac, ac_method=ac_method, ac_num_layers=ac_num_layers),
-        train=NS(compile=False),
-        precision=NS(param_dtype="float32", reduce_dtype="float32"),
+def make_cfg(ac: str = "none", ac_method: str = "block", ac_num_layers: int = 0) -> dict:
+    """The parallel / precision settings of ``vitscale.run.build_model``."""
+    from vitscale.distributed.config import ParallelConfig, PrecisionConfig
+
+    return dict(
+        parallel=ParallelConfig(activation_checkpointing=ac, ac_method=ac_method, ac_num_layers=ac_num_layers),
+        precision=PrecisionConfig(param_dtype="float32", reduce_dtype="float32"),
     )
 
 
@@ -35,10 +37,10 @@ def train_curve(layout: dict, name: str, overrides: dict, steps: int, ac: str = 
     import torch.distributed as dist
 
     from vitscale.distributed import init_distributed
-    from vitscale.distributed.init import build_model
+    from vitscale.run import build_model
 
     dims = init_distributed(NS(**layout), "cpu")
-    model = build_model(name, dims, make_cfg(ac), seed=0, init="reference", overrides=overrides)
+    model = build_model(name, dims, **make_cfg(ac), seed=0, init="reference", overrides=overrides)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
     losses = []
     n = GLOBAL_BATCH // dims.dp_size
@@ -69,8 +71,9 @@ def sharded_init_fingerprint(layout: dict, name: str, overrides: dict):
     """Sharded (layout-dependent) initialisation on CPU: per parameter, whether it is sharded over
     TP and the sum of this rank's local values."""
     from vitscale.distributed import init_distributed
-    from vitscale.distributed.init import _tp_sharded, build_model
+    from vitscale.distributed.init import is_tp_sharded
+    from vitscale.run import build_model
 
     dims = init_distributed(NS(**layout), "cpu")
-    model = build_model(name, dims, make_cfg(), seed=0, init="sharded", overrides=overrides)
-    return {n: (_tp_sharded(p), p.to_local().double().sum().item()) for n, p in model.named_parameters()}
+    model = build_model(name, dims, **make_cfg(), seed=0, init="sharded", overrides=overrides)
+    return {n: (is_tp_sharded(p), p.to_local().double().sum().item()) for n, p in model.named_parameters()}

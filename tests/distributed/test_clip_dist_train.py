@@ -18,16 +18,14 @@ def clip_curve(layout: dict, local_loss: bool = False):
     import torch.distributed as dist
 
     from vitscale.distributed import init_distributed
-    from vitscale.distributed.init import build_model
+    from vitscale.distributed.config import ParallelConfig, PrecisionConfig
+    from vitscale.run import build_model
     from vitscale.train.losses_contrastive import ClipLoss
 
     dims = init_distributed(NS(**layout), "cpu")
-    cfg = NS(
-        parallel=NS(activation_checkpointing="none", ac_method="block", ac_num_layers=0),
-        train=NS(compile=False),
-        precision=NS(param_dtype="float32", reduce_dtype="float32"),
-    )
-    model = build_model("clip_debug", dims, cfg, seed=0, init="reference", overrides=OVERRIDES)
+    parallel = ParallelConfig(activation_checkpointing="none")
+    precision = PrecisionConfig(param_dtype="float32", reduce_dtype="float32")
+    model = build_model("clip_debug", dims, parallel=parallel, precision=precision, seed=0, init="reference", overrides=OVERRIDES)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
     group = None
     if dims.distributed and dims.dp_size < dims.world_size:  # tp: every rank of the replica holds the batch

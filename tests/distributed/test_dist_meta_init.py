@@ -26,12 +26,12 @@ def _build_22b():
     import torch
 
     from vitscale.distributed import init_distributed
-    from vitscale.distributed.init import build_model
     from vitscale.distributed.tensor_parallel import DTensor
+    from vitscale.run import build_model
 
     dims = init_distributed(NS(dp_shard=2), "cpu")
     before = _rss_now()
-    model = build_model("vit_22b", dims, None, seed=0, init="sharded", overrides=dict(num_layers=LAYERS), dtype=torch.bfloat16)
+    model = build_model("vit_22b", dims, seed=0, init="sharded", overrides=dict(num_layers=LAYERS), dtype=torch.bfloat16)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     params = list(model.parameters())
     w = model.blocks[0].in_proj.weight.to_local().float()

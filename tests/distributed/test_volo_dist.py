@@ -22,15 +22,13 @@ def volo_curve(layout: dict, steps: int = STEPS, ac: str = "none"):
     import torch.distributed as dist
 
     from vitscale.distributed import init_distributed
-    from vitscale.distributed.init import build_model
+    from vitscale.distributed.config import ParallelConfig, PrecisionConfig
+    from vitscale.run import build_model
 
     dims = init_distributed(NS(**layout), "cpu")
-    cfg = NS(
-        parallel=NS(activation_checkpointing=ac, ac_method="block", ac_num_layers=0),
-        train=NS(compile=False),
-        precision=NS(param_dtype="float32", reduce_dtype="float32"),
-    )
-    model = build_model("volo_debug", dims, cfg, seed=0, init="reference", overrides=OVERRIDES).eval()
+    parallel = ParallelConfig(activation_checkpointing=ac)
+    precision = PrecisionConfig(param_dtype="float32", reduce_dtype="float32")
+    model = build_model("volo_debug", dims, parallel=parallel, precision=precision, seed=0, init="reference", overrides=OVERRIDES).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
     g = torch.Generator().manual_seed(1)
     n = BATCH // dims.dp_size

@@ -1,14 +1,15 @@
-"""Every registered family implements the model contract (vitscale/models/contract.py) — checked on
-each family's debug variant."""
+"""Every registered family implements the model contract (vitscale/models/contract.py) and gives the
+parallelize tail a plan that covers its blocks — checked on each family's debug variant."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from vitscale.distributed.parallelize import ParallelPlan
 from vitscale.models.common.flops import count_flops
 from vitscale.models.contract import Model, VariantConfig, check_model, contract_members
-from vitscale.models.registry import create_model, families, family_of
+from vitscale.models.registry import create_model, families, family_of, parallel_plan
 
 FAMILIES = sorted(families())
 
@@ -76,6 +77,23 @@ def test_family_initialises_after_to_empty(family):
     model.init_weights()
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert all(torch.isfinite(b).all() for b in model.buffers() if b.is_floating_point())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parallel_plan_covers_the_blocks(family):
+    plan = parallel_plan(family)
+    assert isinstance(plan, ParallelPlan)
+    model = create_model(_debug(family), device="meta")
+    stacks = plan.blocks(model)
+    blocks = [b for stack in stacks for b in stack]
+    assert blocks and len({id(b) for b in blocks}) == len(blocks)  # each block once
+    in_blocks = {id(p) for b in blocks for p in b.parameters()}
+    extra = {id(p) for u in plan.fsdp_units(model) for p in u.parameters()}
+    params = list(model.parameters())
+    # blocks and extra units are disjoint parts of the model; the root FSDP unit keeps the rest
+    assert not in_blocks & extra and (in_blocks | extra) < {id(p) for p in params}
+    modules = {id(m) for m in model.modules()}
+    assert all(id(b) in modules for b in blocks)
 
 
 def test_the_contract_names_its_members():

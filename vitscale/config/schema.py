@@ -13,6 +13,7 @@ from typing import Any
 from vitscale.data.captions_config import ClipConfig  # the CLIP engineer's group
 from vitscale.data.config import DataConfig  # the data engineer's group
 from vitscale.data.token_label_config import TeacherConfig, TokenLabelConfig  # the VOLO engineer's groups
+from vitscale.distributed.config import ParallelConfig, PrecisionConfig
 
 
 @dataclass
@@ -112,36 +113,6 @@ class TrainConfig:
     cpu_threads: int = 0
     """Intra-op threads when training on CPU; 0 = PyTorch's default (one per core). Tiny models run
     faster on 1 thread (the digits demo: ~7x faster per step than 2 threads on a busy 2-core machine)."""
-
-
-@dataclass
-class ParallelConfig:
-    """Parallel layout (implemented in vitscale.distributed); the product of the sizes = world size."""
-
-    dp_replicate: int = 1
-    """Data-parallel replicas (DDP / HSDP outer dimension)."""
-    dp_shard: int = -1
-    """FSDP shard group size; -1 = the rest of the world."""
-    tp: int = 1
-    """Tensor-parallel size (Megatron-style column/row sharding within each block)."""
-    activation_checkpointing: str = "none"
-    """none | full | selective."""
-    ac_method: str = "block"
-    """block | uniform: how blocks are picked for checkpointing."""
-    ac_num_layers: int = 0
-    """Blocks to checkpoint; 0 = all."""
-
-
-@dataclass
-class PrecisionConfig:
-    """Numerics."""
-
-    param_dtype: str | None = None
-    """Compute dtype of parameters (FSDP mixed precision / autocast): None = bf16 on GPU, fp32 on CPU."""
-    reduce_dtype: str = "float32"
-    """Gradient reduction dtype."""
-    autocast: str = "auto"
-    """auto (bf16 autocast on GPU, none on CPU) | bf16 | fp16 | none."""
 
 
 @dataclass

@@ -19,9 +19,12 @@ One code path covers every data-parallel layout, because FSDP2 takes a 1-D mesh 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from .config import PrecisionConfig
 
 try:  # torch >= 2.6 exports FSDP2 here
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -47,12 +50,33 @@ def to_dtype(value, default: torch.dtype | None = None) -> torch.dtype | None:
         raise ValueError(f"unknown dtype {value!r}: use one of {sorted(_DTYPES)}") from None
 
 
-def resolve_precision(precision_cfg, device: torch.device) -> tuple[torch.dtype, torch.dtype]:
-    """(param_dtype, reduce_dtype): compute dtype bf16 on GPU and fp32 on CPU unless set; reduce fp32."""
-    default_param = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    param = to_dtype(getattr(precision_cfg, "param_dtype", None), default_param)
-    reduce = to_dtype(getattr(precision_cfg, "reduce_dtype", None), torch.float32)
-    return param, reduce
+@dataclass(frozen=True)
+class Precision:
+    """The numerics of a run on its device (a resolved :class:`PrecisionConfig`)."""
+
+    param_dtype: torch.dtype
+    """Compute dtype of the parameters FSDP2 all-gathers (its MixedPrecisionPolicy)."""
+    reduce_dtype: torch.dtype
+    """Dtype of the gradient reduction."""
+    autocast: torch.dtype | None
+    """Dtype of ``torch.autocast`` around the forward pass; None = no autocast."""
+
+
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}
+
+
+def resolve_precision(precision: PrecisionConfig, device: torch.device | str) -> Precision:
+    """``precision`` on ``device``: bf16 compute and bf16 autocast on GPU, fp32 and no autocast on CPU,
+    unless set; gradients reduced in fp32 unless set."""
+    cuda = torch.device(device).type == "cuda"
+    param = to_dtype(precision.param_dtype, torch.bfloat16 if cuda else torch.float32)
+    reduce = to_dtype(precision.reduce_dtype, torch.float32)
+    mode = precision.autocast
+    if mode == "auto":
+        mode = "bf16" if cuda else "none"
+    if mode not in _AUTOCAST:
+        raise ValueError(f"precision.autocast must be auto, bf16, fp16 or none, got {mode!r}")
+    return Precision(param, reduce, _AUTOCAST[mode])
 
 
 def mixed_precision_policy(param_dtype: torch.dtype, reduce_dtype: torch.dtype = torch.float32):
@@ -103,16 +127,6 @@ def apply_fsdp(
     return model
 
 
-def is_fsdp(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
-
-
-def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
-    """Gradient accumulation: skip the reduce-scatter / all-reduce on all but the last micro-step."""
-    if isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(enabled)
-
-
 __all__ = [
     "FSDPModule",
     "MixedPrecisionPolicy",
@@ -120,9 +134,8 @@ __all__ = [
     "dp_mesh_for",
     "fsdp_runs_on",
     "fully_shard",
-    "is_fsdp",
     "mixed_precision_policy",
+    "Precision",
     "resolve_precision",
-    "set_gradient_sync",
     "to_dtype",
 ]

@@ -1,4 +1,4 @@
-"""Build a model for a parallel layout: meta device -> parallelize -> ``to_empty`` -> initialise.
+"""Initialise a parallelized, ``to_empty``-ed model (built by :func:`vitscale.run.build_model`).
 
 Two ways to initialise, chosen by ``init``:
 
@@ -8,7 +8,9 @@ Two ways to initialise, chosen by ``init``:
 - ``"sharded"``: ``init_weights()`` runs directly on the sharded parameters: nothing is ever
   materialised whole (ViT-22B). The weights are a valid draw from the same distributions but differ
   between layouts (see :func:`sharded_init`).
-- ``"auto"``: ``reference`` up to ``REFERENCE_INIT_MAX_PARAMS`` parameters, else ``sharded``.
+- ``"auto"``: on several processes ``reference`` up to ``REFERENCE_INIT_MAX_PARAMS`` parameters, else
+  ``sharded``; in one process ``init_weights()`` on the model itself, on its device (the one-process
+  weights ``reference`` reproduces).
 
 Either way, resuming from a checkpoint (which loads under any layout) continues identically.
 """
@@ -19,8 +21,6 @@ import contextlib
 
 import torch
 from torch import nn
-
-from ..models.registry import create_model, get_family, parallelize_fn
 
 REFERENCE_INIT_MAX_PARAMS = 700_000_000  # up to ViT-H; a full fp32 CPU copy is <= 2.8 GB per rank
 
@@ -52,7 +52,8 @@ def copy_full_state_dict(model: nn.Module, full: dict[str, torch.Tensor]) -> Non
             t.copy_(src)
 
 
-def _tp_sharded(p) -> bool:
+def is_tp_sharded(p) -> bool:
+    """Whether ``p`` is a DTensor sharded over the ``tp`` mesh dimension."""
     from .tensor_parallel import DTensor
 
     if not isinstance(p, DTensor) or "tp" not in (p.device_mesh.mesh_dim_names or ()):
@@ -107,34 +108,8 @@ def sharded_init(model: nn.Module, parallel_dims, seed: int) -> None:
         group = tp_mesh.get_group()
         src = dist.get_global_rank(group, 0)
         for p in list(model.parameters()) + list(model.buffers()):
-            if not _tp_sharded(p):
+            if not is_tp_sharded(p):
                 dist.broadcast(p.to_local() if hasattr(p, "to_local") else p, src=src, group=group)
-
-
-def build_model(
-    name: str,
-    parallel_dims,
-    cfg=None,
-    *,
-    seed: int = 0,
-    init: str = "auto",
-    overrides: dict | None = None,
-    dtype: torch.dtype | None = None,
-) -> nn.Module:
-    """Registered model ``name`` (with config ``overrides``) on ``parallel_dims.device``, parallelized
-    by its family's plan and initialised (see the module docstring for ``init``)."""
-    overrides = dict(overrides or {})
-    family = get_family(name)
-    with torch.device("meta"):
-        model = create_model(name, device="meta", dtype=dtype, **overrides)
-    if parallel_dims.distributed or cfg is not None:
-        parallelize_fn(family)(model, parallel_dims, cfg)
-    device = parallel_dims.device
-    model.to_empty(device=device)
-    if init == "auto":
-        init = "reference" if count_params(model) <= REFERENCE_INIT_MAX_PARAMS else "sharded"
-    init_weights(model, parallel_dims, seed, lambda: create_model(name, device="meta", dtype=dtype, **overrides), init)
-    return model
 
 
 @torch.no_grad()
@@ -147,7 +122,7 @@ def init_weights(model: nn.Module, parallel_dims, seed: int, reference_factory=N
     """
     if init == "auto":
         small = count_params(model) <= REFERENCE_INIT_MAX_PARAMS
-        init = "reference" if small and reference_factory is not None else "sharded"
+        init = "reference" if parallel_dims.distributed and small and reference_factory is not None else "sharded"
     if init == "reference":
         if reference_factory is None:
             raise ValueError("init='reference' needs a reference_factory")
@@ -167,4 +142,4 @@ def init_weights(model: nn.Module, parallel_dims, seed: int, reference_factory=N
     return init
 
 
-__all__ = ["REFERENCE_INIT_MAX_PARAMS", "build_model", "copy_full_state_dict", "count_params", "init_weights", "sharded_init"]
+__all__ = ["REFERENCE_INIT_MAX_PARAMS", "copy_full_state_dict", "count_params", "init_weights", "is_tp_sharded", "sharded_init"]

@@ -102,10 +102,6 @@ class ParallelDims:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def dp_mesh(self):
-        """The 2-D ``(dp_replicate, dp_shard)`` sub-mesh FSDP2 shards / replicates over (HSDP layout)."""
-        return self.mesh["dp_replicate", "dp_shard"]
-
     def tp_mesh(self):
         return self.mesh["tp"]
 
@@ -172,10 +168,12 @@ def _get(cfg: Any, name: str, default):
 
 
 def resolve_device(device: str | torch.device | None = "auto", local_rank: int = 0) -> torch.device:
-    """``auto`` -> this rank's GPU when CUDA is available, else the CPU."""
+    """``auto`` -> this rank's GPU when CUDA is available, else the CPU; ``cuda`` without CUDA is an error."""
     if device is None or str(device) == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device cuda was asked for but CUDA is not available: use device auto or cpu")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
     return device

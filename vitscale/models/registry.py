@@ -1,8 +1,10 @@
 """One registry of model families and their variants; the trainer never branches on a model's name.
 
-A family (vit, clip, volo) registers a :class:`FamilySpec`: its model class, its variant table of
-frozen config dataclasses, the trainer task it defaults to and the dotted path of its parallelize
-function (imported lazily, so ``vitscale.models`` never imports distributed or training code).
+A family (vit, clip, volo) registers a :class:`FamilySpec`, as torchtitan's ``TrainSpec`` does: its
+model class (which implements :class:`vitscale.models.contract.Model`), its variant table of frozen
+config dataclasses, the task it trains with by default, and where its parallel plan is — its TP
+plan and its blocks, in its ``parallelize.py``, imported on demand (so ``vitscale.models`` never
+imports distributed or training code).
 """
 
 from __future__ import annotations
@@ -11,14 +13,14 @@ import dataclasses
 import difflib
 import fnmatch
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 # Modules whose import registers a family. Order = order in `vitscale models`.
-_FAMILY_MODULES = ("vitscale.models.vit", "vitscale.models.clip", "vitscale.models.volo")
+FAMILY_MODULES = ("vitscale.models.vit", "vitscale.models.clip", "vitscale.models.volo")
 _FAMILIES: dict[str, FamilySpec] = {}
 _loaded = False
 
@@ -32,12 +34,11 @@ class FamilySpec:
     ``init_weights()`` initialises it."""
     variants: dict[str, Any]
     """Variant name -> frozen config dataclass."""
+    parallel_plan: str
+    """``"module:NAME"`` of the family's :class:`vitscale.distributed.parallelize.ParallelPlan` (its TP
+    plan and its blocks), imported on first use."""
     task: str = "classification"
-    """The trainer task this family trains with by default (classification, contrastive, ...)."""
-    parallelize: str | None = None
-    """``"module:function"`` applying TP / activation checkpointing / compile / FSDP from outside."""
-    extras: dict[str, Any] = field(default_factory=dict)
-    """Anything else a family wants to expose (e.g. state-dict adapters)."""
+    """The task this family trains with by default (classification, contrastive, ...)."""
 
 
 def register_family(spec: FamilySpec) -> None:
@@ -51,7 +52,7 @@ def _load_families() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        for mod in _FAMILY_MODULES:
+        for mod in FAMILY_MODULES:
             importlib.import_module(mod)
 
 
@@ -134,10 +135,8 @@ def create_model(
     return model
 
 
-def parallelize_fn(family: str | FamilySpec):
-    """The family's parallelize function (imported on demand)."""
+def parallel_plan(family: str | FamilySpec) -> Any:
+    """The family's :class:`vitscale.distributed.parallelize.ParallelPlan` (imported on demand)."""
     spec = family if isinstance(family, FamilySpec) else get_family(family)
-    if spec.parallelize is None:
-        raise NotImplementedError(f"model family {spec.name!r} has no parallelize function")
-    module, fn = spec.parallelize.split(":")
-    return getattr(importlib.import_module(module), fn)
+    module, name = spec.parallel_plan.split(":")
+    return getattr(importlib.import_module(module), name)

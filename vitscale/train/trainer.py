@@ -1,7 +1,7 @@
 """The trainer: one loop for every model family, task and parallel layout.
 
-Build order (torchtitan's): model on the meta device -> the family's parallelize function (TP,
-activation checkpointing, compile, FSDP; only when it is needed) -> ``to_empty(device)`` ->
+Build order (torchtitan's): model on the meta device -> the family's parallel plan through the one
+parallelize tail (TP, activation checkpointing, compile, FSDP) -> ``to_empty(device)`` ->
 ``init_weights()`` under the run's seed. The loop never branches on a model's name: the task
 (``train.task`` or the family's default) computes the loss and the evaluation.
 
@@ -16,9 +16,7 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,9 @@ from vitscale.bench.fastpath import sdpa_backend
 from vitscale.checkpoint import Checkpointer
 from vitscale.checkpoint.checkpointer import export_safetensors, load_model_weights, read_weights
 from vitscale.config import Config, save_config
-from vitscale.models.registry import create_model, get_family, get_model_config, parallelize_fn
+from vitscale.distributed import init_distributed
+from vitscale.distributed.parallelize import parallelize
+from vitscale.models.registry import create_model, get_family, get_model_config, parallel_plan
 from vitscale.tools.report import try_write_report
 
 from .ema import EMA
@@ -46,19 +46,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device=cuda but CUDA is not available (use train.device=auto or cpu)")
     return torch.device(name)
-
-
-def init_parallel(cfg: Config, device: torch.device):
-    """``vitscale.distributed.init_distributed`` when present; else a one-process layout."""
-    try:
-        from vitscale.distributed import init_distributed
-    except ImportError:
-        init_distributed = None
-    if init_distributed is not None:
-        return init_distributed(cfg.parallel, device)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise RuntimeError("launched with several processes but vitscale.distributed is not available")
-    return types.SimpleNamespace(world_size=1, rank=0, dp_rank=0, dp_size=1, is_main=True, device=device, mesh=None)
 
 
 def autocast_factory(cfg: Config, device: torch.device):
@@ -110,8 +97,8 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
         if cfg.train.compile is None:  # the fast path: per-block torch.compile on GPU by default
             cfg.train.compile = self.device.type == "cuda"
-        self.pd = init_parallel(cfg, self.device)
-        self.device = getattr(self.pd, "device", self.device)
+        self.pd = init_distributed(cfg.parallel, self.device)
+        self.device = self.pd.device
         self.world = self.pd.world_size
         if self.world > 1:
             from vitscale.distributed.fsdp import fsdp_runs_on
@@ -205,23 +192,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------- building
     def _parallelize(self, model):
+        """The family's plan through the parallelize tail: TP -> activation checkpointing -> compile -> FSDP2."""
         cfg = self.cfg
-        needs = self.world > 1 or cfg.train.compile or cfg.parallel.activation_checkpointing != "none"
-        if not needs:
-            return model
-        try:
-            fn = parallelize_fn(self.family)
-        except (NotImplementedError, ImportError, AttributeError):
-            fn = None
-        if fn is not None:
-            return fn(model, self.pd, cfg)
-        if self.world > 1:
-            raise RuntimeError(f"model family {self.family.name!r} has no parallelize function for {self.world} ranks")
-        if cfg.parallel.activation_checkpointing != "none" and hasattr(model, "set_grad_checkpointing"):
-            model.set_grad_checkpointing(True)
-        if cfg.train.compile:
-            model.compile()
-        return model
+        return parallelize(model, parallel_plan(self.family), self.pd, cfg.parallel, cfg.precision, bool(cfg.train.compile))
 
     def _flops(self) -> float | None:
         try:

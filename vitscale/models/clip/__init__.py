@@ -10,7 +10,7 @@ register_family(
         model_cls=CLIP,
         variants=VARIANTS,
         task="contrastive",
-        parallelize="vitscale.models.clip.parallelize:parallelize_clip",
+        parallel_plan="vitscale.models.clip.parallelize:PLAN",
     )
 )
 

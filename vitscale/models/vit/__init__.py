@@ -10,7 +10,7 @@ register_family(
         model_cls=VisionTransformer,
         variants=VARIANTS,
         task="classification",
-        parallelize="vitscale.models.vit.parallelize:parallelize_vit",
+        parallel_plan="vitscale.models.vit.parallelize:PLAN",
     )
 )
 

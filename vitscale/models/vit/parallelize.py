@@ -1,9 +1,6 @@
-"""Parallelize a ViT from outside the model: TP + SP -> activation checkpointing -> compile -> FSDP2.
-
-The order is torchtitan's: tensor parallelism first (it swaps parameters for DTensors on the ``tp``
-mesh), activation checkpointing and per-block compile next (they wrap the blocks' forward, so they
-see the DTensor code), FSDP2 last (it shards whatever parameters it finds, DTensors included, over
-the data-parallel mesh: a 2-D FSDP x TP layout).
+"""The ViT's parallel plan: its tensor-parallel plan and its blocks (``PLAN``); the shared tail
+:func:`vitscale.distributed.parallelize.parallelize` applies TP -> activation checkpointing ->
+per-block compile -> FSDP2 with them. Each block is one FSDP2 unit, the MAP head one more.
 
 Tensor parallel plans (Megatron style), one readable dict per block type:
 
@@ -25,9 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from ...distributed.activation_checkpoint import apply_activation_checkpointing
-from ...distributed.compile import apply_compile
-from ...distributed.fsdp import apply_fsdp, dp_mesh_for, resolve_precision
+from ...distributed.parallelize import ParallelPlan
 from ...distributed.tensor_parallel import (
     ShardedLocalParams,
     apply_plan,
@@ -39,7 +34,7 @@ from ...distributed.tensor_parallel import (
     rowwise,
     sequence_parallel,
 )
-from .model import ParallelBlock
+from .model import ParallelBlock, VisionTransformer
 
 
 def block_plan() -> dict[str, Any]:
@@ -87,42 +82,21 @@ def map_head_plan() -> dict[str, Any]:
 
 
 def apply_tp(model: nn.Module, tp_mesh) -> None:
-    blocks = list(model.blocks)
-    for block in blocks:
+    """TP + SP over every block (the first enters sequence parallelism, the last leaves it) and the
+    MAP head; also CLIP's vision and text towers (modules with ``.blocks`` of ViT blocks)."""
+    for block in model.blocks:
         apply_plan(block, tp_mesh, parallel_block_plan() if isinstance(block, ParallelBlock) else block_plan())
     apply_plan(model.blocks[0], tp_mesh, {"": enter_sequence_parallel()})
     apply_plan(model.blocks[-1], tp_mesh, {"": exit_sequence_parallel()})
-    if getattr(model, "attn_pool", None) is not None:
+    if isinstance(model, VisionTransformer) and model.attn_pool is not None:
         apply_plan(model.attn_pool, tp_mesh, map_head_plan())
 
 
-def _section(cfg, name):
-    return getattr(cfg, name, None) if cfg is not None else None
+def map_head(model: VisionTransformer) -> list[nn.Module]:
+    """The MAP head gets an FSDP2 unit of its own (it is as large as a block)."""
+    return [model.attn_pool] if model.attn_pool is not None else []
 
 
-def parallelize_vit(model: nn.Module, parallel_dims, cfg=None) -> nn.Module:
-    """Apply the layout of ``parallel_dims`` and the ``cfg.parallel`` / ``cfg.train.compile`` /
-    ``cfg.precision`` options to a ViT (or any module with ``.blocks`` of ViT blocks, e.g. CLIP's
-    vision tower). Works on a meta-device model; returns the same module."""
-    par, train, prec = _section(cfg, "parallel"), _section(cfg, "train"), _section(cfg, "precision")
-    parallel_dims.validate_model(getattr(model, "cfg", None))
-    if parallel_dims.tp_enabled:
-        apply_tp(model, parallel_dims.tp_mesh())
-    apply_activation_checkpointing(
-        model.blocks,
-        getattr(par, "activation_checkpointing", "none") or "none",
-        getattr(par, "ac_method", "block") or "block",
-        int(getattr(par, "ac_num_layers", 0) or 0),
-    )
-    if getattr(train, "compile", False):
-        apply_compile(model.blocks)
-    if parallel_dims.distributed:
-        param_dtype, reduce_dtype = resolve_precision(prec, parallel_dims.device)
-        apply_fsdp(
-            model, model.blocks, dp_mesh_for(parallel_dims), param_dtype, reduce_dtype,
-            extra_units=[getattr(model, "attn_pool", None)],
-        )  # fmt: skip
-    return model
+PLAN = ParallelPlan(apply_tp=apply_tp, blocks=lambda model: [model.blocks], fsdp_units=map_head)
 
-
-__all__ = ["apply_tp", "block_plan", "map_head_plan", "parallel_block_plan", "parallelize_vit"]
+__all__ = ["PLAN", "apply_tp", "block_plan", "map_head_plan", "parallel_block_plan"]

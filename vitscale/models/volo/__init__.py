@@ -10,7 +10,7 @@ register_family(
         model_cls=VOLO,
         variants=VARIANTS,
         task="classification",
-        parallelize="vitscale.models.volo.parallelize:parallelize_volo",
+        parallel_plan="vitscale.models.volo.parallelize:PLAN",
     )
 )
 

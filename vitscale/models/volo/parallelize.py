@@ -1,8 +1,8 @@
-"""Parallelize a VOLO from outside the model: TP -> activation checkpointing -> compile -> FSDP2.
+"""VOLO's parallel plan (``PLAN``): its tensor-parallel plan and its blocks.
 
-FSDP2 shards every outlooker, transformer and class-attention block as its own unit (one
-all-gather per block), then the root (stem, patch merging, position embedding, class token, final
-norm, class and aux heads).
+Blocks: one stack of every outlooker, transformer and class-attention block, in order; FSDP2 shards
+each as its own unit (one all-gather per block), then the root (stem, patch merging, position
+embedding, class token, final norm, class and aux heads).
 
 Tensor parallelism (Megatron column / row pairs, no sequence parallelism — the coarse token grid,
 e.g. 14 x 14 = 196 tokens, rarely splits evenly, and the fine grid is channels-last 2-D):
@@ -24,9 +24,7 @@ from typing import Any
 
 from torch import nn
 
-from ...distributed.activation_checkpoint import apply_activation_checkpointing
-from ...distributed.compile import apply_compile
-from ...distributed.fsdp import apply_fsdp, dp_mesh_for, resolve_precision
+from ...distributed.parallelize import ParallelPlan
 from ...distributed.tensor_parallel import apply_plan, colwise, rowwise
 
 
@@ -69,31 +67,11 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
         apply_plan(blk, tp_mesh, class_block_plan())
 
 
-def all_blocks(model: nn.Module) -> list[nn.Module]:
-    return [*model.outlookers, *model.blocks, *model.class_blocks]
+def all_blocks(model: nn.Module) -> list[list[nn.Module]]:
+    """One stack: outlookers, transformer blocks, class-attention blocks."""
+    return [[*model.outlookers, *model.blocks, *model.class_blocks]]
 
 
-def parallelize_volo(model: nn.Module, parallel_dims, cfg=None) -> nn.Module:
-    """Apply ``parallel_dims`` and the ``cfg.parallel`` / ``cfg.train.compile`` / ``cfg.precision``
-    options to a VOLO (on the meta device or materialised); returns the same module."""
-    par = getattr(cfg, "parallel", None)
-    train = getattr(cfg, "train", None)
-    prec = getattr(cfg, "precision", None)
-    if getattr(parallel_dims, "tp_enabled", False):
-        apply_tp(model, parallel_dims.tp_mesh())
-    blocks = all_blocks(model)
-    apply_activation_checkpointing(
-        blocks,
-        getattr(par, "activation_checkpointing", "none") or "none",
-        getattr(par, "ac_method", "block") or "block",
-        int(getattr(par, "ac_num_layers", 0) or 0),
-    )
-    if getattr(train, "compile", False):
-        apply_compile(blocks)
-    if getattr(parallel_dims, "distributed", False):
-        param_dtype, reduce_dtype = resolve_precision(prec, parallel_dims.device)
-        apply_fsdp(model, blocks, dp_mesh_for(parallel_dims), param_dtype, reduce_dtype)
-    return model
+PLAN = ParallelPlan(apply_tp=apply_tp, blocks=all_blocks)
 
-
-__all__ = ["apply_tp", "check_tp", "class_block_plan", "outlooker_plan", "parallelize_volo", "transformer_plan"]
+__all__ = ["PLAN", "all_blocks", "apply_tp", "check_tp", "class_block_plan", "outlooker_plan", "transformer_plan"]

@@ -1,0 +1,49 @@
+"""Build a registered model for a parallel layout: meta device -> parallelize -> ``to_empty`` -> initialise.
+
+The one model builder of train, eval, label-tokens and the bench (through :func:`vitscale.run.assemble`)
+and of the distributed tests. A 22B model never materialises whole on one rank: it is built on the
+meta device, its family's plan goes through :func:`vitscale.distributed.parallelize.parallelize`,
+and only this rank's shards are allocated (``to_empty``) and initialised
+(:func:`vitscale.distributed.init.init_weights`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..distributed.config import ParallelConfig, PrecisionConfig
+from ..distributed.init import init_weights
+from ..distributed.parallel_dims import ParallelDims
+from ..distributed.parallelize import parallelize
+from ..models.registry import create_model, get_family, parallel_plan
+
+
+def build_model(
+    name: str,
+    dims: ParallelDims,
+    *,
+    overrides: dict[str, Any] | None = None,
+    parallel: ParallelConfig | None = None,
+    precision: PrecisionConfig | None = None,
+    compile: bool = False,
+    seed: int = 0,
+    init: str | None = "auto",
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Registered model ``name`` (its config with ``overrides``) on ``dims.device``, parallelized with
+    ``parallel`` / ``precision`` / per-block ``compile``, initialised from ``seed`` by ``init``
+    (``auto`` | ``reference`` | ``sharded``, see :mod:`vitscale.distributed.init`; None = left
+    uninitialised, e.g. an EMA copy that is filled from the model)."""
+    overrides = dict(overrides or {})
+    model = create_model(name, device="meta", dtype=dtype, **overrides)
+    parallelize(model, parallel_plan(get_family(name)), dims, parallel or ParallelConfig(), precision or PrecisionConfig(), compile)
+    model.to_empty(device=dims.device)
+    if init is not None:
+        init_weights(model, dims, seed, lambda: create_model(name, device="meta", dtype=dtype, **overrides), init)
+    return model
+
+
+__all__ = ["build_model"]
