@@ -22,7 +22,7 @@ def _global_inputs():
 
 
 def _make(kind: str, group=None):
-    from vitscale.train.losses_contrastive import ClipLoss, SigLipLoss
+    from vitscale.tasks.contrastive_loss import ClipLoss, SigLipLoss
 
     if kind == "siglip":
         return SigLipLoss(group=group)

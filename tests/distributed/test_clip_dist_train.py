@@ -20,7 +20,7 @@ def clip_curve(layout: dict, local_loss: bool = False):
     from vitscale.distributed import init_distributed
     from vitscale.distributed.config import ParallelConfig, PrecisionConfig
     from vitscale.run import build_model
-    from vitscale.train.losses_contrastive import ClipLoss
+    from vitscale.tasks.contrastive_loss import ClipLoss
 
     dims = init_distributed(NS(**layout), "cpu")
     parallel = ParallelConfig(activation_checkpointing="none")

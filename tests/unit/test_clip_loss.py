@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vitscale.train.losses_contrastive import ClipLoss, SigLipLoss, build_contrastive_loss
+from vitscale.tasks.contrastive_loss import ClipLoss, SigLipLoss, build_contrastive_loss
 
 
 def _feats(n=6, d=5, dtype=torch.float64, seed=0):

@@ -9,7 +9,7 @@ import vitscale
 from vitscale.config import load_config
 from vitscale.eval.retrieval import retrieval_recall
 from vitscale.eval.zeroshot import readable_class_names, zeroshot_accuracy
-from vitscale.train.tasks import get_task
+from vitscale.tasks import get_task
 
 
 def _task(*overrides):

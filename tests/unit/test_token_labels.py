@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitscale.data.token_label_config import TokenLabelConfig
 from vitscale.data.token_labels import TokenLabelStore, TokenLabelWriter, align_dense_labels, scatter_topk
 from vitscale.models import create_model
 from vitscale.models.volo import TokenMix
-from vitscale.train.tasks.token_labeling import TokenLabelingTask, dense_forward, draw_mix_token
+from vitscale.tasks.token_labeling import TokenLabelingTask, dense_forward, draw_mix_token
+from vitscale.tasks.token_labeling_config import TokenLabelConfig
 
 
 def _write_labels(root, n=6, grid=(4, 4), C=10, k=3, seed=0):

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from vitscale.config import load_config
 from vitscale.config.schema import ScheduleConfig
 from vitscale.models import create_model
+from vitscale.tasks.classification import classification_loss
 from vitscale.train.ema import EMA
 from vitscale.train.optim import build_optimizer, param_groups, scaled_lr
 from vitscale.train.schedules import lr_factor
-from vitscale.train.tasks.classification import classification_loss
 
 
 def _names(model, group):

@@ -96,7 +96,7 @@ def label_tokens(cfg, out: str) -> dict:
     import torch
 
     from vitscale.data.token_labels import TokenLabelWriter
-    from vitscale.train.tasks.token_labeling import dense_forward
+    from vitscale.tasks.token_labeling import dense_forward
     from vitscale.train.trainer import autocast_factory, resolve_device
 
     device = resolve_device(cfg.train.device)

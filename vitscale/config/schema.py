@@ -2,7 +2,9 @@
 
 The dataclasses are the truth: ``vitscale.config.load`` merges defaults <- YAML <- dotted overrides
 into them, refusing unknown keys (with the closest valid key) and wrong types (naming the field).
-Owners of later features (CLIP, token labeling) add their own groups as new fields of ``Config``.
+Groups that belong to one part of vitscale live beside it and are fields of ``Config`` here: ``data``
+(``vitscale/data/config.py``), ``parallel`` and ``precision`` (``vitscale/distributed/config.py``),
+``clip``, ``token_label`` and ``teacher`` (``vitscale/tasks/*_config.py``).
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vitscale.data.captions_config import ClipConfig  # the CLIP engineer's group
-from vitscale.data.config import DataConfig  # the data engineer's group
-from vitscale.data.token_label_config import TeacherConfig, TokenLabelConfig  # the VOLO engineer's groups
+from vitscale.data.config import DataConfig
 from vitscale.distributed.config import ParallelConfig, PrecisionConfig
+from vitscale.tasks.contrastive_config import ClipConfig
+from vitscale.tasks.token_labeling_config import TeacherConfig, TokenLabelConfig
 
 
 @dataclass

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .captions_config import DEFAULT_CAPTION_TEMPLATES
 from .decode import BadImageError
+from .digits import DIGIT_CAPTION_TEMPLATES
 from .sources import FileSource, Sample
 from .transforms import Augmented, SampleTransform
 
@@ -109,7 +109,6 @@ def class_names_for(cfg_data) -> list[str] | None:
 # ----------------------------------------------------------------------------- digits-captions
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-DIGIT_CAPTION_TEMPLATES = DEFAULT_CAPTION_TEMPLATES  # the captions the CLIP task templates too
 
 
 def write_digits_captions(

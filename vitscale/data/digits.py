@@ -17,6 +17,23 @@ NUM_CLASSES = 10
 VAL_SIZE = 300
 CLASS_NAMES = [str(i) for i in range(NUM_CLASSES)]
 
+# Captions of digit images (CLIP): the captioned shards ``vitscale data digits-captions`` writes and
+# the CLIP task's templates for the labelled digits; ``{}`` = the class name.
+DIGIT_CAPTION_TEMPLATES = (
+    "a photo of the number {}.",
+    "a drawing of the number {}.",
+    "a handwritten {}.",
+    "a blurry photo of the digit {}.",
+    "the number {}, written by hand.",
+    "a low resolution image of a {}.",
+)
+# Prompts of the zero-shot classifier on the digits (the text embedding is averaged over them).
+DIGIT_ZEROSHOT_TEMPLATES = (
+    "a photo of the number {}.",
+    "a handwritten {}.",
+    "a blurry photo of the digit {}.",
+)
+
 
 @lru_cache(maxsize=1)
 def _load() -> tuple[np.ndarray, np.ndarray]:

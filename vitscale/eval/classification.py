@@ -75,7 +75,7 @@ def evaluate_checkpoint(cfg, path, *, ema: bool = False) -> dict:
 
         res = run_probe(cfg, model, loaders, device, autocast=autocast_factory(cfg, device))
     elif task_name == "contrastive":  # zero-shot / retrieval through the contrastive task (clip engineer)
-        from vitscale.train.tasks import get_task
+        from vitscale.tasks import get_task
 
         task = get_task(task_name)(cfg, model, num_classes)
         task.device, task.autocast = device, autocast_factory(cfg, device)

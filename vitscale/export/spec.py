@@ -56,7 +56,7 @@ def preprocess_spec(source) -> dict:
 
 def run_class_names(source) -> list[str] | None:
     """The run's readable class names (digits: 'zero' … 'nine'), or None when unknown."""
-    from vitscale.train.tasks.contrastive import dataset_class_names
+    from vitscale.tasks.contrastive import dataset_class_names
 
     if source.config_from == "defaults":
         return None

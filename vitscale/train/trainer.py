@@ -30,13 +30,13 @@ from vitscale.config import Config, save_config
 from vitscale.distributed import init_distributed
 from vitscale.distributed.parallelize import parallelize
 from vitscale.models.registry import create_model, get_family, get_model_config, parallel_plan
+from vitscale.tasks import get_task
 from vitscale.tools.report import try_write_report
 
 from .ema import EMA
 from .metrics import MetricsLogger
 from .optim import build_optimizer, scaled_lr
 from .schedules import Schedule, warmup_steps
-from .tasks import get_task
 
 
 # ----------------------------------------------------------------------------------------- setup

@@ -8,20 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Captions for images that only have a class label (digits, image folders); ``{}`` = the class name.
-DEFAULT_CAPTION_TEMPLATES = (
-    "a photo of the number {}.",
-    "a drawing of the number {}.",
-    "a handwritten {}.",
-    "a blurry photo of the digit {}.",
-    "the number {}, written by hand.",
-    "a low resolution image of a {}.",
-)
-DEFAULT_ZEROSHOT_TEMPLATES = (
-    "a photo of the number {}.",
-    "a handwritten {}.",
-    "a blurry photo of the digit {}.",
-)
+from vitscale.data.digits import DIGIT_CAPTION_TEMPLATES, DIGIT_ZEROSHOT_TEMPLATES
 
 
 @dataclass
@@ -34,12 +21,13 @@ class ClipConfig:
     gather_with_grad: bool = True
     """All-gather features with a backward path (NeMo ``gather_with_grad``); False under-weights the
     gradient by the world size, which NeMo warns may hurt convergence."""
-    caption_templates: tuple[str, ...] = DEFAULT_CAPTION_TEMPLATES
+    caption_templates: tuple[str, ...] = DIGIT_CAPTION_TEMPLATES
     """Captions for datasets that only have labels (digits, imagefolder, synthetic): a template keyed
-    by (seed, epoch, sample index), filled with the class name. Ignored when samples have captions."""
+    by (seed, epoch, sample index), filled with the class name. Ignored when samples have captions.
+    The default fits the default data, the digits."""
     class_names: tuple[str, ...] | None = None
     """Class names for captions and zero-shot prompts; None = the dataset's (digits: 'zero' … 'nine')."""
-    zeroshot_templates: tuple[str, ...] = DEFAULT_ZEROSHOT_TEMPLATES
+    zeroshot_templates: tuple[str, ...] = DIGIT_ZEROSHOT_TEMPLATES
     """Prompt templates of the zero-shot classifier (averaged text embedding per class)."""
     zeroshot: bool = True
     """Evaluate zero-shot top-1 / top-5 on the val split (needs class labels)."""

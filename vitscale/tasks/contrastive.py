@@ -22,7 +22,7 @@ from vitscale.eval.zeroshot import (
     zeroshot_classifier,
 )
 from vitscale.models.clip.tokenizer import create_tokenizer
-from vitscale.train.losses_contrastive import build_contrastive_loss
+from vitscale.tasks.contrastive_loss import build_contrastive_loss
 
 from .base import Task, register_task
 
@@ -54,7 +54,7 @@ def _dp_group(cfg):
     """The data-parallel process group: the world when tp == 1, else the ranks sharing a tp rank."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return None
-    tp = int(getattr(cfg.parallel, "tp", 1) or 1)
+    tp = cfg.parallel.tp
     if tp == 1:
         return None
     world = dist.get_world_size()

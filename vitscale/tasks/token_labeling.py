@@ -11,24 +11,23 @@ Per micro-batch:
 3. loss = cls_weight x CE(class logits, class target) + beta x mean over tokens of
    CE(token logits, dense target).
 
-Students: any model whose ``forward(x, dense=True, mix=TokenMix)`` returns (class logits, token
-logits (B, gh, gw, C)) — VOLO, whose ``aux_head`` classifies every token. A ViT has no aux head:
-its own classifier is applied to every patch token (pre-logits features -> head), which is also how
-a ViT teacher labels tokens; MixToken then swaps the pixels of whole patches, which is the same as
-swapping patch tokens because ViT patches do not overlap.
+Students and teachers: any model that declares dense per-token logits in the model contract
+(``supports_dense``; :mod:`vitscale.models.contract`) — VOLO, whose ``aux_head`` classifies every
+token, and the ViT, whose own classifier is applied to every patch token (pre-logits features ->
+head); a ViT's MixToken swaps the pixels of whole patches, which is the same as swapping patch
+tokens because ViT patches do not overlap.
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitscale.data.mixup import smooth_one_hot
 from vitscale.data.token_labels import TokenLabelStore, align_dense_labels
 from vitscale.eval.classification import evaluate_classification
-from vitscale.models.volo.model import TokenMix, apply_token_mix
+from vitscale.models.common.token_mix import TokenMix, apply_token_mix
 
 from .base import Task, register_task
 
@@ -36,37 +35,16 @@ STREAM_MIX_TOKEN = 11  # keyed-randomness stream tag (vitscale.data.keyed uses 1
 
 
 # ------------------------------------------------------------------------------ dense model outputs
-def token_grid(model: nn.Module, img_hw: tuple[int, int]) -> tuple[int, int]:
-    """The grid of the model's per-token logits for an image of ``img_hw``."""
-    cfg = model.cfg
-    stride = getattr(cfg, "token_stride", None) or cfg.patch_dim
-    return img_hw[0] // stride, img_hw[1] // stride
-
-
 def dense_forward(model: nn.Module, images: torch.Tensor, mix: TokenMix | None = None):
-    """``(class logits (B, C), token logits (B, gh, gw, C))`` of a VOLO-like or ViT model.
+    """``(class logits (B, C), token logits (B, gh, gw, C))`` of a model with dense outputs.
 
-    Always goes through ``model.__call__`` so FSDP's hooks gather the parameters.
+    Goes through ``model.__call__`` so FSDP's hooks gather the parameters.
     """
-    if getattr(model, "supports_dense", False):
-        return model(images, dense=True, mix=mix)
-    cfg = getattr(model, "cfg", None)
-    if cfg is None or not hasattr(cfg, "pool") or not hasattr(cfg, "patch_dim"):
-        raise TypeError(f"{type(model).__name__} gives no per-token logits (needs a VOLO- or ViT-like model)")
-    p = cfg.patch_dim
-    B, _, H, W = images.shape
-    gh, gw = H // p, W // p
-    if mix is not None:  # swap whole patches = swap patch tokens (ViT patches do not overlap)
-        images = apply_token_mix(images.permute(0, 2, 3, 1), mix, p).permute(0, 3, 1, 2)
-    model.cfg = replace(cfg, pool="none")  # the head over every token: (B, prefix + N, C)
-    try:
-        out = model(images)
-    finally:
-        model.cfg = cfg
-    prefix = cfg.class_token_length
-    tok = out[:, prefix:].reshape(B, gh, gw, -1)  # (B, gh, gw, C)
-    cls = out[:, 0] if cfg.pool == "token" else model(images)
-    return cls, tok
+    if not model.supports_dense:
+        raise NotImplementedError(
+            f"{type(model).__name__} gives no per-token class logits: token labeling needs a ViT or VOLO model"
+        )
+    return model(images, dense=True, mix=mix)
 
 
 # ------------------------------------------------------------------------------ MixToken
@@ -123,6 +101,13 @@ class TokenLabelingTask(Task):
         self.smoothing = cfg.train.label_smoothing
         self.seed = cfg.train.seed
 
+    @classmethod
+    def for_evaluation(cls, cfg, model: nn.Module, num_classes: int | None) -> Task:
+        """Trained weights evaluate as a classifier (no token labels needed)."""
+        from .classification import ClassificationTask
+
+        return ClassificationTask(cfg, model, num_classes)
+
     def targets(self, batch: dict, grid: tuple[int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
         """Class targets ``(B, C)`` and aligned dense targets ``(B, gh, gw, C)`` (before MixToken)."""
         labels = batch["label"]
@@ -141,14 +126,13 @@ class TokenLabelingTask(Task):
         if self.tl.cls_target == "teacher":
             cls = self.store.cls_targets(index, C, device)
         else:
-            off = self.smoothing / C
-            cls = torch.full((B, C), off, device=device).scatter_(1, labels.view(B, 1), 1.0 - self.smoothing + off)
+            cls = smooth_one_hot(labels, C, self.smoothing)
         return cls, tok
 
     def loss(self, model, batch, step):
         images, labels = batch["image"], batch["label"]
         device = images.device
-        grid = token_grid(model, tuple(images.shape[-2:]))
+        grid = model.token_grid(tuple(images.shape[-2:]))
         cls_t, tok_t = self.targets(batch, grid, device)
         mix, lam = None, 1.0
         if self.tl.mix_token:

@@ -1,4 +1,4 @@
-"""What a training task is: a loss over a batch and an evaluation over a loader.
+"""What a task is: a loss over a batch and an evaluation over a loader.
 
 The trainer never branches on a model's name: the family's default task (``FamilySpec.task``) or
 ``train.task`` picks a class from this registry. CLIP (contrastive) and token labeling register
@@ -18,9 +18,9 @@ from torch import nn
 _TASKS: dict[str, type[Task]] = {}
 # Modules that register a task when imported (looked up lazily by name).
 _TASK_MODULES = {
-    "classification": "vitscale.train.tasks.classification",
-    "contrastive": "vitscale.train.tasks.contrastive",
-    "token_labeling": "vitscale.train.tasks.token_labeling",
+    "classification": "vitscale.tasks.classification",
+    "contrastive": "vitscale.tasks.contrastive",
+    "token_labeling": "vitscale.tasks.token_labeling",
 }
 
 
@@ -38,6 +38,12 @@ class Task:
         self.num_classes = num_classes
         self.autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         self.device = torch.device("cpu")
+
+    @classmethod
+    def for_evaluation(cls, cfg: Any, model: nn.Module, num_classes: int | None) -> Task:
+        """The task that evaluates trained weights (``vitscale eval``): this one, unless training it
+        needs more than the model and the data (token labeling evaluates as classification)."""
+        return cls(cfg, model, num_classes)
 
     def loss(self, model: nn.Module, batch: dict, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Mean loss of the (already on-device) micro-batch and detached metric tensors.

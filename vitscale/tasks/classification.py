@@ -3,22 +3,14 @@ with mixup / cutmix soft targets from ``vitscale.data.mixup``."""
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitscale.data.mixup import Mixup, smooth_one_hot
 from vitscale.eval.classification import evaluate_classification
 
 from .base import Task, register_task
-
-
-def smooth_one_hot(labels: torch.Tensor, num_classes: int, smoothing: float) -> torch.Tensor:
-    off = smoothing / num_classes
-    return torch.full((labels.shape[0], num_classes), off, device=labels.device).scatter_(
-        1, labels.unsqueeze(1), 1.0 - smoothing + off
-    )
 
 
 def classification_loss(logits: torch.Tensor, target: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
@@ -45,16 +37,12 @@ class ClassificationTask(Task):
         self.smoothing = cfg.train.label_smoothing
         d = cfg.data
         self.mixup = None
-        if getattr(d, "mixup_alpha", 0) > 0 or getattr(d, "cutmix_alpha", 0) > 0:
-            from vitscale.data.mixup import Mixup
-
-            kw = dict(
+        if d.mixup_alpha > 0 or d.cutmix_alpha > 0:
+            self.mixup = Mixup(
                 mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, prob=d.mixup_prob,
                 switch_prob=d.mixup_switch_prob, label_smoothing=self.smoothing, num_classes=num_classes,
+                seed=cfg.train.seed,
             )  # fmt: skip
-            if "seed" in inspect.signature(Mixup).parameters:
-                kw["seed"] = cfg.train.seed
-            self.mixup = Mixup(**kw)
 
     def loss(self, model, batch, step):
         images, labels = batch["image"], batch["label"]
