@@ -19,12 +19,13 @@ import time
 import torch
 from torch import nn
 
-from vitscale.bench.fastpath import autocast, resolve_precision, sdpa_backend
+from vitscale.bench.harness import resolve_autocast
 from vitscale.bench.report import git_commit, write_json
 from vitscale.bench.timing import time_alternating
 from vitscale.models.common.attention import sdpa
 from vitscale.models.registry import get_model_config
 from vitscale.models.vit.model import Block
+from vitscale.train.fastpath import autocast, sdpa_backend
 
 
 class BatchSecondBlock(nn.Module):
@@ -64,7 +65,8 @@ def main() -> None:
         return
 
     device = torch.device(args.device)
-    precision = resolve_precision(args.precision, device)
+    dtype = resolve_autocast(args.precision, device)
+    precision = "fp32" if dtype is None else "bf16"
     cfg = get_model_config(args.model)
     torch.manual_seed(0)
     blocks = nn.Sequential(*[Block(cfg, device=device) for _ in range(args.layers)])
@@ -80,13 +82,13 @@ def main() -> None:
     run_bf, run_bs = blocks, second
     if args.compile:
         run_bf, run_bs = torch.compile(blocks), torch.compile(second)
-    with torch.no_grad(), sdpa_backend("auto"), autocast(device, precision):
+    with torch.no_grad(), sdpa_backend("auto"), autocast(device, dtype):
         diff = (run_bf(x_bf).float() - run_bs(x_bs).float().transpose(0, 1)).abs().max().item()
     assert diff < (1e-4 if precision == "fp32" else 5e-2), f"layouts disagree: {diff}"
 
     def train(f, x):
         def step():
-            with autocast(device, precision):
+            with autocast(device, dtype):
                 y = f(x)
             y.float().square().mean().backward()
             for p in blocks.parameters():

@@ -16,10 +16,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vitscale.bench.fastpath import autocast, resolve_precision
+from vitscale.bench.harness import resolve_autocast
 from vitscale.bench.report import git_commit, write_json
 from vitscale.bench.timing import time_alternating
 from vitscale.models.registry import get_model_config
+from vitscale.train.fastpath import autocast
 
 
 def patch_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, p: int) -> torch.Tensor:
@@ -48,7 +49,8 @@ def main() -> None:
         return
 
     device = torch.device(args.device)
-    precision = resolve_precision(args.precision, device)
+    dtype = resolve_autocast(args.precision, device)
+    precision = "fp32" if dtype is None else "bf16"
     cfg = get_model_config(args.model)
     p, C, D = cfg.patch_dim, cfg.num_channels, cfg.hidden_size
     conv = torch.nn.Conv2d(C, D, p, stride=p, device=device)
@@ -63,7 +65,7 @@ def main() -> None:
     fwd = {"conv": conv_fwd, "matmul": mm_fwd}
     if args.compile:
         fwd = {k: torch.compile(f) for k, f in fwd.items()}
-    with torch.no_grad(), autocast(device, precision):
+    with torch.no_grad(), autocast(device, dtype):
         a, b = fwd["conv"](x), fwd["matmul"](x)
     max_diff = (a.float() - b.float()).abs().max().item()
     tol = 1e-3 if precision == "fp32" else 5e-2
@@ -71,7 +73,7 @@ def main() -> None:
 
     def train(f):
         def step():
-            with autocast(device, precision):
+            with autocast(device, dtype):
                 y = f(x)
             y.float().square().mean().backward()  # grad flows to the weight (input needs none)
             conv.weight.grad = conv.bias.grad = None

@@ -23,31 +23,31 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vitscale.bench import fastpath  # noqa: E402
-from vitscale.bench.harness import BenchSettings, _build, _sync, resolve_device  # noqa: E402
+from vitscale.bench.harness import BenchSettings, build_impls, sync  # noqa: E402
+from vitscale.distributed.parallel_dims import resolve_device  # noqa: E402
+from vitscale.train import fastpath  # noqa: E402
 
 
 def profile_ops(settings: BenchSettings, steps: int, repeats: int) -> dict[str, dict[str, float]]:
     """``{implementation key: {operator: ms per step}}``, summed over ``repeats`` alternating
     profiles of ``steps`` steps each (after ``settings.warmup`` untimed steps)."""
-    device = resolve_device(settings.device)
-    precision = fastpath.resolve_precision(settings.precision, device)
+    impls, info = build_impls(settings)
+    device = info["device"]
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     out: dict[str, dict[str, float]] = {}
     with fastpath.sdpa_backend(settings.sdpa):
-        impls, _ = _build(settings, device, precision)
         for impl in impls:
             for _ in range(max(1, settings.warmup)):
                 impl.step()
-            _sync(device)
+            sync(device)
             impl.release()
         for r in range(repeats):
             for impl in impls if r % 2 == 0 else impls[::-1]:
                 with profile(activities=activities) as prof:
                     for _ in range(steps):
                         impl.step()
-                    _sync(device)
+                    sync(device)
                 impl.release()
                 ops = out.setdefault(impl.key, {})
                 for e in prof.key_averages():

@@ -25,12 +25,13 @@ import time
 
 import torch
 
-from vitscale.bench.fastpath import autocast, resolve_precision
+from vitscale.bench.harness import resolve_autocast
 from vitscale.bench.report import git_commit, write_json
 from vitscale.bench.timing import time_alternating
 from vitscale.models.registry import get_model_config
 from vitscale.models.volo.model import Outlooker
 from vitscale.models.volo.outlook_kernel import kernel_can_run, outlook_attention, outlook_reference
+from vitscale.train.fastpath import autocast
 
 
 def _set_impl(block: Outlooker, impl: str) -> Outlooker:
@@ -42,7 +43,7 @@ def _step(fn, inputs: list[torch.Tensor], params: list[torch.Tensor], device, pr
     """One forward + backward of ``fn(*inputs)``; gradients are dropped afterwards."""
 
     def step():
-        with autocast(device, precision):
+        with autocast(device, torch.bfloat16 if precision == "bf16" else None):
             y = fn(*inputs)
         y.float().square().mean().backward()
         for t in (*inputs, *params):
@@ -52,7 +53,7 @@ def _step(fn, inputs: list[torch.Tensor], params: list[torch.Tensor], device, pr
 
 
 def _grads(fn, inputs, params, device, precision) -> list[torch.Tensor]:
-    with autocast(device, precision):
+    with autocast(device, torch.bfloat16 if precision == "bf16" else None):
         y = fn(*inputs)
     y.float().square().mean().backward()
     out = [y.detach().float()] + [t.grad.float().clone() for t in (*inputs, *params)]
@@ -96,7 +97,7 @@ def main() -> None:
         return
 
     device = torch.device(args.device)
-    precision = resolve_precision(args.precision, device)
+    precision = "fp32" if resolve_autocast(args.precision, device) is None else "bf16"
     torch.manual_seed(0)
     K, P, S = cfg.outlook_kernel, cfg.outlook_padding, cfg.outlook_stride
     H, W = cfg.fine_grid

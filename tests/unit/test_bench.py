@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from vitscale.bench import BenchSettings, run_bench
-from vitscale.bench.fastpath import compile_blocks, sdpa_backend, transformer_blocks
 from vitscale.cli import main as cli_main
 from vitscale.models.registry import create_model
 from vitscale.tools import mfu as M
 from vitscale.tools.flops import vit_flops
+from vitscale.train.fastpath import compile_blocks, sdpa_backend, transformer_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {"model", "mode", "device", "batch_size", "flops_per_img", "peak_tflops", "vitscale", "speedup",

@@ -11,9 +11,9 @@ import copy
 import pytest
 import torch
 
-from vitscale.bench.fastpath import compile_blocks, sdpa_backend, transformer_blocks
 from vitscale.models import create_model
 from vitscale.tools.flops import example_inputs
+from vitscale.train.fastpath import compile_blocks, sdpa_backend, transformer_blocks
 
 
 def _loss(out) -> torch.Tensor:

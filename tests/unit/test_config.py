@@ -117,8 +117,8 @@ def test_every_field_has_a_docstring():
 
 
 def test_sdpa_choices_match_the_bench():
-    from vitscale.bench.fastpath import SDPA_CHOICES
     from vitscale.config.load import CHOICES
+    from vitscale.train.fastpath import SDPA_CHOICES
 
     assert CHOICES["train.sdpa"] == SDPA_CHOICES
     with pytest.raises(ConfigError, match="train.sdpa"):

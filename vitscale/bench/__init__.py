@@ -1,5 +1,5 @@
-"""Honest speed: ``vitscale bench`` (img/s, TFLOP/s, MFU, peak memory, against timm / open_clip)
-and the fast-path helpers it measures (``vitscale.bench.fastpath``)."""
+"""Honest speed: ``vitscale bench`` (img/s, TFLOP/s, MFU, peak memory, against timm / open_clip) of
+the training fast path (``vitscale.train.fastpath``)."""
 
 from .harness import BenchSettings, forward_flops_per_image, run_bench
 

@@ -19,11 +19,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import Config
+from ..config.schema import ModelConfig, TrainConfig
+from ..distributed.config import PrecisionConfig
+from ..distributed.fsdp import resolve_precision
+from ..models.common.flops import count_flops
+from ..models.registry import create_model, get_family
+from ..run import assemble
 from ..tools import mfu as mfu_tools
-from ..tools.flops import example_inputs
-from . import fastpath
+from ..train import fastpath
 
 COMPARES = ("timm", "open_clip")
+PRECISIONS = ("auto", "fp32", "bf16")
+_AUTOCAST = {"auto": "auto", "fp32": "none", "bf16": "bf16"}  # --precision -> precision.autocast
 
 
 @dataclass
@@ -84,22 +92,13 @@ class _Impl:
         return n
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda but no CUDA device is available")
-    return dev
-
-
 def device_description(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({mfu_tools._cpu_name()}, {torch.get_num_threads()} threads)"
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -133,18 +132,17 @@ def contrastive_loss(out: Any) -> torch.Tensor:
     return (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target)) / 2
 
 
-def _make_step(model, optimizer, inputs, labels, task, mode, device, precision) -> Callable[[], None]:
+def _make_step(model, optimizer, inputs, labels, task, mode, device, autocast: torch.dtype | None) -> Callable[[], None]:
     if mode == "infer":
-        pure_bf16 = precision == "bf16"
 
         def infer_step() -> None:
-            with torch.inference_mode(), fastpath.autocast(device, "fp32" if pure_bf16 else precision):
+            with torch.inference_mode(), fastpath.autocast(device, autocast):
                 model(*inputs)
 
         return infer_step
 
     def train_step() -> None:
-        with fastpath.autocast(device, precision):
+        with fastpath.autocast(device, autocast):
             out = model(*inputs)
             loss = contrastive_loss(out) if task == "contrastive" else classification_loss(out, labels)
         loss.backward()  # no .item(): nothing in the step waits for the device
@@ -156,21 +154,32 @@ def _make_step(model, optimizer, inputs, labels, task, mode, device, precision) 
 
 def forward_flops_per_image(name: str, overrides: dict[str, Any]) -> int:
     """Forward FLOPs of one sample, counted by FlopCounterMode on the meta device (no memory)."""
-    from ..models.registry import create_model
-    from ..tools.flops import count_flops
-
     meta = create_model(name, device="meta", **overrides)
-    return count_flops(meta, *example_inputs(meta, 1, "meta"))
+    return count_flops(meta, *meta.example_inputs(1, "meta"))
+
+
+def resolve_autocast(precision: str, device: torch.device) -> torch.dtype | None:
+    """``--precision`` (auto | fp32 | bf16) on ``device`` -> the autocast dtype (None = fp32)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return resolve_precision(PrecisionConfig(autocast=_AUTOCAST[precision]), device).autocast
+
+
+def run_config(settings: BenchSettings) -> Config:
+    """The run config of ``settings``: the model, device, seed, per-block compile and autocast."""
+    if settings.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {settings.precision!r}")
+    return Config(
+        model=ModelConfig(name=settings.model, overrides=dict(settings.overrides)),
+        train=TrainConfig(device=settings.device, seed=settings.seed, compile=settings.compile, batch_size=settings.batch_size),
+        precision=PrecisionConfig(autocast=_AUTOCAST[settings.precision]),
+    )
 
 
 # ---------------------------------------------------------------------------------- run
-def _build(settings: BenchSettings, device: torch.device, precision: str) -> tuple[list[_Impl], dict]:
-    from ..models.registry import create_model, get_family
-
+def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
     family = get_family(settings.model)
     task = "contrastive" if family.task == "contrastive" else "classification"
-    compile_on = device.type == "cuda" if settings.compile is None else settings.compile
-    compare_compiled = compile_on if settings.compare_compiled is None else settings.compare_compiled
     if settings.compare is not None and settings.compare not in COMPARES:
         raise ValueError(f"--compare must be one of {COMPARES}, got {settings.compare!r}")
     if settings.compare == "timm" and task != "classification":
@@ -178,32 +187,30 @@ def _build(settings: BenchSettings, device: torch.device, precision: str) -> tup
     if settings.compare == "open_clip" and task != "contrastive":
         raise ValueError(f"--compare open_clip needs a CLIP model; {settings.model} is a {family.name} model")
 
-    pure_infer = settings.mode == "infer" and precision == "bf16"
-    torch.manual_seed(settings.seed)
-    ours = create_model(settings.model, device=device, **settings.overrides)
-    inputs = example_inputs(ours, settings.batch_size, device)
-    num_classes = getattr(getattr(ours, "cfg", None), "num_classes", 0) or 1000
-    labels = torch.randint(0, num_classes, (settings.batch_size,), device=device)
+    run = assemble(run_config(settings), "bench")  # ours: per-block compile by its family's plan
+    device, ours, compile_on = run.device, run.model, run.cfg.train.compile
+    compare_compiled = compile_on if settings.compare_compiled is None else settings.compare_compiled
+    autocast = run.precision.autocast
+    pure_infer = settings.mode == "infer" and autocast == torch.bfloat16  # pure bf16 weights, no autocast
+    inputs = ours.example_inputs(settings.batch_size, device)
+    labels = torch.randint(0, ours.num_classes or 1000, (settings.batch_size,), device=device)
     if pure_infer:
         inputs = tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs)
+        autocast = None
 
-    def finish(
-        key: str, label: str, model: nn.Module, whole_compile: bool = False, block_compile: bool = False
-    ):
+    def finish(key: str, label: str, model: nn.Module, whole_compile: bool = False):
         if pure_infer:
             model = model.to(torch.bfloat16)
         model.train(settings.mode == "train")
-        if block_compile:
-            fastpath.compile_blocks(model)
         if whole_compile:
             model.compile()
         opt = None
         if settings.mode == "train":
             opt = fastpath.make_adamw([p for p in model.parameters() if p.requires_grad], device)
-        step = _make_step(model, opt, inputs, labels, task, settings.mode, device, precision)
+        step = _make_step(model, opt, inputs, labels, task, settings.mode, device, autocast)
         return _Impl(key, label, model, opt, step)
 
-    impls = [finish("vitscale", f"vitscale {settings.model}", ours, block_compile=compile_on)]
+    impls = [finish("vitscale", f"vitscale {settings.model}", ours)]
     if settings.compare == "timm":
         from .reference import timm_vit
 
@@ -221,15 +228,16 @@ def _build(settings: BenchSettings, device: torch.device, precision: str) -> tup
             ref, label = open_clip_model(ours, settings.model, device)
             impls.append(finish(key, label + (" (torch.compile)" if comp else ""), ref, whole_compile=comp))
     info = dict(
-        task=task, compile=compile_on, compare_compiled=compare_compiled if settings.compare else None
-    )
+        task=task, compile=compile_on, compare_compiled=compare_compiled if settings.compare else None,
+        device=device, precision="bf16" if run.precision.autocast == torch.bfloat16 else "fp32",
+    )  # fmt: skip
     return impls, info
 
 
 def _time_round(impl: _Impl, n: int, device: torch.device) -> float:
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        _sync(device)
+        sync(device)
         start.record()
         for _ in range(n):
             impl.step()
@@ -252,16 +260,14 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
         raise ValueError(f"mode must be 'train' or 'infer', got {settings.mode!r}")
     if settings.batch_size < 1 or settings.steps < 1 or settings.rounds < 1 or settings.warmup < 0:
         raise ValueError("batch_size, steps and rounds must be >= 1 and warmup >= 0")
-    device = resolve_device(settings.device)
-    precision = fastpath.resolve_precision(settings.precision, device)
+    impls, info = build_impls(settings)
+    device, precision = info.pop("device"), info.pop("precision")
     flops_img = forward_flops_per_image(settings.model, settings.overrides)
-    peak_key = "bf16" if precision == "bf16" else "fp32"
-    peak, peak_source = mfu_tools.peak_tflops(device, peak_key, refresh=device.type == "cpu")
+    peak, peak_source = mfu_tools.peak_tflops(device, precision, refresh=device.type == "cpu")
 
     rounds = min(settings.rounds, settings.steps)
     per_round = [settings.steps // rounds + (1 if r < settings.steps % rounds else 0) for r in range(rounds)]
     with fastpath.sdpa_backend(settings.sdpa):
-        impls, info = _build(settings, device, precision)
         log(
             f"bench {settings.model} {settings.mode} on {device_description(device)}: batch {settings.batch_size}, "
             f"{precision}, sdpa={settings.sdpa}, compile={info['compile']}, {settings.warmup} warm-up + "
@@ -272,7 +278,7 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
             t0 = time.perf_counter()
             for _ in range(settings.warmup):
                 impl.step()
-            _sync(device)
+            sync(device)
             impl.release()
             log(f"  warm-up {impl.label}: {time.perf_counter() - t0:.1f} s")
         for r, n in enumerate(per_round):
@@ -367,4 +373,7 @@ def _log_summary(out: dict[str, Any], log: Callable[[str], None]) -> None:
         log(msg)
 
 
-__all__ = ["BenchSettings", "run_bench", "forward_flops_per_image", "resolve_device"]
+__all__ = [
+    "BenchSettings", "COMPARES", "PRECISIONS", "build_impls", "forward_flops_per_image", "resolve_autocast", "run_bench",
+    "run_config", "sync",
+]  # fmt: skip

@@ -1,8 +1,9 @@
 """Reference implementations of the same architecture: timm for ViT variants, open_clip for CLIP.
 
 ``timm_vit(cfg)`` builds timm's ``VisionTransformer`` with the keyword arguments that reproduce a
-:class:`~vitscale.models.vit.configs.ViTConfig` (same widths, depth, heads, patch, pooling, norms and
-biases, so the forward FLOPs match), and names the timm model it corresponds to for the record.
+:class:`~vitscale.models.vit.configs.ViTConfig` (the ViT state-dict adapter's ``timm_kwargs``: same
+widths, depth, heads, patch, pooling, norms, biases and dropouts, so the forward FLOPs match), and
+names the timm model it corresponds to for the record.
 ``open_clip_model(name, cfg)`` builds open_clip's CLIP of the same size (random weights, nothing
 downloaded).
 """
@@ -10,10 +11,11 @@ downloaded).
 from __future__ import annotations
 
 import re
-from functools import partial
 from typing import Any
 
 from torch import nn
+
+from ..models.vit.state_dict_adapter import timm_kwargs
 
 # Our variant -> timm's registered model of the same architecture (for the record; we build the
 # model from the config so that debug sizes and overrides work too).
@@ -28,50 +30,6 @@ TIMM_NAMES = {
     "vit_g14": "vit_giant_patch14_224",
     "vit_bigg14": "vit_gigantic_patch14_224",
 }
-
-_TIMM_ACT = {
-    "gelu": nn.GELU,
-    "gelu_tanh": partial(nn.GELU, approximate="tanh"),
-    "relu": nn.ReLU,
-    "silu": nn.SiLU,
-}
-
-
-def timm_kwargs(cfg: Any) -> dict[str, Any]:
-    """timm ``VisionTransformer`` keyword arguments for a ``ViTConfig``; ValueError if timm's ViT
-    cannot express it (ViT-22B parallel blocks, quick_gelu, bias-free norms)."""
-    if cfg.parallel_block:
-        raise ValueError("timm's VisionTransformer has no ViT-22B parallel block with this layout")
-    if cfg.activation not in _TIMM_ACT:
-        raise ValueError(f"no timm activation for {cfg.activation!r}")
-    if not cfg.norm_bias or not cfg.mlp_bias or not cfg.patch_bias or cfg.pre_logits:
-        raise ValueError("timm's VisionTransformer cannot drop norm / MLP / patch biases or add pre-logits")
-    pool = {"token": "token", "avg": "avg", "map": "map", "none": ""}[cfg.pool]
-    return dict(
-        img_size=(cfg.img_h, cfg.img_w),
-        patch_size=cfg.patch_dim,
-        in_chans=cfg.num_channels,
-        num_classes=cfg.num_classes,
-        global_pool=pool,
-        embed_dim=cfg.hidden_size,
-        depth=cfg.num_layers,
-        num_heads=cfg.num_attention_heads,
-        mlp_ratio=cfg.ffn_hidden_size / cfg.hidden_size,
-        qkv_bias=cfg.qkv_bias,
-        qk_norm=cfg.qk_norm,
-        proj_bias=cfg.proj_bias,
-        init_values=cfg.layer_scale_init,
-        class_token=cfg.class_token_length > 0,
-        reg_tokens=max(cfg.class_token_length - 1, 0),
-        no_embed_class=not cfg.pos_embed_prefix,
-        pre_norm=cfg.pre_norm,
-        final_norm=cfg.final_norm,
-        fc_norm=cfg.fc_norm,
-        drop_path_rate=cfg.drop_path_rate,
-        norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps),
-        act_layer=_TIMM_ACT[cfg.activation],
-    )
-
 
 def timm_vit(cfg: Any, variant: str | None = None, device=None) -> tuple[nn.Module, str]:
     """timm's VisionTransformer matching ``cfg`` and a label naming it (``timm:vit_small_patch16_224``)."""
@@ -107,7 +65,7 @@ def open_clip_model(ours: nn.Module, variant: str, device=None) -> tuple[nn.Modu
     import open_clip
 
     try:
-        from ..interop.open_clip import create_open_clip_model  # owned by the CLIP engineer
+        from ..interop.open_clip import create_open_clip_model
 
         model = create_open_clip_model(ours, load_weights=True)
         label = f"open_clip CLIP ({variant} architecture)"
@@ -120,4 +78,4 @@ def open_clip_model(ours: nn.Module, variant: str, device=None) -> tuple[nn.Modu
     return model, label
 
 
-__all__ = ["TIMM_NAMES", "open_clip_model", "open_clip_name", "timm_kwargs", "timm_vit"]
+__all__ = ["TIMM_NAMES", "open_clip_model", "open_clip_name", "timm_vit"]

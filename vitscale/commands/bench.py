@@ -26,8 +26,8 @@ def _override(text: str) -> tuple[str, object]:
 
 
 def register(subparsers) -> None:
-    from ..bench.fastpath import PRECISIONS, SDPA_CHOICES
-    from ..bench.harness import COMPARES
+    from ..bench.harness import COMPARES, PRECISIONS
+    from ..train.fastpath import SDPA_CHOICES
 
     p = subparsers.add_parser(
         "bench",

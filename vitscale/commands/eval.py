@@ -39,9 +39,9 @@ def run(args) -> int:
     if not cfg.checkpoint.path:
         print("vitscale eval: set checkpoint.path=PATH (run folder, step folder or .safetensors)", file=sys.stderr)
         return 2
-    from vitscale.bench.fastpath import sdpa_backend
     from vitscale.checkpoint import CheckpointError
-    from vitscale.eval.classification import evaluate_checkpoint
+    from vitscale.train.evaluate import evaluate_checkpoint
+    from vitscale.train.fastpath import sdpa_backend
 
     try:
         with sdpa_backend(cfg.train.sdpa):  # the attention kernels training used

@@ -44,51 +44,43 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def build_teacher(cfg, num_classes: int):
-    """The teacher model (eval mode, CPU) per ``cfg.teacher``."""
+def teacher_config(cfg, num_classes: int | None = None):
+    """The run config of the teacher: its model (``teacher.model`` with ``teacher.overrides``, else the
+    config's own model; ``num_classes`` = its checkpoint's head) over the config's data, uncropped
+    (``data.crop_pct=1``) and at ``teacher.img_size`` (else the teacher's own size)."""
+    from vitscale.config.schema import ModelConfig
+    from vitscale.models import get_model_config
+
+    t = cfg.teacher
+    name = t.model or cfg.model.name
+    overrides = dict(t.overrides if t.model else cfg.model.overrides)
+    if num_classes is not None and "num_classes" in {f.name for f in dataclasses.fields(get_model_config(name))}:
+        overrides["num_classes"] = num_classes
+    data = dataclasses.replace(cfg.data, crop_pct=1.0, img_size=None)
+    return dataclasses.replace(cfg, model=ModelConfig(name=name, overrides=overrides), data=data)
+
+
+def teacher_run(cfg):
+    """The assembled run of the teacher (``vitscale.run.assemble``, purpose ``label``), weights loaded."""
     import torch
 
     t = cfg.teacher
     if not t.checkpoint:
         raise ValueError("set teacher.checkpoint (a .safetensors file, run folder or checkpoint)")
+    from vitscale.run import assemble
+
     if t.timm:
         from vitscale.interop import load_timm_checkpoint
 
-        return load_timm_checkpoint(t.checkpoint, t.timm, **dict(t.overrides)).eval()
+        teacher = load_timm_checkpoint(t.checkpoint, t.timm, **dict(t.overrides))
+        return assemble(teacher_config(cfg), "label", model=teacher)
     from vitscale.checkpoint.checkpointer import load_model_weights, read_weights
-    from vitscale.models import create_model, get_model_config
 
-    name = t.model or cfg.model.name
-    overrides = dict(t.overrides if t.model else cfg.model.overrides)
     sd = read_weights(t.checkpoint, t.weights)
     head = sd.get("head.weight")
-    fields = {f.name for f in dataclasses.fields(get_model_config(name, **overrides))}
-    if "num_classes" in fields:
-        overrides["num_classes"] = int(head.shape[0]) if isinstance(head, torch.Tensor) else num_classes
-    model = create_model(name, **overrides)
-    load_model_weights(model, sd, strict=True)
-    return model.eval()
-
-
-def _loader(cfg, split: str, img_size, num_channels: int, batch_size: int, device):
-    """An unaugmented, uncropped, in-order loader over one split (batches carry ``index``/``crop``)."""
-    from vitscale.data.build import _sources
-    from vitscale.data.dataset import KeyedDataset
-    from vitscale.data.loader import ResumableLoader
-    from vitscale.data.sampler import EvalShardSampler
-    from vitscale.data.transforms import SampleTransform
-
-    dcfg = dataclasses.replace(cfg.data, crop_pct=1.0)
-    train_src, val_src, num_classes, _ = _sources(dcfg, img_size, num_channels, cfg.train.seed)
-    src = {"train": train_src, "val": val_src}.get(split)
-    if src is None:
-        raise ValueError(f"the dataset has no {split!r} split")
-    ds = KeyedDataset(src, SampleTransform(dcfg, img_size, num_channels, cfg.train.seed, train=False))
-    loader = ResumableLoader(
-        ds, EvalShardSampler(len(src), batch_size), mean=dcfg.mean, std=dcfg.std, num_workers=dcfg.num_workers,
-        pin_memory=False, persistent_workers=False, device=device,
-    )  # fmt: skip
-    return loader, len(src), num_classes
+    run = assemble(teacher_config(cfg, int(head.shape[0]) if isinstance(head, torch.Tensor) else None), "label")
+    load_model_weights(run.model, sd, strict=True)
+    return run
 
 
 def label_tokens(cfg, out: str) -> dict:
@@ -97,21 +89,18 @@ def label_tokens(cfg, out: str) -> dict:
 
     from vitscale.data.token_labels import TokenLabelWriter
     from vitscale.tasks.token_labeling import dense_forward
-    from vitscale.train.trainer import autocast_factory, resolve_device
+    from vitscale.train.fastpath import autocast_factory
 
-    device = resolve_device(cfg.train.device)
     t = cfg.teacher
+    run = teacher_run(cfg)
+    teacher, img, C = run.model.eval(), run.img_size, run.model.num_classes
+    autocast = autocast_factory(run.device, run.precision.autocast)
     summary: dict = {"out": out, "splits": {}}
-    from vitscale.data.build import _sources
-
-    fallback_classes = cfg.data.num_classes or _sources(cfg.data, (32, 32), 3, cfg.train.seed)[2]
-    teacher = build_teacher(cfg, fallback_classes).to(device)
-    mc = teacher.cfg
-    img = (t.img_size, t.img_size) if t.img_size else (mc.img_h, mc.img_w)
-    autocast = autocast_factory(cfg, device)
     for split in t.splits:
-        loader, n, num_classes = _loader(cfg, split, img, mc.num_channels, t.batch_size, device)
-        C = getattr(teacher, "num_classes", num_classes)
+        loader = {"train": run.loaders.train, "val": run.loaders.val}.get(split)
+        if loader is None:
+            raise ValueError(f"the dataset has no {split!r} split")
+        n = len(loader.dataset)
         info = {"teacher": t.model or t.timm or cfg.model.name, "teacher_checkpoint": str(t.checkpoint),
                 "teacher_img_size": list(img), "dataset": cfg.data.format}  # fmt: skip
         writer = None
@@ -158,7 +147,7 @@ def run(args) -> int:
         return 2
     try:
         summary = label_tokens(cfg, outs[0])
-    except (ValueError, FileNotFoundError, KeyError) as e:
+    except (ValueError, FileNotFoundError, KeyError, NotImplementedError) as e:
         print(f"vitscale label-tokens: {e}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=1))

@@ -27,7 +27,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "schedule.name": ("cosine", "rsqrt", "constant"),
     "train.loss": ("softmax", "sigmoid"),
     "train.device": ("auto", "cpu", "cuda"),
-    "train.sdpa": ("auto", "flash", "cudnn", "efficient", "math", "default"),  # = bench.fastpath.SDPA_CHOICES
+    "train.sdpa": ("auto", "flash", "cudnn", "efficient", "math", "default"),  # = vitscale.train.fastpath.SDPA_CHOICES
     "parallel.activation_checkpointing": ("none", "full", "selective"),
     "parallel.ac_method": ("block", "uniform"),
     "precision.autocast": ("auto", "bf16", "fp16", "none"),

@@ -81,13 +81,15 @@ def build_loaders(
     world_size: int = 1,
     drop_last: bool = True,
     device: torch.device | str | None = None,
+    train_augment: bool = True,
 ) -> Loaders:
     """Build this rank's train and val loaders.
 
     ``img_size`` is the model's (H, W) unless ``cfg_data.img_size`` overrides it. Batches are dicts
     ``{"image": float (B, C, H, W) normalised, "label": long (B,), "index": long (B,), "skipped": int,
     "crop": float (B, 4), "flip": bool (B,)}``. With ``device``, batches are moved there and
-    normalised there (uint8 crosses the host->device copy).
+    normalised there (uint8 crosses the host->device copy). ``train_augment=False`` reads the train
+    split like val: in order, unaugmented, ``micro_batch_size`` images a batch (``label-tokens``).
     """
     if cfg_data.img_size:
         img_size = (int(cfg_data.img_size), int(cfg_data.img_size))
@@ -103,8 +105,11 @@ def build_loaders(
         num_workers=cfg_data.num_workers, pin_memory=cfg_data.pin_memory,
         persistent_workers=cfg_data.persistent_workers, prefetch_factor=cfg_data.prefetch_factor,
     )
-    train_tf = SampleTransform(cfg_data, img_size, num_channels, seed, train=True)
-    if hasattr(train_src, "build_loader"):  # streaming sources build their own loader
+    train_tf = SampleTransform(cfg_data, img_size, num_channels, seed, train=train_augment)
+    if not train_augment:
+        train_sampler = EvalShardSampler(len(train_src), micro_batch_size, rank=rank, world_size=world_size)
+        train = ResumableLoader(KeyedDataset(train_src, train_tf), train_sampler, **common)
+    elif hasattr(train_src, "build_loader"):  # streaming sources build their own loader
         train = train_src.build_loader(train_tf, micro_batch_size=micro_batch_size, rank=rank,
                                        world_size=world_size, drop_last=drop_last, **common)
     else:

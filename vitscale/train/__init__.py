@@ -1,4 +1,5 @@
-"""Training: the trainer, tasks, optimizers, LR schedules, EMA and run logging."""
+"""Training: the loop (``Trainer``) with its optimizers, LR schedules, EMA, run logging and the fast
+path (autocast, SDPA backends, per-block compile, fused optimizers); evaluating trained weights."""
 
 from .trainer import Trainer, train
 

@@ -12,6 +12,8 @@ from torch import nn
 
 from vitscale.config.schema import OptimConfig
 
+from .fastpath import optimizer_impl
+
 
 def scaled_lr(cfg: OptimConfig, global_batch: int) -> float:
     """lr = base_lr * global_batch / lr_scale_batch (the linear scaling rule); no scaling if 0."""
@@ -29,8 +31,8 @@ def _strip(name: str) -> str:
 
 def param_groups(model: nn.Module, weight_decay: float, head_weight_decay: float | None) -> list[dict]:
     """Parameter groups named ``decay`` / ``no_decay`` / ``head`` (empty groups left out)."""
-    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    head = set(model.head_parameter_names()) if hasattr(model, "head_parameter_names") else set()
+    skip = set(model.no_weight_decay())
+    head = set(model.head_parameter_names())
     groups: dict[str, list] = {"decay": [], "no_decay": [], "head": []}
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -45,20 +47,6 @@ def param_groups(model: nn.Module, weight_decay: float, head_weight_decay: float
     hwd = weight_decay if head_weight_decay is None else head_weight_decay
     decays = {"decay": weight_decay, "no_decay": 0.0, "head": hwd}
     return [{"name": k, "params": v, "weight_decay": decays[k]} for k, v in groups.items() if v]
-
-
-def _impl_kwargs(cls: type, mode: str, params: list) -> dict:
-    devices = {p.device.type for g in params for p in g["params"]}
-    if mode == "none":
-        return {"foreach": False}
-    if mode == "foreach":
-        return {"foreach": True}
-    if mode == "fused":
-        return {"fused": True}
-    # auto: fused kernels on CUDA (AdamW/Adam/SGD all have them since torch 2.4), foreach elsewhere.
-    if devices == {"cuda"}:
-        return {"fused": True}
-    return {"foreach": True}
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
@@ -76,4 +64,5 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float) -> torch.opti
         cls, kw = torch.optim.SGD, {"momentum": cfg.momentum, "nesterov": cfg.nesterov}
     else:
         raise ValueError(f"unknown optimizer {cfg.name!r} (adamw | adam | sgd)")
-    return cls(groups, lr=lr, **kw, **_impl_kwargs(cls, cfg.fused, groups))
+    devices = {p.device.type for g in groups for p in g["params"]}
+    return cls(groups, lr=lr, **kw, **optimizer_impl(cfg.fused, devices))

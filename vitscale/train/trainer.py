@@ -1,9 +1,10 @@
 """The trainer: one loop for every model family, task and parallel layout.
 
-Build order (torchtitan's): model on the meta device -> the family's parallel plan through the one
-parallelize tail (TP, activation checkpointing, compile, FSDP) -> ``to_empty(device)`` ->
-``init_weights()`` under the run's seed. The loop never branches on a model's name: the task
-(``train.task`` or the family's default) computes the loss and the evaluation.
+:func:`vitscale.run.assemble` builds the run (device, layout, data, the model on the meta device ->
+its family's plan through the parallelize tail -> ``to_empty`` -> ``init_weights()`` under the run's
+seed); the trainer adds the optimizer, schedule, EMA, task and checkpointer and holds the loop. It
+never branches on a model's name: the task (``train.task`` or the family's default) computes the
+loss and the evaluation.
 
 Steps count from 1 (step N = the N-th optimizer update). The host syncs with the device only at log,
 eval and checkpoint steps. A resume restores model, optimizer, EMA, step, data position and RNG, so
@@ -12,8 +13,6 @@ the loss curve continues exactly.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import math
 import time
@@ -23,39 +22,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vitscale.bench.fastpath import sdpa_backend
 from vitscale.checkpoint import Checkpointer
 from vitscale.checkpoint.checkpointer import export_safetensors, load_model_weights, read_weights
 from vitscale.config import Config, save_config
-from vitscale.distributed import init_distributed
-from vitscale.distributed.parallelize import parallelize
-from vitscale.models.registry import create_model, get_family, get_model_config, parallel_plan
+from vitscale.distributed.utils import clip_grad_norm_
+from vitscale.run import assemble
 from vitscale.tasks import get_task
+from vitscale.tools.mfu import achieved_tflops, peak_tflops
 from vitscale.tools.report import try_write_report
 
 from .ema import EMA
+from .fastpath import autocast_factory, sdpa_backend
 from .metrics import MetricsLogger
 from .optim import build_optimizer, scaled_lr
 from .schedules import Schedule, warmup_steps
-
-
-# ----------------------------------------------------------------------------------------- setup
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but CUDA is not available (use train.device=auto or cpu)")
-    return torch.device(name)
-
-
-def autocast_factory(cfg: Config, device: torch.device):
-    mode = cfg.precision.autocast
-    if mode == "auto":
-        mode = "bf16" if device.type == "cuda" else "none"
-    if mode == "none":
-        return contextlib.nullcontext
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[mode]
-    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def _reduce_mean(t: torch.Tensor, world: int) -> torch.Tensor:
@@ -72,91 +52,23 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
     return x
 
 
-def _resolve_model_overrides(cfg: Config, num_classes: int | None, img_size) -> dict:
-    """The model overrides plus the data's class count and image size for fields the variant has."""
-    base = get_model_config(cfg.model.name, **cfg.model.overrides)
-    names = {f.name for f in dataclasses.fields(base)}
-    over = dict(cfg.model.overrides)
-    if num_classes and "num_classes" in names and "num_classes" not in over:
-        over["num_classes"] = num_classes
-    if cfg.data.img_size and {"img_h", "img_w"} <= names:
-        over.setdefault("img_h", cfg.data.img_size)
-        over.setdefault("img_w", cfg.data.img_size)
-    return over
-
-
 # ----------------------------------------------------------------------------------------- trainer
 class Trainer:
     def __init__(self, cfg: Config):
-        self.cfg = cfg
-        self.device = resolve_device(cfg.train.device)
-        if self.device.type == "cpu" and cfg.train.cpu_threads > 0:
-            torch.set_num_threads(cfg.train.cpu_threads)
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
-        if cfg.train.compile is None:  # the fast path: per-block torch.compile on GPU by default
-            cfg.train.compile = self.device.type == "cuda"
-        self.pd = init_distributed(cfg.parallel, self.device)
-        self.device = self.pd.device
-        self.world = self.pd.world_size
-        if self.world > 1:
-            from vitscale.distributed.fsdp import fsdp_runs_on
-
-            if not fsdp_runs_on(self.device.type):  # fail here, not with an AttributeError in the first step
-                raise RuntimeError(
-                    f"multi-process training wraps the model in FSDP2, which cannot train on CPU with torch "
-                    f"{torch.__version__} (its CPU streams lack record_event): train on CUDA, or on CPU with a "
-                    "newer torch (2.11 and 2.15 checked)"
-                )
-        self.is_main = self.pd.rank == 0
+        self.run = run = assemble(cfg)
+        self.cfg = cfg = run.cfg  # resolved (train.compile filled in)
+        self.device, self.pd, self.world = run.device, run.dims, run.dims.world_size
+        self.is_main = self.pd.is_main
         self.out = Path(cfg.train.output_dir)
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
         tc = cfg.train
-        dp = getattr(self.pd, "dp_size", 1)
-        if tc.batch_size % (dp * tc.grad_accum):
-            raise ValueError(
-                f"train.batch_size={tc.batch_size} must be divisible by data-parallel size {dp} x "
-                f"train.grad_accum {tc.grad_accum}"
-            )
-        self.micro_batch = tc.batch_size // (dp * tc.grad_accum)
-
-        # Data (the model's image size unless data.img_size says otherwise).
-        base_cfg = get_model_config(cfg.model.name, **cfg.model.overrides)
-        img = cfg.data.img_size
-        img_size = (img, img) if img else (getattr(base_cfg, "img_h", 224), getattr(base_cfg, "img_w", 224))
-        self.img_size = img_size
-        from vitscale.data import build_loaders
-
-        self.loaders = build_loaders(
-            cfg.data, img_size=img_size, num_channels=getattr(base_cfg, "num_channels", 3), seed=tc.seed,
-            micro_batch_size=self.micro_batch, eval_batch_size=cfg.eval.batch_size,
-            rank=getattr(self.pd, "dp_rank", 0), world_size=dp, device=self.device,
-        )  # fmt: skip
-        self.num_classes = cfg.data.num_classes or self.loaders.num_classes
-        self.model_overrides = _resolve_model_overrides(cfg, self.num_classes, img_size)
-
-        # Model: meta -> parallelize -> to_empty -> init_weights (same weights on any layout).
-        self.family = get_family(cfg.model.name)
-        torch.manual_seed(tc.seed)
-        model = create_model(cfg.model.name, device="meta", **self.model_overrides)
-        self.model_cfg = model.cfg if hasattr(model, "cfg") else None
-        model = self._parallelize(model)
-        model.to_empty(device=self.device)
-        with torch.no_grad():
-            if self.world > 1:  # the one-process weights, sharded (vitscale.distributed.init)
-                from vitscale.distributed.init import init_weights
-
-                name, over = cfg.model.name, self.model_overrides
-                init_weights(model, self.pd, tc.seed, lambda: create_model(name, device="meta", **over))
-            else:
-                torch.manual_seed(tc.seed)
-                model.init_weights()
+        self.micro_batch, self.img_size, self.loaders = run.micro_batch, run.img_size, run.loaders
+        self.num_classes, self.model_overrides, self.family = run.num_classes, run.model_overrides, run.family
+        self.model = model = run.model
         model.train()
-        self.model = model
-        torch.manual_seed(tc.seed + 1 + getattr(self.pd, "dp_rank", 0))  # dropout / drop-path streams
+        torch.manual_seed(tc.seed + 1 + self.pd.dp_rank)  # dropout / drop-path streams
 
         # Optimization.
         self.peak_lr = scaled_lr(cfg.optim, tc.batch_size)
@@ -173,14 +85,10 @@ class Trainer:
         )
         self.ema = None
         if tc.ema_decay > 0:
-            ema_module = None
-            if self.world > 1:  # FSDP modules cannot be deep-copied: a second model sharded the same way
-                ema_module = self._parallelize(create_model(cfg.model.name, device="meta", **self.model_overrides))
-                ema_module.to_empty(device=self.device)
-            self.ema = EMA(model, tc.ema_decay, module=ema_module)
-        self.autocast = autocast_factory(cfg, self.device)
-        task_name = tc.task or self.family.task
-        self.task = get_task(task_name)(cfg, model, self.num_classes)
+            # FSDP modules cannot be deep-copied: a second model sharded the same way
+            self.ema = EMA(model, tc.ema_decay, module=run.new_model() if self.world > 1 else None)
+        self.autocast = autocast_factory(self.device, run.precision.autocast)
+        self.task = get_task(run.task)(cfg, model, self.num_classes)
         self.task.autocast = self.autocast
         self.task.device = self.device
         self.checkpointer = Checkpointer(self.out / "checkpoints", keep=cfg.checkpoint.keep)
@@ -191,19 +99,9 @@ class Trainer:
         self._restore()
 
     # ------------------------------------------------------------------------------------- building
-    def _parallelize(self, model):
-        """The family's plan through the parallelize tail: TP -> activation checkpointing -> compile -> FSDP2."""
-        cfg = self.cfg
-        return parallelize(model, parallel_plan(self.family), self.pd, cfg.parallel, cfg.precision, bool(cfg.train.compile))
-
     def _flops(self) -> float | None:
         try:
-            from vitscale.tools.flops import flops
-
-            try:
-                return float(flops(self.model_cfg, self.img_size))
-            except TypeError:
-                return float(flops(self.cfg.model.name, self.img_size))
+            return float(self.model.flops(self.img_size))
         except Exception:  # FLOPs are informative only
             return None
 
@@ -211,12 +109,10 @@ class Trainer:
         """Peak TFLOP/s for MFU: the datasheet figure of the GPU, or on CPU a measured fp32 matmul
         peak with this run's thread count (a fraction of a second, then cached per CPU model and
         thread count in ``$VITSCALE_CACHE_DIR``, as ``vitscale bench`` does)."""
-        from vitscale.tools.mfu import peak_tflops
-
         try:
             if self.device.type == "cpu":
                 return float(peak_tflops(self.device, torch.float32)[0])
-            dtype = torch.bfloat16 if self.autocast is not contextlib.nullcontext else torch.float32
+            dtype = torch.bfloat16 if self.run.precision.autocast is not None else torch.float32
             return float(peak_tflops(self.device, dtype)[0])
         except Exception:  # MFU is informative only
             return None
@@ -279,15 +175,14 @@ class Trainer:
         model, n = self.model, cfg.grad_accum
         loss_sum = torch.zeros((), device=self.device)
         metric_sums: dict[str, torch.Tensor] = {}
-        sync = getattr(model, "set_requires_gradient_sync", None)
         for micro in range(n):
-            if sync is not None and n > 1:
-                sync(micro == n - 1)  # FSDP2: reduce gradients on the last micro-step only
+            if self.world > 1 and n > 1:  # every model is an FSDP2 module on several ranks
+                model.set_requires_gradient_sync(micro == n - 1)  # reduce gradients on the last micro-step only
             batch = self._to_device(next(batches))
             self.skipped += int(batch.get("skipped", 0))
             # Dropout / drop-path draw from a stream keyed by (seed, micro-step, data-parallel rank): a
             # resume continues exactly whatever else touched the global RNG (e.g. DataLoader iterators).
-            torch.manual_seed(_step_seed(cfg.seed, (self.step - 1) * n + micro, getattr(self.pd, "dp_rank", 0)))
+            torch.manual_seed(_step_seed(cfg.seed, (self.step - 1) * n + micro, self.pd.dp_rank))
             loss, metrics = self.task.loss(model, batch, (self.step - 1) * n + micro)
             (loss / n).backward()
             loss_sum += loss.detach()
@@ -296,8 +191,6 @@ class Trainer:
         params = [p for p in model.parameters() if p.grad is not None]
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         if self.world > 1:  # DTensors on several meshes (FSDP x TP): per-mesh reductions
-            from vitscale.distributed.utils import clip_grad_norm_
-
             grad_norm = clip_grad_norm_(params, max_norm)
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # foreach on CPU / CUDA
@@ -362,8 +255,6 @@ class Trainer:
                 for k, v in metrics.items():
                     rec[k] = _reduce_mean(v, self.world).item()
                 if self.flops_per_image:
-                    from vitscale.tools.mfu import achieved_tflops
-
                     rec["tflops"] = achieved_tflops(ips, self.flops_per_image, "train")
                     if self.peak_tflops:
                         rec["mfu"] = rec["tflops"] / self.peak_tflops

@@ -1,0 +1,152 @@
+"""Assemble a run: one function turns a config into everything a job needs, a :class:`Run`.
+
+``vitscale train``, ``eval``, ``label-tokens`` and ``bench`` all start here. In this order, each once:
+the device and the parallel layout, the up-front checks (:mod:`vitscale.run.checks`), the data
+(loaders, class count, class names, image size), the model config with its data-derived fields
+filled in, then the model — built on the meta device, parallelized, materialised and initialised
+(:func:`vitscale.run.build_model`). The job then adds its own part: the training loop
+(:class:`vitscale.train.trainer.Trainer`), the weights to evaluate, the teacher's labels, the timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ..config import Config
+from ..data import Loaders, build_loaders
+from ..distributed.fsdp import Precision, resolve_precision
+from ..distributed.parallel_dims import ParallelDims, init_distributed, resolve_device
+from ..models.registry import FamilySpec, family_of, get_model_config
+from .build import build_model
+from .checks import check_run
+
+Purpose = Literal["train", "eval", "label", "bench"]
+PURPOSES = ("train", "eval", "label", "bench")
+
+
+@dataclass
+class Run:
+    """A config resolved for one job: device, layout, data and the built model."""
+
+    cfg: Config
+    """The config as resolved (``train.compile`` filled in: on for CUDA training unless set)."""
+    purpose: str
+    """``train`` (the torchrun layout, augmented shuffled loaders), ``eval`` (one process),
+    ``label`` (one process, every split in order, unaugmented) or ``bench`` (no data)."""
+    device: torch.device
+    """This rank's device."""
+    dims: ParallelDims
+    """The parallel layout (a world of one except for training under torchrun)."""
+    precision: Precision
+    """The numerics on this device: FSDP2 compute / reduce dtypes and the autocast dtype."""
+    family: FamilySpec
+    """The model's family (registry entry)."""
+    task: str
+    """``train.task``, else the family's default task."""
+    img_size: tuple[int, int]
+    """(H, W) of the images the loaders give: ``data.img_size`` (``teacher.img_size`` for ``label``),
+    else the model's."""
+    loaders: Loaders | None
+    """This rank's train and val loaders; None for the bench."""
+    num_classes: int | None
+    """Classes of the data (``data.num_classes``, else the dataset's); None without data."""
+    class_names: list[str]
+    """The dataset's class names (empty without data)."""
+    model_overrides: dict[str, Any]
+    """``model.overrides`` with the data-derived fields filled in (class count, image size): the
+    model is ``create_model(cfg.model.name, **model_overrides)``."""
+    model: nn.Module
+    """The model (a :class:`vitscale.models.contract.Model`), parallelized and initialised."""
+    micro_batch: int
+    """Images per rank per micro-step: ``train.batch_size / (data-parallel size x grad_accum)``."""
+
+    def new_model(self) -> nn.Module:
+        """Another model parallelized exactly like :attr:`model`, on the device, uninitialised (the
+        EMA copy of a sharded model, which cannot be deep-copied)."""
+        cfg = self.cfg
+        return build_model(
+            cfg.model.name, self.dims, overrides=self.model_overrides, parallel=cfg.parallel,
+            precision=cfg.precision, compile=bool(cfg.train.compile), init=None,
+        )  # fmt: skip
+
+
+def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None = None) -> Run:
+    """The :class:`Run` of ``cfg`` for ``purpose``; ``model``: a model built elsewhere (e.g. converted
+    from timm) to use instead of building ``cfg.model``."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
+    tc = cfg.train
+    if purpose == "train":
+        dims = init_distributed(cfg.parallel, tc.device)
+        _use_device_settings(dims.device, cfg)
+    else:
+        dims = ParallelDims(device=resolve_device(tc.device))
+    device = dims.device
+    compile = purpose in ("train", "bench") and (tc.compile if tc.compile is not None else device.type == "cuda")
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(tc, compile=compile))
+    check_run(cfg, dims, purpose)
+
+    micro_batch = tc.batch_size // (dims.dp_size * tc.grad_accum)
+    base = model.cfg if model is not None else get_model_config(cfg.model.name, **cfg.model.overrides)
+    side = cfg.teacher.img_size if purpose == "label" else cfg.data.img_size
+    img_size = (side, side) if side else (base.img_h, base.img_w)
+    loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, base.num_channels, micro_batch)
+    num_classes = (cfg.data.num_classes or loaders.num_classes) if loaders is not None else None
+    overrides = model_overrides(cfg, num_classes)
+    if model is None:
+        model = build_model(
+            cfg.model.name, dims, overrides=overrides, parallel=cfg.parallel, precision=cfg.precision,
+            compile=compile, seed=tc.seed,
+        )  # fmt: skip
+    else:
+        model = model.to(device)
+    family = family_of(model)
+    return Run(
+        cfg=cfg, purpose=purpose, device=device, dims=dims, precision=resolve_precision(cfg.precision, device),
+        family=family, task=tc.task or family.task, img_size=img_size, loaders=loaders, num_classes=num_classes,
+        class_names=list(loaders.class_names) if loaders is not None else [], model_overrides=overrides,
+        model=model, micro_batch=micro_batch,
+    )  # fmt: skip
+
+
+def model_overrides(cfg: Config, num_classes: int | None) -> dict[str, Any]:
+    """``model.overrides`` plus the data's class count and ``data.img_size`` for the fields the
+    variant's config has and the overrides do not set."""
+    fields = {f.name for f in dataclasses.fields(get_model_config(cfg.model.name, **cfg.model.overrides))}
+    over = dict(cfg.model.overrides)
+    if num_classes and "num_classes" in fields and "num_classes" not in over:
+        over["num_classes"] = num_classes
+    if cfg.data.img_size and {"img_h", "img_w"} <= fields:
+        over.setdefault("img_h", cfg.data.img_size)
+        over.setdefault("img_w", cfg.data.img_size)
+    return over
+
+
+def _use_device_settings(device: torch.device, cfg: Config) -> None:
+    """Training's device settings: CPU threads (``train.cpu_threads``), TF32 matmuls on CUDA."""
+    if device.type == "cpu" and cfg.train.cpu_threads > 0:
+        torch.set_num_threads(cfg.train.cpu_threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, num_channels: int, micro_batch: int) -> Loaders:
+    common = dict(img_size=img_size, num_channels=num_channels, seed=cfg.train.seed, device=dims.device)
+    if purpose == "train":  # this data-parallel rank's shard; TP ranks of one replica read the same
+        return build_loaders(
+            cfg.data, micro_batch_size=micro_batch, eval_batch_size=cfg.eval.batch_size, rank=dims.dp_rank,
+            world_size=dims.dp_size, **common,
+        )  # fmt: skip
+    if purpose == "label":  # every image once, in order, unaugmented
+        batch = cfg.teacher.batch_size
+        return build_loaders(cfg.data, micro_batch_size=batch, eval_batch_size=batch, train_augment=False, **common)
+    return build_loaders(cfg.data, micro_batch_size=1, eval_batch_size=cfg.eval.batch_size, **common)
+
+
+__all__ = ["PURPOSES", "Purpose", "Run", "assemble", "model_overrides"]
