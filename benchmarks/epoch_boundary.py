@@ -1,7 +1,7 @@
 """Epoch boundaries: a training-like loop's img/s across them, with and without ``data.prefetch_across_epochs``.
 
 A simulated step (``time.sleep``: the device's work, which leaves the CPU to the workers) consumes the
-training batches of a JPEG image folder (``vitscale.data.benchmark.make_jpegs``: crops of
+training batches of a JPEG image folder (``vitscale.bench.data_pipeline.make_jpegs``: crops of
 scikit-learn's two photos, 500x375, quality 90) loaded by ``--workers`` DataLoader workers, taking
 them as the trainer does (a new ``for`` over the loader per epoch). The step lasts ``--slack`` times
 the loader's own time per batch (measured first), so mid-epoch the loader is just ahead of the
@@ -27,9 +27,9 @@ import time
 
 import torch
 
+from vitscale.bench.data_pipeline import make_jpegs
 from vitscale.bench.report import git_commit, write_json
 from vitscale.data import DataConfig, build_loaders
-from vitscale.data.benchmark import make_jpegs
 
 
 def _loader(root: str, args, across: bool):

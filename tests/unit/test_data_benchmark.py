@@ -4,7 +4,7 @@ import json
 
 from PIL import Image
 
-from vitscale.data.benchmark import make_jpegs, run, write_results
+from vitscale.bench.data_pipeline import make_jpegs, run, write_results
 
 
 def test_make_jpegs_are_natural_imagenet_sized(tmp_path):

@@ -167,7 +167,7 @@ def test_timm_parity_both_ways(overrides):
     from timm.models.volo import VOLO as TimmVOLO
 
     from vitscale.interop import create_timm_model, from_timm, to_timm
-    from vitscale.interop.timm_volo import timm_kwargs
+    from vitscale.models.volo.state_dict_adapter import timm_kwargs
 
     torch.manual_seed(0)
     cfg = create_model("volo_debug", device="meta", **overrides).cfg

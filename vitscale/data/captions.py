@@ -1,4 +1,5 @@
-"""Image-caption samples for CLIP: a caption file source and ``vitscale data digits-captions``.
+"""Image-caption samples for CLIP: a caption file source, and the digits as captioned shards
+(``vitscale data digits-captions``).
 
 :class:`CaptionSource` is the image-file source of the classification pipeline (keyed sampling and
 augmentation, resumable loader, bad-sample replacement and counting) with a caption per sample: its
@@ -22,6 +23,7 @@ from .sources import FileSource, Sample
 from .transforms import Augmented, SampleTransform
 
 CLASSNAMES_FILE = "classnames.txt"
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # image members of a WebDataset sample
 
 
 @dataclass(frozen=True)
@@ -145,35 +147,6 @@ def write_digits_captions(
         with open(os.path.join(folder, CLASSNAMES_FILE), "w") as f:
             f.write("\n".join(DIGIT_WORDS) + "\n")
     return counts
-
-
-def _digits_captions(args) -> int:
-    counts = write_digits_captions(args.out_dir, args.size, args.shard_size)
-    print(
-        f"wrote {counts['train']} train and {counts['val']} val captioned digits ({args.size}x{args.size} PNG) "
-        f"as WebDataset shards under {args.out_dir}/{{train,val}}; train with data.format=webdataset "
-        f"data.train_path={args.out_dir}/train data.val_path={args.out_dir}/val"
-    )
-    return 0
-
-
-def register_data_command(sub) -> None:
-    """``vitscale data digits-captions OUT_DIR`` (called by ``vitscale.commands.data``)."""
-    from vitscale.commands import DefaultsHelpFormatter
-
-    d = sub.add_parser(
-        "digits-captions", help="write the digits as captioned WebDataset shards (CLIP)",
-        description="Write scikit-learn's digits (train 1,497 / val 300) as WebDataset tar shards "
-        "OUT_DIR/{train,val}/digits-NNNNNN.tar with <key>.png, <key>.txt (a caption such as 'a handwritten "
-        "seven.' from several templates) and <key>.cls, plus OUT_DIR/classnames.txt.",
-        formatter_class=DefaultsHelpFormatter,
-    )  # fmt: skip
-    d.add_argument("out_dir", metavar="OUT_DIR", help="folder to write (created if missing)")
-    d.add_argument(
-        "--size", type=int, default=32, help="side of the written PNGs (bicubic upsampling; 8 = native)"
-    )
-    d.add_argument("--shard-size", type=int, default=500, help="samples per shard")
-    d.set_defaults(func=_digits_captions)
 
 
 __all__ = ["CaptionSource", "TarMember", "class_names_for", "read_class_names", "write_digits_captions"]

@@ -64,3 +64,24 @@ def load_digits_split(split: str, num_channels: int = 3) -> tuple[torch.Tensor, 
     images = torch.from_numpy(x)[:, None].expand(-1, num_channels, -1, -1).contiguous()  # (N, C, 8, 8)
     labels = torch.from_numpy(targets[idx].astype(np.int64))
     return images, labels
+
+
+def write_digits_folders(out_dir: str, size: int = 32) -> dict[str, int]:
+    """Write the digits split as PNG image folders ``out_dir/{train,val}/<class>/<n>.png`` (bicubic
+    upsampling to ``size``; 8 = native); returns {split: number of images}."""
+    import os
+
+    from PIL import Image
+
+    counts = {}
+    for split in ("train", "val"):
+        images, labels = load_digits_split(split, num_channels=1)  # (N, 1, 8, 8) uint8
+        for name in CLASS_NAMES:
+            os.makedirs(os.path.join(out_dir, split, name), exist_ok=True)
+        for n, (img, y) in enumerate(zip(images, labels.tolist())):
+            pil = Image.fromarray(img[0].numpy(), mode="L")
+            if size and size != 8:
+                pil = pil.resize((size, size), Image.Resampling.BICUBIC)
+            pil.save(os.path.join(out_dir, split, CLASS_NAMES[y], f"{n:04d}.png"))
+        counts[split] = len(labels)
+    return counts

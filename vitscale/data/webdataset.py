@@ -17,9 +17,7 @@ import os
 import tarfile
 
 from .build import register_format
-from .captions import CaptionSource, TarMember, read_class_names
-
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")
+from .captions import IMAGE_EXTS, CaptionSource, TarMember, read_class_names
 
 
 def expand_shards(spec: str) -> list[str]:
@@ -89,7 +87,7 @@ def webdataset_sources(cfg, img_size, num_channels: int, seed: int):
             "data.format=webdataset needs data.train_path (a folder of .tar shards, a glob or a brace pattern)"
         )
     kw = dict(fast_decode=cfg.fast_decode, context_length=cfg.caption_context_length)
-    mode = getattr(cfg, "webdataset_mode", "index")
+    mode = cfg.webdataset_mode
     if mode == "stream":  # nothing indexed: shards streamed through the webdataset package
         from .webdataset_stream import StreamSource
 

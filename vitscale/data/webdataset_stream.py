@@ -42,11 +42,11 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import keyed
+from .captions import IMAGE_EXTS
 from .dataset import collate
 from .decode import BadImageError
 from .loader import BadFileReporter, ResumableLoader, _worker_init
 from .transforms import Augmented, SampleTransform
-from .webdataset import IMAGE_EXTS
 
 log = logging.getLogger("vitscale.data")
 

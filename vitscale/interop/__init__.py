@@ -20,6 +20,8 @@ from torch import nn
 
 from ..models.vit import VisionTransformer
 from ..models.vit import state_dict_adapter as vit_adapter
+from ..models.volo import VOLO, VOLOConfig
+from ..models.volo import state_dict_adapter as volo_adapter
 
 
 def _is_timm_vit(m: nn.Module) -> bool:
@@ -33,9 +35,7 @@ def _is_timm_volo(m: nn.Module) -> bool:
 def from_timm(timm_model: nn.Module) -> nn.Module:
     """The vitscale model equivalent to a timm ``VisionTransformer`` (or ``VOLO``), with its weights."""
     if _is_timm_volo(timm_model):
-        from .timm_volo import volo_from_timm
-
-        return volo_from_timm(timm_model)
+        return volo_adapter.volo_from_timm(timm_model)
     if not _is_timm_vit(timm_model):
         raise TypeError(f"from_timm supports timm VisionTransformer and VOLO, not {type(timm_model).__name__}")
     from .timm_vit import architecture_differences
@@ -55,16 +55,17 @@ def to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
     """A state dict that loads with ``strict=True`` into ``create_timm_model(model)``."""
     if isinstance(model, VisionTransformer):
         return vit_adapter.state_dict_to_timm(model.state_dict(), model.cfg)
-    if type(model).__name__ == "VOLO":
-        from .timm_volo import volo_to_timm
-
-        return volo_to_timm(model)
+    if isinstance(model, VOLO):
+        return volo_adapter.volo_to_timm(model)
     raise TypeError(f"to_timm supports vitscale ViT and VOLO models, not {type(model).__name__}")
 
 
 def timm_kwargs(model_or_cfg: Any) -> dict[str, Any]:
-    """Keyword arguments for timm's ``VisionTransformer`` that match a vitscale ViT or its config."""
-    cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
+    """Keyword arguments for the timm model (``VisionTransformer`` or ``VOLO``) that matches a vitscale
+    ViT or VOLO or its config: the family's state-dict adapter's ``timm_kwargs``."""
+    cfg = model_or_cfg.cfg if isinstance(model_or_cfg, nn.Module) else model_or_cfg
+    if isinstance(cfg, VOLOConfig):
+        return volo_adapter.timm_kwargs(cfg)
     return vit_adapter.timm_kwargs(cfg)
 
 
@@ -74,10 +75,8 @@ def create_timm_model(model: nn.Module, load_weights: bool = True, **timm_overri
     ``timm_overrides`` go to timm's ``VisionTransformer``, e.g. ``dynamic_img_size=True`` to feed the
     timm model other image sizes, as the vitscale model accepts them.
     """
-    if type(model).__name__ == "VOLO":
-        from .timm_volo import create_timm_volo
-
-        return create_timm_volo(model, load_weights=load_weights)
+    if isinstance(model, VOLO):
+        return volo_adapter.create_timm_volo(model, load_weights=load_weights)
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
     tm = TimmViT(**{**timm_kwargs(model), **timm_overrides})

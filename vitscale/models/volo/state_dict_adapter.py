@@ -1,4 +1,4 @@
-"""timm VOLO <-> vitscale VOLO.
+"""timm VOLO <-> vitscale VOLO (the public entry points are ``vitscale.interop.from_timm`` / ``to_timm``).
 
 ``volo_from_timm(timm_model)`` builds an equivalent :class:`vitscale.models.volo.VOLO` (config read
 from the timm model, weights converted) and ``volo_to_timm(model)`` returns a state dict that
@@ -23,7 +23,8 @@ import re
 import torch
 from torch import nn
 
-from ..models.volo import VOLO, VOLOConfig
+from .configs import VOLOConfig
+from .model import VOLO
 
 
 def _per_head(w: torch.Tensor, groups: int, heads: int) -> torch.Tensor:
@@ -173,9 +174,6 @@ def timm_kwargs(cfg: VOLOConfig) -> dict:
     )
 
 
-__all__ = ["config_from_timm", "timm_kwargs", "volo_from_timm", "volo_state_dict_from_timm", "volo_state_dict_to_timm", "volo_to_timm"]
-
-
 def create_timm_volo(model: VOLO, load_weights: bool = True) -> nn.Module:
     """The ``timm.models.volo.VOLO`` matching a vitscale VOLO (with its weights unless ``load_weights=False``)."""
     from timm.models.volo import VOLO as TimmVOLO
@@ -186,4 +184,7 @@ def create_timm_volo(model: VOLO, load_weights: bool = True) -> nn.Module:
     return tm
 
 
-__all__ += ["create_timm_volo"]
+__all__ = [
+    "config_from_timm", "create_timm_volo", "timm_kwargs", "volo_from_timm", "volo_state_dict_from_timm",
+    "volo_state_dict_to_timm", "volo_to_timm",
+]  # fmt: skip

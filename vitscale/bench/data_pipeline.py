@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import time
 from datetime import datetime, timezone
 
 import numpy as np
 import torch
 
-from .config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
+from ..data.config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
+from .report import git_commit
 
 
 def make_jpegs(root: str, n: int = 256, size: tuple[int, int] = (500, 375), quality: int = 90,
@@ -61,7 +61,7 @@ def _torchvision_loader(root: str, out: int, batch_size: int, normalize: bool):
 
 
 def _vitscale_loader(root: str, out: int, batch_size: int, fast: bool, normalize: bool):
-    from .build import build_loaders
+    from ..data.build import build_loaders
 
     cfg = DataConfig(format="imagefolder", train_path=root, num_workers=0, fast_decode=fast, pin_memory=False)
     train = build_loaders(cfg, img_size=(out, out), num_channels=3, seed=0, micro_batch_size=batch_size,
@@ -85,7 +85,7 @@ def run(n_images: int = 256, out: int = 224, batch_size: int = 32, rounds: int =
     import PIL
     import torchvision
 
-    from . import decode
+    from ..data import decode
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -147,11 +147,7 @@ def run(n_images: int = 256, out: int = 224, batch_size: int = 32, rounds: int =
     }
     for name, s in speedup.items():
         log(f"{name:22s} speedup vs torchvision: {s['wall']:.2f}x wall, {s['cpu']:.2f}x cpu")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(__file__)).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = git_commit()
     return {
         "benchmark": "data_pipeline",
         "device": "cpu",
@@ -197,39 +193,3 @@ def write_results(result: dict, log_lines: list[str], out_dir: str) -> tuple[str
     with open(stem + ".log", "w") as f:
         f.write("\n".join(log_lines) + "\n")
     return stem + ".json", stem + ".log"
-
-
-def main(argv: list[str] | None = None, *, out_dir: str | None = None) -> int:
-    import argparse
-    import sys
-
-    p = argparse.ArgumentParser(prog="vitscale bench-data", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_arguments(p)
-    args = p.parse_args(argv)
-    return run_from_args(args, command="vitscale bench-data " + " ".join(sys.argv[1:] if argv is None else argv))
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--images", type=int, default=256, help="number of JPEGs to generate")
-    p.add_argument("--size", type=int, default=224, help="output resolution")
-    p.add_argument("--batch-size", type=int, default=32, help="images per batch")
-    p.add_argument("--rounds", type=int, default=5, help="timed passes per pipeline, alternating")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality of the generated images (1-95)")
-    p.add_argument("--out-dir", default="benchmarks/results", help="where the JSON and the raw log go ('' = nowhere)")
-
-
-def run_from_args(args, command: str) -> int:
-    lines: list[str] = []
-
-    def log(msg: str) -> None:
-        print(msg, flush=True)
-        lines.append(msg)
-
-    log(f"$ {command}")
-    result = run(args.images, args.size, args.batch_size, args.rounds, args.quality, log=log)
-    result["command"] = command
-    if args.out_dir:
-        js, lg = write_results(result, lines, args.out_dir)
-        print(f"wrote {js} and {lg}")
-    return 0
