@@ -1,4 +1,4 @@
-"""The VOLO ImageNet recipes hold the seed's settings and train end to end with tiny overrides
+"""The VOLO ImageNet recipes hold the NVIDIA VOLO blog's settings and train end to end with tiny overrides
 (debug-width VOLO, synthetic images, random token labels, one step + evaluation)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from vitscale.cli import main
 from vitscale.config import load_config
 from vitscale.data.token_labels import TokenLabelWriter
 
-# shared/seeds/004 Table 2 (D1 LR: see docs/volo.md) and the fine-tuning command
+# Table 2 of NVIDIA's VOLO blog post (D1 LR: see docs/volo.md) and the fine-tuning command:
+# developer.nvidia.com/blog/training-a-state-of-the-art-imagenet-1k-visual-transformer-model-using-nvidia-dgx-superpod
 SEED = {
     "imagenet_volo_d1": dict(name="volo_d1", lr=1.6e-3, dp=0.1, crop=0.96),
     "imagenet_volo_d2": dict(name="volo_d2", lr=1e-3, dp=0.2, crop=0.96),

@@ -150,14 +150,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for a in args:
             if a is type(None):
                 continue
             try:
                 return _coerce(value, a, path)
-            except ConfigError as e:
-                errors.append(e)
+            except ConfigError:
+                continue  # the next member of the union; none fits: the error below names the union
         raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):

@@ -77,7 +77,7 @@ class DataConfig:
     """Fraction held out for validation when there is no ``val_path`` (imagefolder, by a fixed
     seed-0 stratified split) and the size of synthetic's validation set relative to ``synthetic_size``;
     0 = no validation set. Digits always use their fixed 1,497 / 300 split."""
-    # --- image-text pairs (added by the CLIP engineer; read by vitscale/data/{webdataset,csv}.py) ---
+    # --- image-text pairs (CLIP; read by vitscale/data/{webdataset,csv}.py) ---
     csv_img_key: str = "filepath"
     """``csv`` format: the column of image paths (relative paths are relative to the CSV file's folder)."""
     csv_caption_key: str = "title"

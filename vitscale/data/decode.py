@@ -151,7 +151,7 @@ def decode_resized_crop(
     tensor (C, out_h, out_w), the box in original pixels and the original (H, W).
     """
     try:
-        if isinstance(path, (bytes, bytearray)):  # already-read bytes (e.g. a tar member; CLIP engineer)
+        if isinstance(path, (bytes, bytearray)):  # already-read bytes (e.g. a tar member)
             data = bytes(path)
         else:
             with open(path, "rb") as f:

@@ -4,7 +4,7 @@ One code path covers every data-parallel layout, because FSDP2 takes a 1-D mesh 
 ``(replicate, shard)`` mesh (HSDP):
 
 - ``dp_shard > 1``                 -> FSDP over ``dp_shard`` (params, grads, optimizer state sharded:
-                                      the seeds' "distributed optimizer" / ZeRO-3).
+                                      NeMo's "distributed optimizer" / ZeRO-3).
 - ``dp_replicate > 1, dp_shard > 1`` -> HSDP: sharded inside a group, replicated across groups.
 - ``dp_replicate > 1, dp_shard == 1`` -> plain data parallel: HSDP with a shard group of one, i.e.
                                       parameters whole on every rank and gradients all-reduced.
@@ -81,7 +81,7 @@ def resolve_precision(precision: PrecisionConfig, device: torch.device | str) ->
 
 def mixed_precision_policy(param_dtype: torch.dtype, reduce_dtype: torch.dtype = torch.float32):
     """bf16 compute on an all-gathered bf16 copy, fp32 master weights kept sharded, fp32 gradient
-    reduction: the seeds' "O2" (``megatron_amp_O2``). With fp32 params it is a no-op policy."""
+    reduction: NeMo's "BF16 O2" (``megatron_amp_O2``). With fp32 params it is a no-op policy."""
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=True)
 
 

@@ -1,5 +1,5 @@
-"""Small collectives the trainer needs on any layout: gradient-norm clipping over DTensors that live
-on different meshes (FSDP-only parameters next to FSDP x TP ones), global means."""
+"""Gradient-norm clipping on any layout: over DTensors that live on different meshes (FSDP-only
+parameters next to FSDP x TP ones)."""
 
 from __future__ import annotations
 
@@ -52,13 +52,4 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float = float(
     return norm
 
 
-def global_mean(t: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Mean of ``t`` over all ranks (TP ranks hold equal values, so this is the data-parallel mean)."""
-    if world_size > 1 and dist.is_initialized():
-        t = t.clone()
-        dist.all_reduce(t)
-        t /= world_size
-    return t
-
-
-__all__ = ["clip_grad_norm_", "global_mean"]
+__all__ = ["clip_grad_norm_"]

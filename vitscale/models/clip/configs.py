@@ -141,8 +141,9 @@ def _clip(vision: ViTConfig, text: CLIPTextConfig, output_dim: int, **kw) -> CLI
     return CLIPConfig(vision=vision, text=text, output_dim=output_dim, **kw)
 
 
-# Sizes: the architecture columns of NeMo's CLIP table (shared/seeds/001: vision hidden (FFN) / heads /
-# layers / patch, text hidden / heads / layers, output dim). Its size column is wrong in places and its
+# Sizes: the architecture columns of the CLIP table of NeMo's documentation (vision hidden (FFN) / heads /
+# layers / patch, text hidden / heads / layers, output dim;
+# docs.nvidia.com/nemo-framework/user-guide/latest/nemotoolkit/multimodal/vlm/clip.html). Its size column is wrong in places and its
 # B/32 and B/16 rows swap the patch sizes; the patch sizes below follow the names, and the parameter
 # counts match open_clip's ViT-B-32 … ViT-e-14 within 0.5% (tests/unit/test_clip_model.py).
 # NeMo's default class_token_length is 8; open_clip's (and these variants') is 1, so open_clip

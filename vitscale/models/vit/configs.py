@@ -130,8 +130,10 @@ def _vit(hidden, ffn, heads, layers, patch, **kw) -> ViTConfig:
     )
 
 
-# Sizes. B/16 … G/14: NeMo ViT model table (shared/seeds/000, "Model size (M) / Hidden size /
-# FFN_dim / Attention heads / Number of layers / PatchDim"). Ti, S, B/32: the original ViT / DeiT papers.
+# Sizes. B/16 … G/14: the model table of NeMo's ViT documentation ("Model size (M) / Hidden size /
+# FFN_dim / Attention heads / Number of layers / PatchDim";
+# docs.nvidia.com/nemo-framework/user-guide/latest/nemotoolkit/vision/vit.html). Ti, S, B/32: the
+# original ViT / DeiT papers.
 VARIANTS: dict[str, ViTConfig] = {
     # tiny, for tests and the CPU demo
     "vit_debug": _vit(64, 128, 4, 2, 8, img_h=32, img_w=32, num_classes=10),
@@ -151,7 +153,7 @@ VARIANTS: dict[str, ViTConfig] = {
     "vit_g14": _vit(1408, 6144, 16, 40, 14),
     # NeMo table: G/14 1843M, 1664 / 8192 / 16 / 48 / 14
     "vit_bigg14": _vit(1664, 8192, 16, 48, 14),
-    # ViT-22B (Dehghani et al. 2023, Table 1; shared/seeds/003): 6144 / 24576 / 48 heads / 48 layers,
+    # ViT-22B (Dehghani et al. 2023, arXiv:2302.05442, Table 1): 6144 / 24576 / 48 heads / 48 layers,
     # patch 14, parallel block, QK LayerNorm, no QKV or LayerNorm biases, MAP head; 21.7B parameters.
     "vit_22b": _vit(
         6144, 24576, 48, 48, 14,

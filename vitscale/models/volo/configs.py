@@ -131,7 +131,9 @@ def _volo(layers, outlook_dim, outlook_heads, dim, heads, **kw) -> VOLOConfig:
 
 
 # Sizes: VOLO paper (Yuan et al. 2021) Table 2 — layers (outlooker, transformer stages), embedding
-# dims, heads, MLP ratio 3/3/3/3/4 (also shared/seeds/004 Table 2), stem hidden dims 64 (128 for D5).
+# dims, heads, MLP ratio 3/3/3/3/4 (also Table 2 of NVIDIA's VOLO blog post, developer.nvidia.com/blog/
+# training-a-state-of-the-art-imagenet-1k-visual-transformer-model-using-nvidia-dgx-superpod), stem hidden
+# dims 64 (128 for D5).
 VARIANTS: dict[str, VOLOConfig] = {
     # tiny, for tests and the CPU demo: 32x32 images, 8x8 outlooker grid, 4x4 token grid
     "volo_debug": _volo(
