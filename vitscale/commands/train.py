@@ -53,6 +53,9 @@ def run(args) -> int:
     except CheckpointError as e:  # a damaged / old-format checkpoint, a failed save: one line
         print(f"vitscale train: {e}", file=sys.stderr)
         return 1
+    except ConfigError as e:  # a setting this machine cannot run (e.g. precision.fp8 without torchao): one line
+        print(f"vitscale train: {e}", file=sys.stderr)
+        return 2
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary, indent=1))
     return 0

@@ -31,6 +31,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "parallel.activation_checkpointing": ("none", "full", "selective"),
     "parallel.ac_method": ("block", "uniform"),
     "precision.autocast": ("auto", "bf16", "fp16", "none"),
+    "precision.fp8": ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp"),  # = distributed.float8.RECIPES
+    "precision.fp8_filter": ("auto", "all"),  # = distributed.float8.FILTERS
+    "train.compile_mode": ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"),
     "log.progress": ("auto", "bar", "plain", "none"),
     "eval.probe": ("none", "linear", "fewshot"),
 }

@@ -106,6 +106,12 @@ class TrainConfig:
     compile: bool | None = None
     """torch.compile the model per block (the family's parallelize function does it); None = on
     when training on CUDA (the fast path), off on CPU."""
+    compile_mode: str = "default"
+    """``torch.compile`` mode of the per-block compile: default | reduce-overhead (CUDA graphs: each
+    compiled block replays its recorded kernels with one launch; one CUDA process, one batch shape)
+    | max-autotune-no-cudagraphs (autotuned GEMM / Triton configs, long compiles) | max-autotune
+    (both). The CUDA-graph modes are refused, with the reason, where they are unsafe
+    (``vitscale.distributed.compile.check_compile_mode``)."""
     sdpa: str = "auto"
     """Attention kernels (``F.scaled_dot_product_attention`` backends), as ``vitscale bench --sdpa``:
     auto (flash > cuDNN > memory-efficient > math, first that fits) | flash | cudnn | efficient |

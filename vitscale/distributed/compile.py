@@ -1,17 +1,110 @@
 """Per-block ``torch.compile``: each transformer block compiled in place (``nn.Module.compile``),
-so parameter names are unchanged and identical blocks reuse one compiled graph."""
+so parameter names are unchanged and identical blocks reuse one compiled graph.
+
+Compile modes (``train.compile_mode``, ``vitscale bench --compile-mode``), as ``torch.compile``
+names them: ``default``; ``reduce-overhead`` records each compiled block as a CUDA graph and
+replays it (one launch instead of one per kernel, which pays when kernels are short: small
+batches, small widths); ``max-autotune-no-cudagraphs`` benchmarks GEMM / Triton configurations at
+compile time; ``max-autotune`` does both. CUDA graphs replay fixed memory addresses and fixed
+shapes, so the CUDA-graph modes come with guards (:func:`check_compile_mode`,
+:func:`check_graph_inputs`, :class:`StaticShapes`) and a step marker (:func:`mark_step`), after
+PyTorch's "CUDAGraph Trees" notes (docs.pytorch.org/docs/stable/torch.compiler_cudagraph_trees.html).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
+from vitscale.config.load import ConfigError  # a setting that cannot run here: one line from the CLI
 
-def apply_compile(blocks: Sequence[nn.Module], fullgraph: bool = False, **kwargs) -> None:
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def apply_compile(blocks: Sequence[nn.Module], fullgraph: bool = False, mode: str = "default", **kwargs) -> None:
     """Compile every block in place; call after activation checkpointing and before FSDP."""
+    if mode not in COMPILE_MODES:
+        raise ConfigError(f"compile mode must be one of {', '.join(COMPILE_MODES)}; got {mode!r}")
     for block in blocks:
-        block.compile(fullgraph=fullgraph, **kwargs)
+        block.compile(fullgraph=fullgraph, mode=mode, **kwargs)
 
 
-__all__ = ["apply_compile"]
+def uses_cudagraphs(mode: str) -> bool:
+    return mode in CUDAGRAPH_MODES
+
+
+def check_compile_mode(mode: str, *, compile: bool, device_type: str, world_size: int) -> None:
+    """Refuse, in one line, a compile mode that cannot run as asked: any mode but ``default``
+    without compile; the CUDA-graph modes off CUDA or under several processes (FSDP2 / TP issue
+    collectives and hooks around every block, which a recorded graph would replay without)."""
+    if mode not in COMPILE_MODES:
+        raise ConfigError(f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}; got {mode!r}")
+    if mode == "default":
+        return
+    if not compile:
+        raise ConfigError(f"train.compile_mode={mode} needs train.compile=true (per-block torch.compile)")
+    if not uses_cudagraphs(mode):
+        return
+    if device_type != "cuda":
+        raise ConfigError(
+            f"train.compile_mode={mode} records CUDA graphs, which need a CUDA device (this run is on "
+            f"{device_type}): use max-autotune-no-cudagraphs or default"
+        )
+    if world_size > 1:
+        raise ConfigError(
+            f"train.compile_mode={mode}: CUDA graphs of the blocks are not supported with FSDP2 / tensor "
+            f"parallelism ({world_size} processes); use max-autotune-no-cudagraphs or default"
+        )
+
+
+def check_graph_inputs(model: nn.Module, device: torch.device) -> None:
+    """CUDA graphs keep no CPU tensor: every parameter and buffer must live on the CUDA device
+    (torch.compile would otherwise quietly skip the graph for that block)."""
+    off = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device != torch.device(device)]
+    if off:
+        more = f" and {len(off) - 3} more" if len(off) > 3 else ""
+        raise ConfigError(
+            f"CUDA graphs need every tensor of the model on {device}; {', '.join(off[:3])}{more} are not"
+        )
+
+
+class StaticShapes:
+    """A recorded CUDA graph replays one input shape; a new shape records another graph (memory and
+    a pause each time). Training batches have one shape (the training loader drops the last partial
+    batch); this checks it, step by step, so a change is an error naming the shapes."""
+
+    def __init__(self) -> None:
+        self.shapes: dict[str, tuple[int, ...]] | None = None
+
+    def check(self, batch: dict) -> None:
+        shapes = {k: tuple(v.shape) for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
+        if self.shapes is None:
+            self.shapes = shapes
+            return
+        changed = {k: (self.shapes.get(k), s) for k, s in shapes.items() if self.shapes.get(k) != s}
+        if changed:
+            k, (was, now) = next(iter(changed.items()))
+            raise RuntimeError(
+                f"CUDA graphs (train.compile_mode) need one batch shape: batch[{k!r}] was {was}, now {now}"
+            )
+
+
+def mark_step() -> None:
+    """Tell CUDA-graph trees that a new training step begins: the outputs of the previous replays may
+    be overwritten (without it, a tensor kept from the last step raises instead of being reused)."""
+    torch.compiler.cudagraph_mark_step_begin()
+
+
+__all__ = [
+    "COMPILE_MODES",
+    "CUDAGRAPH_MODES",
+    "StaticShapes",
+    "apply_compile",
+    "check_compile_mode",
+    "check_graph_inputs",
+    "mark_step",
+    "uses_cudagraphs",
+]

@@ -37,6 +37,17 @@ class PrecisionConfig:
     """Gradient reduction dtype."""
     autocast: str = "auto"
     """auto (bf16 autocast on GPU, none on CPU) | bf16 | fp16 | none."""
+    fp8: str = "none"
+    """Linear layers of the transformer blocks in float8 with torchao (``pip install 'vitscale[fp8]'``;
+    docs/training.md "fp8 training"): none | tensorwise | rowwise | rowwise_with_gw_hp. Needs a GPU
+    with fp8 tensor cores (H100, L40, ...); emulated on CPU (same numerics, no speed-up)."""
+    fp8_filter: str = "auto"
+    """Which block linears go to float8: auto (those whose features are multiples of 16 and whose
+    shape is large enough for the recipe to pay on an H100, per torchao's tables) | all (every one
+    whose features are multiples of 16). The patch embedding and the heads always stay in bf16."""
+    fp8_all_gather: bool = True
+    """tensorwise under FSDP2 (dp_shard > 1): all-gather the weights in float8 (half the bytes of
+    bf16), their scales computed for all weights at once after each optimizer step."""
 
 
 __all__ = ["ParallelConfig", "PrecisionConfig"]
