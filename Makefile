@@ -23,12 +23,14 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 ## The test suite on another torch release, in its own venv: make test-torch TORCH=2.11.0 TORCHVISION=0.26.0
-## (2.11 is the GPU image's torch, 2.6 the oldest supported: TORCH=2.6.0 TORCHVISION=0.21.0).
+## (2.11 is the GPU image's torch, 2.6 the oldest supported: TORCH=2.6.0 TORCHVISION=0.21.0 TORCHAO=0.10.0,
+## as the newest torchao no longer imports on torch 2.6).
 TORCH ?= 2.11.0
 TORCHVISION ?= 0.26.0
+TORCHAO ?=
 test-torch:
 	test -x .venv-torch$(TORCH)/bin/python || $(PYTHON) -m venv .venv-torch$(TORCH)
-	.venv-torch$(TORCH)/bin/python -m pip install --quiet torch==$(TORCH) torchvision==$(TORCHVISION) -e ".[dev]"
+	.venv-torch$(TORCH)/bin/python -m pip install --quiet torch==$(TORCH) torchvision==$(TORCHVISION) -e ".[dev]" $(if $(TORCHAO),torchao==$(TORCHAO))
 	.venv-torch$(TORCH)/bin/python -m pytest -q -p no:cacheprovider tests
 
 lint: $(STAMP)

@@ -174,7 +174,7 @@ def apply_float8(
         def keep_or_convert(module: nn.Module, fqn: str, prefix: str = prefix) -> bool:
             if not isinstance(module, nn.Linear):
                 return False
-            name = f"{prefix}.{fqn}" if fqn else prefix
+            name = ".".join(part for part in (prefix, fqn) if part)
             reason = float8_decision(module, recipe, fp8_filter)
             if reason is None:
                 report.converted.append(name)

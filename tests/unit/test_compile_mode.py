@@ -1,0 +1,70 @@
+"""``train.compile_mode``: the guards that keep CUDA graphs (reduce-overhead / max-autotune) safe,
+checked on CPU — which settings are refused and why, the per-step batch-shape check, the device
+check of every tensor — and the refusal through ``vitscale train`` as one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from vitscale.config import ConfigError
+from vitscale.distributed.compile import (
+    COMPILE_MODES,
+    StaticShapes,
+    apply_compile,
+    check_compile_mode,
+    check_graph_inputs,
+    mark_step,
+    uses_cudagraphs,
+)
+
+
+def test_modes_and_refusals():
+    assert [m for m in COMPILE_MODES if uses_cudagraphs(m)] == ["reduce-overhead", "max-autotune"]
+    for mode in COMPILE_MODES:  # every mode is fine where CUDA graphs can run
+        check_compile_mode(mode, compile=True, device_type="cuda", world_size=1)
+    check_compile_mode("default", compile=False, device_type="cpu", world_size=8)
+    check_compile_mode("max-autotune-no-cudagraphs", compile=True, device_type="cpu", world_size=2)
+    with pytest.raises(ConfigError, match="needs train.compile=true"):
+        check_compile_mode("reduce-overhead", compile=False, device_type="cuda", world_size=1)
+    with pytest.raises(ConfigError, match="need a CUDA device"):
+        check_compile_mode("reduce-overhead", compile=True, device_type="cpu", world_size=1)
+    with pytest.raises(ConfigError, match="not supported with FSDP2 / tensor parallelism"):
+        check_compile_mode("max-autotune", compile=True, device_type="cuda", world_size=2)
+    with pytest.raises(ConfigError, match="must be one of"):
+        check_compile_mode("fast", compile=True, device_type="cuda", world_size=1)
+    with pytest.raises(ConfigError, match="must be one of"):
+        apply_compile([nn.Linear(2, 2)], mode="fast")
+
+
+def test_static_shapes_guard():
+    guard = StaticShapes()
+    batch = {"image": torch.zeros(8, 3, 32, 32), "label": torch.zeros(8, dtype=torch.long), "skipped": 0}
+    for _ in range(3):
+        guard.check(batch)  # the same shape every step
+    with pytest.raises(RuntimeError, match=r"batch\['image'\] was \(8, 3, 32, 32\), now \(5, 3, 32, 32\)"):
+        guard.check({"image": torch.zeros(5, 3, 32, 32), "label": torch.zeros(5, dtype=torch.long)})
+
+
+def test_every_tensor_on_the_graph_device():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    check_graph_inputs(model, torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"0\.weight, 0\.bias, 1\.weight and 4 more are not"):
+        check_graph_inputs(model, torch.device("cuda"))  # the model stayed on the CPU
+    mark_step()  # a plain marker outside any graph: harmless on every device
+
+
+def test_train_refuses_cudagraphs_on_cpu_in_one_line(tmp_path):
+    cmd = [sys.executable, "-m", "vitscale", "train", "digits_vit", "train.device=cpu", "train.compile=true",
+           "train.compile_mode=reduce-overhead", f"train.output_dir={tmp_path}", "train.max_steps=1"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == [
+        "vitscale train: train.compile_mode=reduce-overhead records CUDA graphs, which need a CUDA device "
+        "(this run is on cpu): use max-autotune-no-cudagraphs or default"
+    ], proc.stderr
