@@ -1,0 +1,54 @@
+"""``vitscale bench --fp8 / --compile-mode / --baseline``: ours against a second copy of ours with one
+setting changed, alternating rounds in one process (fp8 vs bf16, ViT-22B block vs plain block,
+CUDA graphs vs not). On CPU here: the JSON it writes and the refusals; the timings are the GPU's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vitscale.cli import main
+from vitscale.config import ConfigError
+
+try:
+    from vitscale.distributed.float8 import require_torchao
+
+    require_torchao()
+    NO_TORCHAO = None
+except ConfigError as err:
+    NO_TORCHAO = str(err)
+
+
+@pytest.mark.skipif(NO_TORCHAO is not None, reason=f"{NO_TORCHAO}")
+def test_fp8_against_bf16_baseline_writes_both(tmp_path):
+    out = tmp_path / "fp8.json"
+    args = ["bench", "vit_debug", "--device", "cpu", "--batch-size", "4", "--steps", "2", "--rounds", "2",
+            "--warmup", "1", "--fp8", "tensorwise", "--fp8-filter", "all", "--baseline", "fp8=none", "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    res = json.loads(out.read_text())
+    assert res["vitscale"]["implementation"] == "vitscale vit_debug"
+    assert res["baseline"]["implementation"] == "vitscale vit_debug (fp8=none)"
+    assert len(res["vitscale"]["round_img_per_s"]) == len(res["baseline"]["round_img_per_s"]) == 2
+    assert res["speedup_vs_baseline"] == pytest.approx(res["vitscale"]["img_per_s"] / res["baseline"]["img_per_s"])
+    assert res["settings"]["fp8"] == ["fp8 tensorwise: 8 linear layers in float8, 0 in bf16, emulated on CPU "
+                                      "(numerics only, no speed-up)"]  # fmt: skip
+    assert res["settings"]["baseline"] == {"fp8": "none"} and res["speedup"] is None
+
+
+def test_model_field_baseline_and_refusals(tmp_path, capsys):
+    out = tmp_path / "pb.json"
+    args = ["bench", "vit_debug", "--device", "cpu", "--batch-size", "2", "--steps", "1", "--rounds", "1",
+            "--warmup", "0", "--set", "parallel_block=True", "--baseline", "parallel_block=False", "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    res = json.loads(out.read_text())
+    assert res["baseline"]["implementation"] == "vitscale vit_debug (parallel_block=False)"
+    assert res["speedup_vs_baseline"] > 0
+    with pytest.raises(TypeError, match="did you mean 'parallel_block'"):  # the dry run checks baselines too
+        main(["bench", "vit_debug", "--baseline", "parallel_blok=False", "--dry-run"])
+    with pytest.raises(ValueError, match="--fp8 is a training recipe"):
+        main(["bench", "vit_debug", "--device", "cpu", "--mode", "infer", "--fp8", "tensorwise", "--steps", "1"])
+    with pytest.raises(ValueError, match="--compile-mode reduce-overhead needs --compile"):
+        main(["bench", "vit_debug", "--device", "cpu", "--compile-mode", "reduce-overhead", "--steps", "1"])
+    with pytest.raises(ConfigError, match="need a CUDA device"):
+        main(["bench", "vit_debug", "--device", "cpu", "--compile", "--compile-mode", "reduce-overhead", "--steps", "1"])
