@@ -106,10 +106,13 @@ class ParallelBlock(nn.Module):
         B, N, _ = x.shape
         Dh, Fh = self.head_dim, self.mlp_per_head
         y = self.in_proj(self.norm(x)).reshape(B, N, -1, 3 * Dh + Fh)  # (B, N, H, 3*Dh + F/H)
-        qkv, h = y.split([3 * Dh, Fh], dim=-1)  # (B, N, H, 3*Dh), (B, N, H, F/H)
+        # One split into q, k, v and the MLP part: its backward writes the four gradients straight into
+        # in_proj's output gradient (one cat), where splitting off QKV and unbinding it stacked dq, dk,
+        # dv first and copied the stack again.
+        q, k, v, h = y.split([Dh, Dh, Dh, Fh], dim=-1)  # 3 x (B, N, H, Dh), (B, N, H, F/H)
         if self.mlp_bias is not None:
             h = h + self.mlp_bias
-        q, k, v = qkv.unflatten(-1, (3, Dh)).permute(3, 0, 2, 1, 4).unbind(0)  # 3 x (B, H, N, Dh)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # 3 x (B, H, N, Dh)
         q, k = self.q_norm(q), self.k_norm(k)
         a = sdpa(q, k, v, dropout_p=self.attn_drop if self.training else 0.0).transpose(1, 2)  # (B, N, H, Dh)
         h = self.mlp_drop(self.act(h))
