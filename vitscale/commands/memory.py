@@ -38,17 +38,24 @@ def register(subparsers) -> None:
                    help="optimizer, for its states: two fp32 moments (adamw, adam) or one (sgd with momentum)")
     p.add_argument("--img-size", type=int, default=None, help="training image side in pixels (default: the "
                    "model's)")
-    p.add_argument("--table", action="store_true", help="markdown table over the standard layouts")
+    p.add_argument("--table", action="store_true", help="markdown table over the standard layouts, with the "
+                   "largest batch on one GPU (estimate / measured)")
+    p.add_argument("--gpu-gib", type=float, default=None, help="GPU memory for the largest-batch column "
+                   "(default: the measured GPU's, else an H100 80GB's 79.6)")
+    p.add_argument("--measured", default=None, metavar="DIR", help="folder of benchmarks/max_batch.py results "
+                   "(default: benchmarks/results of this checkout)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from vitscale.tools.memory import GIB, estimate, memory_table
+    from vitscale.tools.memory import GIB, RESULTS_DIR, estimate, measured_largest_batches, memory_table
 
     try:
         if args.table:
-            print(memory_table(args.models, micro_batch=args.micro_batch, ac=args.ac, param_dtype=args.dtype))
+            measured = measured_largest_batches(args.measured or RESULTS_DIR)
+            print(memory_table(args.models, micro_batch=args.micro_batch, ac=args.ac, param_dtype=args.dtype,
+                               gpu_gib=args.gpu_gib, measured=measured))  # fmt: skip
             return 0
         for name in args.models:
             e = estimate(

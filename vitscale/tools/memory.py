@@ -20,7 +20,9 @@ gradient and optimizer terms exactly and the activation term against tensors sav
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -242,10 +244,45 @@ TABLE_LAYOUTS = (
 )
 
 
-def memory_table(models, micro_batch: int = 32, ac: str = "none", param_dtype="bf16") -> str:
-    """A markdown table: per-rank GiB (states + activations = total) for each model and layout."""
-    head = "| model | params | " + " | ".join(lab for lab, *_ in TABLE_LAYOUTS) + " |"
-    lines = [head, "|" + "---|" * (len(TABLE_LAYOUTS) + 2)]
+H100_GIB = 81559 / 1024  # an H100 80GB's memory as CUDA reports it (81,559 MiB)
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # in a source checkout
+
+
+def largest_batch(model: Any, gpu_gib: float = H100_GIB, ac: str = "none", param_dtype="bf16", **kw) -> int:
+    """The largest micro-batch whose estimated training memory fits one GPU of ``gpu_gib`` (states
+    and the allowance are fixed, activations grow linearly with the batch)."""
+    fixed = estimate(model, micro_batch=0, ac=ac, param_dtype=param_dtype, **kw).total_bytes
+    per_image = estimate(model, micro_batch=1, ac=ac, param_dtype=param_dtype, **kw).total_bytes - fixed
+    return max(int((gpu_gib * GIB - fixed) // per_image), 0)
+
+
+def measured_largest_batches(results_dir: Path | str = RESULTS_DIR) -> dict[str, Any] | None:
+    """The newest ``max_batch_<gpu>_<yyyymm>.json`` (written by ``benchmarks/max_batch.py``):
+    ``{"file", "device", "gpu_gib", "batches": {(model, ac): "largest batch"}}`` (``">= N"`` where the
+    search stopped at its limit); None if there is none."""
+    files = sorted(Path(results_dir).glob("max_batch_*.json"), key=lambda f: (f.stem.rsplit("_", 1)[-1], f.name))
+    if not files:
+        return None
+    data = json.loads(files[-1].read_text())
+    batches = {
+        (r["model"], r["ac"]): f"{'>= ' if r.get('reached_limit') else ''}{int(r['max_batch'])}"
+        for r in data["results"]
+    }  # fmt: skip
+    gib = float(data["gpu_gib"]) if data.get("gpu_gib") else None
+    return {"file": files[-1].name, "device": data["device"], "gpu_gib": gib, "batches": batches}
+
+
+def memory_table(
+    models, micro_batch: int = 32, ac: str = "none", param_dtype="bf16", gpu_gib: float | None = None,
+    measured: dict[str, Any] | None = None,
+) -> str:  # fmt: skip
+    """A markdown table: per-rank GiB (states + activations = total) for each model and layout, and
+    the largest batch on one GPU: the estimate and, from ``measured`` (see
+    :func:`measured_largest_batches`), the measured one, or "unmeasured"."""
+    gpu_gib = gpu_gib or (measured or {}).get("gpu_gib") or H100_GIB
+    largest = f"largest batch, 1 GPU of {gpu_gib:.1f} GiB, ac={ac}: estimate / measured"
+    head = "| model | params | " + " | ".join(lab for lab, *_ in TABLE_LAYOUTS) + f" | {largest} |"
+    lines = [head, "|" + "---|" * (len(TABLE_LAYOUTS) + 3)]
     for m in models:
         cells = []
         for _, r, s, t in TABLE_LAYOUTS:
@@ -255,8 +292,21 @@ def memory_table(models, micro_batch: int = 32, ac: str = "none", param_dtype="b
             except ValueError:
                 cells.append("n/a")
         params = estimate(m, micro_batch=1).params
+        est = largest_batch(m, gpu_gib, ac, param_dtype)
+        got = (measured or {}).get("batches", {}).get((m, ac))
+        cells.append(f"{est} / {got if got is not None else 'unmeasured'}")
         lines.append(f"| {m} | {params / 1e6:,.0f}M | " + " | ".join(cells) + " |")
+    if measured:
+        lines.append(f"\nmeasured: {measured['file']} ({measured['device']})")
     return "\n".join(lines)
 
 
-__all__ = ["MemoryEstimate", "TABLE_LAYOUTS", "block_activation_elems", "estimate", "memory_table"]
+__all__ = [
+    "MemoryEstimate",
+    "TABLE_LAYOUTS",
+    "block_activation_elems",
+    "estimate",
+    "largest_batch",
+    "measured_largest_batches",
+    "memory_table",
+]
