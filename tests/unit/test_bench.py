@@ -188,8 +188,8 @@ def test_run_gpu_script_is_valid_and_its_commands_parse():
         assert any(f"bench {model} " in ln for ln in lines)
     assert any("--mode infer" in ln for ln in lines)
     # MODELS narrows the set to some models' runs (to split the set over 10-minute device calls)
-    proc = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, timeout=300,
-                          env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "MODELS": "clip_b32 vit_h14"})  # fmt: skip
+    proc = subprocess.run(["bash", str(script), "--dry-run", "train", "infer", "clip"], capture_output=True, text=True,
+                          timeout=300, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "MODELS": "clip_b32 vit_h14"})  # fmt: skip
     ran = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok")]
     assert proc.returncode == 0 and len(ran) == 3, proc.stdout + proc.stderr
     assert all(" clip_b32 " in ln or " vit_h14 " in ln for ln in ran)

@@ -257,19 +257,21 @@ def largest_batch(model: Any, gpu_gib: float = H100_GIB, ac: str = "none", param
 
 
 def measured_largest_batches(results_dir: Path | str = RESULTS_DIR) -> dict[str, Any] | None:
-    """The newest ``max_batch_<gpu>_<yyyymm>.json`` (written by ``benchmarks/max_batch.py``):
-    ``{"file", "device", "gpu_gib", "batches": {(model, ac): "largest batch"}}`` (``">= N"`` where the
-    search stopped at its limit); None if there is none."""
-    files = sorted(Path(results_dir).glob("max_batch_*.json"), key=lambda f: (f.stem.rsplit("_", 1)[-1], f.name))
+    """What ``benchmarks/max_batch.py`` measured, from ``max_batch*_<gpu>_<yyyymm>.json`` in
+    ``results_dir`` (a newer month's figure replaces an older one): ``{"file", "device", "gpu_gib",
+    "batches": {(model, ac): "largest batch"}}`` (``">= N"`` where the search stopped at its limit);
+    None if there is none."""
+    files = sorted(Path(results_dir).glob("max_batch*.json"), key=lambda f: (f.stem.rsplit("_", 1)[-1], f.name))
     if not files:
         return None
-    data = json.loads(files[-1].read_text())
-    batches = {
-        (r["model"], r["ac"]): f"{'>= ' if r.get('reached_limit') else ''}{int(r['max_batch'])}"
-        for r in data["results"]
-    }  # fmt: skip
+    batches: dict[tuple[str, str], str] = {}
+    for f in files:
+        data = json.loads(f.read_text())
+        for r in data["results"]:
+            batches[(r["model"], r["ac"])] = f"{'>= ' if r.get('reached_limit') else ''}{int(r['max_batch'])}"
     gib = float(data["gpu_gib"]) if data.get("gpu_gib") else None
-    return {"file": files[-1].name, "device": data["device"], "gpu_gib": gib, "batches": batches}
+    names = ", ".join(f.name for f in files)
+    return {"file": names, "device": data["device"], "gpu_gib": gib, "batches": batches}
 
 
 def memory_table(

@@ -1,0 +1,62 @@
+"""``benchmarks/run_gpu.sh``'s groups for issue 15 (22B block, fp8 speed and loss curves, CUDA graphs,
+largest batch): the arguments it takes and refuses, and every command of these groups parsed and
+checked in one dry run on CPU (models, overrides, baselines, recipes, the scripts' own arguments);
+plus the loss-curve comparison of ``benchmarks/loss_curve.py``."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "run_gpu.sh"
+ENV = {"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"}
+NEW_GROUPS = ("block22b", "fp8_l16", "fp8_h14", "fp8_g14", "fp8_curve_h14", "fp8_curve_g14", "cudagraphs",
+              "maxbatch_small", "maxbatch_large")  # fmt: skip
+
+
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+def test_arguments():
+    help_ = _run("--help")
+    assert help_.returncode == 0 and all(f" {g}" in help_.stdout for g in NEW_GROUPS), help_.stdout
+    bad = _run("--dry-run", "fp8")
+    assert bad.returncode == 2 and bad.stderr.startswith("unknown argument: fp8 (groups: train infer"), bad.stderr
+
+
+def test_new_groups_dry_run():
+    proc = _run("--dry-run", *NEW_GROUPS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [ln[5:] for ln in proc.stdout.splitlines() if ln.startswith(("ok", "FAIL"))]
+    assert all(ln.startswith("ok") for ln in proc.stdout.splitlines() if ln.startswith(("ok", "FAIL")))
+
+    def having(*parts):
+        return [ln for ln in lines if all(p in ln for p in parts)]
+
+    assert len(having("--set parallel_block=True", "--baseline parallel_block=False")) == 3
+    assert {m for m in ("vit_l16", "vit_g14", "vit_bigg14") if having(f"bench {m} ", "parallel_block=False")} == {
+        "vit_l16", "vit_g14", "vit_bigg14"}  # fmt: skip
+    assert len(having("--baseline fp8=none")) == 7
+    assert having("bench vit_h14 ", "--fp8 tensorwise") and having("bench vit_g14 ", "--fp8 rowwise")
+    assert len(having("loss_curve.py", "--steps 300", "--fp8 tensorwise rowwise")) == 2
+    assert len(having("--compile-mode reduce-overhead", "--baseline compile_mode=default")) == 3
+    assert having("max_batch.py --models vit_b16 vit_l16 --ac none full")
+    assert having("max_batch.py --models vit_h14 vit_g14 --ac none full")
+    assert len(lines) == 3 + 7 + 2 + 3 + 2
+
+
+def test_loss_curve_comparison():
+    spec = importlib.util.spec_from_file_location("loss_curve", ROOT / "benchmarks" / "loss_curve.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    base = {s: 2.0 - s / 1000 for s in range(10, 310, 10)}
+    other = {s: v * (1.03 if s <= 100 else 1.01) for s, v in base.items()}
+    c = mod.compare(base, other, window=100)
+    assert c["steps_compared"] == 10  # steps 210 ... 300
+    assert c["rel_diff_last"] == pytest.approx(0.01) and c["max_rel_gap"] == pytest.approx(0.03)
