@@ -9,7 +9,8 @@
 # Each run writes benchmarks/results/<model>[_infer]_<gpu>_<yyyymm>.json and the raw log beside it
 # (<same name>.log); a failed run (OOM, missing package) is reported at the end and the script goes
 # on with the next one. Environment: PYTHON (default: .venv/bin/python if present, else python3),
-# RUN_TIMEOUT seconds per run (default 900), MODELS (e.g. "vit_b16 clip_b32": only their runs). The whole default set takes well over 10 minutes,
+# RUN_TIMEOUT seconds per run (default 900), MODELS (e.g. "vit_b16 clip_b32": only their runs), CURVE_DATA
+# (the fp8 loss curves' images: digits, or a folder from `vitscale data digits DIR --size 224`). The whole default set takes well over 10 minutes,
 # most of it torch.compile warm-up; pass groups to split it over several calls (each group fits 10 minutes).
 set -uo pipefail
 
@@ -199,11 +200,11 @@ fi
 # (issue 15: the mean loss of the last 100 steps within 2% of bf16's), with the trainer's img/s.
 if want fp8_curve_h14; then
   fp8_run "fp8_curve_vit_h14_${GPU}_${MONTH}" benchmarks/loss_curve.py --model vit_h14 --batch-size 64 --steps 300 \
-    --fp8 tensorwise rowwise
+    --fp8 tensorwise rowwise --data "${CURVE_DATA:-digits}"
 fi
 if want fp8_curve_g14; then
   fp8_run "fp8_curve_vit_g14_${GPU}_${MONTH}" benchmarks/loss_curve.py --model vit_g14 --batch-size 32 --steps 300 \
-    --fp8 tensorwise rowwise
+    --fp8 tensorwise rowwise --data "${CURVE_DATA:-digits}"
 fi
 
 # CUDA graphs of the per-block compiled step (train.compile_mode=reduce-overhead) against the default
