@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             for label, fp8 in runs.items():
                 (Path(tmp) / f"{label}.yaml").write_text(yaml.safe_dump(run_config(args, fp8, Path(tmp) / label)))
                 load_config(Path(tmp) / f"{label}.yaml")
+        from vitscale.distributed.float8 import require_torchao
+
+        require_torchao()  # a machine without it learns so before its time is spent
         print(f"dry run: {vars(args)}")
         return 0
     root = Path(args.out_dir or tempfile.mkdtemp(prefix="fp8_curve_"))

@@ -30,7 +30,7 @@ ALL_GROUPS="train infer clip micro sdpa volo_d1 volo_d5 volo_micro data block22b
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; echo "groups: $ALL_GROUPS"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; echo "groups: $ALL_GROUPS"; exit 0 ;;
     *)
       if [[ " $ALL_GROUPS " == *" $arg "* ]]; then GROUPS_WANTED+=("$arg")
       else echo "unknown argument: $arg (groups: $ALL_GROUPS; --dry-run)" >&2; exit 2; fi ;;
@@ -169,11 +169,15 @@ fi
 # the same model in bf16, alternating rounds. fp8_filter=auto converts only the shapes torchao's H100
 # tables show paying; =all converts every block linear (what the first, slower, measurement did).
 FP8_OK=1
-if [[ $DRY -eq 0 ]] && ! "$PYTHON" -c "import torchao.float8" 2>/dev/null; then
-  FP8_OK=0  # carried as a wheel to a machine without it: see benchmarks/README.md
+if [[ " ${GROUPS_WANTED[*]} " == *" fp8"* ]] && ! "$PYTHON" -c "import torchao.float8" 2>/dev/null; then
+  FP8_OK=0  # carry it as a wheel to a machine without it: see benchmarks/README.md
 fi
 fp8_run() {
-  if [[ $FP8_OK -eq 0 ]]; then echo "WARNING: torchao is not importable by $PYTHON: $1 not run" >&2; FAILED+=("$1 (no torchao)"); return; fi
+  if [[ $FP8_OK -eq 0 ]]; then
+    echo "WARNING: torchao is not importable by $PYTHON: $1 not run" >&2
+    [[ $DRY -eq 1 ]] || FAILED+=("$1 (no torchao)")
+    return
+  fi
   run "$@"
 }
 if want fp8_l16; then
