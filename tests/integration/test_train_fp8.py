@@ -5,11 +5,10 @@ exported weights are ordinary ones that ``vitscale eval`` reads into the plain m
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from vitscale.cli import main
 from vitscale.config import ConfigError
 
 try:
@@ -24,10 +23,13 @@ ARGS = ["train.max_steps=30", "train.epochs=0", "train.log_every=5", "model.num_
         "log.progress=plain", "checkpoint.every=0", "log.flops=false", "schedule.warmup_steps=5"]  # fmt: skip
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "vitscale", *args], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+def _run(capsys, *args: str) -> str:
+    """``vitscale ARGS`` (in this process); returns what it printed."""
+    capsys.readouterr()
+    rc = main(list(args))
+    out = capsys.readouterr()
+    assert rc == 0, out.out[-3000:] + out.err[-3000:]
+    return out.out + out.err
 
 
 def _losses(run) -> dict[int, float]:
@@ -36,12 +38,12 @@ def _losses(run) -> dict[int, float]:
 
 
 @pytest.mark.skipif(NO_TORCHAO is not None, reason=f"{NO_TORCHAO}")
-def test_fp8_digits_run_tracks_full_precision_and_exports_plain_weights(tmp_path):
+def test_fp8_digits_run_tracks_full_precision_and_exports_plain_weights(tmp_path, capsys):
     fp8, ref = tmp_path / "fp8", tmp_path / "ref"
-    proc = _run("train", "digits_vit", *ARGS, f"train.output_dir={fp8}", "precision.fp8=tensorwise",
-                "precision.fp8_filter=all")  # fmt: skip
-    assert "fp8 tensorwise: 8 linear layers in float8, 0 in bf16, emulated on CPU" in proc.stdout + proc.stderr
-    _run("train", "digits_vit", *ARGS, f"train.output_dir={ref}")
+    printed = _run(capsys, "train", "digits_vit", *ARGS, f"train.output_dir={fp8}", "precision.fp8=tensorwise",
+                   "precision.fp8_filter=all")  # fmt: skip
+    assert "fp8 tensorwise: 8 linear layers in float8, 0 in bf16, emulated on CPU" in printed
+    _run(capsys, "train", "digits_vit", *ARGS, f"train.output_dir={ref}")
     got, want = _losses(fp8), _losses(ref)
     assert sorted(got) == sorted(want) == [1, 5, 10, 15, 20, 25, 30]
     assert want[30] < want[1] - 0.1  # the curve moves (measured: 2.300 -> 2.144) ...
@@ -52,7 +54,7 @@ def test_fp8_digits_run_tracks_full_precision_and_exports_plain_weights(tmp_path
     assert abs(s8["val_top1"] - s32["val_top1"]) <= 5.0, (s8, s32)
 
     # the exported weights load into the plain (bf16 / fp32) model: `vitscale eval` reproduces the run's accuracy
-    proc = _run("eval", "digits_vit", "model.num_layers=2", f"checkpoint.path={fp8 / 'model.safetensors'}",
-                f"train.output_dir={tmp_path / 'eval'}")  # fmt: skip
-    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+    printed = _run(capsys, "eval", "digits_vit", "model.num_layers=2", f"checkpoint.path={fp8 / 'model.safetensors'}",
+                   f"train.output_dir={tmp_path / 'eval'}")  # fmt: skip
+    out = json.loads(printed[printed.index("{"):printed.rindex("}") + 1])
     assert abs(out["val_top1"] - s8["val_top1"]) <= 1.0, (out, s8)
