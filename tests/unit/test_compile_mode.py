@@ -19,6 +19,7 @@ from vitscale.distributed.compile import (
     check_compile_mode,
     check_graph_inputs,
     mark_step,
+    same_device,
     uses_cudagraphs,
 )
 
@@ -56,6 +57,9 @@ def test_every_tensor_on_the_graph_device():
     with pytest.raises(ConfigError, match=r"0\.weight, 0\.bias, 1\.weight and 4 more are not"):
         check_graph_inputs(model, torch.device("cuda"))  # the model stayed on the CPU
     mark_step()  # a plain marker outside any graph: harmless on every device
+    cuda0 = torch.device("cuda:0")  # the parameters' device when the run names just "cuda"
+    assert same_device(cuda0, "cuda") and same_device(cuda0, torch.device("cuda", 0))
+    assert not same_device(cuda0, "cuda:1") and not same_device(torch.device("cpu"), "cuda")
 
 
 def test_train_refuses_cudagraphs_on_cpu_in_one_line(tmp_path):

@@ -60,10 +60,16 @@ def check_compile_mode(mode: str, *, compile: bool, device_type: str, world_size
         )
 
 
+def same_device(have: torch.device, want: torch.device | str) -> bool:
+    """``cuda:0`` is on ``cuda`` (the trainer's device names no index: the current one)."""
+    want = torch.device(want)
+    return have.type == want.type and (want.index is None or have.index == want.index)
+
+
 def check_graph_inputs(model: nn.Module, device: torch.device) -> None:
     """CUDA graphs keep no CPU tensor: every parameter and buffer must live on the CUDA device
     (torch.compile would otherwise quietly skip the graph for that block)."""
-    off = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device != torch.device(device)]
+    off = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if not same_device(t.device, device)]
     if off:
         more = f" and {len(off) - 3} more" if len(off) > 3 else ""
         raise ConfigError(
@@ -106,5 +112,6 @@ __all__ = [
     "check_compile_mode",
     "check_graph_inputs",
     "mark_step",
+    "same_device",
     "uses_cudagraphs",
 ]
