@@ -56,11 +56,15 @@ def require_torchao():
         import torchao.float8 as float8
     except ImportError:
         raise ConfigError(f"precision.fp8 needs torchao, which is not installed: {INSTALL_HINT}") from None
-    except Exception as err:  # e.g. a torchao newer than the installed torch supports
-        import torchao
+    except Exception as err:  # e.g. a torchao newer than the installed torch supports (0.18 on torch 2.6)
+        from importlib.metadata import PackageNotFoundError, version
 
+        try:
+            found = version("torchao")
+        except PackageNotFoundError:  # imported from a path, not installed
+            found = "?"
         raise ConfigError(
-            f"precision.fp8: torchao {getattr(torchao, '__version__', '?')} does not work with torch "
+            f"precision.fp8: torchao {found} does not work with torch "
             f"{torch.__version__} ({type(err).__name__}: {err}); {INSTALL_HINT}"
         ) from None
     finally:
