@@ -26,8 +26,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vitscale.bench import fastpath  # noqa: E402
-from vitscale.bench.harness import classification_loss, resolve_device  # noqa: E402
+from vitscale.bench.harness import classification_loss  # noqa: E402
+from vitscale.distributed.config import ParallelConfig, PrecisionConfig  # noqa: E402
+from vitscale.distributed.fsdp import resolve_precision  # noqa: E402
+from vitscale.distributed.parallel_dims import ParallelDims, resolve_device  # noqa: E402
+from vitscale.train import fastpath  # noqa: E402
 
 OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
@@ -64,18 +67,15 @@ class Trial:
     """One model with its optimizer, stepping at any batch size and saying whether it fitted."""
 
     def __init__(self, name: str, ac: str, device: torch.device, compile_blocks: bool):
-        from vitscale.distributed.activation_checkpoint import apply_activation_checkpointing
-        from vitscale.models.registry import create_model
+        from vitscale.run import build_model
 
         self.device = device
-        self.precision = fastpath.resolve_precision("auto", device)
-        torch.manual_seed(0)
-        self.model = create_model(name, device=device).train()
-        blocks = [c[i] for c, i in fastpath.transformer_blocks(self.model)]
-        if ac != "none":
-            apply_activation_checkpointing(blocks, ac, "block", 0)
-        if compile_blocks:
-            fastpath.compile_blocks(self.model)
+        self.autocast = resolve_precision(PrecisionConfig(), device).autocast  # bf16 on CUDA, none on CPU
+        # as the trainer builds it: activation checkpointing and per-block compile by the parallelize tail
+        self.model = build_model(
+            name, ParallelDims(device=device), parallel=ParallelConfig(activation_checkpointing=ac),
+            compile=compile_blocks, seed=0,
+        ).train()  # fmt: skip
         self.optimizer = fastpath.make_adamw(self.model.parameters(), device)
         self.img = (self.model.cfg.num_channels, self.model.cfg.img_h, self.model.cfg.img_w)
         self.num_classes = self.model.cfg.num_classes
@@ -89,7 +89,7 @@ class Trial:
         try:
             x = torch.randn(batch, *self.img, device=self.device)
             y = torch.randint(0, self.num_classes, (batch,), device=self.device)
-            with fastpath.autocast(self.device, self.precision):
+            with fastpath.autocast(self.device, self.autocast):
                 loss = classification_loss(self.model(x), y)
             loss.backward()
             self.optimizer.step()
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "device": device_description(device), "gpu_gib": gpu_gib, "torch": torch.__version__, "commit": git_commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results,
-        "settings": {**vars(args), "compile": compile_on, "precision": fastpath.resolve_precision("auto", device),
+        "settings": {**vars(args), "compile": compile_on, "autocast": str(resolve_precision(PrecisionConfig(), device).autocast),
                      "optimizer": "AdamW (fused on CUDA)", "image": "224 px (each model's own size)"},
     }  # fmt: skip
     if args.json:

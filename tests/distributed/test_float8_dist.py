@@ -52,11 +52,11 @@ def _two_ranks(root: str) -> dict:
     fsdp = _trainer(root / "fsdp", "parallel.dp_shard=2")
     weight = fsdp.model.blocks[0].attn.qkv.weight
     local_kind = type(weight.to_local()).__name__
-    before = fsdp.float8.precompute_scales
+    before = fsdp.run.float8.precompute_scales
     fsdp.fit()
     _trainer(root / "tp", "parallel.tp=2", "parallel.dp_shard=1").fit()
     return {"local": local_kind, "subclass": isinstance(weight.to_local(), WeightWithDynamicFloat8CastTensor),
-            "precompute": before, "summary": fsdp.float8.summary()}  # fmt: skip
+            "precompute": before, "summary": fsdp.run.float8.summary()}  # fmt: skip
 
 
 @pytest.mark.skipif(NO_TORCHAO is not None, reason=f"{NO_TORCHAO}")
@@ -66,7 +66,7 @@ def test_fp8_fsdp_all_gather_and_tp_follow_one_process(tmp_path):
     assert all(r["subclass"] and r["precompute"] for r in ranks), ranks
     assert "FSDP2 all-gathers them in float8" in ranks[0]["summary"]
     single = _trainer(tmp_path / "single")
-    assert not single.float8.precompute_scales  # one process: no all-gather, nothing to precompute
+    assert not single.run.float8.precompute_scales  # one process: no all-gather, nothing to precompute
     single.fit()
     ref = _losses(tmp_path / "single")
     assert max(ref.values()) - min(ref.values()) > 0.02

@@ -48,7 +48,7 @@ def test_model_field_baseline_and_refusals(tmp_path, capsys):
         main(["bench", "vit_debug", "--baseline", "parallel_blok=False", "--dry-run"])
     with pytest.raises(ValueError, match="--fp8 is a training recipe"):
         main(["bench", "vit_debug", "--device", "cpu", "--mode", "infer", "--fp8", "tensorwise", "--steps", "1"])
-    with pytest.raises(ValueError, match="--compile-mode reduce-overhead needs --compile"):
+    with pytest.raises(ConfigError, match="train.compile_mode=reduce-overhead needs train.compile=true"):
         main(["bench", "vit_debug", "--device", "cpu", "--compile-mode", "reduce-overhead", "--steps", "1"])
     with pytest.raises(ConfigError, match="need a CUDA device"):
         main(["bench", "vit_debug", "--device", "cpu", "--compile", "--compile-mode", "reduce-overhead", "--steps", "1"])

@@ -20,7 +20,6 @@ from vitscale.config import ConfigError
 from vitscale.distributed.float8 import apply_float8, float8_decision, precompute_float8_scales
 from vitscale.models import create_model
 from vitscale.models.volo.parallelize import all_blocks
-from vitscale.tools.flops import example_inputs
 
 
 def _torchao_reason() -> str | None:
@@ -62,7 +61,7 @@ def test_only_block_linears_convert_in_every_family():
     assert _linear_names(clip) - towers  # the projections / heads outside the blocks stay as they were
 
     volo = create_model("volo_debug", device="meta")
-    report = apply_float8(volo, all_blocks(volo), "tensorwise", device="cpu", fp8_filter="all")
+    report = apply_float8(volo, all_blocks(volo)[0], "tensorwise", device="cpu", fp8_filter="all")
     # an outlooker's attention weights: 32 -> K^4 * heads = 81 * 2 = 162 outputs, not a multiple of 16
     assert report.kept == {f"outlookers.{i}.attn.attn": "features not multiples of 16" for i in range(2)}
     stacks = ("outlookers", "blocks", "class_blocks")
@@ -142,7 +141,7 @@ def test_fp8_vit_step_follows_fp32_and_compiles_whole():
     fp8.to_empty(device="cpu")
     fp8.load_state_dict(ref.state_dict())  # the same parameter names: checkpoints are interchangeable
     fp8.train()
-    inputs = example_inputs(ref, 4, "cpu")
+    inputs = ref.example_inputs(4, "cpu")
     losses = []
     for model in (ref, fp8):
         loss = model(*inputs).float().pow(2).mean()
@@ -182,3 +181,23 @@ def test_errors_are_one_line(monkeypatch):
     with pytest.raises(ConfigError) as err:
         apply_float8(m, m.blocks, "tensorwise", device="cpu")
     assert "\n" not in str(err.value) and "pip install 'vitscale[fp8]'" in str(err.value)
+
+
+def test_the_parallelize_tail_converts_for_training_only():
+    """``precision.fp8`` goes through the one parallelize tail (every family, by its plan's blocks);
+    the run reports it; evaluation assembles the plain model."""
+    from vitscale.config import load_config
+    from vitscale.distributed.config import PrecisionConfig
+    from vitscale.distributed.parallel_dims import ParallelDims
+    from vitscale.run import assemble, build_model
+
+    fp8 = PrecisionConfig(fp8="tensorwise", fp8_filter="all")
+    for name, n in (("vit_debug", 8), ("clip_debug", 16), ("volo_debug", 26)):
+        model = build_model(name, ParallelDims(device=torch.device("cpu")), precision=fp8)
+        assert len(_float8_names(model)) == n, name
+    cfg = load_config("digits_vit", ["precision.fp8=tensorwise", "precision.fp8_filter=all", "model.num_layers=2"])
+    run = assemble(cfg, "train")
+    assert set(run.float8.converted) == _float8_names(run.model) and len(run.float8.converted) == 8
+    assert run.float8.summary() == "fp8 tensorwise: 8 linear layers in float8, 0 in bf16, emulated on CPU (numerics only, no speed-up)"
+    evaluated = assemble(cfg, "eval")
+    assert not _float8_names(evaluated.model) and evaluated.float8.converted == []

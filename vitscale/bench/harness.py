@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ from torch import nn
 
 from ..config import Config
 from ..config.schema import ModelConfig, TrainConfig
+from ..distributed.compile import mark_step, uses_cudagraphs
 from ..distributed.config import PrecisionConfig
 from ..distributed.fsdp import resolve_precision
 from ..models.common.flops import count_flops
@@ -64,6 +65,26 @@ class BenchSettings:
     """Seed of the weights and the synthetic batch."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Overrides of the variant's config (e.g. ``{"num_classes": 10}``)."""
+    fp8: str = "none"
+    """Our blocks' linear layers in float8 (torchao recipe, as ``precision.fp8``); training only."""
+    fp8_filter: str = "auto"
+    """Which block linears go to float8 (as ``precision.fp8_filter``)."""
+    compile_mode: str = "default"
+    """``torch.compile`` mode of our per-block compile (as ``train.compile_mode``)."""
+    baseline: dict[str, Any] = field(default_factory=dict)
+    """A second copy of ours with these settings changed (``fp8``, ``fp8_filter``, ``compile_mode``
+    or fields of the model config), alternating rounds with ours: ``speedup_vs_baseline`` (e.g.
+    ``{"fp8": "none"}``: fp8 against bf16; ``{"parallel_block": False}``: ViT-22B block against the plain one)."""
+
+
+BASELINE_SETTINGS = ("fp8", "fp8_filter", "compile_mode")
+
+
+def baseline_settings(settings: BenchSettings) -> BenchSettings:
+    """``settings`` with ``settings.baseline`` applied (bench settings, or model config overrides)."""
+    changed = {k: v for k, v in settings.baseline.items() if k in BASELINE_SETTINGS}
+    model = {k: v for k, v in settings.baseline.items() if k not in BASELINE_SETTINGS}
+    return replace(settings, overrides={**settings.overrides, **model}, baseline={}, **changed)
 
 
 @dataclass
@@ -132,7 +153,9 @@ def contrastive_loss(out: Any) -> torch.Tensor:
     return (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target)) / 2
 
 
-def _make_step(model, optimizer, inputs, labels, task, mode, device, autocast: torch.dtype | None) -> Callable[[], None]:
+def _make_step(
+    model, optimizer, inputs, labels, task, mode, device, autocast: torch.dtype | None, cudagraphs: bool = False
+) -> Callable[[], None]:
     if mode == "infer":
 
         def infer_step() -> None:
@@ -142,6 +165,8 @@ def _make_step(model, optimizer, inputs, labels, task, mode, device, autocast: t
         return infer_step
 
     def train_step() -> None:
+        if cudagraphs:
+            mark_step()  # CUDA-graph trees: the last step's graph outputs may be overwritten now
         with fastpath.autocast(device, autocast):
             out = model(*inputs)
             loss = contrastive_loss(out) if task == "contrastive" else classification_loss(out, labels)
@@ -169,10 +194,13 @@ def run_config(settings: BenchSettings) -> Config:
     """The run config of ``settings``: the model, device, seed, per-block compile and autocast."""
     if settings.precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {settings.precision!r}")
+    if settings.fp8 != "none" and settings.mode != "train":
+        raise ValueError("--fp8 is a training recipe: use --mode train")
     return Config(
         model=ModelConfig(name=settings.model, overrides=dict(settings.overrides)),
-        train=TrainConfig(device=settings.device, seed=settings.seed, compile=settings.compile, batch_size=settings.batch_size),
-        precision=PrecisionConfig(autocast=_AUTOCAST[settings.precision]),
+        train=TrainConfig(device=settings.device, seed=settings.seed, compile=settings.compile, batch_size=settings.batch_size,
+                          compile_mode=settings.compile_mode),  # fmt: skip
+        precision=PrecisionConfig(autocast=_AUTOCAST[settings.precision], fp8=settings.fp8, fp8_filter=settings.fp8_filter),
     )
 
 
@@ -187,7 +215,7 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
     if settings.compare == "open_clip" and task != "contrastive":
         raise ValueError(f"--compare open_clip needs a CLIP model; {settings.model} is a {family.name} model")
 
-    run = assemble(run_config(settings), "bench")  # ours: per-block compile by its family's plan
+    run = assemble(run_config(settings), "bench")  # ours: fp8 and per-block compile by the parallelize tail
     device, ours, compile_on = run.device, run.model, run.cfg.train.compile
     compare_compiled = compile_on if settings.compare_compiled is None else settings.compare_compiled
     autocast = run.precision.autocast
@@ -198,7 +226,7 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
         inputs = tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs)
         autocast = None
 
-    def finish(key: str, label: str, model: nn.Module, whole_compile: bool = False):
+    def finish(key: str, label: str, model: nn.Module, whole_compile: bool = False, cudagraphs: bool = False):
         if pure_infer:
             model = model.to(torch.bfloat16)
         model.train(settings.mode == "train")
@@ -207,10 +235,20 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
         opt = None
         if settings.mode == "train":
             opt = fastpath.make_adamw([p for p in model.parameters() if p.requires_grad], device)
-        step = _make_step(model, opt, inputs, labels, task, settings.mode, device, autocast)
+        step = _make_step(model, opt, inputs, labels, task, settings.mode, device, autocast, cudagraphs)
         return _Impl(key, label, model, opt, step)
 
-    impls = [finish("vitscale", f"vitscale {settings.model}", ours)]
+    impls = [finish("vitscale", f"vitscale {settings.model}", ours, cudagraphs=compile_on and uses_cudagraphs(settings.compile_mode))]
+    fp8_lines = [run.float8.summary()] if settings.fp8 != "none" else []
+    if settings.baseline:
+        base_settings = baseline_settings(settings)
+        torch.manual_seed(settings.seed)
+        base = assemble(run_config(base_settings), "bench")
+        what = ", ".join(f"{k}={v}" for k, v in settings.baseline.items())
+        cudagraphs = compile_on and uses_cudagraphs(base_settings.compile_mode)
+        impls.append(finish("baseline", f"vitscale {settings.model} ({what})", base.model, cudagraphs=cudagraphs))
+        if base_settings.fp8 != "none":
+            fp8_lines.append(f"baseline: {base.float8.summary()}")
     if settings.compare == "timm":
         from .reference import timm_vit
 
@@ -229,7 +267,7 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
             impls.append(finish(key, label + (" (torch.compile)" if comp else ""), ref, whole_compile=comp))
     info = dict(
         task=task, compile=compile_on, compare_compiled=compare_compiled if settings.compare else None,
-        device=device, precision="bf16" if run.precision.autocast == torch.bfloat16 else "fp32",
+        device=device, precision="bf16" if run.precision.autocast == torch.bfloat16 else "fp32", fp8=fp8_lines,
     )  # fmt: skip
     return impls, info
 
@@ -333,6 +371,10 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
         out["speedup_median_round"] = statistics.median(ratios)
         if device.type == "cpu":
             out["speedup_cpu_time"] = out["vitscale"]["img_per_cpu_s"] / out[ref]["img_per_cpu_s"]
+    if "baseline" in out:
+        ratios = [a / b for a, b in zip(out["vitscale"]["round_img_per_s"], out["baseline"]["round_img_per_s"])]
+        out["speedup_vs_baseline"] = out["vitscale"]["img_per_s"] / out["baseline"]["img_per_s"]
+        out["speedup_vs_baseline_median_round"] = statistics.median(ratios)
     if ref and f"{ref}_compiled" in out:
         out["speedup_vs_compiled"] = out["vitscale"]["img_per_s"] / out[f"{ref}_compiled"]["img_per_s"]
     out["torch"] = torch.__version__
@@ -363,6 +405,13 @@ def _log_summary(out: dict[str, Any], log: Callable[[str], None]) -> None:
             log(
                 f"{v['implementation']:<44} {v['img_per_s']:>10.2f} {v['tflops']:>9.4f} {v['mfu'] * 100:>6.2f}% {mem:>8}"
             )
+    for line in out["settings"].get("fp8") or []:
+        log(f"  {line}")
+    if "speedup_vs_baseline" in out:
+        log(
+            f"speedup vitscale / baseline ({out['baseline']['implementation']}): {out['speedup_vs_baseline']:.3f}x "
+            f"(median of per-round ratios {out['speedup_vs_baseline_median_round']:.3f}x)"
+        )
     if out.get("speedup") is not None:
         msg = f"speedup vitscale / {out['settings']['compare']}: {out['speedup']:.3f}x"
         msg += f" (median of per-round ratios {out['speedup_median_round']:.3f}x)"

@@ -27,6 +27,8 @@ def _override(text: str) -> tuple[str, object]:
 
 def register(subparsers) -> None:
     from ..bench.harness import COMPARES, PRECISIONS
+    from ..distributed.compile import COMPILE_MODES
+    from ..distributed.float8 import FILTERS, RECIPES
     from ..train.fastpath import SDPA_CHOICES
 
     p = subparsers.add_parser(
@@ -81,6 +83,20 @@ def register(subparsers) -> None:
         metavar="KEY=VALUE",
         help="override a field of the model config, e.g. --set num_classes=10 (repeatable)",
     )
+    p.add_argument(
+        "--fp8", choices=RECIPES, default="none",
+        help="train our blocks' linear layers in float8 with torchao (as precision.fp8; default none)",
+    )
+    p.add_argument("--fp8-filter", choices=FILTERS, default="auto", help="as precision.fp8_filter (default auto)")
+    p.add_argument(
+        "--compile-mode", choices=COMPILE_MODES, default="default",
+        help="torch.compile mode of our blocks (as train.compile_mode; reduce-overhead = CUDA graphs)",
+    )
+    p.add_argument(
+        "--baseline", dest="baseline", type=_override, action="append", default=[], metavar="KEY=VALUE",
+        help="also run ours with this changed (fp8, fp8_filter, compile_mode or a model config field), "
+        "alternating rounds: e.g. --baseline fp8=none (repeatable)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON here")
     p.add_argument("--dry-run", action="store_true", help="check the arguments and the model, run nothing")
@@ -97,11 +113,19 @@ def run(args) -> int:
         model=args.model, mode=args.mode, device=args.device, batch_size=args.batch_size, steps=args.steps,
         warmup=args.warmup, rounds=args.rounds, compile=args.compile, compare=args.compare,
         compare_compiled=args.compare_compiled, precision=args.precision, sdpa=args.sdpa, seed=args.seed,
-        overrides=dict(args.overrides),
+        overrides=dict(args.overrides), fp8=args.fp8, fp8_filter=args.fp8_filter, compile_mode=args.compile_mode,
+        baseline=dict(args.baseline),
     )  # fmt: skip
     if args.dry_run:
+        from ..bench.harness import baseline_settings
+
         family = get_family(args.model)  # unknown names fail here, naming the closest
         get_model_config(args.model, **settings.overrides)  # misspelt overrides fail here
+        get_model_config(args.model, **baseline_settings(settings).overrides)  # and misspelt baselines
+        if settings.fp8 != "none" or baseline_settings(settings).fp8 != "none":
+            from ..distributed.float8 import require_torchao
+
+            require_torchao()  # the GPU machine must have it: say so before its time is spent
         expected = {"timm": "classification", "open_clip": "contrastive"}
         if args.compare and family.task != expected[args.compare]:
             raise SystemExit(f"--compare {args.compare} does not fit {args.model} ({family.name} family)")

@@ -154,40 +154,61 @@ def apply_float8(
 ) -> Float8Report:
     """Swap the ``nn.Linear`` layers inside ``blocks`` (the model's repeated blocks) for torchao's
     ``Float8Linear`` under ``recipe``, in place; works on the meta device. Call before tensor
-    parallelism, activation checkpointing, compile and FSDP2 (torchtitan's order).
+    parallelism, activation checkpointing, compile and FSDP2 (torchtitan's order; the parallelize
+    tail does). Returns :func:`float8_report` of the result.
 
     ``fsdp_all_gather``: the model will be sharded by FSDP2 — with ``tensorwise`` its float8 weights
     are then all-gathered in float8 (half the bytes of bf16); ignored for the rowwise recipes.
     """
     check_recipe(recipe, fp8_filter)
+    blocks = list(blocks)
+    if recipe == "none":
+        return float8_report(model, blocks, recipe, fp8_filter)
+    float8 = require_torchao()
+    emulate = fp8_emulated(torch.device(device))
+    config = dataclasses.replace(
+        float8.Float8LinearConfig.from_recipe_name(recipe),
+        emulate=emulate,
+        enable_fsdp_float8_all_gather=bool(fsdp_all_gather and recipe == "tensorwise"),
+    )
+
+    def convert(module: nn.Module, fqn: str) -> bool:
+        return isinstance(module, nn.Linear) and float8_decision(module, recipe, fp8_filter) is None
+
+    for block in blocks:
+        float8.convert_to_float8_training(block, module_filter_fn=convert, config=config)
+    return float8_report(model, blocks, recipe, fp8_filter)
+
+
+def float8_report(model: nn.Module, blocks: Iterable[nn.Module], recipe: str, fp8_filter: str = "auto") -> Float8Report:
+    """What the linear layers inside ``blocks`` compute in — read from the model (before or after
+    tensor parallelism, activation checkpointing and FSDP2, which keep the layers' classes, features
+    and torchao configs): ``Float8Linear`` layers are converted, the other linears kept, with the reason."""
     report = Float8Report(recipe=recipe)
     if recipe == "none":
         return report
-    float8 = require_torchao()
-    report.emulate = fp8_emulated(torch.device(device))
-    report.fsdp_float8_all_gather = bool(fsdp_all_gather and recipe == "tensorwise")
-    config = dataclasses.replace(
-        float8.Float8LinearConfig.from_recipe_name(recipe),
-        emulate=report.emulate,
-        enable_fsdp_float8_all_gather=report.fsdp_float8_all_gather,
-    )
+    from torchao.float8.float8_linear import Float8Linear
+
     names = {id(m): n for n, m in model.named_modules()}
     for block in blocks:
         prefix = names.get(id(block), "")
-
-        def keep_or_convert(module: nn.Module, fqn: str, prefix: str = prefix) -> bool:
+        for fqn, module in block.named_modules():
             if not isinstance(module, nn.Linear):
-                return False
+                continue
             name = ".".join(part for part in (prefix, fqn) if part)
-            reason = float8_decision(module, recipe, fp8_filter)
-            if reason is None:
+            if isinstance(module, Float8Linear):
                 report.converted.append(name)
-                return True
-            report.kept[name] = reason
-            return False
-
-        float8.convert_to_float8_training(block, module_filter_fn=keep_or_convert, config=config)
+                report.emulate |= module.config.emulate
+                report.fsdp_float8_all_gather |= module.config.enable_fsdp_float8_all_gather
+            else:
+                report.kept[name] = float8_decision(module, recipe, fp8_filter) or "not converted"
     return report
+
+
+def fsdp_float8_all_gather(precision, dims) -> bool:
+    """Whether FSDP2 will all-gather float8 weights: ``tensorwise`` with ``precision.fp8_all_gather``
+    and parameters sharded over several ranks (``parallel.dp_shard > 1``)."""
+    return precision.fp8 == "tensorwise" and precision.fp8_all_gather and dims.distributed and dims.dp_shard > 1
 
 
 def precompute_float8_scales(model: nn.Module, report: Float8Report) -> None:
@@ -204,7 +225,9 @@ __all__ = [
     "apply_float8",
     "check_recipe",
     "float8_decision",
+    "float8_report",
     "fp8_emulated",
+    "fsdp_float8_all_gather",
     "precompute_float8_scales",
     "require_torchao",
 ]

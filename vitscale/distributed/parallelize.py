@@ -1,6 +1,8 @@
-"""The one parallelize tail: TP -> activation checkpointing -> per-block compile -> FSDP2.
+"""The one parallelize tail: fp8 -> TP -> activation checkpointing -> per-block compile -> FSDP2.
 
-The order is torchtitan's (``torchtitan/models/llama3/infra/parallelize.py``): tensor parallelism
+fp8 comes first: torchao's ``Float8Linear`` swapped in for the blocks' linear layers
+(:mod:`vitscale.distributed.float8`), as torchtitan converts before it parallelizes. The order of
+the rest is torchtitan's (``torchtitan/models/llama3/infra/parallelize.py``): tensor parallelism
 first (it swaps parameters for DTensors on the ``tp`` mesh), activation checkpointing and per-block
 compile next (they wrap the blocks' forward, so they see the DTensor code), FSDP2 last (it shards
 whatever parameters it finds, DTensors included, over the data-parallel mesh: a 2-D FSDP x TP
@@ -19,6 +21,7 @@ from torch import nn
 from .activation_checkpoint import apply_activation_checkpointing
 from .compile import apply_compile
 from .config import ParallelConfig, PrecisionConfig
+from .float8 import apply_float8, fsdp_float8_all_gather
 from .fsdp import apply_fsdp, dp_mesh_for, resolve_precision
 from .parallel_dims import ParallelDims
 
@@ -48,19 +51,26 @@ def parallelize(
     parallel: ParallelConfig,
     precision: PrecisionConfig,
     compile: bool,
+    compile_mode: str = "default",
 ) -> nn.Module:
-    """Apply the layout of ``dims``, the activation checkpointing of ``parallel``, per-block
-    ``torch.compile`` and FSDP2 with the mixed precision of ``precision`` to a model of the family
-    whose ``plan`` is given. Works on the meta device; returns the same module."""
+    """Apply fp8 (``precision.fp8``), the layout of ``dims``, the activation checkpointing of
+    ``parallel``, per-block ``torch.compile`` (in ``compile_mode``) and FSDP2 with the mixed precision
+    of ``precision`` to a model of the family whose ``plan`` is given. Works on the meta device;
+    returns the same module."""
     dims.validate_model(model.cfg)
+    stacks = plan.blocks(model)
+    # fp8 first: torchao's Float8Linear must be in place before TP, compile and FSDP2 see the blocks
+    apply_float8(
+        model, [block for stack in stacks for block in stack], precision.fp8, device=dims.device,
+        fp8_filter=precision.fp8_filter, fsdp_all_gather=fsdp_float8_all_gather(precision, dims),
+    )  # fmt: skip
     if dims.tp_enabled:
         plan.apply_tp(model, dims.tp_mesh())
-    stacks = plan.blocks(model)
     for stack in stacks:  # each stack counts its own first / every k-th blocks
         apply_activation_checkpointing(stack, parallel.activation_checkpointing, parallel.ac_method, parallel.ac_num_layers)
     if compile:
         for stack in stacks:
-            apply_compile(stack)
+            apply_compile(stack, mode=compile_mode)
     if dims.distributed:
         p = resolve_precision(precision, dims.device)
         blocks = [block for stack in stacks for block in stack]

@@ -21,7 +21,8 @@ from ..config import Config
 from ..data import Loaders, build_loaders
 from ..distributed.fsdp import Precision, resolve_precision
 from ..distributed.parallel_dims import ParallelDims, init_distributed, resolve_device
-from ..models.registry import FamilySpec, family_of, get_model_config
+from ..distributed.float8 import Float8Report, float8_report
+from ..models.registry import FamilySpec, family_of, get_model_config, parallel_plan
 from .build import build_model
 from .checks import check_run
 
@@ -64,6 +65,8 @@ class Run:
     """The model (a :class:`vitscale.models.contract.Model`), parallelized and initialised."""
     micro_batch: int
     """Images per rank per micro-step: ``train.batch_size / (data-parallel size x grad_accum)``."""
+    float8: Float8Report
+    """Which of the blocks' linear layers compute in float8 (``precision.fp8``; train and bench only)."""
 
     def new_model(self) -> nn.Module:
         """Another model parallelized exactly like :attr:`model`, on the device, uninitialised (the
@@ -71,7 +74,7 @@ class Run:
         cfg = self.cfg
         return build_model(
             cfg.model.name, self.dims, overrides=self.model_overrides, parallel=cfg.parallel,
-            precision=cfg.precision, compile=bool(cfg.train.compile), init=None,
+            precision=cfg.precision, compile=bool(cfg.train.compile), compile_mode=cfg.train.compile_mode, init=None,
         )  # fmt: skip
 
 
@@ -89,6 +92,8 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     device = dims.device
     compile = purpose in ("train", "bench") and (tc.compile if tc.compile is not None else device.type == "cuda")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(tc, compile=compile))
+    if purpose not in ("train", "bench"):  # fp8 is a training recipe: evaluation and labeling run the plain model
+        cfg = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, fp8="none"))
     check_run(cfg, dims, purpose)
 
     micro_batch = tc.batch_size // (dims.dp_size * tc.grad_accum)
@@ -101,16 +106,18 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     if model is None:
         model = build_model(
             cfg.model.name, dims, overrides=overrides, parallel=cfg.parallel, precision=cfg.precision,
-            compile=compile, seed=tc.seed,
+            compile=compile, compile_mode=tc.compile_mode, seed=tc.seed,
         )  # fmt: skip
     else:
         model = model.to(device)
     family = family_of(model)
+    blocks = [block for stack in parallel_plan(family).blocks(model) for block in stack]
+    float8 = float8_report(model, blocks, cfg.precision.fp8, cfg.precision.fp8_filter)
     return Run(
         cfg=cfg, purpose=purpose, device=device, dims=dims, precision=resolve_precision(cfg.precision, device),
         family=family, task=tc.task or family.task, img_size=img_size, loaders=loaders, num_classes=num_classes,
         class_names=list(loaders.class_names) if loaders is not None else [], model_overrides=overrides,
-        model=model, micro_batch=micro_batch,
+        model=model, micro_batch=micro_batch, float8=float8,
     )  # fmt: skip
 
 

@@ -29,17 +29,21 @@ def build_model(
     parallel: ParallelConfig | None = None,
     precision: PrecisionConfig | None = None,
     compile: bool = False,
+    compile_mode: str = "default",
     seed: int = 0,
     init: str | None = "auto",
     dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """Registered model ``name`` (its config with ``overrides``) on ``dims.device``, parallelized with
-    ``parallel`` / ``precision`` / per-block ``compile``, initialised from ``seed`` by ``init``
+    ``parallel`` / ``precision`` / per-block ``compile`` (in ``compile_mode``), initialised from ``seed`` by ``init``
     (``auto`` | ``reference`` | ``sharded``, see :mod:`vitscale.distributed.init`; None = left
     uninitialised, e.g. an EMA copy that is filled from the model)."""
     overrides = dict(overrides or {})
     model = create_model(name, device="meta", dtype=dtype, **overrides)
-    parallelize(model, parallel_plan(get_family(name)), dims, parallel or ParallelConfig(), precision or PrecisionConfig(), compile)
+    parallelize(
+        model, parallel_plan(get_family(name)), dims, parallel or ParallelConfig(), precision or PrecisionConfig(),
+        compile, compile_mode,
+    )  # fmt: skip
     model.to_empty(device=dims.device)
     if init is not None:
         init_weights(model, dims, seed, lambda: create_model(name, device="meta", dtype=dtype, **overrides), init)

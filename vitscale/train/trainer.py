@@ -25,6 +25,8 @@ import torch.distributed as dist
 from vitscale.checkpoint import Checkpointer
 from vitscale.checkpoint.checkpointer import export_safetensors, load_model_weights, read_weights
 from vitscale.config import Config, save_config
+from vitscale.distributed.compile import StaticShapes, check_graph_inputs, mark_step, uses_cudagraphs
+from vitscale.distributed.float8 import precompute_float8_scales
 from vitscale.distributed.utils import clip_grad_norm_
 from vitscale.run import assemble
 from vitscale.tasks import get_task
@@ -68,6 +70,12 @@ class Trainer:
         self.num_classes, self.model_overrides, self.family = run.num_classes, run.model_overrides, run.family
         self.model = model = run.model
         model.train()
+        # train.compile_mode=reduce-overhead / max-autotune: the blocks replay CUDA graphs (its guards:
+        # vitscale.distributed.compile; the run's setting was checked by vitscale.run.checks)
+        self.cudagraphs = bool(tc.compile) and uses_cudagraphs(tc.compile_mode)
+        self.static_shapes = StaticShapes()
+        if self.cudagraphs:
+            check_graph_inputs(model, self.device)
         torch.manual_seed(tc.seed + 1 + self.pd.dp_rank)  # dropout / drop-path streams
 
         # Optimization.
@@ -175,10 +183,14 @@ class Trainer:
         model, n = self.model, cfg.grad_accum
         loss_sum = torch.zeros((), device=self.device)
         metric_sums: dict[str, torch.Tensor] = {}
+        if self.cudagraphs:
+            mark_step()  # the CUDA graphs' outputs of the last step may be overwritten from here on
         for micro in range(n):
             if self.world > 1 and n > 1:  # every model is an FSDP2 module on several ranks
                 model.set_requires_gradient_sync(micro == n - 1)  # reduce gradients on the last micro-step only
             batch = self._to_device(next(batches))
+            if self.cudagraphs:
+                self.static_shapes.check(batch)
             self.skipped += int(batch.get("skipped", 0))
             # Dropout / drop-path draw from a stream keyed by (seed, micro-step, data-parallel rank): a
             # resume continues exactly whatever else touched the global RNG (e.g. DataLoader iterators).
@@ -196,6 +208,7 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # foreach on CPU / CUDA
         self.schedule.apply(self.step)
         self.optimizer.step()
+        precompute_float8_scales(model, self.run.float8)  # tensorwise fp8 + FSDP2: all scales in one all-reduce
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(model)
@@ -220,6 +233,8 @@ class Trainer:
             self.out, enabled=self.is_main, total_steps=self.total_steps, start_step=self.step,
             progress=cfg.log.progress, tensorboard=cfg.log.tensorboard,
         )  # fmt: skip
+        if self.run.float8.recipe != "none":
+            log.info(self.run.float8.summary())
         if self.resumed_from:
             log.info(f"resumed from {self.resumed_from} at step {self.step}")
         n_params = sum(p.numel() for p in self.model.parameters())
