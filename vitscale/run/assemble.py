@@ -19,9 +19,9 @@ from torch import nn
 
 from ..config import Config
 from ..data import Loaders, build_loaders
+from ..distributed.float8 import Float8Report, float8_report
 from ..distributed.fsdp import Precision, resolve_precision
 from ..distributed.parallel_dims import ParallelDims, init_distributed, resolve_device
-from ..distributed.float8 import Float8Report, float8_report
 from ..models.registry import FamilySpec, family_of, get_model_config, parallel_plan
 from .build import build_model
 from .checks import check_run
