@@ -4,7 +4,7 @@
 - ``to_timm(model)`` -> a state dict that loads with ``strict=True`` into the timm model built by
   ``create_timm_model(model)`` (or from ``timm_kwargs(model)``).
 - ``unsupported_timm_vits()`` -> ``{name: reason}`` for the installed timm's registered ViTs that
-  vitscale's ViT cannot express; every other one converts exactly (``timm_vit.py``).
+  vitscale's ViT cannot express; every other one converts exactly (``vitscale/models/vit/timm_registry.py``).
 - ``load_timm_checkpoint(path, name)`` -> a vitscale model from a local timm ``.safetensors`` or
   ``.pth``/``.bin`` file (tensors only: never unpickles arbitrary objects; no network).
 - CLIP: ``from_open_clip``, ``to_open_clip``, ``load_open_clip_checkpoint`` (in ``open_clip.py``).
@@ -38,17 +38,9 @@ def from_timm(timm_model: nn.Module) -> nn.Module:
         return volo_adapter.volo_from_timm(timm_model)
     if not _is_timm_vit(timm_model):
         raise TypeError(f"from_timm supports timm VisionTransformer and VOLO, not {type(timm_model).__name__}")
-    from .timm_vit import architecture_differences
+    from ..models.vit.timm_registry import vit_from_timm
 
-    cfg = vit_adapter.config_from_timm(timm_model)  # ValueError naming what vitscale cannot express
-    diffs = architecture_differences(timm_model, cfg)
-    if diffs:  # an option config_from_timm does not know: refuse rather than convert approximately
-        raise ValueError("vitscale's ViT does not reproduce this timm model: " + "; ".join(diffs))
-    ref = next(timm_model.parameters())
-    model = VisionTransformer(cfg, device="meta")
-    sd = vit_adapter.state_dict_from_timm(timm_model.state_dict(), cfg)
-    model.load_state_dict(sd, strict=True, assign=True)
-    return model.to(device=ref.device)
+    return vit_from_timm(timm_model)  # ValueError naming what vitscale cannot express
 
 
 def to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -121,7 +113,7 @@ def unsupported_timm_vits(names: list[str] | None = None) -> dict[str, str]:
     Every other registered timm ``VisionTransformer`` converts exactly both ways; ``names`` limits the
     check to those timm model names. ``docs/timm_vits.md`` lists them all for the timm it names.
     """
-    from .timm_vit import unsupported_timm_vits as _f
+    from ..models.vit.timm_registry import unsupported_timm_vits as _f
 
     return _f(names)
 

@@ -1,0 +1,182 @@
+"""timm's registered ViTs against vitscale's ViT: which convert exactly, and why the others do not.
+
+- ``timm_vit_names()``: every name in the installed timm whose model is timm's ``VisionTransformer``
+  (or a subclass of it), found by building the candidates on the meta device (no weights, no network);
+  ``timm_vit_models()`` yields each name with its meta-device model.
+- ``unsupported_timm_vits()``: ``{name: reason}`` for the names vitscale's ViT cannot express.
+- ``architecture_differences(timm_model, cfg)``: where the timm model rebuilt from ``cfg`` would
+  differ from ``timm_model`` (module types, shapes, every scalar setting); ``vit_from_timm`` refuses
+  a model with any, so a conversion is exact or an error, never a silently different network.
+
+Run-time switches that are not architecture: timm's ``dynamic_img_size`` (a vitscale ViT always accepts
+other image sizes, interpolating its position embeddings as timm does) and ``ParallelScalingBlock``'s
+``fuse_out_proj`` (the same weights in one matrix; ``to_timm`` writes the separate projections).
+The public entry points are in ``vitscale.interop`` (``python -m vitscale.interop.timm_vit`` writes
+the table of every name, docs/timm_vits.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from contextlib import nullcontext
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from .configs import ViTConfig
+from .state_dict_adapter import config_from_timm, state_dict_from_timm, timm_kwargs
+
+# Attributes that describe how a model was initialised or runs, not what it computes.
+_NOT_ARCHITECTURE = {"training", "weight_init_mode", "fix_init", "grad_checkpointing", "fused_attn", "inplace"}
+_SCALARS = (bool, int, float, str, tuple, list, type(None))
+
+
+def _build_meta(fn: Any, **kwargs: Any) -> nn.Module:
+    """Build a timm model on the meta device without running its weight init (fast: no values).
+
+    ``device="meta"`` where timm takes it (1.0.2x), else under ``torch.device("meta")`` (slower: every
+    torch call goes through the device mode); ``weight_init="skip"`` where timm knows it.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for extra in ({"device": "meta", "weight_init": "skip"}, {"device": "meta"}, {}):
+            try:
+                with torch.device("meta") if "device" not in extra else nullcontext():
+                    return fn(**kwargs, **extra)
+            except (AssertionError, TypeError, ValueError):  # an older timm without these options
+                if not extra:
+                    raise
+    raise AssertionError("unreachable")
+
+
+def create_timm_meta(name: str, **kwargs: Any) -> nn.Module:
+    """``timm.create_model(name)`` on the meta device: no weights, no download."""
+    import timm
+
+    return _build_meta(timm.create_model, model_name=name, pretrained=False, **kwargs)
+
+
+def timm_vit_on_meta(**kwargs: Any) -> nn.Module:
+    """timm's ``VisionTransformer(**kwargs)`` on the meta device, without its weight init."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    return _build_meta(TimmViT, **kwargs)
+
+
+def _runtime_kwargs(tm: nn.Module) -> dict[str, Any]:
+    """The timm options of ``tm`` that vitscale treats as run-time switches (see the module docstring)."""
+    kw: dict[str, Any] = {"dynamic_img_size": bool(getattr(tm, "dynamic_img_size", False))}
+    blk = tm.blocks[0]
+    if type(blk).__name__ == "ParallelScalingBlock" and getattr(blk, "out_proj", None) is not None:
+        from timm.models.vision_transformer import ParallelScalingBlock
+
+        kw["block_fn"] = partial(ParallelScalingBlock, fuse_out_proj=True)
+    return kw
+
+
+def _layout(model: nn.Module) -> list[tuple[str, str, tuple]]:
+    """(path, type, settings) of every module: scalar attributes and parameter / buffer shapes."""
+    out = []
+    for path, m in model.named_modules():
+        attrs = [(k, v) for k, v in vars(m).items() if not k.startswith("_") and k not in _NOT_ARCHITECTURE and isinstance(v, _SCALARS)]
+        attrs += [(k, tuple(p.shape)) for k, p in m.named_parameters(recurse=False)]
+        attrs += [(k, tuple(b.shape)) for k, b in m.named_buffers(recurse=False)]
+        out.append((path, type(m).__name__, tuple(sorted(attrs, key=lambda kv: kv[0]))))
+    return out
+
+
+def architecture_differences(tm: nn.Module, cfg: ViTConfig, limit: int = 3) -> list[str]:
+    """Where timm's ``VisionTransformer(**timm_kwargs(cfg))`` differs from ``tm`` (empty: nowhere)."""
+    ref = timm_vit_on_meta(**{**timm_kwargs(cfg), **_runtime_kwargs(tm)})
+    a, b = _layout(tm), _layout(ref)
+    diffs = []
+    for (pa, ta, sa), (pb, tb, sb) in zip(a, b):
+        if pa != pb or ta != tb:
+            diffs.append(f"{pa or 'model'}: {ta} where vitscale's equivalent has {pb or 'model'}: {tb}")
+        elif sa != sb:
+            da, db = dict(sa), dict(sb)
+            keys = [k for k in sorted(set(da) | set(db)) if da.get(k, "-") != db.get(k, "-")]
+            diffs.append(f"{pa or 'model'}: " + ", ".join(f"{k}={da.get(k, '-')!r} (vitscale: {db.get(k, '-')!r})" for k in keys))
+        if len(diffs) >= limit:
+            return diffs
+    if len(a) != len(b) and len(diffs) < limit:
+        diffs.append(f"{len(a)} modules where vitscale's equivalent has {len(b)}")
+    return diffs
+
+
+def timm_vit_reason(tm: nn.Module) -> str | None:
+    """None when vitscale's ViT expresses ``tm`` exactly, else why not (one line)."""
+    try:
+        cfg = config_from_timm(tm)
+    except ValueError as e:
+        return str(e)
+    diffs = architecture_differences(tm, cfg)
+    return "not reproduced: " + "; ".join(diffs) if diffs else None
+
+
+def timm_vit_models():
+    """(name, meta-device model) for every candidate name whose model is a timm VisionTransformer.
+
+    Candidates are the names registered by the timm modules that use the ``VisionTransformer`` class
+    (``vision_transformer``, ``deit``, ``vision_transformer_hybrid``, ``vitamin`` in timm 1.0); each is
+    built on the meta device to read its class.
+    """
+    import timm
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    for module in timm.list_modules():
+        try:
+            mod = importlib.import_module(f"timm.models.{module}")
+        except ImportError:
+            continue
+        if any(v is TimmViT for v in vars(mod).values()):
+            for name in timm.list_models(module=module):
+                model = create_timm_meta(name)
+                if isinstance(model, TimmViT):
+                    yield name, model
+
+
+def timm_vit_names() -> list[str]:
+    """Every model name of the installed timm whose model is (a subclass of) timm's VisionTransformer."""
+    return sorted({name for name, _ in timm_vit_models()})
+
+
+def unsupported_timm_vits(names: list[str] | None = None) -> dict[str, str]:
+    """``{name: reason}`` for the installed timm's ViTs (or ``names``) that vitscale cannot express.
+
+    Every other name of :func:`timm_vit_names` converts exactly both ways with ``from_timm`` / ``to_timm``.
+    Takes seconds: each model is built on the meta device (no weights, no download).
+    """
+    models = timm_vit_models() if names is None else ((n, create_timm_meta(n)) for n in names)
+    out = {}
+    for name, model in models:
+        reason = timm_vit_reason(model)
+        if reason:
+            out[name] = reason
+    return dict(sorted(out.items()))
+
+
+
+def vit_from_timm(timm_model: nn.Module) -> nn.Module:
+    """The vitscale ViT equivalent to a timm ``VisionTransformer``, with its weights; ValueError naming
+    what vitscale cannot express (an option ``config_from_timm`` does not know included: refused
+    rather than converted approximately)."""
+    from .model import VisionTransformer
+
+    cfg = config_from_timm(timm_model)
+    diffs = architecture_differences(timm_model, cfg)
+    if diffs:
+        raise ValueError("vitscale's ViT does not reproduce this timm model: " + "; ".join(diffs))
+    ref = next(timm_model.parameters())
+    model = VisionTransformer(cfg, device="meta")
+    model.load_state_dict(state_dict_from_timm(timm_model.state_dict(), cfg), strict=True, assign=True)
+    return model.to(device=ref.device)
+
+
+__all__ = [
+    "architecture_differences", "create_timm_meta", "timm_vit_models", "timm_vit_names", "timm_vit_on_meta",
+    "timm_vit_reason", "unsupported_timm_vits", "vit_from_timm",
+]  # fmt: skip
