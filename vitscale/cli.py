@@ -1,7 +1,10 @@
 """The ``vitscale`` command line: ``vitscale <command> --help`` documents each command.
 
 Each command lives in its own module under ``vitscale.commands`` exposing
-``register(subparsers)``, which adds a subparser whose ``func(args) -> int`` runs it.
+``register(subparsers)``, which adds a subparser whose ``func(args) -> int`` runs it. An error a
+person can fix ends the command with one or two lines and an exit code
+(:func:`vitscale.errors.describe`); ``--debug`` (before or after the command, or ``VITSCALE_DEBUG=1``)
+shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
 # Command modules, in the order `vitscale --help` lists them.
 COMMAND_MODULES = (
@@ -35,19 +39,45 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"vitscale {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"vitscale.commands.{name}").register(sub)
+    for p in sub.choices.values():  # `vitscale train ... --debug` works too
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
+DEBUG_HELP = "show the full traceback of an error (also: VITSCALE_DEBUG=1)"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .errors import debug_enabled, describe
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    debug = bool(args.debug) or debug_enabled()
+    try:
+        return int(args.func(args) or 0)
+    except Exception as e:  # KeyboardInterrupt too (below); SystemExit passes through
+        return _report(args.command, e, debug, describe)
+    except KeyboardInterrupt as e:
+        return _report(args.command, e, debug, describe)
+
+
+def _report(command: str, e: BaseException, debug: bool, describe) -> int:
+    """Print ``vitscale <command>: <what went wrong>`` and return the exit code; a bug (or --debug)
+    prints the traceback as Python would."""
+    described = None if debug else describe(e)
+    if described is None:
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+        return 1 if not isinstance(e, KeyboardInterrupt) else 130
+    message, code = described
+    print(f"vitscale {command}: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -57,6 +57,39 @@ class SaveError(CheckpointError):
     """A checkpoint or export could not be written; its partial files are gone."""
 
 
+class NonFiniteWeights(CheckpointError):
+    """Tensors holding NaN or infinity: never written into a checkpoint or export, never loaded."""
+
+
+def _flat_tensors(tree: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    if isinstance(tree, dict):
+        return [kv for k, v in tree.items() for kv in _flat_tensors(v, f"{prefix}{k}.")]
+    if isinstance(tree, torch.Tensor):
+        return [(prefix[:-1], tree)]
+    return []
+
+
+def nonfinite_names(tree: Any, limit: int = 3) -> list[str]:
+    """Names (dotted paths) of the floating tensors in ``tree`` holding a NaN or an infinity, at most
+    ``limit``; a DTensor is checked on this rank's shard. One host read per device."""
+    from torch.distributed.tensor import DTensor
+
+    named = [(n, t.to_local() if isinstance(t, DTensor) else t) for n, t in _flat_tensors(tree)]
+    named = [(n, t.detach()) for n, t in named if t.is_floating_point() and t.numel()]
+    by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    for n, t in named:
+        by_device.setdefault(t.device, []).append((n, t))
+    bad: list[str] = []
+    for items in by_device.values():
+        flags = torch.stack([torch.isfinite(t).all() for _, t in items]).tolist()
+        bad += [n for (n, _), ok in zip(items, flags) if not ok]
+    return sorted(bad)[:limit]
+
+
+def _names(bad: list[str]) -> str:
+    return ", ".join(bad[:3]) + (" and more" if len(bad) > 3 else "")
+
+
 def tensors_only(tree: Any) -> Any:
     """The nested dict with only its tensor leaves (lists and scalars dropped)."""
     if isinstance(tree, dict):
@@ -264,6 +297,12 @@ class Checkpointer:
         rank, world = _rank_world()
         final = self.root / f"step_{step:08d}"
         tmp = self.root / f".tmp-step_{step:08d}"
+        bad = _all_lines(nonfinite_names(state, limit=4))  # every rank checks its shards; all decide together
+        if bad:
+            raise NonFiniteWeights(
+                f"not saving checkpoint {final}: non-finite values in {_names(bad)}; the older checkpoints in "
+                f"{self.root} are intact"
+            )
         err: BaseException | None = None
         if rank == 0:
             try:
@@ -362,13 +401,20 @@ def read_weights(path: str | os.PathLike, key: str = "model") -> dict[str, torch
     if p.suffix == ".safetensors":
         if not p.is_file():
             raise FileNotFoundError(f"no weights file at {str(p)!r}")
-        return read_safetensors(p)[0]
+        return _finite(read_safetensors(p)[0], p)
     ckpt, idx = find_checkpoint(p, keys={key})
     prefix = key + "."
     fqns = [k for k in idx["tensors"] if k.startswith(prefix)]
     if not fqns:
         raise KeyError(f"checkpoint {ckpt} holds no {key!r} weights")
-    return {k[len(prefix) :]: v for k, v in read_full(ckpt, idx, fqns).items()}
+    return _finite({k[len(prefix) :]: v for k, v in read_full(ckpt, idx, fqns).items()}, ckpt)
+
+
+def _finite(sd: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+    bad = nonfinite_names(sd, limit=4)
+    if bad:
+        raise NonFiniteWeights(f"{source}: non-finite values in {_names(bad)}: these weights are not used")
+    return sd
 
 
 def _run_load_pre_hooks(model: torch.nn.Module, sd: dict) -> None:
@@ -380,10 +426,26 @@ def _run_load_pre_hooks(model: torch.nn.Module, sd: dict) -> None:
             hook(sd, prefix + "." if prefix else "", {}, False, [], [], [])
 
 
-def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool = False) -> dict:
+def _head_names(model: torch.nn.Module) -> set[str]:
+    """The classifier's parameter names (the model contract), the part fine-tuning may replace."""
+    try:
+        return set(model.head_parameter_names())
+    except (AttributeError, NotImplementedError):
+        return set()
+
+
+def _shape(t) -> str:
+    return "x".join(map(str, tuple(t.shape))) or "scalar"
+
+
+def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool = False, *,
+                       source: str | os.PathLike = "the weights") -> dict:  # fmt: skip
     """Load a full state dict into a (possibly sharded) model: position embeddings are resampled by
-    the model's own hook, tensors of another shape (a head with another class count) are skipped.
-    Returns ``{"missing": [...], "unexpected": [...], "skipped": [...]}``."""
+    the model's own hook. Without ``strict`` (fine-tuning, ``checkpoint.init_from``) the classifier may
+    differ — another class count, or none — and is left as it is; any other tensor that is missing,
+    unexpected or of another shape is an error, as is any difference with ``strict``: a
+    :class:`CheckpointError` of one line naming ``source``, the counts and the first tensors with
+    both shapes. Returns ``{"missing": [...], "unexpected": [...], "skipped": [...]}``."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     sd = dict(sd)
@@ -392,10 +454,28 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], stri
     skipped = [k for k, v in sd.items() if k in current and tuple(current[k].shape) != tuple(v.shape)]
     unexpected = [k for k in sd if k not in current]
     missing = [k for k in current if k not in sd]
+    head = set() if strict else _head_names(model)
+    head_modules = {n.rsplit(".", 1)[0] + "." for n in head}
+    fits = lambda k: k in head or any(k.startswith(m) for m in head_modules)  # noqa: E731
+    wrong = [k for k in skipped if not fits(k)]
+    lost = [k for k in missing if not fits(k)]
+    extra = [k for k in unexpected if not fits(k)]
+    if wrong or lost or extra:
+        parts = []
+        if wrong:
+            shown = "; ".join(f"{k}: {_shape(sd[k])} in the file, {_shape(current[k])} in the model" for k in wrong[:2])
+            parts.append(f"{len(wrong)} tensors of another shape ({shown}{'; ...' if len(wrong) > 2 else ''})")
+        if lost:
+            parts.append(f"{len(lost)} tensors missing ({', '.join(lost[:2])}{', ...' if len(lost) > 2 else ''})")
+        if extra:
+            parts.append(f"{len(extra)} tensors the model does not have ({', '.join(extra[:2])}{', ...' if len(extra) > 2 else ''})")
+        model_name = getattr(getattr(model, "cfg", None), "name", None) or type(model).__name__
+        raise CheckpointError(
+            f"{source} does not fit the model ({model_name}): {', '.join(parts)}; set model.* as for "
+            f"the run that wrote these weights"
+        )
     for k in skipped:
         del sd[k]
-    if strict and (skipped or unexpected or missing):
-        raise RuntimeError(f"weights do not match the model: missing {missing}, unexpected {unexpected}, shape {skipped}")
     for k in unexpected:
         del sd[k]
     set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True, strict=False))
@@ -416,12 +496,17 @@ def export_safetensors(model: torch.nn.Module, path: str | os.PathLike, metadata
         except Exception as e:  # every rank must hear of it (no rank left waiting)
             err = e
     if not _all_ok(err is None):
+        if isinstance(err, NonFiniteWeights):
+            raise NonFiniteWeights(str(err))
         raise SaveError(f"could not write {path}: {_cause(err)}")
 
 
 def write_weights(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
     """``tensors`` as a checksummed ``.safetensors`` file, written to ``<path>.tmp`` then renamed;
     a failed write leaves nothing behind."""
+    bad = nonfinite_names(tensors, limit=4)
+    if bad:
+        raise NonFiniteWeights(f"not writing {path}: non-finite values in {_names(bad)}")
     tmp = Path(str(path) + ".tmp")
     entries = [(k, v.dtype, tuple(v.shape), (lambda v=v: v)) for k, v in tensors.items()]
     try:

@@ -19,6 +19,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from ..errors import UserError
+
 HASH_NAME = "xxh3_64"
 _BLOCK = 16 << 20  # bytes read per call when hashing a file
 # File names a checkpoint may list: plain names inside its own folder (no separators, no "..",
@@ -26,7 +28,7 @@ _BLOCK = 16 << 20  # bytes read per call when hashing a file
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint or weights file that vitscale will not use; the message is one line."""
 
 

@@ -39,16 +39,11 @@ def run(args) -> int:
     if not cfg.checkpoint.path:
         print("vitscale eval: set checkpoint.path=PATH (run folder, step folder or .safetensors)", file=sys.stderr)
         return 2
-    from vitscale.checkpoint import CheckpointError
     from vitscale.train.evaluate import evaluate_checkpoint
     from vitscale.train.fastpath import sdpa_backend
 
-    try:
-        with sdpa_backend(cfg.train.sdpa):  # the attention kernels training used
-            result = evaluate_checkpoint(cfg, cfg.checkpoint.path, ema=args.ema)
-    except (FileNotFoundError, KeyError, ValueError, CheckpointError) as e:
-        print(f"vitscale eval: {e}", file=sys.stderr)
-        return 1
+    with sdpa_backend(cfg.train.sdpa):  # the attention kernels training used
+        result = evaluate_checkpoint(cfg, cfg.checkpoint.path, ema=args.ema)  # errors: one line (vitscale.cli)
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:

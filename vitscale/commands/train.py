@@ -13,7 +13,10 @@ CONFIG is a YAML file or a built-in name (digits_vit, imagenet_vit_b16, ...). Ov
 keys, e.g.:
   vitscale train digits_vit train.max_steps=200 optim.lr=1e-3 model.hidden_size=128
   torchrun --nproc-per-node 8 -m vitscale train imagenet_vit_b16 data.train_path=/data/imagenet/train
-A run resumes from the newest checkpoint in train.output_dir (checkpoint.resume=false to start over).
+A run resumes from the newest checkpoint in train.output_dir, with the same config (a changed one is
+refused, listing the changes; checkpoint.allow_changes=KEY,... accepts them, e.g. train.max_steps to
+train longer). A finished run started again says so and trains nothing. One run per folder: a second
+run on a folder in use is refused.
 """
 
 
@@ -45,17 +48,11 @@ def run(args) -> int:
     if args.print_config:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
-    from vitscale.checkpoint import CheckpointError
     from vitscale.train import train
 
-    try:
-        summary = train(cfg)
-    except CheckpointError as e:  # a damaged / old-format checkpoint, a failed save: one line
-        print(f"vitscale train: {e}", file=sys.stderr)
-        return 1
-    except ConfigError as e:  # a setting this machine cannot run (e.g. precision.fp8 without torchao): one line
-        print(f"vitscale train: {e}", file=sys.stderr)
-        return 2
+    # an error a person can fix (a damaged checkpoint, a failed save, a setting this machine cannot run
+    # such as precision.fp8 without torchao) ends as one or two lines: vitscale.cli
+    summary = train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary, indent=1))
     return 0

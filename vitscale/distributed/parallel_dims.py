@@ -17,11 +17,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..errors import EXIT_USAGE, UserError
+
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 
 
-class LayoutError(ValueError):
+class LayoutError(UserError, ValueError):
     """An impossible parallel layout; the message says what to change."""
+
+    exit_code = EXIT_USAGE
 
 
 @dataclass

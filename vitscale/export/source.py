@@ -87,7 +87,7 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     else:
         raise ValueError(f"{src}: the weights do not name their model and there is no config.yaml (pass --config)")
     model = create_model(name, device="cpu", **over)
-    load_model_weights(model, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, strict=True)
+    load_model_weights(model, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, strict=True, source=src)
     model = model.float().eval()
     task = cfg.train.task if cfg_path and cfg.train.task else get_family(name).task
     step = int(meta["step"]) if meta.get("step", "").isdigit() else None

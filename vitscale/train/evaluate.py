@@ -19,7 +19,7 @@ def evaluate_checkpoint(cfg: Config, path, *, ema: bool = False) -> dict:
     run = assemble(cfg, "eval")
     if run.loaders.val is None:
         raise FileNotFoundError("the config has no validation data (set data.val_path or data.val_split)")
-    report = load_model_weights(run.model, read_weights(path, "ema" if ema else "model"), strict=True)
+    report = load_model_weights(run.model, read_weights(path, "ema" if ema else "model"), strict=True, source=path)
     autocast = autocast_factory(run.device, run.precision.autocast)
     if cfg.eval.probe != "none":  # a linear / few-shot probe on frozen features instead of the head
         res = run_probe(run.cfg, run.model, run.loaders, run.device, autocast=autocast)
