@@ -116,10 +116,31 @@ def test_every_field_has_a_docstring():
                     assert ok, f"{cls.__name__}.{node.target.id} has no docstring"
 
 
-def test_sdpa_choices_match_the_bench():
-    from vitscale.config.load import CHOICES
+def test_choices_are_declared_once_in_the_schema():
+    """The choices of a field are its ``Literal`` type: the loader, the bench and activation
+    checkpointing all read them from there."""
+    import typing
+
+    from vitscale.distributed import activation_checkpoint
+    from vitscale.distributed.config import ParallelConfig
     from vitscale.train.fastpath import SDPA_CHOICES
 
-    assert CHOICES["train.sdpa"] == SDPA_CHOICES
-    with pytest.raises(ConfigError, match="train.sdpa"):
+    hints = typing.get_type_hints(schema.TrainConfig)
+    assert typing.get_args(hints["sdpa"]) == SDPA_CHOICES == ("auto", "flash", "cudnn", "efficient", "math", "default")
+    ac = typing.get_type_hints(ParallelConfig)["activation_checkpointing"]
+    assert typing.get_args(ac) == activation_checkpoint.MODES == ("none", "full", "selective")
+    with pytest.raises(ConfigError, match="train.sdpa: 'fast' is not one of auto, flash, cudnn, efficient, math, default"):
         load_config(None, ["train.sdpa=fast"])
+    with pytest.raises(ConfigError, match="parallel.activation_checkpointing: 'some' is not one of none, full, selective"):
+        load_config(None, ["parallel.activation_checkpointing=some"])
+    assert load_config(None, ["optim.name=sgd", "log.progress=none"]).log.progress == "none"
+
+
+def test_dotted_shorthand_merges_into_a_nested_model_config():
+    """``model.vision.num_layers=1`` changes one field of CLIP's vision tower and keeps the YAML's
+    others (img_h, patch_dim, ...), exactly as ``model.overrides.vision.num_layers=1`` does."""
+    yaml_vision = load_config("digits_clip").model.overrides["vision"]
+    assert {"img_h", "patch_dim"} <= set(yaml_vision)
+    for key in ("model.vision.num_layers=1", "model.overrides.vision.num_layers=1"):
+        vision = load_config("digits_clip", [key]).model.overrides["vision"]
+        assert vision == {**yaml_vision, "num_layers": 1}, key

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+import typing
+
+
+def field_choices(cls: type, name: str) -> tuple[str, ...]:
+    """The choices of a config field (its ``Literal[...]`` type), for an option that mirrors it."""
+    return typing.get_args(typing.get_type_hints(cls)[name])
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

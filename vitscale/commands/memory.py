@@ -18,6 +18,10 @@ the rest = activations of one micro-batch, FSDP's all-gathered units and a 1 GiB
 
 
 def register(subparsers) -> None:
+    from ..config.schema import OptimConfig
+    from ..distributed.config import ParallelConfig
+    from . import field_choices as _choices
+
     p = subparsers.add_parser(
         "memory",
         help="estimate memory per GPU for a model and parallel layout",
@@ -33,8 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per model replica (default: 1)")
     p.add_argument("--micro-batch", type=int, default=32, help="images per rank per micro-step (default: 32)")
     p.add_argument("--dtype", default="bf16", help="compute dtype: bf16 (default) or fp32")
-    p.add_argument("--ac", default="none", choices=["none", "full", "selective"], help="activation checkpointing (default: none)")
-    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd"],
+    p.add_argument("--ac", default="none", choices=_choices(ParallelConfig, "activation_checkpointing"), help="activation checkpointing (default: none)")
+    p.add_argument("--optimizer", default="adamw", choices=_choices(OptimConfig, "name"),
                    help="optimizer, for its states: two fp32 moments (adamw, adam) or one (sgd with momentum)")
     p.add_argument("--img-size", type=int, default=None, help="training image side in pixels (default: the "
                    "model's)")

@@ -3,7 +3,8 @@
 ``load_config("digits_vit", ["train.max_steps=10", "model.hidden_size=128"])``. A config is a YAML
 path or a built-in name looked up in ``configs/`` (repo root, then the current directory) and in
 the package's ``vitscale/configs/``. An unknown key fails before anything runs and names the closest
-valid key; a value of the wrong type names the field.
+valid key; a value of the wrong type names the field, and a word that is not one of a field's
+choices (its ``Literal[...]`` type in the schema, the one place the choices are declared) lists them.
 """
 
 from __future__ import annotations
@@ -18,29 +19,14 @@ from typing import Any
 
 import yaml
 
+from ..errors import EXIT_USAGE, UserError
 from .schema import Config
 
-# Fields whose value must be one of a few words (checked at load time, before anything runs).
-CHOICES: dict[str, tuple[str, ...]] = {
-    "optim.name": ("adamw", "adam", "sgd"),
-    "optim.fused": ("auto", "fused", "foreach", "none"),
-    "schedule.name": ("cosine", "rsqrt", "constant"),
-    "train.loss": ("softmax", "sigmoid"),
-    "train.device": ("auto", "cpu", "cuda"),
-    "train.sdpa": ("auto", "flash", "cudnn", "efficient", "math", "default"),  # = vitscale.train.fastpath.SDPA_CHOICES
-    "parallel.activation_checkpointing": ("none", "full", "selective"),
-    "parallel.ac_method": ("block", "uniform"),
-    "precision.autocast": ("auto", "bf16", "fp16", "none"),
-    "precision.fp8": ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp"),  # = distributed.float8.RECIPES
-    "precision.fp8_filter": ("auto", "all"),  # = distributed.float8.FILTERS
-    "train.compile_mode": ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"),
-    "log.progress": ("auto", "bar", "plain", "none"),
-    "eval.probe": ("none", "linear", "fewshot"),
-}
 
-
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config that cannot be loaded: unknown key, wrong type, bad value, missing file."""
+
+    exit_code = EXIT_USAGE
 
 
 # ---------------------------------------------------------------------------------------- finding
@@ -150,6 +136,10 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     args = typing.get_args(tp)
     if tp is Any:
         return value
+    if origin is typing.Literal:  # the field's choices, declared once in the schema
+        if value in args and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(str, args))}")
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -172,6 +162,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             value = [value]
         if isinstance(value, str) and args and args[-1] is Ellipsis and args[0] in (int, float):
             value = [yaml.safe_load(v) for v in value.split(",")]  # numbers: ``eval.shots=1,5,10``
+        elif isinstance(value, str) and args and args[-1] is Ellipsis and args[0] is str:
+            value = [v.strip() for v in value.split(",") if v.strip()]  # words: ``a.b=x,y``
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {value!r} ({type(value).__name__})")
         if origin is tuple and args and args[-1] is not Ellipsis and len(args) != len(value):
@@ -246,7 +238,13 @@ def _route_model_keys(tree: dict) -> None:
         if key in own:
             continue
         if key in variant_fields:
-            overrides[key] = model.pop(key)
+            value = model.pop(key)
+            if isinstance(value, dict) and isinstance(overrides.get(key), dict):
+                # ``model.vision.num_layers=1`` changes one field of a nested config (CLIP's towers):
+                # merged into the YAML's ``overrides.vision``, as ``model.overrides.vision.num_layers=1`` is
+                _merge(overrides[key], value)
+            else:
+                overrides[key] = value
         else:
             close = difflib.get_close_matches(key, own + variant_fields, n=1, cutoff=0.6)
             hint = f"; did you mean 'model.{close[0]}'?" if close else ""
@@ -264,12 +262,6 @@ def config_from_dict(tree: dict) -> Config:
     tree = _merge({}, tree)
     _route_model_keys(tree)
     cfg = _build(Config, tree)
-    flat = config_to_dict(cfg)
-    for key, allowed in CHOICES.items():
-        group, leaf = key.split(".")
-        value = flat.get(group, {}).get(leaf)
-        if value not in allowed:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
     # Validates the model overrides' values (types and the variant's own checks) before anything runs.
     from vitscale.models.registry import get_model_config
 

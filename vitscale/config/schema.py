@@ -10,12 +10,15 @@ Groups that belong to one part of vitscale live beside it and are fields of ``Co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from vitscale.data.config import DataConfig
-from vitscale.distributed.config import ParallelConfig, PrecisionConfig
+from vitscale.distributed.config import CompileMode, ParallelConfig, PrecisionConfig
 from vitscale.tasks.contrastive_config import ClipConfig
 from vitscale.tasks.token_labeling_config import TeacherConfig, TokenLabelConfig
+
+SdpaChoice = Literal["auto", "flash", "cudnn", "efficient", "math", "default"]
+"""``train.sdpa`` / ``vitscale bench --sdpa``: the attention backends (``vitscale.train.fastpath``)."""
 
 
 @dataclass
@@ -33,7 +36,7 @@ class ModelConfig:
 class OptimConfig:
     """The optimizer."""
 
-    name: str = "adamw"
+    name: Literal["adamw", "adam", "sgd"] = "adamw"
     """adamw | adam | sgd. Adam's weight decay is the L2 kind (NeMo's recipe), AdamW's is decoupled."""
     lr: float = 1e-3
     """Base learning rate (before the batch-size scaling rule)."""
@@ -52,7 +55,7 @@ class OptimConfig:
     """Weight decay of the classifier head (ViT-22B decouples head and body); None = weight_decay."""
     eps: float = 1e-8
     """Adam epsilon."""
-    fused: str = "auto"
+    fused: Literal["auto", "fused", "foreach", "none"] = "auto"
     """auto (fused on CUDA, foreach elsewhere) | fused | foreach | none (plain for-loop)."""
 
 
@@ -60,7 +63,7 @@ class OptimConfig:
 class ScheduleConfig:
     """The learning-rate schedule, a pure function of the step (so a resume needs only the step)."""
 
-    name: str = "cosine"
+    name: Literal["cosine", "rsqrt", "constant"] = "cosine"
     """cosine (linear warmup, cosine decay to min_lr) | rsqrt (linear warmup, reciprocal square root,
     linear cooldown to 0) | constant (linear warmup, then flat)."""
     warmup_steps: int = 0
@@ -91,7 +94,7 @@ class TrainConfig:
     """Epochs to train (used when max_steps is 0)."""
     seed: int = 0
     """Seed of initialisation, sampling, augmentation, dropout."""
-    loss: str = "softmax"
+    loss: Literal["softmax", "sigmoid"] = "softmax"
     """Classification loss: softmax (cross-entropy) | sigmoid (binary cross-entropy, ViT-22B)."""
     label_smoothing: float = 0.0
     """Label smoothing of the targets (also passed to mixup)."""
@@ -106,21 +109,28 @@ class TrainConfig:
     compile: bool | None = None
     """torch.compile the model per block (the family's parallelize function does it); None = on
     when training on CUDA (the fast path), off on CPU."""
-    compile_mode: str = "default"
+    compile_mode: CompileMode = "default"
     """``torch.compile`` mode of the per-block compile: default | reduce-overhead (CUDA graphs: each
     compiled block replays its recorded kernels with one launch; one CUDA process, one batch shape)
     | max-autotune-no-cudagraphs (autotuned GEMM / Triton configs, long compiles) | max-autotune
     (both). The CUDA-graph modes are refused, with the reason, where they are unsafe
     (``vitscale.distributed.compile.check_compile_mode``)."""
-    sdpa: str = "auto"
+    sdpa: SdpaChoice = "auto"
     """Attention kernels (``F.scaled_dot_product_attention`` backends), as ``vitscale bench --sdpa``:
     auto (flash > cuDNN > memory-efficient > math, first that fits) | flash | cudnn | efficient |
     math | default (PyTorch's own choice). Applies to training and evaluation."""
-    device: str = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto (cuda if available) | cpu | cuda."""
     cpu_threads: int = 0
     """Intra-op threads when training on CPU; 0 = PyTorch's default (one per core). Tiny models run
     faster on 1 thread (the digits demo: ~7x faster per step than 2 threads on a busy 2-core machine)."""
+    max_nonfinite_steps: int = 100
+    """Steps with a non-finite loss or gradient norm the run may have in all (counted across
+    resumes); such a step is never applied. More stops the run (exit code 1, the last checkpoint
+    kept intact); -1 = no limit. See docs/trust.md."""
+    max_consecutive_nonfinite: int = 5
+    """Non-finite steps the run may have in a row; more stops it (a run that has diverged);
+    -1 = no limit."""
 
 
 @dataclass
@@ -137,7 +147,12 @@ class CheckpointConfig:
     """Initialise model weights only from this checkpoint (fine-tuning; position embeddings and a
     mismatched head are adapted)."""
     resume: bool = True
-    """Resume from the newest checkpoint in output_dir/checkpoints when there is one."""
+    """Resume from the newest checkpoint in output_dir/checkpoints when there is one (with the same
+    config: see ``allow_changes``); false = start over."""
+    allow_changes: tuple[str, ...] = ()
+    """Config keys (or groups) a resume may change, e.g. ``checkpoint.allow_changes=train.max_steps``
+    to train a finished run longer, ``optim`` for the whole group, ``all`` for anything. A resume
+    with any other change to what the run computes is refused with the list of changed keys."""
     export_safetensors: bool = True
     """Write the final weights to output_dir/model.safetensors (and model_ema.safetensors)."""
 
@@ -150,7 +165,7 @@ class EvalConfig:
     """Evaluate every N steps; 0 = only at the end."""
     batch_size: int = 256
     """Per-rank evaluation batch size."""
-    probe: str = "none"
+    probe: Literal["none", "linear", "fewshot"] = "none"
     """``vitscale eval`` on frozen pre-logits features (``forward_head(forward_features(x),
     pre_logits=True)``; CLIP: the image embedding) instead of the model's own head: none | linear
     (L-BFGS multinomial logistic regression on the train split, L2 penalty chosen on a held-out part
@@ -179,7 +194,7 @@ class LogConfig:
 
     tensorboard: bool = False
     """Also write TensorBoard events to output_dir/tb."""
-    progress: str = "auto"
+    progress: Literal["auto", "bar", "plain", "none"] = "auto"
     """auto (a tqdm bar on a terminal, plain lines otherwise) | bar | plain | none."""
     flops: bool = True
     """Log achieved TFLOP/s (and MFU when the device peak is known)."""

@@ -42,6 +42,11 @@ class DataConfig:
     next epoch's first batches while the last ones of the current epoch are consumed (no stall at
     epoch boundaries); batches and resume positions are the same either way. False: a new iterator
     per epoch (the workers idle at every boundary until the next epoch's iteration starts)."""
+    max_image_pixels: int = 89_478_485
+    """Largest image (width x height, read from the file's header before decoding) that is decoded;
+    a larger file is skipped and counted like an undecodable one (a 12000x12000 PNG would take 432
+    MB to decode for a 224-px sample). The default is Pillow's own warning threshold
+    (``PIL.Image.MAX_IMAGE_PIXELS``); 0 = no limit."""
     fast_decode: bool = True
     """JPEG fast path: choose the RandomResizedCrop box first, then decode at the smallest DCT scale
     (1/2, 1/4, 1/8; PIL ``Image.draft``) that still covers the output resolution for that box."""

@@ -14,14 +14,17 @@ and checkpoints are the same with and without activation checkpointing.
 from __future__ import annotations
 
 import functools
+import typing
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-MODES = ("none", "full", "selective")
-METHODS = ("block", "uniform")
+from .config import ACMethod, ACMode
+
+MODES = typing.get_args(ACMode)
+METHODS = typing.get_args(ACMethod)
 
 # Ops whose outputs selective checkpointing keeps (compute-bound); everything else is recomputed.
 _SAVE_OPS = {

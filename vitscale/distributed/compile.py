@@ -13,6 +13,7 @@ PyTorch's "CUDAGraph Trees" notes (docs.pytorch.org/docs/stable/torch.compiler_c
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 
 import torch
@@ -20,7 +21,9 @@ from torch import nn
 
 from vitscale.config.load import ConfigError  # a setting that cannot run here: one line from the CLI
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+from .config import CompileMode
+
+COMPILE_MODES = typing.get_args(CompileMode)  # the choices of train.compile_mode, declared once in its field
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 

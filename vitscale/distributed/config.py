@@ -7,6 +7,18 @@ They live here, beside the code that applies them (:mod:`vitscale.distributed.pa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+ACMode = Literal["none", "full", "selective"]
+"""``parallel.activation_checkpointing``."""
+ACMethod = Literal["block", "uniform"]
+"""``parallel.ac_method``."""
+CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
+"""``train.compile_mode`` (``vitscale.distributed.compile``)."""
+Fp8Recipe = Literal["none", "tensorwise", "rowwise", "rowwise_with_gw_hp"]
+"""``precision.fp8`` (``vitscale.distributed.float8``)."""
+Fp8Filter = Literal["auto", "all"]
+"""``precision.fp8_filter``."""
 
 
 @dataclass
@@ -19,9 +31,9 @@ class ParallelConfig:
     """FSDP shard group size; -1 = the rest of the world."""
     tp: int = 1
     """Tensor-parallel size (Megatron-style column/row sharding within each block)."""
-    activation_checkpointing: str = "none"
+    activation_checkpointing: ACMode = "none"
     """none | full | selective."""
-    ac_method: str = "block"
+    ac_method: ACMethod = "block"
     """block | uniform: how blocks are picked for checkpointing."""
     ac_num_layers: int = 0
     """Blocks to checkpoint; 0 = all."""
@@ -35,13 +47,13 @@ class PrecisionConfig:
     """Compute dtype of parameters (FSDP mixed precision / autocast): None = bf16 on GPU, fp32 on CPU."""
     reduce_dtype: str = "float32"
     """Gradient reduction dtype."""
-    autocast: str = "auto"
+    autocast: Literal["auto", "bf16", "fp16", "none"] = "auto"
     """auto (bf16 autocast on GPU, none on CPU) | bf16 | fp16 | none."""
-    fp8: str = "none"
+    fp8: Fp8Recipe = "none"
     """Linear layers of the transformer blocks in float8 with torchao (``pip install 'vitscale[fp8]'``;
     docs/training.md "fp8 training"): none | tensorwise | rowwise | rowwise_with_gw_hp. Needs a GPU
     with fp8 tensor cores (H100, L40, ...); emulated on CPU (same numerics, no speed-up)."""
-    fp8_filter: str = "auto"
+    fp8_filter: Fp8Filter = "auto"
     """Which block linears go to float8: auto (those whose features are multiples of 16 and whose
     shape is large enough for the recipe to pay on an H100, per torchao's tables) | all (every one
     whose features are multiples of 16). The patch embedding and the heads always stay in bf16."""
@@ -50,4 +62,4 @@ class PrecisionConfig:
     bf16), their scales computed for all weights at once after each optimizer step."""
 
 
-__all__ = ["ParallelConfig", "PrecisionConfig"]
+__all__ = ["ACMethod", "ACMode", "CompileMode", "Fp8Filter", "Fp8Recipe", "ParallelConfig", "PrecisionConfig"]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import typing
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,8 +43,10 @@ from torch import nn
 
 from vitscale.config.load import ConfigError  # a setting that cannot run here: one line from the CLI
 
-RECIPES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")
-FILTERS = ("auto", "all")
+from .config import Fp8Filter, Fp8Recipe
+
+RECIPES = typing.get_args(Fp8Recipe)  # the choices of precision.fp8, declared once in its config field
+FILTERS = typing.get_args(Fp8Filter)
 INSTALL_HINT = "pip install 'vitscale[fp8]' (torchao; with torch 2.6: pip install torchao==0.10.0)"
 
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import typing
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
+from ..config.schema import SdpaChoice
 from ..distributed.compile import apply_compile
 from ..models.registry import family_of, parallel_plan
 
-SDPA_CHOICES = ("auto", "flash", "cudnn", "efficient", "math", "default")
+SDPA_CHOICES = typing.get_args(SdpaChoice)  # the choices of train.sdpa, declared once in the config
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
