@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import CheckError
 from . import digits as digits_mod
 from .config import FORMATS, DataConfig
 from .dataset import KeyedDataset
@@ -97,7 +98,10 @@ def build_loaders(
     train_src, val_src, num_classes, class_names = _sources(cfg_data, img_size, num_channels, seed)
     if cfg_data.num_classes and cfg_data.format != "synthetic":
         if cfg_data.num_classes < num_classes:
-            raise ValueError(f"data.num_classes={cfg_data.num_classes} but the dataset has {num_classes} classes")
+            raise CheckError(
+                f"data.num_classes={cfg_data.num_classes} but the dataset has {num_classes} classes: leave data.num_classes "
+                f"out to take the count from the data, or set it to at least {num_classes}"
+            )
         num_classes = cfg_data.num_classes
     reporter = BadFileReporter()  # shared by train and val: one warning per bad file per run
     common = dict(

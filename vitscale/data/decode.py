@@ -1,5 +1,8 @@
 """Image decoding: odd modes converted to RGB (or L), reduced-size JPEG decoding, resized crops.
 
+An image larger than ``max_pixels`` (width x height from its header, ``data.max_image_pixels``) is
+never decoded: it raises :class:`BadImageError` like an undecodable file and is skipped and counted.
+
 Decodable odd modes never fail a run: CMYK, 16/32-bit integer (``I;16*``, ``I``), float (``F``),
 palette (``P``, also with transparency), ``RGBA`` / ``LA`` / ``PA`` (alpha composited onto white),
 grayscale ``L`` and bilevel ``1`` all become ``RGB`` (or ``L`` for 1-channel models). Files that
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -23,7 +27,9 @@ class BadImageError(Exception):
 def open_image(path) -> Image.Image:
     """Open lazily (reads the header only); raises :class:`BadImageError` for non-images."""
     try:
-        img = Image.open(path)
+        with warnings.catch_warnings():  # the size limit is data.max_image_pixels (check_pixels), not PIL's warning
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(path)
     except Exception as e:  # UnidentifiedImageError, OSError, SyntaxError, ...
         raise BadImageError(f"{type(e).__name__}: {e}") from None
     return img
@@ -107,7 +113,15 @@ def _simplejpeg():
 USE_SIMPLEJPEG = True
 
 
-def _decode_simplejpeg(data: bytes, box_fn, out_size, num_channels: int):
+def check_pixels(height: int, width: int, max_pixels: int) -> None:
+    """:class:`BadImageError` for an image of more than ``max_pixels`` pixels (0 = no limit)."""
+    if max_pixels and height * width > max_pixels:
+        raise BadImageError(
+            f"{width}x{height} = {height * width / 1e6:.1f}M pixels, more than data.max_image_pixels={max_pixels}: not decoded"
+        )
+
+
+def _decode_simplejpeg(data: bytes, box_fn, out_size, num_channels: int, max_pixels: int = 0):
     """-> (uint8 (H', W', C) array, box, (H, W), scale) or None when simplejpeg can't do this file."""
     sj = _simplejpeg()
     if sj is None or data[:2] != b"\xff\xd8":
@@ -118,6 +132,7 @@ def _decode_simplejpeg(data: bytes, box_fn, out_size, num_channels: int):
         return None
     if colorspace not in ("Gray", "YCbCr", "RGB", "GRAY") or height <= 0 or width <= 0:
         return None  # CMYK / YCCK / unknown: PIL converts those
+    check_pixels(height, width, max_pixels)
     box = box_fn(height, width)
     a = draft_factor(box[2], box[3], out_size[0], out_size[1])
     try:
@@ -141,6 +156,7 @@ def decode_resized_crop(
     num_channels: int = 3,
     interpolation: str = "bilinear",
     fast: bool = True,
+    max_pixels: int = 0,
 ) -> tuple[torch.Tensor, tuple[float, float, float, float], tuple[int, int]]:
     """Decode ``path`` and return the crop ``box_fn(H, W) -> (top, left, h, w)`` resized to ``out_size``.
 
@@ -148,7 +164,9 @@ def decode_resized_crop(
     with ``fast`` a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that still has at
     least ``out_size`` pixels inside the box, by libjpeg-turbo through ``simplejpeg`` when installed
     (fast integer IDCT and plain chroma upsampling), else PIL ``Image.draft``. The crop is resized as a uint8 tensor (antialiased). Returns the uint8
-    tensor (C, out_h, out_w), the box in original pixels and the original (H, W).
+    tensor (C, out_h, out_w), the box in original pixels and the original (H, W). An image of more
+    than ``max_pixels`` pixels (read from the header; 0 = no limit) raises :class:`BadImageError`
+    before anything is decoded.
     """
     try:
         if isinstance(path, (bytes, bytearray)):  # already-read bytes (e.g. a tar member)
@@ -162,7 +180,7 @@ def decode_resized_crop(
         raise BadImageError("empty file")
     box = None
     if fast:
-        got = _decode_simplejpeg(data, box_fn, out_size, num_channels)
+        got = _decode_simplejpeg(data, box_fn, out_size, num_channels, max_pixels)
         if got is not None and isinstance(got[0], str):  # corrupt: PIL reports it
             box = got[1]
         elif got is not None:
@@ -173,6 +191,7 @@ def decode_resized_crop(
         w0, h0 = src.size
         if w0 <= 0 or h0 <= 0:
             raise BadImageError("empty image")
+        check_pixels(h0, w0, max_pixels)
         if box is None:
             box = box_fn(h0, w0)
         scale = apply_draft(src, draft_factor(box[2], box[3], out_size[0], out_size[1])) if fast else 1.0

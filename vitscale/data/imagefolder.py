@@ -4,15 +4,22 @@ Classes are the sorted subfolder names of ``train_path``; ``val_path`` must use 
 (a subset is fine). Files are matched by extension (case-insensitive) and sorted, so the index of a
 file is stable. Without ``val_path``, ``val_split > 0`` holds out that fraction of every class
 (a fixed split keyed by seed 0). Decoding is done by :class:`vitscale.data.sources.FileSource`.
+
+Symbolic links to folders are followed, but every folder is entered once and every file listed
+once: a link back to a parent (a loop, which would list the same files over and over) or a second
+link to a folder already read is skipped, and all of them are reported in one warning.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 from .config import DataConfig
 from .keyed import STREAM_SPLIT, epoch_permutation
 from .sources import FileSource
+
+log = logging.getLogger("vitscale.data")
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".pbm", ".bmp", ".tif", ".tiff", ".webp", ".gif")
 
@@ -26,19 +33,61 @@ def find_classes(root: str) -> list[str]:
     return classes
 
 
+def _key(path: str) -> tuple[int, int]:
+    st = os.stat(path)  # follows links: the folder / file itself
+    return st.st_dev, st.st_ino
+
+
+def _images(top: str, seen_dirs: set, seen_files: set, repeated: list[str]) -> list[str]:
+    """Image files under ``top`` following folder links, each folder entered and each file listed once."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+        keep = []
+        for d in sorted(dirnames):
+            full = os.path.join(dirpath, d)
+            try:
+                k = _key(full)
+            except OSError:  # a broken link
+                continue
+            if k in seen_dirs:
+                repeated.append(full)
+                continue
+            seen_dirs.add(k)
+            keep.append(d)
+        dirnames[:] = keep
+        for f in filenames:
+            if not f.lower().endswith(IMG_EXTENSIONS):
+                continue
+            full = os.path.join(dirpath, f)
+            try:
+                k = _key(full)
+            except OSError:  # a broken link: listed, then reported as undecodable when read
+                k = ("path", full)
+            if k not in seen_files:
+                seen_files.add(k)
+                found.append(full)
+    return sorted(found)
+
+
 def scan(root: str, class_to_idx: dict[str, int]) -> tuple[list[str], list[int]]:
     """All image files under ``root/<class>/`` -> (paths, labels), sorted by class then path."""
     paths, labels = [], []
-    for name in sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")):
+    names = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    seen_dirs = {_key(root)} | {_key(os.path.join(root, n)) for n in names}
+    seen_files: set = set()
+    repeated: list[str] = []
+    for name in names:
         if name not in class_to_idx:
             raise ValueError(f"class folder {name!r} in {root!r} is not a training class")
-        found = []
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, name), followlinks=True):
-            dirnames.sort()
-            found += [os.path.join(dirpath, f) for f in filenames if f.lower().endswith(IMG_EXTENSIONS)]
-        found.sort()
+        found = _images(os.path.join(root, name), seen_dirs, seen_files, repeated)
         paths += found
         labels += [class_to_idx[name]] * len(found)
+    if repeated:
+        shown = ", ".join(f"{p} -> {os.path.realpath(p)}" for p in repeated[:3]) + (", ..." if len(repeated) > 3 else "")
+        log.warning(
+            "image folder %s: %d folder link(s) lead to a folder already read (a symlink loop or a repeated link) and "
+            "were skipped, so each file is listed once: %s", root, len(repeated), shown,
+        )  # fmt: skip
     return paths, labels
 
 

@@ -155,7 +155,8 @@ class SampleTransform:
             rng = None
             box_fn = lambda h, w: center_crop_box(h, w, self.img_size, self.cfg.crop_pct)  # noqa: E731
         t, (top, left, h, w), (h0, w0) = decode_resized_crop(
-            src, box_fn, self.img_size, num_channels=self.num_channels, interpolation=self.interpolation, fast=fast
+            src, box_fn, self.img_size, num_channels=self.num_channels, interpolation=self.interpolation, fast=fast,
+            max_pixels=self.cfg.max_image_pixels,
         )
         crop = (top / h0, left / w0, h / h0, w / w0)
         if not self.train:
