@@ -38,17 +38,19 @@ def run(args) -> int:
         print(f"vitscale demo: config error: {e}", file=sys.stderr)
         return 2
     out = Path(cfg.train.output_dir)
-    if not args.resume:
-        import shutil
-
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-        for name in ("metrics.jsonl", "summary.json", REPORT_NAME):  # a previous demo's
-            (out / name).unlink(missing_ok=True)
+    from vitscale.run.folder import RunLock
     from vitscale.train import train
 
-    t0 = time.perf_counter()
-    summary = train(cfg)
-    wall = time.perf_counter() - t0
+    with RunLock.of(out):  # not while another run uses the folder
+        if not args.resume:
+            import shutil
+
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
+            for name in ("metrics.jsonl", "summary.json", REPORT_NAME):  # a previous demo's
+                (out / name).unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        summary = train(cfg)
+        wall = time.perf_counter() - t0
     top1 = summary.get("val_top1", float("nan"))
     print(
         f"digits_vit: val top-1 {top1:.2f}% (top-5 {summary.get('val_top5', float('nan')):.2f}%) after "

@@ -1,8 +1,9 @@
 """Assemble a run: one function turns a config into everything a job needs, a :class:`Run`.
 
 ``vitscale train``, ``eval``, ``label-tokens`` and ``bench`` all start here. In this order, each once:
-the device and the parallel layout, the up-front checks (:mod:`vitscale.run.checks`), the data
-(loaders, class count, class names, image size), the model config with its data-derived fields
+the device and the parallel layout, the up-front checks (:mod:`vitscale.run.checks`), for training
+the run folder (writable, locked, a resume with the same config: :mod:`vitscale.run.folder`), the
+data (loaders, class count — checked against the model's —, class names, image size), the model config with its data-derived fields
 filled in, then the model — built on the meta device, parallelized, materialised and initialised
 (:func:`vitscale.run.build_model`). The job then adds its own part: the training loop
 (:class:`vitscale.train.trainer.Trainer`), the weights to evaluate, the teacher's labels, the timing.
@@ -24,7 +25,8 @@ from ..distributed.fsdp import Precision, resolve_precision
 from ..distributed.parallel_dims import ParallelDims, init_distributed, resolve_device
 from ..models.registry import FamilySpec, family_of, get_model_config, parallel_plan
 from .build import build_model
-from .checks import check_run
+from .checks import check_batches, check_classes, check_output_folder, check_run
+from .folder import Claim, claim
 
 Purpose = Literal["train", "eval", "label", "bench"]
 PURPOSES = ("train", "eval", "label", "bench")
@@ -67,6 +69,9 @@ class Run:
     """Images per rank per micro-step: ``train.batch_size / (data-parallel size x grad_accum)``."""
     float8: Float8Report
     """Which of the blocks' linear layers compute in float8 (``precision.fp8``; train and bench only)."""
+    claim: Claim | None = None
+    """Training: the run folder's lock (rank 0) and the config changes a resume accepted
+    (:mod:`vitscale.run.folder`); release it when the run ends. None for other purposes."""
 
     def new_model(self) -> nn.Module:
         """Another model parallelized exactly like :attr:`model`, on the device, uninitialised (the
@@ -95,30 +100,58 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     if purpose not in ("train", "bench"):  # fp8 is a training recipe: evaluation and labeling run the plain model
         cfg = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, fp8="none"))
     check_run(cfg, dims, purpose)
-
-    micro_batch = tc.batch_size // (dims.dp_size * tc.grad_accum)
-    base = model.cfg if model is not None else get_model_config(cfg.model.name, **cfg.model.overrides)
-    side = cfg.teacher.img_size if purpose == "label" else cfg.data.img_size
-    img_size = (side, side) if side else (base.img_h, base.img_w)
-    loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, base.num_channels, micro_batch)
-    num_classes = (cfg.data.num_classes or loaders.num_classes) if loaders is not None else None
-    overrides = model_overrides(cfg, num_classes)
-    if model is None:
-        model = build_model(
-            cfg.model.name, dims, overrides=overrides, parallel=cfg.parallel, precision=cfg.precision,
-            compile=compile, compile_mode=tc.compile_mode, seed=tc.seed,
-        )  # fmt: skip
-    else:
-        model = model.to(device)
-    family = family_of(model)
-    blocks = [block for stack in parallel_plan(family).blocks(model) for block in stack]
-    float8 = float8_report(model, blocks, cfg.precision.fp8, cfg.precision.fp8_filter)
+    # Training: the run folder is writable and has room, nobody else trains in it, and a resume
+    # continues the same run; decided on rank 0, and every rank stops together on a refusal.
+    held = None
+    if purpose == "train":
+        held = claim(cfg, dims.is_main, share=_share if dims.distributed else None, before=check_output_folder)
+    try:
+        micro_batch = tc.batch_size // (dims.dp_size * tc.grad_accum)
+        base = model.cfg if model is not None else get_model_config(cfg.model.name, **cfg.model.overrides)
+        side = cfg.teacher.img_size if purpose == "label" else cfg.data.img_size
+        img_size = (side, side) if side else (base.img_h, base.img_w)
+        loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, base.num_channels, micro_batch)
+        num_classes = (cfg.data.num_classes or loaders.num_classes) if loaders is not None else None
+        if purpose == "train":
+            dataset = getattr(loaders.train, "dataset", None)
+            check_batches(cfg, len(loaders.train), len(dataset) if dataset is not None else None, dims.dp_size)
+        if loaders is not None and model is None:
+            check_classes(cfg, num_classes, _data_name(cfg))
+        overrides = model_overrides(cfg, num_classes)
+        if model is None:
+            model = build_model(
+                cfg.model.name, dims, overrides=overrides, parallel=cfg.parallel, precision=cfg.precision,
+                compile=compile, compile_mode=tc.compile_mode, seed=tc.seed,
+            )  # fmt: skip
+        else:
+            model = model.to(device)
+        family = family_of(model)
+        blocks = [block for stack in parallel_plan(family).blocks(model) for block in stack]
+        float8 = float8_report(model, blocks, cfg.precision.fp8, cfg.precision.fp8_filter)
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
     return Run(
         cfg=cfg, purpose=purpose, device=device, dims=dims, precision=resolve_precision(cfg.precision, device),
         family=family, task=tc.task or family.task, img_size=img_size, loaders=loaders, num_classes=num_classes,
         class_names=list(loaders.class_names) if loaders is not None else [], model_overrides=overrides,
-        model=model, micro_batch=micro_batch, float8=float8,
+        model=model, micro_batch=micro_batch, float8=float8, claim=held,
     )  # fmt: skip
+
+
+def _data_name(cfg: Config) -> str:
+    d = cfg.data
+    return f"data.train_path={d.train_path}" if d.train_path else f"data.format={d.format}"
+
+
+def _share(outcome):
+    """Rank 0's outcome (None, or an error's exit code and message) on every rank: one broadcast."""
+    import torch.distributed as dist
+
+    box = [outcome]
+    dist.broadcast_object_list(box, src=0)  # strings between this run's own processes
+    return box[0]
 
 
 def model_overrides(cfg: Config, num_classes: int | None) -> dict[str, Any]:

@@ -1,10 +1,22 @@
 """Up-front checks of a run: the config against itself, the layout and the machine, before any data is
-read or any model is built. :func:`vitscale.run.assemble` calls :func:`check_run` first; a check
-that needs nothing but the config and the layout belongs here, so it fails in one readable line
-instead of deep inside the first step.
+read or any model is built. :func:`vitscale.run.assemble` calls :func:`check_run` first (and
+:func:`check_output_folder` on the main rank of a training run, :func:`check_classes` once the
+data's classes are listed); a check that needs nothing but the config and the layout belongs here,
+so it fails in one readable line instead of deep inside the first step.
+
+Every failure is a :class:`vitscale.errors.CheckError`: one line naming the field, its value and
+the fix; the CLI exits with code 2.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import socket
+from pathlib import Path
 
 import torch
 
@@ -13,16 +25,96 @@ from ..distributed.compile import check_compile_mode
 from ..distributed.float8 import check_recipe, fp8_emulated, require_torchao
 from ..distributed.fsdp import fsdp_runs_on
 from ..distributed.parallel_dims import ParallelDims
+from ..errors import CheckError
+
+log = logging.getLogger("vitscale.run")
+
+MAX_IMAGE_SIDE = 8192
+"""Largest image side (pixels) a run may ask for: 8192 px is 262,144 patch-16 tokens, past what any
+attention fits; a larger value is a typo (``data.img_size=22400``) that would fail allocating."""
+
+
+def _at_least(key: str, value, low, meaning: str) -> None:
+    if value is None or value < low:
+        raise CheckError(f"{key}={value} must be at least {low} ({meaning})")
+
+
+def _fraction(key: str, value: float, meaning: str, *, closed_high: bool = False) -> None:
+    ok = 0.0 <= value <= 1.0 if closed_high else 0.0 <= value < 1.0
+    if not ok or not math.isfinite(value):
+        raise CheckError(f"{key}={value} must be in [0, 1{']' if closed_high else ')'} ({meaning})")
+
+
+def _side(key: str, value: int | None) -> None:
+    if value is None:
+        return
+    if not 1 <= value <= MAX_IMAGE_SIDE:
+        raise CheckError(f"{key}={value} is not a usable image side: use 1 to {MAX_IMAGE_SIDE} pixels (e.g. 224)")
+
+
+def _check_ranges(cfg: Config, purpose: str) -> None:
+    tc, d = cfg.train, cfg.data
+    if purpose == "train":
+        _at_least("train.batch_size", tc.batch_size, 1, "images per optimizer step over all ranks")
+        _at_least("train.grad_accum", tc.grad_accum, 1, "micro-steps per optimizer step; 1 = no accumulation")
+        _at_least("train.log_every", tc.log_every, 1, "log every N steps")
+        _at_least("train.max_steps", tc.max_steps, 0, "0 = train for train.epochs")
+        _at_least("train.epochs", tc.epochs, 0, "used when train.max_steps is 0")
+        if tc.max_steps == 0 and tc.epochs == 0:
+            raise CheckError("train.max_steps and train.epochs are both 0: set one, e.g. train.max_steps=1000 or train.epochs=10")
+        _at_least("eval.every", cfg.eval.every, 0, "evaluate every N steps; 0 = only at the end")
+        _at_least("checkpoint.every", cfg.checkpoint.every, 0, "save every N steps; 0 = only at the end")
+        _at_least("checkpoint.keep", cfg.checkpoint.keep, 1, "checkpoints kept")
+        _at_least("train.max_nonfinite_steps", tc.max_nonfinite_steps, -1, "-1 = no limit")
+        _at_least("train.max_consecutive_nonfinite", tc.max_consecutive_nonfinite, -1, "-1 = no limit")
+        _at_least("train.grad_clip", tc.grad_clip, 0, "0 = no clipping")
+        _at_least("train.cpu_threads", tc.cpu_threads, 0, "0 = PyTorch's default")
+        _at_least("schedule.warmup_steps", cfg.schedule.warmup_steps, 0, "linear warmup steps")
+        _fraction("train.ema_decay", tc.ema_decay, "0 = no EMA, e.g. 0.9999")
+        _fraction("train.label_smoothing", tc.label_smoothing, "0 = none, e.g. 0.1")
+        if not (math.isfinite(cfg.optim.lr) and cfg.optim.lr >= 0):
+            raise CheckError(f"optim.lr={cfg.optim.lr} must be a finite number >= 0 (e.g. optim.lr=1e-3)")
+    if purpose != "bench":
+        _at_least("eval.batch_size", cfg.eval.batch_size, 1, "images per evaluation batch")
+        _at_least("data.num_workers", d.num_workers, 0, "loader processes; 0 = load in the main process")
+        _at_least("data.prefetch_factor", d.prefetch_factor, 1, "batches each worker prepares ahead")
+        _at_least("data.max_image_pixels", d.max_image_pixels, 0, "0 = no limit")
+        _fraction("data.val_split", d.val_split, "0 = no held-out validation")
+        if not (math.isfinite(d.crop_pct) and d.crop_pct > 0):
+            raise CheckError(f"data.crop_pct={d.crop_pct} must be positive (1 = resize only, e.g. 0.875)")
+        if d.num_classes is not None:
+            _at_least("data.num_classes", d.num_classes, 1, "None = from the dataset")
+    if purpose == "label":
+        _at_least("teacher.batch_size", cfg.teacher.batch_size, 1, "images per teacher batch")
+
+
+def _check_image_size(cfg: Config, purpose: str) -> None:
+    """The image side the model will see: within :data:`MAX_IMAGE_SIDE` and a multiple of its patch."""
+    from ..models.registry import get_model_config
+
+    key, side = ("teacher.img_size", cfg.teacher.img_size) if purpose == "label" else ("data.img_size", cfg.data.img_size)
+    _side(key, side)
+    base = get_model_config(cfg.model.name, **cfg.model.overrides)
+    for name in ("img_h", "img_w"):
+        _side(f"model.{name}", getattr(base, name))
+    if side:
+        try:
+            base.with_image_size(side)
+        except ValueError as e:
+            raise CheckError(f"{key}={side} does not fit {cfg.model.name}: {e}; use a multiple of {base.patch_dim}") from None
 
 
 def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
-    """ValueError / RuntimeError naming the setting to change, for a run of ``purpose``."""
+    """:class:`CheckError` (or RuntimeError for the machine) naming the setting to change, for a run
+    of ``purpose``."""
     if dims.distributed and not fsdp_runs_on(dims.device.type):  # not an AttributeError in the first step
         raise RuntimeError(
             f"multi-process training wraps the model in FSDP2, which cannot train on CPU with torch "
             f"{torch.__version__} (its CPU streams lack record_event): train on CUDA, or on CPU with a "
             "newer torch (2.11 and 2.15 checked)"
         )
+    _check_ranges(cfg, purpose)
+    _check_image_size(cfg, purpose)
     if purpose in ("train", "bench"):
         check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
                            world_size=dims.world_size)  # fmt: skip
@@ -33,10 +125,85 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     if purpose == "train":
         tc = cfg.train
         if tc.batch_size % (dims.dp_size * tc.grad_accum):
-            raise ValueError(
+            raise CheckError(
                 f"train.batch_size={tc.batch_size} must be divisible by data-parallel size {dims.dp_size} x "
-                f"train.grad_accum {tc.grad_accum}"
+                f"train.grad_accum {tc.grad_accum} (e.g. train.batch_size={dims.dp_size * tc.grad_accum * max(tc.batch_size // (dims.dp_size * tc.grad_accum), 1)})"
             )
 
 
-__all__ = ["check_run"]
+# ------------------------------------------------------------------------------------- the folder
+def checkpoint_bytes(cfg: Config) -> tuple[int, int]:
+    """(parameters, bytes of one checkpoint) of the run: fp32 weights, the optimizer's fp32 states
+    (Adam/AdamW: 2 per parameter, SGD with momentum: 1) and the EMA copy; the model is built on the
+    meta device (nothing allocated) to count its parameters."""
+    from ..models.registry import create_model
+
+    model = create_model(cfg.model.name, device="meta", **cfg.model.overrides)
+    params = sum(p.numel() for p in model.parameters())
+    states = {"adamw": 2, "adam": 2, "sgd": 1 if cfg.optim.momentum else 0}[cfg.optim.name]
+    copies = 1 + states + (1 if cfg.train.ema_decay > 0 else 0)
+    return params, params * 4 * copies
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_output_folder(cfg: Config) -> None:
+    """``train.output_dir`` can be created and written, and its disk has room for one checkpoint."""
+    out = Path(cfg.train.output_dir)
+    key = f"train.output_dir={cfg.train.output_dir}"
+    if out.exists() and not out.is_dir():
+        raise CheckError(f"{key} is a file, not a folder: choose a folder for the run")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{socket.gethostname()}-{os.getpid()}"
+        probe.write_bytes(b"vitscale")
+        probe.unlink()
+    except OSError as e:
+        raise CheckError(f"{key} cannot be written ({e.strerror or type(e).__name__}: {e.filename or out}): choose a folder you can write to") from None
+    params, need = checkpoint_bytes(cfg)
+    free = shutil.disk_usage(out).free
+    if free < need:
+        raise CheckError(
+            f"{key}: {_gib(free)} free on its disk, one checkpoint of {cfg.model.name} ({params / 1e6:.1f}M parameters: "
+            f"weights, optimizer state{', EMA' if cfg.train.ema_decay > 0 else ''} in fp32) takes about {_gib(need)}: "
+            f"free some space or choose another folder"
+        )
+
+
+def check_batches(cfg: Config, batches_per_epoch: int, images: int | None, dp_size: int) -> None:
+    """An epoch of the training data holds at least one batch (else there is nothing to train on)."""
+    if batches_per_epoch > 0:
+        return
+    have = f"the {images} training images" if images is not None else "the training data"
+    raise CheckError(
+        f"train.batch_size={cfg.train.batch_size} is more than {have} can fill"
+        f"{f' over {dp_size} data-parallel ranks' if dp_size > 1 else ''} (an epoch has no full batch): lower "
+        f"train.batch_size, or add data"
+    )
+
+
+def check_classes(cfg: Config, data_classes: int, where: str) -> None:
+    """The model's class count against the data's: a count set smaller than the data's classes is an
+    error naming both; a larger one, a warning (outputs no image is labelled with)."""
+    from ..models.registry import get_model_config
+
+    fields = {f.name for f in dataclasses.fields(get_model_config(cfg.model.name, **cfg.model.overrides))}
+    model_classes = cfg.model.overrides.get("num_classes")
+    if "num_classes" not in fields or model_classes is None or not data_classes:
+        return
+    if model_classes < data_classes:
+        raise CheckError(
+            f"model.num_classes={model_classes} but the data has {data_classes} classes ({where}): leave "
+            f"model.num_classes out to take the count from the data, or set it to at least {data_classes}"
+        )
+    if model_classes > data_classes:
+        log.warning(
+            "model.num_classes=%d but the data has %d classes (%s): %d outputs of the head are never a label "
+            "(leave model.num_classes out to take the count from the data)",
+            model_classes, data_classes, where, model_classes - data_classes,
+        )  # fmt: skip
+
+
+__all__ = ["MAX_IMAGE_SIDE", "check_batches", "check_classes", "check_output_folder", "check_run", "checkpoint_bytes"]

@@ -30,9 +30,15 @@ class EMA:
             p.requires_grad_(False)
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
+    def update(self, model: nn.Module, ok: torch.Tensor | None = None) -> None:
+        """One EMA step towards ``model``. ``ok``: a device scalar, 1.0 = take the step, 0.0 = leave
+        the EMA as it is (a skipped non-finite step, decided on the device: no host sync)."""
         ema_p = [p for p in self.module.parameters()]
         src_p = [p.detach() for p in model.parameters()]
-        torch._foreach_lerp_(ema_p, src_p, 1.0 - self.decay)
+        if ok is None:
+            torch._foreach_lerp_(ema_p, src_p, 1.0 - self.decay)
+        else:
+            weight = ok * (1.0 - self.decay)
+            torch._foreach_lerp_(ema_p, src_p, [weight] * len(ema_p))
         for b_ema, b in zip(self.module.buffers(), model.buffers()):
-            b_ema.copy_(b)
+            b_ema.copy_(b if ok is None else torch.where(ok.bool(), b, b_ema))

@@ -1,4 +1,9 @@
-"""Run outputs: ``metrics.jsonl`` (one object per logged step), TensorBoard, progress bar or lines."""
+"""Run outputs: ``metrics.jsonl`` (one object per logged step), TensorBoard, progress bar or lines.
+
+``metrics.jsonl`` and ``summary.json`` are strict JSON: a number that is not finite is written as the
+string ``"nan"``, ``"inf"`` or ``"-inf"`` (:func:`strict_json`), never as a bare ``NaN`` that JSON
+readers other than Python's refuse; ``vitscale report`` reads those strings back as numbers.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,14 @@ import sys
 from pathlib import Path
 
 
-def _clean(v):
+def strict_json(v):
+    """``v`` with every non-finite float, at any depth, replaced by ``"nan"`` / ``"inf"`` / ``"-inf"``."""
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
+    if isinstance(v, dict):
+        return {k: strict_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [strict_json(x) for x in v]
     return v
 
 
@@ -66,9 +76,9 @@ class MetricsLogger:
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        record = {k: _clean(v) for k, v in record.items()}
+        record = strict_json(record)
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record, allow_nan=False) + "\n")
         if self.tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)):
@@ -103,4 +113,6 @@ def format_record(r: dict, total: int | None = None) -> str:
                    ("val_top1_ema", ".2f")):  # fmt: skip
         if k in r and isinstance(r[k], (int, float)):
             parts.append(f"{k} {r[k]:{fmt}}")
+        elif k in r and r[k] in ("nan", "inf", "-inf"):  # a non-finite value, as written (strict_json)
+            parts.append(f"{k} {r[k]}")
     return " ".join(parts)

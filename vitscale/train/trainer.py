@@ -7,8 +7,10 @@ never branches on a model's name: the task (``train.task`` or the family's defau
 loss and the evaluation.
 
 Steps count from 1 (step N = the N-th optimizer update). The host syncs with the device only at log,
-eval and checkpoint steps. A resume restores model, optimizer, EMA, step, data position and RNG, so
-the loss curve continues exactly.
+eval and checkpoint steps (and, for a non-fused optimizer, to skip a non-finite step:
+:mod:`vitscale.train.nonfinite`). A resume restores model, optimizer, EMA, step, data position and
+RNG, so the loss curve continues exactly; a finished run started again trains nothing and says so.
+The run folder is locked while the trainer runs (:mod:`vitscale.run.folder`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from vitscale.tools.report import try_write_report
 
 from .ema import EMA
 from .fastpath import autocast_factory, sdpa_backend
-from .metrics import MetricsLogger
+from .metrics import MetricsLogger, strict_json
+from .nonfinite import NonFiniteGuard, prepare_optimizer, skips_on_device
 from .optim import build_optimizer, scaled_lr
 from .schedules import Schedule, warmup_steps
 
@@ -57,14 +60,23 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
 # ----------------------------------------------------------------------------------------- trainer
 class Trainer:
     def __init__(self, cfg: Config):
-        self.run = run = assemble(cfg)
+        self.run = run = assemble(cfg)  # checks, the run folder's lock, data, model
+        try:
+            self._build(run)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the run folder (also done by :meth:`fit` when it ends, however it ends)."""
+        if self.run.claim is not None:
+            self.run.claim.release()
+
+    def _build(self, run) -> None:
         self.cfg = cfg = run.cfg  # resolved (train.compile filled in)
         self.device, self.pd, self.world = run.device, run.dims, run.dims.world_size
         self.is_main = self.pd.is_main
         self.out = Path(cfg.train.output_dir)
-        if self.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, self.out / "config.yaml")
         tc = cfg.train
         self.micro_batch, self.img_size, self.loaders = run.micro_batch, run.img_size, run.loaders
         self.num_classes, self.model_overrides, self.family = run.num_classes, run.model_overrides, run.family
@@ -84,10 +96,8 @@ class Trainer:
         self.steps_per_epoch = max(len(self.loaders.train) // tc.grad_accum, 1)
         if tc.max_steps > 0:
             self.total_steps = tc.max_steps
-        elif tc.epochs > 0:
+        else:  # train.epochs > 0 (vitscale.run.checks)
             self.total_steps = max(int(math.ceil(tc.epochs * self.steps_per_epoch)), 1)
-        else:
-            raise ValueError("set train.max_steps or train.epochs")
         self.schedule = Schedule(
             self.optimizer, cfg.schedule, self.total_steps, warmup_steps(cfg.schedule, self.steps_per_epoch), self.peak_lr
         )
@@ -102,9 +112,23 @@ class Trainer:
         self.checkpointer = Checkpointer(self.out / "checkpoints", keep=cfg.checkpoint.keep)
         self.step = 0
         self.skipped = 0
+        self.complete = False
+        self.last_checkpoint: str | None = None
         self.flops_per_image = self._flops() if cfg.log.flops else None
         self.peak_tflops = self._peak() if self.flops_per_image else None
-        self._restore()
+        prepare_optimizer(self.optimizer)
+        self.skip_on_device = skips_on_device(self.optimizer)
+        nonfinite_before = self._restore()
+        self.guard = NonFiniteGuard(self.device, tc.max_nonfinite_steps, tc.max_consecutive_nonfinite, nonfinite_before)
+        if self.is_main and not self.complete:  # a finished run's config.yaml still describes its weights
+            self._write_config()
+
+    def _write_config(self) -> None:
+        path = self.out / "config.yaml"
+        if self.resumed_from and self.run.claim is not None and self.run.claim.accepted and path.is_file():
+            # the config the checkpoints so far were trained with, kept beside the new one
+            path.replace(self.out / f"config.before_step_{self.step:08d}.yaml")
+        save_config(self.cfg, path)
 
     # ------------------------------------------------------------------------------------- building
     def _flops(self) -> float | None:
@@ -136,12 +160,19 @@ class Trainer:
             state["ema"] = get_model_state_dict(self.ema.module)
         return state
 
-    def _restore(self) -> None:
+    def _restore(self) -> int:
+        """Resume from the newest intact checkpoint, or initialise from ``checkpoint.init_from``.
+        Returns the non-finite steps the run had so far."""
         cfg = self.cfg
         latest = self.checkpointer.latest() if cfg.checkpoint.resume else None
         if latest is not None:
             from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
+            self.resumed_from = self.last_checkpoint = str(latest)
+            step = int(latest.name.rsplit("_", 1)[1])
+            if step >= self.total_steps:  # a finished run: nothing to load, nothing to train
+                self.step, self.complete = step, True
+                return 0
             state = self.state()
             ts = self.checkpointer.load(latest, state)
             set_model_state_dict(self.model, state["model"])
@@ -151,15 +182,15 @@ class Trainer:
             self.step = int(ts["step"])
             self.skipped = int(ts.get("skipped", 0))
             self.loaders.train.load_state_dict(ts["data"])
-            self.resumed_from = str(latest)
-            return
+            return int(ts.get("nonfinite_steps", 0))
         self.resumed_from = None
         if cfg.checkpoint.init_from:
             sd = read_weights(cfg.checkpoint.init_from, "model")
-            report = load_model_weights(self.model, sd)
+            report = load_model_weights(self.model, sd, source=f"checkpoint.init_from={cfg.checkpoint.init_from}")
             if self.ema is not None:
                 self.ema.module.load_state_dict(self.model.state_dict())
             self.init_report = report
+        return 0
 
     # ------------------------------------------------------------------------------------- loop
     def _batches(self):
@@ -206,13 +237,27 @@ class Trainer:
             grad_norm = clip_grad_norm_(params, max_norm)
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # foreach on CPU / CUDA
+        loss = loss_sum / n
+        # A step with a non-finite loss or gradient norm on any rank is not applied (nonfinite.py).
+        ok = self.guard.flag(loss, grad_norm, self.world)
         self.schedule.apply(self.step)
-        self.optimizer.step()
+        if self.skip_on_device:  # fused kernels skip on the device: no host sync
+            self.optimizer.found_inf = 1.0 - ok
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf
+            if self.ema is not None:
+                self.ema.update(model, ok)
+        elif bool(ok):  # the host decides (free on the CPU; one sync per step on a GPU)
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update(model)
+        else:
+            self.guard.check(self.step, self.last_checkpoint)  # stop as soon as the budget is spent
         precompute_float8_scales(model, self.run.float8)  # tensorwise fp8 + FSDP2: all scales in one all-reduce
         self.optimizer.zero_grad(set_to_none=True)
-        if self.ema is not None:
-            self.ema.update(model)
-        return loss_sum / n, {k: v / n for k, v in metric_sums.items()}, grad_norm
+        return loss, {k: v / n for k, v in metric_sums.items()}, grad_norm
 
     def evaluate(self) -> dict[str, float]:
         if self.loaders.val is None:
@@ -223,12 +268,47 @@ class Trainer:
         return res
 
     def save_checkpoint(self) -> None:
-        ts = {"step": self.step, "data": self.loaders.train.state_dict(), "skipped": self.skipped}
-        self.checkpointer.save(self.step, self.state(), ts)
+        nonfinite = self.guard.check(self.step, self.last_checkpoint)  # a diverged run saves nothing more
+        ts = {"step": self.step, "data": self.loaders.train.state_dict(), "skipped": self.skipped,
+              "nonfinite_steps": nonfinite, "total_steps": self.total_steps}  # fmt: skip
+        self.last_checkpoint = str(self.checkpointer.save(self.step, self.state(), ts))
 
     def fit(self) -> dict[str, Any]:
+        try:
+            if self.complete:
+                return self._finished()
+            return self._fit_logged()
+        finally:
+            self.close()
+
+    def _finished(self) -> dict[str, Any]:
+        """A finished run started again with the same config: say so and where its outputs are."""
+        outputs = [n for n in ("model.safetensors", "model_ema.safetensors", "summary.json", "report.html", "metrics.jsonl")
+                   if (self.out / n).is_file()]  # fmt: skip
+        summary: dict[str, Any] = {}
+        try:
+            summary = json.loads((self.out / "summary.json").read_text())
+        except (OSError, ValueError):
+            pass
+        summary = {**(summary if isinstance(summary, dict) else {}), "complete": True, "output_dir": str(self.out),
+                   "steps": self.step, "steps_this_run": 0, "resumed_from": self.resumed_from}  # fmt: skip
+        if self.is_main:
+            key = "train.max_steps" if self.cfg.train.max_steps > 0 else "train.epochs"
+            print(
+                f"{self.out} is a finished run (step {self.step} of {self.total_steps}; newest checkpoint "
+                f"{Path(self.resumed_from).name}): nothing to train. Its outputs: {', '.join(outputs) or 'the checkpoints'}. "
+                f"To train it longer, raise {key} and add checkpoint.allow_changes={key}; to start over, set another "
+                f"train.output_dir",
+                flush=True,
+            )
+        return summary
+
+    def _fit_logged(self) -> dict[str, Any]:
         cfg = self.cfg
         tc = cfg.train
+        if self.run.claim is not None and self.run.claim.accepted:
+            changed = ", ".join(f"{k}: {a} -> {b}" for k, a, b in self.run.claim.accepted)
+            print(f"resuming {self.out} with changes (checkpoint.allow_changes): {changed}", flush=True)
         log = MetricsLogger(
             self.out, enabled=self.is_main, total_steps=self.total_steps, start_step=self.step,
             progress=cfg.log.progress, tensorboard=cfg.log.tensorboard,
@@ -243,8 +323,11 @@ class Trainer:
             f"batch {tc.batch_size} ({self.micro_batch}/rank x {tc.grad_accum} accum x {self.world} ranks), "
             f"peak lr {self.peak_lr:.3e}, device {self.device}"
         )
-        with sdpa_backend(cfg.train.sdpa):  # the attention kernels of the fast path, as `vitscale bench`
-            return self._fit(log)
+        try:
+            with sdpa_backend(cfg.train.sdpa):  # the attention kernels of the fast path, as `vitscale bench`
+                return self._fit(log)
+        finally:
+            log.close()
 
     def _fit(self, log: MetricsLogger) -> dict[str, Any]:
         cfg = self.cfg
@@ -254,6 +337,7 @@ class Trainer:
         t_start = t_last = time.perf_counter()
         images_since = 0
         last_eval: dict[str, float] = {}
+        reported_nonfinite = self.guard.checked_total
         while self.step < self.total_steps:
             self.step += 1
             loss, metrics, grad_norm = self.train_step(batches)
@@ -274,6 +358,13 @@ class Trainer:
                     if self.peak_tflops:
                         rec["mfu"] = rec["tflops"] / self.peak_tflops
                 rec["epoch"] = self.step / self.steps_per_epoch
+                nonfinite = self.guard.check(self.step, self.last_checkpoint)  # stops a diverged run
+                if nonfinite:
+                    rec["nonfinite_steps"] = nonfinite
+                    if nonfinite > reported_nonfinite:
+                        log.info(f"step {self.step}: {nonfinite - reported_nonfinite} step(s) with a non-finite loss or "
+                                 f"gradient norm not applied since the last log ({nonfinite} in the run)")  # fmt: skip
+                    reported_nonfinite = nonfinite
                 if do_eval:
                     last_eval = self.evaluate()
                     rec.update(last_eval)
@@ -286,8 +377,6 @@ class Trainer:
                 self.save_checkpoint()
                 t_last = time.perf_counter()
         wall = time.perf_counter() - t_start
-        if self.step == start_step and self.loaders.val is not None:  # resumed a finished run
-            last_eval = self.evaluate()
         skipped = torch.tensor(float(self.skipped), device=self.device)
         if self.world > 1 and dist.is_initialized():
             dist.all_reduce(skipped)
@@ -304,17 +393,17 @@ class Trainer:
             "wall_time_s": wall,
             "img_per_s": steps_run * tc.batch_size / max(wall, 1e-9),
             "skipped_files": int(skipped.item()),
+            "nonfinite_steps": self.guard.checked_total,
             **{k: v for k, v in last_eval.items()},
         }
         if self.resumed_from:
             summary["resumed_from"] = self.resumed_from
         if self.is_main:
             with open(self.out / "summary.json", "w") as f:
-                json.dump(summary, f, indent=1)
+                json.dump(strict_json(summary), f, indent=1, allow_nan=False)
             if self.skipped:
                 log.info(f"skipped {self.skipped} undecodable files (see the warnings above)")
             try_write_report(self.out)
-        log.close()
         return summary
 
 

@@ -1,0 +1,108 @@
+"""Non-finite steps: a step whose loss or gradient norm is not finite is not applied, and counted.
+
+The decision is one flag, the same on every rank: ``isfinite(loss) & isfinite(grad_norm)`` of this
+rank, all-reduced (minimum) over the world when there are several ranks — one 4-byte all-reduce per
+step, queued on the device like the gradient reductions (no host wait). The gradient norm is
+already global (:func:`vitscale.distributed.utils.clip_grad_norm_`); the loss is not, so a rank
+whose loss alone is not finite still stops every rank's update.
+
+How the update is skipped, without making the host wait for the device where it can:
+
+- **fused optimizers** (``optim.fused=auto`` on a GPU, or ``fused``): on the device. The flag goes
+  to the optimizer as ``found_inf``, the argument PyTorch's own ``GradScaler`` uses to skip fused
+  Adam / AdamW / SGD updates (``torch/optim/adam.py``, ``torch/amp/grad_scaler.py``): parameters,
+  moments and Adam's step count stay as they were. The EMA moves by ``(1 - decay) x flag``, i.e.
+  not at all on a skipped step. No host synchronisation.
+- **foreach / for-loop optimizers** (the CPU default, or ``optim.fused=foreach|none``): the flag is
+  read on the host once per step and the optimizer step and EMA update are not called — what
+  ``GradScaler`` does for optimizers without ``found_inf``. On the CPU this costs nothing (the
+  computation is not asynchronous); on a GPU it is one synchronisation per step: the host waits
+  for the backward pass before launching the optimizer.
+
+A skipped step keeps its number: the learning rate is a pure function of the step (nothing to undo)
+and the data moves on. The counts live on the device and are read at log steps and before every
+checkpoint (sync points that exist anyway); more than ``train.max_nonfinite_steps`` in the run
+(counted across resumes) or more than ``train.max_consecutive_nonfinite`` in a row stops the run
+with :class:`NonFiniteError`, before anything else is saved.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..errors import UserError
+
+
+class NonFiniteError(UserError):
+    """The run stopped: more non-finite steps than its budget allows."""
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` skips an update on the device through ``found_inf`` (fused kernels)."""
+    return bool(optimizer.defaults.get("fused"))
+
+
+def prepare_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Make ``found_inf`` skips safe from the first step: fused SGD creates its momentum buffers
+    uninitialised (``torch.empty_like``) on its first step and a skipped first step would leave them
+    so; zeros give the same first update (``buf = momentum * 0 + grad`` with no dampening)."""
+    if not (skips_on_device(optimizer) and isinstance(optimizer, torch.optim.SGD)):
+        return
+    for group in optimizer.param_groups:
+        if group["momentum"] and not group["dampening"]:
+            for p in group["params"]:
+                optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
+
+
+class NonFiniteGuard:
+    """The per-step finite flag, the device-side counts and the budget check.
+
+    ``total`` counts non-finite steps of the whole run (``start_total`` of them before a resume),
+    ``run`` the current run of consecutive ones, ``longest`` the longest run since the last check.
+    """
+
+    def __init__(self, device: torch.device, max_total: int, max_consecutive: int, start_total: int = 0):
+        self.max_total, self.max_consecutive = max_total, max_consecutive
+        self._counts = torch.zeros(3, device=device, dtype=torch.float32)  # total, run, longest
+        self._counts[0] = float(start_total)
+        self.checked_total = int(start_total)
+
+    def to(self, device: torch.device) -> NonFiniteGuard:
+        self._counts = self._counts.to(device)
+        return self
+
+    def flag(self, loss: torch.Tensor, grad_norm: torch.Tensor, world: int) -> torch.Tensor:
+        """1.0 when this step may be applied on every rank, else 0.0 (a float32 device scalar);
+        records the step in the counts."""
+        ok = (torch.isfinite(loss.detach().float()) & torch.isfinite(grad_norm.detach().float())).float()
+        if world > 1 and dist.is_initialized():
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        ok = ok.reshape(()).to(self._counts.device)
+        bad = 1.0 - ok
+        total, run, longest = self._counts.unbind()
+        new_run = (run + 1.0) * bad
+        self._counts.copy_(torch.stack([total + bad, new_run, torch.maximum(longest, new_run)]))
+        return ok
+
+    def check(self, step: int, checkpoint: str | None) -> int:
+        """Read the counts (a sync point); raise :class:`NonFiniteError` when over budget. Returns
+        the run's total of non-finite steps."""
+        total, _, longest = (int(v) for v in self._counts.tolist())
+        self._counts[2] = self._counts[1]  # the longest run from here on starts with the current one
+        self.checked_total = total
+        over = []
+        if self.max_consecutive >= 0 and longest > self.max_consecutive:
+            over.append(f"{longest} in a row, more than train.max_consecutive_nonfinite={self.max_consecutive}")
+        if self.max_total >= 0 and total > self.max_total:
+            over.append(f"{total} in the run, more than train.max_nonfinite_steps={self.max_total}")
+        if over:
+            where = f"the last checkpoint, {checkpoint}, holds the model before them and is intact" if checkpoint else "no checkpoint was saved"
+            raise NonFiniteError(
+                f"stopped at step {step}: non-finite loss or gradient norm, {' and '.join(over)} (none of them "
+                f"was applied); {where}. Lower optim.lr, raise schedule.warmup_steps or set train.grad_clip"
+            )
+        return total
+
+
+__all__ = ["NonFiniteError", "NonFiniteGuard", "prepare_optimizer", "skips_on_device"]
