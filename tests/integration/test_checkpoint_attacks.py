@@ -34,7 +34,7 @@ def genuine(tmp_path_factory) -> Path:
 
 def _commands(run: Path, tmp: Path) -> dict[str, list[str]]:
     return {
-        "resume": ["train", "digits_vit", "train.max_steps=3", f"train.output_dir={run}", *TINY],
+        "resume": ["train", "digits_vit", "train.max_steps=3", "checkpoint.allow_changes=train.max_steps", f"train.output_dir={run}", *TINY],
         "init_from": ["train", "digits_vit", "train.max_steps=1", f"checkpoint.init_from={run}", f"train.output_dir={tmp / 'ft'}", *TINY],
         "eval": ["eval", "digits_vit", f"checkpoint.path={run}", "model.num_layers=1", "data.num_workers=0"],
         "convert": ["convert", str(run), str(tmp / "out.safetensors")],

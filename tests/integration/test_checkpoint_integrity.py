@@ -22,6 +22,7 @@ from vitscale.cli import main
 
 TINY = ["model.num_layers=1", "train.batch_size=32", "data.num_workers=0", "log.flops=false", "eval.every=0",
         "log.progress=none", "checkpoint.every=2", "checkpoint.keep=5", "train.log_every=1"]  # fmt: skip
+LONGER = ["checkpoint.allow_changes=train.max_steps"]  # resuming a run to train it longer
 
 
 def _losses(run: Path) -> dict[int, float]:
@@ -39,7 +40,7 @@ def test_garbage_in_newest_checkpoint_falls_back_to_older(tmp_path, capsys, capl
     shard.write_bytes(bytes(data))
     capsys.readouterr()
 
-    assert main(["train", "digits_vit", "train.max_steps=6", f"train.output_dir={run}", *TINY]) == 0
+    assert main(["train", "digits_vit", "train.max_steps=6", f"train.output_dir={run}", *LONGER, *TINY]) == 0
     out = capsys.readouterr()
     # logging's stderr fallback prints it, unless a handler is installed (pytest's capture is one)
     lines = out.err.splitlines() + [r.getMessage() for r in caplog.records if r.name == "vitscale.checkpoint"]
@@ -61,7 +62,7 @@ def test_no_intact_checkpoint_one_line(tmp_path, capsys):
     step = run / "checkpoints" / "step_00000002"
     (step / "checkpoint.json").write_bytes((step / "checkpoint.json").read_bytes()[:100])  # truncated index
     capsys.readouterr()
-    assert main(["train", "digits_vit", "train.max_steps=4", f"train.output_dir={run}", *TINY]) == 1
+    assert main(["train", "digits_vit", "train.max_steps=4", f"train.output_dir={run}", *LONGER, *TINY]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"vitscale train: no intact checkpoint in {run / 'checkpoints'}: {step / 'checkpoint.json'}: not valid JSON")
     assert not (step.parent / "step_00000004").exists()  # nothing trained on
@@ -81,7 +82,7 @@ def test_disk_full_mid_save_keeps_older_checkpoints(tmp_path):
     assert main(["train", "digits_vit", "train.max_steps=2", f"train.output_dir={run}", *TINY]) == 0
     size = sum(p.stat().st_size for p in (run / "checkpoints" / "step_00000002").iterdir())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
-    train = [sys.executable, "-m", "vitscale", "train", "digits_vit", "train.max_steps=4", f"train.output_dir={run}", *TINY]
+    train = [sys.executable, "-m", "vitscale", "train", "digits_vit", "train.max_steps=4", f"train.output_dir={run}", *LONGER, *TINY]
     ckpts = run / "checkpoints"
     if _namespaces_work():
         # checkpoints/ on a private tmpfs with room for the old checkpoint and half of the next one: a real ENOSPC

@@ -6,7 +6,11 @@ everything that would make the host wait for a GPU — ``.item()``, ``int()`` / 
 tensor, ``.cpu()`` / ``.numpy()`` of a device tensor, reading with a boolean mask (``x[mask]``,
 ``nonzero``) — raises there. (Writing through a mask, ``x[mask] = v``, does not raise on meta
 although it syncs on CUDA; the code uses ``torch.where`` / ``masked_fill`` for that.) Host-side work (the data loader, the optimizer's CPU step counters, token labels read from a
-memory map by the host copy of the indices) is allowed, exactly as on CUDA. A blocking copy from
+memory map by the host copy of the indices) is allowed, exactly as on CUDA. One read is by design:
+with a non-fused optimizer (these meta runs build foreach ones on the CPU) the trainer reads the
+step's finite flag to skip a non-finite step (``vitscale/train/nonfinite.py``); the meta runs let
+exactly that read through, one per step, and ``test_fused_step_reads_nothing_back`` shows that the
+fused optimizers a GPU run uses skip on the device without it. A blocking copy from
 the host to the device also waits for the GPU (PyTorch synchronises the stream after it), so the
 steps also run under a dispatch mode that records every host-to-device copy made without
 ``non_blocking=True`` — the loader's own move to the device and normalisation included.
@@ -50,6 +54,24 @@ class _BlockingCopies(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+class _ScalarReads(TorchDispatchMode):
+    """Records every read by the host of the value of a tensor on ``device`` (``bool()``, ``.item()``);
+    a meta tensor's read is answered True (the finite flag of a healthy step) so the step goes on."""
+
+    def __init__(self, device: str = "meta"):
+        super().__init__()
+        self.device = device
+        self.found: list[tuple[str, tuple]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default):
+            if args[0].device.type == self.device:
+                self.found.append((str(func), tuple(args[0].shape)))
+            if args[0].device.type == "meta":
+                return True
+        return func(*args, **(kwargs or {}))
+
+
 def _trainer_on_meta(config: str, overrides: list[str], tmp_path) -> Trainer:
     """A trainer built on the CPU, then moved to the meta device: model, EMA, task, and the loader,
     which now moves each batch there itself (and keeps its host copy, as on a GPU)."""
@@ -60,6 +82,7 @@ def _trainer_on_meta(config: str, overrides: list[str], tmp_path) -> Trainer:
     if t.ema is not None:
         t.ema.module.to(meta)
     t.device = t.task.device = t.loaders.train.device = meta
+    t.guard.to(meta)
     if getattr(t.task, "_caption_tokens", None) is not None:
         t.task._caption_tokens = t.task._caption_tokens.to(meta)
     return t
@@ -70,12 +93,14 @@ def _run_steps(t: Trainer, steps: int = 2) -> tuple[torch.Tensor, dict, torch.Te
     blocking host-to-device copy may happen."""
     batches = t._batches()
     t.step += 1
-    t.train_step(batches)
-    with _BlockingCopies() as mode:
+    with _ScalarReads():
+        t.train_step(batches)
+    with _BlockingCopies() as mode, _ScalarReads() as reads:
         for _ in range(steps):  # the later steps run the optimizer with state from the first
             t.step += 1
             out = t.train_step(batches)
     assert not mode.found, f"blocking host-to-device copies inside the step: {mode.found}"
+    assert not t.skip_on_device and reads.found == [("aten._local_scalar_dense.default", ())] * steps, reads.found
     return out
 
 
@@ -141,3 +166,23 @@ def test_clip_caption_cut_reads_nothing_back(tmp_path):
     assert cut.shape == (2, L) and cut.device.type == "meta"
     ref = t.task.fit_context(host)  # the same code on real values: the long row ends in end-of-text
     assert ref[0, -1] == t.task.tokenizer.eot_token_id and torch.equal(ref[1], host[1, :L])
+
+
+def test_fused_step_reads_nothing_back(tmp_path):
+    """With a fused optimizer (what ``optim.fused=auto`` picks on a GPU) a non-finite step is skipped on
+    the device (``found_inf``): the step reads no value back. Fused kernels do not run on the meta
+    device, so this runs on the CPU (which has them) and counts the host's reads of tensor values."""
+    cfg = load_config("digits_vit", [*FAST, f"train.output_dir={tmp_path / 'run'}", "train.device=cpu",
+                                     "model.num_layers=1", "train.batch_size=8", "train.ema_decay=0.9",
+                                     "optim.fused=fused"])  # fmt: skip
+    t = Trainer(cfg)
+    loader = t._batches()
+    t.step += 1
+    t.train_step(loader)
+    batches = iter([next(loader), next(loader)])  # loaded first: the loader reads host data on the host
+    with _ScalarReads("cpu") as reads:
+        for _ in range(2):
+            t.step += 1
+            t.train_step(batches)
+    assert t.skip_on_device and reads.found == []
+    t.close()

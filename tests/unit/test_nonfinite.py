@@ -1,0 +1,117 @@
+"""Non-finite steps are not applied, on either way of skipping them (``vitscale/train/nonfinite.py``):
+fused optimizers skip on the device (``found_inf``), foreach ones by the host's reading of the flag.
+A run that meets a NaN batch between two good ones ends exactly where the run without that batch
+ends: the same weights, optimizer state (Adam's step count too) and EMA, bit for bit. And nothing
+non-finite is written into a checkpoint or an export, or read from one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitscale.checkpoint import Checkpointer
+from vitscale.checkpoint.checkpointer import NonFiniteWeights, export_safetensors, read_weights, write_weights
+from vitscale.config import load_config
+from vitscale.train.nonfinite import NonFiniteError
+from vitscale.train.trainer import Trainer
+
+FAST = ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0", "log.progress=none",
+        "train.device=cpu", "model.num_layers=1", "train.batch_size=8", "train.ema_decay=0.9",
+        "schedule.name=constant", "schedule.warmup_steps=0", "train.grad_clip=1.0"]  # fmt: skip
+
+
+def _trainer(tmp_path, name: str, *extra: str) -> Trainer:
+    return Trainer(load_config("digits_vit", [*FAST, f"train.output_dir={tmp_path / name}", *extra]))
+
+
+def _poisoned(batch: dict) -> dict:
+    bad = dict(batch)
+    bad["image"] = torch.full_like(batch["image"], float("nan"))  # a NaN input: loss and gradients NaN
+    return bad
+
+
+def _snapshot(t: Trainer) -> dict:
+    opt = {f"{i}.{k}": v.clone() for i, p in enumerate(t.model.parameters()) for k, v in t.optimizer.state[p].items()}
+    return {
+        "model": {k: v.clone() for k, v in t.model.state_dict().items()},
+        "ema": {k: v.clone() for k, v in t.ema.module.state_dict().items()},
+        "optim": opt,
+    }
+
+
+def _same(a: dict, b: dict) -> None:
+    for group in ("model", "ema", "optim"):
+        assert a[group].keys() == b[group].keys(), group
+        for k in a[group]:
+            assert torch.equal(a[group][k], b[group][k]), f"{group} {k}"
+
+
+@pytest.mark.parametrize("optim", [["optim.fused=fused"], ["optim.fused=foreach"],
+                                   ["optim.name=sgd", "optim.fused=fused"], ["optim.name=sgd", "optim.fused=foreach"]])  # fmt: skip
+def test_a_nonfinite_step_leaves_no_trace(tmp_path, optim):
+    with_bad, without = _trainer(tmp_path, "a", *optim), _trainer(tmp_path, "b", *optim)
+    assert with_bad.skip_on_device == without.skip_on_device == ("optim.fused=fused" in optim)
+    loader = with_bad._batches()
+    good1, good2 = next(loader), next(loader)
+    # the first step is the skipped one: fused SGD's first step would otherwise leave its momentum unset
+    with_bad.step = 1
+    loss, _, grad_norm = with_bad.train_step(iter([_poisoned(good1)]))
+    assert not torch.isfinite(loss) and not torch.isfinite(grad_norm)
+    for t, first in ((with_bad, 2), (without, 1)):  # the same two good batches after it
+        for step, batch in enumerate((good1, good2), start=first):
+            t.step = step
+            t.train_step(iter([batch]))
+    _same(_snapshot(with_bad), _snapshot(without))
+    assert with_bad.guard.check(3, None) == 1 and without.guard.check(2, None) == 0
+    if "optim.name=sgd" not in optim:  # Adam's step count: 2 updates, not 3
+        assert all(int(s["step"]) == 2 for s in with_bad.optimizer.state.values())
+    with_bad.close()
+    without.close()
+
+
+def test_the_budget_stops_the_run(tmp_path):
+    t = _trainer(tmp_path, "r", "train.max_consecutive_nonfinite=2", "train.max_nonfinite_steps=3")
+    good = next(t._batches())
+    for step in (1, 2):
+        t.step = step
+        t.train_step(iter([_poisoned(good)]))
+    t.step = 3
+    t.train_step(iter([good]))  # the run of bad steps ends; 2 in a row is within the budget
+    t.step = 4
+    t.train_step(iter([_poisoned(good)]))  # the third in total: still within 3
+    t.step = 5
+    with pytest.raises(NonFiniteError, match=r"stopped at step 5: .*4 in the run, more than train.max_nonfinite_steps=3"):
+        t.train_step(iter([_poisoned(good)]))
+    t.close()
+    t = _trainer(tmp_path, "s", "train.max_consecutive_nonfinite=1")
+    t.step = 1
+    t.train_step(iter([_poisoned(good)]))
+    t.step = 2
+    with pytest.raises(NonFiniteError, match="2 in a row, more than train.max_consecutive_nonfinite=1"):
+        t.train_step(iter([_poisoned(good)]))
+    t.close()
+
+
+def test_nothing_nonfinite_is_written_or_read(tmp_path):
+    ok = {"w": torch.ones(3), "b": torch.zeros(2)}
+    bad = {"w": torch.tensor([1.0, float("inf"), 0.0]), "b": torch.zeros(2)}
+    ck = Checkpointer(tmp_path / "checkpoints", keep=2)
+    ck.save(1, {"model": ok}, {"step": 1, "data": {}})
+    with pytest.raises(NonFiniteWeights, match=r"not saving checkpoint .*step_00000002: non-finite values in model.w;"):
+        ck.save(2, {"model": bad}, {"step": 2, "data": {}})
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000001"]  # nothing half-written
+
+    with pytest.raises(NonFiniteWeights, match="not writing .*bad.safetensors: non-finite values in w"):
+        write_weights(bad, tmp_path / "bad.safetensors")
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        model.bias[0] = float("nan")
+    with pytest.raises(NonFiniteWeights, match="non-finite values in bias"):
+        export_safetensors(model, tmp_path / "model.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]  # no export, no .tmp left
+
+    from safetensors.torch import save_file
+
+    save_file(bad, str(tmp_path / "other.safetensors"))  # someone else's file holding an infinity
+    with pytest.raises(NonFiniteWeights, match="other.safetensors: non-finite values in w: these weights are not used"):
+        read_weights(tmp_path / "other.safetensors")
