@@ -33,12 +33,22 @@ class EMA:
     def update(self, model: nn.Module, ok: torch.Tensor | None = None) -> None:
         """One EMA step towards ``model``. ``ok``: a device scalar, 1.0 = take the step, 0.0 = leave
         the EMA as it is (a skipped non-finite step, decided on the device: no host sync)."""
-        ema_p = [p for p in self.module.parameters()]
-        src_p = [p.detach() for p in model.parameters()]
+        # Elementwise, and both models are sharded alike: on the local shards (DTensor has no sharding
+        # rule for every foreach op, e.g. torch 2.11's _foreach_lerp_ with tensor weights).
+        ema_p = [_local(p) for p in self.module.parameters()]
+        src_p = [_local(p.detach()) for p in model.parameters()]
         if ok is None:
             torch._foreach_lerp_(ema_p, src_p, 1.0 - self.decay)
         else:
             weight = ok * (1.0 - self.decay)
-            torch._foreach_lerp_(ema_p, src_p, [weight] * len(ema_p))
+            torch._foreach_lerp_(ema_p, src_p, [weight.to(t.device) for t in ema_p])
         for b_ema, b in zip(self.module.buffers(), model.buffers()):
+            b_ema, b = _local(b_ema), _local(b)
             b_ema.copy_(b if ok is None else torch.where(ok.bool(), b, b_ema))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (the same storage), a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
