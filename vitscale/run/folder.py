@@ -39,7 +39,8 @@ log = logging.getLogger("vitscale.run")
 # Settings that do not change what a run computes (beyond floating-point rounding for the kernel
 # and layout switches): a resume accepts any change to them. A key or a whole group (``eval``).
 NEUTRAL = (
-    "train.output_dir", "train.log_every", "train.compile", "train.sdpa", "train.cpu_threads",
+    "train.output_dir", "train.log_every", "train.compile", "train.compile_mode", "train.sdpa", "train.cpu_threads",
+    "precision.fp8_all_gather",
     "train.max_nonfinite_steps", "train.max_consecutive_nonfinite",
     "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor",
     "data.prefetch_across_epochs", "data.max_image_pixels",
