@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import traceback
 
 # Command modules, in the order `vitscale --help` lists them.
 COMMAND_MODULES = (
@@ -70,15 +69,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report(command: str, e: BaseException, debug: bool, describe) -> int:
     """Print ``vitscale <command>: <what went wrong>`` and return the exit code; a bug (or --debug)
-    prints the traceback as Python would."""
+    goes on up with its traceback."""
     described = None if debug else describe(e)
     if described is None:
-        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
-        return 1 if not isinstance(e, KeyboardInterrupt) else 130
+        raise e
     message, code = described
     print(f"vitscale {command}: {message}", file=sys.stderr)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

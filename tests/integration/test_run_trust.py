@@ -339,11 +339,14 @@ def test_errors_are_one_or_two_lines_from_every_command(tmp_path, capsys, monkey
             assert "missing (blocks.1.norm1.weight, blocks.1.norm1.bias, ...)" in err[-1] or "another shape" in err[-1]
         assert err[-1].startswith(f"vitscale {argv[0]}: ") and "Traceback" not in "".join(err), (name, err)
 
-    # --debug (before or after the command) and VITSCALE_DEBUG=1 show the traceback
+    # --debug (before or after the command) and VITSCALE_DEBUG=1: the error goes on with its traceback
     for argv, env in ((["--debug", "eval", "digits_vit", f"checkpoint.path={missing}"], "0"),
                       (["eval", "digits_vit", f"checkpoint.path={missing}", "--debug"], "0"),
                       (["eval", "digits_vit", f"checkpoint.path={missing}"], "1")):  # fmt: skip
         monkeypatch.setenv("VITSCALE_DEBUG", env)
-        assert main(argv) == 1
-        err = capsys.readouterr().err
-        assert err.startswith("Traceback (most recent call last)") and "FileNotFoundError: no checkpoint at" in err
+        with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+            main(argv)
+    res = subprocess.run([sys.executable, "-m", "vitscale", "--debug", "eval", "digits_vit", f"checkpoint.path={missing}"],
+                         capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
+    assert res.returncode == 1 and res.stderr.startswith("Traceback (most recent call last)"), res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("FileNotFoundError: no checkpoint at")

@@ -44,11 +44,15 @@ def test_model_field_baseline_and_refusals(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert res["baseline"]["implementation"] == "vitscale vit_debug (parallel_block=False)"
     assert res["speedup_vs_baseline"] > 0
-    with pytest.raises(TypeError, match="did you mean 'parallel_block'"):  # the dry run checks baselines too
-        main(["bench", "vit_debug", "--baseline", "parallel_blok=False", "--dry-run"])
-    with pytest.raises(ValueError, match="--fp8 is a training recipe"):
-        main(["bench", "vit_debug", "--device", "cpu", "--mode", "infer", "--fp8", "tensorwise", "--steps", "1"])
-    with pytest.raises(ConfigError, match="train.compile_mode=reduce-overhead needs train.compile=true"):
-        main(["bench", "vit_debug", "--device", "cpu", "--compile-mode", "reduce-overhead", "--steps", "1"])
-    with pytest.raises(ConfigError, match="need a CUDA device"):
-        main(["bench", "vit_debug", "--device", "cpu", "--compile", "--compile-mode", "reduce-overhead", "--steps", "1"])
+    # refusals: one line each, no traceback (vitscale.cli); exit code 2 for a setting to change
+    for argv, code, text in (
+        (["--baseline", "parallel_blok=False", "--dry-run"], 2, "did you mean 'parallel_block'"),  # the dry run checks baselines too
+        (["--device", "cpu", "--mode", "infer", "--fp8", "tensorwise", "--steps", "1"], 1, "--fp8 is a training recipe"),
+        (["--device", "cpu", "--compile-mode", "reduce-overhead", "--steps", "1"], 2,
+         "train.compile_mode=reduce-overhead needs train.compile=true"),
+        (["--device", "cpu", "--compile", "--compile-mode", "reduce-overhead", "--steps", "1"], 2, "need a CUDA device"),
+    ):
+        capsys.readouterr()
+        assert main(["bench", "vit_debug", *argv]) == code, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("vitscale bench: ") and text in err[0], err

@@ -116,12 +116,16 @@ def run(args) -> int:
         overrides=dict(args.overrides), fp8=args.fp8, fp8_filter=args.fp8_filter, compile_mode=args.compile_mode,
         baseline=dict(args.baseline),
     )  # fmt: skip
-    if args.dry_run:
-        from ..bench.harness import baseline_settings
+    from ..bench.harness import baseline_settings
+    from ..errors import CheckError
 
-        family = get_family(args.model)  # unknown names fail here, naming the closest
-        get_model_config(args.model, **settings.overrides)  # misspelt overrides fail here
-        get_model_config(args.model, **baseline_settings(settings).overrides)  # and misspelt baselines
+    family = get_family(args.model)  # unknown names fail here, naming the closest
+    try:  # misspelt --set / --baseline fields fail here, naming the closest, before anything is built
+        get_model_config(args.model, **settings.overrides)
+        get_model_config(args.model, **baseline_settings(settings).overrides)
+    except (TypeError, ValueError) as e:
+        raise CheckError(f"--set / --baseline: {e}") from None
+    if args.dry_run:
         if settings.fp8 != "none" or baseline_settings(settings).fp8 != "none":
             from ..distributed.float8 import require_torchao
 

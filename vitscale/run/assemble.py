@@ -113,8 +113,11 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, base.num_channels, micro_batch)
         num_classes = (cfg.data.num_classes or loaders.num_classes) if loaders is not None else None
         if purpose == "train":
-            dataset = getattr(loaders.train, "dataset", None)
-            check_batches(cfg, len(loaders.train), len(dataset) if dataset is not None else None, dims.dp_size)
+            try:
+                images = len(loaders.train.dataset)
+            except (AttributeError, TypeError):  # a stream has no length
+                images = None
+            check_batches(cfg, len(loaders.train), images, dims.dp_size)
         if loaders is not None and model is None:
             check_classes(cfg, num_classes, _data_name(cfg))
         overrides = model_overrides(cfg, num_classes)

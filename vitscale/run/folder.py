@@ -18,6 +18,7 @@ workers, layout, kernels, output paths) may change freely.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import fcntl
@@ -130,7 +131,7 @@ class RunLock:
     """The lock of a run folder. :meth:`acquire` (re-entrant within a process), :meth:`release`."""
 
     def __init__(self, folder: str | os.PathLike):
-        self.folder = Path(folder)
+        self.folder = Path(os.path.abspath(folder))
         self.path = self.folder / LOCK_NAME
         self._fd: int | None = None
         self._depth = 0
@@ -234,9 +235,7 @@ def _release_all() -> None:
         lock.release()
 
 
-import atexit  # noqa: E402  (a process that ends without releasing still removes its record)
-
-atexit.register(_release_all)
+atexit.register(_release_all)  # a process that ends without releasing still removes its record
 
 
 # ------------------------------------------------------------------------------------- same run?
