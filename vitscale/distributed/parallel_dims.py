@@ -105,6 +105,16 @@ class ParallelDims:
     def tp_mesh(self):
         return self.mesh["tp"]
 
+    def dp_group(self):
+        """The process group of the data-parallel ranks that hold this rank's TP shard (the ranks whose
+        batches, losses and evaluation results are combined), from the mesh; None = the whole world
+        (no tensor parallelism, or one process)."""
+        if not self.distributed or self.tp == 1:
+            return None
+        if self.dp_replicate > 1 and self.dp_shard > 1:
+            return self.mesh["dp"].get_group()  # flattened by build_mesh
+        return self.mesh["dp_replicate" if self.dp_replicate > 1 else "dp_shard"].get_group()
+
     # ------------------------------------------------------------------ validation
     def validate_model(self, model_cfg: Any) -> None:
         """Check that every transformer inside ``model_cfg`` splits evenly over ``tp`` ranks.
@@ -187,11 +197,17 @@ def world_info() -> tuple[int, int, int]:
 
 
 def build_mesh(dims: ParallelDims):
-    """The 3-D DeviceMesh ``(dp_replicate, dp_shard, tp)`` on ``dims.device`` (all sizes kept, even 1)."""
+    """The 3-D DeviceMesh ``(dp_replicate, dp_shard, tp)`` on ``dims.device`` (all sizes kept, even 1).
+    With both data-parallel sizes above 1 and tensor parallelism, ``dp_replicate x dp_shard`` is also
+    flattened into a 1-D ``dp`` dimension (one group of all data-parallel ranks, as torchtitan's
+    ``ParallelDims.build_mesh`` does)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     shape = (dims.dp_replicate, dims.dp_shard, dims.tp)
-    return init_device_mesh(dims.device.type, shape, mesh_dim_names=MESH_DIMS)
+    mesh = init_device_mesh(dims.device.type, shape, mesh_dim_names=MESH_DIMS)
+    if dims.dp_replicate > 1 and dims.dp_shard > 1 and dims.tp > 1:
+        mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    return mesh
 
 
 def init_distributed(parallel_cfg: Any = None, device: str | torch.device | None = "auto", timeout_s: int = 1800):
@@ -221,8 +237,14 @@ def init_distributed(parallel_cfg: Any = None, device: str | torch.device | None
     return dims
 
 
-def destroy_distributed() -> None:
+def destroy_distributed(barrier: bool = False) -> None:
+    """Leave the process group (at the end of a command under torchrun: an exiting process that
+    leaves its gloo group to the interpreter's teardown may abort, "terminate called without an
+    active exception"). ``barrier``: wait for every rank first (when all succeeded), so no rank
+    tears down a group a peer still uses."""
     if dist.is_available() and dist.is_initialized():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 
