@@ -47,7 +47,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    joined = _in_process_group()
+    rc = int(args.func(args) or 0)
+    if not joined and _in_process_group():  # the command joined torchrun's process group: leave it
+        from vitscale.distributed import destroy_distributed
+
+        destroy_distributed(barrier=rc == 0)
+    return rc
+
+
+def _in_process_group() -> bool:
+    dist = sys.modules.get("torch.distributed")  # never imports torch for a command that did not
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 if __name__ == "__main__":
