@@ -44,6 +44,9 @@ class ParallelDims:
     """The device this rank computes on."""
     mesh: Any = None
     """The 3-D DeviceMesh ``(dp_replicate, dp_shard, tp)``; None when ``world_size == 1``."""
+    dp_mesh: Any = None
+    """HSDP x TP only: the 1-D mesh of all data-parallel ranks of this TP rank, ``dp_replicate x
+    dp_shard`` flattened (kept here: torch deprecates slicing a flattened dimension from the root)."""
 
     @classmethod
     def from_sizes(cls, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1, world_size: int = 1, **kw):
@@ -112,7 +115,7 @@ class ParallelDims:
         if not self.distributed or self.tp == 1:
             return None
         if self.dp_replicate > 1 and self.dp_shard > 1:
-            return self.mesh["dp"].get_group()  # flattened by build_mesh
+            return self.dp_mesh.get_group()
         return self.mesh["dp_replicate" if self.dp_replicate > 1 else "dp_shard"].get_group()
 
     # ------------------------------------------------------------------ validation
@@ -197,17 +200,11 @@ def world_info() -> tuple[int, int, int]:
 
 
 def build_mesh(dims: ParallelDims):
-    """The 3-D DeviceMesh ``(dp_replicate, dp_shard, tp)`` on ``dims.device`` (all sizes kept, even 1).
-    With both data-parallel sizes above 1 and tensor parallelism, ``dp_replicate x dp_shard`` is also
-    flattened into a 1-D ``dp`` dimension (one group of all data-parallel ranks, as torchtitan's
-    ``ParallelDims.build_mesh`` does)."""
+    """The 3-D DeviceMesh ``(dp_replicate, dp_shard, tp)`` on ``dims.device`` (all sizes kept, even 1)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     shape = (dims.dp_replicate, dims.dp_shard, dims.tp)
-    mesh = init_device_mesh(dims.device.type, shape, mesh_dim_names=MESH_DIMS)
-    if dims.dp_replicate > 1 and dims.dp_shard > 1 and dims.tp > 1:
-        mesh["dp_replicate", "dp_shard"]._flatten("dp")
-    return mesh
+    return init_device_mesh(dims.device.type, shape, mesh_dim_names=MESH_DIMS)
 
 
 def init_distributed(parallel_cfg: Any = None, device: str | torch.device | None = "auto", timeout_s: int = 1800):
@@ -234,6 +231,8 @@ def init_distributed(parallel_cfg: Any = None, device: str | torch.device | None
         kw = {"device_id": dev} if dev.type == "cuda" else {}
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
     dims.mesh = build_mesh(dims)
+    if dims.dp_replicate > 1 and dims.dp_shard > 1 and dims.tp > 1:  # one group of all data-parallel ranks,
+        dims.dp_mesh = dims.mesh["dp_replicate", "dp_shard"]._flatten("dp")  # as torchtitan's ParallelDims
     return dims
 
 
