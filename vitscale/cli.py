@@ -59,12 +59,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     debug = bool(args.debug) or debug_enabled()
+    joined = _in_process_group()
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
     except Exception as e:  # KeyboardInterrupt too (below); SystemExit passes through
-        return _report(args.command, e, debug, describe)
+        rc = _report(args.command, e, debug, describe)
     except KeyboardInterrupt as e:
-        return _report(args.command, e, debug, describe)
+        rc = _report(args.command, e, debug, describe)
+    if not joined and _in_process_group():  # the command joined torchrun's process group: leave it
+        from vitscale.distributed import destroy_distributed
+
+        destroy_distributed(barrier=rc == 0)
+    return rc
+
+
+def _in_process_group() -> bool:
+    dist = sys.modules.get("torch.distributed")  # never imports torch for a command that did not
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def _report(command: str, e: BaseException, debug: bool, describe) -> int:

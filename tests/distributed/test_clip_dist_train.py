@@ -27,9 +27,8 @@ def clip_curve(layout: dict, local_loss: bool = False):
     precision = PrecisionConfig(param_dtype="float32", reduce_dtype="float32")
     model = build_model("clip_debug", dims, parallel=parallel, precision=precision, seed=0, init="reference", overrides=OVERRIDES)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
-    group = None
-    if dims.distributed and dims.dp_size < dims.world_size:  # tp: every rank of the replica holds the batch
-        group = dist.new_subgroups_by_enumeration([[0], [1]])[0]  # the data-parallel group of one rank
+    group = dims.dp_group()  # tp: the data-parallel group of one rank (both ranks of the replica hold the batch)
+    assert group is None or dist.get_world_size(group) == dims.dp_size
     model._test_dp_group = group
     loss_fn = ClipLoss(local_loss=local_loss, group=group)
     g = torch.Generator().manual_seed(1)

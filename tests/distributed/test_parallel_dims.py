@@ -1,4 +1,5 @@
-"""Layout resolution and its error messages, activation-checkpointing selection (one process)."""
+"""Layout resolution and its error messages, activation-checkpointing selection (one process); the
+data-parallel groups of the mesh (8 gloo processes)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 import torch
+from _launch import run_distributed
 
 from vitscale.distributed import LayoutError, ParallelDims, init_distributed
 from vitscale.distributed.activation_checkpoint import apply_activation_checkpointing, selected_layers
@@ -81,3 +83,28 @@ def test_grad_norm_matches_torch_on_one_process():
     got = clip_grad_norm_(params, 0.5)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(clip_grad_norm_(params), torch.tensor(0.5), atol=1e-4, rtol=1e-4)
+
+
+def _dp_groups():
+    """Per layout: this rank's (dp_rank, tp_rank) and the ranks of its data-parallel group."""
+    import torch.distributed as dist
+
+    from vitscale.distributed import init_distributed
+
+    out = {}
+    for layout in (dict(dp_replicate=2, dp_shard=2, tp=2), dict(dp_replicate=4, dp_shard=1, tp=2), dict(dp_shard=4, tp=2)):
+        dims = init_distributed(NS(**layout), "cpu")
+        group = dims.dp_group()
+        members = [None] * dist.get_world_size(group)
+        dist.all_gather_object(members, dist.get_rank(), group=group)
+        out[tuple(layout.values())] = (dims.dp_rank, dims.tp_rank, sorted(members))
+    return out
+
+
+def test_data_parallel_groups_come_from_the_mesh_on_8_ranks():
+    """The ranks a TP rank's batches, losses and evaluations combine over: every data-parallel rank
+    of the same TP rank — HSDP x TP through the flattened ``dp_replicate x dp_shard`` mesh."""
+    for rank, per_layout in enumerate(run_distributed(_dp_groups, 8)):
+        for layout, (dp_rank, tp_rank, members) in per_layout.items():
+            assert (dp_rank, tp_rank) == (rank // 2, rank % 2), layout
+            assert members == [r for r in range(8) if r % 2 == tp_rank], (layout, rank, members)

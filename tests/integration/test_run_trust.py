@@ -275,9 +275,9 @@ def test_output_folder_checked_up_front(tmp_path, capsys):
             "for d in sys.argv[1:]:\n"
             "    err = io.StringIO()\n"
             "    with contextlib.redirect_stderr(err):\n"
-            "        rc = main(['train', 'digits_vit', 'train.max_steps=1', *%r, 'train.output_dir=' + d + '/run'])\n"
+            f"        rc = main(['train', 'digits_vit', 'train.max_steps=1', *{TINY!r}, 'train.output_dir=' + d + '/run'])\n"
             "    out.append([rc, err.getvalue().strip().splitlines()])\n"
-            "print(json.dumps(out))" % (TINY,))  # fmt: skip
+            "print(json.dumps(out))")  # fmt: skip
     script = f'mount -t tmpfs -o ro,size=1m none "{ro}" && mount -t tmpfs -o size=512k none "{small}" && "$@"'
     res = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", sys.executable, "-c", code, str(ro), str(small)],
                          capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip

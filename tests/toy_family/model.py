@@ -63,8 +63,8 @@ class ToyNet(nn.Module):
         x = x.mean(dim=1)  # (B, D)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+    def forward(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x), pre_logits=pre_logits)
 
     def no_weight_decay(self) -> set[str]:
         return set()

@@ -73,8 +73,23 @@ def test_ranks_shard_the_global_batch_strided():
         for r in range(2):
             for k in ("image", "label", "index", "crop", "flip"):
                 assert torch.equal(shards[r][step][k], one[step][k][r::2]), (step, r, k)
-    val = [torch.cat([b["index"] for b in _loaders(_cfg(), micro=4, rank=r, world=2).val]) for r in range(2)]
-    assert sorted(torch.cat(val).tolist()) == list(range(24))
+
+
+def test_val_ranks_take_whole_batches_of_one_process_and_pad():
+    """24 val images in batches of 10 (10, 10, 4) over 2 ranks: each rank takes whole batches of the
+    one-process evaluation (0 and 2, then 1), and both run two batches (a sharded model's forward is
+    collective): rank 1's second is a one-image padding batch."""
+    one = list(_loaders(_cfg()).val)
+    assert [len(b["index"]) for b in one] == [10, 10, 4]
+    two = [list(_loaders(_cfg(), rank=r, world=2).val) for r in range(2)]
+    assert [len(v) for v in two] == [2, 2]  # the same number of batches on every rank
+    for got, ref in ((two[0][0], one[0]), (two[1][0], one[1]), (two[0][1], one[2])):
+        for k in ("image", "label", "index"):
+            assert torch.equal(got[k], ref[k]), k
+    pad = two[1][1]
+    assert pad["index"].tolist() == [-1] and torch.equal(pad["image"][0], one[0]["image"][0])  # sample 0, marked -1
+    real = torch.cat([b["index"] for v in two for b in v])
+    assert sorted(real[real >= 0].tolist()) == list(range(24))  # each image once, none dropped
 
 
 def test_resume_continues_at_next_unseen_batch():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from . import HelpFormatter
@@ -14,12 +15,14 @@ def register(subparsers) -> None:
         help="evaluate a checkpoint on the val split (top-1 / top-5 / loss)",
         description="Evaluate weights on the config's validation data. checkpoint.path may be a run "
         "folder (newest checkpoint, else model.safetensors), a checkpoints/ folder, a step_N folder or a "
-        ".safetensors file.",
+        ".safetensors file. Under torchrun the model takes the parallel.* layout (FSDP, TP) and the "
+        "ranks share the validation set; the numbers are those of one process (docs/distributed.md).",
         formatter_class=HelpFormatter,
         epilog="Example: vitscale eval digits_vit checkpoint.path=runs/digits_vit\n"
         "         vitscale eval digits_vit checkpoint.path=runs/digits_vit/model.safetensors --ema\n"
         "         vitscale eval runs/digits_vit/config.yaml checkpoint.path=runs/digits_vit eval.probe=linear\n"
-        "         vitscale eval runs/digits_vit/config.yaml checkpoint.path=runs/digits_vit eval.probe=fewshot eval.shots=1,5,10",
+        "         vitscale eval runs/digits_vit/config.yaml checkpoint.path=runs/digits_vit eval.probe=fewshot eval.shots=1,5,10\n"
+        "         torchrun --nproc-per-node 8 -m vitscale eval runs/vit_b16/config.yaml checkpoint.path=runs/vit_b16",
     )
     p.add_argument("config", help="YAML path or built-in config name (model and data)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
@@ -44,6 +47,8 @@ def run(args) -> int:
 
     with sdpa_backend(cfg.train.sdpa):  # the attention kernels training used
         result = evaluate_checkpoint(cfg, cfg.checkpoint.path, ema=args.ema)  # errors: one line (vitscale.cli)
+    if int(os.environ.get("RANK", "0")) != 0:  # every rank holds the same result: rank 0 reports it
+        return 0
     text = json.dumps(result, indent=1)
     print(text)
     if args.output:

@@ -11,6 +11,9 @@ class-token ViT's patch tokens are never trained to classify).
 The summary reports the teacher's class top-1 and the fraction of locations whose top class is
 the image label (teacher_token_top1). Train a student on them with train.task=token_labeling
 token_label.path=OUT.
+
+Under torchrun the teacher takes the parallel.* layout (FSDP, TP) and the ranks share the batches of
+each split, writing into the same files: the output is the one-process output (docs/volo.md).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ Examples:
   vitscale label-tokens digits_vit teacher.checkpoint=runs/digits_vit runs/digits_token_labels
   vitscale label-tokens imagenet_volo_d1 teacher.timm=volo_d5_224 teacher.checkpoint=d5.pth.tar \\
       data.train_path=/data/imagenet/train teacher.topk=5 /data/imagenet_token_labels
+  torchrun --nproc-per-node 8 -m vitscale label-tokens imagenet_volo_d1 teacher.timm=volo_d5_224 ...
 CONFIG supplies the data (and, without teacher.model / teacher.timm, the teacher architecture).
 """
 
@@ -62,12 +66,10 @@ def teacher_config(cfg, num_classes: int | None = None):
 
 def teacher_run(cfg):
     """The assembled run of the teacher (``vitscale.run.assemble``, purpose ``label``), weights loaded."""
-    import torch
-
     t = cfg.teacher
     if not t.checkpoint:
         raise ValueError("set teacher.checkpoint (a .safetensors file, run folder or checkpoint)")
-    from vitscale.run import assemble
+    from vitscale.run import assemble, head_classes
 
     if t.timm:
         from vitscale.interop import load_timm_checkpoint
@@ -77,24 +79,31 @@ def teacher_run(cfg):
     from vitscale.checkpoint.checkpointer import load_model_weights, read_weights
 
     sd = read_weights(t.checkpoint, t.weights)
-    head = sd.get("head.weight")
-    run = assemble(teacher_config(cfg, int(head.shape[0]) if isinstance(head, torch.Tensor) else None), "label")
+    run = assemble(teacher_config(cfg, head_classes(sd)), "label")
     load_model_weights(run.model, sd, strict=True, source=f"teacher.checkpoint={t.checkpoint}")
     return run
 
 
 def label_tokens(cfg, out: str) -> dict:
-    """Label every split in ``cfg.teacher.splits``; returns a summary (teacher accuracy per split)."""
+    """Label every split in ``cfg.teacher.splits``; returns a summary (teacher accuracy per split).
+
+    Under torchrun the teacher takes the ``parallel.*`` layout and each data-parallel rank labels
+    whole batches of the split (the batches of a one-process run: ``EvalShardSampler``) into the
+    same files; every rank returns the summary of the whole split."""
     import torch
+    import torch.distributed as dist
 
     from vitscale.data.token_labels import TokenLabelWriter
     from vitscale.tasks.token_labeling import dense_forward
     from vitscale.train.fastpath import autocast_factory
 
     t = cfg.teacher
+    if cfg.data.format == "webdataset" and cfg.data.webdataset_mode == "stream":
+        raise ValueError("label-tokens labels every image by its index: use data.webdataset_mode=index")
     run = teacher_run(cfg)
     teacher, img, C = run.model.eval(), run.img_size, run.model.num_classes
     autocast = autocast_factory(run.device, run.precision.autocast)
+    group = run.dims.dp_group()
     summary: dict = {"out": out, "splits": {}}
     for split in t.splits:
         loader = {"train": run.loaders.train, "val": run.loaders.val}.get(split)
@@ -104,8 +113,7 @@ def label_tokens(cfg, out: str) -> dict:
         info = {"teacher": t.model or t.timm or cfg.model.name, "teacher_checkpoint": str(t.checkpoint),
                 "teacher_img_size": list(img), "dataset": cfg.data.format}  # fmt: skip
         writer = None
-        correct = seen = 0
-        tok_correct = 0.0
+        counts = torch.zeros(3, dtype=torch.float64, device=run.device)  # images, class top-1, token top-1
         t0 = time.perf_counter()
         with torch.no_grad():
             for batch in loader:
@@ -113,17 +121,25 @@ def label_tokens(cfg, out: str) -> dict:
                     cls, tok = dense_forward(teacher, batch["image"])
                 cls_p, tok_p = cls.float().softmax(-1), tok.float().softmax(-1)
                 if writer is None:
-                    writer = TokenLabelWriter(out, split, n, tuple(tok.shape[1:3]), min(t.topk, C), C, info)
+                    writer = TokenLabelWriter(out, split, n, tuple(tok.shape[1:3]), min(t.topk, C), C, info,
+                                              writes=run.dims.tp_rank == 0)  # fmt: skip
                 writer.write(batch["index"], tok_p, cls_p, batch.get("crop"))
-                correct += int((cls_p.argmax(-1) == batch["label"]).sum())
-                tok_correct += float((tok_p.argmax(-1) == batch["label"].view(-1, 1, 1)).float().mean((1, 2)).sum())
-                seen += batch["label"].numel()
+                real = (batch["index"] >= 0).to(run.device)  # padding samples (index -1) do not count
+                labels = batch["label"].to(run.device)
+                tok_hit = (tok_p.argmax(-1) == labels.view(-1, 1, 1)).double().mean((1, 2))
+                counts += torch.stack([real.sum().double(), ((cls_p.argmax(-1) == labels) & real).sum().double(),
+                                       torch.where(real, tok_hit, 0.0).sum()])  # fmt: skip
         writer.close()
+        if run.dims.distributed:
+            dist.all_reduce(counts, group=group)
+        seen, correct, tok_correct = counts.tolist()
         summary["splits"][split] = {
             "images": n, "grid": list(writer.grid), "topk": writer.topk, "teacher_top1": 100.0 * correct / max(seen, 1),
             "teacher_token_top1": 100.0 * tok_correct / max(seen, 1),
             "seconds": round(time.perf_counter() - t0, 2),
         }  # fmt: skip
+    if run.dims.distributed:
+        summary["layout"] = run.dims.describe()
     return summary
 
 
@@ -132,9 +148,6 @@ def run(args) -> int:
 
     from vitscale.config import ConfigError, load_config
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        print("vitscale label-tokens runs in one process: launch it without torchrun", file=sys.stderr)
-        return 2
     overrides = [a for a in args.args if "=" in a]
     outs = [a for a in args.args if "=" not in a]
     if len(outs) != 1:
@@ -146,5 +159,6 @@ def run(args) -> int:
         print(f"vitscale label-tokens: config error: {e}", file=sys.stderr)
         return 2
     summary = label_tokens(cfg, outs[0])  # errors: one line (vitscale.cli)
-    print(json.dumps(summary, indent=1))
+    if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same summary: rank 0 reports it
+        print(json.dumps(summary, indent=1))
     return 0

@@ -35,7 +35,8 @@ class Loaders:
     train: ResumableLoader
     """This rank's training batches (resumable; see :class:`ResumableLoader`)."""
     val: ResumableLoader | None
-    """This rank's validation shard (indices ``rank::world_size``), or None."""
+    """This rank's validation shard (whole batches ``rank::world_size`` of the split in order:
+    :class:`EvalShardSampler`), or None."""
     num_classes: int
     class_names: list[str]
 
@@ -90,7 +91,8 @@ def build_loaders(
     ``{"image": float (B, C, H, W) normalised, "label": long (B,), "index": long (B,), "skipped": int,
     "crop": float (B, 4), "flip": bool (B,)}``. With ``device``, batches are moved there and
     normalised there (uint8 crosses the host->device copy). ``train_augment=False`` reads the train
-    split like val: in order, unaugmented, ``micro_batch_size`` images a batch (``label-tokens``).
+    split like val: in order, unaugmented, ``micro_batch_size`` images a batch (``label-tokens``,
+    probes; a streaming source: in stream order).
     """
     if cfg_data.img_size:
         img_size = (int(cfg_data.img_size), int(cfg_data.img_size))
@@ -110,12 +112,12 @@ def build_loaders(
         persistent_workers=cfg_data.persistent_workers, prefetch_factor=cfg_data.prefetch_factor,
     )
     train_tf = SampleTransform(cfg_data, img_size, num_channels, seed, train=train_augment)
-    if not train_augment:
-        train_sampler = EvalShardSampler(len(train_src), micro_batch_size, rank=rank, world_size=world_size)
-        train = ResumableLoader(KeyedDataset(train_src, train_tf), train_sampler, **common)
-    elif hasattr(train_src, "build_loader"):  # streaming sources build their own loader
+    if hasattr(train_src, "build_loader"):  # streaming sources build their own loader (in stream order)
         train = train_src.build_loader(train_tf, micro_batch_size=micro_batch_size, rank=rank,
                                        world_size=world_size, drop_last=drop_last, **common)
+    elif not train_augment:
+        train_sampler = EvalShardSampler(len(train_src), micro_batch_size, rank=rank, world_size=world_size)
+        train = ResumableLoader(KeyedDataset(train_src, train_tf), train_sampler, **common)
     else:
         train_sampler = ShardedBatchSampler(len(train_src), micro_batch_size, seed=seed, rank=rank,
                                             world_size=world_size, shuffle=True, drop_last=drop_last)

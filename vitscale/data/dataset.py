@@ -9,7 +9,8 @@ from .transforms import SampleTransform
 
 
 class KeyedDataset(Dataset):
-    """``dataset[(epoch, index)]`` -> one transformed sample dict (uint8 image)."""
+    """``dataset[(epoch, index)]`` -> one transformed sample dict (uint8 image). Index -1 is a padding
+    item (:class:`vitscale.data.sampler.EvalShardSampler`): sample 0, returned with index -1."""
 
     def __init__(self, source, transform: SampleTransform):
         self.source, self.transform = source, transform
@@ -19,11 +20,12 @@ class KeyedDataset(Dataset):
 
     def __getitem__(self, item):
         epoch, index = item if isinstance(item, tuple) else (0, item)
-        s = self.source.sample(int(index), int(epoch), self.transform)
+        pad = int(index) < 0  # an evaluation sampler's padding item: sample 0, marked by index -1
+        s = self.source.sample(0 if pad else int(index), int(epoch), self.transform)
         return s.extra | {
             "image": s.aug.image,
             "label": s.label,
-            "index": s.index,
+            "index": -1 if pad else s.index,
             "crop": s.aug.crop,
             "flip": s.aug.flip,
             "erase": s.aug.erase,

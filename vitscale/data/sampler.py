@@ -73,19 +73,41 @@ class ShardedBatchSampler:
 
 
 class EvalShardSampler:
-    """Rank ``r`` evaluates indices ``r::world_size`` in order, in batches of ``batch_size``."""
+    """The split in order, in batches of ``batch_size``, dealt out to the ranks whole: rank ``r`` takes
+    batches ``r, r + world_size, r + 2 * world_size, …`` of the one-process sequence.
+
+    Every image is evaluated once (no padding with repeated images, none dropped), and each batch is
+    exactly a batch of the one-process evaluation, so a sharded model computes the same numbers for
+    it. Every rank gets the same number of batches, ``ceil(batches / world_size)``: a sharded model's
+    forward is a collective (FSDP2 all-gathers, TP reductions) that all ranks must run together, so a
+    rank past the end gets a one-image *padding* batch, the item ``(0, PAD)`` (index ``PAD`` = -1:
+    ``KeyedDataset`` gives sample 0 with index -1), which evaluation ignores.
+    """
+
+    PAD = -1
 
     def __init__(self, n: int, batch_size: int, *, rank: int = 0, world_size: int = 1):
-        self.mine = list(range(rank, n, world_size))
-        self.batch_size = batch_size
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+        self.n, self.batch_size, self.rank, self.world = n, batch_size, rank, world_size
+        self.batches = math.ceil(n / batch_size)  # of the one-process evaluation
         self.epoch, self.start = 0, 0
 
     def __len__(self) -> int:
-        return math.ceil(len(self.mine) / self.batch_size)
+        return math.ceil(self.batches / self.world) if self.n else 0
 
     def set_position(self, epoch: int, start: int) -> None:
         self.epoch, self.start = int(epoch), int(start)
 
+    def indices(self, b: int) -> list[int]:
+        """Dataset indices of this rank's batch ``b`` (``[PAD]`` for a padding batch)."""
+        g = b * self.world + self.rank  # the one-process batch
+        if g >= self.batches:
+            return [self.PAD]
+        return list(range(g * self.batch_size, min((g + 1) * self.batch_size, self.n)))
+
     def __iter__(self):
         for b in range(self.start, len(self)):
-            yield [(0, i) for i in self.mine[b * self.batch_size:(b + 1) * self.batch_size]]
+            yield [(0, i) for i in self.indices(b)]

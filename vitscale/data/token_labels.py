@@ -42,33 +42,58 @@ def _files(root: Path, split: str) -> dict[str, Path]:
 
 
 class TokenLabelWriter:
-    """Writes one split's dense top-k maps, row by sample index; ``close()`` checks every row was written."""
+    """Writes one split's dense top-k maps, row by sample index; ``close()`` checks every row was written.
+
+    On several processes (``torchrun … vitscale label-tokens``) every rank opens one writer on the same
+    files: rank 0 creates them at their full size, the others open them once it has, each rank
+    writes the rows of its samples (disjoint: each sample is labelled by one rank), and ``close()``
+    checks that the ranks' rows add up to the split before rank 0 writes ``token_labels.json``.
+    ``writes=False``: a rank that labels the same samples as another (a tensor-parallel peer) and
+    writes nothing.
+    """
 
     def __init__(self, root: str | Path, split: str, num_samples: int, grid: tuple[int, int], topk: int,
-                 num_classes: int, info: dict | None = None):  # fmt: skip
+                 num_classes: int, info: dict | None = None, *, writes: bool = True):  # fmt: skip
         if num_classes > np.iinfo(np.int16).max:
             raise ValueError(f"{num_classes} classes do not fit the int16 index format")
         self.root, self.split = Path(root), split
-        self.root.mkdir(parents=True, exist_ok=True)
         self.n, self.grid, self.topk, self.num_classes = num_samples, tuple(grid), topk, num_classes
         self.info = info or {}
-        f = _files(self.root, split)
-        shape = (num_samples, topk, *self.grid)
-        self.values = np.memmap(f["values"], np.float16, "w+", shape=shape)
-        self.indices = np.memmap(f["indices"], np.int16, "w+", shape=shape)
-        self.cls_values = np.memmap(f["cls_values"], np.float16, "w+", shape=(num_samples, topk))
-        self.cls_indices = np.memmap(f["cls_indices"], np.int16, "w+", shape=(num_samples, topk))
-        self.boxes = np.memmap(f["boxes"], np.float32, "w+", shape=(num_samples, 4))
+        self.writes = writes
+        self.rank = _rank()
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+        self._open("w+" if self.rank == 0 else None)  # rank 0 preallocates the files
+        _barrier()
+        if self.rank != 0:
+            self._open("r+")  # the others map the files rank 0 made
         self.written = np.zeros(num_samples, dtype=bool)
+
+    def _open(self, mode: str | None) -> None:
+        if mode is None:
+            return
+        f = _files(self.root, self.split)
+        shape = (self.n, self.topk, *self.grid)
+        self.values = np.memmap(f["values"], np.float16, mode, shape=shape)
+        self.indices = np.memmap(f["indices"], np.int16, mode, shape=shape)
+        self.cls_values = np.memmap(f["cls_values"], np.float16, mode, shape=(self.n, self.topk))
+        self.cls_indices = np.memmap(f["cls_indices"], np.int16, mode, shape=(self.n, self.topk))
+        self.boxes = np.memmap(f["boxes"], np.float32, mode, shape=(self.n, 4))
 
     def write(self, index: torch.Tensor, token_probs: torch.Tensor, cls_probs: torch.Tensor,
               boxes: torch.Tensor | None = None) -> None:  # fmt: skip
         """``index`` (B,); ``token_probs`` (B, gh, gw, C) and ``cls_probs`` (B, C) distributions;
-        ``boxes`` (B, 4) the teacher's view of each image (None = the whole image)."""
-        idx = index.cpu().numpy()
+        ``boxes`` (B, 4) the teacher's view of each image (None = the whole image). Rows of padding
+        samples (index -1) are not written."""
+        if not self.writes:
+            return
+        keep = index.cpu() >= 0
+        idx = index.cpu()[keep].numpy()
         if boxes is None:
-            boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0]]).expand(len(idx), 4)
-        self.boxes[idx] = boxes.float().cpu().numpy()
+            boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0]]).expand(len(keep), 4)
+        keep_d = keep.to(token_probs.device)
+        token_probs, cls_probs, boxes = token_probs[keep_d], cls_probs[keep_d], boxes.cpu()[keep]
+        self.boxes[idx] = boxes.float().numpy()
         v, i = token_probs.float().topk(self.topk, dim=-1)  # (B, gh, gw, k)
         self.values[idx] = v.permute(0, 3, 1, 2).cpu().numpy().astype(np.float16)
         self.indices[idx] = i.permute(0, 3, 1, 2).cpu().numpy().astype(np.int16)
@@ -78,17 +103,44 @@ class TokenLabelWriter:
         self.written[idx] = True
 
     def close(self) -> dict:
-        if not self.written.all():
-            raise RuntimeError(f"{int((~self.written).sum())} of {self.n} samples of {self.split!r} got no labels")
         for a in (self.values, self.indices, self.cls_values, self.cls_indices, self.boxes):
             a.flush()
-        meta_path = self.root / META_FILE
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"splits": {}}
-        meta["num_classes"] = self.num_classes
-        meta.update({k: v for k, v in self.info.items() if k != "splits"})
-        meta["splits"][self.split] = {"num_samples": self.n, "grid": list(self.grid), "topk": self.topk}
-        meta_path.write_text(json.dumps(meta, indent=1))
+        done = _sum_over_ranks(int(self.written.sum()))  # the ranks' rows are disjoint
+        if done != self.n:
+            raise RuntimeError(f"{self.n - done} of {self.n} samples of {self.split!r} got no labels")
+        meta: dict = {}
+        if self.rank == 0:
+            meta_path = self.root / META_FILE
+            meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"splits": {}}
+            meta["num_classes"] = self.num_classes
+            meta.update({k: v for k, v in self.info.items() if k != "splits"})
+            meta["splits"][self.split] = {"num_samples": self.n, "grid": list(self.grid), "topk": self.topk}
+            meta_path.write_text(json.dumps(meta, indent=1))
+        _barrier()  # the split is complete on disk before any rank goes on
         return meta
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _sum_over_ranks(n: int) -> int:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t)
+    return int(t.item())
 
 
 class TokenLabelStore:

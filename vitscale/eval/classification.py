@@ -12,10 +12,12 @@ from torch import nn
 
 @torch.no_grad()
 def evaluate_classification(
-    model: nn.Module, loader, device: torch.device | str, autocast=contextlib.nullcontext, loss: str = "softmax"
-) -> dict[str, float]:
+    model: nn.Module, loader, device: torch.device | str, autocast=contextlib.nullcontext, loss: str = "softmax",
+    group=None,
+) -> dict[str, float]:  # fmt: skip
     """``{"val_top1", "val_top5"}`` in percent and ``val_loss`` (mean cross-entropy, or sigmoid
-    cross-entropy summed over classes for ``loss="sigmoid"``), summed over all ranks' shards."""
+    cross-entropy summed over classes for ``loss="sigmoid"``), summed over the data-parallel ranks'
+    shards (``group``; None = the world). Padding samples (index -1) are not counted."""
     was_training = model.training
     model.eval()
     device = torch.device(device)
@@ -25,20 +27,20 @@ def evaluate_classification(
         labels = batch["label"].to(device, non_blocking=True)
         with autocast():
             logits = model(images)
+        real = batch["index"].to(device, non_blocking=True) >= 0  # (B,) False for padding samples
         logits = logits.float()
         k = min(5, logits.shape[-1])
         topk = logits.topk(k, dim=-1).indices  # (B, k)
-        hit = topk == labels.unsqueeze(1)
+        hit = (topk == labels.unsqueeze(1)) & real.unsqueeze(1)
         if loss == "sigmoid":
             onehot = F.one_hot(labels, logits.shape[-1]).float()
-            l_sum = F.binary_cross_entropy_with_logits(logits, onehot, reduction="none").sum()
+            l_each = F.binary_cross_entropy_with_logits(logits, onehot, reduction="none").sum(-1)
         else:
-            l_sum = F.cross_entropy(logits, labels, reduction="sum")
-        totals += torch.stack(
-            [torch.tensor(float(labels.numel()), device=device), hit[:, 0].sum(), hit.any(1).sum(), l_sum]
-        ).to(torch.float64)
+            l_each = F.cross_entropy(logits, labels, reduction="none")
+        l_sum = torch.where(real, l_each, 0.0).sum()  # no boolean-mask indexing: no host sync
+        totals += torch.stack([real.sum(), hit[:, 0].sum(), hit.any(1).sum(), l_sum]).to(torch.float64)
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(totals)
+        dist.all_reduce(totals, group=group)
     model.train(was_training)
     n, top1, top5, l_sum = totals.tolist()
     if n == 0:

@@ -1,10 +1,10 @@
 """Linear-probe and few-shot evaluation of frozen features (``vitscale eval … eval.probe=linear|fewshot``).
 
 Features are the model's pre-logits representation through the uniform model API,
-``forward_head(forward_features(x), pre_logits=True)``: the pooled (and ``fc_norm``-ed) tokens of a ViT
-or VOLO, the image embedding of a CLIP (its ``forward_head`` is ``encode_image``'s projection). They
-are computed once for the train split (with the evaluation transform: no augmentation) and the
-validation split.
+``forward_head(forward_features(x), pre_logits=True)``, run as ``model(x, pre_logits=True)``: the
+pooled (and ``fc_norm``-ed) tokens of a ViT or VOLO, the image embedding of a CLIP (its
+``forward_head`` is ``encode_image``'s projection). They are computed once for the train split
+(with the evaluation transform: no augmentation) and the validation split.
 
 - ``linear``: multinomial logistic regression, ``mean cross-entropy + l2 / 2 * |W|^2`` (bias not
   penalised) on features standardised with the train split's mean and std, fitted full-batch with
@@ -18,7 +18,8 @@ validation split.
   and std, a constant bias feature of 100 appended, closed-form ridge regression (penalty
   ``eval.fewshot_l2``) onto one-hot targets in {-1, 1}, top-1 of the argmax on the validation split.
 
-One process (features of the whole splits on one device).
+On several processes (``torchrun … -m vitscale eval``) each rank extracts the features of its shard of
+both splits; they are gathered in dataset order, and every rank fits the same probe on all of them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from torch import nn
 
 from vitscale.data import keyed
 
+from .gather import gather_ordered
+
 STREAM_PROBE_SPLIT = 101
 STREAM_FEWSHOT = 102
 BIAS_FEATURE = 100.0  # big_vision's constant bias feature: large, so the bias is barely penalised
@@ -38,40 +41,35 @@ SMALL_PROBLEM = 1 << 22  # feature matrices with fewer elements are fitted on on
 
 
 # ----------------------------------------------------------------------------------------- features
-def split_loader(cfg, loaders, split: str, device):
-    """The ``split`` ("train" / "val") in order, with the evaluation transform (no augmentation)."""
+def split_loaders(loaders) -> tuple:
+    """``(train, val)`` loaders of the run (``assemble(cfg, "eval")``: both splits in order, with the
+    evaluation transform); a readable error when a split cannot be read that way."""
     from vitscale.data.dataset import KeyedDataset
-    from vitscale.data.loader import ResumableLoader
-    from vitscale.data.sampler import EvalShardSampler
 
     if loaders.val is None:
         raise FileNotFoundError("the config has no validation data (set data.val_path or data.val_split)")
-    if split == "val":
-        return loaders.val
-    train = getattr(loaders.train, "dataset", None)
-    if not isinstance(train, KeyedDataset):
+    if not isinstance(getattr(loaders.train, "dataset", None), KeyedDataset):
         raise ValueError("probes read the whole train split: not available for data.webdataset_mode=stream")
-    return ResumableLoader(
-        KeyedDataset(train.source, loaders.val.dataset.transform),  # the eval transform of this run
-        EvalShardSampler(len(train.source), cfg.eval.batch_size), mean=cfg.data.mean, std=cfg.data.std,
-        num_workers=cfg.data.num_workers, pin_memory=cfg.data.pin_memory, persistent_workers=False, device=device,
-    )  # fmt: skip
+    return loaders.train, loaders.val
 
 
 @torch.no_grad()
-def extract_features(model: nn.Module, loader, device, autocast=contextlib.nullcontext):
-    """``(features float32 (N, D), labels (N,))`` on ``device``, in the loader's order."""
+def extract_features(model: nn.Module, loader, device, autocast=contextlib.nullcontext, group=None):
+    """``(features float32 (N, D), labels (N,))`` of the whole split on ``device``, in dataset order:
+    this rank's shard gathered with the other data-parallel ranks' (``group``; None = the world)."""
     was_training = model.training
     model.eval()
-    feats, labels = [], []
+    feats, labels, index = [], [], []
     for batch in loader:
         images = batch["image"].to(device, non_blocking=True)
         with autocast():
-            f = model.forward_head(model.forward_features(images), pre_logits=True)
+            f = model(images, pre_logits=True)  # through the call: FSDP2 gathers the root's parameters
         feats.append(f.float())
         labels.append(batch["label"].to(device))
+        index.append(batch["index"].to(device))
     model.train(was_training)
-    return torch.cat(feats), torch.cat(labels)
+    idx = torch.cat(index)
+    return gather_ordered(torch.cat(feats), idx, group), gather_ordered(torch.cat(labels), idx, group)
 
 
 # ----------------------------------------------------------------------------------------- linear
@@ -200,28 +198,31 @@ def fewshot(xtr, ytr, xva, yva, num_classes: int, shots, seeds: int, l2: float, 
 
 
 # ----------------------------------------------------------------------------------------- entry
-def run_probe(cfg, model: nn.Module, loaders, device, autocast=contextlib.nullcontext) -> dict:
+def run_probe(cfg, model: nn.Module, loaders, device, autocast=contextlib.nullcontext, group=None) -> dict:
     """``eval.probe`` of ``model`` on the run's train / val splits; the metrics ``vitscale eval`` prints.
-    On the CPU it runs on ``train.cpu_threads`` threads when set, as training does."""
+    On several ranks each extracts the features of its shard, the features are gathered in dataset
+    order (``group``: the data-parallel ranks) and every rank fits the same probe on them. On the CPU
+    it runs on ``train.cpu_threads`` threads when set, as training does."""
     threads = torch.get_num_threads()
     if torch.device(device).type == "cpu" and cfg.train.cpu_threads > 0:  # as training does (tiny models: 1)
         torch.set_num_threads(cfg.train.cpu_threads)
     try:
-        return _run_probe(cfg, model, loaders, device, autocast)
+        return _run_probe(cfg, model, loaders, device, autocast, group)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_probe(cfg, model, loaders, device, autocast) -> dict:
+def _run_probe(cfg, model, loaders, device, autocast, group) -> dict:
     ec = cfg.eval
-    xtr, ytr = extract_features(model, split_loader(cfg, loaders, "train", device), device, autocast)
-    xva, yva = extract_features(model, split_loader(cfg, loaders, "val", device), device, autocast)
+    if ec.probe not in ("linear", "fewshot"):
+        raise ValueError(f"eval.probe={ec.probe!r}: expected linear or fewshot")
+    train, val = split_loaders(loaders)
+    xtr, ytr = extract_features(model, train, device, autocast, group)
+    xva, yva = extract_features(model, val, device, autocast, group)
     num_classes = int(max(cfg.data.num_classes or loaders.num_classes, int(ytr.max()) + 1, int(yva.max()) + 1))
     res = {"probe": ec.probe, "feature_dim": int(xtr.shape[1]), "train_images": int(len(ytr)), "val_images": int(len(yva))}
     if ec.probe == "linear":
         res.update(linear_probe(xtr, ytr, xva, yva, num_classes, ec.probe_l2, ec.probe_holdout, ec.probe_max_iter, cfg.train.seed))
-    elif ec.probe == "fewshot":
-        res.update(fewshot(xtr, ytr, xva, yva, num_classes, ec.shots, ec.fewshot_seeds, ec.fewshot_l2, cfg.train.seed))
     else:
-        raise ValueError(f"eval.probe={ec.probe!r}: expected linear or fewshot")
+        res.update(fewshot(xtr, ytr, xva, yva, num_classes, ec.shots, ec.fewshot_seeds, ec.fewshot_l2, cfg.train.seed))
     return res

@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from .gather import gather_ordered
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
@@ -48,28 +49,6 @@ def zeroshot_classifier(
     return torch.stack(weights, dim=1)  # (E, K)
 
 
-def _gather_ordered(t: torch.Tensor, index: torch.Tensor, group=None) -> torch.Tensor:
-    """Concatenate every data-parallel rank's rows and sort them by dataset index (ranks may hold
-    unequal counts). ``group``: the data-parallel group (None = the world)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
-        return t[index.argsort()]
-    world = dist.get_world_size(group)
-    n = torch.tensor([t.shape[0]], device=t.device)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n, group=group)
-    m = int(max(s.item() for s in sizes))
-    pad = torch.zeros((m - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-    ipad = torch.full((m - t.shape[0],), -1, dtype=index.dtype, device=t.device)
-    parts = [torch.empty((m, *t.shape[1:]), dtype=t.dtype, device=t.device) for _ in range(world)]
-    iparts = [torch.empty(m, dtype=index.dtype, device=t.device) for _ in range(world)]
-    dist.all_gather(parts, torch.cat([t, pad]), group=group)
-    dist.all_gather(iparts, torch.cat([index.to(t.device), ipad]), group=group)
-    allt, alli = torch.cat(parts), torch.cat(iparts)
-    keep = alli >= 0
-    allt, alli = allt[keep], alli[keep]
-    return allt[alli.argsort()]
-
-
 @torch.no_grad()
 def collect_embeddings(
     model: nn.Module, loader, device, autocast=contextlib.nullcontext, text_transform=None, group=None
@@ -95,11 +74,11 @@ def collect_embeddings(
         return {}
     idx = torch.cat(index)
     out = {
-        "image": _gather_ordered(torch.cat(img), idx, group),
-        "label": _gather_ordered(torch.cat(labels), idx, group),
+        "image": gather_ordered(torch.cat(img), idx, group),
+        "label": gather_ordered(torch.cat(labels), idx, group),
     }
     if txt:
-        out["text"] = _gather_ordered(torch.cat(txt), idx, group)
+        out["text"] = gather_ordered(torch.cat(txt), idx, group)
     return out
 
 

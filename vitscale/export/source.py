@@ -10,7 +10,6 @@ defaults (said so in the export's JSON).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +55,9 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     """
     from vitscale.checkpoint.checkpointer import load_model_weights, read_weights
     from vitscale.config import Config, load_config
-    from vitscale.models.registry import create_model, get_family, get_model_config
+    from vitscale.distributed.parallel_dims import ParallelDims
+    from vitscale.models.registry import get_family
+    from vitscale.run import build_model, head_classes, model_overrides
 
     p = Path(src)
     if not p.exists():
@@ -76,17 +77,10 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     if "model" in meta:  # the header names the model and its resolved overrides
         name, over = meta["model"], json.loads(meta.get("overrides") or "{}")
     elif cfg_path:  # a DCP checkpoint: the run config says, the class count is the head's
-        name, over = cfg.model.name, dict(cfg.model.overrides)
-        fields = {f.name for f in dataclasses.fields(get_model_config(name, **over))}
-        head = sd.get("head.weight")
-        if "num_classes" in fields and "num_classes" not in over and isinstance(head, torch.Tensor):
-            over["num_classes"] = int(head.shape[0])
-        if cfg.data.img_size and {"img_h", "img_w"} <= fields:
-            over.setdefault("img_h", cfg.data.img_size)
-            over.setdefault("img_w", cfg.data.img_size)
+        name, over = cfg.model.name, model_overrides(cfg, head_classes(sd))
     else:
         raise ValueError(f"{src}: the weights do not name their model and there is no config.yaml (pass --config)")
-    model = create_model(name, device="cpu", **over)
+    model = build_model(name, ParallelDims(device=torch.device("cpu")), overrides=over)  # as train, eval, label-tokens
     load_model_weights(model, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, strict=True, source=src)
     model = model.float().eval()
     task = cfg.train.task if cfg_path and cfg.train.task else get_family(name).task

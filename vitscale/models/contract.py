@@ -8,8 +8,9 @@ family, as torchtitan's model protocol (``torchtitan/protocols/model.py``) makes
 what it offers.
 
 Dense per-token logits (token labeling) are asked through the module call,
-``model(images, dense=True, mix=mix)``, not through ``forward_dense``: under FSDP2 only the call
-runs the root module's hooks that gather its parameters.
+``model(images, dense=True, mix=mix)``, not through ``forward_dense``, and the pre-logits features
+(probes) as ``model(images, pre_logits=True)``, not through ``forward_head``: under FSDP2 only the
+call runs the root module's hooks that gather its parameters.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class Model(Protocol):
         ...
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Tokens -> logits (or the pooled features with ``pre_logits``)."""
+        """Tokens -> logits (or the pooled features with ``pre_logits``; run
+        ``forward_head(forward_features(x), pre_logits=True)`` as ``model(x, pre_logits=True)``)."""
         ...
 
     def no_weight_decay(self) -> set[str]:

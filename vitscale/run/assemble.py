@@ -22,7 +22,8 @@ from ..config import Config
 from ..data import Loaders, build_loaders
 from ..distributed.float8 import Float8Report, float8_report
 from ..distributed.fsdp import Precision, resolve_precision
-from ..distributed.parallel_dims import ParallelDims, init_distributed, resolve_device
+from ..distributed.parallel_dims import ParallelDims, init_distributed, resolve_device, world_info
+from ..distributed.parallelize import parallelize
 from ..models.registry import FamilySpec, family_of, get_model_config, parallel_plan
 from .build import build_model
 from .checks import check_batches, check_classes, check_output_folder, check_run
@@ -39,12 +40,14 @@ class Run:
     cfg: Config
     """The config as resolved (``train.compile`` filled in: on for CUDA training unless set)."""
     purpose: str
-    """``train`` (the torchrun layout, augmented shuffled loaders), ``eval`` (one process),
-    ``label`` (one process, every split in order, unaugmented) or ``bench`` (no data)."""
+    """``train`` (augmented shuffled loaders), ``eval`` (every split in order, unaugmented: the val
+    split for the task, the train split for probes), ``label`` (every split in order, unaugmented) or
+    ``bench`` (one process, no data). Under torchrun, train, eval and label run on the ``parallel.*``
+    layout, each data-parallel rank reading its shard."""
     device: torch.device
     """This rank's device."""
     dims: ParallelDims
-    """The parallel layout (a world of one except for training under torchrun)."""
+    """The parallel layout (a world of one without torchrun, and for the bench)."""
     precision: Precision
     """The numerics on this device: FSDP2 compute / reduce dtypes and the autocast dtype."""
     family: FamilySpec
@@ -89,11 +92,12 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
     tc = cfg.train
-    if purpose == "train":
+    if purpose == "train" or (purpose != "bench" and world_info()[2] > 1):
         dims = init_distributed(cfg.parallel, tc.device)
-        _use_device_settings(dims.device, cfg)
-    else:
+    else:  # one process: a run folder's layout (e.g. parallel.tp=2) is not this job's
         dims = ParallelDims(device=resolve_device(tc.device))
+    if purpose == "train":
+        _use_device_settings(dims.device, cfg)
     device = dims.device
     compile = purpose in ("train", "bench") and (tc.compile if tc.compile is not None else device.type == "cuda")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(tc, compile=compile))
@@ -126,8 +130,10 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
                 cfg.model.name, dims, overrides=overrides, parallel=cfg.parallel, precision=cfg.precision,
                 compile=compile, compile_mode=tc.compile_mode, seed=tc.seed,
             )  # fmt: skip
-        else:
+        else:  # built elsewhere (a timm teacher): on the device, then laid out like a built one
             model = model.to(device)
+            if dims.distributed:
+                parallelize(model, parallel_plan(family_of(model)), dims, cfg.parallel, cfg.precision, compile, tc.compile_mode)
         family = family_of(model)
         blocks = [block for stack in parallel_plan(family).blocks(model) for block in stack]
         float8 = float8_report(model, blocks, cfg.precision.fp8, cfg.precision.fp8_filter)
@@ -170,6 +176,13 @@ def model_overrides(cfg: Config, num_classes: int | None) -> dict[str, Any]:
     return over
 
 
+def head_classes(weights: dict[str, Any]) -> int | None:
+    """The class count of trained weights: the rows of their classifier (``head.weight``); None
+    without one (a CLIP, a headless model)."""
+    head = weights.get("head.weight")
+    return int(head.shape[0]) if isinstance(head, torch.Tensor) else None
+
+
 def _use_device_settings(device: torch.device, cfg: Config) -> None:
     """Training's device settings: CPU threads (``train.cpu_threads``), TF32 matmuls on CUDA."""
     if device.type == "cpu" and cfg.train.cpu_threads > 0:
@@ -180,16 +193,14 @@ def _use_device_settings(device: torch.device, cfg: Config) -> None:
 
 
 def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, num_channels: int, micro_batch: int) -> Loaders:
-    common = dict(img_size=img_size, num_channels=num_channels, seed=cfg.train.seed, device=dims.device)
-    if purpose == "train":  # this data-parallel rank's shard; TP ranks of one replica read the same
-        return build_loaders(
-            cfg.data, micro_batch_size=micro_batch, eval_batch_size=cfg.eval.batch_size, rank=dims.dp_rank,
-            world_size=dims.dp_size, **common,
-        )  # fmt: skip
-    if purpose == "label":  # every image once, in order, unaugmented
-        batch = cfg.teacher.batch_size
-        return build_loaders(cfg.data, micro_batch_size=batch, eval_batch_size=batch, train_augment=False, **common)
-    return build_loaders(cfg.data, micro_batch_size=1, eval_batch_size=cfg.eval.batch_size, **common)
+    # this data-parallel rank's shard; TP ranks of one replica read the same
+    common = dict(img_size=img_size, num_channels=num_channels, seed=cfg.train.seed, device=dims.device,
+                  rank=dims.dp_rank, world_size=dims.dp_size)  # fmt: skip
+    if purpose == "train":
+        return build_loaders(cfg.data, micro_batch_size=micro_batch, eval_batch_size=cfg.eval.batch_size, **common)
+    # every image once, in order, unaugmented, in whole batches of the one-process job (EvalShardSampler)
+    batch = cfg.teacher.batch_size if purpose == "label" else cfg.eval.batch_size
+    return build_loaders(cfg.data, micro_batch_size=batch, eval_batch_size=batch, train_augment=False, **common)
 
 
-__all__ = ["PURPOSES", "Purpose", "Run", "assemble", "model_overrides"]
+__all__ = ["PURPOSES", "Purpose", "Run", "assemble", "head_classes", "model_overrides"]

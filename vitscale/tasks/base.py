@@ -25,25 +25,28 @@ _TASK_MODULES = {
 
 
 class Task:
-    """``Task(cfg, model, num_classes)``; the trainer calls :meth:`loss` per micro-batch.
+    """``Task(cfg, model, num_classes, dp_group)``; the trainer calls :meth:`loss` per micro-batch.
 
-    Attributes the trainer sets after construction: ``autocast`` (a zero-argument context factory
+    ``dp_group``: the process group of the data-parallel ranks (``ParallelDims.dp_group()``; None =
+    the world): losses that span the global batch and evaluations over sharded loaders combine over
+    it. Attributes the trainer sets after construction: ``autocast`` (a zero-argument context factory
     for the forward pass) and ``device``.
     """
 
     name = "task"
 
-    def __init__(self, cfg: Any, model: nn.Module, num_classes: int | None):
+    def __init__(self, cfg: Any, model: nn.Module, num_classes: int | None, dp_group=None):
         self.cfg = cfg
         self.num_classes = num_classes
+        self.dp_group = dp_group
         self.autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         self.device = torch.device("cpu")
 
     @classmethod
-    def for_evaluation(cls, cfg: Any, model: nn.Module, num_classes: int | None) -> Task:
+    def for_evaluation(cls, cfg: Any, model: nn.Module, num_classes: int | None, dp_group=None) -> Task:
         """The task that evaluates trained weights (``vitscale eval``): this one, unless training it
         needs more than the model and the data (token labeling evaluates as classification)."""
-        return cls(cfg, model, num_classes)
+        return cls(cfg, model, num_classes, dp_group)
 
     def loss(self, model: nn.Module, batch: dict, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Mean loss of the (already on-device) micro-batch and detached metric tensors.
@@ -52,7 +55,9 @@ class Task:
         raise NotImplementedError
 
     def evaluate(self, model: nn.Module, loader) -> dict[str, float]:
-        """Metrics over a whole (per-rank sharded) loader, reduced over ranks; keys ``val_*``."""
+        """Metrics over a whole (per-rank sharded) loader, reduced over the data-parallel ranks; keys
+        ``val_*``. Every rank runs the same number of batches (padding samples, index -1, are not
+        counted: see ``vitscale.data.sampler.EvalShardSampler``)."""
         raise NotImplementedError
 
 

@@ -31,8 +31,8 @@ def classification_loss(logits: torch.Tensor, target: torch.Tensor, kind: str, s
 class ClassificationTask(Task):
     name = "classification"
 
-    def __init__(self, cfg, model: nn.Module, num_classes: int | None):
-        super().__init__(cfg, model, num_classes)
+    def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None):
+        super().__init__(cfg, model, num_classes, dp_group)
         self.kind = cfg.train.loss
         self.smoothing = cfg.train.label_smoothing
         d = cfg.data
@@ -58,7 +58,7 @@ class ClassificationTask(Task):
         return loss, metrics
 
     def evaluate(self, model, loader):
-        return evaluate_classification(model, loader, self.device, autocast=self.autocast, loss=self.kind)
+        return evaluate_classification(model, loader, self.device, autocast=self.autocast, loss=self.kind, group=self.dp_group)
 
 
 register_task("classification", ClassificationTask)

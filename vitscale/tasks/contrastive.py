@@ -11,7 +11,6 @@ data-parallel ranks; tensor-parallel ranks of one replica hold the same features
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from vitscale.eval.retrieval import retrieval_recall
@@ -50,35 +49,19 @@ def dataset_class_names(cfg) -> list[str] | None:
     return None
 
 
-def _dp_group(cfg):
-    """The data-parallel process group: the world when tp == 1, else the ranks sharing a tp rank."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return None
-    tp = cfg.parallel.tp
-    if tp == 1:
-        return None
-    world = dist.get_world_size()
-    groups = [
-        [t + k * tp for k in range(world // tp)] for t in range(tp)
-    ]  # mesh (dp_replicate, dp_shard, tp)
-    mine, _ = dist.new_subgroups_by_enumeration(groups)
-    return mine
-
-
 class ContrastiveTask(Task):
     name = "contrastive"
 
-    def __init__(self, cfg, model: nn.Module, num_classes: int | None):
-        super().__init__(cfg, model, num_classes)
+    def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None):
+        super().__init__(cfg, model, num_classes, dp_group)
         cc = cfg.clip
         self.seed = cfg.train.seed
         self.tokenizer = create_tokenizer("clip", context_length=cc.context_length)
-        self.group = _dp_group(cfg)  # data-parallel ranks: loss and evaluation gather over these
         self.loss_fn = build_contrastive_loss(
             cfg.train.loss,
             local_loss=cc.local_loss,
             gather_with_grad=cc.gather_with_grad,
-            group=self.group,
+            group=dp_group,  # the data-parallel ranks: the loss spans their whole batch
         )
         self.class_names = dataset_class_names(cfg)
         self.templates = list(cc.caption_templates)
@@ -132,7 +115,7 @@ class ContrastiveTask(Task):
     @torch.no_grad()
     def evaluate(self, model, loader):
         emb = collect_embeddings(
-            model, loader, self.device, self.autocast, text_transform=self.fit_context, group=self.group
+            model, loader, self.device, self.autocast, text_transform=self.fit_context, group=self.dp_group
         )
         if not emb:
             return {}

@@ -86,8 +86,8 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
 class TokenLabelingTask(Task):
     name = "token_labeling"
 
-    def __init__(self, cfg, model: nn.Module, num_classes: int | None):
-        super().__init__(cfg, model, num_classes)
+    def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None):
+        super().__init__(cfg, model, num_classes, dp_group)
         tl = cfg.token_label
         if not tl.path:
             raise ValueError("train.task=token_labeling needs token_label.path (a folder from `vitscale label-tokens`)")
@@ -102,11 +102,11 @@ class TokenLabelingTask(Task):
         self.seed = cfg.train.seed
 
     @classmethod
-    def for_evaluation(cls, cfg, model: nn.Module, num_classes: int | None) -> Task:
+    def for_evaluation(cls, cfg, model: nn.Module, num_classes: int | None, dp_group=None) -> Task:
         """Trained weights evaluate as a classifier (no token labels needed)."""
         from .classification import ClassificationTask
 
-        return ClassificationTask(cfg, model, num_classes)
+        return ClassificationTask(cfg, model, num_classes, dp_group)
 
     def targets(self, batch: dict, grid: tuple[int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
         """Class targets ``(B, C)`` and aligned dense targets ``(B, gh, gw, C)`` (before MixToken)."""
@@ -152,7 +152,7 @@ class TokenLabelingTask(Task):
         return loss, metrics
 
     def evaluate(self, model, loader):
-        return evaluate_classification(model, loader, self.device, autocast=self.autocast)
+        return evaluate_classification(model, loader, self.device, autocast=self.autocast, group=self.dp_group)
 
 
 register_task("token_labeling", TokenLabelingTask)

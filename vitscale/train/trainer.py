@@ -106,7 +106,7 @@ class Trainer:
             # FSDP modules cannot be deep-copied: a second model sharded the same way
             self.ema = EMA(model, tc.ema_decay, module=run.new_model() if self.world > 1 else None)
         self.autocast = autocast_factory(self.device, run.precision.autocast)
-        self.task = get_task(run.task)(cfg, model, self.num_classes)
+        self.task = get_task(run.task)(cfg, model, self.num_classes, run.dims.dp_group())
         self.task.autocast = self.autocast
         self.task.device = self.device
         self.checkpointer = Checkpointer(self.out / "checkpoints", keep=cfg.checkpoint.keep)

@@ -166,10 +166,14 @@ class CLIP(nn.Module):
         images: torch.Tensor | None = None,
         tokens: torch.Tensor | None = None,
         output_dict: bool = False,
+        pre_logits: bool = False,
     ):
         """L2-normalised image and text features and the temperature, as open_clip's ``CLIP.forward``:
         a tuple ``(image_features, text_features, logit_scale[, logit_bias])`` or, with
-        ``output_dict=True``, a dict with those keys. Either input may be None."""
+        ``output_dict=True``, a dict with those keys. Either input may be None. With ``pre_logits``:
+        the image embedding, not normalised (``forward_head(forward_features(images), pre_logits=True)``)."""
+        if pre_logits:
+            return self.forward_head(self.forward_features(images), pre_logits=True)
         img = self.encode_image(images, normalize=True) if images is not None else None
         txt = self.encode_text(tokens, normalize=True) if tokens is not None else None
         scale = self.get_logit_scale()

@@ -297,9 +297,11 @@ class VisionTransformer(nn.Module):
         cls = every[:, 0] if self.cfg.pool == "token" else self.forward_head(self.forward_features(x))
         return cls, tok
 
-    def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None):
+    def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None, pre_logits: bool = False):
         if dense:  # through forward() so FSDP's hooks gather the parameters
             return self.forward_dense(x, mix)
+        if pre_logits:  # the pooled features (probes), also through forward()
+            return self.forward_head(self.forward_features(x), pre_logits=True)
         return self.forward_head(self.forward_features(x))
 
     # ------------------------------------------------------------------ sizes

@@ -324,9 +324,11 @@ class VOLO(nn.Module):
         tok = self.aux_head(self.head_drop(feats[:, 1:])).view(B, gh, gw, -1)  # (B, gh, gw, classes)
         return cls, tok
 
-    def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None):
+    def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None, pre_logits: bool = False):
         if dense:  # through forward() so FSDP's hooks gather the parameters
             return self.forward_dense(x, mix)
+        if pre_logits:  # the pooled features (probes), also through forward()
+            return self.forward_head(self.forward_features(x), pre_logits=True)
         return self.forward_head(self.forward_features(x, mix))
 
     # ------------------------------------------------------------------ sizes
