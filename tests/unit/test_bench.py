@@ -34,7 +34,7 @@ def _check_impl(entry: dict, flops: int, mode: str, peak: float) -> None:
     assert entry["img_per_s"] > 0
     factor = 3 if mode == "train" else 1
     assert entry["tflops"] == pytest.approx(entry["img_per_s"] * factor * flops / 1e12)
-    assert entry["mfu"] == pytest.approx(entry["tflops"] / peak)
+    assert entry["mfu"] == pytest.approx(100 * entry["tflops"] / peak)  # percent
     assert entry["peak_mem_gb"] is None  # CPU: not measured per implementation
 
 
@@ -84,8 +84,8 @@ def test_mfu_arithmetic():
     assert M.step_flops_per_image(17.6e9, "train") == pytest.approx(52.8e9)
     assert M.step_flops_per_image(17.6e9, "infer") == pytest.approx(17.6e9)
     assert M.achieved_tflops(1000, 17.6e9, "train") == pytest.approx(52.8)
-    assert M.mfu(1000, 17.6e9, "train", 989.4) == pytest.approx(52.8 / 989.4)
-    assert M.mfu(2000, 17.6e9, "infer", 312.0) == pytest.approx(35.2 / 312.0)
+    assert M.mfu(1000, 17.6e9, "train", 989.4) == pytest.approx(100 * 52.8 / 989.4)  # percent
+    assert M.mfu(2000, 17.6e9, "infer", 312.0) == pytest.approx(100 * 35.2 / 312.0)
     with pytest.raises(ValueError):
         M.step_flops_per_image(1.0, "eval")
     with pytest.raises(ValueError):

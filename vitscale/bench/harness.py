@@ -403,7 +403,7 @@ def _log_summary(out: dict[str, Any], log: Callable[[str], None]) -> None:
         if isinstance(v, dict) and "img_per_s" in v:
             mem = "-" if v["peak_mem_gb"] is None else f"{v['peak_mem_gb']:.2f}"
             log(
-                f"{v['implementation']:<44} {v['img_per_s']:>10.2f} {v['tflops']:>9.4f} {v['mfu'] * 100:>6.2f}% {mem:>8}"
+                f"{v['implementation']:<44} {v['img_per_s']:>10.2f} {v['tflops']:>9.4f} {v['mfu']:>6.2f}% {mem:>8}"
             )
     for line in out["settings"].get("fp8") or []:
         log(f"  {line}")

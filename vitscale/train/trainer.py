@@ -30,7 +30,7 @@ from vitscale.distributed.float8 import precompute_float8_scales
 from vitscale.distributed.utils import clip_grad_norm_
 from vitscale.run import assemble
 from vitscale.tasks import get_task
-from vitscale.tools.mfu import achieved_tflops, peak_tflops
+from vitscale.tools.mfu import achieved_tflops, mfu_percent, peak_tflops
 from vitscale.tools.report import try_write_report
 
 from .ema import EMA
@@ -272,7 +272,7 @@ class Trainer:
                 if self.flops_per_image:
                     rec["tflops"] = achieved_tflops(ips, self.flops_per_image, "train")
                     if self.peak_tflops:
-                        rec["mfu"] = rec["tflops"] / self.peak_tflops
+                        rec["mfu"] = mfu_percent(rec["tflops"], self.peak_tflops)
                 rec["epoch"] = self.step / self.steps_per_epoch
                 if do_eval:
                     last_eval = self.evaluate()
