@@ -47,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    from .tools.env import invoked
+
+    with invoked(argv):  # the command line a run records (summary.json, train.log)
+        return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":
