@@ -195,6 +195,7 @@ def test_report_reads_each_run_in_the_units_it_was_written_in(runs, tmp_path):
     from vitscale.tools.report import write_report
 
     root, _ = runs
+    assert json.loads((root / "a" / "summary.json").read_text())["units"] == {"accuracy": "%", "recall": "%", "mfu": "%"}
     for name, scale in (("today", 100.0), ("older", 1.0)):
         run = tmp_path / name
         run.mkdir()
