@@ -11,7 +11,7 @@ timed with CUDA events on a GPU (one synchronisation at its end, none inside a s
 ``time.perf_counter`` on a CPU.
 
 Sizes left unset take the device's defaults (``DEFAULTS``): on a GPU 20 timed steps of batch 32; on a
-CPU a quick run, about a minute for ViT-S/16 against timm on 2 cores.
+CPU a quick run, about a minute for ViT-S/16 against timm on 2 idle cores.
 """
 
 from __future__ import annotations

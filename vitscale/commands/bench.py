@@ -4,7 +4,7 @@ Each implementation runs a few untimed warm-up steps and one warm-up round (time
 timed rounds, alternating with the reference implementation round by round. The headline ratio is
 the median of the per-round ratios; the JSON also keeps the ratio of the overall rates. Sizes not
 given take the device's defaults: on a CPU a quick run (batch 8, 2 warm-up steps, 10 timed steps in 5
-rounds: about a minute for ViT-S/16 against timm on 2 cores), on a GPU batch 32, 3 warm-up steps and
+rounds: about a minute for ViT-S/16 against timm on 2 idle cores), on a GPU batch 32, 3 warm-up steps and
 20 timed steps in 5 rounds. After the warm-up steps it says how long the rest will take.
 
 Example:
