@@ -182,8 +182,10 @@ class MetricsLogger:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
         if self.tb is not None:
             self.tb.close()
+            self.tb = None
 
 
 __all__ = ["MetricsLogger", "format_eval", "format_record", "is_eval_key", "tensorboard_writer"]

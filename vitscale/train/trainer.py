@@ -257,8 +257,11 @@ class Trainer:
                  f"peak lr {self.peak_lr:.3e}, warmup {self.schedule.warmup} steps")  # fmt: skip
         for notice in self.notices:
             log.info(notice)
-        with sdpa_backend(cfg.train.sdpa):  # the attention kernels of the fast path, as `vitscale bench`
-            return self._fit(log)
+        try:
+            with sdpa_backend(cfg.train.sdpa):  # the attention kernels of the fast path, as `vitscale bench`
+                return self._fit(log)
+        finally:  # also when a step fails: the bar ends its line, TensorBoard flushes what it has
+            log.close()
 
     def _fit(self, log: MetricsLogger) -> dict[str, Any]:
         cfg = self.cfg
@@ -334,7 +337,6 @@ class Trainer:
             log.log_hparams(flatten(run_config_dict(cfg)), {k: v for k, v in last_eval.items()})
             if cfg.log.report:
                 try_write_report(self.out)
-        log.close()
         return summary
 
     def layout(self) -> dict[str, Any]:
