@@ -49,8 +49,8 @@ def _step(r: dict, total: int | None) -> str:
 
 
 def format_record(r: dict, total: int | None = None) -> str:
-    """The training line of a logged step: ``step 25/460  loss 2.1234  lr 2.50e-03  train_top1 34.38%
-    512 img/s  MFU 0.12%`` (about 80 columns)."""
+    """The training line of a logged step: ``step 25/460  loss 2.1262  lr 7.50e-04  train_top1 25.00%
+    120 img/s  MFU 18.36%`` (about 80 columns)."""
     parts = [_step(r, total)]
     for k, fmt in TRAIN_FORMATS:
         if _num(r.get(k)):
@@ -69,8 +69,8 @@ def format_record(r: dict, total: int | None = None) -> str:
 
 
 def format_eval(r: dict, total: int | None = None) -> str | None:
-    """The evaluation line of a logged step (None when it has no evaluation): ``step 50/460  eval
-    val_top1 93.67%  val_top5 99.67%  val_loss 0.3012``; of the recall@K only K=1 (all are in the files)."""
+    """The evaluation line of a logged step (None when it has no evaluation): ``step 230/460  eval
+    val_top1 91.67%  val_top5 99.33%  val_loss 0.3915``; of the recall@K only K=1 (all are in the files)."""
     keys = [k for k in r if is_eval_key(k) and _num(r[k]) and ("_recall@" not in k or k.endswith("@1"))]
     if not keys:
         return None
