@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "vitscale", "train", str(root / label / "run.yaml")],
                               cwd=ROOT, text=True, capture_output=True)  # fmt: skip
-        (root / label / "train.log").write_text(proc.stdout + proc.stderr)
+        # the run keeps what it printed in root/label/train.log itself
         print(f"=== {label}: exit {proc.returncode} in {time.perf_counter() - t0:.0f} s", flush=True)
         print("\n".join((proc.stdout + proc.stderr).splitlines()[-6:]), flush=True)
         if proc.returncode != 0:

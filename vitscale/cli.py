@@ -58,14 +58,17 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from .tools.env import invoked
+
     debug = bool(args.debug) or debug_enabled()
     joined = _in_process_group()
-    try:
-        rc = int(args.func(args) or 0)
-    except Exception as e:  # KeyboardInterrupt too (below); SystemExit passes through
-        rc = _report(args.command, e, debug, describe)
-    except KeyboardInterrupt as e:
-        rc = _report(args.command, e, debug, describe)
+    with invoked(argv):  # the command line a run records (summary.json, train.log)
+        try:
+            rc = int(args.func(args) or 0)
+        except Exception as e:  # KeyboardInterrupt too (below); SystemExit passes through
+            rc = _report(args.command, e, debug, describe)
+        except KeyboardInterrupt as e:
+            rc = _report(args.command, e, debug, describe)
     if not joined and _in_process_group():  # the command joined torchrun's process group: leave it
         from vitscale.distributed import destroy_distributed
 

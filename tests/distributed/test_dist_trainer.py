@@ -21,7 +21,7 @@ ARGS = [
     f"train.max_steps={STEPS}", "train.epochs=0", "train.log_every=1", "train.batch_size=8", "model.num_layers=2",
     "schedule.name=constant", "schedule.warmup_steps=0", "log.progress=none", "eval.every=0",
     f"checkpoint.every={CKPT_AT}", "checkpoint.keep=5", "checkpoint.export_safetensors=false",
-    "log.flops=false",
+    "log.flops=false", "log.report=false",
 ]  # fmt: skip
 
 
@@ -73,6 +73,15 @@ def test_trainer_layouts_and_resharded_resume(tmp_path):
     assert max(ref.values()) - min(ref.values()) > 0.02, "the curve must move for the comparison to mean something"
     _close(_losses(tmp_path / "fsdp"), ref, range(1, STEPS + 1), "fsdp (torchrun)")
     assert (tmp_path / "fsdp" / "checkpoints" / f"step_{CKPT_AT:08d}" / "model-rank00001.safetensors").is_file()  # rank 1's shard
+    # the run folder records how it ran: the layout under torchrun, and rank 0's output in train.log
+    env_ = json.loads((tmp_path / "fsdp" / "summary.json").read_text())["env"]
+    assert env_["layout"] == {"world_size": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 1, "micro_batch_per_rank": 4,
+                              "grad_accum": 1, "launcher": "torchrun", "local_world_size": 2}  # fmt: skip
+    assert env_["command"].startswith("python -m vitscale train digits_vit ")
+    run_log = (tmp_path / "fsdp" / "train.log").read_text().splitlines()
+    assert run_log[0].startswith("==> ") and run_log[0].endswith(env_["command"])
+    assert sum(line.startswith("vit_debug: 6 steps in ") for line in run_log) == 1  # rank 0's summary, once
+    assert sum(line.startswith("vit_debug: 6 steps in ") for line in log.splitlines()) == 1  # rank 1 prints none
 
     _seed_resume(tmp_path / "fsdp", tmp_path / "fsdp_to_tp")
     run_distributed(_layouts, 2, str(tmp_path))

@@ -20,8 +20,10 @@ from vitscale.checkpoint import read_weights
 from vitscale.checkpoint.storage import verify
 from vitscale.cli import main
 
+# a constant LR: step N gets the same LR whatever train.max_steps is, so a longer resumed run repeats steps exactly
 TINY = ["model.num_layers=1", "train.batch_size=32", "data.num_workers=0", "log.flops=false", "eval.every=0",
-        "log.progress=none", "checkpoint.every=2", "checkpoint.keep=5", "train.log_every=1"]  # fmt: skip
+        "log.progress=none", "checkpoint.every=2", "checkpoint.keep=5", "train.log_every=1", "log.report=false",
+        "schedule.name=constant", "schedule.warmup_steps=0"]  # fmt: skip
 LONGER = ["checkpoint.allow_changes=train.max_steps"]  # resuming a run to train it longer
 
 
@@ -40,13 +42,14 @@ def test_garbage_in_newest_checkpoint_falls_back_to_older(tmp_path, capsys, capl
     shard.write_bytes(bytes(data))
     capsys.readouterr()
 
-    assert main(["train", "digits_vit", "train.max_steps=6", f"train.output_dir={run}", *LONGER, *TINY]) == 0
+    assert main(["train", "digits_vit", "train.max_steps=6", f"train.output_dir={run}", *LONGER, *TINY, "--json"]) == 0
     out = capsys.readouterr()
     # logging's stderr fallback prints it, unless a handler is installed (pytest's capture is one)
     lines = out.err.splitlines() + [r.getMessage() for r in caplog.records if r.name == "vitscale.checkpoint"]
     warning = [line for line in lines if "skipping damaged checkpoint" in line]
     assert len(warning) == 1 and "step_00000004" in warning[0] and str(shard) in warning[0] and "checksum mismatch" in warning[0]
-    summary = json.loads(out.out[out.out.index("{") :])
+    assert warning[0] in (run / "train.log").read_text().splitlines()  # and the run's log keeps it
+    summary = json.loads(out.out[out.out.index("\n{") + 1 :])
     assert summary["resumed_from"].endswith("step_00000002") and summary["steps_this_run"] == 4
     again = _losses(run)
     assert again[3] == first[3] and again[4] == first[4]  # steps 3-4 re-run bit for bit from step 2

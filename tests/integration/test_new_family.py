@@ -31,7 +31,7 @@ def test_toy_family_trains_evaluates_and_refuses_dense_labels(tmp_path):
         "data": {"format": "digits", "num_workers": 0},
         "train": {"max_steps": 1, "batch_size": 16, "log_every": 1, "cpu_threads": 1, "output_dir": str(tmp_path / "run")},
         "eval": {"batch_size": 100},
-        "log": {"progress": "none"},
+        "log": {"progress": "none", "report": False},
     }))  # fmt: skip
     train = vitscale("train", str(config))
     assert train.returncode == 0, train.stderr

@@ -186,3 +186,27 @@ def test_a_report_that_cannot_be_written_does_not_fail_training(tmp_path, caplog
     assert json.loads((out / "summary.json").read_text())["steps"] == 5
     warnings = [r.getMessage() for r in caplog.records if r.name == "vitscale.report"]
     assert warnings and all(w.startswith("report.html not written: ") and "\n" not in w for w in warnings)
+
+
+def test_report_reads_each_run_in_the_units_it_was_written_in(runs, tmp_path):
+    """Today every ratio is in percent in a run's files, and summary.json says so ("units"); a finished run
+    of an older vitscale (no "units") wrote MFU and CLIP's zero-shot / retrieval as fractions. The report
+    shows both in percent."""
+    from vitscale.tools.report import write_report
+
+    root, _ = runs
+    assert json.loads((root / "a" / "summary.json").read_text())["units"] == {"accuracy": "%", "recall": "%", "mfu": "%"}
+    for name, scale in (("today", 100.0), ("older", 1.0)):
+        run = tmp_path / name
+        run.mkdir()
+        rows = [{"step": s, "loss": 2.0 / s, "mfu": 0.125 * scale, "zeroshot_top1": 0.5 * s * scale} for s in (1, 2)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = {"model": "clip_debug", "steps": 2, "zeroshot_top1": 0.957 * scale,
+                   "text_retrieval_recall@1": 0.25 * scale}  # fmt: skip
+        if scale == 100.0:
+            summary["units"] = {"accuracy": "%", "recall": "%", "mfu": "%"}
+        (run / "summary.json").write_text(json.dumps(summary))
+        page = write_report(run).read_text()
+        assert '<div class="v">95.70%</div><div class="k">zeroshot_top1</div>' in page, name
+        assert '<div class="v">25.00%</div><div class="k">text_retrieval_recall@1</div>' in page, name
+        assert {"mfu", "zeroshot"} <= set(_figures(page))

@@ -28,7 +28,7 @@ TINY = [
     "data.format=synthetic", "data.synthetic_size=24", "data.val_split=0.5", "data.num_classes=10",
     "data.num_workers=0", "train.batch_size=8", "train.max_steps=1", "train.epochs=0", "eval.batch_size=8",
     "precision.autocast=none", "log.flops=false", "checkpoint.every=0", "checkpoint.init_from=null",
-    "train.device=cpu",
+    "train.device=cpu", "log.report=false",
 ]  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from vitscale.cli import main
 from vitscale.data.token_labels import TokenLabelStore
 from vitscale.models.volo.model import _resample_grid_pos
 
-FAST = ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0"]
+FAST = ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0", "log.report=false"]
 
 
 def test_token_labeling_pipeline_and_high_res_finetune(tmp_path, capsys):

@@ -34,14 +34,14 @@ def _check_impl(entry: dict, flops: int, mode: str, peak: float) -> None:
     assert entry["img_per_s"] > 0
     factor = 3 if mode == "train" else 1
     assert entry["tflops"] == pytest.approx(entry["img_per_s"] * factor * flops / 1e12)
-    assert entry["mfu"] == pytest.approx(entry["tflops"] / peak)
+    assert entry["mfu"] == pytest.approx(100 * entry["tflops"] / peak)  # percent
     assert entry["peak_mem_gb"] is None  # CPU: not measured per implementation
 
 
 def test_cli_vit_debug_compare_timm_writes_json(tmp_path, capsys):
     out = tmp_path / "res.json"
     rc = cli_main(["bench", "vit_debug", "--device", "cpu", "--mode", "train", "--compare", "timm",
-                   "--batch-size", "4", "--steps", "2", "--rounds", "2", "--warmup", "1", "--json", str(out)])  # fmt: skip
+                   "--batch-size", "4", "--steps", "3", "--rounds", "3", "--warmup", "1", "--json", str(out)])  # fmt: skip
     assert rc == 0
     res = json.loads(out.read_text())
     assert FIELDS | {"timm"} <= set(res)
@@ -57,7 +57,32 @@ def test_cli_vit_debug_compare_timm_writes_json(tmp_path, capsys):
     assert res["speedup"] == pytest.approx(res["vitscale"]["img_per_s"] / res["timm"]["img_per_s"])
     assert "timm_compiled" not in res  # compile is off by default on CPU
     assert "vit_tiny" not in res["timm"]["implementation"]  # the debug size is built from its config
-    assert "speedup vitscale / timm" in capsys.readouterr().out
+    # the warm-up round is timed but not counted: the overall rate is that of the 3 timed rounds of one
+    # step each (their harmonic mean), the warm-up round's rate is kept apart
+    for key in ("vitscale", "timm"):
+        rounds = res[key]["round_img_per_s"]
+        assert len(rounds) == 3 and res[key]["warmup_round_img_per_s"] > 0
+        assert res[key]["img_per_s"] == pytest.approx(3 / sum(1 / r for r in rounds))
+    # the headline is the median of the per-round ratios; the overall ratio stays in the JSON
+    ratios = [a / b for a, b in zip(res["vitscale"]["round_img_per_s"], res["timm"]["round_img_per_s"])]
+    assert res["speedup_rounds"] == pytest.approx(ratios)
+    assert res["speedup_median_round"] == pytest.approx(sorted(ratios)[1])
+    printed = capsys.readouterr().out
+    assert "warm-up round vitscale" in printed and "not counted" in printed and "take about" in printed
+    headline = next(line for line in printed.splitlines() if line.startswith("speedup vitscale / timm"))
+    assert headline.startswith(f"speedup vitscale / timm: {res['speedup_median_round']:.3f}x (median of 3 per-round "
+                               f"ratios; overall {res['speedup']:.3f}x)")  # fmt: skip
+
+
+@pytest.mark.parametrize("device, sizes", [("cpu", (8, 10, 2, 5)), ("cuda", (32, 20, 3, 5))])
+def test_default_sizes_per_device(device, sizes, capsys):
+    """A CPU gets a quick run by default (about a minute for ViT-S/16 against timm on 2 cores); a GPU
+    the sizes it always had. The dry run prints the settings a run would use."""
+    assert cli_main(["bench", "vit_s16", "--device", device, "--compare", "timm", "--dry-run"]) == 0
+    settings = json.loads(capsys.readouterr().out.removeprefix("dry run: "))
+    assert (settings["batch_size"], settings["steps"], settings["warmup"], settings["rounds"]) == sizes
+    assert cli_main(["bench", "vit_s16", "--device", device, "--batch-size", "4", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out.removeprefix("dry run: "))["batch_size"] == 4  # given: kept
 
 
 def test_clip_debug_infer_against_open_clip():
@@ -84,8 +109,8 @@ def test_mfu_arithmetic():
     assert M.step_flops_per_image(17.6e9, "train") == pytest.approx(52.8e9)
     assert M.step_flops_per_image(17.6e9, "infer") == pytest.approx(17.6e9)
     assert M.achieved_tflops(1000, 17.6e9, "train") == pytest.approx(52.8)
-    assert M.mfu(1000, 17.6e9, "train", 989.4) == pytest.approx(52.8 / 989.4)
-    assert M.mfu(2000, 17.6e9, "infer", 312.0) == pytest.approx(35.2 / 312.0)
+    assert M.mfu(1000, 17.6e9, "train", 989.4) == pytest.approx(100 * 52.8 / 989.4)  # percent
+    assert M.mfu(2000, 17.6e9, "infer", 312.0) == pytest.approx(100 * 35.2 / 312.0)
     with pytest.raises(ValueError):
         M.step_flops_per_image(1.0, "eval")
     with pytest.raises(ValueError):

@@ -43,10 +43,10 @@ def test_metrics():
     assert readable_class_names(["0", "7", "golden_retriever"]) == ["zero", "seven", "golden retriever"]
     feats = torch.nn.functional.normalize(torch.randn(20, 8), dim=-1)
     r = retrieval_recall(feats, feats)
-    assert r["text_retrieval_recall@1"] == 1.0 and r["image_retrieval_recall@10"] == 1.0
+    assert r["text_retrieval_recall@1"] == 100.0 and r["image_retrieval_recall@10"] == 100.0  # percent
     r = retrieval_recall(feats, feats.roll(1, 0))
-    assert r["text_retrieval_recall@1"] < 0.5
+    assert r["text_retrieval_recall@1"] < 50.0
     clf = torch.eye(8)[:, :3]  # class k = feature axis k
     x = torch.eye(8)[[0, 1, 2, 2]]
     acc = zeroshot_accuracy(x, torch.tensor([0, 1, 2, 0]), clf)
-    assert acc["zeroshot_top1"] == 0.75 and acc["zeroshot_top5"] == 1.0
+    assert acc["zeroshot_top1"] == 75.0 and acc["zeroshot_top5"] == 100.0  # percent, as every accuracy

@@ -25,7 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from vitscale.config import load_config
 from vitscale.train.trainer import Trainer
 
-FAST = ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0", "log.progress=none"]
+FAST = ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0", "log.progress=none",
+        "log.report=false"]  # fmt: skip
 
 
 class _BlockingCopies(TorchDispatchMode):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..tools.env import git_commit
 
 # Device-name fragments -> the short name used in result file names (first hit wins).
 _SLUGS = (
@@ -28,21 +29,6 @@ _SLUGS = (
     "4090",
     "v100",
 )
-
-
-def git_commit() -> str | None:
-    """The checkout's commit (``+dirty`` when tracked files differ from it), or None outside git."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
-        )
-        if sha.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "vitscale"], cwd=root, timeout=30)
-        return sha.stdout.strip() + ("+dirty" if dirty.returncode == 1 else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def device_slug(device: str | torch.device) -> str:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 from . import HelpFormatter
@@ -24,21 +22,24 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a model (config + dotted overrides)",
-        description="Train a model. Writes config.yaml, metrics.jsonl, summary.json, checkpoints/ and "
-        "model.safetensors into train.output_dir.",
+        description="Train a model. Writes config.yaml, train.log (what the run printed), metrics.jsonl, "
+        "summary.json (results, versions, devices, layout, times, command line), checkpoints/, "
+        "model.safetensors, report.html and tb/ (TensorBoard, when installed) into train.output_dir, and "
+        "ends with a short summary: the final metrics, where the outputs are and the commands to run next.",
         epilog=EPILOG,
         formatter_class=HelpFormatter,
     )
     p.add_argument("config", help="YAML path or built-in config name")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config (as the run's "
+                   "config.yaml will hold it) and exit")
+    p.add_argument("--json", action="store_true", help="end with summary.json's contents as JSON instead of the "
+                   "short summary (for scripts)")  # fmt: skip
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    import yaml
-
-    from vitscale.config import ConfigError, config_to_dict, load_config
+    from vitscale.config import ConfigError, dump_config, load_config
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -46,13 +47,11 @@ def run(args) -> int:
         print(f"vitscale train: config error: {e}", file=sys.stderr)
         return 2
     if args.print_config:
-        print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
+        print(dump_config(cfg), end="")
         return 0
     from vitscale.train import train
 
     # an error a person can fix (a damaged checkpoint, a failed save, a setting this machine cannot run
     # such as precision.fp8 without torchao) ends as one or two lines: vitscale.cli
-    summary = train(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps(summary, indent=1))
+    train(cfg, summary="json" if args.json else "human")  # printed by rank 0, also into train.log
     return 0

@@ -303,10 +303,44 @@ def config_to_dict(cfg: Any) -> dict:
     return plain(cfg)
 
 
+# Groups that only some tasks read (train.task, else the model family's task): a run's config.yaml
+# leaves them out for the other tasks.
+TASK_GROUPS: dict[str, tuple[str, ...]] = {
+    "clip": ("contrastive",),
+    "token_label": ("token_labeling",),
+    "teacher": ("token_labeling",),
+}
+
+
+def run_config_dict(cfg: Config) -> dict:
+    """The config as a run's ``config.yaml`` holds it: :func:`config_to_dict` without the groups its
+    task does not read (``TASK_GROUPS``: no ``clip`` group in a ViT classification run) and the
+    ``data`` fields its format does not read (``vitscale.data.config.FORMAT_FIELDS``). Loading it
+    back gives the defaults there, which the run never read: the same run."""
+    from vitscale.data.config import FORMAT_FIELDS
+    from vitscale.models.registry import get_family
+
+    tree = config_to_dict(cfg)
+    task = cfg.train.task or get_family(cfg.model.name).task
+    for group, tasks in TASK_GROUPS.items():
+        if task not in tasks:
+            tree.pop(group, None)
+    for key, formats in FORMAT_FIELDS.items():
+        if cfg.data.format not in formats:
+            tree["data"].pop(key, None)
+    return tree
+
+
+def dump_config(cfg: Config) -> str:
+    """``run_config_dict(cfg)`` as YAML, in one style (block mappings and lists), in schema order."""
+    return yaml.safe_dump(run_config_dict(cfg), sort_keys=False, default_flow_style=False)
+
+
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
-    """Write the resolved config (reloadable with ``load_config(path)``)."""
+    """Write the resolved config as a run's ``config.yaml`` (:func:`dump_config`; reloadable with
+    ``load_config(path)``). The one writer of config.yaml."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
     with open(tmp, "w") as f:
-        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False, default_flow_style=None)
+        f.write(dump_config(cfg))
     os.replace(tmp, path)

@@ -192,12 +192,17 @@ class EvalConfig:
 class LogConfig:
     """Logging."""
 
-    tensorboard: bool = False
-    """Also write TensorBoard events to output_dir/tb."""
+    tensorboard: bool | None = None
+    """Also write TensorBoard events (the logged values as scalars, the settings as hyperparameters)
+    to output_dir/tb: true | false | null (the default: on when the tensorboard package is installed).
+    true without the package: a one-line note, the run goes on without it."""
     progress: Literal["auto", "bar", "plain", "none"] = "auto"
-    """auto (a tqdm bar on a terminal, plain lines otherwise) | bar | plain | none."""
+    """auto (a tqdm bar on a terminal, plain lines otherwise) | bar (a progress bar with the loss,
+    and a line of metrics at each log step above it) | plain (the lines only) | none."""
     flops: bool = True
-    """Log achieved TFLOP/s (and MFU when the device peak is known)."""
+    """Log achieved TFLOP/s (and MFU, in percent, when the device peak is known)."""
+    report: bool = True
+    """Write report.html (plots of the run, vitscale.tools.report) at each evaluation and at the end."""
 
 
 @dataclass

@@ -110,3 +110,19 @@ class DataConfig:
     webdataset_shuffle_buffer: int = 1000
     """``webdataset`` stream mode: samples held by each worker's shuffle buffer (raw bytes, before
     decoding); <= 1 = shard order."""
+
+
+# Fields that only some formats read: a run's config.yaml leaves them out for the other formats
+# (vitscale.config.run_config_dict), so it holds what the run used.
+FORMAT_FIELDS: dict[str, tuple[str, ...]] = {
+    "synthetic_size": ("synthetic",),
+    "csv_img_key": ("csv",),
+    "csv_caption_key": ("csv",),
+    "csv_label_key": ("csv",),
+    "csv_separator": ("csv",),
+    "caption_context_length": ("csv", "webdataset"),
+    "webdataset_mode": ("webdataset",),
+    "samples_per_epoch": ("webdataset",),
+    "resampled": ("webdataset",),
+    "webdataset_shuffle_buffer": ("webdataset",),
+}

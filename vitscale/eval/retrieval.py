@@ -1,7 +1,7 @@
 """Image <-> text retrieval recall@K (open_clip's ``image_retrieval_recall@k`` / ``text_retrieval_recall@k``).
 
 Pair i of the split is image i with caption i. ``text_retrieval_recall@k`` (image -> text): the
-fraction of images whose own caption is among the k most similar captions; ``image_retrieval_recall@k``
+percentage of images whose own caption is among the k most similar captions; ``image_retrieval_recall@k``
 (text -> image) the other way round.
 """
 
@@ -18,7 +18,7 @@ from .zeroshot import collect_embeddings
 def retrieval_recall(
     image_features: torch.Tensor, text_features: torch.Tensor, ks=(1, 5, 10)
 ) -> dict[str, float]:
-    """Recall@k both ways for paired, normalised features ``(N, E)``."""
+    """Recall@k both ways for paired, normalised features ``(N, E)``, in percent."""
     sim = image_features @ text_features.t()  # (N, N)
     n = sim.shape[0]
     target = torch.arange(n, device=sim.device)
@@ -28,8 +28,8 @@ def retrieval_recall(
     rank_t2i = (sim > pos_i2t.unsqueeze(0)).sum(0)  # text -> image
     out = {}
     for k in ks:
-        out[f"text_retrieval_recall@{k}"] = (rank_i2t < k).float().mean().item()
-        out[f"image_retrieval_recall@{k}"] = (rank_t2i < k).float().mean().item()
+        out[f"text_retrieval_recall@{k}"] = 100.0 * (rank_i2t < k).sum().item() / n
+        out[f"image_retrieval_recall@{k}"] = 100.0 * (rank_t2i < k).sum().item() / n
     return out
 
 

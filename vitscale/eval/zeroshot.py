@@ -85,14 +85,15 @@ def collect_embeddings(
 def zeroshot_accuracy(
     image_features: torch.Tensor, labels: torch.Tensor, classifier: torch.Tensor
 ) -> dict[str, float]:
-    """``{"zeroshot_top1", "zeroshot_top5"}`` as fractions (open_clip's convention)."""
+    """``{"zeroshot_top1", "zeroshot_top5"}`` in percent (open_clip reports fractions; vitscale writes
+    every accuracy in percent, ``vitscale.tools.units``)."""
     logits = image_features @ classifier  # (N, K)
     k = min(5, logits.shape[1])
     topk = logits.topk(k, dim=-1).indices
     hit = topk == labels.unsqueeze(1)
     return {
-        "zeroshot_top1": hit[:, 0].float().mean().item(),
-        "zeroshot_top5": hit.any(1).float().mean().item(),
+        "zeroshot_top1": 100.0 * hit[:, 0].sum().item() / hit.shape[0],
+        "zeroshot_top5": 100.0 * hit.any(1).sum().item() / hit.shape[0],
     }
 
 

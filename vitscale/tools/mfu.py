@@ -193,10 +193,16 @@ def achieved_tflops(img_per_s: float, forward_flops_per_image: float, mode: str)
 
 
 def mfu(img_per_s: float, forward_flops_per_image: float, mode: str, peak: float) -> float:
-    """Model FLOPs utilisation (0..1): achieved TFLOP/s over the peak TFLOP/s."""
+    """Model FLOPs utilisation in percent (0-100): achieved TFLOP/s over the peak TFLOP/s."""
+    return mfu_percent(achieved_tflops(img_per_s, forward_flops_per_image, mode), peak)
+
+
+def mfu_percent(tflops: float, peak: float) -> float:
+    """MFU in percent of ``tflops`` achieved against ``peak`` TFLOP/s (vitscale writes every ratio in
+    percent: ``vitscale.tools.units``)."""
     if peak <= 0:
         raise ValueError("peak TFLOP/s must be positive")
-    return achieved_tflops(img_per_s, forward_flops_per_image, mode) / peak
+    return 100.0 * tflops / peak
 
 
 __all__ = [
@@ -206,6 +212,7 @@ __all__ = [
     "lookup_peak",
     "measure_matmul_tflops",
     "mfu",
+    "mfu_percent",
     "peak_tflops",
     "step_flops_per_image",
 ]

@@ -1,8 +1,14 @@
-"""Run outputs: ``metrics.jsonl`` (one object per logged step), TensorBoard, progress bar or lines.
+"""Run outputs: ``metrics.jsonl`` (one object per logged step), TensorBoard, the terminal's progress bar
+or lines.
 
 ``metrics.jsonl`` and ``summary.json`` are strict JSON: a number that is not finite is written as the
 string ``"nan"``, ``"inf"`` or ``"-inf"`` (:func:`strict_json`), never as a bare ``NaN`` that JSON
 readers other than Python's refuse; ``vitscale report`` reads those strings back as numbers.
+
+On a terminal (``log.progress=bar``, or ``auto`` when stderr is one) a tqdm bar shows the step, the
+percentage, elapsed time, ETA and rate, with only the last loss as its postfix, so the bar keeps its
+width at 80 columns; the metrics of each log step are a line of their own above it (``plain``: the
+lines only). Ratios print in percent (``vitscale.tools.units``).
 """
 
 from __future__ import annotations
@@ -12,6 +18,17 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
+
+from vitscale.tools.units import is_percent
+
+# The keys of a training line, in order, with their format; other numbers logged by a task (e.g. CLIP's
+# logit_scale) follow, then img/s and MFU. Evaluation results (EVAL_PREFIXES) go on a line of their own.
+# The gradient norm stays in the files and the report: the line keeps to about 80 columns.
+TRAIN_FORMATS = (("loss", ".4f"), ("lr", ".2e"))
+EVAL_PREFIXES = ("val_", "zeroshot_", "text_retrieval_", "image_retrieval_")
+NOT_SHOWN = ("step", "epoch", "img_per_s", "tflops", "mfu", "grad_norm")
+NONFINITE = ("nan", "inf", "-inf")
 
 
 def strict_json(v):
@@ -25,16 +42,77 @@ def strict_json(v):
     return v
 
 
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _value(key: str, v: float, fmt: str = ".4g") -> str:
+    return f"{v:.2f}%" if is_percent(key) and math.isfinite(v) else f"{v:{fmt}}"
+
+
+def is_eval_key(key: str) -> bool:
+    return key.startswith(EVAL_PREFIXES)
+
+
+def _step(r: dict, total: int | None) -> str:
+    return f"step {r['step']}/{total}" if total else f"step {r['step']}"
+
+
+def format_record(r: dict, total: int | None = None) -> str:
+    """The training line of a logged step: ``step 25/460  loss 2.1262  lr 7.50e-04  train_top1 25.00%
+    120 img/s  MFU 18.36%`` (about 80 columns)."""
+    parts = [_step(r, total)]
+    for k, fmt in TRAIN_FORMATS:
+        if _num(r.get(k)):
+            parts.append(f"{k} {_value(k, r[k], fmt)}")
+        elif r.get(k) in NONFINITE:  # a non-finite value, as written (strict_json)
+            parts.append(f"{k} {r[k]}")
+    known = {k for k, _ in TRAIN_FORMATS}
+    for k, v in r.items():
+        if k not in known and k not in NOT_SHOWN and not is_eval_key(k) and _num(v):
+            parts.append(f"{k} {_value(k, v)}")
+    if _num(r.get("img_per_s")):
+        parts.append(f"{r['img_per_s']:.0f} img/s")
+    if _num(r.get("mfu")):
+        parts.append(f"MFU {r['mfu']:.2f}%")
+    elif _num(r.get("tflops")):
+        parts.append(f"{r['tflops']:.3g} TFLOP/s")
+    return "  ".join(parts)
+
+
+def format_eval(r: dict, total: int | None = None) -> str | None:
+    """The evaluation line of a logged step (None when it has no evaluation): ``step 230/460  eval
+    val_top1 91.67%  val_top5 99.33%  val_loss 0.3915``; of the recall@K only K=1 (all are in the files)."""
+    keys = [k for k in r if is_eval_key(k) and (_num(r[k]) or r[k] in NONFINITE) and ("_recall@" not in k or k.endswith("@1"))]
+    if not keys:
+        return None
+    return "  ".join([_step(r, total), "eval"] + [f"{k} {_value(k, r[k]) if _num(r[k]) else r[k]}" for k in keys])
+
+
+def tensorboard_writer(path: Path, wanted: bool | None):
+    """A SummaryWriter on ``path``, or None: ``wanted`` False; or the package is not installed (with
+    ``wanted`` True, the caller says so)."""
+    if wanted is False:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # torch.utils.tensorboard needs the tensorboard package
+        return None
+    return SummaryWriter(str(path))
+
+
 class MetricsLogger:
     """Writes on the main rank only; other ranks get a silent logger."""
 
     def __init__(self, output_dir: str | os.PathLike, *, enabled: bool, total_steps: int, start_step: int = 0,
-                 progress: str = "auto", tensorboard: bool = False):  # fmt: skip
+                 progress: str = "auto", tensorboard: bool | None = None):  # fmt: skip
         self.enabled = enabled
         self.path = Path(output_dir) / "metrics.jsonl"
+        self.tb_path = Path(output_dir) / "tb"
         self.bar = None
         self.tb = None
         self.total = total_steps
+        self.mode = "none"
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,11 +124,12 @@ class MetricsLogger:
         if mode == "bar":
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step")
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(Path(output_dir) / "tb"))
+            # dynamic_ncols: the bar follows the terminal's width; the postfix is only the loss
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr)
+        self.tb = tensorboard_writer(self.tb_path, tensorboard)
+        if self.tb is None and tensorboard:
+            self.info("log.tensorboard=true, but the tensorboard package is not installed (pip install "
+                      "tensorboard): no TensorBoard events for this run")  # fmt: skip
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop lines a killed run logged after the checkpoint it resumes from."""
@@ -81,38 +160,44 @@ class MetricsLogger:
             f.write(json.dumps(record, allow_nan=False) + "\n")
         if self.tb is not None:
             for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)):
+                if k != "step" and _num(v):
                     self.tb.add_scalar(k, v, record["step"])
-        text = format_record(record)
-        if self.bar is not None:
-            self.bar.set_postfix_str(text.split(" ", 2)[-1] if "val_top1" not in record else text)
-            if "val_top1" in record:
-                self.bar.write(text)
-        elif self.mode == "plain":
-            print(text, flush=True)
+        if self.bar is not None and _num(record.get("loss")):
+            self.bar.set_postfix_str(f"loss={record['loss']:.4g}", refresh=False)
+        if self.mode in ("bar", "plain"):
+            for text in (format_record(record, self.total), format_eval(record, self.total)):
+                if text:
+                    self.info(text)
+
+    def log_hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
+        """The run's settings as TensorBoard hyperparameters (the HParams dashboard) with ``metrics``
+        (final values of logged scalars, by the same names) as its metrics. Written into the run's
+        own event file, so the dashboard shows this run's scalars beside its settings."""
+        if self.tb is None:
+            return
+        from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+        values = {k: (v if isinstance(v, (bool, int, float, str)) else str(v)) for k, v in hparams.items()}
+        for summary in hparams_summary(values, {k: v for k, v in metrics.items() if _num(v)}):
+            self.tb.file_writer.add_summary(summary)
+        self.tb.flush()
 
     def info(self, text: str) -> None:
+        """A line for the person watching (whatever ``log.progress`` says): above the bar, or printed."""
         if not self.enabled:
             return
         if self.bar is not None:
-            self.bar.write(text)
-        elif self.mode != "none":
+            self.bar.write(text, file=sys.stderr)
+        else:
             print(text, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
         if self.tb is not None:
             self.tb.close()
+            self.tb = None
 
 
-def format_record(r: dict, total: int | None = None) -> str:
-    parts = [f"step {r['step']}"]
-    for k, fmt in (("loss", ".4f"), ("lr", ".3e"), ("img_per_s", ".0f"), ("tflops", ".3f"), ("mfu", ".3f"),
-                   ("grad_norm", ".3f"), ("val_top1", ".2f"), ("val_top5", ".2f"), ("val_loss", ".4f"),
-                   ("val_top1_ema", ".2f")):  # fmt: skip
-        if k in r and isinstance(r[k], (int, float)):
-            parts.append(f"{k} {r[k]:{fmt}}")
-        elif k in r and r[k] in ("nan", "inf", "-inf"):  # a non-finite value, as written (strict_json)
-            parts.append(f"{k} {r[k]}")
-    return " ".join(parts)
+__all__ = ["MetricsLogger", "format_eval", "format_record", "is_eval_key", "strict_json", "tensorboard_writer"]

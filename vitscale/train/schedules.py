@@ -47,6 +47,26 @@ def warmup_steps(cfg: ScheduleConfig, steps_per_epoch: int) -> int:
     return int(round(cfg.warmup_epochs * steps_per_epoch))
 
 
+# A warmup takes at most this fraction of the run (see fit_warmup).
+MAX_WARMUP_FRACTION = 0.5
+
+
+def fit_warmup(warmup: int, total_steps: int) -> tuple[int, str | None]:
+    """The warmup a run of ``total_steps`` uses, and a one-line notice when it differs from ``warmup``.
+
+    A warmup is at most half the run (``MAX_WARMUP_FRACTION``), so the LR reaches its peak and the
+    schedule then has the rest of the run to decay: a 100-step warmup in a 60-step run becomes 30
+    steps (unfitted, its LR would still be rising at the last step, ending at 60% of the peak).
+    """
+    limit = max(int(total_steps * MAX_WARMUP_FRACTION), 1)
+    if warmup <= limit:
+        return warmup, None
+    return limit, (
+        f"schedule: a {warmup}-step warmup does not fit a {total_steps}-step run: using {limit} steps "
+        f"(a warmup is at most half the run)"
+    )
+
+
 class Schedule:
     """Sets every param group's LR to ``initial_lr * factor(step)``."""
 

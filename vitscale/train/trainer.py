@@ -15,8 +15,10 @@ The run folder is locked while the trainer runs (:mod:`vitscale.run.folder`).
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -26,21 +28,26 @@ import torch.distributed as dist
 
 from vitscale.checkpoint import Checkpointer
 from vitscale.checkpoint.checkpointer import export_safetensors, load_model_weights, read_weights
-from vitscale.config import Config, save_config
+from vitscale.config import Config, run_config_dict, save_config
 from vitscale.distributed.compile import StaticShapes, check_graph_inputs, mark_step, uses_cudagraphs
 from vitscale.distributed.float8 import precompute_float8_scales
 from vitscale.distributed.utils import clip_grad_norm_
 from vitscale.run import assemble
 from vitscale.tasks import get_task
-from vitscale.tools.mfu import achieved_tflops, peak_tflops
-from vitscale.tools.report import try_write_report
+from vitscale.tools.env import command_line, environment
+from vitscale.tools.mfu import achieved_tflops, mfu_percent, peak_tflops
+from vitscale.tools.report import REPORT_NAME, try_write_report
+from vitscale.tools.report.run import flatten
+from vitscale.tools.units import UNITS
 
 from .ema import EMA
 from .fastpath import autocast_factory, sdpa_backend
 from .metrics import MetricsLogger, strict_json
 from .nonfinite import NonFiniteGuard, prepare_optimizer, skips_on_device
 from .optim import build_optimizer, scaled_lr
-from .schedules import Schedule, warmup_steps
+from .runlog import RunLog
+from .schedules import Schedule, fit_warmup, warmup_steps
+from .summary import human_summary
 
 
 def _reduce_mean(t: torch.Tensor, world: int) -> torch.Tensor:
@@ -60,6 +67,8 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
 # ----------------------------------------------------------------------------------------- trainer
 class Trainer:
     def __init__(self, cfg: Config):
+        self._t_created = time.perf_counter()
+        self.started_at = _now()
         self.run = run = assemble(cfg)  # checks, the run folder's lock, data, model
         try:
             self._build(run)
@@ -98,9 +107,12 @@ class Trainer:
             self.total_steps = tc.max_steps
         else:  # train.epochs > 0 (vitscale.run.checks)
             self.total_steps = max(int(math.ceil(tc.epochs * self.steps_per_epoch)), 1)
-        self.schedule = Schedule(
-            self.optimizer, cfg.schedule, self.total_steps, warmup_steps(cfg.schedule, self.steps_per_epoch), self.peak_lr
-        )
+        warmup, notice = fit_warmup(warmup_steps(cfg.schedule, self.steps_per_epoch), self.total_steps)
+        self.notices = [notice] if notice else []
+        if self.loaders.val is None:
+            self.notices.append("no validation data: this run reports training metrics only (set data.val_path, "
+                                "or data.val_split to hold out part of the training data)")  # fmt: skip
+        self.schedule = Schedule(self.optimizer, cfg.schedule, self.total_steps, warmup, self.peak_lr)
         self.ema = None
         if tc.ema_decay > 0:
             # FSDP modules cannot be deep-copied: a second model sharded the same way
@@ -114,6 +126,7 @@ class Trainer:
         self.skipped = 0
         self.complete = False
         self.last_checkpoint: str | None = None
+        self.tensorboard = False  # whether fit() writes TensorBoard events
         self.flops_per_image = self._flops() if cfg.log.flops else None
         self.peak_tflops = self._peak() if self.flops_per_image else None
         prepare_optimizer(self.optimizer)
@@ -313,20 +326,21 @@ class Trainer:
             self.out, enabled=self.is_main, total_steps=self.total_steps, start_step=self.step,
             progress=cfg.log.progress, tensorboard=cfg.log.tensorboard,
         )  # fmt: skip
+        self.tensorboard = log.tb is not None
         if self.run.float8.recipe != "none":
             log.info(self.run.float8.summary())
         if self.resumed_from:
             log.info(f"resumed from {self.resumed_from} at step {self.step}")
         n_params = sum(p.numel() for p in self.model.parameters())
-        log.info(
-            f"training {cfg.model.name} ({n_params / 1e6:.2f}M params) for {self.total_steps} steps, "
-            f"batch {tc.batch_size} ({self.micro_batch}/rank x {tc.grad_accum} accum x {self.world} ranks), "
-            f"peak lr {self.peak_lr:.3e}, device {self.device}"
-        )
+        log.info(f"training {cfg.model.name} ({n_params / 1e6:.2f}M params) for {self.total_steps} steps on {self.device}")
+        log.info(f"batch {tc.batch_size} ({self.micro_batch}/rank x {tc.grad_accum} accum x {self.world} ranks), "
+                 f"peak lr {self.peak_lr:.3e}, warmup {self.schedule.warmup} steps")  # fmt: skip
+        for notice in self.notices:
+            log.info(notice)
         try:
             with sdpa_backend(cfg.train.sdpa):  # the attention kernels of the fast path, as `vitscale bench`
                 return self._fit(log)
-        finally:
+        finally:  # also when a step fails: the bar ends its line, TensorBoard flushes what it has
             log.close()
 
     def _fit(self, log: MetricsLogger) -> dict[str, Any]:
@@ -356,7 +370,7 @@ class Trainer:
                 if self.flops_per_image:
                     rec["tflops"] = achieved_tflops(ips, self.flops_per_image, "train")
                     if self.peak_tflops:
-                        rec["mfu"] = rec["tflops"] / self.peak_tflops
+                        rec["mfu"] = mfu_percent(rec["tflops"], self.peak_tflops)
                 rec["epoch"] = self.step / self.steps_per_epoch
                 nonfinite = self.guard.check(self.step, self.last_checkpoint)  # stops a diverged run
                 if nonfinite:
@@ -369,7 +383,7 @@ class Trainer:
                     last_eval = self.evaluate()
                     rec.update(last_eval)
                 log.log(rec)
-                if do_eval and not is_last and self.is_main:  # keep report.html current (the last one: below)
+                if do_eval and not is_last and self.is_main and cfg.log.report:  # keep report.html current
                     try_write_report(self.out)
                 images_since = 0
                 t_last = time.perf_counter()  # eval time is not counted in img/s
@@ -398,15 +412,56 @@ class Trainer:
         }
         if self.resumed_from:
             summary["resumed_from"] = self.resumed_from
+        summary["total_time_s"] = time.perf_counter() - self._t_created  # building, loop, evaluations, export
+        summary["started_at"], summary["finished_at"] = self.started_at, _now()
+        summary["units"] = UNITS
+        summary["env"] = environment(self.device, self.layout())
         if self.is_main:
             with open(self.out / "summary.json", "w") as f:
                 json.dump(strict_json(summary), f, indent=1, allow_nan=False)
             if self.skipped:
                 log.info(f"skipped {self.skipped} undecodable files (see the warnings above)")
-            try_write_report(self.out)
+            log.log_hparams(flatten(run_config_dict(cfg)), {k: v for k, v in last_eval.items()})
+            if cfg.log.report:
+                try_write_report(self.out)
         return summary
 
+    def layout(self) -> dict[str, Any]:
+        """The parallel layout of this run, for summary.json."""
+        pd = self.pd
+        out: dict[str, Any] = {"world_size": pd.world_size, "dp_replicate": pd.dp_replicate, "dp_shard": pd.dp_shard,
+                               "tp": pd.tp, "micro_batch_per_rank": self.micro_batch, "grad_accum": self.cfg.train.grad_accum}  # fmt: skip
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun
+            out["launcher"] = "torchrun"
+            out["local_world_size"] = int(os.environ.get("LOCAL_WORLD_SIZE", pd.world_size))
+        return out
 
-def train(cfg: Config) -> dict[str, Any]:
-    """Train per ``cfg``; returns the summary (also written to ``<output_dir>/summary.json``)."""
-    return Trainer(cfg).fit()
+    def print_summary(self, summary: dict[str, Any], fmt: str = "human") -> None:
+        """Print the end of the run on rank 0: ``human`` (what the run gave and where its outputs are),
+        ``json`` (summary.json's contents) or ``none``."""
+        if not self.is_main or fmt == "none":
+            return
+        if fmt == "json":
+            print(json.dumps(summary, indent=1), flush=True)
+            return
+        weights = self.out / "model.safetensors"
+        report = self.cfg.log.report and (self.out / REPORT_NAME).is_file()
+        print(human_summary(summary, self.out, config=self.out / "config.yaml", report=report,
+                            tensorboard=self.tensorboard, weights=weights if weights.is_file() else None), flush=True)  # fmt: skip
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def train(cfg: Config, *, summary: str = "human") -> dict[str, Any]:
+    """Train per ``cfg``; returns the summary (also written to ``<output_dir>/summary.json``).
+
+    Rank 0 keeps what it prints in ``<output_dir>/train.log`` (``vitscale.train.runlog``) and ends
+    with the summary in the form ``summary`` names: ``human``, ``json`` or ``none``."""
+    main = int(os.environ.get("RANK", "0")) == 0  # the rank torchrun gave this process (0 without torchrun)
+    with RunLog(Path(cfg.train.output_dir) / "train.log", enabled=main, header=command_line()):
+        trainer = Trainer(cfg)
+        result = trainer.fit()
+        trainer.print_summary(result, summary)
+    return result

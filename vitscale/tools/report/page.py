@@ -66,9 +66,9 @@ def _is_eval(key: str) -> bool:
     return any(fnmatch.fnmatchcase(key, p) for p in EVAL_PATTERNS)
 
 
-def _display(key: str, v: float) -> str:
-    """A metric for people: ratios in percent, whatever scale the file holds them in."""
-    scale = full_scale(key)
+def _display(key: str, v: float, run: Run | None = None) -> str:
+    """A metric for people: ratios in percent (read as ``run``'s files hold them)."""
+    scale = full_scale(key, run)
     if scale is not None and math.isfinite(v):
         return f"{v * 100.0 / scale:.2f}%"
     return f"{v:.4g}"
@@ -148,7 +148,7 @@ def _table(rows: list[tuple[str, str]], head: tuple[str, str] | None = None) -> 
 
 def _headline(run: Run) -> str:
     # recall@K beyond K=1 stays in the summary table: the headline is what a person checks first
-    items = [(k, _display(k, v)) for k, v in final_metrics(run).items() if "_recall@" not in k or k.endswith("@1")]
+    items = [(k, _display(k, v, run)) for k, v in final_metrics(run).items() if "_recall@" not in k or k.endswith("@1")]
     s = run.summary if run.finished and run.summary else {}
     if isinstance(s.get("img_per_s"), (int, float)):
         items.append(("img/s (whole run)", f"{s['img_per_s']:.0f}"))
@@ -281,7 +281,7 @@ def compare_page(runs: list[Run]) -> str:
     rows = []
     for r, label, f in zip(runs, labels, finals):
         model = (r.summary or {}).get("model") or ((r.config or {}).get("model") or {}).get("name") or ""
-        cells = [label, str(model), _status(r), *(_display(k, f[k]) if k in f else "—" for k in evals)]
+        cells = [label, str(model), _status(r), *(_display(k, f[k], r) if k in f else "—" for k in evals)]
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     overview = f'<table id="overview"><tr>{head}</tr>{"".join(rows)}</table>'
 

@@ -14,21 +14,17 @@ import io
 import math
 from dataclasses import dataclass
 
+from vitscale.tools.units import is_percent
+
 from .run import Run, Series
 
 MAX_POINTS = 2000
 BUCKETS = 800
 
-# How the run files hold ratios today, as the value meaning 100%: classification accuracies are
-# percentages, MFU and CLIP zero-shot / retrieval are fractions. The plots show every ratio in percent.
-RATIO_FULL_SCALE = (
-    ("val_top*", 100.0),
-    ("train_top1", 100.0),
-    ("train_i2t_top1", 100.0),
-    ("mfu", 1.0),
-    ("zeroshot_*", 1.0),
-    ("*retrieval_recall@*", 1.0),
-)
+# Before summary.json recorded its "units" (vitscale.tools.units: every ratio in percent), MFU and CLIP
+# zero-shot / retrieval were written as fractions of 1: a finished run folder without "units" is read
+# with these keys as fractions. The plots show every ratio in percent.
+LEGACY_FRACTIONS = ("mfu", "zeroshot_*", "*retrieval_recall@*")
 
 
 @dataclass(frozen=True)
@@ -73,11 +69,14 @@ KEY_TITLES = {
 }  # fmt: skip
 
 
-def full_scale(key: str) -> float | None:
-    for pattern, scale in RATIO_FULL_SCALE:
-        if fnmatch.fnmatchcase(key, pattern):
-            return scale
-    return None
+def full_scale(key: str, run: Run | None = None) -> float | None:
+    """The value of ``key`` that means 100% in ``run``'s files (None: not a ratio)."""
+    if not is_percent(key):
+        return None
+    base = key.removesuffix("_ema")
+    if run is not None and run.legacy_units and any(fnmatch.fnmatchcase(base, p) for p in LEGACY_FRACTIONS):
+        return 1.0
+    return 100.0
 
 
 def _panel_of(key: str) -> Panel | None:
@@ -205,7 +204,7 @@ def draw(panel: Panel, keys: list[str], runs: list[Run], labels: list[str], *, d
             xs, ys = s.finite()
             if not xs:
                 continue
-            scale = full_scale(key) if panel.percent else None
+            scale = full_scale(key, run) if panel.percent else None
             if scale:
                 ys = [y * 100.0 / scale for y in ys]
             ci, style = styles[ki]

@@ -89,6 +89,12 @@ class Run:
             return False
         return self.last_step is None or self.summary.get("steps") == self.last_step
 
+    @property
+    def legacy_units(self) -> bool:
+        """A finished run of a vitscale that wrote MFU and CLIP's metrics as fractions (its summary.json
+        has no "units"); an unfinished one is taken to be current."""
+        return self.summary is not None and "units" not in self.summary
+
     def total_steps(self) -> int | None:
         """train.max_steps when the config sets it (0 = derived from epochs, unknown here)."""
         train = (self.config or {}).get("train") or {}
