@@ -175,7 +175,7 @@ def test_eval_on_two_ranks_gives_the_one_process_numbers(runs):
     clip_tp = _metrics(_read(two / "clip_tp.json"))
     assert clip_tp.keys() == _metrics(clip).keys()
     for k, v in clip_tp.items():
-        assert abs(v - clip[k]) <= 1 / 51 + 1e-9, (k, v, clip[k])
+        assert abs(v - clip[k]) <= 100 / 51 + 1e-9, (k, v, clip[k])  # one pair of 51, in percent
 
 
 @needs_cpu_fsdp

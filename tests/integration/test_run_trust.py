@@ -116,6 +116,7 @@ def test_one_run_per_folder(tmp_path, capsys, caplog):
     err = _err_lines(capsys)
     assert len(err) == 1 and err[0].startswith(f"vitscale train: {run} is in use by another run (host {socket.gethostname()}, pid {first.pid}, started ")
     assert (run / "metrics.jsonl").read_text().startswith(before)
+    assert "train.max_steps=2" not in (run / "train.log").read_text()  # the live run's log holds its own lines only
 
     # Ctrl-C: the run ends (exit code 130, one line) and releases the folder
     first.send_signal(signal.SIGINT)

@@ -71,6 +71,9 @@ def format_record(r: dict, total: int | None = None) -> str:
     for k, v in r.items():
         if k not in known and k not in NOT_SHOWN and not is_eval_key(k) and _num(v):
             parts.append(f"{k} {_value(k, v)}")
+    for k in NOT_SHOWN:  # a field left off the line shows when it is not finite (a step that was not applied)
+        if r.get(k) in NONFINITE:
+            parts.append(f"{k} {r[k]}")
     if _num(r.get("img_per_s")):
         parts.append(f"{r['img_per_s']:.0f} img/s")
     if _num(r.get("mfu")):

@@ -14,6 +14,7 @@ root logger has handlers) they are left to it on the console and only copied int
 from __future__ import annotations
 
 import datetime
+import io
 import logging
 import re
 import sys
@@ -72,10 +73,18 @@ class _WarningHandler(logging.Handler):
             self.handleError(record)
 
 
+class _Buffer(io.StringIO):
+    """What a :class:`RunLog` records before the run has its folder."""
+
+    def flush(self) -> None:
+        pass
+
+
 class RunLog:
     """Tee this process's output into ``path`` (appended: a resumed run adds to its log).
 
-    Use as a context manager; ``enabled=False`` (ranks other than 0) does nothing."""
+    Use as a context manager; the file is written from :meth:`attach` on (what came before is kept
+    until then); ``enabled=False`` (ranks other than 0) does nothing."""
 
     def __init__(self, path: str | Path, *, enabled: bool = True, header: str | None = None):
         self.path = Path(path)
@@ -90,21 +99,32 @@ class RunLog:
     def __enter__(self) -> RunLog:
         if not self.enabled:
             return self
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fresh = not self.path.exists() or self.path.stat().st_size == 0
-            self._file = open(self.path, "a", encoding="utf-8", errors="replace")
-        except OSError:  # an output folder that cannot be written: the run's own checks say so, readably
-            return self
+        # Held in memory until :meth:`attach`: a run refused before it starts (bad settings, a folder
+        # another run holds) writes nothing into the folder, least of all into another run's log.
+        self._file = _Buffer()
         stamp = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
-        self._file.write(("" if fresh else "\n") + f"==> {stamp} {self.header or ''}".rstrip() + "\n")
-        self._file.flush()
+        self._file.write(f"==> {stamp} {self.header or ''}".rstrip() + "\n")
         self._saved = (sys.stdout, sys.stderr)
         self._tees = (_Tee(sys.stdout, self, "out"), _Tee(sys.stderr, self, "err"))
         sys.stdout, sys.stderr = self._tees
         self._handler = _WarningHandler(self, console=not logging.getLogger().handlers)
         logging.getLogger("vitscale").addHandler(self._handler)
         return self
+
+    def attach(self) -> None:
+        """The run has its folder: write what was recorded so far to the file, and the rest as it comes."""
+        if not isinstance(self._file, _Buffer):
+            return
+        held = self._file.getvalue()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not self.path.exists() or self.path.stat().st_size == 0
+            f = open(self.path, "a", encoding="utf-8", errors="replace")
+        except OSError:  # a folder that cannot be written: the run's own checks say so, readably
+            return
+        f.write(("" if fresh else "\n") + held)
+        f.flush()
+        self._file = f
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._file is None:
@@ -124,7 +144,8 @@ class RunLog:
         elif exc is not None:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             self._file.write(f"stopped by {exc_type.__name__}: {first}".rstrip(": ") + "\n")
-        self._file.close()
+        if not isinstance(self._file, _Buffer):
+            self._file.close()
         self._file = None
 
     def write_line(self, text: str) -> None:

@@ -460,8 +460,9 @@ def train(cfg: Config, *, summary: str = "human") -> dict[str, Any]:
     Rank 0 keeps what it prints in ``<output_dir>/train.log`` (``vitscale.train.runlog``) and ends
     with the summary in the form ``summary`` names: ``human``, ``json`` or ``none``."""
     main = int(os.environ.get("RANK", "0")) == 0  # the rank torchrun gave this process (0 without torchrun)
-    with RunLog(Path(cfg.train.output_dir) / "train.log", enabled=main, header=command_line()):
-        trainer = Trainer(cfg)
+    with RunLog(Path(cfg.train.output_dir) / "train.log", enabled=main, header=command_line()) as runlog:
+        trainer = Trainer(cfg)  # checks the settings and claims the run folder (or refuses: no file written)
+        runlog.attach()
         result = trainer.fit()
         trainer.print_summary(result, summary)
     return result
