@@ -104,3 +104,14 @@ def test_the_contract_names_its_members():
         assert name in members
     with pytest.raises(TypeError, match="missing"):
         check_model(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("pool", ["token", "avg"])
+def test_dense_class_logits_of_a_vit_are_those_of_a_plain_call(pool):
+    torch.manual_seed(0)
+    model = create_model("vit_debug", pool=pool, class_token=pool == "token", num_classes=5).eval()
+    images = model.example_inputs(2, "cpu")[0]
+    with torch.no_grad():
+        cls, tok = model(images, dense=True)
+        torch.testing.assert_close(cls, model(images))
+    assert tok.shape == (2, *model.token_grid(tuple(images.shape[-2:])), 5)

@@ -285,16 +285,17 @@ class VisionTransformer(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward_dense(self, x: torch.Tensor, mix: TokenMix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Class logits ``(B, C)`` and the classifier on every patch token ``(B, gh, gw, C)``. With pool
-        ``token`` the class logits come from the same pass; otherwise from a second forward, as a
-        plain ``model(x)`` call would give them."""
+        """Class logits ``(B, C)`` and the classifier on every patch token ``(B, gh, gw, C)``, from one
+        pass: the class logits are the class token's (pool ``token``) or the pooled features' through
+        the head, as a plain ``model(x)`` call gives them."""
         p = self.cfg.patch_dim
         B, gh, gw = x.shape[0], x.shape[-2] // p, x.shape[-1] // p
         if mix is not None:  # swap whole patches = swap patch tokens (ViT patches do not overlap)
             x = apply_token_mix(x.permute(0, 2, 3, 1), mix, p).permute(0, 3, 1, 2)
-        every = self._classify(self.forward_features(x))  # (B, prefix + N, C)
+        feats = self.forward_features(x)
+        every = self._classify(feats)  # (B, prefix + N, C)
         tok = every[:, self.num_prefix_tokens :].reshape(B, gh, gw, -1)  # (B, gh, gw, C)
-        cls = every[:, 0] if self.cfg.pool == "token" else self.forward_head(self.forward_features(x))
+        cls = every[:, 0] if self.cfg.pool == "token" else self.forward_head(feats)
         return cls, tok
 
     def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None, pre_logits: bool = False):
