@@ -32,21 +32,30 @@ BLOCK_WINDOWS = 16
 
 
 @triton.jit
-def _fwd_kernel(V, L, OUT, H, W, h, w, HC, WC, C, NH, scale,
-                K: tl.constexpr, PAD: tl.constexpr, S: tl.constexpr, DH: tl.constexpr,
-                BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    KK: tl.constexpr = K * K
+def _pixel_tile(H, W, HC, WC, S: tl.constexpr, BLOCK_P: tl.constexpr):
+    """The output pixels of this program of a gather kernel: grid axis 1 is (image b, class (pr, pc)),
+    the pixels whose rows are ``pr`` and columns ``pc`` modulo the stride; axis 0 tiles that class's
+    ``(HC, WC)`` grid, ``ceil(H / S) x ceil(W / S)``. Returns ``b, pr, pc, ti, tj, r, c, pmask``."""
     b_cls = tl.program_id(1)
-    head = tl.program_id(2)
     b = b_cls // (S * S)
-    pr = (b_cls % (S * S)) // S  # this tile's pixels: rows = pr mod S, columns = pc mod S
+    pr = (b_cls % (S * S)) // S
     pc = b_cls % S
     t = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    ti = t // WC  # (HC, WC): the pixel grid of one class, ceil(H / S) x ceil(W / S)
+    ti = t // WC
     tj = t % WC
     r = ti * S + pr
     c = tj * S + pc
     pmask = (ti < HC) & (r < H) & (c < W)
+    return b, pr, pc, ti, tj, r, c, pmask
+
+
+@triton.jit
+def _fwd_kernel(V, L, OUT, H, W, h, w, HC, WC, C, NH, scale,
+                K: tl.constexpr, PAD: tl.constexpr, S: tl.constexpr, DH: tl.constexpr,
+                BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    KK: tl.constexpr = K * K
+    head = tl.program_id(2)
+    b, pr, pc, ti, tj, r, c, pmask = _pixel_tile(H, W, HC, WC, S, BLOCK_P)
     d = tl.arange(0, BLOCK_D)
     dmask = d < DH
     b64 = b.to(tl.int64)
@@ -137,17 +146,8 @@ def _bwd_values_kernel(L, LSE, DOUT, DV, H, W, h, w, HC, WC, C, NH, scale,
                        K: tl.constexpr, PAD: tl.constexpr, S: tl.constexpr, DH: tl.constexpr,
                        BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
     KK: tl.constexpr = K * K
-    b_cls = tl.program_id(1)
     head = tl.program_id(2)
-    b = b_cls // (S * S)
-    pr = (b_cls % (S * S)) // S
-    pc = b_cls % S
-    t = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    ti = t // WC  # (HC, WC): the pixel grid of one class, ceil(H / S) x ceil(W / S)
-    tj = t % WC
-    r = ti * S + pr
-    c = tj * S + pc
-    pmask = (ti < HC) & (r < H) & (c < W)
+    b, pr, pc, ti, tj, r, c, pmask = _pixel_tile(H, W, HC, WC, S, BLOCK_P)
     d = tl.arange(0, BLOCK_D)
     dmask = d < DH
     b64 = b.to(tl.int64)
