@@ -4,6 +4,7 @@ kernels), compiled for the H100's target without a GPU, and the switch's errors.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -39,6 +40,8 @@ def test_kernels_compile_for_h100_without_a_gpu():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if "constexprs" not in inspect.signature(ASTSource).parameters:  # Triton < 3.3 (torch 2.6's 3.2)
+        pytest.skip(f"the compile-only ASTSource API used here is Triton >= 3.3's; this is Triton {triton.__version__}")
     from vitscale.models.volo import outlook_triton as ot
 
     ints = dict.fromkeys(("H", "W", "h", "w", "C", "NH"), "i32")
