@@ -35,6 +35,14 @@ class CheckError(UserError, ValueError):
     exit_code = EXIT_USAGE
 
 
+class ConfigError(UserError, ValueError):
+    """A config that cannot be loaded or run here: unknown key, wrong type, bad value, missing file, a
+    setting this machine cannot run (exit code 2). Raised by the config loader and by any layer that
+    finds such a setting; ``vitscale.config`` exports it."""
+
+    exit_code = EXIT_USAGE
+
+
 def debug_enabled() -> bool:
     """``VITSCALE_DEBUG`` set to anything but empty / ``0`` (``vitscale --debug`` sets it)."""
     return os.environ.get("VITSCALE_DEBUG", "") not in ("", "0")

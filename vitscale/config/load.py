@@ -19,14 +19,8 @@ from typing import Any
 
 import yaml
 
-from ..errors import EXIT_USAGE, UserError
+from ..errors import ConfigError
 from .schema import Config
-
-
-class ConfigError(UserError, ValueError):
-    """A config that cannot be loaded: unknown key, wrong type, bad value, missing file."""
-
-    exit_code = EXIT_USAGE
 
 
 # ---------------------------------------------------------------------------------------- finding

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from vitscale.config.load import ConfigError  # a setting that cannot run here: one line from the CLI
+from vitscale.errors import ConfigError  # a setting that cannot run here: one line from the CLI
 
 from .config import CompileMode
 

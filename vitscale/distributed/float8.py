@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from vitscale.config.load import ConfigError  # a setting that cannot run here: one line from the CLI
+from vitscale.errors import ConfigError  # a setting that cannot run here: one line from the CLI
 
 from .config import Fp8Filter, Fp8Recipe
 
