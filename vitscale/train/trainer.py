@@ -295,9 +295,8 @@ class Trainer:
             self.close()
 
     def _finished(self) -> dict[str, Any]:
-        """A finished run started again with the same config: say so and where its outputs are."""
-        outputs = [n for n in ("model.safetensors", "model_ema.safetensors", "summary.json", "report.html", "metrics.jsonl")
-                   if (self.out / n).is_file()]  # fmt: skip
+        """A finished run started again with the same config: say so (the end-of-run summary that
+        :func:`train` prints next says where its outputs are)."""
         summary: dict[str, Any] = {}
         try:
             summary = json.loads((self.out / "summary.json").read_text())
@@ -309,8 +308,7 @@ class Trainer:
             key = "train.max_steps" if self.cfg.train.max_steps > 0 else "train.epochs"
             print(
                 f"{self.out} is a finished run (step {self.step} of {self.total_steps}; newest checkpoint "
-                f"{Path(self.resumed_from).name}): nothing to train. Its outputs: {', '.join(outputs) or 'the checkpoints'}. "
-                f"To train it longer, raise {key} and add checkpoint.allow_changes={key}; to start over, set another "
+                f"{Path(self.resumed_from).name}): nothing to train. To train it longer, raise {key} and add checkpoint.allow_changes={key}; to start over, set another "
                 f"train.output_dir",
                 flush=True,
             )
