@@ -156,7 +156,7 @@ def test_break_and_continue_with_persistent_workers():
 
 
 def test_plugin_format_with_extra_fields():
-    from vitscale.data import register_format
+    from vitscale.data import DataFormat, Split, register_format
     from vitscale.data.sources import SyntheticSource
 
     class Captioned(SyntheticSource):
@@ -165,7 +165,8 @@ def test_plugin_format_with_extra_fields():
             s.extra = {"text": torch.full((5,), index), "caption": f"image {index}"}
             return s
 
-    register_format("captioned_test", lambda cfg, size, c, seed: (Captioned(16, 3, size, c, seed), None, 3, ["a", "b", "c"]))
+    register_format(DataFormat("captioned_test", lambda cfg, name, img_size, num_channels, seed, classes: (
+        Split(Captioned(16, 3, img_size, num_channels, seed), ["a", "b", "c"]) if name == "train" else None)))
     L = build_loaders(DataConfig(format="captioned_test", num_workers=0), img_size=(16, 16), num_channels=3, seed=0,
                       micro_batch_size=4, eval_batch_size=4, device="cpu")
     b = next(iter(L.train))

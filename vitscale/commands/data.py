@@ -3,6 +3,7 @@
 ``vitscale data digits OUT_DIR`` writes scikit-learn's digits with the fixed train/val split as an
 image folder: ``OUT_DIR/train/<class>/<n>.png`` and ``OUT_DIR/val/<class>/<n>.png``.
 ``vitscale data digits-captions OUT_DIR`` writes them as captioned WebDataset shards (CLIP).
+``vitscale data inspect PATH`` reports what a dataset of any format holds (``vitscale.data.inspect``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,20 @@ def _digits_captions(args) -> int:
         f"as WebDataset shards under {args.out_dir}/{{train,val}}; train with data.format=webdataset "
         f"data.train_path={args.out_dir}/train data.val_path={args.out_dir}/val"
     )
+    return 0
+
+
+def _inspect(args) -> int:
+    import json
+
+    from vitscale.config import load_config
+    from vitscale.data.inspect import detect_format, format_report, inspect_data
+
+    fmt = args.format or detect_format(args.path)
+    over = [o if o.startswith("data.") else f"data.{o}" for o in args.overrides]
+    cfg = load_config(None, [f"data.format={fmt}", f"data.train_path={args.path}", *over]).data
+    report = inspect_data(cfg, samples=args.samples, img_size=args.img_size)
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
     return 0
 
 
@@ -56,4 +71,23 @@ def register(subparsers) -> None:
     c.add_argument("--size", type=int, default=32, help="side of the written PNGs (bicubic upsampling; 8 = native)")
     c.add_argument("--shard-size", type=int, default=500, help="samples per shard")
     c.set_defaults(func=_digits_captions)
+    i = sub.add_parser(
+        "inspect", help="what a dataset holds: format, samples, classes, sample keys, decode speed",
+        description="Read a dataset as a run would (its data.format, else the first format that recognises "
+        "PATH) and report the format, the number of samples, the classes, a few sample keys and labels, "
+        "what the format knows about it (shards, columns, ...) and the decode throughput of the first "
+        "images, so a dataset can be checked before a long run. key=value: data fields of the format "
+        "(e.g. label_key=json.label).",
+        formatter_class=DefaultsHelpFormatter,
+        epilog="Example: vitscale data inspect digits/train\n"
+        "         vitscale data inspect 'shards/train-{000000..000002}.tar' --format webdataset\n"
+        "         vitscale data inspect s3://bucket/imagenet/train --format parquet --json",
+    )  # fmt: skip
+    i.add_argument("path", metavar="PATH", help="a folder, file, glob, brace pattern or URL, as data.train_path")
+    i.add_argument("overrides", nargs="*", metavar="key=value", help="data fields (data. prefix optional)")
+    i.add_argument("--format", help="the data.format (default: detected from PATH)")
+    i.add_argument("--samples", type=int, default=64, help="images decoded to time the decode")
+    i.add_argument("--img-size", type=int, default=224, help="side of the decoded images")
+    i.add_argument("--json", action="store_true", help="print the report as JSON")
+    i.set_defaults(func=_inspect)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

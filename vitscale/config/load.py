@@ -9,6 +9,7 @@ choices (its ``Literal[...]`` type in the schema, the one place the choices are 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
@@ -251,10 +252,45 @@ def _route_model_keys(tree: dict) -> None:
     model["overrides"] = overrides
 
 
+def _route_data_keys(tree: dict) -> None:
+    """Build ``data.options`` from the ``data.<field>`` keys of the format's own fields
+    (``vitscale.data.formats``: a format declares them in its module), checked like any other key."""
+    data = tree.get("data")
+    if data is None:
+        data = tree["data"] = {}
+    if not isinstance(data, dict):
+        return  # _build names the wrong type
+    from vitscale.data.config import DataConfig
+    from vitscale.data.formats import get_format, option_fields, owners
+
+    name = data.get("format", DataConfig.format)
+    fmt = get_format(name)  # ConfigError naming the known formats
+    own = [f.name for f in dataclasses.fields(DataConfig) if f.name != "options"]
+    theirs = option_fields(fmt)
+    options = data.pop("options", None) or {}
+    if not isinstance(options, dict):
+        raise ConfigError(f"data.options: expected a mapping, got {options!r}")
+    for key in list(data):
+        if key in own:
+            continue
+        if key in theirs:
+            options[key] = data.pop(key)
+            continue
+        others = owners(key)
+        if others:
+            raise ConfigError(f"data.{key} is a field of data.format={' / '.join(others)}, not of data.format={name}: "
+                              f"remove it or change data.format")  # fmt: skip
+        close = difflib.get_close_matches(key, own + theirs, n=1, cutoff=0.6)
+        hint = f"; did you mean 'data.{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown config key 'data.{key}' (data.format={name}){hint}")
+    data["options"] = _build(fmt.options, options, "data.") if fmt.options is not None else None
+
+
 # ---------------------------------------------------------------------------------------- public
 def config_from_dict(tree: dict) -> Config:
-    tree = _merge({}, tree)
+    tree = copy.deepcopy(tree)  # the routing below moves keys: the caller's tree stays as it was
     _route_model_keys(tree)
+    _route_data_keys(tree)
     cfg = _build(Config, tree)
     # Validates the model overrides' values (types and the variant's own checks) before anything runs.
     from vitscale.models.registry import get_model_config
@@ -283,9 +319,14 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
 
 
 def config_to_dict(cfg: Any) -> dict:
-    """The config as plain YAML-able data (tuples become lists)."""
+    """The config as plain YAML-able data (tuples become lists; a data format's own fields beside the
+    other ``data`` fields, as they are written)."""
+    from vitscale.data.config import DataConfig
 
     def plain(v: Any) -> Any:
+        if isinstance(v, DataConfig):
+            tree = {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v) if f.name != "options"}
+            return tree | (plain(v.options) if v.options is not None else {})
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
         if isinstance(v, (list, tuple)):
@@ -298,7 +339,7 @@ def config_to_dict(cfg: Any) -> dict:
 
 
 # Groups that only some tasks read (train.task, else the model family's task): a run's config.yaml
-# leaves them out for the other tasks.
+# leaves them out for the other tasks. (A data format's own fields are there only for that format.)
 TASK_GROUPS: dict[str, tuple[str, ...]] = {
     "clip": ("contrastive",),
     "token_label": ("token_labeling",),
@@ -308,10 +349,9 @@ TASK_GROUPS: dict[str, tuple[str, ...]] = {
 
 def run_config_dict(cfg: Config) -> dict:
     """The config as a run's ``config.yaml`` holds it: :func:`config_to_dict` without the groups its
-    task does not read (``TASK_GROUPS``: no ``clip`` group in a ViT classification run) and the
-    ``data`` fields its format does not read (``vitscale.data.config.FORMAT_FIELDS``). Loading it
-    back gives the defaults there, which the run never read: the same run."""
-    from vitscale.data.config import FORMAT_FIELDS
+    task does not read (``TASK_GROUPS``: no ``clip`` group in a ViT classification run); its ``data``
+    group holds the fields of its format only. Loading it back gives the defaults there, which the run
+    never read: the same run."""
     from vitscale.models.registry import get_family
 
     tree = config_to_dict(cfg)
@@ -319,9 +359,6 @@ def run_config_dict(cfg: Config) -> dict:
     for group, tasks in TASK_GROUPS.items():
         if task not in tasks:
             tree.pop(group, None)
-    for key, formats in FORMAT_FIELDS.items():
-        if cfg.data.format not in formats:
-            tree["data"].pop(key, None)
     return tree
 
 

@@ -13,6 +13,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from .formats import DataFormat, Split, register_format
+
 NUM_CLASSES = 10
 VAL_SIZE = 300
 CLASS_NAMES = [str(i) for i in range(NUM_CLASSES)]
@@ -85,3 +87,16 @@ def write_digits_folders(out_dir: str, size: int = 32) -> dict[str, int]:
             pil.save(os.path.join(out_dir, split, CLASS_NAMES[y], f"{n:04d}.png"))
         counts[split] = len(labels)
     return counts
+
+
+# ----------------------------------------------------------------------------- data.format=digits
+def digits_split(cfg, name: str, *, img_size, num_channels: int, seed: int, classes=None) -> Split:
+    from .sources import TensorSource
+
+    return Split(TensorSource(*load_digits_split(name, num_channels)), list(CLASS_NAMES))
+
+
+FORMAT = register_format(DataFormat(
+    "digits", digits_split, class_names=lambda cfg: list(CLASS_NAMES),
+    summary="scikit-learn's handwritten digits (1,497 train / 300 val, 8x8), no files needed",
+))  # fmt: skip

@@ -16,6 +16,7 @@ import logging
 import os
 
 from .config import DataConfig
+from .formats import DataFormat, Split, register_format
 from .keyed import STREAM_SPLIT, epoch_permutation
 from .sources import FileSource
 
@@ -106,20 +107,44 @@ def _split(paths, labels, fraction: float):
     return ([paths[i] for i in tr], [labels[i] for i in tr]), ([paths[i] for i in va], [labels[i] for i in va])
 
 
-def imagefolder_sources(cfg: DataConfig):
-    """-> (train FileSource, val FileSource or None, num_classes, class_names)."""
-    if not cfg.train_path:
+def _holdout(cfg: DataConfig, paths, labels, name: str):
+    """The ``name`` part of the ``data.val_split`` holdout of the training files."""
+    train, val = _split(paths, labels, cfg.val_split)
+    return train if name == "train" else val
+
+
+def imagefolder_split(cfg: DataConfig, name: str, *, img_size=None, num_channels: int = 3, seed: int = 0,
+                      classes: list[str] | None = None) -> Split | None:  # fmt: skip
+    """The ``train`` / ``val`` split: ``data.train_path`` / ``data.val_path``, or the ``data.val_split``
+    holdout of the training folder when there is no ``val_path``."""
+    if not cfg.train_path and not (name == "val" and cfg.val_path):
         raise ValueError("data.format=imagefolder needs data.train_path")
-    classes = find_classes(cfg.train_path)
-    class_to_idx = {c: i for i, c in enumerate(classes)}
-    paths, labels = scan(cfg.train_path, class_to_idx)
-    if not paths:
-        raise FileNotFoundError(f"no images ({', '.join(IMG_EXTENSIONS)}) under {cfg.train_path!r}")
-    val = None
-    if cfg.val_path:
-        vp, vl = scan(cfg.val_path, class_to_idx)
-        val = FileSource(vp, vl, cfg.fast_decode)
-    elif cfg.val_split > 0:
-        (paths, labels), (vp, vl) = _split(paths, labels, cfg.val_split)
-        val = FileSource(vp, vl, cfg.fast_decode)
-    return FileSource(paths, labels, cfg.fast_decode), val, len(classes), classes
+    root = cfg.train_path if name == "train" or not cfg.val_path else cfg.val_path
+    if name == "val" and not cfg.val_path and cfg.val_split <= 0:
+        return None
+    names = list(classes) if classes is not None else find_classes(root)
+    paths, labels = scan(root, {c: i for i, c in enumerate(names)})
+    if name == "train" and not paths:
+        raise FileNotFoundError(f"no images ({', '.join(IMG_EXTENSIONS)}) under {root!r}")
+    if not cfg.val_path and cfg.val_split > 0:
+        paths, labels = _holdout(cfg, paths, labels, name)
+    return Split(FileSource(paths, labels, cfg.fast_decode), names)
+
+
+def _class_names(cfg: DataConfig) -> list[str] | None:
+    return find_classes(cfg.train_path) if cfg.train_path else None
+
+
+def _detect(path: str) -> bool:
+    try:
+        return bool(find_classes(path))
+    except (FileNotFoundError, OSError):
+        return False
+
+
+FORMAT = register_format(DataFormat(
+    "imagefolder", imagefolder_split, class_names=_class_names, detect=_detect,
+    summary="<root>/<class>/**/<image> folders (torchvision's layout)",
+))  # fmt: skip
+
+__all__ = ["FORMAT", "IMG_EXTENSIONS", "find_classes", "imagefolder_split", "scan"]

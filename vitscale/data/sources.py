@@ -37,6 +37,9 @@ class TensorSource:
     def __len__(self) -> int:
         return self.images.shape[0]
 
+    def key(self, index: int) -> str:
+        return str(index)
+
     def sample(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
         img = self.images[index]
         aug = tf.tensor_train(img, epoch, index) if tf.train else tf.tensor_eval(img)
@@ -54,6 +57,9 @@ class SyntheticSource:
 
     def __len__(self) -> int:
         return self.n
+
+    def key(self, index: int) -> str:
+        return str(index)
 
     def image(self, index: int) -> torch.Tensor:
         g = keyed.torch_gen(self.seed, index, keyed.STREAM_SYNTHETIC)
@@ -74,6 +80,10 @@ class FileSource:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def key(self, index: int) -> str:
+        """What names sample ``index`` in messages (its file)."""
+        return self.paths[index]
 
     def _load(self, j: int, slot: int, epoch: int, tf: SampleTransform) -> Augmented:
         """Decode file ``j`` with the augmentation randomness of dataset slot ``slot``."""

@@ -15,9 +15,12 @@ from __future__ import annotations
 import glob
 import os
 import tarfile
+from dataclasses import dataclass
+from typing import Literal
 
-from .build import register_format
 from .captions import IMAGE_EXTS, CaptionSource, TarMember, read_class_names
+from .config import CaptionFields
+from .formats import DataFormat, Split, register_format
 
 
 def expand_shards(spec: str) -> list[str]:
@@ -80,29 +83,59 @@ def index_shards(shards: list[str]) -> tuple[list, list, list]:
     return images, captions, labels
 
 
-def webdataset_sources(cfg, img_size, num_channels: int, seed: int):
-    """-> (train CaptionSource, val CaptionSource or None, num_classes, class_names)."""
-    if not cfg.train_path:
+@dataclass
+class WebDatasetOptions(CaptionFields):
+    webdataset_mode: Literal["index", "stream"] = "index"
+    """``index`` (read every shard's tar headers at start-up, then seek samples: exact keyed epochs,
+    same batches for any rank / worker count; up to millions of samples) or ``stream``
+    (``vitscale/data/webdataset_stream.py``: shards read sequentially, split by rank then DataLoader
+    worker or resampled, with a shuffle buffer; nothing read at start-up, for LAION-400M-scale data).
+    Validation sets are always indexed. See docs/clip.md."""
+    samples_per_epoch: int | None = None
+    """Stream mode: samples per epoch (all ranks), which sets the loader length and so
+    ``train.epochs``; None = number of shards x samples in the first shard (reads one shard)."""
+    resampled: bool = False
+    """Stream mode: draw shards with replacement per (rank, worker), keyed by (seed, epoch) (open_clip's
+    ``--dataset-resampled``): every worker always has data, epochs are ``samples_per_epoch`` long, and
+    samples may repeat or be missed within an epoch."""
+    webdataset_shuffle_buffer: int = 1000
+    """Stream mode: samples held by each worker's shuffle buffer (raw bytes, before decoding);
+    <= 1 = shard order."""
+
+
+def webdataset_split(cfg, name: str, *, img_size=None, num_channels: int = 3, seed: int = 0,
+                     classes=None) -> Split | None:  # fmt: skip
+    """The ``train`` split (indexed or streamed) or the ``val`` split (always indexed)."""
+    if not cfg.train_path and not cfg.val_path:
         raise ValueError(
             "data.format=webdataset needs data.train_path (a folder of .tar shards, a glob or a brace pattern)"
         )
+    path = cfg.train_path if name == "train" else cfg.val_path
+    if not path:
+        return None
     kw = dict(fast_decode=cfg.fast_decode, context_length=cfg.caption_context_length)
-    mode = cfg.webdataset_mode
-    if mode == "stream":  # nothing indexed: shards streamed through the webdataset package
+    if name == "train" and cfg.webdataset_mode == "stream":  # nothing indexed: shards streamed
         from .webdataset_stream import StreamSource
 
-        train = StreamSource(cfg, expand_shards(cfg.train_path))
-    elif mode == "index":
-        train = CaptionSource(*index_shards(expand_shards(cfg.train_path)), **kw)
+        src = StreamSource(cfg, expand_shards(path))
     else:
-        raise ValueError(f"data.webdataset_mode must be 'index' or 'stream', got {mode!r}")
-    val = CaptionSource(*index_shards(expand_shards(cfg.val_path)), **kw) if cfg.val_path else None
-    names = read_class_names(cfg.train_path) or []
-    labels = train.labels or (val.labels if val is not None else [])
-    n_cls = len(names) or (max(labels) + 1 if max(labels, default=-1) >= 0 else 0)
-    return train, val, n_cls, names or [str(i) for i in range(n_cls)]
+        src = CaptionSource(*index_shards(expand_shards(path)), **kw)
+    names = list(classes) if classes is not None else read_class_names(path) or []
+    n_cls = len(names) or (max(src.labels) + 1 if max(src.labels, default=-1) >= 0 else 0)
+    return Split(src, names or [str(i) for i in range(n_cls)])
 
 
-register_format("webdataset", webdataset_sources)
+def _detect(path: str) -> bool:
+    try:
+        return all(p.endswith(".tar") for p in expand_shards(path))
+    except (FileNotFoundError, OSError):
+        return False
 
-__all__ = ["expand_shards", "index_shards", "webdataset_sources"]
+
+FORMAT = register_format(DataFormat(
+    "webdataset", webdataset_split, options=WebDatasetOptions, detect=_detect,
+    class_names=lambda cfg: read_class_names(cfg.train_path),
+    summary="WebDataset tar shards: <key>.<image ext> + <key>.txt / .cls members",
+))  # fmt: skip
+
+__all__ = ["FORMAT", "WebDatasetOptions", "expand_shards", "index_shards", "webdataset_split"]

@@ -27,26 +27,14 @@ from .base import Task, register_task
 
 
 def dataset_class_names(cfg) -> list[str] | None:
-    """Readable class names of the run's dataset (``clip.class_names`` first)."""
+    """Readable class names of the run's dataset (``clip.class_names`` first, then the data format's)."""
     if cfg.clip.class_names:
         return list(cfg.clip.class_names)
-    fmt = cfg.data.format
-    if fmt == "digits":
-        from vitscale.data.digits import CLASS_NAMES
+    from vitscale.data.formats import get_format
 
-        return readable_class_names(CLASS_NAMES)
-    if fmt == "imagefolder" and cfg.data.train_path:
-        from vitscale.data.imagefolder import find_classes
-
-        return readable_class_names(find_classes(cfg.data.train_path))
-    if fmt == "synthetic":
-        return [str(i) for i in range(cfg.data.num_classes or 1000)]
-    if fmt in ("webdataset", "csv") and cfg.data.train_path:
-        from vitscale.data.captions import class_names_for
-
-        names = class_names_for(cfg.data)
-        return readable_class_names(names) if names else None
-    return None
+    fmt = get_format(cfg.data.format)
+    names = fmt.class_names(cfg.data) if fmt.class_names is not None else None
+    return readable_class_names(names) if names else None
 
 
 class ContrastiveTask(Task):
