@@ -16,7 +16,7 @@ from ..errors import CheckError
 from .config import DataConfig
 from .dataset import KeyedDataset
 from .formats import SPLITS, get_format
-from .loader import BadFileReporter, ResumableLoader
+from .loader import BadFileReporter, ResumableLoader, skip_summary
 from .sampler import EvalShardSampler, ShardedBatchSampler
 from .transforms import SampleTransform
 
@@ -30,6 +30,11 @@ class Loaders:
     :class:`EvalShardSampler`), or None."""
     num_classes: int
     class_names: list[str]
+
+    def skips(self, group=None) -> dict:
+        """The run's skipped files and shards, training and validation, over the ranks (every rank
+        calls it): ``{"skipped_files": n, "skipped_shards": [...]}`` (:func:`skip_summary`)."""
+        return skip_summary(self.train.reporter, group)
 
 
 class SplitLoader(NamedTuple):
@@ -87,6 +92,8 @@ def build_loader(
     )  # fmt: skip
     tf = SampleTransform(cfg_data, size, num_channels, seed, train=augment)
     src = data.source
+    if not augment and hasattr(src, "leave_out_bad"):  # an evaluation leaves bad files out, never duplicates
+        src.leave_out_bad = True
     if hasattr(src, "build_loader"):  # streaming sources build their own loader (in stream order)
         loader = src.build_loader(tf, micro_batch_size=batch_size, rank=rank, world_size=world_size,
                                   drop_last=drop_last, **common)  # fmt: skip

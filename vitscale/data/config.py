@@ -130,4 +130,35 @@ class CaptionFields:
     """Tokens per caption (open_clip's 77; longer captions are cut, ending in the end-of-text token)."""
 
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "CaptionFields", "DataConfig"]
+@dataclass
+class RemoteFields:
+    remote_retries: int = 3
+    """Remote files (fsspec URLs, ``pipe:`` commands): times a transient error (connection reset,
+    timeout, HTTP 5xx / 408 / 429, a failed command) is retried, each after twice the previous wait;
+    a file that still fails is skipped, counted and named in the log and summary.json (or, found at
+    start-up, stops the run with one line)."""
+    remote_backoff_s: float = 1.0
+    """Seconds before the first retry (then doubled each time)."""
+    remote_timeout_s: float = 60.0
+    """HTTP(S): seconds without a byte (connecting or reading) before the attempt counts as failed."""
+    shard_cache: str | None = None
+    """Folder of the local copies of remote files read at random (indexed shards, the validation
+    split); reused by later runs. None = ``<temp dir>/vitscale-shards-<uid>``."""
+
+
+@dataclass
+class StreamFields:
+    samples_per_epoch: int | None = None
+    """Stream mode: samples per epoch (all ranks), which sets the loader length and so
+    ``train.epochs``; None = what the data says (shards: number of shards x samples in the first;
+    Parquet: its row count)."""
+    resampled: bool = False
+    """Stream mode: draw shards (row groups) with replacement per (rank, worker), keyed by (seed,
+    epoch) (open_clip's ``--dataset-resampled``): every worker always has data, epochs are
+    ``samples_per_epoch`` long, and samples may repeat or be missed within an epoch."""
+    shuffle_buffer: int = 1000
+    """Stream mode: samples held by each worker's shuffle buffer (encoded, before decoding); <= 1 =
+    file order."""
+
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "CaptionFields", "DataConfig", "RemoteFields", "StreamFields"]

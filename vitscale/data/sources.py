@@ -1,8 +1,10 @@
 """Sample sources: in-memory uint8 tensors (digits), synthetic images, and image files.
 
 A source maps a dataset index to a transformed sample; the dataset adds the batch bookkeeping.
-``FileSource`` never fails on a bad file: an undecodable file is replaced by the next decodable
-sample (index + 1, + 2, ... modulo the dataset size, the same in every epoch) and reported.
+``FileSource`` never fails on a bad file: in training an undecodable file is replaced by the next
+decodable sample (index + 1, + 2, ... modulo the dataset size, the same in every epoch); read for an
+evaluation (``leave_out_bad``) it is left out — the sample comes back as a blank padding row (index
+-1, which evaluations ignore), so no image is counted twice. Either way it is reported.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class Sample:
     aug: Augmented
     label: int
     index: int
-    bad: list[tuple[str, str]] = field(default_factory=list)  # (path, reason) of replaced files
+    bad: list[tuple] = field(default_factory=list)  # (path, reason[, what became of it]) of bad files
     extra: dict = field(default_factory=dict)  # more batch fields from plugin formats (e.g. "text")
 
 
@@ -74,6 +76,9 @@ class SyntheticSource:
 class FileSource:
     """Image files with int labels, decoded with PIL (fast reduced-size JPEG decoding optional)."""
 
+    leave_out_bad = False
+    """True when read for an evaluation: a bad file is left out, not replaced (see the module)."""
+
     def __init__(self, paths: list[str], labels: list[int], fast_decode: bool = True):
         self.paths, self.labels, self.fast_decode = list(paths), list(labels), fast_decode
         self._bad: dict[int, str] = {}  # index -> reason, per process (worker)
@@ -90,7 +95,9 @@ class FileSource:
         return tf.decode(self.paths[j], epoch, slot, fast=self.fast_decode)
 
     def sample(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
-        bad: list[tuple[str, str]] = []
+        if self.leave_out_bad:
+            return self._sample_or_blank(index, epoch, tf)
+        bad: list[tuple] = []
         n = len(self.paths)
         for k in range(min(n, MAX_REPLACEMENTS)):
             j = (index + k) % n
@@ -108,3 +115,11 @@ class FileSource:
         raise RuntimeError(
             f"{len(bad)} consecutive undecodable images starting at {self.paths[index]!r}; is the data folder corrupt?"
         )
+
+    def _sample_or_blank(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
+        try:
+            return Sample(self._load(index, index, epoch, tf), int(self.labels[index]), index)
+        except BadImageError as e:
+            blank = torch.zeros((tf.num_channels, *tf.img_size), dtype=torch.uint8)  # (C, H, W), never evaluated
+            return Sample(Augmented(blank, (0.0, 0.0, 1.0, 1.0), False, [0] * 6), 0, -1,
+                          [(self.paths[index], str(e), "left out")])  # fmt: skip

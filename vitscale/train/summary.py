@@ -47,6 +47,8 @@ def human_summary(summary: dict[str, Any], out: Path, *, config: str | Path, rep
     lines = [head, "  " + final_metrics_line(summary)]
     if summary.get("skipped_files"):
         lines.append(f"  skipped {summary['skipped_files']} undecodable files (warnings in train.log)")
+    for shard in summary.get("skipped_shards", []):
+        lines.append(f"  skipped shard {shard['url']}: {shard['reason']}")
     lines.append(f"Outputs in {out}:")
     if weights is not None:
         lines.append(f"  weights      {weights}")

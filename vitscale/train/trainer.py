@@ -389,9 +389,7 @@ class Trainer:
                 self.save_checkpoint()
                 t_last = time.perf_counter()
         wall = time.perf_counter() - t_start
-        skipped = torch.tensor(float(self.skipped), device=self.device)
-        if self.world > 1 and dist.is_initialized():
-            dist.all_reduce(skipped)
+        skips = self.loaders.skips()  # bad files (training and validation) and shards, over the ranks
         if cfg.checkpoint.export_safetensors:
             meta = {"model": cfg.model.name, "overrides": json.dumps(self.model_overrides), "step": str(self.step)}
             export_safetensors(self.model, self.out / "model.safetensors", meta)
@@ -404,7 +402,7 @@ class Trainer:
             "steps_this_run": steps_run,
             "wall_time_s": wall,
             "img_per_s": steps_run * tc.batch_size / max(wall, 1e-9),
-            "skipped_files": int(skipped.item()),
+            **skips,
             "nonfinite_steps": self.guard.checked_total,
             **{k: v for k, v in last_eval.items()},
         }
@@ -417,8 +415,9 @@ class Trainer:
         if self.is_main:
             with open(self.out / "summary.json", "w") as f:
                 json.dump(strict_json(summary), f, indent=1, allow_nan=False)
-            if self.skipped:
-                log.info(f"skipped {self.skipped} undecodable files (see the warnings above)")
+            if skips["skipped_files"] or skips["skipped_shards"]:
+                log.info(f"skipped {skips['skipped_files']} bad files and {len(skips['skipped_shards'])} unreadable "
+                         f"shards (see the warnings above)")  # fmt: skip
             log.log_hparams(flatten(run_config_dict(cfg)), {k: v for k, v in last_eval.items()})
             if cfg.log.report:
                 try_write_report(self.out)

@@ -1,0 +1,80 @@
+"""Class names and label checks shared by the formats.
+
+``classnames.txt`` (one name per line, class ``i`` on line ``i``) beside a dataset — in the folder of
+``data.train_path`` or its parent, local or remote — names the classes and fixes their order (also
+for an image folder, whose class folders must then be among its names). Without it, shards and
+tables take the class count from their labels: :func:`classes_from_labels` refuses labels that
+cannot be class indices (negative) or are too sparse to be (a label of 999999999 among ten classes
+would make a billion-way head), with a line saying what to set.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+from ..errors import CheckError
+
+CLASSNAMES_FILE = "classnames.txt"
+
+
+def _folder(path: str) -> str:
+    head = path.split("{")[0].split("*")[0]
+    if "://" in head:
+        return head if head.endswith("/") else posixpath.dirname(head)
+    return path if os.path.isdir(path) else os.path.dirname(head) or "."
+
+
+def read_class_names(path: str | None) -> list[str] | None:
+    """``classnames.txt`` in the folder of ``path`` (a folder, file, pattern or URL) or its parent."""
+    if not path or path.startswith("pipe:"):
+        return None
+    folder = _folder(path.split("::")[0])
+    join = posixpath.join if "://" in folder else os.path.join
+    parent = (posixpath if "://" in folder else os.path).dirname(folder.rstrip("/"))
+    for cand in (join(folder, CLASSNAMES_FILE), join(parent, CLASSNAMES_FILE)):
+        text = _read_small(cand)
+        if text is not None:
+            return [line.strip() for line in text.splitlines() if line.strip()]
+    return None
+
+
+def _read_small(path: str) -> str | None:
+    if "://" not in path:
+        if not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    from .remote import RemoteOptions, open_stream
+
+    try:
+        with open_stream(path, RemoteOptions(retries=0, timeout_s=30)) as f:
+            return f.read(1 << 24).decode("utf-8")
+    except Exception:  # not there (404), not readable: no class names
+        return None
+
+
+def classes_from_labels(labels: list[int], where: str, num_classes: int | None = None) -> int:
+    """The class count of integer ``labels`` (-1 = unlabelled, ignored): ``num_classes`` when given (every
+    label must be below it), else ``max + 1`` when the labels are dense enough to be class indices.
+    ``CheckError`` naming ``where`` otherwise."""
+    seen = [y for y in labels if y != -1]
+    if not seen:
+        return num_classes or 0
+    low, high = min(seen), max(seen)
+    if low < 0:
+        raise CheckError(f"{where}: label {low} is not a class index (labels are 0 .. num_classes-1)")
+    if num_classes:
+        if high >= num_classes:
+            raise CheckError(f"{where}: label {high} is outside [0, {num_classes}) (the class count from "
+                             f"classnames.txt / data.num_classes): fix the label or the class count")  # fmt: skip
+        return num_classes
+    distinct = len(set(seen))
+    if high + 1 > 2 * distinct:
+        raise CheckError(f"{where}: labels reach {high} but only {distinct} distinct values occur, so {high + 1} "
+                         f"classes would be mostly empty: set data.num_classes or put a {CLASSNAMES_FILE} "
+                         f"beside the data (or fix the label)")  # fmt: skip
+    return high + 1
+
+
+__all__ = ["CLASSNAMES_FILE", "classes_from_labels", "read_class_names"]
