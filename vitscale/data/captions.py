@@ -26,6 +26,7 @@ from .sources import FileSource, Sample
 from .tar import IMAGE_EXTS, TarMember
 from .transforms import Augmented, SampleTransform
 
+
 def caption_tokenizer(context_length: int):
     """The tokenizer of captions: ``tok(list of str) -> long (B, context_length)`` (CLIP's BPE)."""
     from vitscale.models.clip.tokenizer import create_tokenizer
