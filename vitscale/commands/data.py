@@ -4,6 +4,7 @@
 image folder: ``OUT_DIR/train/<class>/<n>.png`` and ``OUT_DIR/val/<class>/<n>.png``.
 ``vitscale data digits-captions OUT_DIR`` writes them as captioned WebDataset shards (CLIP).
 ``vitscale data inspect PATH`` reports what a dataset of any format holds (``vitscale.data.inspect``).
+``vitscale data convert SRC OUT --to webdataset|parquet`` rewrites one (``vitscale.data.convert``).
 """
 
 from __future__ import annotations
@@ -34,14 +35,35 @@ def _digits_captions(args) -> int:
 def _inspect(args) -> int:
     import json
 
-    from vitscale.config import load_config
-    from vitscale.data.inspect import detect_format, format_report, inspect_data
+    from vitscale.data.inspect import format_report, inspect_data
 
-    fmt = args.format or detect_format(args.path)
-    over = [o if o.startswith("data.") else f"data.{o}" for o in args.overrides]
-    cfg = load_config(None, [f"data.format={fmt}", f"data.train_path={args.path}", *over]).data
+    cfg = _config(args.path, args.format, args.overrides)
     report = inspect_data(cfg, samples=args.samples, img_size=args.img_size)
     print(json.dumps(report, indent=1) if args.json else format_report(report))
+    return 0
+
+
+def _config(path: str, fmt: str | None, overrides: list[str]):
+    from vitscale.config import load_config
+    from vitscale.data.inspect import detect_format
+
+    fmt = fmt or detect_format(path)
+    over = [o if o.startswith("data.") else f"data.{o}" for o in overrides]
+    return load_config(None, [f"data.format={fmt}", f"data.train_path={path}", *over]).data
+
+
+def _convert(args) -> int:
+    import json
+
+    from vitscale.data.convert import convert
+
+    cfg = _config(args.src, args.format, args.overrides)
+    summary = convert(cfg, args.out, args.to, prefix=args.prefix, max_count=args.max_count,
+                      max_shard_mb=args.max_shard_mb, row_group=args.row_group)  # fmt: skip
+    print(json.dumps(summary, indent=1) if args.json else
+          f"wrote {summary['samples']} samples ({summary['classes']} classes) of {args.src} as {args.to} to "
+          f"{args.out}: {', '.join(summary['files'][:3])}{', ...' if len(summary['files']) > 3 else ''}"
+          + (f"; {summary['skipped']} unreadable images left out" if summary["skipped"] else ""))  # fmt: skip
     return 0
 
 
@@ -90,4 +112,27 @@ def register(subparsers) -> None:
     i.add_argument("--img-size", type=int, default=224, help="side of the decoded images")
     i.add_argument("--json", action="store_true", help="print the report as JSON")
     i.set_defaults(func=_inspect)
+    v = sub.add_parser(
+        "convert", help="rewrite a dataset as WebDataset shards or Parquet files",
+        description="Read SRC (any format: an image folder, shards, Parquet, CSV; detected unless --format is "
+        "given) and write its images as they are stored, in order, with their labels (and captions) to OUT: "
+        "--to webdataset writes OUT/<prefix>-NNNNNN.tar with <key>.<ext> + <key>.cls (+ <key>.txt); --to "
+        "parquet writes OUT/<prefix>-NNNNN.parquet with image ({bytes, path}), label (+ caption) and key "
+        "columns. OUT/classnames.txt lists the classes. Convert each split (train, val) on its own. "
+        "key=value: data fields of SRC's format.",
+        formatter_class=DefaultsHelpFormatter,
+        epilog="Example: vitscale data digits digits && vitscale data convert digits/train wds/train --to webdataset --max-count 500\n"
+        "         vitscale data convert digits/val pq/val --to parquet",
+    )  # fmt: skip
+    v.add_argument("src", metavar="SRC", help="the data to read, as data.train_path")
+    v.add_argument("out", metavar="OUT", help="folder to write (created if missing)")
+    v.add_argument("overrides", nargs="*", metavar="key=value", help="data fields of SRC's format")
+    v.add_argument("--to", required=True, choices=("webdataset", "parquet"), help="the format to write")
+    v.add_argument("--format", help="SRC's data.format (default: detected)")
+    v.add_argument("--prefix", help="file name prefix (default: SRC's last name, e.g. train)")
+    v.add_argument("--max-count", type=int, default=10_000, help="webdataset: samples per shard at most")
+    v.add_argument("--max-shard-mb", type=float, default=1024.0, help="MiB per shard / file at most")
+    v.add_argument("--row-group", type=int, default=100, help="parquet: rows per row group")
+    v.add_argument("--json", action="store_true", help="print the summary as JSON")
+    v.set_defaults(func=_convert)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

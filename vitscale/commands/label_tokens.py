@@ -121,8 +121,9 @@ def label_tokens(cfg, out: str) -> dict:
                     cls, tok = dense_forward(teacher, batch["image"])
                 cls_p, tok_p = cls.float().softmax(-1), tok.float().softmax(-1)
                 if writer is None:
+                    keys = getattr(loader.dataset.source, "keys", None)  # shards: rows also found by sample key
                     writer = TokenLabelWriter(out, split, n, tuple(tok.shape[1:3]), min(t.topk, C), C, info,
-                                              writes=run.dims.tp_rank == 0)  # fmt: skip
+                                              writes=run.dims.tp_rank == 0, keys=keys)  # fmt: skip
                 writer.write(batch["index"], tok_p, cls_p, batch.get("crop"))
                 real = (batch["index"] >= 0).to(run.device)  # padding samples (index -1) do not count
                 labels = batch["label"].to(run.device)

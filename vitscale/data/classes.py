@@ -77,4 +77,31 @@ def classes_from_labels(labels: list[int], where: str, num_classes: int | None =
     return high + 1
 
 
-__all__ = ["CLASSNAMES_FILE", "classes_from_labels", "read_class_names"]
+def write_run_class_names(folder, names: list[str]) -> None:
+    """A run's class names (class ``i`` on line ``i``) in its folder: what ``vitscale eval`` maps the
+    evaluation data's labels to and ``vitscale export`` names the outputs with."""
+    from pathlib import Path
+
+    path = Path(folder) / CLASSNAMES_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_class_names(path) -> list[str] | None:
+    """The class names of the run a checkpoint path belongs to (a run folder, its ``checkpoints/`` or a
+    ``step_N`` in it, or a weights file in it): its ``classnames.txt``, or None."""
+    from pathlib import Path
+
+    if not path:
+        return None
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    for d in (folder, folder.parent, folder.parent.parent):
+        f = d / CLASSNAMES_FILE
+        if f.is_file() and (d / "config.yaml").is_file():
+            return [line.strip() for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return None
+
+
+__all__ = ["CLASSNAMES_FILE", "classes_from_labels", "read_class_names", "run_class_names", "write_run_class_names"]

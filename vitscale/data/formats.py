@@ -1,7 +1,7 @@
 """The data formats: one :class:`DataFormat` per ``data.format``, each declared in one module.
 
 A format module (``vitscale/data/digits.py``, ``imagefolder.py``, ``synthetic.py``, ``csv.py``,
-``webdataset.py``, or a module of yours) holds everything about its format and
+``webdataset.py``, ``parquet.py``, or a module of yours) holds everything about its format and
 registers it on import with :func:`register_format`:
 
 - ``split``: the builder, ``split(cfg, name, *, img_size, num_channels, seed, classes) -> Split | None``
@@ -35,6 +35,7 @@ BUILTIN = {
     "synthetic": "vitscale.data.synthetic",
     "webdataset": "vitscale.data.webdataset",
     "csv": "vitscale.data.csv",
+    "parquet": "vitscale.data.parquet",
 }
 SPLITS = ("train", "val")
 

@@ -1,7 +1,9 @@
 """Image folders: ``<root>/<class>/**/<image>``, one subfolder per class (torchvision's layout).
 
-Classes are the sorted subfolder names of ``train_path``; ``val_path`` must use the same names
-(a subset is fine). Files are matched by extension (case-insensitive) and sorted, so the index of a
+Classes are the sorted subfolder names of ``train_path``, or the names of a ``classnames.txt`` in
+the root or its parent, in its order (class folders must then be among them; a listed class may
+have no images). Without that list a class folder without images is refused: it would silently
+become a class no image teaches. ``val_path`` must use the same names (a subset is fine). Files are matched by extension (case-insensitive) and sorted, so the index of a
 file is stable. Without ``val_path``, ``val_split > 0`` holds out that fraction of every class
 (a fixed split keyed by seed 0). Decoding is done by :class:`vitscale.data.sources.FileSource`.
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 import logging
 import os
 
+from ..errors import CheckError
+from .classes import CLASSNAMES_FILE, read_class_names
 from .config import DataConfig
 from .formats import DataFormat, Split, register_format
 from .keyed import STREAM_SPLIT, epoch_permutation
@@ -25,13 +29,25 @@ log = logging.getLogger("vitscale.data")
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".pbm", ".bmp", ".tif", ".tiff", ".webp", ".gif")
 
 
-def find_classes(root: str) -> list[str]:
+def class_folders(root: str) -> list[str]:
     if not os.path.isdir(root):
         raise FileNotFoundError(f"image folder {root!r} does not exist")
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    if not classes:
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+
+
+def find_classes(root: str) -> list[str]:
+    """The classes of an image folder: its ``classnames.txt`` (root or parent), else its sorted folders."""
+    folders = class_folders(root)
+    listed = read_class_names(root)
+    if listed is not None:
+        extra = sorted(set(folders) - set(listed))
+        if extra:
+            raise CheckError(f"image folder {root}: class folder {extra[0]!r} is not in its {CLASSNAMES_FILE}: "
+                             f"add it there or remove the folder")  # fmt: skip
+        return listed
+    if not folders:
         raise FileNotFoundError(f"image folder {root!r} has no class subfolders (<root>/<class>/<image>)")
-    return classes
+    return folders
 
 
 def _key(path: str) -> tuple[int, int]:
@@ -126,6 +142,11 @@ def imagefolder_split(cfg: DataConfig, name: str, *, img_size=None, num_channels
     paths, labels = scan(root, {c: i for i, c in enumerate(names)})
     if name == "train" and not paths:
         raise FileNotFoundError(f"no images ({', '.join(IMG_EXTENSIONS)}) under {root!r}")
+    if classes is None and read_class_names(root) is None:
+        empty = sorted(set(class_folders(root)) - {names[y] for y in labels})
+        if empty:
+            raise CheckError(f"image folder {root}: class folder {empty[0]!r} has no images ({', '.join(IMG_EXTENSIONS)}): "
+                             f"remove it, or list the classes in {CLASSNAMES_FILE} to keep a class without images")  # fmt: skip
     if not cfg.val_path and cfg.val_split > 0:
         paths, labels = _holdout(cfg, paths, labels, name)
     return Split(FileSource(paths, labels, cfg.fast_decode), names)
@@ -137,8 +158,8 @@ def _class_names(cfg: DataConfig) -> list[str] | None:
 
 def _detect(path: str) -> bool:
     try:
-        return bool(find_classes(path))
-    except (FileNotFoundError, OSError):
+        return bool(class_folders(path))
+    except OSError:
         return False
 
 

@@ -42,8 +42,9 @@ def inspect_data(cfg: DataConfig, *, samples: int = 64, img_size: int = 224, bat
         raise UserError(f"{cfg.train_path}: no samples")
     src = data.source
     streamed = hasattr(src, "build_loader")
-    report: dict = {"format": cfg.format, "path": cfg.train_path,
-                    "samples": None if streamed else len(src), "streamed": streamed,
+    exact = not streamed or getattr(src, "exact", False)
+    report: dict = {"format": cfg.format, "path": cfg.train_path, "samples": len(src) if exact else None,
+                    "streamed": streamed,
                     "classes": int(data.num_classes), "class_names": list(data.class_names[:SHOWN_CLASSES])}  # fmt: skip
     report.update(data.info)
     keys = [src.key(i) for i in range(min(SHOWN_KEYS, len(src)))] if not streamed and hasattr(src, "key") else []
@@ -73,7 +74,8 @@ def format_report(report: dict) -> str:
     """The report as lines for a person."""
     lines = [f"{report['path']}: data.format={report['format']}"]
     samples = report["samples"]
-    lines.append(f"  samples      {samples if samples is not None else 'streamed (not counted)'}")
+    lines.append(f"  samples      {samples if samples is not None else 'streamed (not counted)'}"
+                 + (" (streamed)" if report["streamed"] and samples is not None else ""))
     names = report["class_names"]
     more = ", ..." if report["classes"] > len(names) else ""
     lines.append(f"  classes      {report['classes']}" + (f" ({', '.join(names)}{more})" if names else ""))

@@ -9,6 +9,7 @@ evaluation (``leave_out_bad``) it is left out — the sample comes back as a bla
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +19,18 @@ from .decode import BadImageError
 from .transforms import Augmented, SampleTransform
 
 MAX_REPLACEMENTS = 64
+
+
+def png_bytes(image: torch.Tensor) -> bytes:
+    """A uint8 (C, H, W) image as a PNG file."""
+    import io
+
+    from PIL import Image
+
+    arr = image.permute(1, 2, 0).numpy()  # (H, W, C)
+    buf = io.BytesIO()
+    Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr).save(buf, format="PNG")
+    return buf.getvalue()
 
 
 @dataclass
@@ -42,6 +55,10 @@ class TensorSource:
     def key(self, index: int) -> str:
         return str(index)
 
+    def raw(self, index: int) -> tuple[bytes, str]:
+        """Image ``index`` encoded (PNG), for ``vitscale data convert``."""
+        return png_bytes(self.images[index]), "png"
+
     def sample(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
         img = self.images[index]
         aug = tf.tensor_train(img, epoch, index) if tf.train else tf.tensor_eval(img)
@@ -62,6 +79,9 @@ class SyntheticSource:
 
     def key(self, index: int) -> str:
         return str(index)
+
+    def raw(self, index: int) -> tuple[bytes, str]:
+        return png_bytes(self.image(index)), "png"
 
     def image(self, index: int) -> torch.Tensor:
         g = keyed.torch_gen(self.seed, index, keyed.STREAM_SYNTHETIC)
@@ -89,6 +109,13 @@ class FileSource:
     def key(self, index: int) -> str:
         """What names sample ``index`` in messages (its file)."""
         return self.paths[index]
+
+    def raw(self, index: int) -> tuple[bytes, str]:
+        """The encoded image of sample ``index`` and its extension, as stored (``vitscale data convert``)."""
+        from .remote import open_file
+
+        with open_file(self.paths[index]) as f:
+            return f.read(), os.path.splitext(self.paths[index])[1].lstrip(".").lower()
 
     def _load(self, j: int, slot: int, epoch: int, tf: SampleTransform) -> Augmented:
         """Decode file ``j`` with the augmentation randomness of dataset slot ``slot``."""

@@ -308,8 +308,9 @@ class StreamLoader(ResumableLoader):
 class StreamSource:
     """The train "source" of a stream: builds its own loader (see ``vitscale.data.build_loader``)."""
 
-    def __init__(self, reader: UnitReader, cfg, *, samples_per_epoch: int, num_classes: int, captions: bool):
-        self.reader, self.cfg = reader, cfg
+    def __init__(self, reader: UnitReader, cfg, *, samples_per_epoch: int, num_classes: int, captions: bool,
+                 exact: bool = False):  # fmt: skip
+        self.reader, self.cfg, self.exact = reader, cfg, exact  # exact: samples_per_epoch is the data's count
         self.samples_per_epoch, self.num_classes, self.captions = samples_per_epoch, num_classes, captions
         self.labels: list[int] = []  # unknown without reading the data
 

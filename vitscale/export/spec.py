@@ -55,11 +55,17 @@ def preprocess_spec(source) -> dict:
 
 
 def run_class_names(source) -> list[str] | None:
-    """The run's readable class names (digits: 'zero' … 'nine'), or None when unknown."""
+    """The run's readable class names (digits: 'zero' … 'nine'): its folder's ``classnames.txt`` (the
+    classes training mapped the labels to), else the config's dataset's; None when unknown."""
+    from vitscale.data.classes import run_class_names as saved
+    from vitscale.eval.zeroshot import readable_class_names
     from vitscale.tasks.contrastive import dataset_class_names
 
     if source.config_from == "defaults":
         return None
+    names = saved(source.weights)
+    if names and not source.cfg.clip.class_names:
+        return readable_class_names(names)
     try:
         names = dataset_class_names(source.cfg)
     except (FileNotFoundError, OSError):  # the training images are not on this machine

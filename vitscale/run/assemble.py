@@ -20,6 +20,7 @@ from torch import nn
 
 from ..config import Config
 from ..data import Loaders, build_loaders
+from ..data.classes import run_class_names, write_run_class_names
 from ..distributed.float8 import Float8Report, float8_report
 from ..distributed.fsdp import Precision, resolve_precision
 from ..distributed.parallel_dims import ParallelDims, init_distributed, resolve_device, world_info
@@ -116,6 +117,8 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         img_size = (side, side) if side else (base.img_h, base.img_w)
         loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, base.num_channels, micro_batch)
         num_classes = (cfg.data.num_classes or loaders.num_classes) if loaders is not None else None
+        if purpose == "train" and dims.is_main and loaders.class_names:  # for vitscale eval and export
+            write_run_class_names(cfg.train.output_dir, loaders.class_names)
         if purpose == "train":
             try:
                 images = len(loaders.train.dataset)
@@ -198,9 +201,12 @@ def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, num_channe
                   rank=dims.dp_rank, world_size=dims.dp_size)  # fmt: skip
     if purpose == "train":
         return build_loaders(cfg.data, micro_batch_size=micro_batch, eval_batch_size=cfg.eval.batch_size, **common)
-    # every image once, in order, unaugmented, in whole batches of the one-process job (EvalShardSampler)
+    # every image once, in order, unaugmented, in whole batches of the one-process job (EvalShardSampler);
+    # an evaluation maps the labels to the classes the weights were trained on (their run folder's)
     batch = cfg.teacher.batch_size if purpose == "label" else cfg.eval.batch_size
-    return build_loaders(cfg.data, micro_batch_size=batch, eval_batch_size=batch, train_augment=False, **common)
+    classes = run_class_names(cfg.checkpoint.path) if purpose == "eval" else None
+    return build_loaders(cfg.data, micro_batch_size=batch, eval_batch_size=batch, train_augment=False,
+                         classes=classes, **common)  # fmt: skip
 
 
 __all__ = ["PURPOSES", "Purpose", "Run", "assemble", "head_classes", "model_overrides"]
