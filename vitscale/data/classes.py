@@ -26,10 +26,17 @@ def _folder(path: str) -> str:
 
 
 def read_class_names(path: str | None) -> list[str] | None:
-    """``classnames.txt`` in the folder of ``path`` (a folder, file, pattern or URL) or its parent."""
-    if not path or path.startswith("pipe:"):
+    """``classnames.txt`` in the folder of ``path`` (a folder, file, pattern, URL, or the file a ``pipe:``
+    command reads) or its parent."""
+    if not path:
         return None
-    folder = _folder(path.split("::")[0])
+    path = path.split("::")[0]
+    if path.startswith("pipe:"):  # the command's last word naming a file: ``pipe:cat /data/train-{0..9}.tar``
+        words = [w for w in path[len("pipe:"):].split() if "/" in w]
+        if not words:
+            return None
+        path = words[-1]
+    folder = _folder(path)
     join = posixpath.join if "://" in folder else os.path.join
     parent = (posixpath if "://" in folder else os.path).dirname(folder.rstrip("/"))
     for cand in (join(folder, CLASSNAMES_FILE), join(parent, CLASSNAMES_FILE)):

@@ -143,7 +143,8 @@ class RemoteFields:
     """HTTP(S): seconds without a byte (connecting or reading) before the attempt counts as failed."""
     shard_cache: str | None = None
     """Folder of the local copies of remote files read at random (indexed shards, the validation
-    split); reused by later runs. None = ``<temp dir>/vitscale-shards-<uid>``."""
+    split, Parquet over http(s)); reused by later runs. None = ``$VITSCALE_CACHE_DIR/shards``
+    (default ``~/.cache/vitscale/shards``)."""
 
 
 @dataclass

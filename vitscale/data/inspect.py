@@ -49,7 +49,7 @@ def inspect_data(cfg: DataConfig, *, samples: int = 64, img_size: int = 224, bat
     report.update(data.info)
     keys = [src.key(i) for i in range(min(SHOWN_KEYS, len(src)))] if not streamed and hasattr(src, "key") else []
     loaded = build_loader(cfg, "train", img_size=(img_size, img_size), num_channels=3, seed=0,
-                          batch_size=batch_size, augment=False, drop_last=False)  # fmt: skip
+                          batch_size=max(1, min(batch_size, samples)), augment=False, drop_last=False)  # fmt: skip
     n, skipped, labels = 0, 0, []
     t0 = time.perf_counter()
     if loaded is not None:

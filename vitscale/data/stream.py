@@ -323,7 +323,10 @@ class StreamSource:
         n, per_step = len(self), micro_batch_size * world_size
         batches = n // per_step if drop_last else -(-n // per_step)
         if batches < 1:
-            raise ValueError(f"data.samples_per_epoch={n} is less than one global micro-batch ({per_step})")
+            from ..errors import CheckError
+
+            raise CheckError(f"an epoch of the stream has {n} samples (data.samples_per_epoch, else the data's count), "
+                             f"less than one global micro-batch of {per_step}: lower train.batch_size")  # fmt: skip
         units = len(self.reader.units)
         if not cfg.resampled and units < world_size * max(num_workers, 1):
             log.warning("%d shards for %d ranks x %d workers: some workers read nothing (use data.resampled)",
