@@ -17,15 +17,19 @@ def _private_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def digits_data(tmp_path_factory):
     """``{root}/folder/{train,val}/<class>/*.png`` (8x8), ``{root}/wds/{train,val}/*.tar`` (train: 3
-    shards of at most 500) and ``{root}/parquet/{train,val}/*.parquet``, all in the image folder's order."""
+    shards of at most 500) and ``{root}/parquet/{train,val}/*.parquet``, all in the image folder's order,
+    and ``{root}/shuffled/{train,val}/*.parquet`` as ``vitscale data convert`` writes them by default."""
     from vitscale.cli import main
 
     root = tmp_path_factory.mktemp("digits_data")
     assert main(["data", "digits", str(root / "folder"), "--size", "8"]) == 0
     for split in ("train", "val"):
         src = str(root / "folder" / split)
-        assert main(["data", "convert", src, str(root / "wds" / split), "--to", "webdataset", "--max-count", "500"]) == 0
-        assert main(["data", "convert", src, str(root / "parquet" / split), "--to", "parquet", "--row-group", "100"]) == 0
+        in_order = ["--no-shuffle"]
+        assert main(["data", "convert", src, str(root / "wds" / split), "--to", "webdataset", "--max-count", "500",
+                     *in_order]) == 0  # fmt: skip
+        assert main(["data", "convert", src, str(root / "parquet" / split), "--to", "parquet", *in_order]) == 0
+        assert main(["data", "convert", src, str(root / "shuffled" / split), "--to", "parquet"]) == 0
     return root
 
 

@@ -314,10 +314,16 @@ def test_convert_and_inspect_round_trip(digits_data, tmp_path):
     from vitscale.cli import main
 
     # Parquet -> shards: the same samples, labels and classes in the same order
-    assert main(["data", "convert", str(digits_data / "parquet/val"), str(tmp_path / "w"), "--to", "webdataset"]) == 0
+    assert main(["data", "convert", str(digits_data / "parquet/val"), str(tmp_path / "w"), "--to", "webdataset",
+                 "--no-shuffle"]) == 0  # fmt: skip
     a = _loaders(_cfg("webdataset", tmp_path / "w", tmp_path / "w"))
     b = _loaders(_cfg("imagefolder", digits_data / "folder/val", digits_data / "folder/val"))
-    _same(_batches(a.val), _batches(b.val))
+    b_val = list(b.val)
+    _same(_batches(a.val), _batches(b_val))
     assert a.class_names == b.class_names
     with tarfile.open(tmp_path / "w" / "val-000000.tar") as tf:
         assert set(tf.getnames()[:2]) == {"00000000.png", "00000000.cls"}
+    # by default the order is shuffled (keyed): the same samples, another order
+    s = _loaders(_cfg("parquet", digits_data / "shuffled/val", digits_data / "shuffled/val"))
+    shuffled, ordered = torch.cat([b["label"] for b in s.val]), torch.cat([b["label"] for b in b_val])
+    assert shuffled.bincount().tolist() == ordered.bincount().tolist() and not torch.equal(shuffled, ordered)

@@ -9,6 +9,8 @@ image folder: ``OUT_DIR/train/<class>/<n>.png`` and ``OUT_DIR/val/<class>/<n>.pn
 
 from __future__ import annotations
 
+import argparse
+
 from . import DefaultsHelpFormatter
 
 
@@ -59,7 +61,8 @@ def _convert(args) -> int:
 
     cfg = _config(args.src, args.format, args.overrides)
     summary = convert(cfg, args.out, args.to, prefix=args.prefix, max_count=args.max_count,
-                      max_shard_mb=args.max_shard_mb, row_group=args.row_group)  # fmt: skip
+                      max_shard_mb=args.max_shard_mb, row_group=args.row_group, shuffle=args.shuffle,
+                      seed=args.seed)  # fmt: skip
     print(json.dumps(summary, indent=1) if args.json else
           f"wrote {summary['samples']} samples ({summary['classes']} classes) of {args.src} as {args.to} to "
           f"{args.out}: {', '.join(summary['files'][:3])}{', ...' if len(summary['files']) > 3 else ''}"
@@ -115,7 +118,8 @@ def register(subparsers) -> None:
     v = sub.add_parser(
         "convert", help="rewrite a dataset as WebDataset shards or Parquet files",
         description="Read SRC (any format: an image folder, shards, Parquet, CSV; detected unless --format is "
-        "given) and write its images as they are stored, in order, with their labels (and captions) to OUT: "
+        "given) and write its images as they are stored, with their labels (and captions), in a random order "
+        "keyed by --seed (streaming readers shuffle only within a buffer; --no-shuffle keeps SRC's order), to OUT: "
         "--to webdataset writes OUT/<prefix>-NNNNNN.tar with <key>.<ext> + <key>.cls (+ <key>.txt); --to "
         "parquet writes OUT/<prefix>-NNNNN.parquet with image ({bytes, path}), label (+ caption) and key "
         "columns. OUT/classnames.txt lists the classes. Convert each split (train, val) on its own. "
@@ -133,6 +137,9 @@ def register(subparsers) -> None:
     v.add_argument("--max-count", type=int, default=10_000, help="webdataset: samples per shard at most")
     v.add_argument("--max-shard-mb", type=float, default=1024.0, help="MiB per shard / file at most")
     v.add_argument("--row-group", type=int, default=100, help="parquet: rows per row group")
+    v.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
+                   help="write the samples in a random order keyed by --seed")
+    v.add_argument("--seed", type=int, default=0, help="the key of the order")
     v.add_argument("--json", action="store_true", help="print the summary as JSON")
     v.set_defaults(func=_convert)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

@@ -2,7 +2,9 @@
 folder, shards, Parquet, CSV, the digits) rewritten as classification (or caption) shards or Parquet.
 
 The images are copied as they are stored (no re-encoding; the digits, held as pixels, become PNG),
-in the source's order, with their labels and captions:
+with their labels and captions, in a random order keyed by ``seed`` (a stream reads files front to back
+and shuffles only within its buffer, so files of one class each — an image folder's order — would
+give batches of few classes), or with ``shuffle=False`` in the source's order:
 
 - ``webdataset``: ``OUT/<prefix>-000000.tar`` ... with ``<key>.<ext>`` + ``<key>.cls`` (+ ``<key>.txt``),
   a new shard after ``--max-count`` samples or ``--max-shard-mb``;
@@ -24,6 +26,7 @@ from typing import Literal
 
 from .classes import CLASSNAMES_FILE
 from .formats import get_format
+from .keyed import epoch_permutation
 
 log = logging.getLogger("vitscale.data")
 
@@ -45,21 +48,24 @@ def sniff_ext(data: bytes) -> str:
     return "jpg"
 
 
-def _samples(cfg):
-    """(key, bytes, ext, label, caption) of every sample of ``cfg``'s training split, in order; the class
-    names; the number of images that could not be read (a one-element list, filled while reading)."""
+def _samples(cfg, shuffle: bool, seed: int):
+    """(key, bytes, ext, label, caption) of every sample of ``cfg``'s training split (in a keyed random
+    order, or the source's); the class names; the number of images that could not be read (a
+    one-element list, filled while reading)."""
     fmt = get_format(cfg.format)
     split = fmt.split(cfg, "train", img_size=(224, 224), num_channels=3, seed=0, classes=None)
     src, bad = split.source, [0]
-    if hasattr(src, "reader"):  # a stream: its units in order, front to back
+    if hasattr(src, "reader"):  # a stream: its units front to back (in order: a random one costs a full read)
         return _streamed(src.reader, bad), list(split.class_names), bad
     if not hasattr(src, "raw"):
         raise ValueError(f"data.format={cfg.format}: its samples cannot be read as stored (its source has no raw())")
     captions = getattr(src, "captions", None)
     labels = getattr(src, "labels", None)
 
+    order = epoch_permutation(len(src), seed, 0, shuffle).tolist()
+
     def gen():
-        for i in range(len(src)):
+        for i in order:
             try:
                 data, ext = src.raw(i)
             except Exception as e:  # a missing or unreadable file
@@ -90,13 +96,13 @@ def _ext(ext: str, data: bytes) -> str:
 
 
 def convert(cfg, out: str, to: Target, *, prefix: str | None = None, max_count: int = 10_000,
-            max_shard_mb: float = 1024.0, row_group: int = 100) -> dict:  # fmt: skip
+            max_shard_mb: float = 1024.0, row_group: int = 100, shuffle: bool = True, seed: int = 0) -> dict:  # fmt: skip
     """Write the training split of ``cfg`` (``data.train_path`` = SRC) to ``out``; returns a summary."""
     if to not in ("webdataset", "parquet"):
         raise ValueError(f"--to must be webdataset or parquet, got {to!r}")
     prefix = prefix or os.path.basename(str(cfg.train_path or cfg.format).rstrip("/")).split(".")[0] or "data"
     os.makedirs(out, exist_ok=True)
-    samples, names, bad = _samples(cfg)
+    samples, names, bad = _samples(cfg, shuffle, seed)
     write = _write_webdataset if to == "webdataset" else _write_parquet
     files, n = write(samples, names, out, prefix, max_count, int(max_shard_mb * (1 << 20)), row_group)
     if names:
