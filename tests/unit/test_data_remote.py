@@ -327,3 +327,25 @@ def test_convert_and_inspect_round_trip(digits_data, tmp_path):
     s = _loaders(_cfg("parquet", digits_data / "shuffled/val", digits_data / "shuffled/val"))
     shuffled, ordered = torch.cat([b["label"] for b in s.val]), torch.cat([b["label"] for b in b_val])
     assert shuffled.bincount().tolist() == ordered.bincount().tolist() and not torch.equal(shuffled, ordered)
+
+
+def test_token_labels_of_shards_are_found_by_sample_key_when_streamed(digits_data, tmp_path):
+    """label-tokens writes each row's sample key (index mode); a run streaming the shards, in another
+    order, finds every sample's row by its key."""
+    from vitscale.data.token_labels import TokenLabelStore, TokenLabelWriter
+
+    indexed = _loaders(_cfg("webdataset", digits_data / "wds/train"), micro=100, drop_last=False)
+    keys = indexed.train.dataset.source.keys
+    n = len(keys)
+    writer = TokenLabelWriter(tmp_path / "tl", "train", n, (2, 2), 1, 10, keys=keys)
+    rows = torch.arange(n)
+    probs = torch.nn.functional.one_hot(rows % 10, 10).float().view(n, 1, 1, 10).expand(n, 2, 2, 10)  # by row
+    writer.write(rows, probs, probs[:, 0, 0])
+    writer.close()
+    store = TokenLabelStore(tmp_path / "tl")
+    stream = _loaders(_cfg("webdataset", digits_data / "wds/train", webdataset_mode="stream", samples_per_epoch=300),
+                      micro=50).train  # fmt: skip
+    for b in stream:
+        found = store.rows(b["index"], b["key"])
+        assert [keys[r] for r in found.tolist()] == b["key"]  # not the stream's index: the sample's own row
+        assert torch.equal(store.topk_maps(found)[1][:, 0, 0, 0], found % 10)  # that row's labels
