@@ -73,14 +73,18 @@ def _convert(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "data",
-        help="dataset utilities (write the digits as an image folder, ...)",
+        help="dataset utilities: the digits as files, inspect a dataset, convert between formats",
         description="Dataset utilities. `vitscale data digits OUT_DIR` writes scikit-learn's handwritten "
-        "digits (fixed 1,497/300 split) as OUT_DIR/{train,val}/<class>/*.png.",
+        "digits (fixed 1,497/300 split) as OUT_DIR/{train,val}/<class>/*.png; `vitscale data inspect PATH` "
+        "reports what a dataset of any format holds; `vitscale data convert SRC OUT --to webdataset|parquet` "
+        "rewrites one.",
     )
     sub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
     d = sub.add_parser("digits", help="write the digits dataset as an image folder",
                        description="Write scikit-learn's digits (train 1,497 / val 300, stratified, seed 0) "
-                       "as OUT_DIR/train/<class>/*.png and OUT_DIR/val/<class>/*.png.",
+                       "as OUT_DIR/train/<class>/*.png and OUT_DIR/val/<class>/*.png, class folders zero ... "
+                       "nine, and OUT_DIR/classnames.txt keeping them in digit order (the class names and "
+                       "indices of data.format=digits).",
                        formatter_class=DefaultsHelpFormatter)
     d.add_argument("out_dir", metavar="OUT_DIR", help="folder to write (created if missing)")
     d.add_argument("--size", type=int, default=32, help="side of the written PNGs (bicubic upsampling; 8 = native)")
