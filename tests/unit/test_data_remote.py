@@ -132,18 +132,21 @@ def test_a_stream_retries_then_skips_and_names_shards_that_fail_mid_epoch(digits
     served.mkdir()
     for name in ("train-000000", "forbidden-000001", "slow-000002"):
         shutil.copy(digits_data / f"wds/train/train-{name[-6:]}.tar", served / f"{name}.tar")
+    data = (digits_data / "wds/train/train-000001.tar").read_bytes()
+    (served / "cut-000004.tar").write_bytes(data[: len(data) // 3])  # a truncated tar
     base = http_serve(served)
-    spec = f"{base}/{{train-000000,forbidden-000001,slow-000002,missing-000003}}.tar"
+    spec = f"{base}/{{train-000000,forbidden-000001,slow-000002,missing-000003,cut-000004}}.tar"
     (served / "classnames.txt").write_text((digits_data / "wds/train/classnames.txt").read_text())
     cfg = _cfg("webdataset", spec, webdataset_mode="stream", samples_per_epoch=2000, shuffle_buffer=0, **FAST)
     with caplog.at_level(logging.WARNING, logger="vitscale.data"):
         loader = _loaders(cfg, micro=50, drop_last=False).train  # the first shard opens: the run starts
         got = [i for b in _batches(loader) for i in b["index"].tolist()]
-    assert {i >> 32 for i in got} <= {0, 2} and sum(1 for i in got if i >> 32 == 0) == 500
+    assert {i >> 32 for i in got} <= {0, 2, 4} and sum(1 for i in got if i >> 32 == 0) == 500
     summary = skip_summary(loader.reporter)
     reasons = {s["url"].rsplit("/", 1)[1]: s["reason"] for s in summary["skipped_shards"]}
-    assert set(reasons) == {"forbidden-000001.tar", "slow-000002.tar", "missing-000003.tar"}, reasons
+    assert set(reasons) == {"forbidden-000001.tar", "slow-000002.tar", "missing-000003.tar", "cut-000004.tar"}, reasons
     assert "403" in reasons["forbidden-000001.tar"] and "not found" in reasons["missing-000003.tar"]
+    assert "ReadError" in reasons["cut-000004.tar"]  # its first samples were delivered, the rest skipped
     assert "Timeout" in reasons["slow-000002.tar"] or "timeout" in reasons["slow-000002.tar"].lower()
     text = caplog.text
     assert "retrying in" in text and all(f"skipped shard {base}/{n}" in text for n in reasons)
@@ -263,6 +266,14 @@ def test_parquet_struct_images_string_labels_and_bad_files(tmp_path):
     assert len(labels) == 30 and all(y == ["ant", "cat", "dog"].index(words[r % 3]) for r, y in labels.items())
     val = list(L.val)
     assert torch.cat([b["label"] for b in val]).tolist() == [["ant", "cat", "dog"].index(words[n % 3]) for n in range(9)]
+    # row groups are the stream's units: resumed after 3 batches, the same batches as without a stop
+    cfg = _cfg("parquet", tmp_path / "train", shuffle_buffer=4)
+    full = _batches(_loaders(cfg, micro=5, workers=2).train)
+    a = _loaders(cfg, micro=5, workers=2).train
+    head = _batches(a, 3)
+    b = _loaders(cfg, micro=5, workers=2).train
+    b.load_state_dict(a.state_dict())
+    _same(head + _batches(b), full)
 
     pq.write_table(_table([(_png(1), "cat"), (_png(2), "zebra")]), tmp_path / "val/b.parquet")
     with pytest.raises(CheckError) as e:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import io
 import logging
 import os
 import subprocess
@@ -253,8 +254,38 @@ def open_file(path: str):
     return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
 
+class _Raw(io.RawIOBase):
+    """A file-like object's ``read`` as the raw stream of an ``io.BufferedReader``."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        data = self.f.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.f.close()
+        super().close()
+
+
+READ_SIZE = 1 << 20  # a remote stream is read 1 MiB at a time: each read is a round trip through
+# fsspec's event-loop thread, and readers (tarfile) ask for 10 KiB
+
+
 def open_stream(url: str, opts: RemoteOptions):
     """``url`` for reading front to back (see the module docstring)."""
+    kind = scheme(url)
+    if kind in ("file", "pipe") or (kind == "hf" and _hf_offline()):
+        return _open_stream(url, opts)
+    return io.BufferedReader(_Raw(_open_stream(url, opts)), buffer_size=READ_SIZE)
+
+
+def _open_stream(url: str, opts: RemoteOptions):
     kind = scheme(url)
     if kind == "pipe":
         return _PipeStream(url)

@@ -47,10 +47,31 @@ def split_key(name: str) -> tuple[str, str]:
     return os.path.join(folder, stem), ext.lower()
 
 
+class _Counted:
+    """A stream that counts the bytes read from it."""
+
+    def __init__(self, f):
+        self.f, self.n = f, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.f.read(size)
+        self.n += len(data)
+        return data
+
+
+def _check_end(size: int, offset: int, name: str) -> None:
+    """A tar ends with zero blocks after its last member; ``tarfile`` quietly stops at a shard cut
+    between members (or inside a header): ``ReadError`` when the end-of-archive block is missing."""
+    if size < offset + tarfile.BLOCKSIZE:
+        raise tarfile.ReadError(f"unexpected end of data after {name or 'the start'} (no end-of-archive block)")
+
+
 def iter_samples(stream, url: str) -> Iterator[dict]:
     """Samples of a shard read front to back: dicts with ``__key__``, ``__url__`` and one entry (bytes)
     per extension. A cut or corrupt shard raises ``tarfile.ReadError`` where it breaks."""
     current: dict | None = None
+    stream = _Counted(stream)
+    last = ""
     with tarfile.open(fileobj=stream, mode="r|") as tf:
         for m in tf:
             if not m.isfile():
@@ -59,11 +80,16 @@ def iter_samples(stream, url: str) -> Iterator[dict]:
             data = tf.extractfile(m).read()
             if len(data) != m.size:
                 raise tarfile.ReadError(f"unexpected end of data in {m.name}")
+            last = m.name
             if current is None or current["__key__"] != key:
                 if current is not None:
                     yield current
                 current = {"__key__": key, "__url__": url}
             current.setdefault(ext, data)
+        end = tf.offset
+    while stream.read(1 << 16):  # the rest: the end-of-archive blocks
+        pass
+    _check_end(stream.n, end, last)
     if current is not None:
         yield current
 
@@ -130,6 +156,7 @@ def index_shard(path: str, small_exts: tuple[str, ...], url: str = "") -> list[d
                 g["image"], g["_rank"] = TarMember(path, m.offset_data, m.size, m.name, url), IMAGE_EXTS.index(ext)
             elif ext in small_exts and ext not in g:
                 g[ext] = tf.extractfile(m).read()
+        _check_end(size, tf.offset, samples[-1]["__key__"] if samples else "")
     for g in samples:
         del g["_rank"]
     return samples
