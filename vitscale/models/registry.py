@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 # Modules whose import registers a family. Order = order in `vitscale models`.
-FAMILY_MODULES = ("vitscale.models.vit", "vitscale.models.clip", "vitscale.models.volo")
+FAMILY_MODULES = ("vitscale.models.vit", "vitscale.models.clip", "vitscale.models.volo", "vitscale.models.naflex")
 _FAMILIES: dict[str, FamilySpec] = {}
 _loaded = False
 
