@@ -133,6 +133,35 @@ def test_flex_attention_gives_the_sdpa_outputs(monkeypatch):
     assert not isinstance(mask, torch.Tensor)  # a BlockMask
     with torch.no_grad():
         assert _rel(flex_model(batch), sdpa_model(batch)) < 1e-5
+    with pytest.raises(ValueError, match="cannot train on CPU"):  # PyTorch's FlexAttention: no CPU backward
+        flex_model(batch)
+
+
+@pytest.mark.parametrize("B, T", [(3, 17), (4, 256), (2, 300)])
+def test_key_padding_block_mask_has_create_block_masks_blocks(B, T):
+    """The block mask built from per-block key counts has the blocks PyTorch's ``create_block_mask``
+    finds by evaluating the mask everywhere: every query block visits the same key blocks, split alike
+    into partial and full ones (in a last, short query block PyTorch calls every block partial)."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    g = torch.Generator().manual_seed(T)
+    valid = torch.rand(B, T, generator=g) > 0.4
+    valid[0] = True  # an all-valid sequence
+    valid[1, T // 2 :] = False  # a padded tail
+    ref = flex.create_block_mask(lambda b, h, q, k: valid[b, k], B, None, T, T, device="cpu")
+    mine = attention_mask.key_padding_mask(valid, 0, "flex")
+
+    def blocks(num, idx):
+        return [[sorted(idx[b, 0, i, : num[b, 0, i]].tolist()) for i in range(num.shape[-1])] for b in range(B)]
+
+    got = blocks(mine.kv_num_blocks, mine.kv_indices), blocks(mine.full_kv_num_blocks, mine.full_kv_indices)
+    want = blocks(ref.kv_num_blocks, ref.kv_indices), blocks(ref.full_kv_num_blocks, ref.full_kv_indices)
+    whole = T // 128  # query blocks inside the sequence
+    for b in range(B):
+        for i in range(-(-T // 128)):
+            assert sorted(got[0][b][i] + got[1][b][i]) == sorted(want[0][b][i] + want[1][b][i])
+            if i < whole:
+                assert (got[0][b][i], got[1][b][i]) == (want[0][b][i], want[1][b][i])
+    assert tuple(mine.seq_lengths) == (T, T)
 
 
 def test_bad_batches_are_refused_in_one_line():

@@ -13,7 +13,8 @@ Two forms, one per attention implementation (``attn_impl`` of the NaFlex config)
   PyTorch then runs the memory-efficient (CUDA) or the math / CPU-flash kernel, never flash on CUDA.
 - ``"flex"``: a FlexAttention ``BlockMask`` (``torch.nn.attention.flex_attention``, torch >= 2.5):
   blocks of keys that are all padding are skipped, partly padded blocks read ``patch_valid`` inside the
-  compiled kernel. ``flex_attention`` runs compiled (its eager form materialises the whole score matrix).
+  compiled kernel. ``flex_attention`` runs compiled (its eager form materialises the whole score matrix);
+  PyTorch has no FlexAttention backward on CPU, so there it serves inference only.
 
 ``benchmarks/naflex_attention.py`` times both on a device (``benchmarks/results/naflex_attention_*``).
 """
@@ -21,9 +22,11 @@ Two forms, one per attention implementation (``attn_impl`` of the NaFlex config)
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 
 AttnImpl = Literal["sdpa", "flex"]
 
@@ -52,17 +55,38 @@ def key_padding_mask(valid: torch.Tensor, num_prefix_tokens: int = 0, impl: Attn
     raise ValueError(f"attention implementation must be sdpa or flex, got {impl!r}")
 
 
-def _block_mask(tokens: torch.Tensor) -> Any:
+def _block_mask(tokens: torch.Tensor, block: int = 128) -> Any:
+    """A FlexAttention ``BlockMask`` for key padding, built from per-block counts of valid keys (a few
+    ``(B, T)`` reductions) rather than by evaluating the mask on every (query, key) pair as
+    ``create_block_mask`` does (25 ms per B/16 batch of 8 x 256 tokens on the 2-core CPU of
+    ``benchmarks/results/naflex_attention_cpu_infer_202611.json``). Every query row sees the same key
+    blocks: all-valid blocks are "full" (no mask evaluated), partly valid ones "partial", empty ones skipped."""
     try:
-        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import BlockMask, create_block_mask
     except ImportError as e:  # torch < 2.5
         raise RuntimeError(f"attn_impl=flex needs FlexAttention (torch >= 2.5; this is {torch.__version__}): use attn_impl=sdpa") from e
     B, T = tokens.shape
+    n = -(-T // block)  # key (and query) blocks
+    padded = F.pad(tokens, (0, n * block - T))  # (B, n*block): keys past T are never valid
 
     def keys_valid(b, h, q_idx, kv_idx):
-        return tokens[b, kv_idx]
+        return padded[b, kv_idx]
 
-    return create_block_mask(keys_valid, B, None, T, T, device=tokens.device)
+    if "seq_lengths" not in inspect.signature(BlockMask.from_kv_blocks).parameters:  # an older torch
+        return create_block_mask(keys_valid, B, None, T, T, device=tokens.device, BLOCK_SIZE=block)
+    counts = padded.view(B, n, block).sum(-1)  # (B, n) valid keys per block
+    # a block is full when all its keys are valid and inside the sequence (the last one may be short)
+    full = (counts == block) & (torch.arange(n, device=tokens.device) < T // block)
+    partial = (counts > 0) & ~full
+
+    def pack(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        num = sel.sum(-1, dtype=torch.int32)  # (B,) chosen blocks per sequence
+        idx = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # chosen blocks first
+        return num[:, None, None].expand(B, 1, n).contiguous(), idx[:, None, None, :].expand(B, 1, n, n).contiguous()
+
+    num, idx = pack(partial)
+    full_num, full_idx = pack(full)
+    return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=keys_valid, seq_lengths=(T, T))
 
 
 @functools.cache
@@ -77,6 +101,8 @@ def flex_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any
     region as it is, in eager code through one cached ``torch.compile`` of it)."""
     if dropout_p:
         raise ValueError("FlexAttention has no attention dropout: set attention_dropout=0 or attn_impl=sdpa")
+    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError("attn_impl=flex cannot train on CPU (PyTorch's FlexAttention has no CPU backward): use attn_impl=sdpa")
     if torch.compiler.is_compiling():
         from torch.nn.attention.flex_attention import flex_attention
 
