@@ -4,7 +4,8 @@ One attention call, forward + backward, on a padded batch as the NaFlex ViT runs
 sdpa / flex; ``vitscale/models/common/attention_mask.py``): ``B`` sequences of ``seq`` tokens whose
 valid lengths are drawn in ``[min_valid * seq, seq]``, heads and head width of a model variant. Also
 timed: SDPA without a mask (the cost if padding were not masked, for scale), FlexAttention's eager
-(unfused) form, and building the block mask once per batch. The script checks that every variant
+(unfused) form, and building the block mask once per batch (ours from per-block key counts, and
+PyTorch's ``create_block_mask``, which evaluates the mask on every query-key pair). The script checks that every variant
 gives the SDPA outputs on the valid tokens, then times them in alternating rounds and writes JSON.
 
 ``--mode train`` times forward + backward, ``--mode infer`` the forward under ``no_grad``. PyTorch's
@@ -45,7 +46,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     device = torch.device(args.device)
     cfg = get_model_config(args.model)
@@ -96,7 +97,10 @@ def main() -> None:
             compile_s = time.perf_counter() - c0  # the first call compiles
     diffs = {n: ((o - outs["sdpa_mask"]) * rows).abs().max().item() for n, o in outs.items() if n != "sdpa_nomask"}
     assert all(d < 1e-4 for d in diffs.values()), f"variants disagree with SDPA on the valid tokens: {diffs}"
-    fns["block_mask_create"] = lambda: key_padding_mask(valid, 0, "flex")
+    fns["block_mask_create"] = lambda: key_padding_mask(valid, 0, "flex")  # per-block key counts (ours)
+    fns["block_mask_create_generic"] = lambda: create_block_mask(  # evaluating the mask on every pair
+        lambda b, h, qi, ki: valid[b, ki], B, None, T, T, device=device
+    )
     load_before = os.getloadavg()
     res = time_alternating(fns, device, args.steps, args.rounds)
     load_after = os.getloadavg()
