@@ -115,6 +115,36 @@ def test_vitscale_naflex_to_timm_and_back(overrides):
     assert timm_kwargs(ours)["pos_embed_grid_size"] == ours.cfg.pos_embed_grid
 
 
+# vitscale's variants and the timm names they cite (vitscale/models/naflex/configs.py)
+VARIANT_OF = {
+    "naflex_b16_gap": "naflexvit_base_patch16_gap",
+    "naflex_b16_par_gap": "naflexvit_base_patch16_par_gap",
+    "naflex_b16_parfac_gap": "naflexvit_base_patch16_parfac_gap",
+    "naflex_b16_map": "naflexvit_base_patch16_map",
+    "naflex_so150m2_16_reg1_gap": "naflexvit_so150m2_patch16_reg1_gap",
+    "naflex_so150m2_16_reg1_map": "naflexvit_so150m2_patch16_reg1_map",
+    "naflex_b16_siglip": "naflexvit_base_patch16_siglip",
+    "naflex_so400m16_siglip": "naflexvit_so400m_patch16_siglip",
+}
+
+
+@pytest.mark.parametrize("ours", list(VARIANT_OF))
+def test_variant_table_is_timms_at_full_size(ours):
+    """Each full-size variant is the timm model it cites, field for field (built on the meta device)."""
+    from vitscale.models.naflex.state_dict_adapter import config_from_timm
+    from vitscale.models.registry import get_model_config
+    from vitscale.models.vit.timm_registry import create_timm_meta
+
+    tm = create_timm_meta(VARIANT_OF[ours])
+    want = get_model_config(ours)
+    want = dataclasses.replace(want, fc_norm=want.use_fc_norm)
+    if want.class_token_length == 0:
+        want = dataclasses.replace(want, class_token=True)
+    assert config_from_timm(tm) == want
+    meta = create_model(ours, device="meta")
+    assert sum(p.numel() for p in meta.parameters()) == sum(p.numel() for p in tm.parameters())
+
+
 def test_what_vitscale_cannot_express_is_refused_by_name():
     tm = timm.create_model("naflexvit_base_patch16_radio_v3", pretrained=False, **SMALL)
     with pytest.raises(ValueError, match="pos_embed_antialias=False.*pos_embed_align_corners=True"):
