@@ -35,7 +35,8 @@ class NaFlexConfig(ViTConfig):
     pos_embed_grid: tuple[int, int] | None = None
     """Rows and columns ``(gh, gw)`` of the learned position-embedding grid (timm
     ``pos_embed_grid_size``, big_vision ``posemb="learn_2d(n)"``); None = the patch grid of
-    ``img_h x img_w`` at construction, fixed from then on (it is a weight shape)."""
+    ``img_h x img_w``, which the model writes into its ``cfg`` when it is built (a weight shape: a later
+    image size leaves it as it is)."""
     pos_embed_type: Literal["learned", "factorized"] = "learned"
     """``learned``: one embedding per grid cell ``(1, gh, gw, D)``; ``factorized``: a row and a column
     table ``(1, gh, D)`` + ``(1, gw, D)`` summed (NaViT's factorized embeddings; timm ``pos_embed``)."""
@@ -53,14 +54,11 @@ class NaFlexConfig(ViTConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         grid = self.pos_embed_grid
-        if grid is None:
-            grid = self.grid
-        elif isinstance(grid, int):
-            grid = (grid, grid)
-        grid = tuple(int(g) for g in grid)
-        if len(grid) != 2 or min(grid) < 1:
-            raise ValueError(f"pos_embed_grid must be two positive sides (gh, gw), got {self.pos_embed_grid!r}")
-        object.__setattr__(self, "pos_embed_grid", grid)  # resolved once: a weight shape, not the image size
+        if grid is not None:  # a YAML list or one side -> (gh, gw)
+            grid = tuple(int(g) for g in ((grid, grid) if isinstance(grid, int) else grid))
+            if len(grid) != 2 or min(grid) < 1:
+                raise ValueError(f"pos_embed_grid must be two positive sides (gh, gw), got {self.pos_embed_grid!r}")
+            object.__setattr__(self, "pos_embed_grid", grid)
         if self.pos_embed_prefix:
             raise ValueError("a NaFlex ViT gives its prefix tokens no position embedding: pos_embed_prefix must be False")
         if self.pos_embed_type not in POS_EMBED_TYPES:
@@ -73,6 +71,11 @@ class NaFlexConfig(ViTConfig):
             raise ValueError("attn_impl=flex has no attention dropout: set attention_dropout=0 or attn_impl=sdpa")
         if self.drop_patch_rate:
             raise ValueError("a NaFlex ViT has no patch dropout (drop_patch_rate must be 0): its batches come padded")
+
+    @property
+    def pos_grid(self) -> tuple[int, int]:
+        """The position-embedding grid: ``pos_embed_grid``, or the patch grid of ``img_h x img_w``."""
+        return self.pos_embed_grid if self.pos_embed_grid is not None else self.grid
 
     @property
     def patch_features(self) -> int:

@@ -50,6 +50,8 @@ class NaFlexViT(nn.Module):
 
     def __init__(self, cfg: NaFlexConfig, device=None, dtype=None):
         super().__init__()
+        if cfg.pos_embed_grid is None:  # the grid of this image size, fixed from now on (a weight shape)
+            cfg = replace(cfg, pos_embed_grid=cfg.grid)
         self.cfg = cfg
         D, L = cfg.hidden_size, cfg.class_token_length
         eps, nb, nt = cfg.norm_eps, cfg.norm_bias, cfg.norm_type

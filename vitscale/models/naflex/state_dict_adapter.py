@@ -162,7 +162,7 @@ def timm_kwargs(cfg: NaFlexConfig) -> dict[str, Any]:
         kw.pop(vit_only)
     kw.update(
         pos_embed=cfg.pos_embed_type,
-        pos_embed_grid_size=tuple(cfg.pos_embed_grid),
+        pos_embed_grid_size=cfg.pos_grid,
         pos_embed_interp_mode=cfg.pos_embed_interp,
         pos_embed_ar_preserving=cfg.pos_embed_ar_preserving,
         embed_proj_type="linear",
@@ -201,7 +201,7 @@ def state_dict_from_vit(sd: dict[str, torch.Tensor], cfg: NaFlexConfig, prefix: 
     pe = sd.get(key)
     if pe is None or cfg.pos_embed_type != "learned":
         return
-    gh, gw = cfg.pos_embed_grid
+    gh, gw = cfg.pos_grid
     if pe.ndim == 4:  # a NaFlex grid of another size
         if tuple(pe.shape[1:3]) != (gh, gw):
             old = tuple(pe.shape[1:3])
