@@ -10,7 +10,8 @@ the symmetric mask of timm's default and big_vision's ``naflex_vit.py`` (``sa_ma
 Two forms, one per attention implementation (``attn_impl`` of the NaFlex config):
 
 - ``"sdpa"``: a boolean ``(B, 1, 1, T)`` tensor (True = attend) for ``F.scaled_dot_product_attention``;
-  PyTorch then runs the memory-efficient (CUDA) or the math / CPU-flash kernel, never flash on CUDA.
+  PyTorch then runs the memory-efficient or cuDNN kernel on CUDA (never flash: it takes no mask), the
+  CPU-flash or math kernel on CPU.
 - ``"flex"``: a FlexAttention ``BlockMask`` (``torch.nn.attention.flex_attention``, torch >= 2.5):
   blocks of keys that are all padding are skipped, partly padded blocks read ``patch_valid`` inside the
   compiled kernel. ``flex_attention`` runs compiled (its eager form materialises the whole score matrix);
