@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tower), image size, patch.",
     )
     p.add_argument("pattern", nargs="?", default=None, help="glob filter, e.g. 'vit_*'")
-    p.add_argument("--family", default=None, help="only this family (vit, clip, volo)")
+    p.add_argument("--family", default=None, help="only this family (vit, clip, volo, naflex)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     p.set_defaults(func=run)
 
@@ -45,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             print(json.dumps(r))
         return 0
-    print(f"{'model':<16}{'family':<8}{'params (M)':>12}{'GFLOPs':>11}{'image':>8}{'patch':>7}")
+    w = max([16, *(len(r["name"]) + 2 for r in rows)])  # the longest name still leaves a gap
+    print(f"{'model':<{w}}{'family':<8}{'params (M)':>12}{'GFLOPs':>11}{'image':>8}{'patch':>7}")
     for r in rows:
         gf = f"{r['gflops']:.2f}" if r["gflops"] is not None else "-"
-        print(f"{r['name']:<16}{r['family']:<8}{r['params_m']:>12.2f}{gf:>11}{r['img_size']!s:>8}{r['patch']!s:>7}")
+        print(f"{r['name']:<{w}}{r['family']:<8}{r['params_m']:>12.2f}{gf:>11}{r['img_size']!s:>8}{r['patch']!s:>7}")
     return 0

@@ -1,6 +1,7 @@
 """Use the weights you already have: timm and open_clip models <-> vitscale, exactly.
 
-- ``from_timm(timm_model)`` -> the equivalent vitscale model carrying its weights.
+- ``from_timm(timm_model)`` -> the equivalent vitscale model carrying its weights (timm's
+  ``VisionTransformer``, ``NaFlexVit`` or ``VOLO``).
 - ``to_timm(model)`` -> a state dict that loads with ``strict=True`` into the timm model built by
   ``create_timm_model(model)`` (or from ``timm_kwargs(model)``).
 - ``unsupported_timm_vits()`` -> ``{name: reason}`` for the installed timm's registered ViTs that
@@ -18,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..models.naflex import NaFlexConfig, NaFlexViT
+from ..models.naflex import state_dict_adapter as naflex_adapter
 from ..models.vit import VisionTransformer
 from ..models.vit import state_dict_adapter as vit_adapter
 from ..models.volo import VOLO, VOLOConfig
@@ -28,6 +31,10 @@ def _is_timm_vit(m: nn.Module) -> bool:
     return type(m).__name__ == "VisionTransformer" and type(m).__module__.startswith("timm.")
 
 
+def _is_timm_naflex(m: nn.Module) -> bool:
+    return type(m).__name__ == "NaFlexVit" and type(m).__module__.startswith("timm.")
+
+
 def _is_timm_volo(m: nn.Module) -> bool:
     return type(m).__name__ == "VOLO" and type(m).__module__.startswith("timm.")
 
@@ -36,8 +43,10 @@ def from_timm(timm_model: nn.Module) -> nn.Module:
     """The vitscale model equivalent to a timm ``VisionTransformer`` (or ``VOLO``), with its weights."""
     if _is_timm_volo(timm_model):
         return volo_adapter.volo_from_timm(timm_model)
+    if _is_timm_naflex(timm_model):
+        return naflex_adapter.naflex_from_timm(timm_model)  # ValueError naming what vitscale cannot express
     if not _is_timm_vit(timm_model):
-        raise TypeError(f"from_timm supports timm VisionTransformer and VOLO, not {type(timm_model).__name__}")
+        raise TypeError(f"from_timm supports timm VisionTransformer, NaFlexVit and VOLO, not {type(timm_model).__name__}")
     from ..models.vit.timm_registry import vit_from_timm
 
     return vit_from_timm(timm_model)  # ValueError naming what vitscale cannot express
@@ -47,9 +56,11 @@ def to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
     """A state dict that loads with ``strict=True`` into ``create_timm_model(model)``."""
     if isinstance(model, VisionTransformer):
         return vit_adapter.state_dict_to_timm(model.state_dict(), model.cfg)
+    if isinstance(model, NaFlexViT):
+        return naflex_adapter.state_dict_to_timm(model.state_dict(), model.cfg)
     if isinstance(model, VOLO):
         return volo_adapter.volo_to_timm(model)
-    raise TypeError(f"to_timm supports vitscale ViT and VOLO models, not {type(model).__name__}")
+    raise TypeError(f"to_timm supports vitscale ViT, NaFlex ViT and VOLO models, not {type(model).__name__}")
 
 
 def timm_kwargs(model_or_cfg: Any) -> dict[str, Any]:
@@ -58,6 +69,8 @@ def timm_kwargs(model_or_cfg: Any) -> dict[str, Any]:
     cfg = model_or_cfg.cfg if isinstance(model_or_cfg, nn.Module) else model_or_cfg
     if isinstance(cfg, VOLOConfig):
         return volo_adapter.timm_kwargs(cfg)
+    if isinstance(cfg, NaFlexConfig):  # (a ViTConfig too: asked first)
+        return naflex_adapter.timm_kwargs(cfg)
     return vit_adapter.timm_kwargs(cfg)
 
 
@@ -69,6 +82,8 @@ def create_timm_model(model: nn.Module, load_weights: bool = True, **timm_overri
     """
     if isinstance(model, VOLO):
         return volo_adapter.create_timm_volo(model, load_weights=load_weights)
+    if isinstance(model, NaFlexViT):
+        return naflex_adapter.create_timm_naflex(model, load_weights=load_weights, **timm_overrides)
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
     tm = TimmViT(**{**timm_kwargs(model), **timm_overrides})

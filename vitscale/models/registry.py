@@ -1,6 +1,6 @@
 """One registry of model families and their variants; the trainer never branches on a model's name.
 
-A family (vit, clip, volo) registers a :class:`FamilySpec`, as torchtitan's ``TrainSpec`` does: its
+A family (vit, clip, volo, naflex) registers a :class:`FamilySpec`, as torchtitan's ``TrainSpec`` does: its
 model class (which implements :class:`vitscale.models.contract.Model`), its variant table of frozen
 config dataclasses, the task it trains with by default, and where its parallel plan is — its TP
 plan and its blocks, in its ``parallelize.py``, imported on demand (so ``vitscale.models`` never
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 # Modules whose import registers a family. Order = order in `vitscale models`.
-FAMILY_MODULES = ("vitscale.models.vit", "vitscale.models.clip", "vitscale.models.volo")
+FAMILY_MODULES = ("vitscale.models.vit", "vitscale.models.clip", "vitscale.models.volo", "vitscale.models.naflex")
 _FAMILIES: dict[str, FamilySpec] = {}
 _loaded = False
 
@@ -28,7 +28,7 @@ _loaded = False
 @dataclass(frozen=True)
 class FamilySpec:
     name: str
-    """Family name: ``vit``, ``clip``, ``volo``."""
+    """Family name: ``vit``, ``clip``, ``volo``, ``naflex``."""
     model_cls: type
     """``model_cls(cfg, device=None, dtype=None)`` builds the model (a :class:`~vitscale.models.contract.Model`);
     ``init_weights()`` initialises it."""

@@ -104,6 +104,7 @@ class CLIP(nn.Module):
     """
 
     supports_dense = False
+    input_modes = ("fixed", "multi")  # the image tower resamples its position embeddings
 
     def __init__(self, cfg: CLIPConfig, device=None, dtype=None):
         super().__init__()

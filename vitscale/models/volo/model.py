@@ -189,6 +189,11 @@ class VOLO(nn.Module):
     """
 
     supports_dense = True
+    # One image size per run. The forward resamples the position embedding for evaluating at another
+    # size, but VOLO trains at one size, then fine-tunes at a larger one as a second run (sail-sg/volo
+    # README; set_image_size), and token labeling's dense targets come on one grid; its outlook
+    # attention works on a 2D token grid, so a padded NaFlex sequence has no meaning for it.
+    input_modes = ("fixed",)
 
     def __init__(self, cfg: VOLOConfig, device=None, dtype=None):
         super().__init__()
