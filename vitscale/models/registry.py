@@ -13,6 +13,8 @@ import dataclasses
 import difflib
 import fnmatch
 import importlib
+import pkgutil
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,8 +22,11 @@ from torch import nn
 
 from .spec import FamilySpec, StateDictAdapter
 
-# Modules whose import registers a family. Order = order in `vitscale models`.
+# Modules whose import registers a family, first and in this order (the order of `vitscale models`);
+# every other package under vitscale/models/ is imported after them, so a new family's package
+# registers itself with no edit here.
 FAMILY_MODULES = ("vitscale.models.vit", "vitscale.models.clip", "vitscale.models.volo")
+NOT_FAMILIES = ("common",)
 _FAMILIES: dict[str, FamilySpec] = {}
 _loaded = False
 
@@ -37,7 +42,9 @@ def _load_families() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        for mod in FAMILY_MODULES:
+        here = [str(Path(__file__).parent)]
+        found = [f"{__package__}.{m.name}" for m in pkgutil.iter_modules(here) if m.ispkg and m.name not in NOT_FAMILIES]
+        for mod in [*FAMILY_MODULES, *sorted(set(found) - set(FAMILY_MODULES))]:
             importlib.import_module(mod)
 
 
