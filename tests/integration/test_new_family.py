@@ -93,45 +93,57 @@ def test_toy_family_trains_evaluates_and_refuses_dense_labels(toy_run, tmp_path)
 
 def test_toy_family_benches_estimates_memory_exports_and_names_its_missing_adapter(toy_run, tmp_path):
     _, run = toy_run
+    bench_json, export_dir = tmp_path / "bench.json", tmp_path / "export"
+    commands = [  # one process with the toy family registered runs the CLI on each, in turn
+        ["bench", "toy_debug", "--device", "cpu", "--batch-size", "4", "--steps", "2", "--rounds", "2", "--warmup", "0",
+         "--json", str(bench_json)],
+        ["bench", "toy_debug", "--compare", "timm", "--dry-run"],
+        ["memory", "toy_debug", "--json", "--micro-batch", "4", "--dtype", "fp32"],
+        ["memory", "toy_debug", "--tp", "3"],
+        ["export", str(run), "--format", "torch-export", "--out", str(export_dir)],
+    ]  # fmt: skip
+    out = in_toy_process(f"commands = {commands!r}\n{CLI_AND_MEASURE}")
+    bench, compare, memory, memory_tp, export = out["cli"]
+    for rc, _, err in (bench, memory, export):
+        assert rc == 0, err
+
     # vitscale bench: a timed training step, with the FLOPs counted as the trainer counts them
-    out = tmp_path / "bench.json"
-    bench = vitscale("bench", "toy_debug", "--device", "cpu", "--batch-size", "4", "--steps", "2", "--rounds", "2",
-                     "--warmup", "0", "--json", str(out))  # fmt: skip
-    assert bench.returncode == 0, bench.stderr
-    res = json.loads(out.read_text())
+    res = json.loads(bench_json.read_text())
     assert res["flops_per_img"] == toy_flops(1000) and res["vitscale"]["img_per_s"] > 0 and res["speedup"] is None
 
     # no timm adapter: one line from the CLI, and the same from vitscale.interop
-    cmp = vitscale("bench", "toy_debug", "--compare", "timm", "--dry-run")
-    assert cmp.returncode == 2 and cmp.stderr.strip() == "vitscale bench: no timm adapter for family toy (its adapters: none)"
+    assert compare[0] == 2 and compare[2].strip() == "vitscale bench: no timm adapter for family toy (its adapters: none)"
+    assert out["to_timm"] == "no timm adapter for family toy (its adapters: none)"
 
     # vitscale memory: the family names no memory model, so it is measured on the meta device; at
     # one process in fp32 it equals what autograd saves on the CPU (and the states are exact)
-    mem = vitscale("memory", "toy_debug", "--json", "--micro-batch", "4", "--dtype", "fp32")
-    assert mem.returncode == 0, mem.stderr
-    est = json.loads(mem.stdout)
-    measured = in_toy_process(MEASURE)
-    assert measured["to_timm"] == "no timm adapter for family toy (its adapters: none)"
-    assert est["params"] == measured["params"] and est["param_bytes"] == 4 * measured["params"]
-    assert est["optim_bytes"] == 8 * measured["params"] and est["activation_bytes"] == measured["saved_bytes"]
-    tp = vitscale("memory", "toy_debug", "--tp", "3")  # the family's plan says what tp must divide
-    assert tp.returncode == 2 and "mlp_hidden_size=64 is not divisible by 3" in tp.stderr
-    assert len(tp.stderr.strip().splitlines()) == 1, tp.stderr
+    est = json.loads(memory[1])
+    assert est["params"] == out["params"] and est["param_bytes"] == 4 * out["params"]
+    assert est["optim_bytes"] == 8 * out["params"] and est["activation_bytes"] == out["saved_bytes"]
+    # the family's plan says what tp must divide: one line
+    assert memory_tp[0] == 2 and "mlp_hidden_size=64 is not divisible by 3" in memory_tp[2]
+    assert len(memory_tp[2].strip().splitlines()) == 1, memory_tp[2]
 
     # vitscale export: the default serving graph (images -> logits), written, loaded back and checked
-    exp = vitscale("export", str(run), "--format", "torch-export", "--out", str(tmp_path / "export"))
-    assert exp.returncode == 0, exp.stderr
-    info = json.loads((tmp_path / "export" / "export.json").read_text())
+    info = json.loads((export_dir / "export.json").read_text())
     assert info["model"]["family"] == "toy" and set(info["graphs"]) == {"image"} and info["check"]["passed"]
     assert info["num_classes"] == 10 and info["graphs"]["image"]["output"]["shape"] == [1, 10]
 
 
-# What autograd saves in one training step of toy_debug (batch 4, fp32, CPU), parameters excluded, and
-# what vitscale.interop says of a timm conversion.
-MEASURE = """
-import json, torch
+# The CLI on each of ``commands`` ((exit code, stdout, stderr) each); what autograd saves in one
+# training step of toy_debug (batch 4, fp32, CPU), parameters excluded; and what vitscale.interop says
+# of a timm conversion.
+CLI_AND_MEASURE = """
+import contextlib, io, json, torch
 import vitscale
+from vitscale.cli import main
 from vitscale.interop import to_timm
+cli = []
+for argv in commands:
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        rc = main(argv)
+    cli.append((rc, o.getvalue(), e.getvalue()))
 torch.manual_seed(0)
 model = vitscale.create_model("toy_debug")
 params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -147,5 +159,6 @@ try:
     refusal = None
 except NotImplementedError as e:
     refusal = str(e)
-print(json.dumps({"params": sum(p.numel() for p in model.parameters()), "saved_bytes": sum(seen.values()), "to_timm": refusal}))
+print(json.dumps({"cli": cli, "params": sum(p.numel() for p in model.parameters()), "saved_bytes": sum(seen.values()),
+                  "to_timm": refusal}))
 """
