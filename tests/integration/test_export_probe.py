@@ -204,7 +204,7 @@ def test_clip_towers_export_as_two_graphs_and_probe(clip_run, tmp_path):
     model = _eager(clip_run / "model.safetensors")
     captions = ["a photo of the number seven.", "a handwritten two.", "a blurry photo of a temple at dusk."]
     tokens = CLIPTokenizer(out / tok["vocab_file"], context_length=16)(captions)  # the server's tokenizer
-    assert torch.equal(tokens, create_tokenizer("clip", context_length=16)(captions))
+    assert torch.equal(tokens, create_tokenizer(context_length=16)(captions))
     x = _val_images(clip_run / "config.yaml", 4)
     with torch.no_grad():
         text = _session(out / "text.onnx").run(None, {"tokens": tokens.numpy()})[0]

@@ -32,8 +32,7 @@ from ..distributed.compile import mark_step, uses_cudagraphs
 from ..distributed.config import PrecisionConfig
 from ..distributed.fsdp import resolve_precision
 from ..distributed.parallel_dims import resolve_device
-from ..models.common.flops import count_flops
-from ..models.registry import create_model, get_family
+from ..models.registry import forward_flops, get_family, get_model_config
 from ..run import assemble
 from ..tools import mfu as mfu_tools
 from ..train import fastpath
@@ -65,7 +64,8 @@ class BenchSettings:
     compile: bool | None = None
     """torch.compile each of our transformer blocks; None = on for CUDA, off on CPU."""
     compare: str | None = None
-    """Reference implementation to run alongside: ``timm`` (ViT) or ``open_clip`` (CLIP)."""
+    """Reference implementation to run alongside: ``timm`` (ViT, VOLO) or ``open_clip`` (CLIP): the
+    library's model built by the family's state-dict adapter."""
     compare_compiled: bool | None = None
     """Also run the reference torch.compile'd (whole model); None = when ``compile`` is on."""
     precision: str = "auto"
@@ -188,12 +188,6 @@ def _make_step(
     return train_step
 
 
-def forward_flops_per_image(name: str, overrides: dict[str, Any]) -> int:
-    """Forward FLOPs of one sample, counted by FlopCounterMode on the meta device (no memory)."""
-    meta = create_model(name, device="meta", **overrides)
-    return count_flops(meta, *meta.example_inputs(1, "meta"))
-
-
 def resolve_autocast(precision: str, device: torch.device) -> torch.dtype | None:
     """``--precision`` (auto | fp32 | bf16) on ``device`` -> the autocast dtype (None = fp32)."""
     if precision not in PRECISIONS:
@@ -234,10 +228,7 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
     task = "contrastive" if family.task == "contrastive" else "classification"
     if settings.compare is not None and settings.compare not in COMPARES:
         raise ValueError(f"--compare must be one of {COMPARES}, got {settings.compare!r}")
-    if settings.compare == "timm" and task != "classification":
-        raise ValueError(f"--compare timm needs a ViT classifier; {settings.model} is a {family.name} model")
-    if settings.compare == "open_clip" and task != "contrastive":
-        raise ValueError(f"--compare open_clip needs a CLIP model; {settings.model} is a {family.name} model")
+    adapter = family.adapter(settings.compare) if settings.compare else None  # one line if the family has none
 
     run = assemble(run_config(settings), "bench")  # ours: fp8 and per-block compile by the parallelize tail
     device, ours, compile_on = run.device, run.model, run.cfg.train.compile
@@ -273,21 +264,13 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
         impls.append(finish("baseline", f"vitscale {settings.model} ({what})", base.model, cudagraphs=cudagraphs))
         if base_settings.fp8 != "none":
             fp8_lines.append(f"baseline: {base.float8.summary()}")
-    if settings.compare == "timm":
-        from .reference import timm_vit
+    if adapter is not None:
+        from .reference import reference_model
 
-        variants = [("timm", False)] + ([("timm_compiled", True)] if compare_compiled else [])
-        for key, comp in variants:
+        ref_key = settings.compare
+        for key, comp in [(ref_key, False)] + ([(f"{ref_key}_compiled", True)] if compare_compiled else []):
             torch.manual_seed(settings.seed)
-            ref, label = timm_vit(ours.cfg, settings.model, device)
-            impls.append(finish(key, label + (" (torch.compile)" if comp else ""), ref, whole_compile=comp))
-    elif settings.compare == "open_clip":
-        from .reference import open_clip_model
-
-        variants = [("open_clip", False)] + ([("open_clip_compiled", True)] if compare_compiled else [])
-        for key, comp in variants:
-            torch.manual_seed(settings.seed)
-            ref, label = open_clip_model(ours, settings.model, device)
+            ref, label = reference_model(adapter, ours, settings.model, device)
             impls.append(finish(key, label + (" (torch.compile)" if comp else ""), ref, whole_compile=comp))
     info = dict(
         task=task, compile=compile_on, compare_compiled=compare_compiled if settings.compare else None,
@@ -331,7 +314,8 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
         raise ValueError("batch_size, steps and rounds must be >= 1 and warmup >= 0")
     impls, info = build_impls(settings)
     device, precision = info.pop("device"), info.pop("precision")
-    flops_img = forward_flops_per_image(settings.model, settings.overrides)
+    # the family's count of one sample's forward, as this mode runs it (training: patch dropout applies)
+    flops_img = forward_flops(get_model_config(settings.model, **settings.overrides), training=settings.mode == "train")
     peak, peak_source = mfu_tools.peak_tflops(device, precision, refresh=device.type == "cpu")
 
     rounds = min(settings.rounds, settings.steps)
@@ -473,6 +457,6 @@ def _log_summary(out: dict[str, Any], log: Callable[[str], None]) -> None:
 
 
 __all__ = [
-    "BenchSettings", "COMPARES", "DEFAULTS", "PRECISIONS", "build_impls", "forward_flops_per_image", "resolve_autocast",
+    "BenchSettings", "COMPARES", "DEFAULTS", "PRECISIONS", "build_impls", "resolve_autocast",
     "run_bench", "run_config", "sync", "with_defaults",
 ]  # fmt: skip

@@ -24,9 +24,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
         help="export trained weights to ONNX or torch.export (+ export.json), checked against eager",
-        description="Export a ViT / VOLO classifier (one graph: images -> logits) or a CLIP (two graphs:\n"
-        "images -> embedding, token ids -> embedding) with export.json beside it: preprocessing constants,\n"
-        "class names, CLIP's tokenizer settings, each file's SHA-256 and the check run right after writing\n"
+        description="Export the graphs the model's family serves — a classifier (ViT, VOLO, any family by default):\n"
+        "one graph, images -> logits; a CLIP: two, images -> embedding, token ids -> embedding — with export.json\n"
+        "beside them: preprocessing constants, class names, the family's tokenizer settings (CLIP), each file's\n"
+        "SHA-256 and the check run right after writing\n"
         "(ONNX Runtime on the CPU, or the loaded torch.export program, vs the eager model on real images and\n"
         "captions: 1e-4 relative). See docs/using.md.",
         formatter_class=HelpFormatter,

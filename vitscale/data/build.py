@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,15 +20,18 @@ from .transforms import SampleTransform
 SYNTHETIC_DEFAULT_CLASSES = 1000
 
 # Formats added by other modules: name -> fn(cfg, img_size, num_channels, seed) returning
-# (train_source, val_source or None, num_classes, class_names). A source has ``__len__`` and
-# ``sample(index, epoch, transform) -> vitscale.data.sources.Sample`` (``Sample.extra`` adds batch
-# fields, e.g. caption tokens). ``vitscale.data.<format>`` is imported on first use to register it.
+# (train_source, val_source or None, num_classes, class_names); a format registered with
+# ``captions=True`` also gets ``tokenize=`` (texts -> token ids, or None: the model family's
+# tokenizer). A source has ``__len__`` and ``sample(index, epoch, transform) ->
+# vitscale.data.sources.Sample`` (``Sample.extra`` adds batch fields, e.g. caption tokens).
+# ``vitscale.data.<format>`` is imported on first use to register it.
 _FORMATS: dict = {}
 
 
-def register_format(name: str, sources_fn) -> None:
-    """Add ``data.format=<name>`` (see ``_FORMATS``); the keyed sampler / transforms / loader are reused."""
-    _FORMATS[name] = sources_fn
+def register_format(name: str, sources_fn, captions: bool = False) -> None:
+    """Add ``data.format=<name>`` (see ``_FORMATS``); the keyed sampler / transforms / loader are reused.
+    ``captions``: its samples carry captions, and ``sources_fn`` takes ``tokenize=`` to turn them into ids."""
+    _FORMATS[name] = (sources_fn, captions)
 
 
 @dataclass
@@ -41,7 +45,7 @@ class Loaders:
     class_names: list[str]
 
 
-def _sources(cfg: DataConfig, img_size, num_channels: int, seed: int):
+def _sources(cfg: DataConfig, img_size, num_channels: int, seed: int, tokenize=None):
     """-> (train_source, val_source or None, num_classes, class_names)."""
     fmt = cfg.format
     if fmt == "digits":
@@ -66,7 +70,8 @@ def _sources(cfg: DataConfig, img_size, num_channels: int, seed: int):
             if e.name != f"vitscale.data.{fmt}":
                 raise
     if fmt in _FORMATS:
-        return _FORMATS[fmt](cfg, img_size, num_channels, seed)
+        fn, captions = _FORMATS[fmt]
+        return fn(cfg, img_size, num_channels, seed, **({"tokenize": tokenize} if captions else {}))
     known = sorted(set(FORMATS) | set(_FORMATS))
     raise ValueError(f"unknown data.format {fmt!r}; expected one of {known}")
 
@@ -84,6 +89,7 @@ def build_loaders(
     drop_last: bool = True,
     device: torch.device | str | None = None,
     train_augment: bool = True,
+    tokenize: Callable[[list[str]], torch.Tensor] | None = None,
 ) -> Loaders:
     """Build this rank's train and val loaders.
 
@@ -92,12 +98,14 @@ def build_loaders(
     "crop": float (B, 4), "flip": bool (B,)}``. With ``device``, batches are moved there and
     normalised there (uint8 crosses the host->device copy). ``train_augment=False`` reads the train
     split like val: in order, unaugmented, ``micro_batch_size`` images a batch (``label-tokens``,
-    probes; a streaming source: in stream order).
+    probes; a streaming source: in stream order). ``tokenize``: texts -> token ids ``(N, L)``, the
+    model family's tokenizer (``FamilySpec.create_tokenizer``, handed over by the run assembly):
+    formats with captions put the ids in ``batch["text"]``; None = no caption tokens.
     """
     if cfg_data.img_size:
         img_size = (int(cfg_data.img_size), int(cfg_data.img_size))
     img_size = (int(img_size[0]), int(img_size[1]))
-    train_src, val_src, num_classes, class_names = _sources(cfg_data, img_size, num_channels, seed)
+    train_src, val_src, num_classes, class_names = _sources(cfg_data, img_size, num_channels, seed, tokenize)
     if cfg_data.num_classes and cfg_data.format != "synthetic":
         if cfg_data.num_classes < num_classes:
             raise CheckError(

@@ -3,8 +3,8 @@
 
 :class:`CaptionSource` is the image-file source of the classification pipeline (keyed sampling and
 augmentation, resumable loader, bad-sample replacement and counting) with a caption per sample: its
-samples carry ``extra["text"]``, the caption's token ids, which the loader stacks into
-``batch["text"]`` (B, L). An undecodable image, a missing image or a missing / empty caption makes a
+samples carry ``extra["text"]``, the caption's token ids (the model family's tokenizer, given to
+``build_loaders`` as ``tokenize``), which the loader stacks into ``batch["text"]`` (B, L). An undecodable image, a missing image or a missing / empty caption makes a
 sample bad: it is replaced by the next good one and counted in ``batch["skipped"]``, exactly like an
 undecodable file in classification. Formats: ``vitscale.data.webdataset`` (tar shards) and
 ``vitscale.data.csv`` (CSV / TSV of image path + caption).
@@ -43,13 +43,13 @@ class CaptionSource(FileSource):
     """Images (file paths or tar members) with a caption and an optional class label (-1 = none)."""
 
     def __init__(self, images: list, captions: list[str | None], labels: list[int] | None = None, *,
-                 fast_decode: bool = True, context_length: int = 77):  # fmt: skip
+                 fast_decode: bool = True, tokenize=None):  # fmt: skip
         labels = labels if labels is not None else [-1] * len(images)
         super().__init__(
             [str(p) if p is not None else "<missing image>" for p in images], labels, fast_decode
         )
         self.images, self.captions = list(images), list(captions)
-        self.context_length = context_length
+        self.tokenize = tokenize  # texts -> token ids (N, L): the model family's tokenizer; None: no tokens
         self._files: dict[tuple[int, str], object] = {}  # (pid, shard) -> open file, per worker process
 
     def _bytes(self, j: int) -> bytes:
@@ -76,15 +76,14 @@ class CaptionSource(FileSource):
         return tf.decode(self._bytes(j), epoch, slot, fast=self.fast_decode)
 
     def tokens(self, j: int) -> torch.Tensor:
-        from vitscale.models.clip.tokenizer import create_tokenizer
-
-        return create_tokenizer("clip", context_length=self.context_length)([self.captions[j]])[0]  # (L,)
+        return self.tokenize([self.captions[j]])[0]  # (L,)
 
     def sample(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
         s = super().sample(index, epoch, tf)
-        extra = dict(getattr(s, "extra", None) or {})
-        extra["text"] = self.tokens(s.index)
-        s.extra = extra
+        if self.tokenize is not None:
+            extra = dict(getattr(s, "extra", None) or {})
+            extra["text"] = self.tokens(s.index)
+            s.extra = extra
         return s
 
 

@@ -37,12 +37,12 @@ def read_pairs(
     return images, captions, labels
 
 
-def csv_sources(cfg, img_size, num_channels: int, seed: int):
+def csv_sources(cfg, img_size, num_channels: int, seed: int, tokenize=None):
     """-> (train CaptionSource, val CaptionSource or None, num_classes, class_names)."""
     if not cfg.train_path:
         raise ValueError("data.format=csv needs data.train_path (a .csv or .tsv file)")
     keys = (cfg.csv_img_key, cfg.csv_caption_key, cfg.csv_label_key, cfg.csv_separator)
-    kw = dict(fast_decode=cfg.fast_decode, context_length=cfg.caption_context_length)
+    kw = dict(fast_decode=cfg.fast_decode, tokenize=tokenize)
     train = CaptionSource(*read_pairs(cfg.train_path, *keys), **kw)
     val = CaptionSource(*read_pairs(cfg.val_path, *keys), **kw) if cfg.val_path else None
     names = read_class_names(cfg.train_path) or []
@@ -50,6 +50,6 @@ def csv_sources(cfg, img_size, num_channels: int, seed: int):
     return train, val, n_cls, names or [str(i) for i in range(n_cls)]
 
 
-register_format("csv", csv_sources)
+register_format("csv", csv_sources, captions=True)
 
 __all__ = ["csv_sources", "read_pairs"]

@@ -80,18 +80,18 @@ def index_shards(shards: list[str]) -> tuple[list, list, list]:
     return images, captions, labels
 
 
-def webdataset_sources(cfg, img_size, num_channels: int, seed: int):
+def webdataset_sources(cfg, img_size, num_channels: int, seed: int, tokenize=None):
     """-> (train CaptionSource, val CaptionSource or None, num_classes, class_names)."""
     if not cfg.train_path:
         raise ValueError(
             "data.format=webdataset needs data.train_path (a folder of .tar shards, a glob or a brace pattern)"
         )
-    kw = dict(fast_decode=cfg.fast_decode, context_length=cfg.caption_context_length)
+    kw = dict(fast_decode=cfg.fast_decode, tokenize=tokenize)
     mode = cfg.webdataset_mode
     if mode == "stream":  # nothing indexed: shards streamed through the webdataset package
         from .webdataset_stream import StreamSource
 
-        train = StreamSource(cfg, expand_shards(cfg.train_path))
+        train = StreamSource(cfg, expand_shards(cfg.train_path), tokenize)
     elif mode == "index":
         train = CaptionSource(*index_shards(expand_shards(cfg.train_path)), **kw)
     else:
@@ -103,6 +103,6 @@ def webdataset_sources(cfg, img_size, num_channels: int, seed: int):
     return train, val, n_cls, names or [str(i) for i in range(n_cls)]
 
 
-register_format("webdataset", webdataset_sources)
+register_format("webdataset", webdataset_sources, captions=True)
 
 __all__ = ["expand_shards", "index_shards", "webdataset_sources"]

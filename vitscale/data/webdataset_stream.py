@@ -13,8 +13,8 @@ sequentially and draws micro-batches from it:
   a generator keyed by (seed, epoch, rank, worker); augmentation is keyed by the sample's position in
   that worker's stream. So the batches are a deterministic function of (seed, epoch, world size,
   num_workers).
-- decoding: the caption format's path (``decode_resized_crop`` + ``SampleTransform`` + the CLIP
-  tokenizer). A bad sample (undecodable / missing image, missing / empty caption) is dropped — the next
+- decoding: the caption format's path (``decode_resized_crop`` + ``SampleTransform`` + the model
+  family's tokenizer, given to ``build_loaders``). A bad sample (undecodable / missing image, missing / empty caption) is dropped — the next
   sample takes its place — and reported with the next good sample, so ``batch["skipped"]`` counts each
   bad sample once (key ``<shard>:<key>``), as in index mode.
 - epoch length: ``data.samples_per_epoch`` (None: number of shards x samples of the first shard) ->
@@ -99,13 +99,13 @@ class StreamDataset(IterableDataset):
 
     def __init__(self, shards: list[str], transform: SampleTransform, *, micro_batch_size: int, rank: int,
                  world_size: int, num_workers: int, batches_per_rank: int, resampled: bool, shuffle_buffer: int,
-                 drop_last: bool, fast_decode: bool, context_length: int):  # fmt: skip
+                 drop_last: bool, fast_decode: bool, tokenize=None):  # fmt: skip
         self.shards, self.transform = shards, transform
         self.micro, self.rank, self.world = micro_batch_size, rank, world_size
         self.num_workers = max(num_workers, 1)
         self.batches_per_rank, self.resampled = batches_per_rank, resampled
         self.shuffle_buffer, self.drop_last = shuffle_buffer, drop_last
-        self.fast_decode, self.context_length = fast_decode, context_length
+        self.fast_decode, self.tokenize = fast_decode, tokenize
         # position, set by the loader before each epoch's iterator is created
         self.epoch, self.skip, self.rotate = 0, [0] * self.num_workers, 0
 
@@ -137,9 +137,7 @@ class StreamDataset(IterableDataset):
     def batches(self, worker: int):
         """All micro-batches of logical worker ``worker`` in this epoch (the first ``skip`` decoded but
         not collated)."""
-        from vitscale.models.clip.tokenizer import create_tokenizer
-
-        tok = create_tokenizer("clip", context_length=self.context_length)
+        tok = self.tokenize
         seed, quota, skip = self.transform.seed, self.quota(worker), self.skip[worker]
         rng = keyed.py_rng(seed, self.epoch, self.rank, worker, STREAM_SHUFFLE)
         stream = shuffled(self.raw_samples(worker), self.shuffle_buffer, rng)
@@ -174,7 +172,8 @@ class StreamDataset(IterableDataset):
     def _collate(samples: list[dict], tok, worker: int) -> dict:
         texts = [s.pop("text") for s in samples]
         batch = collate(samples)
-        batch["text"] = tok(texts)  # (B, L)
+        if tok is not None:
+            batch["text"] = tok(texts)  # (B, L)
         batch["worker"] = worker
         return batch
 
@@ -249,8 +248,8 @@ class StreamLoader(ResumableLoader):
 class StreamSource:
     """The train "source" of stream mode: builds its own loader (see ``build_loaders``)."""
 
-    def __init__(self, cfg, shards: list[str]):
-        self.cfg, self.shards = cfg, shards
+    def __init__(self, cfg, shards: list[str], tokenize=None):
+        self.cfg, self.shards, self.tokenize = cfg, shards, tokenize
         self.labels: list[int] = []  # unknown without reading the shards
 
     def __len__(self) -> int:
@@ -275,13 +274,9 @@ class StreamSource:
             self.shards, transform, micro_batch_size=micro_batch_size, rank=rank, world_size=world_size,
             num_workers=num_workers, batches_per_rank=batches, resampled=cfg.resampled,
             shuffle_buffer=cfg.webdataset_shuffle_buffer if transform.train else 0, drop_last=drop_last,
-            fast_decode=cfg.fast_decode, context_length=cfg.caption_context_length,
+            fast_decode=cfg.fast_decode, tokenize=self.tokenize,
         )  # fmt: skip
         common.pop("persistent_workers", None)
-        from vitscale.models.clip.tokenizer import create_tokenizer
-
-        # cached (2 s to build): forked workers inherit it instead of building their own every epoch
-        create_tokenizer("clip", context_length=cfg.caption_context_length)
         return StreamLoader(ds, num_workers=num_workers, **common)
 
 

@@ -103,9 +103,9 @@ def evaluate_zeroshot(
 ) -> dict[str, float]:
     """Zero-shot top-1 / top-5 of ``model`` on ``loader`` (batches with ``image`` and ``label``)."""
     if tokenizer is None:
-        from vitscale.models.clip.tokenizer import create_tokenizer
+        from vitscale.models.registry import family_of
 
-        tokenizer = create_tokenizer("clip")
+        tokenizer = family_of(model).create_tokenizer()  # the model family's
     emb = collect_embeddings(model, loader, device, autocast)
     clf = zeroshot_classifier(model, tokenizer, class_names, templates, device, autocast)
     return zeroshot_accuracy(emb["image"], emb["label"], clf)

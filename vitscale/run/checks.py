@@ -104,6 +104,16 @@ def _check_image_size(cfg: Config, purpose: str) -> None:
             raise CheckError(f"{key}={side} does not fit {cfg.model.name}: {e}; use a multiple of {base.patch_dim}") from None
 
 
+def _check_tp(cfg: Config, dims: ParallelDims) -> None:
+    """The model's family says whether its TP plan splits this config over ``parallel.tp`` ranks."""
+    if dims.tp > 1:
+        from ..distributed.parallelize import check_layout
+        from ..models.registry import get_family, get_model_config
+
+        name = cfg.model.name
+        check_layout(get_family(name).plan(), get_model_config(name, **cfg.model.overrides), dims.tp, name)
+
+
 def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     """:class:`CheckError` (or RuntimeError for the machine) naming the setting to change, for a run
     of ``purpose``."""
@@ -115,6 +125,7 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
         )
     _check_ranges(cfg, purpose)
     _check_image_size(cfg, purpose)
+    _check_tp(cfg, dims)
     if purpose in ("train", "bench"):
         check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
                            world_size=dims.world_size)  # fmt: skip

@@ -20,7 +20,7 @@ from vitscale.eval.zeroshot import (
     zeroshot_accuracy,
     zeroshot_classifier,
 )
-from vitscale.models.clip.tokenizer import create_tokenizer
+from vitscale.models.registry import family_of
 from vitscale.tasks.contrastive_loss import build_contrastive_loss
 
 from .base import Task, register_task
@@ -56,7 +56,7 @@ class ContrastiveTask(Task):
         super().__init__(cfg, model, num_classes, dp_group)
         cc = cfg.clip
         self.seed = cfg.train.seed
-        self.tokenizer = create_tokenizer("clip", context_length=cc.context_length)
+        self.tokenizer = family_of(model).create_tokenizer(cc.context_length)  # the model family's
         self.loss_fn = build_contrastive_loss(
             cfg.train.loss,
             local_loss=cc.local_loss,

@@ -146,7 +146,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------- building
     def _flops(self) -> float | None:
         try:
-            return float(self.model.flops(self.img_size))
+            return float(self.run.family.forward_flops(self.model.cfg, self.img_size, training=True))
         except Exception:  # FLOPs are informative only
             return None
 
