@@ -161,7 +161,7 @@ def test_eval_on_two_ranks_gives_the_one_process_numbers(runs):
     assert torchrun_ema["ema"] and _metrics(torchrun_ema) == _metrics(_read(one / "vit_ema.json"))
     assert _metrics(torchrun_ema) != _metrics(vit)  # the EMA weights are other weights
     probe = _read(one / "probe.json")
-    assert probe["train_images"] == 1497 and probe["val_images"] == 300
+    assert probe["linear_probe_train_images"] == 1497 and probe["linear_probe_val_images"] == 300
     assert _metrics(_read(two / "probe_fsdp.json")) == _metrics(probe)
     # TP splits the matmuls: the same numbers up to their float rounding (a near-tie may move an image)
     tp = _read(two / "vit_tp.json")
