@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from vitscale.config import Config, run_config_dict
 from vitscale.distributed.compile import StaticShapes, check_graph_inputs, mark_step, uses_cudagraphs
@@ -212,13 +211,10 @@ class Trainer:
         return self._finish(log, start_step, time.perf_counter() - t_start, last_eval)
 
     def _finish(self, log: MetricsLogger, start_step: int, wall: float, last_eval: dict) -> dict[str, Any]:
-        cfg = self.cfg
-        skipped = torch.tensor(float(self.counters.skipped), device=self.device)
-        if self.world > 1 and dist.is_initialized():
-            dist.all_reduce(skipped)
+        cfg, skipped = self.cfg, self.counters.all_skipped(self.device)
         self.checkpoints.export(self.out, self.step, cfg.model.name, self.run.model_overrides)
         summary = run_summary(cfg.model.name, self.step, wall=wall, steps_run=self.step - start_step, batch_size=cfg.train.batch_size,
-                              skipped_files=int(skipped.item()), nonfinite_steps=self.guard.checked_total, last_eval=last_eval,
+                              skipped_files=skipped, nonfinite_steps=self.guard.checked_total, last_eval=last_eval,
                               resumed_from=self.checkpoints.resumed_from, total_time=time.perf_counter() - self._t_created,
                               started_at=self.started_at, env=environment(self.device, run_layout(self.run)))  # fmt: skip
         if self.is_main:
