@@ -24,8 +24,9 @@ a docstring under every field) and its class (deriving from :class:`Evaluator`) 
 
     register_evaluator("mine", MyEval)
 
-``tests/unit/test_evaluators.py`` writes one in the test file itself. The evaluator's metrics are
-logged as ``<name>_<key>`` (``val`` + ``top1`` -> ``val_top1``; an empty name: the keys as they are).
+``tests/integration/test_evals.py`` writes one in its test file alone and runs it through the CLI.
+The evaluator's metrics are logged as ``<name>_<key>`` (``val`` + ``top1`` -> ``val_top1``; an empty
+name: the keys as they are).
 Every data-parallel rank runs the evaluator on its shard of the split (whole batches, padding
 samples have index -1) and combines the counts over ``ctx.group``, so each rank returns the metrics
 of the whole split.

@@ -3,14 +3,11 @@ metrics under their prefixes (:mod:`vitscale.eval.evaluator`)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from torch import nn
 
 from .evaluator import EvalContext, Evaluator, EvaluatorConfig, MissingSplit, check_entries, evaluator_class
-
-log = logging.getLogger("vitscale.eval")
 
 
 class Evaluations:
