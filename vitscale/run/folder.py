@@ -47,7 +47,7 @@ NEUTRAL = (
     "data.prefetch_across_epochs", "data.max_image_pixels",
     "checkpoint.every", "checkpoint.keep", "checkpoint.path", "checkpoint.init_from", "checkpoint.resume",
     "checkpoint.allow_changes", "checkpoint.export_safetensors",
-    "eval", "log", "parallel", "teacher",
+    "eval", "evals", "log", "parallel", "teacher",
 )  # fmt: skip
 
 
@@ -324,7 +324,7 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
     import yaml
 
     from ..checkpoint import list_checkpoints
-    from ..config import Config, config_to_dict
+    from ..config import config_class, config_to_dict
 
     found = list_checkpoints(folder / "checkpoints")
     stored_path = folder / CONFIG_NAME
@@ -342,7 +342,7 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
         raise ConfigChanged(f"{stored_path} cannot be read ({type(e).__name__}), so this resume cannot be checked: restore it, or set another train.output_dir") from None
     if not isinstance(stored, dict):
         raise ConfigChanged(f"{stored_path} is not a config, so this resume cannot be checked: restore it, or set another train.output_dir")
-    changes = config_changes(stored, config_to_dict(cfg), config_to_dict(Config()))
+    changes = config_changes(stored, config_to_dict(cfg), config_to_dict(config_class()()))
     allowed = tuple(cfg.checkpoint.allow_changes)
     refused = [c for c in changes if not _accepted(c[0], allowed)]
     if refused:
@@ -354,6 +354,17 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
             f"continue this one with the changes: checkpoint.allow_changes={keys}"
         )
     return changes
+
+
+def write_config(cfg: Any, folder: Path, before_step: int | None = None) -> None:
+    """The run's ``config.yaml``; ``before_step``: a resume with accepted changes, whose previous
+    config (the one the checkpoints so far were trained with) is kept as ``config.before_step_N.yaml``."""
+    from ..config import save_config
+
+    path = folder / CONFIG_NAME
+    if before_step is not None and path.is_file():
+        path.replace(folder / f"config.before_step_{before_step:08d}.yaml")
+    save_config(cfg, path)
 
 
 def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
@@ -384,4 +395,7 @@ def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
     return Claim(lock=lock, accepted=accepted)
 
 
-__all__ = ["CONFIG_NAME", "Claim", "ConfigChanged", "FolderInUse", "LOCK_NAME", "NEUTRAL", "RunLock", "claim", "config_changes"]
+__all__ = [
+    "CONFIG_NAME", "Claim", "ConfigChanged", "FolderInUse", "LOCK_NAME", "NEUTRAL", "RunLock", "claim", "config_changes",
+    "write_config",
+]  # fmt: skip
