@@ -32,13 +32,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from vitscale.config import ConfigError, load_config
+    from vitscale.config import load_config
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"vitscale eval: config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)  # a config error: one line, exit code 2 (vitscale.cli)
     if not cfg.checkpoint.path:
         print("vitscale eval: set checkpoint.path=PATH (run folder, step folder or .safetensors)", file=sys.stderr)
         return 2

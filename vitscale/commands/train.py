@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from . import HelpFormatter
 
 EPILOG = """\
@@ -39,13 +37,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from vitscale.config import ConfigError, dump_config, load_config
+    from vitscale.config import dump_config, load_config
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"vitscale train: config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)  # a config error: one line, exit code 2 (vitscale.cli)
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0

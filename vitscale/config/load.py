@@ -263,6 +263,14 @@ def config_from_dict(tree: dict) -> Config:
         get_model_config(cfg.model.name, **cfg.model.overrides)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from e
+    # Formats and tasks register themselves (the schema's str cannot list them): asked here, so an
+    # unknown one is a config error before anything runs.
+    from vitscale.data.build import check_format
+    from vitscale.tasks import get_task
+
+    check_format(cfg.data.format)
+    if cfg.train.task is not None:
+        get_task(cfg.train.task)
     return cfg
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitscale.errors import ConfigError
+
 _TASKS: dict[str, type[Task]] = {}
 # Modules that register a task when imported (looked up lazily by name).
 _TASK_MODULES = {
@@ -69,7 +71,7 @@ def get_task(name: str) -> type[Task]:
     if name not in _TASKS and name in _TASK_MODULES:
         importlib.import_module(_TASK_MODULES[name])
     if name not in _TASKS:
-        raise KeyError(f"unknown task {name!r}; registered: {', '.join(sorted(_TASKS)) or 'none'}")
+        raise ConfigError(f"train.task: unknown task {name!r}; choose one of {', '.join(list_tasks())}")
     return _TASKS[name]
 
 
