@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import HelpFormatter
+from . import HelpFormatter, add_overrides
+
+HELP = "train the built-in digits ViT and print its val top-1 (what `make demo` runs)"
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "demo",
-        help="train the built-in digits ViT and print its val top-1 (what `make demo` runs)",
+        help=HELP,
         description="Train config digits_vit (a small patch-4 ViT on scikit-learn's handwritten digits, "
         "shipped with the package: no download) and end with its summary: the validation top-1, the time, "
         "and where its outputs are. Expected: >= 97% top-1 in under 3 minutes on 2 CPU cores. The run "
@@ -19,7 +21,7 @@ def register(subparsers) -> None:
         formatter_class=HelpFormatter,
         epilog="Example:\n  vitscale demo --output-dir runs/demo train.epochs=5",
     )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    add_overrides(p)
     p.add_argument("--output-dir", default="runs/demo", help="run folder (default: runs/demo)")
     p.add_argument("--resume", action="store_true", help="resume from a checkpoint in the run folder "
                    "instead of starting over")  # fmt: skip

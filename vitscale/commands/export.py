@@ -20,10 +20,13 @@ def _batch(text: str):
     return value
 
 
+HELP = "export trained weights to ONNX or torch.export (+ export.json), checked against eager"
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
-        help="export trained weights to ONNX or torch.export (+ export.json), checked against eager",
+        help=HELP,
         description="Export a ViT / VOLO classifier (one graph: images -> logits) or a CLIP (two graphs:\n"
         "images -> embedding, token ids -> embedding) with export.json beside it: preprocessing constants,\n"
         "class names, CLIP's tokenizer settings, each file's SHA-256 and the check run right after writing\n"

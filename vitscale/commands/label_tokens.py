@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import HelpFormatter
+from . import HelpFormatter, add_overrides
 
 EPILOG = """\
 Examples:
@@ -33,16 +33,19 @@ CONFIG supplies the data (and, without teacher.model / teacher.timm, the teacher
 """
 
 
+HELP = "store a teacher's dense top-k token labels for token labeling"
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "label-tokens",
-        help="store a teacher's dense top-k token labels for token labeling",
+        help=HELP,
         description=__doc__.split("\n\n", 1)[1],
         epilog=EPILOG,
         formatter_class=HelpFormatter,
     )
     p.add_argument("config", help="YAML path or built-in config name (data + teacher settings)")
-    p.add_argument("args", nargs="+", metavar="key=value | OUT", help="dotted overrides, then the output folder")
+    add_overrides(p, "args", nargs="+", metavar="key=value | OUT", help="dotted overrides, then the output folder")
     p.set_defaults(func=run)
 
 

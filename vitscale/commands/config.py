@@ -1,0 +1,86 @@
+"""``vitscale config [GROUP]``: the config groups, or one group's fields with their defaults and docs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import textwrap
+
+from . import HelpFormatter
+
+HELP = "list the config groups, or a group's fields with their defaults and what they do"
+
+EPILOG = """\
+Examples:
+  vitscale config                  (every group, one line each)
+  vitscale config optim            (optim.lr, optim.weight_decay, ...: default, type, what it does)
+  vitscale config model --model vit_b16   (model.name, model.overrides and vit_b16's own fields)
+Set a field on the command line as GROUP.FIELD=VALUE, e.g. vitscale train digits_vit optim.lr=1e-3, or
+in a YAML config under its group. The list is read from the config schema (vitscale/config/schema.py
+and the groups of tasks and data formats), so it is the one the loader checks keys against.
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "config",
+        help=HELP,
+        description="List the groups of the run config (no GROUP), or every field of GROUP: its dotted key, "
+        "default, type (choices as a | b) and docstring.",
+        epilog=EPILOG,
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("group", nargs="?", metavar="GROUP", help="a config group, e.g. optim, train, data")
+    p.add_argument("--model", metavar="NAME", default=None, help="with GROUP model: list this variant's fields "
+                   "(model.<field>), with its values as the defaults (default: model.name's default)")
+    p.set_defaults(func=run)
+
+
+def _plain(doc: str) -> str:
+    """A docstring as plain text: ``x`` and :role:`x` markup dropped."""
+    return re.sub(r":[a-z]+:`~?([^`]*)`", r"\1", doc).replace("``", "")
+
+
+def _value(v) -> str:
+    """A default as it is written in YAML or an override (floats as Python writes them: 1e-08)."""
+    import yaml
+
+    from vitscale.config import config_to_dict
+
+    if isinstance(v, float):
+        return repr(v)
+    text = yaml.safe_dump(config_to_dict(v), default_flow_style=True, width=1 << 30).strip()
+    text = text.removesuffix("...").strip()  # a plain scalar ends with YAML's end-of-document marker
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _print_fields(fields, width: int) -> None:
+    for f in fields:
+        print(f"{f.key} = {_value(f.default)}  ({f.type})")
+        for para in _plain(f.doc or "(no docstring)").split("\n\n"):
+            print(textwrap.fill(" ".join(para.split()), width, initial_indent="    ", subsequent_indent="    "))
+
+
+def run(args) -> int:
+    from vitscale.config import Config
+    from vitscale.config.fields import fields_of, group_defaults, groups
+
+    width = min(shutil.get_terminal_size().columns, 100)
+    if args.group is None:
+        rows = groups()
+        pad = max(len(name) for name, _ in rows) + 2
+        print("The groups of the run config (vitscale config GROUP lists a group's fields):")
+        for name, doc in rows:
+            print(f"  {name:<{pad}}{_plain(doc)}")
+        print("Set a field as GROUP.FIELD=VALUE, e.g. vitscale train digits_vit optim.lr=1e-3.")
+        return 0
+    _print_fields(fields_of(group_defaults(args.group), f"{args.group}."), width)
+    if args.group == "model":
+        from vitscale.models.registry import get_family, get_model_config
+
+        name = args.model or Config().model.name
+        family = get_family(name).name  # an unknown name fails here, naming the closest
+        print(f"\nThe fields of {name}'s config ({family} family), set as model.<field> (short for "
+              f"model.overrides.<field>); the defaults are {name}'s:")  # fmt: skip
+        _print_fields(fields_of(get_model_config(name), "model."), width)
+    return 0
