@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from safetensors.torch import load_file
 
@@ -24,6 +25,7 @@ def vitscale(*argv: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ), timeout=300)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_toy_family_trains_evaluates_and_refuses_dense_labels(tmp_path):
     config = tmp_path / "toy.yaml"
     config.write_text(yaml.safe_dump({
