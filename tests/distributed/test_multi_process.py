@@ -29,6 +29,8 @@ import torch
 from _launch import free_port, needs_cpu_fsdp, run_distributed
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.multiprocess
+
 STEPS, CKPT_AT = 6, 3
 TRAIN = [
     f"train.max_steps={STEPS}", "train.epochs=0", "train.batch_size=16", "model.num_layers=2", "train.ema_decay=0.5",
@@ -163,6 +165,7 @@ def _metrics(res: dict) -> dict:
 
 
 @needs_cpu_fsdp
+@pytest.mark.slow
 def test_eval_on_two_ranks_gives_the_one_process_numbers(runs):
     root = runs[0]
     one, two = root / "1", root / "2"
@@ -196,6 +199,7 @@ def test_eval_on_two_ranks_gives_the_one_process_numbers(runs):
 
 
 @needs_cpu_fsdp
+@pytest.mark.slow
 def test_label_tokens_on_two_ranks_writes_the_one_process_files(runs):
     root, one, two = runs
     assert two["layout"].endswith("(FSDP)") and two["splits"]["val"]["images"] == 300
@@ -209,6 +213,7 @@ def test_label_tokens_on_two_ranks_writes_the_one_process_files(runs):
 
 
 @needs_cpu_fsdp
+@pytest.mark.slow
 def test_ema_under_fsdp_and_tp(runs):
     from vitscale.checkpoint import read_weights
 

@@ -105,6 +105,7 @@ def _dp_groups():
     return out
 
 
+@pytest.mark.multiprocess
 def test_data_parallel_groups_come_from_the_mesh_on_8_ranks():
     """The ranks a TP rank's batches, losses and evaluations combine over: every data-parallel rank
     of the same TP rank — HSDP x TP through the flattened ``dp_replicate x dp_shard`` mesh."""

@@ -189,6 +189,7 @@ def test_linear_and_fewshot_probes_on_the_vit_features(vit_run, tmp_path):
     assert res["fewshot_5shot_top1"] > res["fewshot_1shot_top1"] > 10.0  # above chance, better with more shots
 
 
+@pytest.mark.slow
 def test_clip_towers_export_as_two_graphs_and_probe(clip_run, tmp_path):
     from vitscale.models.clip.tokenizer import CLIPTokenizer, create_tokenizer
 
@@ -226,6 +227,7 @@ def test_clip_towers_export_as_two_graphs_and_probe(clip_run, tmp_path):
     assert res["fewshot_feature_dim"] == 64 and res["fewshot_5shot_top1"] > 10.0  # the image embedding, above chance
 
 
+@pytest.mark.slow
 def test_volo_from_bare_weights_with_a_named_config(tmp_path):
     """A .safetensors file alone (its header names the model); --config gives the preprocessing."""
     import vitscale

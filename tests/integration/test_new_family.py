@@ -62,6 +62,7 @@ def toy_run(tmp_path_factory):
     return config, tmp / "run"
 
 
+@pytest.mark.slow
 def test_toy_family_trains_evaluates_and_refuses_dense_labels(toy_run, tmp_path):
     config, run = toy_run
     summary = json.loads((run / "summary.json").read_text())
@@ -91,6 +92,7 @@ def test_toy_family_trains_evaluates_and_refuses_dense_labels(toy_run, tmp_path)
     assert len(lt.stderr.strip().splitlines()) == 1, lt.stderr
 
 
+@pytest.mark.slow
 def test_toy_family_benches_estimates_memory_exports_and_names_its_missing_adapter(toy_run, tmp_path):
     _, run = toy_run
     bench_json, export_dir = tmp_path / "bench.json", tmp_path / "export"

@@ -201,6 +201,7 @@ def test_batch_second_block_equals_ours():
         torch.testing.assert_close(y, blk(x), atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_run_gpu_script_is_valid_and_its_commands_parse():
     script = ROOT / "benchmarks" / "run_gpu.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)

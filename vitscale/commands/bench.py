@@ -33,6 +33,9 @@ def _override(text: str) -> tuple[str, object]:
     return key.strip(), parsed
 
 
+HELP = "measure img/s, TFLOP/s, MFU and peak memory (optionally against timm / open_clip)"
+
+
 def register(subparsers) -> None:
     from ..bench.harness import COMPARES, PRECISIONS
     from ..distributed.compile import COMPILE_MODES
@@ -41,7 +44,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "bench",
-        help="measure img/s, TFLOP/s, MFU and peak memory (optionally against timm / open_clip)",
+        help=HELP,
         description=__doc__,
         formatter_class=HelpFormatter,
     )

@@ -30,10 +30,13 @@ def _digits_captions(args) -> int:
     return 0
 
 
+HELP = "dataset utilities (write the digits as an image folder, ...)"
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "data",
-        help="dataset utilities (write the digits as an image folder, ...)",
+        help=HELP,
         description="Dataset utilities. `vitscale data digits OUT_DIR` writes scikit-learn's handwritten "
         "digits (fixed 1,497/300 split) as OUT_DIR/{train,val}/<class>/*.png.",
     )

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+HELP = "list the model zoo"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "models",
-        help="list the model zoo",
+        help=HELP,
         description="Print every registered model: parameters (counted on the meta device, nothing is "
         "allocated), forward GFLOPs per sample as inference runs it (2 FLOPs per multiply-add, attention "
         "included; CLIP: image + text tower; the count behind MFU, see docs/benchmarks.md), image size, patch.",

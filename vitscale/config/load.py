@@ -120,6 +120,29 @@ def _suggest(path: str, valid_here: list[str], prefix: str) -> str:
     return f"; did you mean {close[0]!r}?" if close else f"; valid keys here: {', '.join(valid_here)}"
 
 
+def option_hint(args: list[str]) -> str | None:
+    """For command-line options that name a config field — ``--lr 1e-3``, ``--optim.lr=1e-3``,
+    ``--max-steps 5`` (by the field's dotted key or its last part) — the override to write instead
+    (``"--lr 1e-3 is not an option: write optim.lr=1e-3"``); None when no option names a field."""
+    keys = _all_keys(config_class())  # the tasks' groups included
+    fields = [k for k in keys if not any(o.startswith(k + ".") for o in keys)]  # not the groups
+    i = 0
+    while i < len(args):
+        given, i = args[i], i + 1
+        if not given.startswith("--"):
+            continue
+        name, eq, value = given[2:].partition("=")
+        if not eq and i < len(args) and not args[i].startswith("--"):
+            value, given, i = args[i], f"{given} {args[i]}", i + 1
+        key = name.replace("-", "_")
+        found = [key] if key in fields or key.startswith("model.") else [k for k in fields if k.rsplit(".", 1)[-1] == key]
+        if found:
+            value = value or "VALUE"
+            more = f" (or {', '.join(f'{k}={value}' for k in found[1:])})" if len(found) > 1 else ""
+            return f"{given} is not an option: write {found[0]}={value}{more}"
+    return None
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -301,6 +324,14 @@ def config_from_dict(tree: dict) -> Config:
         get_model_config(cfg.model.name, **cfg.model.overrides)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from e
+    # Formats and tasks register themselves (the schema's str cannot list them): asked here, so an
+    # unknown one is a config error before anything runs.
+    from vitscale.data.build import check_format
+    from vitscale.tasks import get_task
+
+    check_format(cfg.data.format)
+    if cfg.train.task is not None:
+        get_task(cfg.train.task)
     return cfg
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import CheckError
+from ..errors import CheckError, ConfigError
 from . import digits as digits_mod
 from .config import FORMATS, DataConfig
 from .dataset import KeyedDataset
@@ -63,17 +63,26 @@ def _sources(cfg: DataConfig, img_size, num_channels: int, seed: int, tokenize=N
         from .imagefolder import imagefolder_sources
 
         return imagefolder_sources(cfg)
+    check_format(fmt)
+    fn, captions = _FORMATS[fmt]
+    return fn(cfg, img_size, num_channels, seed, **({"tokenize": tokenize} if captions else {}))
+
+
+def check_format(fmt: str) -> None:
+    """Raise :class:`ConfigError` (exit code 2) unless ``data.format=fmt`` is a format: built in,
+    registered, or registered by importing ``vitscale.data.<fmt>``. The config loader calls it, so an
+    unknown format fails before anything runs."""
+    if fmt in ("digits", "synthetic", "imagefolder"):
+        return
     if fmt not in _FORMATS and isinstance(fmt, str) and fmt.isidentifier():
         try:
             importlib.import_module(f"vitscale.data.{fmt}")
         except ModuleNotFoundError as e:
             if e.name != f"vitscale.data.{fmt}":
                 raise
-    if fmt in _FORMATS:
-        fn, captions = _FORMATS[fmt]
-        return fn(cfg, img_size, num_channels, seed, **({"tokenize": tokenize} if captions else {}))
-    known = sorted(set(FORMATS) | set(_FORMATS))
-    raise ValueError(f"unknown data.format {fmt!r}; expected one of {known}")
+    if fmt not in _FORMATS:
+        known = sorted(set(FORMATS) | set(_FORMATS))
+        raise ConfigError(f"unknown data.format {fmt!r}; choose one of {', '.join(known)}")
 
 
 def build_loaders(

@@ -178,11 +178,16 @@ def register_evaluator(kind: str, cls: type[Evaluator]) -> None:
     _EVALUATORS[kind] = cls
 
 
+def evaluator_kinds() -> list[str]:
+    """Every evaluator kind: the built-in ones and those registered so far."""
+    return sorted(set(_EVALUATORS) | set(_MODULES))
+
+
 def evaluator_class(kind: Any) -> type[Evaluator]:
     if kind not in _EVALUATORS and kind in _MODULES:
         importlib.import_module(_MODULES[kind])
     if kind not in _EVALUATORS:
-        known = sorted(set(_EVALUATORS) | set(_MODULES))
+        known = evaluator_kinds()
         close = difflib.get_close_matches(str(kind), known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(f"kind: {kind!r} is not an evaluator; {hint}choose one of {', '.join(known)}")
@@ -190,6 +195,6 @@ def evaluator_class(kind: Any) -> type[Evaluator]:
 
 
 __all__ = [
-    "EvalContext", "EvalData", "Evaluator", "EvaluatorConfig", "MissingSplit", "check_entries", "evaluator_class", "metric_prefix",
+    "EvalContext", "EvalData", "Evaluator", "EvaluatorConfig", "MissingSplit", "check_entries", "evaluator_class", "evaluator_kinds", "metric_prefix",
     "register_evaluator",
 ]  # fmt: skip

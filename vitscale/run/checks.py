@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config
+from ..data.transforms import parse_randaugment
 from ..distributed.compile import check_compile_mode
 from ..distributed.float8 import check_recipe, fp8_emulated, require_torchao
 from ..distributed.fsdp import fsdp_runs_on
@@ -126,6 +127,8 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     _check_ranges(cfg, purpose)
     _check_image_size(cfg, purpose)
     _check_tp(cfg, dims)
+    if purpose == "train":
+        parse_randaugment(cfg.data.randaugment)  # a ConfigError naming the token
     if purpose in ("train", "bench"):
         check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
                            world_size=dims.world_size)  # fmt: skip

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitscale.errors import ConfigError
+
 _TASKS: dict[str, type[Task]] = {}
 # The built-in tasks' modules, imported on first use of a task name or of the config groups.
 _TASK_MODULES = {
@@ -107,7 +109,8 @@ def get_task(name: str) -> type[Task]:
     if name not in _TASKS and name in _TASK_MODULES:
         importlib.import_module(_TASK_MODULES[name])
     if name not in _TASKS:
-        raise KeyError(f"unknown task {name!r}; registered: {', '.join(sorted(set(_TASKS) | set(_TASK_MODULES)))}")
+        known = ", ".join(sorted(set(_TASKS) | set(_TASK_MODULES)))
+        raise ConfigError(f"train.task: unknown task {name!r}; choose one of {known}")
     return _TASKS[name]
 
 
