@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import EXIT_USAGE, UserError
+from ..errors import EXIT_USAGE, ConfigError, UserError
 
 LOCK_NAME = "run.lock"
 CONFIG_NAME = "config.yaml"
@@ -321,10 +321,9 @@ class Claim:
 def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
     """The accepted changes of a resume in ``folder``; :class:`ConfigChanged` for refused ones. Only
     when the folder has a checkpoint to resume and a ``config.yaml`` describing it."""
-    import yaml
-
     from ..checkpoint import list_checkpoints
     from ..config import Config, config_to_dict
+    from ..safe_yaml import read_yaml
 
     found = list_checkpoints(folder / "checkpoints")
     stored_path = folder / CONFIG_NAME
@@ -337,9 +336,11 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
     if not found or not stored_path.is_file():
         return []
     try:
-        stored = yaml.safe_load(stored_path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+        stored = read_yaml(stored_path)
+    except OSError as e:
         raise ConfigChanged(f"{stored_path} cannot be read ({type(e).__name__}), so this resume cannot be checked: restore it, or set another train.output_dir") from None
+    except ConfigError as e:  # a YAML bomb, a tag, a nest too deep: refused within the limits of vitscale.safe_yaml
+        raise ConfigChanged(f"{e}; so this resume cannot be checked: restore it, or set another train.output_dir") from None
     if not isinstance(stored, dict):
         raise ConfigChanged(f"{stored_path} is not a config, so this resume cannot be checked: restore it, or set another train.output_dir")
     changes = config_changes(stored, config_to_dict(cfg), config_to_dict(Config()))

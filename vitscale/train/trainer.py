@@ -389,6 +389,7 @@ class Trainer:
                 self.save_checkpoint()
                 t_last = time.perf_counter()
         wall = time.perf_counter() - t_start
+        self.guard.require_progress(self.step, self.step - start_step, self.last_checkpoint)  # never exit 0 untrained
         skipped = torch.tensor(float(self.skipped), device=self.device)
         if self.world > 1 and dist.is_initialized():
             dist.all_reduce(skipped)

@@ -171,13 +171,16 @@ def read_run(run_dir: str | Path) -> Run:
     config = path / "config.yaml"
     if config.is_file():
         found = True
-        run.config_text = config.read_text(encoding="utf-8", errors="replace")
-        try:
-            import yaml
+        from vitscale.errors import ConfigError
+        from vitscale.safe_yaml import MAX_BYTES, load_yaml
 
-            data = yaml.safe_load(run.config_text)
+        with open(config, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+        run.config_text = raw[:MAX_BYTES].decode("utf-8", errors="replace")
+        try:
+            data = load_yaml(raw, "config.yaml")  # within limits: no alias bomb, no tag, no deep nest
             run.config = data if isinstance(data, dict) else None
-        except yaml.YAMLError as e:
+        except ConfigError as e:
             run.problems.append(f"config.yaml unreadable ({str(e).splitlines()[0]})")
     if not found:
         raise FileNotFoundError(f"{path}: not a run folder (no metrics.jsonl, summary.json or config.yaml)")
