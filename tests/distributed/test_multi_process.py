@@ -193,7 +193,7 @@ def test_label_tokens_on_two_ranks_writes_the_one_process_files(runs):
 
 @needs_cpu_fsdp
 def test_ema_under_fsdp_and_tp(runs):
-    from vitscale.checkpoint.checkpointer import read_weights
+    from vitscale.checkpoint import read_weights
 
     root = runs[0]
     ref, model = load_file(str(root / "single" / "model_ema.safetensors")), load_file(str(root / "single" / "model.safetensors"))

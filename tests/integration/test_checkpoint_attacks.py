@@ -261,7 +261,7 @@ def test_huge_declared_sizes_allocate_nothing(genuine, tmp_path, capsys):
 def test_pickle_bytes_as_tensor_data_stay_numbers(genuine, tmp_path, capsys):
     """Bytes in a tensor's place are copied into the tensor, never deserialized: a pickle there is
     just a few odd weights (the checksums were recomputed, so it loads)."""
-    from vitscale.checkpoint.checkpointer import read_weights
+    from vitscale.checkpoint import read_weights
 
     canary = tmp_path / "canary"
     run = _copy(genuine, tmp_path)

@@ -228,7 +228,7 @@ def test_clip_towers_export_as_two_graphs_and_probe(clip_run, tmp_path):
 def test_volo_from_bare_weights_with_a_named_config(tmp_path):
     """A .safetensors file alone (its header names the model); --config gives the preprocessing."""
     import vitscale
-    from vitscale.checkpoint.checkpointer import export_safetensors
+    from vitscale.checkpoint import export_safetensors
     from vitscale.config import load_config
 
     over = dict(load_config("digits_volo").model.overrides)

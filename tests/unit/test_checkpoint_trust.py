@@ -11,8 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vitscale.checkpoint import Checkpointer, CheckpointError, CorruptFile, SaveError, read_weights
-from vitscale.checkpoint.checkpointer import export_safetensors
+from vitscale.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    CorruptFile,
+    SaveError,
+    export_safetensors,
+    read_weights,
+)
 from vitscale.checkpoint.integrity import digest, read_sealed_json, seal_json
 from vitscale.checkpoint.safetensors_io import read_safetensors
 from vitscale.checkpoint.storage import verify

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpointer import find_checkpoint, write_weights
+from .discovery import find_checkpoint
 from .safetensors_io import dtype_from_code, read_safetensors
 from .storage import read_full
+from .weights import write_weights
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 

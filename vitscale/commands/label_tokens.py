@@ -76,7 +76,7 @@ def teacher_run(cfg):
 
         teacher = load_timm_checkpoint(t.checkpoint, t.timm, **dict(t.overrides))
         return assemble(teacher_config(cfg), "label", model=teacher)
-    from vitscale.checkpoint.checkpointer import load_model_weights, read_weights
+    from vitscale.checkpoint import load_model_weights, read_weights
 
     sd = read_weights(t.checkpoint, t.weights)
     run = assemble(teacher_config(cfg, head_classes(sd)), "label")

@@ -53,7 +53,7 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     ``config`` (a YAML path or built-in name) replaces the run's own ``config.yaml`` for the
     preprocessing constants, tokenizer settings and class names.
     """
-    from vitscale.checkpoint.checkpointer import load_model_weights, read_weights
+    from vitscale.checkpoint import load_model_weights, read_weights
     from vitscale.config import Config, load_config
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.models.registry import get_family

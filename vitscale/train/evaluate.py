@@ -6,7 +6,7 @@ process (every rank returns them)."""
 
 from __future__ import annotations
 
-from vitscale.checkpoint.checkpointer import load_model_weights, read_weights
+from vitscale.checkpoint import load_model_weights, read_weights
 from vitscale.config import Config
 from vitscale.eval.probe import run_probe
 from vitscale.run import assemble

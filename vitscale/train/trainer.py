@@ -26,8 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vitscale.checkpoint import Checkpointer
-from vitscale.checkpoint.checkpointer import export_safetensors, load_model_weights, read_weights
+from vitscale.checkpoint import Checkpointer, export_safetensors, load_model_weights, read_weights
 from vitscale.config import Config, run_config_dict, save_config
 from vitscale.distributed.compile import StaticShapes, check_graph_inputs, mark_step, uses_cudagraphs
 from vitscale.distributed.float8 import precompute_float8_scales

@@ -1,0 +1,101 @@
+"""What goes into a checkpoint: tensors (non-tensor leaves are not stored: a checkpoint holds tensors
+and JSON only), checked finite before they are written, the trainer's state as JSON
+(``trainer_state.json``) and each rank's RNG states as JSON (``rng_rank<r>.json``)."""
+
+from __future__ import annotations
+
+import base64
+import random
+from typing import Any
+
+import torch
+
+from .integrity import CheckpointError
+
+TRAINER_STATE = "trainer_state.json"
+
+
+class NonFiniteWeights(CheckpointError):
+    """Tensors holding NaN or infinity: never written into a checkpoint or export, never loaded."""
+
+
+# ------------------------------------------------------------------------------------- tensors
+def _flat_tensors(tree: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    if isinstance(tree, dict):
+        return [kv for k, v in tree.items() for kv in _flat_tensors(v, f"{prefix}{k}.")]
+    if isinstance(tree, torch.Tensor):
+        return [(prefix[:-1], tree)]
+    return []
+
+
+def nonfinite_names(tree: Any, limit: int = 3) -> list[str]:
+    """Names (dotted paths) of the floating tensors in ``tree`` holding a NaN or an infinity, at most
+    ``limit``; a DTensor is checked on this rank's shard. One host read per device."""
+    from torch.distributed.tensor import DTensor
+
+    named = [(n, t.to_local() if isinstance(t, DTensor) else t) for n, t in _flat_tensors(tree)]
+    named = [(n, t.detach()) for n, t in named if t.is_floating_point() and t.numel()]
+    by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    for n, t in named:
+        by_device.setdefault(t.device, []).append((n, t))
+    bad: list[str] = []
+    for items in by_device.values():
+        flags = torch.stack([torch.isfinite(t).all() for _, t in items]).tolist()
+        bad += [n for (n, _), ok in zip(items, flags) if not ok]
+    return sorted(bad)[:limit]
+
+
+def some_names(bad: list[str]) -> str:
+    """The first three names, and "and more" when there are more."""
+    return ", ".join(bad[:3]) + (" and more" if len(bad) > 3 else "")
+
+
+def tensors_only(tree: Any) -> Any:
+    """The nested dict with only its tensor leaves (lists and scalars dropped)."""
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            sub = tensors_only(v)
+            if sub is not None and (not isinstance(sub, dict) or sub):
+                out[k] = sub
+        return out
+    return tree if isinstance(tree, torch.Tensor) else None
+
+
+# ------------------------------------------------------------------------------------- RNG as JSON
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def rng_state() -> dict:
+    import numpy as np
+
+    v, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "torch": _b64(torch.get_rng_state()),
+        "python": [v, list(internal), gauss],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = _b64(torch.cuda.get_rng_state())
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    import numpy as np
+
+    torch.set_rng_state(_unb64(state["torch"]))
+    v, internal, gauss = state["python"]
+    random.setstate((v, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(_unb64(state["cuda"]))
+
+
+__all__ = ["NonFiniteWeights", "TRAINER_STATE", "nonfinite_names", "rng_state", "set_rng_state", "some_names", "tensors_only"]
