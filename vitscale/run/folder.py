@@ -35,6 +35,10 @@ from ..errors import EXIT_USAGE, ConfigError, UserError
 
 LOCK_NAME = "run.lock"
 CONFIG_NAME = "config.yaml"
+RUN_ENTRIES = (CONFIG_NAME, "metrics.jsonl", "train.log", "summary.json", "report.html", "model.safetensors",
+               "model_ema.safetensors", LOCK_NAME, "checkpoints", "tb")  # fmt: skip
+"""What a run reads, writes, appends to or resumes from in its folder: none may be a symbolic link
+(docs/trust.md, "Symbolic links"; the step folders in ``checkpoints/`` are skipped as damaged)."""
 log = logging.getLogger("vitscale.run")
 
 # Settings that do not change what a run computes (beyond floating-point rounding for the kernel
@@ -49,6 +53,30 @@ NEUTRAL = (
     "checkpoint.allow_changes", "checkpoint.export_safetensors",
     "eval", "log", "parallel", "teacher",
 )  # fmt: skip
+
+
+class FolderLink(UserError):
+    """A file or folder of the run is a symbolic link: nothing inside a run folder is followed."""
+
+
+def check_links(folder: Path) -> None:
+    """:class:`FolderLink` naming the first of :data:`RUN_ENTRIES` in ``folder`` that is a symbolic
+    link. The folder itself may be one (where runs live is the user's choice); what is inside it is
+    the run's own, so a link there — to another run's log, or a file outside — is never followed."""
+    for name in RUN_ENTRIES:
+        p = folder / name
+        if p.is_symlink():
+            raise FolderLink(
+                f"{p} is a symbolic link (to {os.readlink(p)}): nothing inside a run folder is followed (its files are "
+                f"its own, docs/trust.md); remove the link, or set another train.output_dir"
+            )
+
+
+def open_append(path: str | os.PathLike):
+    """``open(path, "a")`` (UTF-8 text) that refuses a symbolic link in the last component
+    (``O_NOFOLLOW``): what a run appends to (metrics.jsonl, train.log) is its own file."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
+    return os.fdopen(fd, "a", encoding="utf-8", errors="replace")
 
 
 class FolderInUse(UserError):
@@ -369,6 +397,7 @@ def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
         try:
             if before is not None:
                 before(cfg)
+            check_links(folder)
             lock = RunLock.of(folder).acquire()
             accepted = check_same_run(cfg, folder)
         except UserError as e:
@@ -385,4 +414,5 @@ def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
     return Claim(lock=lock, accepted=accepted)
 
 
-__all__ = ["CONFIG_NAME", "Claim", "ConfigChanged", "FolderInUse", "LOCK_NAME", "NEUTRAL", "RunLock", "claim", "config_changes"]
+__all__ = ["CONFIG_NAME", "Claim", "ConfigChanged", "FolderInUse", "FolderLink", "LOCK_NAME", "NEUTRAL", "RUN_ENTRIES", "RunLock", "check_links", "claim",
+           "config_changes", "open_append"]

@@ -126,6 +126,7 @@ class Trainer:
         self.complete = False
         self.last_checkpoint: str | None = None
         self.tensorboard = False  # whether fit() writes TensorBoard events
+        self.written: dict[str, bool] = {}  # outputs this run wrote at its end ("weights", "report"): the summary lists only those
         self.flops_per_image = self._flops() if cfg.log.flops else None
         self.peak_tflops = self._peak() if self.flops_per_image else None
         prepare_optimizer(self.optimizer)
@@ -397,6 +398,7 @@ class Trainer:
             export_safetensors(self.model, self.out / "model.safetensors", meta)
             if self.ema is not None:
                 export_safetensors(self.ema.module, self.out / "model_ema.safetensors", meta)
+        self.written["weights"] = bool(cfg.checkpoint.export_safetensors)
         steps_run = self.step - start_step
         summary = {
             "model": cfg.model.name,
@@ -420,8 +422,7 @@ class Trainer:
             if self.skipped:
                 log.info(f"skipped {self.skipped} undecodable files (see the warnings above)")
             log.log_hparams(flatten(run_config_dict(cfg)), {k: v for k, v in last_eval.items()})
-            if cfg.log.report:
-                try_write_report(self.out)
+            self.written["report"] = bool(cfg.log.report) and try_write_report(self.out) is not None
         return summary
 
     def layout(self) -> dict[str, Any]:
@@ -442,10 +443,12 @@ class Trainer:
         if fmt == "json":
             print(json.dumps(summary, indent=1), flush=True)
             return
+        # what this run wrote at its end; a finished run started again: what its folder holds
         weights = self.out / "model.safetensors"
-        report = self.cfg.log.report and (self.out / REPORT_NAME).is_file()
+        weights = weights if self.written.get("weights", weights.is_file()) else None
+        report = self.written.get("report", self.cfg.log.report and (self.out / REPORT_NAME).is_file())
         print(human_summary(summary, self.out, config=self.out / "config.yaml", report=report,
-                            tensorboard=self.tensorboard, weights=weights if weights.is_file() else None), flush=True)  # fmt: skip
+                            tensorboard=self.tensorboard, weights=weights), flush=True)  # fmt: skip
 
 
 def _now() -> str:
