@@ -34,7 +34,7 @@ from pathlib import Path
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from .collective import all_lines, all_ok, barrier, cause, quiet, rank_world
+from .collective import all_lines, all_ok, barrier, cause, interruption, quiet, rank_world
 from .discovery import damaged, is_legacy, legacy_error, list_checkpoints, newest_intact
 from .integrity import CheckpointError, CorruptFile
 from .leftovers import remove_leftovers, removed_on_failure
@@ -100,6 +100,8 @@ class Checkpointer:
                         dcp.save(tensors_only(state), storage_writer=SafetensorsWriter(tmp, rank, extra))
                 except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
                     err = e
+                    if interruption(e) is not None:  # DCP wrapped a Ctrl-C / SIGTERM: go on up as that
+                        raise interruption(e) from None
                 if all_ok(err is None) and rank == 0:
                     try:
                         if final.is_symlink():  # not the run's own (docs/trust.md): the link goes, its target stays
@@ -139,6 +141,8 @@ class Checkpointer:
             with quiet():
                 dcp.load(tensors_only(state), storage_reader=SafetensorsReader(path, idx))
         except (Exception, CheckpointException) as e:
+            if interruption(e) is not None:  # DCP wrapped a Ctrl-C / SIGTERM: go on up as that
+                raise interruption(e) from None
             raise CheckpointError(f"cannot load checkpoint {path}: {cause(e)}") from None
         try:
             trainer_state = json.loads(read_member(path, TRAINER_STATE, files[TRAINER_STATE]))

@@ -368,7 +368,7 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
     except OSError as e:
         raise ConfigChanged(f"{stored_path} cannot be read ({type(e).__name__}), so this resume cannot be checked: restore it, or set another train.output_dir") from None
     except ConfigError as e:  # a YAML bomb, a tag, a nest too deep: refused within the limits of vitscale.safe_yaml
-        raise ConfigChanged(f"{e}; so this resume cannot be checked: restore it, or set another train.output_dir") from None
+        raise ConfigChanged(f"{e}, so this resume cannot be checked: restore it, or set another train.output_dir") from None
     if not isinstance(stored, dict):
         raise ConfigChanged(f"{stored_path} is not a config, so this resume cannot be checked: restore it, or set another train.output_dir")
     changes = config_changes(stored, config_to_dict(cfg), config_to_dict(Config()))
