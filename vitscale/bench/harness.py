@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import Config
@@ -35,6 +34,7 @@ from ..distributed.parallel_dims import resolve_device
 from ..models.common.flops import count_flops
 from ..models.registry import create_model, get_family
 from ..run import assemble
+from ..tasks import get_task
 from ..tools import mfu as mfu_tools
 from ..train import fastpath
 
@@ -76,6 +76,8 @@ class BenchSettings:
     """Seed of the weights and the synthetic batch."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Overrides of the variant's config (e.g. ``{"num_classes": 10}``)."""
+    task: str | None = None
+    """The task whose loss the training step times (``Task.bench_loss``); None = the family's task."""
     fp8: str = "none"
     """Our blocks' linear layers in float8 (torchao recipe, as ``precision.fp8``); training only."""
     fp8_filter: str = "auto"
@@ -136,36 +138,8 @@ def sync(device: torch.device) -> None:
 
 
 # ---------------------------------------------------------------------------------- workloads
-def _first(out: Any) -> torch.Tensor:
-    if isinstance(out, dict):
-        return out.get("logits", next(iter(out.values())))
-    if isinstance(out, (tuple, list)):
-        return out[0]
-    return out
-
-
-def classification_loss(out: Any, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(_first(out).float(), labels)
-
-
-def contrastive_loss(out: Any) -> torch.Tensor:
-    """Symmetric InfoNCE on (image_features, text_features, logit_scale) or open_clip's dict."""
-    if isinstance(out, dict):
-        img, txt, scale = out["image_features"], out["text_features"], out.get("logit_scale")
-    else:
-        img, txt = out[0], out[1]
-        scale = out[2] if len(out) > 2 else None
-    img = F.normalize(img.float(), dim=-1)
-    txt = F.normalize(txt.float(), dim=-1)
-    logits = img @ txt.t()  # (B, B)
-    if torch.is_tensor(scale):
-        logits = logits * scale.float()
-    target = torch.arange(logits.shape[0], device=logits.device)
-    return (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target)) / 2
-
-
 def _make_step(
-    model, optimizer, inputs, labels, task, mode, device, autocast: torch.dtype | None, cudagraphs: bool = False
+    model, optimizer, inputs, labels, loss_fn, mode, device, autocast: torch.dtype | None, cudagraphs: bool = False
 ) -> Callable[[], None]:
     if mode == "infer":
 
@@ -180,7 +154,7 @@ def _make_step(
             mark_step()  # CUDA-graph trees: the last step's graph outputs may be overwritten now
         with fastpath.autocast(device, autocast):
             out = model(*inputs)
-            loss = contrastive_loss(out) if task == "contrastive" else classification_loss(out, labels)
+            loss = loss_fn(out, labels)  # the task's bench loss (vitscale.tasks.base.Task.bench_loss)
         loss.backward()  # no .item(): nothing in the step waits for the device
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -231,12 +205,13 @@ def with_defaults(settings: BenchSettings, device_type: str) -> BenchSettings:
 # ---------------------------------------------------------------------------------- run
 def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
     family = get_family(settings.model)
-    task = "contrastive" if family.task == "contrastive" else "classification"
+    task = settings.task or family.task
+    loss_fn = get_task(task).bench_loss
     if settings.compare is not None and settings.compare not in COMPARES:
         raise ValueError(f"--compare must be one of {COMPARES}, got {settings.compare!r}")
-    if settings.compare == "timm" and task != "classification":
+    if settings.compare == "timm" and family.task != "classification":
         raise ValueError(f"--compare timm needs a ViT classifier; {settings.model} is a {family.name} model")
-    if settings.compare == "open_clip" and task != "contrastive":
+    if settings.compare == "open_clip" and family.task != "contrastive":
         raise ValueError(f"--compare open_clip needs a CLIP model; {settings.model} is a {family.name} model")
 
     run = assemble(run_config(settings), "bench")  # ours: fp8 and per-block compile by the parallelize tail
@@ -259,7 +234,7 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
         opt = None
         if settings.mode == "train":
             opt = fastpath.make_adamw([p for p in model.parameters() if p.requires_grad], device)
-        step = _make_step(model, opt, inputs, labels, task, settings.mode, device, autocast, cudagraphs)
+        step = _make_step(model, opt, inputs, labels, loss_fn, settings.mode, device, autocast, cudagraphs)
         return _Impl(key, label, model, opt, step)
 
     impls = [finish("vitscale", f"vitscale {settings.model}", ours, cudagraphs=compile_on and uses_cudagraphs(settings.compile_mode))]

@@ -29,7 +29,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
@@ -41,9 +43,9 @@ from .leftovers import remove_leftovers, removed_on_failure
 from .state import (
     TRAINER_STATE,
     NonFiniteWeights,
+    RNGState,
     nonfinite_names,
-    rng_state,
-    set_rng_state,
+    resolve,
     some_names,
     tensors_only,
 )
@@ -69,10 +71,13 @@ class Checkpointer:
         self._verified = newest_intact(found, self.root, need=(TRAINER_STATE,), collective=True)
         return self._verified[0]
 
-    def save(self, step: int, state: dict, trainer_state: dict) -> Path:
-        """``state``: nested dict of tensors (non-tensor leaves are dropped); ``trainer_state``: JSON.
-        Raises :class:`SaveError` (the partial folder removed, older checkpoints untouched)."""
+    def save(self, step: int, state: Mapping[str, Any], trainer_state: Any, rng: Any = None) -> Path:
+        """``state``: ``{key: Stateful or nested dict of tensors}`` (non-tensor leaves are dropped);
+        ``trainer_state``: a Stateful or dict of JSON (``trainer_state.json``); ``rng``: this rank's
+        RNG states (``rng_rank<r>.json``; default :class:`RNGState`). Raises :class:`SaveError` (the
+        partial folder removed, older checkpoints untouched)."""
         rank, world = rank_world()
+        state = {k: resolve(v) for k, v in state.items()}
         final = self.root / f"step_{step:08d}"
         tmp = self.root / f".tmp-step_{step:08d}"
         bad = all_lines(nonfinite_names(state, limit=4))  # every rank checks its shards; all decide together
@@ -93,9 +98,10 @@ class Checkpointer:
         with removed_on_failure(tmp if rank == 0 else None):  # SIGTERM / Ctrl-C mid-save: no partial folder left
             if all_ok(err is None):
                 try:
-                    extra = {f"rng_rank{rank}.json": json.dumps(rng_state()).encode()}
+                    extra = {f"rng_rank{rank}.json": json.dumps(resolve(rng or RNGState())).encode()}
                     if rank == 0:
-                        extra[TRAINER_STATE] = json.dumps({**trainer_state, "world_size": world}, indent=1, allow_nan=False).encode()
+                        ts = {**resolve(trainer_state), "world_size": world}
+                        extra[TRAINER_STATE] = json.dumps(ts, indent=1, allow_nan=False).encode()
                     with quiet():
                         dcp.save(tensors_only(state), storage_writer=SafetensorsWriter(tmp, rank, extra))
                 except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
@@ -122,10 +128,13 @@ class Checkpointer:
         barrier()
         return final
 
-    def load(self, path: str | os.PathLike, state: dict) -> dict:
-        """Load tensors into ``state`` in place (resharded to this run's layout) and restore this
-        rank's RNG; returns trainer_state. Verifies the files first unless :meth:`latest` just did."""
+    def load(self, path: str | os.PathLike, state: Mapping[str, Any], trainer_state: Any = None, rng: Any = None) -> dict:
+        """Load the tensors of ``state`` (as for :meth:`save`) in place, resharded to this run's
+        layout, then hand each ``Stateful`` its state; restore this rank's RNG (``rng``, default
+        :class:`RNGState`) when the checkpoint has as many ranks; give ``trainer_state`` (a Stateful)
+        its state. Returns trainer_state's JSON. Verifies the files first unless :meth:`latest` just did."""
         path = Path(path)
+        parts = {k: resolve(v) for k, v in state.items()}
         rank, world = rank_world()
         if self._verified is not None and self._verified[0] == path:
             idx = self._verified[1]
@@ -139,21 +148,26 @@ class Checkpointer:
         files = read_manifests(path, idx)
         try:
             with quiet():
-                dcp.load(tensors_only(state), storage_reader=SafetensorsReader(path, idx))
+                dcp.load(tensors_only(parts), storage_reader=SafetensorsReader(path, idx))
         except (Exception, CheckpointException) as e:
             if interruption(e) is not None:  # DCP wrapped a Ctrl-C / SIGTERM: go on up as that
                 raise interruption(e) from None
             raise CheckpointError(f"cannot load checkpoint {path}: {cause(e)}") from None
         try:
-            trainer_state = json.loads(read_member(path, TRAINER_STATE, files[TRAINER_STATE]))
-            if not isinstance(trainer_state, dict) or not isinstance(trainer_state.get("step"), int):
+            ts = json.loads(read_member(path, TRAINER_STATE, files[TRAINER_STATE]))
+            if not isinstance(ts, dict) or not isinstance(ts.get("step"), int):
                 raise CorruptFile(path / TRAINER_STATE, "no step number")
+            for key, part in state.items():
+                if not isinstance(part, dict):
+                    part.load_state_dict(parts[key])
+            if trainer_state is not None:
+                trainer_state.load_state_dict(ts)
             rng_file = f"rng_rank{rank}.json"
-            if rng_file in files and trainer_state.get("world_size", 1) == world:
-                set_rng_state(json.loads(read_member(path, rng_file, files[rng_file])))
+            if rng_file in files and ts.get("world_size", 1) == world:
+                (rng or RNGState()).load_state_dict(json.loads(read_member(path, rng_file, files[rng_file])))
         except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
             raise CheckpointError(f"cannot load checkpoint {path}: {cause(e)}") from None
-        return trainer_state
+        return ts
 
 
 def _fsync_dir(path: Path) -> None:

@@ -1,6 +1,14 @@
 """What goes into a checkpoint: tensors (non-tensor leaves are not stored: a checkpoint holds tensors
 and JSON only), checked finite before they are written, the trainer's state as JSON
-(``trainer_state.json``) and each rank's RNG states as JSON (``rng_rank<r>.json``)."""
+(``trainer_state.json``) and each rank's RNG states as JSON (``rng_rank<r>.json``).
+
+A checkpoint is assembled from components that implement PyTorch DCP's ``Stateful`` protocol
+(``torch.distributed.checkpoint.stateful``: ``state_dict()`` / ``load_state_dict(sd)``), as
+torchtitan's checkpoint manager owns a run's state: :class:`ModelState` and :class:`OptimizerState`
+(through DCP's ``get_/set_model_state_dict``, which reshard), the EMA, the trainer's counters with
+the data position, and :class:`RNGState`. The checkpointer calls ``state_dict()`` on save and, after
+DCP has loaded the tensors in place, ``load_state_dict`` on load.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,7 @@ import random
 from typing import Any
 
 import torch
+from torch import nn
 
 from .finite import finite_flags
 from .integrity import CheckpointError
@@ -64,6 +73,56 @@ def tensors_only(tree: Any) -> Any:
     return tree if isinstance(tree, torch.Tensor) else None
 
 
+def resolve(part: Any) -> Any:
+    """A component's state: ``part.state_dict()`` of a ``Stateful``, a plain dict as it is."""
+    return part if isinstance(part, dict) else part.state_dict()
+
+
+# ------------------------------------------------------------------------------------- components
+class ModelState:
+    """``Stateful`` of a (possibly sharded) model: its sharded state dict (DCP reshards on load)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def state_dict(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, sd: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.model, sd)
+
+
+class OptimizerState:
+    """``Stateful`` of an optimizer of ``model``: its state keyed by parameter names (DCP reshards)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, sd: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, sd)
+
+
+class RNGState:
+    """``Stateful`` of this process's random number generators (torch, CUDA, Python, NumPy), as JSON."""
+
+    def state_dict(self) -> dict:
+        return rng_state()
+
+    def load_state_dict(self, sd: dict) -> None:
+        set_rng_state(sd)
+
+
 # ------------------------------------------------------------------------------------- RNG as JSON
 def _b64(t: torch.Tensor) -> str:
     return base64.b64encode(t.cpu().numpy().tobytes()).decode()
@@ -100,4 +159,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(_unb64(state["cuda"]))
 
 
-__all__ = ["NonFiniteWeights", "TRAINER_STATE", "nonfinite_names", "rng_state", "set_rng_state", "some_names", "tensors_only"]
+__all__ = [
+    "ModelState", "NonFiniteWeights", "OptimizerState", "RNGState", "TRAINER_STATE", "nonfinite_names", "resolve",
+    "rng_state", "set_rng_state", "some_names", "tensors_only",
+]  # fmt: skip

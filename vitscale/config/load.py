@@ -21,7 +21,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..safe_yaml import YAMLLimitError, load_yaml, read_yaml
-from .schema import Config
+from .schema import Config, config_class
 
 
 # ---------------------------------------------------------------------------------------- finding
@@ -115,7 +115,7 @@ def _suggest(path: str, valid_here: list[str], prefix: str) -> str:
     close = difflib.get_close_matches(leaf, valid_here, n=1, cutoff=0.6)
     if close:
         return f"; did you mean {prefix + close[0]!r}?"
-    everything = _all_keys(Config)
+    everything = _all_keys(config_class())
     by_leaf = [k for k in everything if k.rsplit(".", 1)[-1] == leaf]
     if by_leaf:
         return f"; did you mean {by_leaf[0]!r}?"
@@ -153,6 +153,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             return value
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        if hasattr(tp, "kind_config"):  # an entry whose fields depend on its kind (an evaluator of ``evals``)
+            try:
+                tp = tp.kind_config(value.get("kind"))
+            except ConfigError as e:
+                raise ConfigError(f"{path}.{e}") from None
         return _build(tp, value, path + ".")
     if origin in (tuple, list):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and args and args[-1] is Ellipsis:
@@ -255,10 +260,43 @@ def _route_model_keys(tree: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------- public
+def replace_fields(obj: Any, changes: dict, prefix: str = "") -> Any:
+    """The config dataclass ``obj`` with ``changes`` (a mapping of its fields, nested groups as
+    mappings) applied and checked as the loader checks a YAML's: unknown keys and wrong types refused,
+    naming ``prefix`` + the key."""
+    return _build(type(obj), _merge(config_to_dict(obj), changes), prefix)
+
+
+def eval_entries(items: list[dict], key: str = "evals") -> tuple:
+    """``evals:`` entries (mappings, as in a YAML) as their evaluators' typed configs, checked: each
+    named (``name`` left out: its evaluator's default prefix), no two under one name."""
+    from vitscale.eval.evaluator import EvaluatorConfig
+
+    return _named(_coerce(list(items), tuple[EvaluatorConfig, ...], key), key)
+
+
+def _named(entries: tuple, key: str) -> tuple:
+    from vitscale.eval.evaluator import check_entries, metric_prefix
+
+    entries = tuple(dataclasses.replace(e, name=metric_prefix(e)) for e in entries)
+    check_entries(entries, key)
+    return entries
+
+
+def _check_evals(cfg: Config) -> None:
+    """``evals`` entries named and under distinct names; each entry's ``data`` changes are ``data.*``
+    settings."""
+    cfg.evals = _named(cfg.evals, "evals")
+    for i, entry in enumerate(cfg.evals):
+        if entry.data:
+            replace_fields(cfg.data, entry.data, f"evals[{i}].data.")
+
+
 def config_from_dict(tree: dict) -> Config:
     tree = _merge({}, tree)
     _route_model_keys(tree)
-    cfg = _build(Config, tree)
+    cfg = _build(config_class(), tree)
+    _check_evals(cfg)
     # Validates the model overrides' values (types and the variant's own checks) before anything runs.
     from vitscale.models.registry import get_model_config
 
@@ -299,26 +337,18 @@ def config_to_dict(cfg: Any) -> dict:
     return plain(cfg)
 
 
-# Groups that only some tasks read (train.task, else the model family's task): a run's config.yaml
-# leaves them out for the other tasks.
-TASK_GROUPS: dict[str, tuple[str, ...]] = {
-    "clip": ("contrastive",),
-    "token_label": ("token_labeling",),
-    "teacher": ("token_labeling",),
-}
-
-
 def run_config_dict(cfg: Config) -> dict:
     """The config as a run's ``config.yaml`` holds it: :func:`config_to_dict` without the groups its
-    task does not read (``TASK_GROUPS``: no ``clip`` group in a ViT classification run) and the
+    task does not read (the other tasks' ``config_groups``: no ``clip`` group in a ViT classification run) and the
     ``data`` fields its format does not read (``vitscale.data.config.FORMAT_FIELDS``). Loading it
     back gives the defaults there, which the run never read: the same run."""
     from vitscale.data.config import FORMAT_FIELDS
     from vitscale.models.registry import get_family
+    from vitscale.tasks import task_groups
 
     tree = config_to_dict(cfg)
     task = cfg.train.task or get_family(cfg.model.name).task
-    for group, tasks in TASK_GROUPS.items():
+    for group, (_, tasks) in task_groups().items():
         if task not in tasks:
             tree.pop(group, None)
     for key, formats in FORMAT_FIELDS.items():

@@ -54,7 +54,7 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     preprocessing constants, tokenizer settings and class names.
     """
     from vitscale.checkpoint import load_model_weights, read_weights
-    from vitscale.config import Config, load_config
+    from vitscale.config import config_class, load_config
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.models.registry import get_family
     from vitscale.run import build_model, head_classes, model_overrides
@@ -72,7 +72,7 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
 
         check_links(folder)
     cfg_path = config or (str(folder / "config.yaml") if (folder / "config.yaml").is_file() else None)
-    cfg = load_config(cfg_path) if cfg_path else Config()
+    cfg = load_config(cfg_path) if cfg_path else config_class()()
     config_from = str(cfg_path) if cfg_path else "defaults"
 
     weights_file = p if p.is_file() else folder / ("model_ema.safetensors" if ema else "model.safetensors")

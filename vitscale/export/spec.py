@@ -54,17 +54,39 @@ def preprocess_spec(source) -> dict:
     }
 
 
+def _data_class_names(cfg) -> list[str] | None:
+    """The class names of a run's data, read without its images."""
+    d = cfg.data
+    if d.format == "digits":
+        from vitscale.data.digits import CLASS_NAMES
+
+        return list(CLASS_NAMES)
+    if d.format == "imagefolder" and d.train_path:
+        from vitscale.data.imagefolder import find_classes
+
+        return list(find_classes(d.train_path))
+    if d.format == "synthetic":
+        return [str(i) for i in range(d.num_classes or 1000)]
+    if d.format in ("webdataset", "csv") and d.train_path:
+        from vitscale.data.captions import read_class_names
+
+        return read_class_names(d.train_path)
+    return None
+
+
 def run_class_names(source) -> list[str] | None:
     """The run's readable class names (digits: 'zero' … 'nine'), or None when unknown."""
-    from vitscale.tasks.contrastive import dataset_class_names
+    from vitscale.eval.zeroshot import readable_class_names
 
     if source.config_from == "defaults":
         return None
+    if source.cfg.clip.class_names:
+        return list(source.cfg.clip.class_names)
     try:
-        names = dataset_class_names(source.cfg)
+        names = _data_class_names(source.cfg)
     except (FileNotFoundError, OSError):  # the training images are not on this machine
         return None
-    return list(names) if names else None
+    return readable_class_names(names) if names else None
 
 
 def class_names(source, count: int) -> list[str] | None:

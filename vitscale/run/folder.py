@@ -51,7 +51,7 @@ NEUTRAL = (
     "data.prefetch_across_epochs", "data.max_image_pixels",
     "checkpoint.every", "checkpoint.keep", "checkpoint.path", "checkpoint.init_from", "checkpoint.resume",
     "checkpoint.allow_changes", "checkpoint.export_safetensors",
-    "eval", "log", "parallel", "teacher",
+    "eval", "evals", "log", "parallel", "teacher",
 )  # fmt: skip
 
 
@@ -350,7 +350,7 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
     """The accepted changes of a resume in ``folder``; :class:`ConfigChanged` for refused ones. Only
     when the folder has a checkpoint to resume and a ``config.yaml`` describing it."""
     from ..checkpoint import list_checkpoints
-    from ..config import Config, config_to_dict
+    from ..config import config_class, config_to_dict
     from ..safe_yaml import read_yaml
 
     found = list_checkpoints(folder / "checkpoints")
@@ -371,7 +371,7 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
         raise ConfigChanged(f"{e}, so this resume cannot be checked: restore it, or set another train.output_dir") from None
     if not isinstance(stored, dict):
         raise ConfigChanged(f"{stored_path} is not a config, so this resume cannot be checked: restore it, or set another train.output_dir")
-    changes = config_changes(stored, config_to_dict(cfg), config_to_dict(Config()))
+    changes = config_changes(stored, config_to_dict(cfg), config_to_dict(config_class()()))
     allowed = tuple(cfg.checkpoint.allow_changes)
     refused = [c for c in changes if not _accepted(c[0], allowed)]
     if refused:
@@ -383,6 +383,17 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
             f"continue this one with the changes: checkpoint.allow_changes={keys}"
         )
     return changes
+
+
+def write_config(cfg: Any, folder: Path, before_step: int | None = None) -> None:
+    """The run's ``config.yaml``; ``before_step``: a resume with accepted changes, whose previous
+    config (the one the checkpoints so far were trained with) is kept as ``config.before_step_N.yaml``."""
+    from ..config import save_config
+
+    path = folder / CONFIG_NAME
+    if before_step is not None and path.is_file():
+        path.replace(folder / f"config.before_step_{before_step:08d}.yaml")
+    save_config(cfg, path)
 
 
 def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
@@ -414,5 +425,7 @@ def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
     return Claim(lock=lock, accepted=accepted)
 
 
-__all__ = ["CONFIG_NAME", "Claim", "ConfigChanged", "FolderInUse", "FolderLink", "LOCK_NAME", "NEUTRAL", "RUN_ENTRIES", "RunLock", "check_links", "claim",
-           "config_changes", "open_append"]
+__all__ = [
+    "CONFIG_NAME", "Claim", "ConfigChanged", "FolderInUse", "FolderLink", "LOCK_NAME", "NEUTRAL", "RUN_ENTRIES", "RunLock", "check_links",
+    "claim", "config_changes", "open_append", "write_config",
+]  # fmt: skip

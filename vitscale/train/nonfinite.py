@@ -55,6 +55,27 @@ def prepare_optimizer(optimizer: torch.optim.Optimizer) -> None:
                 optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
 
 
+def apply_update(optimizer: torch.optim.Optimizer, ok: torch.Tensor, *, on_device: bool, ema=None, model=None,
+                 on_skip=None) -> None:  # fmt: skip
+    """The optimizer step (and the EMA's, of ``model``) of a step whose finite flag is ``ok``: on the
+    device through ``found_inf`` when ``on_device`` (fused kernels), else decided on the host, calling
+    ``on_skip()`` for a step not applied (see the module docstring)."""
+    if on_device:  # no host sync
+        optimizer.found_inf = 1.0 - ok
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+        if ema is not None:
+            ema.update(model, ok)
+    elif bool(ok):  # the host decides (free on the CPU; one sync per step on a GPU)
+        optimizer.step()
+        if ema is not None:
+            ema.update(model)
+    elif on_skip is not None:
+        on_skip()
+
+
 class NonFiniteGuard:
     """The per-step finite flag, the device-side counts and the budget check.
 
@@ -117,4 +138,4 @@ class NonFiniteGuard:
             )
 
 
-__all__ = ["NonFiniteError", "NonFiniteGuard", "prepare_optimizer", "skips_on_device"]
+__all__ = ["NonFiniteError", "NonFiniteGuard", "apply_update", "prepare_optimizer", "skips_on_device"]
