@@ -179,6 +179,11 @@ def test_links_inside_a_run_folder_are_refused(finished, tmp_path, capsys, name)
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert rc == 1 and len(err) == 1 and f"{run / name} is a symbolic link" in err[0] and "nothing inside a run folder is followed" in err[0]
     assert {p: p.read_bytes() for p in before} == before and not (run / "run.lock").exists()
+    if name == "config.yaml":  # nor does `vitscale report` show a linked file from elsewhere
+        outside.write_text("secret: do-not-show\n")
+        assert main(["report", str(run)]) == 0
+        page = (run / "report.html").read_text()
+        assert "config.yaml is a symbolic link" in page and "do-not-show" not in page
 
 
 # ------------------------------------------------------------------------------------- 6. degenerate settings
