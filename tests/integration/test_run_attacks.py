@@ -236,7 +236,7 @@ def test_two_runs_at_once_then_sigterm_during_a_save(tmp_path):
     in the middle of the save."""
     run = tmp_path / "run"
     args = ["train", "digits_vit", f"train.output_dir={run}", "train.max_steps=400", "checkpoint.every=1", "checkpoint.keep=1",
-            "model.num_layers=4", "model.hidden_size=256", *TINY[1:]]  # fmt: skip
+            "model.num_layers=2", "model.hidden_size=128", *TINY[1:]]  # fmt: skip
     procs = [subprocess.Popen([sys.executable, "-m", "vitscale", *args], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
     ck, caught = run / "checkpoints", None

@@ -46,10 +46,13 @@ def finite_flags(tensors: list[torch.Tensor]) -> list[bool]:
     accelerator one host read for all of them (plus one per tensor whose sum is not finite)."""
     if not tensors:
         return []
+    plain = [type(t) is torch.Tensor for t in tensors]  # a subclass (torchao's float8 weights) takes the exact test
     if tensors[0].device.type == "cpu":
-        quick = [_cpu_sum_finite(t) for t in tensors]
+        quick = [_cpu_sum_finite(t) if p else False for t, p in zip(tensors, plain)]
     else:
-        quick = torch.isfinite(torch.stack([_sum(t) for t in tensors])).tolist()
+        sums = [_sum(t) for t, p in zip(tensors, plain) if p]
+        flags = iter(torch.isfinite(torch.stack(sums)).tolist() if sums else [])
+        quick = [next(flags) if p else False for p in plain]
     return [True if fine else bool(torch.isfinite(t).all()) for t, fine in zip(tensors, quick)]
 
 

@@ -367,6 +367,10 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     ``load_config(path)``). The one writer of config.yaml."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(dump_config(cfg))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(dump_config(cfg))
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interruption: no temporary file left in the run folder
+        tmp.unlink(missing_ok=True)
+        raise

@@ -159,9 +159,13 @@ class MetricsLogger:
                 except json.JSONDecodeError:
                     pass  # a line cut by a kill
         tmp = self.path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w") as f:
-            f.writelines(keep)
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w") as f:
+                f.writelines(keep)
+            os.replace(tmp, self.path)
+        except BaseException:  # a full disk, an interruption: no temporary file left in the run folder
+            tmp.unlink(missing_ok=True)
+            raise
 
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:
