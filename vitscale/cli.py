@@ -81,17 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from .signals import EXIT_TERMINATED, Terminated, sigterm_raises
     from .tools.env import invoked
 
     debug = bool(args.debug) or debug_enabled()
     joined = _in_process_group()
-    with invoked(argv):  # the command line a run records (summary.json, train.log): sys.argv when argv is None
+    with invoked(argv), sigterm_raises():  # the command line a run records; SIGTERM as an exception
         try:
             rc = int(args.func(args) or 0)
         except Exception as e:  # KeyboardInterrupt too (below); SystemExit passes through
             rc = _report(args.command, e, debug, describe)
         except KeyboardInterrupt as e:
             rc = _report(args.command, e, debug, describe)
+        except Terminated as e:  # everything on the way out has run: partial saves removed, lock released
+            if debug:
+                raise
+            print(f"vitscale {args.command}: {e}", file=sys.stderr)
+            rc = EXIT_TERMINATED
     if not joined and _in_process_group():  # the command joined torchrun's process group: leave it
         from vitscale.distributed import destroy_distributed
 

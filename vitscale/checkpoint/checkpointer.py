@@ -36,9 +36,10 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from .collective import all_lines, all_ok, barrier, cause, quiet, rank_world
+from .collective import all_lines, all_ok, barrier, cause, interruption, quiet, rank_world
 from .discovery import damaged, is_legacy, legacy_error, list_checkpoints, newest_intact
 from .integrity import CheckpointError, CorruptFile
+from .leftovers import remove_leftovers, removed_on_failure
 from .state import (
     TRAINER_STATE,
     NonFiniteWeights,
@@ -63,6 +64,7 @@ class Checkpointer:
     def latest(self) -> Path | None:
         """The newest intact checkpoint (collective: every rank calls it, each checksums its share of
         the files); damaged newer ones are skipped with a warning. None when there is none at all."""
+        remove_leftovers(self.root)  # a save killed outright (SIGKILL) left its .tmp-step_ folder
         found = list_checkpoints(self.root)
         if not found:
             return None
@@ -93,30 +95,35 @@ class Checkpointer:
                 tmp.mkdir()
             except OSError as e:
                 err = e
-        if all_ok(err is None):
-            try:
-                extra = {f"rng_rank{rank}.json": json.dumps(resolve(rng or RNGState())).encode()}
-                if rank == 0:
-                    ts = {**resolve(trainer_state), "world_size": world}
-                    extra[TRAINER_STATE] = json.dumps(ts, indent=1, allow_nan=False).encode()
-                with quiet():
-                    dcp.save(tensors_only(state), storage_writer=SafetensorsWriter(tmp, rank, extra))
-            except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
-                err = e
-            if all_ok(err is None) and rank == 0:
+        with removed_on_failure(tmp if rank == 0 else None):  # SIGTERM / Ctrl-C mid-save: no partial folder left
+            if all_ok(err is None):
                 try:
-                    if final.exists():
-                        shutil.rmtree(final)
-                    os.replace(tmp, final)  # the atomic step: a checkpoint exists only once complete
-                    _fsync_dir(self.root)
-                except OSError as e:
+                    extra = {f"rng_rank{rank}.json": json.dumps(resolve(rng or RNGState())).encode()}
+                    if rank == 0:
+                        ts = {**resolve(trainer_state), "world_size": world}
+                        extra[TRAINER_STATE] = json.dumps(ts, indent=1, allow_nan=False).encode()
+                    with quiet():
+                        dcp.save(tensors_only(state), storage_writer=SafetensorsWriter(tmp, rank, extra))
+                except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
                     err = e
-        if not all_ok(err is None):
-            if rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise SaveError(f"could not save checkpoint {final}: {cause(err)}; its partial files were removed, the older checkpoints in {self.root} are intact")
+                    if interruption(e) is not None:  # DCP wrapped a Ctrl-C / SIGTERM: go on up as that
+                        raise interruption(e) from None
+                if all_ok(err is None) and rank == 0:
+                    try:
+                        if final.is_symlink():  # not the run's own (docs/trust.md): the link goes, its target stays
+                            final.unlink()
+                        elif final.exists():
+                            shutil.rmtree(final)
+                        os.replace(tmp, final)  # the atomic step: a checkpoint exists only once complete
+                        _fsync_dir(self.root)
+                    except OSError as e:
+                        err = e
+            if not all_ok(err is None):
+                if rank == 0:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise SaveError(f"could not save checkpoint {final}: {cause(err)}; its partial files were removed, the older checkpoints in {self.root} are intact")
         if rank == 0:
-            for _, old in list_checkpoints(self.root)[: -self.keep]:
+            for _, old in [f for f in list_checkpoints(self.root) if not f[1].is_symlink()][: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
         barrier()
         return final
@@ -143,6 +150,8 @@ class Checkpointer:
             with quiet():
                 dcp.load(tensors_only(parts), storage_reader=SafetensorsReader(path, idx))
         except (Exception, CheckpointException) as e:
+            if interruption(e) is not None:  # DCP wrapped a Ctrl-C / SIGTERM: go on up as that
+                raise interruption(e) from None
             raise CheckpointError(f"cannot load checkpoint {path}: {cause(e)}") from None
         try:
             ts = json.loads(read_member(path, TRAINER_STATE, files[TRAINER_STATE]))

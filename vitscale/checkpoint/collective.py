@@ -56,6 +56,20 @@ def cause(e: BaseException | None) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
 
 
+def interruption(e: BaseException | None) -> BaseException | None:
+    """The interruption inside a (possibly DCP-wrapped) failure of this rank — Ctrl-C, or a signal
+    turned into an exception (:mod:`vitscale.signals`): anything that is not an ``Exception`` —
+    to be raised as it is, not reported as a failed save. None when there is none."""
+    failures = getattr(e, "failures", None)  # DCP's CheckpointException wraps what its steps raised
+    if isinstance(failures, dict):
+        for exc in failures.values():
+            found = interruption(exc[0] if isinstance(exc, tuple) else exc)
+            if found is not None:
+                return found
+        return None
+    return e if e is not None and not isinstance(e, Exception) and type(e).__name__ != "CheckpointException" else None
+
+
 @contextlib.contextmanager
 def quiet():
     """DCP warns on every single-process save/load that it assumes a single process: it is intended."""
@@ -64,4 +78,4 @@ def quiet():
         yield
 
 
-__all__ = ["all_lines", "all_ok", "barrier", "cause", "quiet", "rank_world"]
+__all__ = ["all_lines", "all_ok", "barrier", "cause", "interruption", "quiet", "rank_world"]

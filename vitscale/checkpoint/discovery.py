@@ -56,9 +56,12 @@ def newest_intact(found: list[tuple[int, Path]], root: Path, *, keys=None, need=
     rank, world = rank_world() if collective else (0, 1)
     bad: list[str] = []
     for _, path in reversed(found):
-        if is_legacy(path):
+        if path.is_symlink():  # docs/trust.md, "Symbolic links": a run folder's checkpoints are its own
+            idx, problems = None, [f"{path}: is a symbolic link (to {os.readlink(path)}); a run's step folders are its own"]
+        elif is_legacy(path):
             raise legacy_error(path)
-        idx, problems = verify(path, keys=keys, share=(rank, world), need=need)
+        else:
+            idx, problems = verify(path, keys=keys, share=(rank, world), need=need)
         if collective:
             problems = all_lines(problems)
         if not problems:
@@ -82,6 +85,8 @@ def find_checkpoint(path: str | os.PathLike, keys: set[str] | None = None) -> tu
             raise damaged(problems)
         return p, idx
     for root in (p, p / "checkpoints"):
+        if root != p and root.is_symlink():  # inside a run folder nothing is followed (docs/trust.md)
+            raise CheckpointError(f"{root} is a symbolic link (to {os.readlink(root)}); a run's checkpoints/ is a folder of its own")
         found = list_checkpoints(root)
         if found:
             return newest_intact(found, root, keys=keys, collective=False)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .finite import finite_flags
 from .integrity import CheckpointError
 
 TRAINER_STATE = "trainer_state.json"
@@ -39,7 +40,8 @@ def _flat_tensors(tree: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]
 
 def nonfinite_names(tree: Any, limit: int = 3) -> list[str]:
     """Names (dotted paths) of the floating tensors in ``tree`` holding a NaN or an infinity, at most
-    ``limit``; a DTensor is checked on this rank's shard. One host read per device."""
+    ``limit``; a DTensor is checked on this rank's shard. One host read per device (sums first:
+    :func:`vitscale.checkpoint.finite.finite_flags`)."""
     from torch.distributed.tensor import DTensor
 
     named = [(n, t.to_local() if isinstance(t, DTensor) else t) for n, t in _flat_tensors(tree)]
@@ -49,7 +51,7 @@ def nonfinite_names(tree: Any, limit: int = 3) -> list[str]:
         by_device.setdefault(t.device, []).append((n, t))
     bad: list[str] = []
     for items in by_device.values():
-        flags = torch.stack([torch.isfinite(t).all() for _, t in items]).tolist()
+        flags = finite_flags([t for _, t in items])
         bad += [n for (n, _), ok in zip(items, flags) if not ok]
     return sorted(bad)[:limit]
 

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..safe_yaml import YAMLLimitError, load_yaml, read_yaml
 from .schema import Config, config_class
 
 
@@ -68,8 +69,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} has an empty key")
     try:
-        value = "" if raw == "" else yaml.safe_load(raw)
-    except yaml.YAMLError:
+        value = "" if raw == "" else load_yaml(raw, f"override {key}")
+    except YAMLLimitError:
+        raise
+    except ConfigError:  # not YAML: the text as it is
         value = raw
     return key.split("."), value
 
@@ -340,8 +343,7 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
     tree: dict = {}
     if name_or_path:
         path = find_config(name_or_path)
-        with open(path) as f:
-            loaded = yaml.safe_load(f) or {}
+        loaded = read_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config groups")
         tree = loaded
@@ -396,6 +398,10 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     ``load_config(path)``). The one writer of config.yaml."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(dump_config(cfg))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(dump_config(cfg))
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interruption: no temporary file left in the run folder
+        tmp.unlink(missing_ok=True)
+        raise

@@ -19,6 +19,7 @@ import torch
 
 from .decode import BadImageError
 from .digits import DIGIT_CAPTION_TEMPLATES
+from .files import read_regular
 from .sources import FileSource, Sample
 from .transforms import Augmented, SampleTransform
 
@@ -64,8 +65,7 @@ class CaptionSource(FileSource):
             f.seek(loc.offset)
             return f.read(loc.size)
         try:
-            with open(loc, "rb") as f:
-                return f.read()
+            return read_regular(loc)  # a FIFO or device: skipped like an undecodable file, never blocks
         except OSError as e:
             raise BadImageError(f"{type(e).__name__}: {e}") from None
 

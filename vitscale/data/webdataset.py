@@ -13,11 +13,15 @@ package's dependencies).
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import tarfile
 
 from .build import register_format
 from .captions import IMAGE_EXTS, CaptionSource, TarMember, read_class_names
+from .files import describe_skipped, split_regular
+
+log = logging.getLogger("vitscale.data")
 
 
 def expand_shards(spec: str) -> list[str]:
@@ -35,6 +39,9 @@ def expand_shards(spec: str) -> list[str]:
             out += sorted(glob.glob(part))
         else:
             out.append(part)
+    out, special = split_regular(out)  # a FIFO named x.tar would block the first read forever
+    if special:
+        log.warning("%s", describe_skipped(f"shards {spec}", special))
     if not out:
         raise FileNotFoundError(f"no .tar shards found for {spec!r}")
     missing = [p for p in out if not os.path.isfile(p)]

@@ -67,6 +67,10 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     if p.is_file() and ema:
         raise ValueError("--ema selects model_ema.safetensors of a run folder; pass that file instead")
     folder = p if p.is_dir() else p.parent
+    if p.is_dir():  # the run folder's own files: nothing inside it is followed (docs/trust.md, "Symbolic links")
+        from vitscale.run.folder import check_links
+
+        check_links(folder)
     cfg_path = config or (str(folder / "config.yaml") if (folder / "config.yaml").is_file() else None)
     cfg = load_config(cfg_path) if cfg_path else config_class()()
     config_from = str(cfg_path) if cfg_path else "defaults"

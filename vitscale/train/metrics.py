@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vitscale.run.folder import open_append
 from vitscale.tools.units import is_percent
 
 # The keys of a training line, in order, with their format; other numbers logged by a task (e.g. CLIP's
@@ -158,9 +159,13 @@ class MetricsLogger:
                 except json.JSONDecodeError:
                     pass  # a line cut by a kill
         tmp = self.path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w") as f:
-            f.writelines(keep)
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w") as f:
+                f.writelines(keep)
+            os.replace(tmp, self.path)
+        except BaseException:  # a full disk, an interruption: no temporary file left in the run folder
+            tmp.unlink(missing_ok=True)
+            raise
 
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:
@@ -170,7 +175,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = strict_json(record)
-        with open(self.path, "a") as f:
+        with open_append(self.path) as f:  # never through a symbolic link (vitscale.run.folder)
             f.write(json.dumps(record, allow_nan=False) + "\n")
         if self.tb is not None:
             for k, v in record.items():

@@ -87,7 +87,7 @@ class NonFiniteGuard:
         self.max_total, self.max_consecutive = max_total, max_consecutive
         self._counts = torch.zeros(3, device=device, dtype=torch.float32)  # total, run, longest
         self._counts[0] = float(start_total)
-        self.checked_total = int(start_total)
+        self.checked_total = self.start_total = int(start_total)
 
     def to(self, device: torch.device) -> NonFiniteGuard:
         self._counts = self._counts.to(device)
@@ -124,6 +124,18 @@ class NonFiniteGuard:
                 f"was applied); {where}. Lower optim.lr, raise schedule.warmup_steps or set train.grad_clip"
             )
         return total
+
+    def require_progress(self, step: int, steps_run: int, checkpoint: str | None) -> None:
+        """Raise :class:`NonFiniteError` when every one of the ``steps_run`` steps of this run was
+        non-finite (none applied), whatever the budgets allow: such a run trained nothing and must not
+        end as a success (nor export its untouched weights). A sync point: call it once, at the end."""
+        total = self.check(step, checkpoint)
+        if steps_run > 0 and total - self.start_total >= steps_run:
+            raise NonFiniteError(
+                f"every one of the {steps_run} steps of this run had a non-finite loss or gradient norm, so none was "
+                f"applied and nothing was trained (no weights exported). Check data.mean / data.std and the data, "
+                f"lower optim.lr or set train.grad_clip"
+            )
 
 
 __all__ = ["NonFiniteError", "NonFiniteGuard", "apply_update", "prepare_optimizer", "skips_on_device"]

@@ -123,15 +123,18 @@ def human_summary(summary: dict[str, Any], out: Path, *, config: str | Path, rep
     return "\n".join(lines)
 
 
-def print_end(summary: dict[str, Any], fmt: str, out: Path, *, report: bool, tensorboard: bool, names: tuple[str, ...]) -> None:
+def print_end(summary: dict[str, Any], fmt: str, out: Path, *, report: bool, tensorboard: bool, names: tuple[str, ...],
+              weights: bool | None = None) -> None:  # fmt: skip
     """The end of a run, printed: ``human`` (:func:`human_summary`), ``json`` (summary.json's contents)
-    or ``none``."""
+    or ``none``. ``report`` / ``weights``: whether the run wrote them (``weights=None``: whether the
+    folder holds them); an output that was not written is never listed, even when an older one is there."""
     if fmt == "json":
         print(json.dumps(summary, indent=1), flush=True)
     elif fmt == "human":
-        weights = out / "model.safetensors"
+        path = out / "model.safetensors"
+        listed = path.is_file() if weights is None else weights and path.is_file()
         print(human_summary(summary, out, config=out / "config.yaml", report=report and (out / "report.html").is_file(),
-                            tensorboard=tensorboard, weights=weights if weights.is_file() else None, names=names), flush=True)  # fmt: skip
+                            tensorboard=tensorboard, weights=path if listed else None, names=names), flush=True)  # fmt: skip
 
 
 __all__ = [

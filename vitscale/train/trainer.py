@@ -101,6 +101,7 @@ class Trainer:
         self.init_report = self.checkpoints.init_report
         self.guard = NonFiniteGuard(self.device, tc.max_nonfinite_steps, tc.max_consecutive_nonfinite, self.counters.nonfinite_steps)
         self.tensorboard = False  # whether fit() writes TensorBoard events
+        self.written: dict[str, bool] = {}  # outputs this run wrote at its end ("weights", "report"): the summary lists only those
         if not self.complete:  # a finished run's config.yaml still describes its weights
             self.evals = EvalSchedule(run, self.task, self.autocast)  # loaders and label files read now
             self.flops_per_image = model_flops(run.family, self.model, run.img_size) if cfg.log.flops else None
@@ -212,7 +213,9 @@ class Trainer:
 
     def _finish(self, log: MetricsLogger, start_step: int, wall: float, last_eval: dict) -> dict[str, Any]:
         cfg, skipped = self.cfg, self.counters.all_skipped(self.device)
+        self.guard.require_progress(self.step, self.step - start_step, self.checkpoints.last)  # never exit 0 untrained
         self.checkpoints.export(self.out, self.step, cfg.model.name, self.run.model_overrides)
+        self.written["weights"] = bool(cfg.checkpoint.export_safetensors)
         summary = run_summary(cfg.model.name, self.step, wall=wall, steps_run=self.step - start_step, batch_size=cfg.train.batch_size,
                               skipped_files=skipped, nonfinite_steps=self.guard.checked_total, last_eval=last_eval,
                               resumed_from=self.checkpoints.resumed_from, total_time=time.perf_counter() - self._t_created,
@@ -222,8 +225,7 @@ class Trainer:
             if self.counters.skipped:
                 log.info(f"skipped {self.counters.skipped} undecodable files (see the warnings above)")
             log.log_hparams(flatten(run_config_dict(cfg)), dict(last_eval))
-            if cfg.log.report:
-                try_write_report(self.out)
+            self.written["report"] = bool(cfg.log.report) and try_write_report(self.out) is not None
         return summary
 
     def print_summary(self, summary: dict[str, Any], fmt: str = "human") -> None:
@@ -231,7 +233,9 @@ class Trainer:
         ``json`` (summary.json's contents) or ``none``."""
         if self.is_main:
             names = () if self.complete else tuple(self.evals.names)
-            print_end(summary, fmt, self.out, report=self.cfg.log.report, tensorboard=self.tensorboard, names=names)
+            # what this run wrote at its end; a finished run started again: what its folder holds
+            print_end(summary, fmt, self.out, report=self.written.get("report", self.cfg.log.report), tensorboard=self.tensorboard,
+                      names=names, weights=self.written.get("weights"))  # fmt: skip
 
 
 def train(cfg: Config, *, summary: str = "human") -> dict[str, Any]:
