@@ -82,12 +82,17 @@ class ValueError_(Evaluator):
         return {"mse": se / n, "mae": ae / n}
 
 
-register_task(DigitValue)
-register_evaluator("value_error", ValueError_)
+def register() -> None:
+    """What a plug-in module does at import (here in a function, so that pytest's own process, which
+    imports every test file, keeps its registries as they are: see the fixture below)."""
+    register_task(DigitValue)
+    register_evaluator("value_error", ValueError_)
+
 
 HERE = Path(__file__).resolve().parent
-# The CLI in a fresh process that has imported this file (its import registers the task).
-CLI = "import sys; sys.path.insert(0, sys.argv.pop(1)); import test_new_task; from vitscale.cli import main; sys.exit(main(sys.argv[1:]))"
+# The CLI in a fresh process that has imported this file and registered the task.
+CLI = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import test_new_task; test_new_task.register(); "
+       "from vitscale.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
 
 
 def vitscale(*argv: str) -> subprocess.CompletedProcess:
@@ -95,7 +100,7 @@ def vitscale(*argv: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ), timeout=300)  # fmt: skip
 
 
-def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys):
+def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     config = tmp_path / "regress.yaml"
     config.write_text(yaml.safe_dump({
@@ -122,8 +127,14 @@ def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys):
     assert ev.returncode == 0, ev.stderr
     assert json.loads(ev.stdout)["val_mse"] == summary["val_mse"]
 
-    # vitscale bench times the task's own loss (in this process, where the task is registered)
+    # vitscale bench times the task's own loss (in this process, the task registered for this test only)
     from vitscale.cli import main
+    from vitscale.eval import evaluator
+    from vitscale.tasks import base
+
+    monkeypatch.setattr(base, "_TASKS", dict(base._TASKS))
+    monkeypatch.setattr(evaluator, "_EVALUATORS", dict(evaluator._EVALUATORS))
+    register()
 
     out = tmp_path / "bench.json"
     argv = ["bench", "vit_debug", "--task", "digit_value", "--device", "cpu", "--batch-size", "4", "--steps", "1",
