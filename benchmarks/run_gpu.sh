@@ -26,7 +26,7 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-900}
 RESULTS=benchmarks/results
 DRY=0
 GROUPS_WANTED=()
-ALL_GROUPS="train infer clip micro sdpa volo_d1 volo_d5 volo_micro data block22b fp8_l16 fp8_h14 fp8_g14 fp8_curve_h14 fp8_curve_g14 cudagraphs maxbatch_small maxbatch_large"
+ALL_GROUPS="train infer clip micro sdpa volo_d1 volo_d5 volo_micro data block22b fp8_l16 fp8_h14 fp8_g14 fp8_curve_h14 fp8_curve_g14 cudagraphs maxbatch_small maxbatch_large naflex"
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
@@ -229,6 +229,15 @@ if want maxbatch_small; then
 fi
 if want maxbatch_large; then
   run "max_batch_large_${GPU}_${MONTH}" benchmarks/max_batch.py --models vit_h14 vit_g14 --ac none full
+fi
+
+# NaFlex masked attention (issue 28): SDPA with a boolean key mask vs compiled FlexAttention with a
+# block mask, B/16 heads, 576-token sequences (a 24x24 grid), 0-50% padding each (25% on average), bf16.
+if want naflex; then
+  for mode in train infer; do
+    run "naflex_attention_${mode}_${GPU}_${MONTH}" benchmarks/naflex_attention.py --model naflex_b16_gap --device cuda \
+      --dtype bfloat16 --mode "$mode" --batch-size 64 --seq 576 --steps 50 --rounds 10 --no-eager-flex
+  done
 fi
 
 if [[ $DRY -eq 1 ]]; then

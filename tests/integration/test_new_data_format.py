@@ -55,16 +55,20 @@ def npz_check(cfg):
             raise CheckError(f"data.{field}={path}: no such .npz file")
 
 
-register_format(DataFormat(
-    "npz", npz_split, options=NpzOptions, check=npz_check, detect=lambda path: path.endswith(".npz"),
-    summary="arrays of uint8 images and labels in a .npz file",
-))  # fmt: skip
+def register() -> None:
+    """Make ``data.format=npz`` known (a format module does this at import; here the CLI's process and
+    the test call it, so the format does not leak into the registry of pytest's own process, which
+    imports every test file)."""
+    register_format(DataFormat(
+        "npz", npz_split, options=NpzOptions, check=npz_check, detect=lambda path: path.endswith(".npz"),
+        summary="arrays of uint8 images and labels in a .npz file",
+    ))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ the test
 HERE = Path(__file__).resolve().parent
-# The CLI in a fresh process that has imported this file (its import registers the format).
-CLI = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import test_new_data_format; "
+# The CLI in a fresh process that has imported this file and registered the format.
+CLI = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import test_new_data_format; test_new_data_format.register(); "
        "from vitscale.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
 SHORT = ["train.max_steps=60", "train.epochs=0", "train.batch_size=32", "model.num_layers=1", "eval.every=0",
          "train.log_every=30", "log.progress=none", "log.report=false", "checkpoint.export_safetensors=false"]  # fmt: skip
@@ -75,8 +79,12 @@ def vitscale(*argv: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ), timeout=300)  # fmt: skip
 
 
-def test_a_format_declared_in_one_file_trains_inspects_and_checks(tmp_path, capsys):
+def test_a_format_declared_in_one_file_trains_inspects_and_checks(tmp_path, capsys, monkeypatch):
+    from vitscale.data import formats
     from vitscale.data.digits import load_digits_split
+
+    monkeypatch.setitem(formats._FORMATS, "npz", None)  # the test's format is unregistered when it ends
+    register()
 
     for split in ("train", "val"):
         images, labels = load_digits_split(split, num_channels=1)

@@ -11,6 +11,7 @@ import torch
 from vitscale.data.build import build_loaders
 from vitscale.data.captions import write_digits_captions
 from vitscale.data.config import DataConfig
+from vitscale.models.registry import get_family
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +24,9 @@ def shards(tmp_path_factory):
 def _loader(shards, *, rank=0, world=1, workers=0, micro=32, drop_last=True, path=None, **kw):
     cfg = DataConfig(format="webdataset", train_path=str(path or shards / "train"), webdataset_mode="stream",
                      num_workers=workers, shuffle_buffer=64, **kw)  # fmt: skip
-    return build_loaders(cfg, img_size=(16, 16), num_channels=1, seed=3, micro_batch_size=micro,
-                         eval_batch_size=64, rank=rank, world_size=world, drop_last=drop_last).train  # fmt: skip
+    return build_loaders(cfg, img_size=(16, 16), num_channels=1, seed=3, micro_batch_size=micro, eval_batch_size=64,
+                         rank=rank, world_size=world, drop_last=drop_last,
+                         tokenize=get_family("clip").create_tokenizer(77)).train  # as the run assembly hands it over
 
 
 def _epoch(loader):

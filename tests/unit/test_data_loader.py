@@ -155,9 +155,11 @@ def test_break_and_continue_with_persistent_workers():
         _same(x, y)
 
 
-def test_plugin_format_with_extra_fields():
-    from vitscale.data import DataFormat, Split, register_format
+def test_plugin_format_with_extra_fields(monkeypatch):
+    from vitscale.data import DataFormat, Split, formats, register_format
     from vitscale.data.sources import SyntheticSource
+
+    monkeypatch.setitem(formats._FORMATS, "captioned_test", None)  # the test's format is unregistered when it ends
 
     class Captioned(SyntheticSource):
         def sample(self, index, epoch, tf):

@@ -70,10 +70,13 @@ def _convert(args) -> int:
     return 0
 
 
+HELP = "dataset utilities: the digits as files, inspect a dataset, convert between formats"
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "data",
-        help="dataset utilities: the digits as files, inspect a dataset, convert between formats",
+        help=HELP,
         description="Dataset utilities. `vitscale data digits OUT_DIR` writes scikit-learn's handwritten "
         "digits (fixed 1,497/300 split) as OUT_DIR/{train,val}/<class>/*.png; `vitscale data inspect PATH` "
         "reports what a dataset of any format holds; `vitscale data convert SRC OUT --to webdataset|parquet` "

@@ -5,24 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 
+HELP = "list the model zoo"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "models",
-        help="list the model zoo",
+        help=HELP,
         description="Print every registered model: parameters (counted on the meta device, nothing is "
-        "allocated), forward GFLOPs per sample (2 FLOPs per multiply-add, attention included; CLIP: image + text "
-        "tower), image size, patch.",
+        "allocated), forward GFLOPs per sample as inference runs it (2 FLOPs per multiply-add, attention "
+        "included; CLIP: image + text tower; the count behind MFU, see docs/benchmarks.md), image size, patch.",
     )
     p.add_argument("pattern", nargs="?", default=None, help="glob filter, e.g. 'vit_*'")
-    p.add_argument("--family", default=None, help="only this family (vit, clip, volo)")
+    p.add_argument("--family", default=None, help="only this family (vit, clip, volo, naflex)")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     p.set_defaults(func=run)
 
 
 def model_rows(pattern: str | None = None, family: str | None = None) -> list[dict]:
-    from ..models.registry import create_model, get_family, list_models
-    from ..tools.flops import flops
+    from ..models.registry import create_model, forward_flops, get_family, list_models
 
     rows = []
     for name in list_models(pattern, family):
@@ -32,7 +33,7 @@ def model_rows(pattern: str | None = None, family: str | None = None) -> list[di
         cfg = fam.variants[name]
         img, patch = cfg.img_h, cfg.patch_dim  # CLIP: its vision tower's
         try:
-            gflops = flops(model) / 1e9
+            gflops = forward_flops(model) / 1e9
         except (TypeError, NotImplementedError):
             gflops = None
         rows.append(dict(name=name, family=fam.name, params_m=n / 1e6, gflops=gflops, img_size=img, patch=patch))
@@ -45,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             print(json.dumps(r))
         return 0
-    print(f"{'model':<16}{'family':<8}{'params (M)':>12}{'GFLOPs':>11}{'image':>8}{'patch':>7}")
+    w = max([16, *(len(r["name"]) + 2 for r in rows)])  # the longest name still leaves a gap
+    print(f"{'model':<{w}}{'family':<8}{'params (M)':>12}{'GFLOPs':>11}{'image':>8}{'patch':>7}")
     for r in rows:
         gf = f"{r['gflops']:.2f}" if r["gflops"] is not None else "-"
-        print(f"{r['name']:<16}{r['family']:<8}{r['params_m']:>12.2f}{gf:>11}{r['img_size']!s:>8}{r['patch']!s:>7}")
+        print(f"{r['name']:<{w}}{r['family']:<8}{r['params_m']:>12.2f}{gf:>11}{r['img_size']!s:>8}{r['patch']!s:>7}")
     return 0

@@ -7,6 +7,7 @@ else is shared: keyed sampling and augmentation, sharding over ranks, resume, ba
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -66,6 +67,7 @@ def build_loader(
     device: torch.device | str | None = None,
     classes: list[str] | None = None,
     reporter: BadFileReporter | None = None,
+    tokenize: Callable[[list[str]], torch.Tensor] | None = None,
 ) -> SplitLoader | None:
     """This rank's loader of ``split`` (``train`` / ``val``) of the data ``cfg_data`` points at (any
     format and path), or None when the dataset has no such split.
@@ -73,7 +75,10 @@ def build_loader(
     ``augment``: shuffled keyed epochs with the training augmentation, ``batch_size`` images per rank
     (``drop_last``); otherwise the split in order, unaugmented, in whole batches of ``batch_size`` dealt
     to the ranks (:class:`EvalShardSampler`). ``classes``: the class names the labels must be mapped
-    to (a trained model's, or the training split's), None to take the split's own.
+    to (a trained model's, or the training split's), None to take the split's own. ``tokenize``: texts
+    -> token ids ``(N, L)``, the model family's tokenizer (``FamilySpec.create_tokenizer``, handed over
+    by the run assembly): a format with captions puts the ids in ``batch["text"]``; None = no caption
+    tokens (a run that reads no text).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -81,7 +86,8 @@ def build_loader(
     if fmt.check is not None:
         fmt.check(cfg_data)
     size = _size(cfg_data, img_size)
-    data = fmt.split(cfg_data, split, img_size=size, num_channels=num_channels, seed=seed, classes=classes)
+    text = {"tokenize": tokenize} if fmt.captions else {}
+    data = fmt.split(cfg_data, split, img_size=size, num_channels=num_channels, seed=seed, classes=classes, **text)
     if data is None or (not hasattr(data.source, "build_loader") and len(data.source) == 0):
         return None
     reporter = reporter or BadFileReporter()
@@ -121,6 +127,7 @@ def build_loaders(
     device: torch.device | str | None = None,
     train_augment: bool = True,
     classes: list[str] | None = None,
+    tokenize: Callable[[list[str]], torch.Tensor] | None = None,
 ) -> Loaders:
     """Build this rank's train and val loaders (:func:`build_loader` of each split).
 
@@ -130,11 +137,12 @@ def build_loaders(
     normalised there (uint8 crosses the host->device copy). ``train_augment=False`` reads the train
     split like val: in order, unaugmented, ``micro_batch_size`` images a batch (``label-tokens``,
     probes; a streaming source: in stream order). ``classes``: a trained model's class names, which
-    the labels of both splits are mapped to (None: the training split's).
+    the labels of both splits are mapped to (None: the training split's). ``tokenize``: the model
+    family's tokenizer for formats with captions (see :func:`build_loader`).
     """
     reporter = BadFileReporter()  # shared by train and val: one warning per bad file per run
     common = dict(img_size=img_size, num_channels=num_channels, seed=seed, rank=rank, world_size=world_size,
-                  device=device, reporter=reporter)  # fmt: skip
+                  device=device, reporter=reporter, tokenize=tokenize)  # fmt: skip
     train = build_loader(cfg_data, "train", batch_size=micro_batch_size, augment=train_augment, drop_last=drop_last,
                          classes=classes, **common)  # fmt: skip
     if train is None:

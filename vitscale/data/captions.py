@@ -3,13 +3,14 @@ the digits as captioned shards (``vitscale data digits-captions``).
 
 :class:`CaptionSource` is the image-file source of the classification pipeline (keyed sampling and
 augmentation, resumable loader, bad-sample replacement and counting) for samples of shards and
-caption files: with captions, its samples carry ``extra["text"]``, the caption's token ids, which the
-loader stacks into ``batch["text"]`` (B, L); with keys, ``extra["key"]`` (the sample's key, by which
-token labels are found). An undecodable image, a missing image or, in a captioned dataset, a
-missing / empty caption makes a sample bad: it is replaced by the next good one (training) or left
-out (evaluation) and counted in ``batch["skipped"]``, exactly like an undecodable file in
-classification. Formats: ``vitscale.data.webdataset`` (tar shards) and ``vitscale.data.csv`` (CSV /
-TSV of image path + caption). :func:`caption_tokenizer` is the one place captions are tokenized.
+caption files: with captions and a tokenizer (``tokenize``: the model family's, handed to
+``build_loader`` by the run assembly), its samples carry ``extra["text"]``, the caption's token ids,
+which the loader stacks into ``batch["text"]`` (B, L); with keys, ``extra["key"]`` (the sample's key,
+by which token labels are found). An undecodable image, a missing image or, when captions are
+tokenized, a missing / empty caption makes a sample bad: it is replaced by the next good one
+(training) or left out (evaluation) and counted in ``batch["skipped"]``, exactly like an undecodable
+file in classification. Formats: ``vitscale.data.webdataset`` (tar shards) and ``vitscale.data.csv``
+(CSV / TSV of image path + caption).
 """
 
 from __future__ import annotations
@@ -21,17 +22,11 @@ import torch
 from .classes import CLASSNAMES_FILE, read_class_names
 from .decode import BadImageError
 from .digits import DIGIT_CAPTION_TEMPLATES
+from .files import read_regular
 from .remote import open_file
 from .sources import FileSource, Sample
 from .tar import IMAGE_EXTS, TarMember
 from .transforms import Augmented, SampleTransform
-
-
-def caption_tokenizer(context_length: int):
-    """The tokenizer of captions: ``tok(list of str) -> long (B, context_length)`` (CLIP's BPE)."""
-    from vitscale.models.clip.tokenizer import create_tokenizer
-
-    return create_tokenizer("clip", context_length=context_length)
 
 
 class CaptionSource(FileSource):
@@ -39,7 +34,7 @@ class CaptionSource(FileSource):
     without captions), a class label (-1 = none) and an optional key per sample."""
 
     def __init__(self, images: list, captions: list[str | None] | None, labels: list[int] | None = None, *,
-                 keys: list[str] | None = None, fast_decode: bool = True, context_length: int = 77):  # fmt: skip
+                 keys: list[str] | None = None, fast_decode: bool = True, tokenize=None):  # fmt: skip
         labels = labels if labels is not None else [-1] * len(images)
         super().__init__(
             [str(p) if p is not None else "<missing image>" for p in images], labels, fast_decode
@@ -47,7 +42,8 @@ class CaptionSource(FileSource):
         self.images = list(images)
         self.captions = list(captions) if captions is not None else None
         self.keys = list(keys) if keys is not None else None
-        self.context_length = context_length
+        # texts -> token ids (N, L): the model family's tokenizer; None (or no captions): no tokens
+        self.tokenize = tokenize if self.captions is not None else None
         self._files: dict[tuple[int, str], object] = {}  # (pid, shard) -> open file, per worker process
 
     def key(self, index: int) -> str:
@@ -71,39 +67,33 @@ class CaptionSource(FileSource):
             f.seek(loc.offset)
             return f.read(loc.size)
         try:
-            with open_file(loc) as f:
-                return f.read()
+            return read_regular(loc)  # a FIFO or device: skipped like an undecodable file, never blocks
         except OSError as e:
             raise BadImageError(f"{type(e).__name__}: {e}") from None
 
     def _load(self, j: int, slot: int, epoch: int, tf: SampleTransform) -> Augmented:
-        if self.captions is not None:
+        if self.tokenize is not None:
             cap = self.captions[j]
             if cap is None or not cap.strip():
                 raise BadImageError("missing or empty caption")
         return tf.decode(self._bytes(j), epoch, slot, fast=self.fast_decode)
 
     def tokens(self, j: int) -> torch.Tensor:
-        return caption_tokenizer(self.context_length)([self.captions[j]])[0]  # (L,)
+        return self.tokenize([self.captions[j]])[0]  # (L,)
 
     def sample(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
         s = super().sample(index, epoch, tf)
         if s.index < 0:  # left out (evaluation): a blank row, but with the batch's fields
-            s.extra = ({"text": torch.zeros(self.context_length, dtype=torch.long)} if self.captions is not None else {}) | (
+            s.extra = ({"text": torch.zeros_like(self.tokenize([""])[0])} if self.tokenize is not None else {}) | (
                 {"key": ""} if self.keys is not None else {})
             return s
         extra = dict(s.extra or {})
-        if self.captions is not None:
+        if self.tokenize is not None:
             extra["text"] = self.tokens(s.index)
         if self.keys is not None:
             extra["key"] = self.keys[s.index]
         s.extra = extra
         return s
-
-
-def class_names_for(cfg_data) -> list[str] | None:
-    """Class names of a caption dataset (its ``classnames.txt``), or None."""
-    return read_class_names(cfg_data.train_path)
 
 
 # ----------------------------------------------------------------------------- digits-captions
@@ -147,4 +137,4 @@ def write_digits_captions(
     return counts
 
 
-__all__ = ["IMAGE_EXTS", "CaptionSource", "TarMember", "caption_tokenizer", "class_names_for", "read_class_names", "write_digits_captions"]
+__all__ = ["IMAGE_EXTS", "CaptionSource", "TarMember", "read_class_names", "write_digits_captions"]

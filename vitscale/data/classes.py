@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import posixpath
 
-from ..errors import CheckError
+from ..errors import CheckError, UserError
+from .files import read_regular
 
 CLASSNAMES_FILE = "classnames.txt"
 
@@ -50,8 +51,7 @@ def _read_small(path: str) -> str | None:
     if "://" not in path:
         if not os.path.isfile(path):
             return None
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        return read_regular(path).decode("utf-8")
     from .remote import RemoteOptions, open_stream
 
     try:
@@ -86,13 +86,21 @@ def classes_from_labels(labels: list[int], where: str, num_classes: int | None =
 
 def write_run_class_names(folder, names: list[str]) -> None:
     """A run's class names (class ``i`` on line ``i``) in its folder: what ``vitscale eval`` maps the
-    evaluation data's labels to and ``vitscale export`` names the outputs with."""
+    evaluation data's labels to and ``vitscale export`` names the outputs with. Written as the run's
+    own file (docs/trust.md, "Symbolic links"): a temporary file opened with ``O_NOFOLLOW`` and renamed
+    over the name (a rename replaces a link there, never writes through it)."""
     from pathlib import Path
 
     path = Path(folder) / CLASSNAMES_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
-    os.replace(tmp, path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        with os.fdopen(os.open(tmp, flags, 0o644), "w", encoding="utf-8") as f:
+            f.write("".join(f"{n}\n" for n in names))
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interruption: no temporary file left in the run folder
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def run_class_names(path) -> list[str] | None:
@@ -106,8 +114,11 @@ def run_class_names(path) -> list[str] | None:
     folder = p if p.is_dir() else p.parent
     for d in (folder, folder.parent, folder.parent.parent):
         f = d / CLASSNAMES_FILE
+        if f.is_symlink() and (d / "config.yaml").is_file():  # inside a run folder nothing is followed
+            raise UserError(f"{f} is a symbolic link (to {os.readlink(f)}): nothing inside a run folder is followed "
+                            f"(its files are its own, docs/trust.md); remove the link")  # fmt: skip
         if f.is_file() and (d / "config.yaml").is_file():
-            return [line.strip() for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+            return [line.strip() for line in read_regular(f).decode("utf-8").splitlines() if line.strip()]
     return None
 
 

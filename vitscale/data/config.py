@@ -9,7 +9,7 @@ as ``cfg.data.<field>``. Field groups that several formats share are declared on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -57,7 +57,7 @@ class DataConfig:
     fast_decode: bool = True
     """JPEG fast path: choose the RandomResizedCrop box first, then decode at the smallest DCT scale
     (1/2, 1/4, 1/8; PIL ``Image.draft``) that still covers the output resolution for that box."""
-    interpolation: str = "bilinear"
+    interpolation: Literal["bilinear", "bicubic"] = "bilinear"
     """Resampling for resized crops and eval resizing: ``bilinear`` or ``bicubic``."""
     rrc_scale: tuple[float, float] = (0.08, 1.0)
     """RandomResizedCrop area range, as fractions of the image area."""

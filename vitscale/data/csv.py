@@ -51,14 +51,15 @@ class CsvOptions(CaptionFields):
     """The field separator; None = tab for ``.tsv`` files, comma otherwise."""
 
 
-def csv_split(cfg, name: str, *, img_size=None, num_channels: int = 3, seed: int = 0, classes=None) -> Split | None:
+def csv_split(cfg, name: str, *, img_size=None, num_channels: int = 3, seed: int = 0, classes=None,
+              tokenize=None) -> Split | None:  # fmt: skip
     if not cfg.train_path and not cfg.val_path:
         raise ValueError("data.format=csv needs data.train_path (a .csv or .tsv file)")
     path = cfg.train_path if name == "train" else cfg.val_path
     if not path:
         return None
     keys = (cfg.csv_img_key, cfg.csv_caption_key, cfg.csv_label_key, cfg.csv_separator)
-    src = CaptionSource(*read_pairs(path, *keys), fast_decode=cfg.fast_decode, context_length=cfg.caption_context_length)
+    src = CaptionSource(*read_pairs(path, *keys), fast_decode=cfg.fast_decode, tokenize=tokenize)
     names = list(classes) if classes is not None else read_class_names(path) or []
     n_cls = len(names) or (max(src.labels) + 1 if max(src.labels, default=-1) >= 0 else 0)
     return Split(src, names or [str(i) for i in range(n_cls)])
@@ -69,7 +70,8 @@ def _detect(path: str) -> bool:
 
 
 FORMAT = register_format(DataFormat(
-    "csv", csv_split, options=CsvOptions, detect=_detect, class_names=lambda cfg: read_class_names(cfg.train_path),
+    "csv", csv_split, options=CsvOptions, captions=True, detect=_detect,
+    class_names=lambda cfg: read_class_names(cfg.train_path),
     summary="a CSV / TSV file of image paths and captions (open_clip's --csv-img-key / --csv-caption-key)",
 ))  # fmt: skip
 

@@ -5,7 +5,9 @@ A format module (``vitscale/data/digits.py``, ``imagefolder.py``, ``synthetic.py
 registers it on import with :func:`register_format`:
 
 - ``split``: the builder, ``split(cfg, name, *, img_size, num_channels, seed, classes) -> Split | None``
-  for ``name`` in ``train`` / ``val`` (None: the dataset has no such split);
+  for ``name`` in ``train`` / ``val`` (None: the dataset has no such split); a format whose samples
+  may carry captions (``captions=True``) also takes ``tokenize=``: the model family's tokenizer
+  (texts -> token ids ``(N, L)``), or None when the run reads no text;
 - ``options``: a dataclass of the format's own ``data.*`` fields, each with a docstring (read as
   ``cfg.data.<field>``, written in YAML and on the command line as ``data.<field>`` like any other);
 - ``check``: cheap up-front checks of a config (a path that cannot be read, a package that is not
@@ -72,6 +74,10 @@ class DataFormat:
     None for the training split itself."""
     options: type | None = None
     """A dataclass of the format's own ``data.*`` fields (defaults and a docstring under each)."""
+    captions: bool = False
+    """Its samples may carry captions: ``split`` also takes ``tokenize=`` (texts -> token ids, the model
+    family's tokenizer handed to ``build_loader``; None = no caption tokens), and its options have
+    ``caption_context_length`` (compose :class:`vitscale.data.config.CaptionFields`)."""
     check: Callable[[Any], None] | None = None
     """``check(cfg)``: up-front checks before any data is read; raise ``CheckError`` (one line)."""
     detect: Callable[[str], bool] | None = None
@@ -91,6 +97,9 @@ def register_format(fmt: DataFormat) -> DataFormat:
         raise TypeError(f"register_format takes a DataFormat, got {type(fmt).__name__}")
     if fmt.options is not None and not dataclasses.is_dataclass(fmt.options):
         raise TypeError(f"data format {fmt.name!r}: options must be a dataclass, got {fmt.options!r}")
+    if fmt.captions and "caption_context_length" not in option_fields(fmt):
+        raise TypeError(f"data format {fmt.name!r} has captions: its options need caption_context_length "
+                        f"(compose vitscale.data.config.CaptionFields)")  # fmt: skip
     _FORMATS[fmt.name] = fmt
     return fmt
 
@@ -108,8 +117,8 @@ def get_format(name: str) -> DataFormat:
     if name in _FORMATS:
         return _FORMATS[name]
     close = difflib.get_close_matches(str(name), format_names(), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(f"unknown data.format {name!r}{hint} (known: {', '.join(format_names())})")
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"unknown data.format {name!r}; {hint}choose one of {', '.join(sorted(format_names()))}")
 
 
 def option_fields(fmt: DataFormat) -> list[str]:

@@ -20,6 +20,7 @@ import os
 from ..errors import CheckError
 from .classes import CLASSNAMES_FILE, read_class_names
 from .config import DataConfig
+from .files import describe_skipped, special_kind
 from .formats import DataFormat, Split, register_format
 from .keyed import STREAM_SPLIT, epoch_permutation
 from .sources import FileSource
@@ -55,8 +56,9 @@ def _key(path: str) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _images(top: str, seen_dirs: set, seen_files: set, repeated: list[str]) -> list[str]:
-    """Image files under ``top`` following folder links, each folder entered and each file listed once."""
+def _images(top: str, seen_dirs: set, seen_files: set, repeated: list[str], special: list | None = None) -> list[str]:
+    """Image files under ``top`` following folder links, each folder entered and each file listed once;
+    entries that are not regular files (a FIFO named ``x.png``) go to ``special``, never opened."""
     found = []
     for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
         keep = []
@@ -77,9 +79,14 @@ def _images(top: str, seen_dirs: set, seen_files: set, repeated: list[str]) -> l
                 continue
             full = os.path.join(dirpath, f)
             try:
-                k = _key(full)
+                st = os.stat(full)  # follows links: the file itself
+                k, kind = (st.st_dev, st.st_ino), special_kind(st.st_mode)
             except OSError:  # a broken link: listed, then reported as undecodable when read
-                k = ("path", full)
+                k, kind = ("path", full), None
+            if kind is not None:
+                if special is not None:
+                    special.append((full, kind))
+                continue
             if k not in seen_files:
                 seen_files.add(k)
                 found.append(full)
@@ -93,10 +100,11 @@ def scan(root: str, class_to_idx: dict[str, int]) -> tuple[list[str], list[int]]
     seen_dirs = {_key(root)} | {_key(os.path.join(root, n)) for n in names}
     seen_files: set = set()
     repeated: list[str] = []
+    special: list[tuple[str, str]] = []
     for name in names:
         if name not in class_to_idx:
             raise ValueError(f"class folder {name!r} in {root!r} is not a training class")
-        found = _images(os.path.join(root, name), seen_dirs, seen_files, repeated)
+        found = _images(os.path.join(root, name), seen_dirs, seen_files, repeated, special)
         paths += found
         labels += [class_to_idx[name]] * len(found)
     if repeated:
@@ -105,6 +113,8 @@ def scan(root: str, class_to_idx: dict[str, int]) -> tuple[list[str], list[int]]
             "image folder %s: %d folder link(s) lead to a folder already read (a symlink loop or a repeated link) and "
             "were skipped, so each file is listed once: %s", root, len(repeated), shown,
         )  # fmt: skip
+    if special:
+        log.warning("%s", describe_skipped(f"image folder {root}", special))
     return paths, labels
 
 

@@ -44,6 +44,7 @@ from .remote import (
     expand,
     local_copy,
     name_of,
+    open_file,
     open_random,
     scheme,
 )
@@ -77,7 +78,7 @@ def _readable(url: str, opts: RemoteOptions):
     """A seekable file of ``url``: local, by range requests (object stores, the Hub), or a local copy
     (http(s), pipe:, which may not serve ranges)."""
     if scheme(url) in ("http", "https", "pipe"):
-        return open(local_copy(url, opts), "rb")  # noqa: SIM115 - the caller closes it
+        return open_file(local_copy(url, opts))
     return open_random(url, opts)
 
 
@@ -212,9 +213,10 @@ class _RowNames:
 class ParquetSource(FileSource):
     """Rows read by index (keyed sampling, bad-image replacement / leaving out, like image files)."""
 
-    def __init__(self, table: Table, cfg, opts: RemoteOptions):
+    def __init__(self, table: Table, cfg, opts: RemoteOptions, tokenize=None):
         self.table, self.image_column, self.opts = table, cfg.image_column, opts
-        self.context_length = cfg.caption_context_length
+        # texts -> token ids (N, L): the model family's tokenizer; None (or no captions): no tokens
+        self.tokenize = tokenize if table.captions is not None else None
         self.starts, total = [], 0
         for _, _, n in table.groups:
             self.starts.append(total)
@@ -257,7 +259,7 @@ class ParquetSource(FileSource):
         return data, ""
 
     def _load(self, j: int, slot: int, epoch: int, tf: SampleTransform) -> Augmented:
-        if self.captions is not None and not (self.captions[j] or "").strip():
+        if self.tokenize is not None and not (self.captions[j] or "").strip():
             raise BadImageError("missing or empty caption")
         try:
             data, _ = self.raw(j)
@@ -269,11 +271,9 @@ class ParquetSource(FileSource):
 
     def sample(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
         s = super().sample(index, epoch, tf)
-        if self.captions is not None:
-            from .captions import caption_tokenizer
-
+        if self.tokenize is not None:
             text = self.captions[s.index] if s.index >= 0 else ""
-            s.extra = dict(s.extra or {}) | {"text": caption_tokenizer(self.context_length)([text or ""])[0]}
+            s.extra = dict(s.extra or {}) | {"text": self.tokenize([text or ""])[0]}
         return s
 
 
@@ -311,7 +311,9 @@ class RowGroupReader(UnitReader):
 
 # ------------------------------------------------------------------------------------------ the format
 def parquet_split(cfg, name: str, *, img_size=None, num_channels: int = 3, seed: int = 0,
-                  classes=None) -> Split | None:  # fmt: skip
+                  classes=None, tokenize=None) -> Split | None:  # fmt: skip
+    """The ``train`` split (streamed or indexed) or the ``val`` split (indexed); ``tokenize``: the model
+    family's tokenizer for the captions (None: none read)."""
     path = cfg.train_path if name == "train" else cfg.val_path
     if not path:
         return None
@@ -323,9 +325,9 @@ def parquet_split(cfg, name: str, *, img_size=None, num_channels: int = 3, seed:
         reader = RowGroupReader(table, cfg, opts)
         n = cfg.samples_per_epoch or sum(r for _, _, r in table.groups)
         src = StreamSource(reader, cfg, samples_per_epoch=n, num_classes=count, captions=table.captions is not None,
-                           exact=not cfg.samples_per_epoch)  # fmt: skip
+                           tokenize=tokenize, exact=not cfg.samples_per_epoch)  # fmt: skip
         return Split(src, table.class_names, info=info)
-    return Split(ParquetSource(table, cfg, opts), table.class_names, info=info)
+    return Split(ParquetSource(table, cfg, opts, tokenize), table.class_names, info=info)
 
 
 def check(cfg) -> None:
@@ -352,7 +354,7 @@ def _detect(path: str) -> bool:
 
 
 FORMAT = register_format(DataFormat(
-    "parquet", parquet_split, options=ParquetOptions, check=check, detect=_detect, class_names=_class_names,
+    "parquet", parquet_split, options=ParquetOptions, captions=True, check=check, detect=_detect, class_names=_class_names,
     summary="Parquet files with an image column (binary or {bytes, path}) and a label or caption column",
 ))  # fmt: skip
 

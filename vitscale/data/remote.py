@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from ..errors import CheckError
+from .files import describe_skipped, open_regular, split_regular
 
 log = logging.getLogger("vitscale.data")
 
@@ -137,9 +138,9 @@ def expand(spec: str, exts: tuple[str, ...], field: str = "data.train_path") -> 
             if kind == "pipe":
                 out.append(item)
             elif kind == "hf" and _hf_offline():
-                out += _list_local(hf_local(item), exts)
+                out += _list_local(hf_local(item), exts, spec)
             elif kind == "file":
-                out += _list_local(local_path(item), exts)
+                out += _list_local(local_path(item), exts, spec)
             else:
                 check_scheme(item, field)
                 out += _list_remote(item, exts)
@@ -148,12 +149,18 @@ def expand(spec: str, exts: tuple[str, ...], field: str = "data.train_path") -> 
     return out
 
 
-def _list_local(path: str, exts: tuple[str, ...]) -> list[str]:
-    if os.path.isdir(path):
-        return sorted(p for p in glob.glob(os.path.join(path, "*")) if p.endswith(exts) and os.path.isfile(p))
-    if any(c in path for c in "*?["):
-        return sorted(glob.glob(path))
-    return [path]
+def _list_local(path: str, exts: tuple[str, ...], spec: str) -> list[str]:
+    folder = os.path.isdir(path)
+    if folder:
+        found = sorted(p for p in glob.glob(os.path.join(path, "*")) if p.endswith(exts) and not os.path.isdir(p))
+    elif any(c in path for c in "*?["):
+        found = sorted(glob.glob(path))
+    else:
+        found = [path]
+    found, special = split_regular(found)  # a FIFO named x.tar would block the first read forever
+    if special:
+        log.warning("%s", describe_skipped(f"data files {spec}", special))
+    return [p for p in found if os.path.isfile(p)] if folder else found  # a folder's broken links: not listed
 
 
 def _list_remote(url: str, exts: tuple[str, ...]) -> list[str]:
@@ -250,8 +257,9 @@ def _http_kwargs(url: str, opts: RemoteOptions) -> dict:
 
 
 def open_file(path: str):
-    """A local data file for reading (the one place a local shard or table is opened)."""
-    return open(path, "rb")  # noqa: SIM115 - the caller closes it
+    """A local data file for reading (the one place a local shard or table is opened): a FIFO, socket
+    or device is refused before a byte is read (:func:`vitscale.data.files.open_regular`), never blocks."""
+    return open_regular(path)
 
 
 class _Raw(io.RawIOBase):

@@ -109,14 +109,14 @@ class StreamDataset(IterableDataset):
 
     def __init__(self, reader: UnitReader, transform: SampleTransform, *, micro_batch_size: int, rank: int,
                  world_size: int, num_workers: int, batches_per_rank: int, resampled: bool, shuffle_buffer: int,
-                 drop_last: bool, fast_decode: bool, num_classes: int, context_length: int | None,
-                 remote: RemoteOptions):  # fmt: skip
+                 drop_last: bool, fast_decode: bool, num_classes: int, tokenize, remote: RemoteOptions):  # fmt: skip
         self.reader, self.transform = reader, transform
         self.micro, self.rank, self.world = micro_batch_size, rank, world_size
         self.num_workers = max(num_workers, 1)
         self.batches_per_rank, self.resampled = batches_per_rank, resampled
         self.shuffle_buffer, self.drop_last, self.fast_decode = shuffle_buffer, drop_last, fast_decode
-        self.num_classes, self.context_length, self.remote = num_classes, context_length, remote
+        # tokenize: texts -> token ids (N, L), the model family's tokenizer; None = no caption tokens
+        self.num_classes, self.tokenize, self.remote = num_classes, tokenize, remote
         self.start, self.through = (0, 0), False  # set by the loader before each iterator is made
         self._failed: list[tuple[str, str]] = []  # units this worker could not read, not reported yet
 
@@ -150,7 +150,7 @@ class StreamDataset(IterableDataset):
 
     def decode(self, raw: dict, epoch: int, slot: int) -> tuple[Augmented, int]:
         """One raw sample -> (augmented uint8 image, label); ``BadSample`` with the reason if bad."""
-        if self.context_length is not None:
+        if self.tokenize is not None:
             cap = raw.get("caption")
             if cap is None or not cap.strip():
                 raise BadSample("missing or empty caption")
@@ -213,10 +213,8 @@ class StreamDataset(IterableDataset):
     def _collate(self, samples: list[dict], epoch: int) -> dict:
         texts = [s.pop("text") for s in samples]
         batch = collate(samples)
-        if self.context_length is not None:
-            from .captions import caption_tokenizer
-
-            batch["text"] = caption_tokenizer(self.context_length)(texts)  # (B, L)
+        if self.tokenize is not None:
+            batch["text"] = self.tokenize(texts)  # (B, L)
         batch["epoch"] = epoch
         batch["bad_shards"] = self._take_failed()
         return batch
@@ -309,10 +307,11 @@ class StreamSource:
     """The train "source" of a stream: builds its own loader (see ``vitscale.data.build_loader``)."""
 
     def __init__(self, reader: UnitReader, cfg, *, samples_per_epoch: int, num_classes: int, captions: bool,
-                 exact: bool = False):  # fmt: skip
+                 tokenize=None, exact: bool = False):  # fmt: skip
         self.reader, self.cfg, self.exact = reader, cfg, exact  # exact: samples_per_epoch is the data's count
         self.samples_per_epoch, self.num_classes, self.captions = samples_per_epoch, num_classes, captions
         self.labels: list[int] = []  # unknown without reading the data
+        self.tokenize = tokenize if captions else None  # the model family's tokenizer (see build_loader)
 
     def __len__(self) -> int:
         return self.samples_per_epoch
@@ -331,20 +330,14 @@ class StreamSource:
         if not cfg.resampled and units < world_size * max(num_workers, 1):
             log.warning("%d shards for %d ranks x %d workers: some workers read nothing (use data.resampled)",
                         units, world_size, max(num_workers, 1))  # fmt: skip
-        context = cfg.caption_context_length if self.captions else None
         ds = StreamDataset(
             self.reader, transform, micro_batch_size=micro_batch_size, rank=rank, world_size=world_size,
             num_workers=num_workers, batches_per_rank=batches, resampled=cfg.resampled,
             shuffle_buffer=cfg.shuffle_buffer if transform.train else 0, drop_last=drop_last,
-            fast_decode=cfg.fast_decode, num_classes=self.num_classes, context_length=context,
+            fast_decode=cfg.fast_decode, num_classes=self.num_classes, tokenize=self.tokenize,
             remote=RemoteOptions.of(cfg),
         )  # fmt: skip
         common.pop("persistent_workers", None)
-        if context is not None:
-            from .captions import caption_tokenizer
-
-            # cached (2 s to build): forked workers inherit it instead of building their own
-            caption_tokenizer(context)
         across = cfg.prefetch_across_epochs and transform.train
         return StreamLoader(ds, num_workers=num_workers, across_epochs=across, **common)
 

@@ -15,6 +15,8 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .files import open_regular
+
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # image members of a sample, in preference order
 CAPTION_EXTS = ("txt", "text", "caption")
 
@@ -140,8 +142,8 @@ def index_shard(path: str, small_exts: tuple[str, ...], url: str = "") -> list[d
     JSON); images are not read. A cut or corrupt shard raises ``tarfile.ReadError``."""
     samples: list[dict] = []
     by_key: dict[str, dict] = {}
-    size = os.path.getsize(path)
-    with tarfile.open(path, "r:") as tf:
+    with open_regular(path) as f, tarfile.open(fileobj=f, mode="r:") as tf:  # a FIFO is refused, never blocks
+        size = os.fstat(f.fileno()).st_size
         for m in tf:
             if not m.isfile():
                 continue

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .files import require_regular
+
 META_FILE = "token_labels.json"
 
 
@@ -168,6 +170,7 @@ class TokenLabelStore:
         self.num_samples, self.grid, self.topk = s["num_samples"], tuple(s["grid"]), s["topk"]
         self.num_classes = self.meta["num_classes"]
         f = _files(self.root, split)
+        require_regular(f.values())  # np.memmap would block forever opening a FIFO
         shape = (self.num_samples, self.topk, *self.grid)
         self.values = np.memmap(f["values"], np.float16, "r", shape=shape)
         self.indices = np.memmap(f["indices"], np.int16, "r", shape=shape)

@@ -67,7 +67,7 @@ def _label(sample: dict, label_key: str) -> int | None:
     return label_of(sample, label_key)
 
 
-def _index(cfg, name: str, path: str, classes, opts: RemoteOptions) -> Split:
+def _index(cfg, name: str, path: str, classes, opts: RemoteOptions, tokenize) -> Split:
     field = _field(name)
     images, captions, labels, keys = [], [], [], []
     missing = None  # (url, key) of the first sample without a label
@@ -99,7 +99,7 @@ def _index(cfg, name: str, path: str, classes, opts: RemoteOptions) -> Split:
     names = names or [str(i) for i in range(count)]
     has_captions = any(c is not None for c in captions)
     src = CaptionSource(images, captions if has_captions else None, labels, keys=keys, fast_decode=cfg.fast_decode,
-                        context_length=cfg.caption_context_length)  # fmt: skip
+                        tokenize=tokenize)  # fmt: skip
     return Split(src, names, info={"shards": len(set(m.shard for m in images if m is not None)),
                                    "members": "image" + (" + caption" if has_captions else "")
                                    + (f" + label ({cfg.label_key})" if labelled else "")})  # fmt: skip
@@ -134,7 +134,7 @@ class ShardReader(UnitReader):
         return out
 
 
-def _stream(cfg, path: str, opts: RemoteOptions) -> Split:
+def _stream(cfg, path: str, opts: RemoteOptions, tokenize) -> Split:
     urls = expand(path, EXTS, "data.train_path")
     reader = ShardReader(urls, cfg.label_key, opts)
     first = _first_shard(reader, urls[0], whole=not cfg.samples_per_epoch)
@@ -150,7 +150,7 @@ def _stream(cfg, path: str, opts: RemoteOptions) -> Split:
     if not cfg.samples_per_epoch:
         log.info("data.samples_per_epoch unset: %d shards x %d samples in the first = %d", len(urls), len(first), n)
     captions = any(r.get("caption") is not None for r in first)
-    src = StreamSource(reader, cfg, samples_per_epoch=n, num_classes=count, captions=captions)
+    src = StreamSource(reader, cfg, samples_per_epoch=n, num_classes=count, captions=captions, tokenize=tokenize)
     return Split(src, names or [str(i) for i in range(count)], info={"shards": len(urls)})
 
 
@@ -168,15 +168,16 @@ def _first_shard(reader: ShardReader, url: str, whole: bool) -> list[dict]:
 
 
 def webdataset_split(cfg, name: str, *, img_size=None, num_channels: int = 3, seed: int = 0,
-                     classes=None) -> Split | None:  # fmt: skip
-    """The ``train`` split (indexed or streamed) or the ``val`` split (always indexed)."""
+                     classes=None, tokenize=None) -> Split | None:  # fmt: skip
+    """The ``train`` split (indexed or streamed) or the ``val`` split (always indexed); ``tokenize``: the
+    model family's tokenizer for the captions (None: none read)."""
     path = cfg.train_path if name == "train" else cfg.val_path
     if not path:
         return None
     opts = RemoteOptions.of(cfg)
     if name == "train" and cfg.webdataset_mode == "stream":
-        return _stream(cfg, path, opts)
-    return _index(cfg, name, path, classes, opts)
+        return _stream(cfg, path, opts, tokenize)
+    return _index(cfg, name, path, classes, opts, tokenize)
 
 
 def check(cfg) -> None:
@@ -199,7 +200,7 @@ def _detect(path: str) -> bool:
 
 
 FORMAT = register_format(DataFormat(
-    "webdataset", webdataset_split, options=WebDatasetOptions, check=check, detect=_detect,
+    "webdataset", webdataset_split, options=WebDatasetOptions, captions=True, check=check, detect=_detect,
     class_names=lambda cfg: read_class_names(cfg.train_path),
     summary="WebDataset tar shards (local, fsspec URLs, pipe:): <key>.<image ext> + .cls / .json / .txt",
 ))  # fmt: skip

@@ -1,8 +1,9 @@
 """The model contract: what every family's model offers, and all that callers may rely on.
 
 A registered family's model class implements :class:`Model` (``tests/unit/test_model_contract.py``
-checks every family). The trainer, the tasks, evaluation, FLOP counting, the bench and
-``label-tokens`` use these members directly — never ``hasattr`` probes. A capability a family lacks
+checks every family). The trainer, the tasks, evaluation, the bench and ``label-tokens`` use these
+members directly — never ``hasattr`` probes. What a family offers besides its model (FLOP count,
+memory model, adapters, tokenizer, serving graphs) its :class:`~vitscale.models.spec.FamilySpec` says. A capability a family lacks
 is declared (``supports_dense = False``) and its method raises ``NotImplementedError`` naming the
 family, as torchtitan's model protocol (``torchtitan/protocols/model.py``) makes every model state
 what it offers.
@@ -55,6 +56,9 @@ class Model(Protocol):
     """Outputs of the classifier; 0 = no classifier (features only)."""
     supports_dense: bool
     """Whether ``model(images, dense=True, mix=...)`` gives per-token class logits (token labeling)."""
+    input_modes: tuple[str, ...]
+    """The inputs the model takes, from :data:`INPUT_MODES` (a class attribute: ask the family's
+    ``model_cls`` before building a model; :func:`check_input_mode` refuses the others in one line)."""
 
     def init_weights(self) -> None:
         """(Re)initialise every parameter and buffer in place; works after ``to_empty()`` and on
@@ -91,11 +95,6 @@ class Model(Protocol):
         """Random inputs of the right shapes for one ``model(*inputs)`` call."""
         ...
 
-    def flops(self, img_size: int | tuple[int, int] | None = None) -> int:
-        """Forward FLOPs of one sample (2 per multiply-add, attention matmuls included) at
-        ``img_size`` (None = the configured size)."""
-        ...
-
     def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
         """The grid ``(gh, gw)`` of the dense per-token logits for images of ``img_hw``."""
         ...
@@ -104,6 +103,37 @@ class Model(Protocol):
         """Class logits ``(B, classes)`` and per-token logits ``(B, gh, gw, classes)``, with MixToken
         ``mix`` applied to the tokens (run it as ``model(x, dense=True, mix=mix)``)."""
         ...
+
+
+INPUT_MODES: dict[str, str] = {
+    "fixed": "images of one size per run (the configured img_h x img_w)",
+    "multi": "images of another size in every batch",
+    "naflex": "NaFlex patch sequences at native aspect ratio (patches, patch_coord, patch_valid)",
+}
+"""Input modes a model may state in ``input_modes``; every model takes ``fixed``. ``multi``: any
+multiple of the patch size, the position embeddings resampled to each batch's grid (data.image_sizes);
+``naflex``: a dict batch of :mod:`vitscale.models.naflex.patches` (data.seq_lens)."""
+
+
+def check_input_mode(model: Any, mode: str, setting: str, name: str | None = None) -> None:
+    """ConfigError naming what the model takes when it cannot take ``mode`` (a key of
+    :data:`INPUT_MODES`) that ``setting`` asks for. ``model``: a model, or its class (a family's
+    ``model_cls``, to ask before building); ``name``: the variant name for the message."""
+    from vitscale.errors import ConfigError
+
+    if mode not in INPUT_MODES:
+        raise ValueError(f"unknown input mode {mode!r}: one of {', '.join(INPUT_MODES)}")
+    cls = model if isinstance(model, type) else type(model)
+    if mode in cls.input_modes:
+        return
+    from .registry import families
+
+    able = sorted(f.name for f in families().values() if mode in f.model_cls.input_modes)
+    what = " or ".join(INPUT_MODES[m] for m in cls.input_modes)
+    raise ConfigError(
+        f"{setting} needs {INPUT_MODES[mode]}, which {name or cls.__name__} ({cls.__name__}) cannot take: it takes "
+        f"{what}; families that can: {', '.join(able) or 'none'}"
+    )
 
 
 def contract_members() -> list[str]:
@@ -119,4 +149,4 @@ def check_model(model: nn.Module) -> None:
         raise TypeError(f"{type(model).__name__} does not implement the model contract: missing {', '.join(missing)}")
 
 
-__all__ = ["Model", "TokenMixLike", "VariantConfig", "check_model", "contract_members"]
+__all__ = ["INPUT_MODES", "Model", "TokenMixLike", "VariantConfig", "check_input_mode", "check_model", "contract_members"]

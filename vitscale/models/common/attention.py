@@ -16,7 +16,16 @@ from .norms import make_norm
 
 
 def sdpa(q, k, v, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False):
-    """Scaled dot-product attention on ``(B, H, N, D)`` tensors (flash / cuDNN / memory-efficient)."""
+    """Scaled dot-product attention on ``(B, H, N, D)`` tensors (flash / cuDNN / memory-efficient).
+
+    ``attn_mask`` is a tensor for ``F.scaled_dot_product_attention`` (boolean: True = attend) or a
+    FlexAttention ``BlockMask`` (:func:`vitscale.models.common.attention_mask.key_padding_mask`), which
+    runs ``flex_attention`` instead. Without a mask the call is ``F.scaled_dot_product_attention``'s alone.
+    """
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):  # a FlexAttention BlockMask
+        from .attention_mask import flex_sdpa
+
+        return flex_sdpa(q, k, v, attn_mask, dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
 
 

@@ -42,13 +42,15 @@ class AttentionPoolHead(nn.Module):
         self.norm = make_norm(dim, norm_eps, norm_bias, device, dtype, norm_type)
         self.mlp = Mlp(dim, mlp_hidden, activation=activation, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens ``(B, N, D)`` -> pooled ``(B, D)``; ``attn_mask`` ``(B, 1, 1, N)`` (True = a real
+        token) keeps padding tokens out of the pool (NaFlex batches)."""
         B, N, _ = x.shape
         q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, -1, self.head_dim).transpose(1, 2)  # (B, H, 1, D)
         kv = self.kv(x).reshape(B, N, -1, 2, self.head_dim)  # (B, N, H, 2, D)
         k, v = kv.permute(3, 0, 2, 1, 4).unbind(0)  # 2 x (B, H, N, D)
         q, k = self.q_norm(q), self.k_norm(k)
-        x = sdpa(q, k, v).transpose(1, 2).reshape(B, 1, -1)  # (B, 1, H*D)
+        x = sdpa(q, k, v, attn_mask=attn_mask).transpose(1, 2).reshape(B, 1, -1)  # (B, 1, H*D)
         x = self.proj(x)
         x = x + self.mlp(self.norm(x))
         return x[:, 0]  # (B, dim)

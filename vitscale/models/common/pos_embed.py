@@ -11,8 +11,10 @@ def resample_pos_embed(
     new_grid: tuple[int, int],
     old_grid: tuple[int, int] | None = None,
     num_prefix_tokens: int = 0,
+    mode: str = "bicubic",
 ) -> torch.Tensor:
-    """Bicubically interpolate learned 1D position embeddings laid on a 2D patch grid.
+    """Interpolate learned 1D position embeddings laid on a 2D patch grid (bicubic, or ``mode``:
+    ``bilinear``; antialiased when shrinking, ``align_corners=False``, as timm).
 
     ``pos_embed`` is ``(1, num_prefix_tokens + gh*gw, D)``; the prefix (class / register token)
     embeddings are kept as they are. Same grid in, same tensor out (identity).
@@ -31,6 +33,6 @@ def resample_pos_embed(
     D = grid.shape[-1]
     orig_dtype = grid.dtype
     grid = grid.reshape(1, old_grid[0], old_grid[1], D).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=True)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=True)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(orig_dtype)  # (1, N', D)
     return torch.cat([prefix, grid], dim=1)

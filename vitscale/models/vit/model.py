@@ -29,7 +29,6 @@ from ..common.checkpointing import run_blocks
 from ..common.init import trunc_normal_
 from ..common.token_mix import TokenMix, apply_token_mix
 from .configs import ViTConfig
-from .flops import vit_flops
 
 
 class Block(nn.Module):
@@ -55,8 +54,9 @@ class Block(nn.Module):
         self.ls2 = LayerScale(D, ls, device, dtype) if ls is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``attn_mask``: None, or which keys each query may attend to (NaFlex padding; see ``sdpa``)."""
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask)))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
 
@@ -102,7 +102,7 @@ class ParallelBlock(nn.Module):
         if self.mlp_bias is not None:
             nn.init.zeros_(self.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, N, _ = x.shape
         Dh, Fh = self.head_dim, self.mlp_per_head
         y = self.in_proj(self.norm(x)).reshape(B, N, -1, 3 * Dh + Fh)  # (B, N, H, 3*Dh + F/H)
@@ -114,7 +114,7 @@ class ParallelBlock(nn.Module):
             h = h + self.mlp_bias
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # 3 x (B, H, N, Dh)
         q, k = self.q_norm(q), self.k_norm(k)
-        a = sdpa(q, k, v, dropout_p=self.attn_drop if self.training else 0.0).transpose(1, 2)  # (B, N, H, Dh)
+        a = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop if self.training else 0.0).transpose(1, 2)  # (B, N, H, Dh)
         h = self.mlp_drop(self.act(h))
         y = self.out_proj(torch.cat([a, h], dim=-1).reshape(B, N, -1))  # (B, N, D)
         return x + self.drop_path(self.ls(self.out_drop(y)))
@@ -128,6 +128,7 @@ class VisionTransformer(nn.Module):
     """
 
     supports_dense = True
+    input_modes = ("fixed", "multi")  # another image size: position embeddings resampled in _pos_embed
 
     def __init__(self, cfg: ViTConfig, device=None, dtype=None):
         super().__init__()
@@ -309,9 +310,6 @@ class VisionTransformer(nn.Module):
     def example_inputs(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
         c = self.cfg
         return (torch.randn(batch, c.num_channels, c.img_h, c.img_w, device=device),)
-
-    def flops(self, img_size: int | tuple[int, int] | None = None) -> int:
-        return vit_flops(self.cfg, img_size)
 
     def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
         return img_hw[0] // self.cfg.patch_dim, img_hw[1] // self.cfg.patch_dim

@@ -34,7 +34,7 @@ _NOT_ARCHITECTURE = {"training", "weight_init_mode", "fix_init", "grad_checkpoin
 _SCALARS = (bool, int, float, str, tuple, list, type(None))
 
 
-def _build_meta(fn: Any, **kwargs: Any) -> nn.Module:
+def build_meta(fn: Any, **kwargs: Any) -> nn.Module:
     """Build a timm model on the meta device without running its weight init (fast: no values).
 
     ``device="meta"`` where timm takes it (1.0.2x), else under ``torch.device("meta")`` (slower: every
@@ -56,14 +56,14 @@ def create_timm_meta(name: str, **kwargs: Any) -> nn.Module:
     """``timm.create_model(name)`` on the meta device: no weights, no download."""
     import timm
 
-    return _build_meta(timm.create_model, model_name=name, pretrained=False, **kwargs)
+    return build_meta(timm.create_model, model_name=name, pretrained=False, **kwargs)
 
 
 def timm_vit_on_meta(**kwargs: Any) -> nn.Module:
     """timm's ``VisionTransformer(**kwargs)`` on the meta device, without its weight init."""
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-    return _build_meta(TimmViT, **kwargs)
+    return build_meta(TimmViT, **kwargs)
 
 
 def _runtime_kwargs(tm: nn.Module) -> dict[str, Any]:
@@ -91,6 +91,12 @@ def _layout(model: nn.Module) -> list[tuple[str, str, tuple]]:
 def architecture_differences(tm: nn.Module, cfg: ViTConfig, limit: int = 3) -> list[str]:
     """Where timm's ``VisionTransformer(**timm_kwargs(cfg))`` differs from ``tm`` (empty: nowhere)."""
     ref = timm_vit_on_meta(**{**timm_kwargs(cfg), **_runtime_kwargs(tm)})
+    return layout_differences(tm, ref, limit)
+
+
+def layout_differences(tm: nn.Module, ref: nn.Module, limit: int = 3) -> list[str]:
+    """Where the module trees of ``tm`` and ``ref`` (the timm model vitscale's equivalent would build)
+    differ: module types and paths, scalar settings, parameter and buffer shapes (empty: nowhere)."""
     a, b = _layout(tm), _layout(ref)
     diffs = []
     for (pa, ta, sa), (pb, tb, sb) in zip(a, b):
@@ -177,6 +183,6 @@ def vit_from_timm(timm_model: nn.Module) -> nn.Module:
 
 
 __all__ = [
-    "architecture_differences", "create_timm_meta", "timm_vit_models", "timm_vit_names", "timm_vit_on_meta",
+    "architecture_differences", "build_meta", "create_timm_meta", "layout_differences", "timm_vit_models", "timm_vit_names", "timm_vit_on_meta",
     "timm_vit_reason", "unsupported_timm_vits", "vit_from_timm",
 ]  # fmt: skip
