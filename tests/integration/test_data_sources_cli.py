@@ -20,6 +20,7 @@ def _train(out, *data, after=()) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_shards_over_http_s3_and_pipe_train_as_the_image_folder(digits_data, http_serve, s3_server, tmp_path,
                                                                 monkeypatch):  # fmt: skip
     endpoint, env = s3_server

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import yaml
 
@@ -79,6 +80,7 @@ def vitscale(*argv: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ), timeout=300)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_format_declared_in_one_file_trains_inspects_and_checks(tmp_path, capsys, monkeypatch):
     from vitscale.data import formats
     from vitscale.data.digits import load_digits_split
