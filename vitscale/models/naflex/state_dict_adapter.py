@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from ..common.pos_embed import resample_pos_embed
-from ..spec import StateDictAdapter, is_library_model
 from ..vit import state_dict_adapter as vit_adapter
 from ..vit.state_dict_adapter import _NORMS, _activation, _is
 from .configs import NaFlexConfig
@@ -228,49 +227,7 @@ def state_dict_from_vit(sd: dict[str, torch.Tensor], cfg: NaFlexConfig, prefix: 
     sd[key] = resample_pos_embed(pe, (gh, gw), old, 0).reshape(1, gh, gw, -1)
 
 
-# ----------------------------------------------------------------------------- models
-
-
-def naflex_from_timm(timm_model: nn.Module) -> nn.Module:
-    """The vitscale NaFlex ViT equivalent to a timm ``NaFlexVit``, with its weights; ValueError naming
-    what vitscale cannot express (anything :func:`timm_kwargs` would not rebuild included)."""
-    from ..vit.timm_registry import build_meta, layout_differences
-    from .model import NaFlexViT
-
-    cfg = config_from_timm(timm_model)
-    from timm.models.naflexvit import NaFlexVit
-
-    ref = build_meta(NaFlexVit, **timm_kwargs(cfg), use_key_only_attn_mask=timm_model.use_key_only_attn_mask)
-    diffs = layout_differences(timm_model, ref)
-    if diffs:
-        raise ValueError("vitscale's NaFlex ViT does not reproduce this timm model: " + "; ".join(diffs))
-    dev = next(timm_model.parameters()).device
-    model = NaFlexViT(cfg, device="meta")
-    model.load_state_dict(state_dict_from_timm(timm_model.state_dict(), cfg), strict=True, assign=True)
-    return model.to(device=dev)
-
-
-def create_timm_naflex(model: nn.Module, load_weights: bool = True, **timm_overrides: Any) -> nn.Module:
-    """The timm ``NaFlexVit`` matching a vitscale NaFlex ViT (with its weights unless ``load_weights=False``)."""
-    from timm.models.naflexvit import NaFlexVit
-
-    tm = NaFlexVit(**{**timm_kwargs(model.cfg), **timm_overrides})
-    if load_weights:
-        tm.load_state_dict(state_dict_to_timm(model.state_dict(), model.cfg), strict=True)
-    return tm
-
-
-TIMM = StateDictAdapter(
-    library="timm",
-    accepts=lambda m: is_library_model(m, "timm", "NaFlexVit"),
-    from_library=naflex_from_timm,
-    to_library=lambda model: state_dict_to_timm(model.state_dict(), model.cfg),
-    library_kwargs=timm_kwargs,
-    create=create_timm_naflex,
-)
-
-
 __all__ = [
-    "TIMM", "config_from_timm", "conv_to_linear", "create_timm_naflex", "naflex_from_timm", "state_dict_from_timm",
+    "config_from_timm", "conv_to_linear", "state_dict_from_timm",
     "state_dict_from_vit", "state_dict_to_timm", "timm_kwargs", "unsupported_timm_options",
 ]  # fmt: skip

@@ -10,8 +10,8 @@ Row layouts differ only in the fused projections:
 - Prefix tokens: timm ``cls_token (1, 1, D)`` and ``reg_token (1, R, D)``; vitscale one
   ``cls_token (1, L, D)`` (``class_token=False``: registers only).
 Reading a timm model imports nothing from timm (``timm_kwargs`` imports timm's layer classes,
-:func:`create_timm_vit` timm's model). ``TIMM`` bundles it all as the family's adapter
-(``FamilySpec.adapters``), which ``vitscale.interop`` asks.
+:func:`create_timm_vit` timm's model). ``timm_registry.TIMM`` bundles it all with
+``vit_from_timm`` as the family's adapter (``FamilySpec.adapters``), which ``vitscale.interop`` asks.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..spec import StateDictAdapter, is_library_model
 from .configs import ViTConfig
 
 # ----------------------------------------------------------------------------- row permutations
@@ -436,20 +435,3 @@ def create_timm_vit(model: nn.Module, load_weights: bool = True, **timm_override
     if load_weights:
         tm.load_state_dict(to_timm(model), strict=True)
     return tm
-
-
-def _from_timm(tm: nn.Module) -> nn.Module:
-    from .timm_registry import vit_from_timm
-
-    return vit_from_timm(tm)  # ValueError naming what vitscale cannot express
-
-
-TIMM = StateDictAdapter(
-    library="timm",
-    accepts=lambda m: is_library_model(m, "timm", "VisionTransformer"),
-    from_library=_from_timm,
-    to_library=to_timm,
-    library_kwargs=timm_kwargs,
-    create=create_timm_vit,
-    names=TIMM_NAMES,
-)

@@ -26,8 +26,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..spec import StateDictAdapter, is_library_model
 from .configs import ViTConfig
-from .state_dict_adapter import config_from_timm, state_dict_from_timm, timm_kwargs
+from .state_dict_adapter import (
+    TIMM_NAMES,
+    config_from_timm,
+    create_timm_vit,
+    state_dict_from_timm,
+    timm_kwargs,
+    to_timm,
+)
 
 # Attributes that describe how a model was initialised or runs, not what it computes.
 _NOT_ARCHITECTURE = {"training", "weight_init_mode", "fix_init", "grad_checkpointing", "fused_attn", "inplace"}
@@ -182,7 +190,18 @@ def vit_from_timm(timm_model: nn.Module) -> nn.Module:
     return model.to(device=ref.device)
 
 
+
+TIMM = StateDictAdapter(
+    library="timm",
+    accepts=lambda m: is_library_model(m, "timm", "VisionTransformer"),
+    from_library=vit_from_timm,  # ValueError naming what vitscale cannot express
+    to_library=to_timm,
+    library_kwargs=timm_kwargs,
+    create=create_timm_vit,
+    names=TIMM_NAMES,
+)
+
 __all__ = [
-    "architecture_differences", "build_meta", "create_timm_meta", "layout_differences", "timm_vit_models", "timm_vit_names", "timm_vit_on_meta",
+    "TIMM", "architecture_differences", "build_meta", "create_timm_meta", "layout_differences", "timm_vit_models", "timm_vit_names", "timm_vit_on_meta",
     "timm_vit_reason", "unsupported_timm_vits", "vit_from_timm",
 ]  # fmt: skip
