@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..common.pos_embed import resample_pos_embed
-from ..spec import StateDictAdapter, is_library_model
+from ..spec import StateDictAdapter, is_library_model, keys_have
 from ..vit import state_dict_adapter as vit_adapter
 from ..vit.state_dict_adapter import _NORMS, _activation, _is
 from .configs import NaFlexConfig
@@ -267,7 +267,14 @@ TIMM = StateDictAdapter(
     to_library=lambda model: state_dict_to_timm(model.state_dict(), model.cfg),
     library_kwargs=timm_kwargs,
     create=create_timm_naflex,
+    from_state_dict=state_dict_from_timm,
+    # timm's NaFlexVit, or a classic timm ViT (its patch convolution becomes the Linear on load)
+    recognizes=keys_have("embeds.proj.weight", "patch_embed.proj.weight"),
 )
+
+
+RECOGNIZES = keys_have("patch_embed.weight", "patch_embed.proj.weight")
+"""vitscale's NaFlex naming (a Linear patch embedding), or a classic ViT's (``FamilySpec.recognizes``)."""
 
 
 __all__ = [
