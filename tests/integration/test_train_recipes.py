@@ -52,3 +52,29 @@ def test_sigmoid_loss_rsqrt_schedule_head_decay(tmp_path, loss):
     assert rows[-1]["lr"] == 0.0 and rows[0]["lr"] == pytest.approx(3e-3 * 8 / 1024)  # scaled, warmup 1
     assert s["steps"] == 3 and all(r["loss"] > 0 for r in rows)
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))  # optional TensorBoard events
+
+
+def test_finetuning_recipes_run_tiny(tmp_path):
+    """The 21k -> 1k fine-tuning recipe from a timm-format file (resampled, new head) and the DeiT
+    distillation recipe with a teacher: each 2 steps with tiny overrides on synthetic data."""
+    import vitscale
+    from vitscale.checkpoint import export_safetensors
+    from vitscale.interop import to_timm
+
+    tiny = {"hidden_size": 32, "ffn_hidden_size": 64, "num_layers": 1, "num_attention_heads": 2, "patch_dim": 8}
+    pre = vitscale.create_model("vit_b16", **tiny, img_h=16, img_w=16, num_classes=0)  # a headless 16 px backbone
+    torch.save(to_timm(pre), tmp_path / "in21k.pth")
+    ft = load_config("imagenet21k_vit_b16_ft384", TINY_MODEL + ["data.img_size=32", "train.max_steps=2", "model.num_classes=10",
+                     f"checkpoint.init_from={tmp_path / 'in21k.pth'}", f"train.output_dir={tmp_path / 'ft'}"])  # fmt: skip
+    assert train(ft)["steps"] == 2
+    log = (tmp_path / "ft" / "train.log").read_text()
+    assert "pos_embed resampled from 1x5x32 to 1x17x32" in log and "2 tensors not in the weights, left as initialised: head.weight, head.bias" in log
+    teacher = vitscale.create_model("vit_debug", **tiny, img_h=32, img_w=32, num_classes=10)
+    export_safetensors(teacher, tmp_path / "teacher.safetensors", {"model": "vit_debug", "overrides": json.dumps({**tiny, "num_classes": 10})})
+    deit = load_config("imagenet_deit_b_distilled", TINY_MODEL + [
+        "data.img_size=32", "train.epochs=0", "train.max_steps=2", "model.drop_path_rate=0", "data.randaugment=",
+        f"distill.teacher={tmp_path / 'teacher.safetensors'}", "distill.teacher_model=null",
+        f"train.output_dir={tmp_path / 'deit'}"])  # fmt: skip
+    s = train(deit)
+    assert s["steps"] == 2 and 0 <= s["val_top1"] <= 100
+    assert "distill: teacher vit_debug" in (tmp_path / "deit" / "train.log").read_text()

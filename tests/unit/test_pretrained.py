@@ -80,7 +80,7 @@ def test_timm_hub_folder_loads_exactly(timm_files):
     assert (src.format, src.path.name) == ("timm", "model.safetensors") and "config.json" in src.why
     assert src.preprocess["img_size"] == (32, 32) and src.preprocess["interpolation"] == "bicubic"
     model = _vit()
-    _, lines = load_pretrained(model, str(hub))
+    _, lines, _ = load_pretrained(model, str(hub))
     x = _images()
     with torch.no_grad():
         torch.testing.assert_close(model(x), tm(x), rtol=1e-5, atol=1e-5)
@@ -114,7 +114,7 @@ def test_position_embeddings_resampled_and_classifier_reinitialised(timm_files):
     tm, hub = timm_files
     model = _vit(img_h=64, img_w=64, num_classes=3)
     head = model.head.weight.detach().clone()
-    _, lines = load_pretrained(model, str(hub))
+    _, lines, _ = load_pretrained(model, str(hub))
     assert any("pos_embed resampled from 1x17x64 to 1x65x64" in line for line in lines)
     assert any("classifier re-initialised: head.weight is 10x64 in the weights, 3x64 here" in line for line in lines)
     assert torch.equal(model.head.weight, head)

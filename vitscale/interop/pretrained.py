@@ -366,9 +366,9 @@ def check_architecture(family: FamilySpec, cfg: Any, sd: dict[str, torch.Tensor]
     if diffs:
         name, value, have = diffs[0]
         more = f" (and {len(diffs) - 1} more: {', '.join(d[0] for d in diffs[1:4])})" if len(diffs) > 1 else ""
-        what = "the model name" if key_prefix else "name"
+        other = f"{key_prefix}name" if key_prefix else "the model name"
         raise UserError(f"{where} holds a {family.name} with {name}={value!r}; the model ({label}) has "
-                        f"{name}={have!r}{more}: set {key_prefix}{name}={json.dumps(value)} (or {key_prefix}{what} to the "
+                        f"{name}={have!r}{more}: set {key_prefix}{name}={json.dumps(value)} (or {other} to the "
                         "weights' variant)")  # fmt: skip
 
 
@@ -398,7 +398,7 @@ def describe(src: Source, report: dict, setting: str, model: nn.Module, n_tensor
     lines = [f"{setting}: {n_tensors} tensors from {src.path} ({src.format}: {src.why})"]
     for name, old, new in report.get("resized", []):
         lines.append(f"{setting}: {name} resampled from {'x'.join(map(str, old))} to {'x'.join(map(str, new))} "
-                     "(the run's image size / patch grid)")  # fmt: skip
+                     "(the model's image size / patch grid)")  # fmt: skip
     head = set(model.head_parameter_names())
     shapes = report.get("skipped_shapes", {})
     reinit = [k for k in report.get("skipped", []) if k in head]
@@ -421,10 +421,11 @@ def _some(names: list[str], n: int = 4) -> str:
 def load_pretrained(model: nn.Module, given: str, fmt: str | None = None, *, setting: str = "checkpoint.init_from",
                     format_key: str = "checkpoint.init_format", label: str = "", weights: str = "model",
                     from_rank0: bool = False, complete: bool = False, source: Source | None = None,
-                    ) -> tuple[Source | None, list[str]]:  # fmt: skip
+                    ) -> tuple[Source | None, list[str], dict]:  # fmt: skip
     """Load ``given`` into ``model`` (possibly sharded): read, convert and checked on rank 0 only with
     ``from_rank0`` (the others wait and receive their shards), on this process otherwise. Returns the
-    source (None on ranks that did not read) and the lines :func:`describe` gives (on every rank).
+    source (None on ranks that did not read), the lines :func:`describe` gives and the report of
+    :func:`vitscale.checkpoint.load_model_weights` (both on every rank).
     ``complete``: every tensor of the model must come from the weights (a teacher: no classifier left
     re-initialised). ``source``: ``given`` already read (by this rank)."""
     import torch.distributed as dist
@@ -458,13 +459,14 @@ def load_pretrained(model: nn.Module, given: str, fmt: str | None = None, *, set
         box = [lines]
         dist.broadcast_object_list(box, src=0)
         lines = box[0]
-    return src, lines
+    return src, lines, report
 
 
 def create_pretrained(name: str, pretrained: str, fmt: str | None = None, **overrides: Any) -> nn.Module:
     """``vitscale.create_model(name, pretrained=...)``: the registered model ``name`` (with
     ``overrides``) carrying the weights of ``pretrained`` — a path or ``hf-hub:org/name``, any source
-    of :func:`read_source`. Without ``num_classes`` in ``overrides`` the model takes the weights'
+    of :func:`read_source`; without ``overrides``, a vitscale source of the same variant gives its own
+    (a run folder's config, an export's header). Without ``num_classes`` the model takes the weights'
     class count; with another one the classifier is re-initialised (a warning says so), as are
     position embeddings resampled to the configured image size."""
     import warnings
@@ -474,9 +476,11 @@ def create_pretrained(name: str, pretrained: str, fmt: str | None = None, **over
     device, dtype = overrides.pop("device", None), overrides.pop("dtype", None)
     overrides.pop("init", None)  # every weight is loaded (a re-initialised classifier is initialised anyway)
     family = get_family(name)
-    cfg = get_model_config(name, **overrides)
     where = f"pretrained={pretrained}"
     src = read_source(pretrained, family, fmt, setting="pretrained", format_key="pretrained_format")
+    if not overrides and src.model == name:  # a vitscale run or export of this variant: its own overrides
+        overrides = dict(src.overrides)
+    cfg = get_model_config(name, **overrides)
     sd = to_vitscale(src, family, cfg, where)
     fields = set(cfg.__dataclass_fields__)
     classes = file_classes(family, sd)

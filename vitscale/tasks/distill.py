@@ -232,7 +232,7 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
     parallelize(model, parallel_plan(get_family(name)), dims, no_ac, no_fp8, bool(run.cfg.train.compile), run.cfg.train.compile_mode)
     model.to_empty(device=run.device)
     init_weights(model, dims, 0, None, "sharded")  # non-persistent buffers; every weight is then loaded
-    _, loaded = load_pretrained(model, dc.teacher, fmt, setting="distill.teacher", format_key="distill.teacher_format",
+    _, loaded, _ = load_pretrained(model, dc.teacher, fmt, setting="distill.teacher", format_key="distill.teacher_format",
                                 label=name, weights=dc.teacher_weights, from_rank0=True, complete=True, source=src)  # fmt: skip
     mean, std, said = _normalisation(dc, pre, run.cfg.data)
     mean, std = _channels(mean, base), _channels(std, base)

@@ -64,7 +64,7 @@ class Checkpointing:
         self.rng = RNGState()
         self.last: str | None = None  # the newest checkpoint of this run
         self.resumed_from: str | None = None
-        self.init_report: dict | None = None  # what checkpoint.init_from loaded (rank 0: its format and file)
+        self.init_report: dict | None = None  # what checkpoint.init_from loaded: missing / unexpected / skipped / resized
         self.init_lines: list[str] = []  # what loading it did, a line each (every rank)
 
     def restore(self, model: nn.Module, ema) -> bool:
@@ -81,8 +81,7 @@ class Checkpointing:
             self.checkpointer.load(latest, self.tensors, self.counters, self.rng)
             return False
         if self.cc.init_from:  # any weights a user has (vitscale.interop.pretrained); rank 0 reads, every rank gets its shard
-            src, self.init_lines = load_pretrained(model, self.cc.init_from, self.cc.init_format, from_rank0=True)
-            self.init_report = {"format": src.format, "path": str(src.path)} if src is not None else {}
+            _, self.init_lines, self.init_report = load_pretrained(model, self.cc.init_from, self.cc.init_format, from_rank0=True)
             if ema is not None:
                 ema.module.load_state_dict(model.state_dict())
         return False
