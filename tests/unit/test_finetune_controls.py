@@ -5,6 +5,8 @@ formulas; a new ``model.name`` on the command line drops the YAML's model overri
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -142,3 +144,20 @@ def test_a_new_model_name_drops_the_yamls_model_overrides():
     same: list[str] = []
     cfg = load_config("digits_vit", ["model.name=vit_debug", "model.hidden_size=128"], notes=same)
     assert not same and cfg.model.overrides["patch_dim"] == 4 and cfg.model.overrides["hidden_size"] == 128
+
+
+def test_distillation_settings_are_checked_up_front():
+    from vitscale.distributed.parallel_dims import ParallelDims
+    from vitscale.errors import CheckError
+    from vitscale.run.checks import check_run
+
+    dims = ParallelDims(device=torch.device("cpu"))
+    for overrides, message in (
+        (["train.task=token_labeling", "distill.teacher=t.pth"], "the token_labeling task does not distill"),
+        (["distill.teacher=t.pth", "distill.alpha=1.5"], "distill.alpha=1.5 must be in [0, 1]"),
+        (["distill.teacher=t.pth", "distill.tau=0"], "distill.tau=0.0 must be"),
+        (["optim.layer_decay=0"], "optim.layer_decay=0.0 must be in (0, 1]"),
+        (["clip.lock_image_unlocked_groups=-1"], "clip.lock_image_unlocked_groups=-1 must be at least 0"),
+    ):
+        with pytest.raises(CheckError, match=re.escape(message)):
+            check_run(load_config("digits_vit", overrides), dims, "train")

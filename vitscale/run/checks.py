@@ -201,6 +201,20 @@ def _check_tp(cfg: Config, dims: ParallelDims) -> None:
         check_layout(get_family(name).plan(), get_model_config(name, **cfg.model.overrides), dims.tp, name)
 
 
+def _check_distill_task(cfg: Config) -> None:
+    """``distill.teacher`` with a task that does not distill is refused rather than ignored."""
+    if not cfg.distill.teacher:
+        return
+    from ..models.registry import get_family
+    from ..tasks import task_groups
+
+    task = cfg.train.task or get_family(cfg.model.name).task
+    able = task_groups().get("distill", (None, ()))[1]
+    if task not in able:
+        raise CheckError(f"distill.teacher is set but the {task} task does not distill (tasks that do: {', '.join(able)}); "
+                         "unset distill.teacher or set train.task")  # fmt: skip
+
+
 def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     """:class:`CheckError` (or RuntimeError for the machine) naming the setting to change, for a run
     of ``purpose``."""
@@ -217,6 +231,7 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     _check_tp(cfg, dims)
     if purpose == "train":
         parse_randaugment(cfg.data.randaugment)  # a ConfigError naming the token
+        _check_distill_task(cfg)
     if purpose in ("train", "bench"):
         check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
                            world_size=dims.world_size)  # fmt: skip
