@@ -322,7 +322,8 @@ def test_errors_are_one_or_two_lines_from_every_command(tmp_path, capsys, monkey
         "init_from that does not fit": (
             ["train", "digits_vit", f"checkpoint.init_from={run}", f"train.output_dir={tmp_path / 'ft'}", "train.max_steps=1",
              *TINY, "model.num_layers=2"],
-            f"checkpoint.init_from={run} does not fit the model (VisionTransformer): "),
+            f"checkpoint.init_from={run} holds a vit with num_layers=1; the model (model.name with model.overrides) "
+            "has num_layers=2: set model.num_layers=1 (or model.name to the weights' variant)"),  # the first field that differs
         "label-tokens": (["label-tokens", "digits_vit", f"teacher.checkpoint={run}", "model.num_layers=2", str(tmp_path / "labels")],
                          f"teacher.checkpoint={run} does not fit the model (VisionTransformer): "),
         "convert": (["convert", str(missing), str(tmp_path / "out.safetensors")], f"no checkpoint at '{missing}'"),

@@ -27,6 +27,7 @@ class MlpBlock(nn.Module):
 
 class ToyNet(nn.Module):
     supports_dense = False
+    distill_head = False
     input_modes = ("fixed", "multi")  # no position embedding: any multiple of the patch
 
     def __init__(self, cfg: ToyConfig, device=None, dtype=None):

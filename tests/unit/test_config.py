@@ -76,13 +76,15 @@ def test_save_and_reload_round_trip(tmp_path):
     assert config_to_dict(again)["model"]["overrides"]["hidden_size"] == 48
 
 
-@pytest.mark.parametrize("name", ["digits_vit", "imagenet_vit_b16", "imagenet_vit_b16_ft512"])
+@pytest.mark.parametrize("name", ["digits_vit", "imagenet_vit_b16", "imagenet_vit_b16_ft512", "imagenet21k_vit_b16_ft384",
+                                  "imagenet_deit_b_distilled", "clip_b32_locked_image"])  # fmt: skip
 def test_builtin_configs_load_and_open_with_a_comment(name):
     from vitscale.config import find_config
 
     cfg = load_config(name)
     assert cfg.model.name
-    head = find_config(name).read_text().splitlines()[:12]
+    lines = find_config(name).read_text().splitlines()
+    head = lines[: next(i for i, line in enumerate(lines) if not line.startswith("#"))]  # the opening comment
     text = "\n".join(head).lower()
     assert head[0].startswith("#") and "launch" in text and "hardware" in text and "expected" in text
 
@@ -95,6 +97,19 @@ def test_recipe_values_follow_nemo():
     ft = load_config("imagenet_vit_b16_ft512")
     assert (ft.train.max_steps, ft.train.batch_size, ft.data.img_size, ft.optim.name) == (20000, 512, 512, "sgd")
     assert ft.optim.momentum == 0.9 and ft.optim.weight_decay == 0.0 and 0.003 <= ft.optim.lr <= 0.06
+
+
+def test_finetuning_recipes_follow_their_sources():
+    vit = load_config("imagenet21k_vit_b16_ft384")  # the ViT paper's ImageNet fine-tuning
+    assert (vit.train.max_steps, vit.train.batch_size, vit.data.img_size, vit.optim.name, vit.optim.weight_decay) == (
+        20000, 512, 384, "sgd", 0.0)  # fmt: skip
+    assert vit.checkpoint.init_from == "hf-hub:timm/vit_base_patch16_224.orig_in21k" and vit.train.grad_clip == 1.0
+    deit = load_config("imagenet_deit_b_distilled")  # DeiT's Table 9 and its distillation
+    assert (deit.train.epochs, deit.train.batch_size, deit.optim.lr, deit.optim.lr_scale_batch) == (300, 1024, 5e-4, 512)
+    assert deit.model.overrides["distill_token"] and (deit.distill.kind, deit.distill.alpha) == ("hard", 0.5)
+    assert (deit.data.mixup_alpha, deit.data.cutmix_alpha, deit.data.random_erasing, deit.train.label_smoothing) == (0.8, 1.0, 0.25, 0.1)
+    lit = load_config("clip_b32_locked_image")  # LiT / open_clip --lock-image
+    assert lit.clip.lock_image and lit.checkpoint.init_from == "hf-hub:laion/CLIP-ViT-B-32-laion2B-s34B-b79K"
 
 
 def _dataclasses_in(module):

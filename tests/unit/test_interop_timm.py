@@ -12,6 +12,7 @@ timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import ParallelScalingBlock  # noqa: E402
 from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402
 
+from vitscale.errors import UserError  # noqa: E402
 from vitscale.interop import create_timm_model, from_timm, load_timm_checkpoint, to_timm  # noqa: E402
 from vitscale.models import create_model  # noqa: E402
 
@@ -148,6 +149,14 @@ def test_load_timm_checkpoint_from_disk(tmp_path):
     ours2 = load_timm_checkpoint(pth, "vit_tiny_patch16_224", num_classes=5, img_size=64).eval()
     with torch.no_grad():
         assert _rel(ours2(x), tm(x)) < 1e-5
+    # without num_classes: the file's class count (5), not timm's default 1000
+    ours3 = load_timm_checkpoint(pth, "vit_tiny_patch16_224", img_size=64).eval()
+    with torch.no_grad():
+        assert ours3.num_classes == 5 and _rel(ours3(x), tm(x)) < 1e-5
+    # weights that do not fit: one line naming the first tensor, never torch's raw size-mismatch dump
+    with pytest.raises(UserError, match=r"pos_embed is 1x17x192 in the file, 1x197x192 in timm's vit_tiny_patch16_224") as e:
+        load_timm_checkpoint(pth, "vit_tiny_patch16_224")
+    assert "\n" not in str(e.value) and "img_size=..." in str(e.value)
 
 
 def test_pickled_objects_are_refused(tmp_path):

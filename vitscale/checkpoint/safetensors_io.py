@@ -117,6 +117,25 @@ def _canonical_header(table: dict, meta: dict) -> bytes:
     return json.dumps({"__metadata__": meta, **table}, sort_keys=True, separators=(",", ":")).encode()
 
 
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file as written (``vitscale.checksum`` included: the mark
+    of a file vitscale wrote), from its header alone; :class:`CorruptFile` for a malformed header."""
+    path = Path(path)
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        if len(head) < 8:
+            raise CorruptFile(path, f"{size} bytes: too short for a safetensors file")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER_BYTES or n > size - 8:
+            raise CorruptFile(path, f"declares a {n}-byte header in a {size}-byte file")
+        header = read_json(path, MAX_HEADER_BYTES, data=f.read(n))
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(header, dict) or not isinstance(meta or {}, dict):
+        raise CorruptFile(path, "the header is not a JSON object with a __metadata__ map")
+    return {str(k): str(v) for k, v in (meta or {}).items()}
+
+
 def read_safetensors(path: str | os.PathLike, *, require_checksum: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """All tensors and the ``__metadata__`` of a safetensors file, checked (see the module doc).
     Raises :class:`CorruptFile` for a malformed file or a checksum that does not match."""
@@ -203,4 +222,4 @@ def _read_exact(f, view: memoryview, path: Path) -> None:
         got += n
 
 
-__all__ = ["CHECKSUM_KEY", "byte_view", "dtype_code", "dtype_from_code", "nbytes", "read_safetensors", "write_safetensors"]
+__all__ = ["CHECKSUM_KEY", "byte_view", "dtype_code", "dtype_from_code", "nbytes", "read_metadata", "read_safetensors", "write_safetensors"]

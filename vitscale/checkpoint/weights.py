@@ -75,18 +75,50 @@ def _shape(t) -> str:
     return "x".join(map(str, tuple(t.shape))) or "scalar"
 
 
-def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool = False, *,
-                       source: str | os.PathLike = "the weights") -> dict:  # fmt: skip
+def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor] | None, strict: bool = False, *,
+                       source: str | os.PathLike = "the weights", from_rank0: bool = False) -> dict:  # fmt: skip
     """Load a full state dict into a (possibly sharded) model: position embeddings are resampled by
     the model's own hook. Without ``strict`` (fine-tuning, ``checkpoint.init_from``) the classifier may
     differ — another class count, or none — and is left as it is; any other tensor that is missing,
     unexpected or of another shape is an error, as is any difference with ``strict``: a
     :class:`CheckpointError` of one line naming ``source``, the counts and the first tensors with
-    both shapes. Returns ``{"missing": [...], "unexpected": [...], "skipped": [...]}``."""
+    both shapes. Returns ``{"missing": [...], "unexpected": [...], "skipped": [...], "resized":
+    [(name, shape in the file, shape loaded)]}``.
+
+    ``from_rank0`` (under torch.distributed): only rank 0 holds ``sd`` (the others pass None); rank 0
+    checks it, every rank hears the outcome, and the tensors are broadcast from rank 0, each rank
+    keeping its shard (``set_model_state_dict(broadcast_from_rank0=True)``). Every rank returns rank
+    0's report."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    sd = dict(sd)
+    rank0 = from_rank0 and dist.is_available() and dist.is_initialized()
+    report, err = {"missing": [], "unexpected": [], "skipped": [], "resized": []}, None
+    if not rank0 or dist.get_rank() == 0:
+        try:
+            sd, report = _fit(model, dict(sd or {}), strict, source)
+        except Exception as e:  # every rank must hear of it (no rank left waiting in the broadcast)
+            err = e
+    if rank0:
+        box = [None if err is None else (type(err).__name__, str(err)), report]
+        dist.broadcast_object_list(box, src=0)  # strings and names between this job's own processes
+        if box[0] is not None:
+            if err is not None:
+                raise err
+            raise CheckpointError(box[0][1])
+        report = box[1]
+    elif err is not None:
+        raise err
+    options = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=rank0)
+    set_model_state_dict(model, sd if not rank0 or dist.get_rank() == 0 else {}, options=options)
+    return report
+
+
+def _fit(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool, source) -> tuple[dict, dict]:
+    """``sd`` ready for ``model`` (hooks applied, the classifier's misfits dropped) and the report;
+    :class:`CheckpointError` when anything else does not fit."""
+    before = {k: tuple(v.shape) for k, v in sd.items()}
     _run_load_pre_hooks(model, sd)
+    resized = [(k, before[k], tuple(v.shape)) for k, v in sd.items() if k in before and before[k] != tuple(v.shape)]
     current = model.state_dict()
     skipped = [k for k, v in sd.items() if k in current and tuple(current[k].shape) != tuple(v.shape)]
     unexpected = [k for k in sd if k not in current]
@@ -111,12 +143,12 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], stri
             f"{source} does not fit the model ({model_name}): {', '.join(parts)}; set model.* as for "
             f"the run that wrote these weights"
         )
+    shapes = {k: (_shape(sd[k]), _shape(current[k])) for k in skipped}
     for k in skipped:
         del sd[k]
     for k in unexpected:
         del sd[k]
-    set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True, strict=False))
-    return {"missing": missing, "unexpected": unexpected, "skipped": skipped}
+    return sd, {"missing": missing, "unexpected": unexpected, "skipped": skipped, "resized": resized, "skipped_shapes": shapes}
 
 
 # ------------------------------------------------------------------------------------- writing

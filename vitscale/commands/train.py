@@ -42,13 +42,16 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from vitscale.config import dump_config, load_config
 
-    cfg = load_config(args.config, args.overrides)  # a config error: one line, exit code 2 (vitscale.cli)
+    notes: list[str] = []  # e.g. the model overrides a new model.name dropped
+    cfg = load_config(args.config, args.overrides, notes=notes)  # a config error: one line, exit code 2 (vitscale.cli)
     if args.print_config:
+        for note in notes:
+            print(f"# note: {note}")
         print(dump_config(cfg), end="")
         return 0
     from vitscale.train import train
 
     # an error a person can fix (a damaged checkpoint, a failed save, a setting this machine cannot run
     # such as precision.fp8 without torchao) ends as one or two lines: vitscale.cli
-    train(cfg, summary="json" if args.json else "human")  # printed by rank 0, also into train.log
+    train(cfg, summary="json" if args.json else "human", notes=notes)  # printed by rank 0, also into train.log
     return 0

@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import difflib
 import os
+import sys
 import types
 import typing
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..safe_yaml import YAMLLimitError, load_yaml, read_yaml
-from .schema import Config, config_class
+from .schema import Config, ModelConfig, config_class
 
 
 # ---------------------------------------------------------------------------------------- finding
@@ -390,8 +391,13 @@ def config_from_dict(tree: dict) -> Config:
     return cfg
 
 
-def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
-    """defaults <- YAML (``name_or_path``; None = defaults only) <- dotted ``overrides``."""
+def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[str] | None = None,
+                notes: list[str] | None = None) -> Config:  # fmt: skip
+    """defaults <- YAML (``name_or_path``; None = defaults only) <- dotted ``overrides``.
+
+    An override that changes ``model.name`` drops the YAML's own model overrides (they describe its
+    model, not the new one); the overrides given on the command line stay. What was dropped is said
+    in a line appended to ``notes`` (printed on stderr when ``notes`` is None)."""
     tree: dict = {}
     if name_or_path:
         path = find_config(name_or_path)
@@ -399,10 +405,43 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config groups")
         tree = loaded
-    for text in overrides or []:
-        key, value = parse_override(text)
+    parsed = [parse_override(text) for text in overrides or []]
+    given: dict = {}
+    for key, value in parsed:
+        _set_dotted(given, key, value)
+    note = _new_model_name(tree, given, name_or_path)
+    for key, value in parsed:
         _set_dotted(tree, key, value)
-    return config_from_dict(tree)
+    cfg = config_from_dict(tree)
+    if note:
+        if notes is None:
+            print(f"note: {note}", file=sys.stderr)
+        else:
+            notes.append(note)
+    return cfg
+
+
+def _new_model_name(tree: dict, given: dict, source) -> str | None:
+    """Drop from ``tree`` (a YAML's) the model overrides of its own model when ``given`` (the command
+    line's) names another ``model.name``; the line saying which (None when nothing was dropped)."""
+    model, new = tree.get("model"), given.get("model")
+    if not isinstance(model, dict) or not isinstance(new, dict) or "name" not in new:
+        return None
+    old_name = model.get("name", ModelConfig.name)
+    if new["name"] == old_name:
+        return None
+    own = {f.name for f in dataclasses.fields(ModelConfig)}
+    dropped = dict(model.get("overrides") or {}) if isinstance(model.get("overrides") or {}, dict) else {}
+    dropped.update({k: v for k, v in model.items() if k not in own})
+    for key in [k for k in model if k not in own or k == "overrides"]:
+        del model[key]
+    if not dropped or ("overrides" in new and not new["overrides"]):  # nothing, or dropped on purpose
+        return None
+    kept = sorted(set((new.get("overrides") or {}) if isinstance(new.get("overrides"), dict) else {}) | (set(new) - own))
+    shown = ", ".join(f"{k}={v}" for k, v in list(dropped.items())[:6]) + (", ..." if len(dropped) > 6 else "")
+    also = f"; kept those given here: {', '.join(kept)}" if kept else ""
+    return (f"model.name={new['name']} replaces {source or 'the config'}'s {old_name}: its model overrides ({shown}) "
+            f"are dropped{also}; set any back as model.<field>=VALUE")  # fmt: skip
 
 
 def config_to_dict(cfg: Any) -> dict:

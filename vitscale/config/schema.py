@@ -31,7 +31,14 @@ class ModelConfig:
     """Registered variant name (``vitscale models`` lists them), e.g. ``vit_debug``, ``vit_b16``."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Changes to the variant's config (``model.overrides.hidden_size=128``; the shorthand
-    ``model.hidden_size=128`` is routed here for any field of the variant's config)."""
+    ``model.hidden_size=128`` is routed here for any field of the variant's config). Changing
+    ``model.name`` on the command line drops the overrides the YAML wrote for its own model (a note
+    names them; set any you want back as ``model.<field>=value``)."""
+    freeze: tuple[str, ...] = ()
+    """Parameters left out of training: glob patterns over parameter names (the model's
+    ``named_parameters()``), e.g. ``model.freeze=patch_embed.*,blocks.[0-5].*``; frozen parameters get
+    no gradient and leave the optimizer. A pattern that matches nothing is an error naming some of
+    the model's parameters."""
 
 
 @dataclass
@@ -55,6 +62,12 @@ class OptimConfig:
     tokens or any name in the model's ``no_weight_decay()``."""
     head_weight_decay: float | None = None
     """Weight decay of the classifier head (ViT-22B decouples head and body); None = weight_decay."""
+    layer_decay: float | None = None
+    """Layer-wise LR decay (BEiT, Bao et al. 2021, arXiv 2106.08254; timm ``--layer-decay``): with L
+    blocks, the embeddings' LR is multiplied by ``layer_decay^(L+1)``, block i's by
+    ``layer_decay^(L-i)``, the final norm and head keep the full LR (each family says which of its
+    parameters are which layer); e.g. 0.65 (BEiT-B) or 0.75. None = off. The groups are printed once
+    at the start."""
     eps: float = 1e-8
     """Adam epsilon."""
     fused: Literal["auto", "fused", "foreach", "none"] = "auto"
@@ -146,8 +159,16 @@ class CheckpointConfig:
     path: str | None = None
     """A checkpoint (step folder, checkpoints/ folder, run folder or .safetensors) for ``vitscale eval``."""
     init_from: str | None = None
-    """Initialise model weights only from this checkpoint (fine-tuning; position embeddings and a
-    mismatched head are adapted)."""
+    """Initialise the model's weights (only) from: a vitscale run folder, checkpoint or
+    ``.safetensors``; a timm or open_clip file (``.safetensors``, or ``.pth`` / ``.bin`` read with
+    ``torch.load(weights_only=True)``); a Hugging Face Hub snapshot folder; or ``hf-hub:org/name``
+    from the local Hugging Face cache (never downloaded). Converted through the model family's
+    adapter; position embeddings resampled, a classifier of another class count re-initialised,
+    each said in a line (docs/finetuning.md)."""
+    init_format: Literal["vitscale", "timm", "open_clip"] | None = None
+    """The format of ``init_from`` when it cannot be told from the file (a ``.safetensors`` whose
+    names are both vitscale's and timm's and that carries no vitscale metadata: the fused QKV rows
+    differ in order, so it is refused rather than guessed); None = told from the file."""
     resume: bool = True
     """Resume from the newest checkpoint in output_dir/checkpoints when there is one (with the same
     config: see ``allow_changes``); false = start over."""

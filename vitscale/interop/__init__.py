@@ -74,12 +74,31 @@ def load_timm_checkpoint(path: str | Path, name: str, **timm_overrides: Any) -> 
     """A vitscale model from a timm checkpoint file on disk.
 
     ``name`` is the timm architecture (e.g. ``"vit_base_patch16_224"``); the timm model is built
-    without pretrained weights (no network), filled from ``path`` (``strict=True``), converted.
+    without pretrained weights (no network), filled from ``path`` (``strict=True``), converted. Its
+    class count is the file's (the rows of ``head.weight``; none without one) unless ``num_classes``
+    is given; weights that do not fit the architecture are a ``UserError`` naming the first tensor.
     """
     import timm
 
+    from ..errors import UserError
+
     sd = _read_tensors(path)
+    if "num_classes" not in timm_overrides and isinstance(sd.get("head.weight"), torch.Tensor):
+        timm_overrides = {**timm_overrides, "num_classes": sd["head.weight"].shape[0]}
+    elif "num_classes" not in timm_overrides and not any(k.startswith("head.") for k in sd):
+        timm_overrides = {**timm_overrides, "num_classes": 0}  # a headless backbone
     tm = timm.create_model(name, pretrained=False, **timm_overrides)
+    want = tm.state_dict()
+    missing, unused = [k for k in want if k not in sd], [k for k in sd if k not in want]
+    wrong = [k for k in want if k in sd and sd[k].shape != want[k].shape]
+    if missing or unused or wrong:
+        first = (f"{wrong[0]} is {'x'.join(map(str, sd[wrong[0]].shape))} in the file, "
+                 f"{'x'.join(map(str, want[wrong[0]].shape))} in timm's {name}" if wrong
+                 else f"{(missing or unused)[0]} {'missing from the file' if missing else 'not in timm ' + name}")  # fmt: skip
+        given = ", ".join(f"{k}={v!r}" for k, v in timm_overrides.items())
+        raise UserError(f"{path}: the weights do not fit timm's {name}({given}): {first} ({len(missing)} missing, "
+                        f"{len(unused)} unused, {len(wrong)} of another shape); pass the timm arguments that built them "
+                        f"(e.g. img_size=...), or use vitscale.create_model(..., pretrained=path), which adapts")  # fmt: skip
     tm.load_state_dict(sd, strict=True)
     return from_timm(tm)
 

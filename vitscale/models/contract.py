@@ -56,6 +56,9 @@ class Model(Protocol):
     """Outputs of the classifier; 0 = no classifier (features only)."""
     supports_dense: bool
     """Whether ``model(images, dense=True, mix=...)`` gives per-token class logits (token labeling)."""
+    distill_head: bool
+    """Whether ``model(images, distill=True)`` gives ``(class logits, distillation logits)`` from a
+    distillation token of its own (DeiT); False: distillation losses use the class logits."""
     input_modes: tuple[str, ...]
     """The inputs the model takes, from :data:`INPUT_MODES` (a class attribute: ask the family's
     ``model_cls`` before building a model; :func:`check_input_mode` refuses the others in one line)."""

@@ -16,7 +16,7 @@ so ``import vitscale`` stays light (no timm, open_clip or distributed code).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -33,6 +33,12 @@ def load_ref(ref: str) -> Any:
     if not name:
         raise ValueError(f"{ref!r} is not a 'module:NAME' reference")
     return getattr(importlib.import_module(module), name)
+
+
+def keys_have(*any_of: str) -> Callable[[Collection[str]], bool]:
+    """A ``recognizes`` predicate: true when a state dict holds at least one of the keys ``any_of``."""
+    wanted = frozenset(any_of)
+    return lambda keys: not wanted.isdisjoint(keys)
 
 
 def is_library_model(model: Any, library: str, *class_names: str) -> bool:
@@ -71,6 +77,14 @@ class StateDictAdapter:
     names: Mapping[str, str] = field(default_factory=dict)
     """Our variant -> the library's registered model of the same architecture (``vit_b16`` ->
     ``vit_base_patch16_224``), for labels and for reading the library's checkpoints by our name."""
+    from_state_dict: Callable[[dict[str, torch.Tensor], Any], dict[str, torch.Tensor]] | None = None
+    """A state dict in the library's names and layouts -> ours, for our variant config ``cfg`` (the
+    config of the model it will load into): what ``checkpoint.init_from`` and ``distill.teacher`` use
+    on a file of the library. None: files of the library are not read."""
+    recognizes: Callable[[Collection[str]], bool] | None = None
+    """Whether a state dict's key names are the library's naming of this family (``keys_have``): how a
+    file's format is told when it carries no vitscale metadata. None: never recognised (the format
+    must be named)."""
 
 
 class Tokenizer(Protocol):
@@ -182,6 +196,21 @@ class FamilySpec:
     serving: str | None = None
     """``"module:NAME"`` of ``serving(model) -> Serving``: the graphs ``vitscale export`` writes; None =
     one image graph of class logits (:func:`classifier_serving`)."""
+    recognizes: str | None = None
+    """``"module:NAME"`` of ``recognizes(keys) -> bool``: whether a state dict's key names are this
+    family's own (vitscale's) naming — how the format of a file without vitscale metadata is told
+    (with the adapters' ``recognizes``). None: never recognised by its names."""
+    architecture: str | None = None
+    """``"module:NAME"`` of ``architecture(state_dict) -> {field: value}``: the config fields a state
+    dict in our naming shows (``hidden_size``, ``num_layers``, nested ones as ``vision.hidden_size``),
+    in the order they are compared with the run's model config (``checkpoint.init_from``; the first
+    that differs is named). ``num_classes`` and the image size are read but never compared (the
+    classifier is re-initialised, position embeddings resampled). None: only the shapes are checked."""
+    layer_decay: str | None = None
+    """``"module:NAME"`` of ``exponents(model) -> {parameter name or prefix: k}``: how many times
+    ``optim.layer_decay`` multiplies each parameter's LR (BEiT / timm: the embeddings ``L + 1``, block
+    ``i`` ``L - i``; a name matched by no prefix: 0, the head). None: the family refuses
+    ``optim.layer_decay``."""
 
     def plan(self) -> Any:
         """The family's :class:`vitscale.distributed.parallelize.ParallelPlan`."""
@@ -226,13 +255,29 @@ class FamilySpec:
         """The graphs ``vitscale export`` writes of ``model`` (in eval mode, with its weights)."""
         return classifier_serving(model) if self.serving is None else load_ref(self.serving)(model)
 
+    def recognizes_own(self, keys: Collection[str]) -> bool:
+        """Whether ``keys`` are this family's own naming (False for a family that declares none)."""
+        return self.recognizes is not None and bool(load_ref(self.recognizes)(keys))
+
+    def architecture_of(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        """The config fields ``state_dict`` (our naming) shows (empty for a family that declares none)."""
+        return {} if self.architecture is None else dict(load_ref(self.architecture)(state_dict))
+
+    def layer_decay_exponents(self, model: nn.Module) -> dict[str, int]:
+        """``{name or prefix: exponent}`` of ``optim.layer_decay`` (NotImplementedError, one line, for a
+        family that declares none)."""
+        if self.layer_decay is None:
+            raise NotImplementedError(f"family {self.name} declares no layers for optim.layer_decay")
+        return dict(load_ref(self.layer_decay)(model))
+
     def references(self) -> list[str]:
         """Every ``"module:NAME"`` this spec names (``tests/unit/test_model_contract.py`` resolves them)."""
-        refs = [self.parallel_plan, *self.adapters.values(), self.tokenizer, self.flops, self.memory, self.serving]
+        refs = [self.parallel_plan, *self.adapters.values(), self.tokenizer, self.flops, self.memory, self.serving,
+                self.recognizes, self.architecture, self.layer_decay]
         return [r for r in refs if r is not None]
 
 
 __all__ = [
     "FamilySpec", "MemoryModel", "Serving", "ServingGraph", "StateDictAdapter", "Tokenizer", "classifier_serving",
-    "is_library_model", "load_ref",
+    "is_library_model", "keys_have", "load_ref",
 ]  # fmt: skip

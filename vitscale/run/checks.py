@@ -119,6 +119,20 @@ def _check_degenerate(cfg: Config, purpose: str) -> None:
     _at_least("schedule.cooldown_steps", sc.cooldown_steps, 0, "0 = no cooldown")
     _at_least("schedule.min_lr", sc.min_lr, 0, "the cosine's final learning rate")
     _at_least("schedule.rsqrt_timescale", sc.rsqrt_timescale, 1, "steps")
+    if o.layer_decay is not None and not 0 < o.layer_decay <= 1:
+        raise CheckError(f"optim.layer_decay={o.layer_decay} must be in (0, 1] (each layer's LR factor towards the input, "
+                         "e.g. 0.65 or 0.75; unset = off)")  # fmt: skip
+    dc = cfg.distill
+    if dc.teacher:
+        _fraction("distill.alpha", dc.alpha, "the distillation loss's share, DeiT: 0.5", closed_high=True)
+        _positive("distill.tau", dc.tau, "the softmax temperature of soft distillation, DeiT: 1.0")
+        _at_least("distill.clip_weight", dc.clip_weight, 0, "the weight of CLIP's distillation loss, open_clip: 1")
+        _side("distill.teacher_img_size", dc.teacher_img_size)
+        for i, s in enumerate(dc.teacher_std or ()):
+            _positive(f"distill.teacher_std[{i}]", s, "the teacher's images are divided by it")
+    cc = cfg.clip
+    _at_least("clip.lock_image_unlocked_groups", cc.lock_image_unlocked_groups, 0, "0 = the whole tower locked")
+    _at_least("clip.lock_text_unlocked_layers", cc.lock_text_unlocked_layers, 0, "0 = the whole tower locked")
     tl = cfg.token_label
     for key in ("beta", "cls_weight", "mix_token_alpha"):
         _at_least(f"token_label.{key}", getattr(tl, key), 0, "a weight")
@@ -187,6 +201,20 @@ def _check_tp(cfg: Config, dims: ParallelDims) -> None:
         check_layout(get_family(name).plan(), get_model_config(name, **cfg.model.overrides), dims.tp, name)
 
 
+def _check_distill_task(cfg: Config) -> None:
+    """``distill.teacher`` with a task that does not distill is refused rather than ignored."""
+    if not cfg.distill.teacher:
+        return
+    from ..models.registry import get_family
+    from ..tasks import task_groups
+
+    task = cfg.train.task or get_family(cfg.model.name).task
+    able = task_groups().get("distill", (None, ()))[1]
+    if task not in able:
+        raise CheckError(f"distill.teacher is set but the {task} task does not distill (tasks that do: {', '.join(able)}); "
+                         "unset distill.teacher or set train.task")  # fmt: skip
+
+
 def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     """:class:`CheckError` (or RuntimeError for the machine) naming the setting to change, for a run
     of ``purpose``."""
@@ -203,6 +231,7 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     _check_tp(cfg, dims)
     if purpose == "train":
         parse_randaugment(cfg.data.randaugment)  # a ConfigError naming the token
+        _check_distill_task(cfg)
     if purpose in ("train", "bench"):
         check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
                            world_size=dims.world_size)  # fmt: skip

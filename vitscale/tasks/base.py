@@ -7,7 +7,10 @@ it needs and registers itself (after torchtitan's ``protocols/train_spec.py``):
 - its default evaluations (:meth:`Task.default_evals`: the entries a run gets when its config sets
   no ``evals:``, built from the ``eval.*`` keys);
 - the loss ``vitscale bench`` times (:meth:`Task.bench_loss`, on the output of our model and of the
-  reference implementations alike).
+  reference implementations alike);
+- what it prepares once the run is assembled (:meth:`Task.setup`: components that need the layout,
+  such as a distillation teacher, and changes to the model before the optimizer sees it, such as
+  CLIP's tower locks), and the time its parts took (:meth:`Task.step_times`, for the throughput line).
 
 The trainer never branches on a model's name: ``train.task``, else the family's default task
 (``FamilySpec.task``), picks a class from this registry. ``tests/unit/test_new_task.py`` adds a task
@@ -66,6 +69,18 @@ class Task:
         """The task that evaluates trained weights (``vitscale eval``): this one, unless training it
         needs more than the model and the data (token labeling evaluates as classification)."""
         return cls(cfg, model, num_classes, dp_group, class_names)
+
+    def setup(self, run: Any) -> list[str]:
+        """Called once by the trainer with the assembled run (:class:`vitscale.run.Run`: layout, device,
+        data settings) after :attr:`autocast` and :attr:`device` are set and before the optimizer is
+        built: build the components that need the layout (a distillation teacher), change the model
+        (freeze parameters). Returns lines for the run to print. Default: nothing."""
+        return []
+
+    def step_times(self) -> dict[str, float]:
+        """Seconds the task's named parts took since the last call (``{"teacher": s}``), read at log
+        steps only; logged as ``<part>_time_pct`` of the step time. Default: none."""
+        return {}
 
     def loss(self, model: nn.Module, batch: dict, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Mean loss of the (already on-device) micro-batch and detached metric tensors (``train_*``).

@@ -1,5 +1,6 @@
 """Image classification: softmax cross-entropy (+ label smoothing) or sigmoid cross-entropy (ViT-22B),
-with mixup / cutmix soft targets from ``vitscale.data.mixup``."""
+with mixup / cutmix soft targets from ``vitscale.data.mixup``, and DeiT's online distillation from a
+teacher (``distill.*``: :mod:`vitscale.tasks.distill`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch import nn
 from vitscale.data.mixup import Mixup, smooth_one_hot
 
 from .base import Task, register_task
+from .distill_config import DistillConfig
 
 
 def classification_loss(logits: torch.Tensor, target: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
@@ -32,6 +34,7 @@ class ClassificationTask(Task):
     loss of ``train.loss``); the bench times softmax cross-entropy (:meth:`Task.bench_loss`)."""
 
     name = "classification"
+    config_groups = {"distill": DistillConfig}
 
     def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None):
         super().__init__(cfg, model, num_classes, dp_group, class_names)
@@ -45,12 +48,28 @@ class ClassificationTask(Task):
                 switch_prob=d.mixup_switch_prob, label_smoothing=self.smoothing, num_classes=num_classes,
                 seed=cfg.train.seed,
             )  # fmt: skip
+        self.distill = None
+
+    def setup(self, run):
+        """With ``distill.teacher``: the teacher (DeiT distillation), which must predict the data's classes."""
+        if not self.cfg.distill.teacher:
+            return []
+        from .distill import build
+
+        self.distill = build(run, self.cfg.distill, self.autocast, classes=True)
+        return self.distill.lines
+
+    def step_times(self):
+        return self.distill.step_times() if self.distill is not None else {}
 
     def loss(self, model, batch, step):
         images, labels = batch["image"], batch["label"]
         target = labels
         if self.mixup is not None:
             images, target = self.mixup(images, labels, step)
+        if self.distill is not None:  # the teacher sees the mixed images too (DeiT)
+            base = lambda logits, t: classification_loss(logits, t, self.kind, self.smoothing)  # noqa: E731
+            return self.distill.classification_loss(model, images, target, labels, base, self.autocast)
         with self.autocast():
             logits = model(images)
         loss = classification_loss(logits, target, self.kind, self.smoothing)

@@ -8,6 +8,10 @@ the template of a sample is keyed by (seed, micro-step, sample index).
 The loss is ``train.loss``: ``softmax`` (InfoNCE, with ``clip.local_loss`` / ``clip.gather_with_grad``)
 or ``sigmoid`` (SigLIP), computed over the whole data-parallel batch (features exchanged between
 data-parallel ranks; tensor-parallel ranks of one replica hold the same features).
+
+Fine-tuning: ``clip.lock_image`` / ``clip.lock_text`` freeze a tower as open_clip's ``--lock-image``
+/ ``--lock-text`` do (the model's ``lock_image_tower`` / ``lock_text_tower``), before the optimizer is
+built; ``distill.teacher`` adds open_clip's ``--distill-model`` loss (:mod:`vitscale.tasks.distill`).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from vitscale.tasks.contrastive_loss import build_contrastive_loss
 
 from .base import Task, register_task
 from .contrastive_config import ClipConfig
+from .distill_config import DistillConfig
 
 
 class ContrastiveTask(Task):
     name = "contrastive"
-    config_groups = {"clip": ClipConfig}
+    config_groups = {"clip": ClipConfig, "distill": DistillConfig}
 
     def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None):
         super().__init__(cfg, model, num_classes, dp_group, class_names)
@@ -42,6 +47,29 @@ class ContrastiveTask(Task):
         self.class_names = list(cc.class_names) if cc.class_names else readable_class_names(self.class_names)
         self.templates = list(cc.caption_templates)
         self._caption_tokens = None  # (K, T, L) tokens of every (class, template), built on first use
+        self.model, self.distill = model, None
+
+    def setup(self, run):
+        """open_clip's tower locks (``clip.lock_image`` / ``clip.lock_text``), then the distillation
+        teacher (``distill.teacher``, a CLIP)."""
+        cc, lines = self.cfg.clip, []
+        for on, lock, unlocked, key in ((cc.lock_image, self.model.lock_image_tower, cc.lock_image_unlocked_groups, "lock_image"),
+                                        (cc.lock_text, self.model.lock_text_tower, cc.lock_text_unlocked_layers, "lock_text")):  # fmt: skip
+            if on:
+                before = sum(p.numel() for p in self.model.parameters() if not p.requires_grad)
+                frozen = lock(unlocked)
+                n = sum(p.numel() for p in self.model.parameters() if not p.requires_grad) - before
+                lines.append(f"clip.{key}: {n / 1e6:.2f}M parameters frozen ({len(frozen)} tensors now frozen in all), "
+                             f"the last {unlocked} layer groups of the tower trainable")  # fmt: skip
+        if self.cfg.distill.teacher:
+            from .distill import build
+
+            self.distill = build(run, self.cfg.distill, self.autocast, classes=False)
+            lines += self.distill.lines
+        return lines
+
+    def step_times(self):
+        return self.distill.step_times() if self.distill is not None else {}
 
     # ------------------------------------------------------------------ captions
     def caption_tokens(self, labels: torch.Tensor, index: torch.Tensor, step: int) -> torch.Tensor:
@@ -82,10 +110,15 @@ class ContrastiveTask(Task):
             out = model(images, tokens, output_dict=True)
         img, txt = out["image_features"], out["text_features"]
         loss = self.loss_fn(img, txt, out["logit_scale"], out.get("logit_bias"))
+        extra = {}
+        if self.distill is not None:  # open_clip's --distill-model: contrastive + weight x distillation
+            d = self.distill.clip_loss(out, images, tokens, self.dp_group)
+            loss = loss + self.cfg.distill.clip_weight * d
+            extra["train_distill_loss"] = d.detach()
         with torch.no_grad():
             sim = img.float() @ txt.float().t()
             acc = (sim.argmax(-1) == torch.arange(sim.shape[0], device=sim.device)).float().mean()
-        return loss, {"logit_scale": out["logit_scale"].detach().float(), "train_i2t_top1": acc * 100}
+        return loss, {"logit_scale": out["logit_scale"].detach().float(), "train_i2t_top1": acc * 100, **extra}
 
     # ------------------------------------------------------------------ evaluations, bench
     @classmethod

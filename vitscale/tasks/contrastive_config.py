@@ -39,3 +39,16 @@ class ClipConfig:
     run sets no ``evals:`` (then a ``retrieval`` entry there does it)."""
     context_length: int = 77
     """Tokens per caption (the text tower's ``encoder_seq_length``)."""
+    lock_image: bool = False
+    """Freeze the image tower and its projection (LiT, Zhai et al. 2022, arXiv 2111.07991; open_clip
+    ``--lock-image``): its parameters get no gradient and leave the optimizer."""
+    lock_image_unlocked_groups: int = 0
+    """With ``lock_image``: leave the last N layer groups trainable (open_clip
+    ``--lock-image-unlocked-groups``: groups are the embeddings, each block, the last block with the
+    final norm, the projection)."""
+    lock_text: bool = False
+    """Freeze the text tower and its projection (open_clip ``--lock-text``)."""
+    lock_text_unlocked_layers: int = 0
+    """With ``lock_text``: leave the last N layer groups trainable (open_clip
+    ``--lock-text-unlocked-layers``: the embeddings, each block, the last block with the final norm,
+    the projection)."""

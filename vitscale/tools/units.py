@@ -13,7 +13,7 @@ import fnmatch
 # Logged keys (glob patterns) that are ratios, all in percent.
 PERCENT_KEYS = (
     "val_top*", "train_top1", "train_i2t_top1", "mfu", "zeroshot_top*", "*retrieval_recall@*",
-    "linear_probe_top*", "fewshot_*shot_top1", "*_top[0-9]", "*_top[0-9][0-9]",
+    "linear_probe_top*", "fewshot_*shot_top1", "*_top[0-9]", "*_top[0-9][0-9]", "*_time_pct",
 )  # fmt: skip
 
 # What summary.json records under "units" (a run folder written before this rule held its MFU and
@@ -27,9 +27,17 @@ def is_percent(key: str) -> bool:
     return any(fnmatch.fnmatchcase(base, p) for p in PERCENT_KEYS)
 
 
+def count(n: int) -> str:
+    """A parameter count for people: ``312.3K``, ``86.57M``, ``1.84B`` (exact below 1,000)."""
+    for size, unit, digits in ((1e9, "B", 2), (1e6, "M", 2), (1e3, "K", 1)):
+        if n >= size:
+            return f"{n / size:.{digits}f}{unit}"
+    return str(n)
+
+
 def percent(fraction: float) -> float:
     """A fraction of 1 as a percentage."""
     return 100.0 * fraction
 
 
-__all__ = ["PERCENT_KEYS", "UNITS", "is_percent", "percent"]
+__all__ = ["PERCENT_KEYS", "UNITS", "count", "is_percent", "percent"]

@@ -17,8 +17,9 @@ from typing import Any
 
 from torch import nn
 
-from vitscale.checkpoint import Checkpointer, export_safetensors, load_model_weights, read_weights
+from vitscale.checkpoint import Checkpointer, export_safetensors
 from vitscale.checkpoint.state import ModelState, OptimizerState, RNGState
+from vitscale.interop.pretrained import load_pretrained
 
 from .nonfinite import NonFiniteGuard
 
@@ -54,7 +55,8 @@ class Checkpointing:
         self.rng = RNGState()
         self.last: str | None = None  # the newest checkpoint of this run
         self.resumed_from: str | None = None
-        self.init_report: dict | None = None  # what checkpoint.init_from loaded
+        self.init_report: dict | None = None  # what checkpoint.init_from loaded: missing / unexpected / skipped / resized
+        self.init_lines: list[str] = []  # what loading it did, a line each (every rank)
 
     def restore(self, model: nn.Module, ema) -> bool:
         """Resume from the newest intact checkpoint, or initialise the weights from
@@ -69,9 +71,8 @@ class Checkpointing:
                 return True
             self.checkpointer.load(latest, self.tensors, self.counters, self.rng)
             return False
-        if self.cc.init_from:
-            sd = read_weights(self.cc.init_from, "model")
-            self.init_report = load_model_weights(model, sd, source=f"checkpoint.init_from={self.cc.init_from}")
+        if self.cc.init_from:  # any weights a user has (vitscale.interop.pretrained); rank 0 reads, every rank gets its shard
+            _, self.init_lines, self.init_report = load_pretrained(model, self.cc.init_from, self.cc.init_format, from_rank0=True)
             if ema is not None:
                 ema.module.load_state_dict(model.state_dict())
         return False

@@ -5,8 +5,9 @@ test ``tests/unit/test_train_no_sync.py``).
 
 A record holds ``step``, ``loss``, ``lr``, ``img_per_s`` (images since the last record over the wall
 time since it, evaluations and checkpoints excluded), ``grad_norm``, the task's metrics (``train_*``),
-``tflops`` and ``mfu`` (from the model's forward FLOPs per image and the device's peak), ``epoch``
-and, when steps were not applied, ``nonfinite_steps``.
+``tflops`` and ``mfu`` (from the model's forward FLOPs per image and the device's peak), the share of
+the step time the task's parts took (``<part>_time_pct``, e.g. a distillation teacher's forward:
+``Task.step_times``), ``epoch`` and, when steps were not applied, ``nonfinite_steps``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from vitscale.tools.mfu import achieved_tflops, mfu_percent, peak_tflops
+from vitscale.tools.units import count
 
 
 def reduce_mean(t: torch.Tensor, world: int) -> torch.Tensor:
@@ -62,7 +64,9 @@ def opening_lines(run, total_steps: int, peak_lr: float, warmup: int, step: int,
     if resumed_from:
         lines.append(f"resumed from {resumed_from} at step {step}")
     n_params = sum(p.numel() for p in run.model.parameters())
-    lines.append(f"training {cfg.model.name} ({n_params / 1e6:.2f}M params) for {total_steps} steps on {run.device}")
+    trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+    lines.append(f"training {cfg.model.name} ({count(trainable)} / {count(n_params)} params trainable) for {total_steps} "
+                 f"steps on {run.device}")  # fmt: skip
     lines.append(f"batch {tc.batch_size} ({run.micro_batch}/rank x {tc.grad_accum} accum x {run.dims.world_size} ranks), "
                  f"peak lr {peak_lr:.3e}, warmup {warmup} steps")  # fmt: skip
     return lines
@@ -73,8 +77,9 @@ class LogStep:
     first and last, and with every evaluation); :meth:`record` builds its record."""
 
     def __init__(self, tc, *, world: int, steps_per_epoch: int, schedule, guard, flops_per_image: float | None,
-                 peak: float | None, info):  # fmt: skip
+                 peak: float | None, info, part_times=None):  # fmt: skip
         self.tc, self.world, self.steps_per_epoch = tc, world, steps_per_epoch
+        self.part_times = part_times  # the task's parts' seconds since the last record (Task.step_times)
         self.schedule, self.guard, self.info = schedule, guard, info
         self.flops, self.peak = flops_per_image, (peak if flops_per_image else None)
         self.reported_nonfinite = guard.checked_total
@@ -83,6 +88,8 @@ class LogStep:
     def restart(self) -> None:
         """Start counting images and time afresh (after a record, an evaluation or a checkpoint)."""
         self.images, self.t_last = 0, time.perf_counter()
+        if self.part_times is not None:
+            self.part_times()  # the task's timers start afresh too
 
     def advance(self) -> None:
         self.images += self.tc.batch_size
@@ -93,7 +100,8 @@ class LogStep:
     def record(self, step: int, loss: torch.Tensor, metrics: dict[str, torch.Tensor], grad_norm: torch.Tensor,
                last_checkpoint: str | None) -> dict[str, Any]:  # fmt: skip
         """The record of ``step`` (the sync point); stops a diverged run (:class:`NonFiniteError`)."""
-        ips = self.images / max(time.perf_counter() - self.t_last, 1e-9)
+        wall = max(time.perf_counter() - self.t_last, 1e-9)
+        ips = self.images / wall
         rec: dict[str, Any] = {"step": step, "loss": reduce_mean(loss, self.world).item(),
                                "lr": self.schedule.peak * self.schedule.factor(step), "img_per_s": ips,
                                "grad_norm": float(grad_norm.item())}  # fmt: skip
@@ -103,6 +111,8 @@ class LogStep:
             rec["tflops"] = achieved_tflops(ips, self.flops, "train")
             if self.peak:
                 rec["mfu"] = mfu_percent(rec["tflops"], self.peak)
+        for part, seconds in (self.part_times() if self.part_times is not None else {}).items():
+            rec[f"{part}_time_pct"] = 100.0 * seconds / wall  # e.g. the distillation teacher's share of the step time
         rec["epoch"] = step / self.steps_per_epoch
         nonfinite = self.guard.check(step, last_checkpoint)  # stops a diverged run
         if nonfinite:

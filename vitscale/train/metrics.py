@@ -29,6 +29,7 @@ from vitscale.tools.units import is_percent
 TRAIN_FORMATS = (("loss", ".4f"), ("lr", ".2e"))
 EVAL_PREFIXES = ("val_", "zeroshot_", "text_retrieval_", "image_retrieval_")
 NOT_SHOWN = ("step", "epoch", "img_per_s", "tflops", "mfu", "grad_norm")
+TIME_SHARE = "_time_pct"  # a task's part's share of the step time (``teacher_time_pct``): after img/s
 # Details of an evaluation kept in the files but off the terminal's lines (image counts, feature sizes).
 DETAILS = ("_images", "_feature_dim", "_l2", "_seeds", "_note")
 NONFINITE = ("nan", "inf", "-inf")
@@ -79,14 +80,15 @@ def format_record(r: dict, total: int | None = None, names: tuple[str, ...] = ()
         elif r.get(k) in NONFINITE:  # a non-finite value, as written (strict_json)
             parts.append(f"{k} {r[k]}")
     known = {k for k, _ in TRAIN_FORMATS}
+    shares = [k for k in r if k.endswith(TIME_SHARE) and _num(r[k])]  # shown after img/s
     for k, v in r.items():
-        if k not in known and k not in NOT_SHOWN and not is_eval_key(k, names) and _num(v):
+        if k not in known and k not in NOT_SHOWN and k not in shares and not is_eval_key(k, names) and _num(v):
             parts.append(f"{k} {_value(k, v)}")
     for k in NOT_SHOWN:  # a field left off the line shows when it is not finite (a step that was not applied)
         if r.get(k) in NONFINITE:
             parts.append(f"{k} {r[k]}")
     if _num(r.get("img_per_s")):
-        parts.append(f"{r['img_per_s']:.0f} img/s")
+        parts.append(f"{r['img_per_s']:.0f} img/s" + "".join(f" ({k.removesuffix(TIME_SHARE)} {r[k]:.0f}%)" for k in shares))
     if _num(r.get("mfu")):
         parts.append(f"MFU {r['mfu']:.2f}%")
     elif _num(r.get("tflops")):

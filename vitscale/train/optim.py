@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from vitscale.config.schema import OptimConfig
+from vitscale.errors import ConfigError
 
 from .fastpath import optimizer_impl
 
@@ -50,11 +51,18 @@ def param_groups(model: nn.Module, weight_decay: float, head_weight_decay: float
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
-    """AdamW / Adam / SGD over :func:`param_groups`. Each group remembers ``initial_lr`` = peak LR."""
+    """AdamW / Adam / SGD over :func:`param_groups` (split by layer with ``optim.layer_decay``:
+    :func:`vitscale.train.finetune.layer_decay_groups`). Each group remembers ``initial_lr`` = its
+    peak LR (the peak LR x its ``lr_scale``)."""
     groups = param_groups(model, cfg.weight_decay, cfg.head_weight_decay)
+    if cfg.layer_decay:
+        from .finetune import layer_decay_groups
+
+        groups = layer_decay_groups(model, groups, cfg.layer_decay)
+    if not groups:
+        raise ConfigError("nothing to train: every parameter is frozen (model.freeze, clip.lock_image / lock_text)")
     for g in groups:
-        g["lr"] = lr
-        g["initial_lr"] = lr
+        g["lr"] = g["initial_lr"] = lr * g.get("lr_scale", 1.0)
     name = cfg.name.lower()
     if name == "adamw":
         cls, kw = torch.optim.AdamW, {"betas": tuple(cfg.betas), "eps": cfg.eps}

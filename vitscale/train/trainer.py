@@ -38,6 +38,7 @@ from .checkpointing import Checkpointing, RunCounters
 from .ema import EMA
 from .evaluation import EvalSchedule
 from .fastpath import autocast_factory, sdpa_backend
+from .finetune import freeze, group_lines
 from .logstep import LogStep, device_peak, model_flops, opening_lines
 from .metrics import MetricsLogger
 from .nonfinite import NonFiniteGuard, apply_update, prepare_optimizer, skips_on_device
@@ -80,24 +81,28 @@ class Trainer:
             check_graph_inputs(self.model, self.device)
         torch.manual_seed(tc.seed + 1 + self.pd.dp_rank)  # dropout / drop-path streams
         self.peak_lr = scaled_lr(cfg.optim, tc.batch_size)
+        self.autocast = autocast_factory(self.device, run.precision.autocast)
+        self.task = get_task(run.task)(cfg, self.model, run.num_classes, run.dims.dp_group(), run.class_names)
+        self.task.autocast, self.task.device = self.autocast, self.device
+        # the task's components (a distillation teacher) and locks, then model.freeze: before the optimizer
+        self.notices = self.task.setup(run) + freeze(self.model, cfg.model.freeze)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.peak_lr)
+        self.notices += group_lines(self.model, self.optimizer, cfg.optim.layer_decay, self.peak_lr)
         self.steps_per_epoch, total = run_length(tc, len(self.loaders.train))
         warmup, notice = fit_warmup(warmup_steps(cfg.schedule, self.steps_per_epoch), total)
-        self.notices = [notice] if notice else []
+        self.notices += [notice] if notice else []
         if self.loaders.val is None and not cfg.evals:
             self.notices.append("no validation data: this run reports training metrics only (set data.val_path, "
                                 "or data.val_split to hold out part of the training data)")  # fmt: skip
         self.schedule = Schedule(self.optimizer, cfg.schedule, total, warmup, self.peak_lr)
         # FSDP modules cannot be deep-copied: a second model sharded the same way
         self.ema = EMA(self.model, tc.ema_decay, module=run.new_model() if self.world > 1 else None) if tc.ema_decay > 0 else None
-        self.autocast = autocast_factory(self.device, run.precision.autocast)
-        self.task = get_task(run.task)(cfg, self.model, run.num_classes, run.dims.dp_group(), run.class_names)
-        self.task.autocast, self.task.device = self.autocast, self.device
         self.counters = RunCounters(self.loaders.train, total)
         self.checkpoints = Checkpointing(self.out / "checkpoints", cfg.checkpoint, self.model, self.optimizer, self.ema, self.counters)
         prepare_optimizer(self.optimizer)
         self.skip_on_device = skips_on_device(self.optimizer)
         self.complete = self.checkpoints.restore(self.model, self.ema)
+        self.notices += self.checkpoints.init_lines  # what checkpoint.init_from loaded, resampled, re-initialised
         self.init_report = self.checkpoints.init_report
         self.guard = NonFiniteGuard(self.device, tc.max_nonfinite_steps, tc.max_consecutive_nonfinite, self.counters.nonfinite_steps)
         self.tensorboard = False  # whether fit() writes TensorBoard events
@@ -190,7 +195,8 @@ class Trainer:
     def _fit(self, log: MetricsLogger) -> dict[str, Any]:
         cfg, batches, start_step, t_start, last_eval = self.cfg, self._batches(), self.step, time.perf_counter(), {}
         logstep = LogStep(cfg.train, world=self.world, steps_per_epoch=self.steps_per_epoch, schedule=self.schedule,
-                          guard=self.guard, flops_per_image=self.flops_per_image, peak=self.peak_tflops, info=log.info)  # fmt: skip
+                          guard=self.guard, flops_per_image=self.flops_per_image, peak=self.peak_tflops, info=log.info,
+                          part_times=self.task.step_times)  # fmt: skip
         while self.step < self.counters.total_steps:
             self.step += 1
             loss, metrics, grad_norm = self.train_step(batches)
@@ -240,14 +246,16 @@ class Trainer:
                       names=names, weights=self.written.get("weights"))  # fmt: skip
 
 
-def train(cfg: Config, *, summary: str = "human") -> dict[str, Any]:
+def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Train per ``cfg``; returns the summary (also written to ``<output_dir>/summary.json``).
 
     Rank 0 keeps what it prints in ``<output_dir>/train.log`` (``vitscale.train.runlog``) and ends
-    with the summary in the form ``summary`` names: ``human``, ``json`` or ``none``."""
+    with the summary in the form ``summary`` names: ``human``, ``json`` or ``none``. ``notes``: lines
+    from loading the config, printed with the run's opening lines."""
     main = int(os.environ.get("RANK", "0")) == 0  # the rank torchrun gave this process (0 without torchrun)
     with RunLog(Path(cfg.train.output_dir) / "train.log", enabled=main, header=command_line()) as runlog:
         trainer = Trainer(cfg)  # checks the settings and claims the run folder (or refuses: no file written)
+        trainer.notices[:0] = list(notes)
         runlog.attach()
         result = trainer.fit()
         trainer.print_summary(result, summary)

@@ -15,6 +15,9 @@ register_family(
         tokenizer="vitscale.models.clip.tokenizer:create_tokenizer",
         memory="vitscale.models.vit.memory:MEMORY_IMAGE_TOWER",
         serving="vitscale.models.clip.serving:serving",
+        recognizes="vitscale.models.clip.finetune:RECOGNIZES",
+        architecture="vitscale.models.clip.finetune:architecture",
+        layer_decay="vitscale.models.clip.finetune:layer_decay",
     )
 )
 

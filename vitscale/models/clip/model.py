@@ -103,6 +103,7 @@ class CLIP(nn.Module):
     """
 
     supports_dense = False
+    distill_head = False  # no distillation token: distillation losses use the class logits
     input_modes = ("fixed", "multi")  # the image tower resamples its position embeddings
 
     def __init__(self, cfg: CLIPConfig, device=None, dtype=None):
@@ -237,10 +238,47 @@ class CLIP(nn.Module):
     def forward_dense(self, x: torch.Tensor, mix=None) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError(_NO_DENSE)
 
-    def lock_image_tower(self) -> None:
-        """Freeze the image tower and its projection (LiT-style locked-image tuning)."""
-        for p in list(self.visual.parameters()) + list(self.image_proj.parameters()):
+    def lock_image_tower(self, unlocked_groups: int = 0) -> list[str]:
+        """Freeze the image tower and its projection (LiT, Zhai et al. 2022, arXiv 2111.07991), leaving
+        the last ``unlocked_groups`` groups trainable — open_clip's ``lock_image_tower`` groups
+        (``open_clip/transformer.py``, ``VisionTransformer.lock``): the embeddings (patch embedding,
+        class token, position embeddings, pre-norm), each block but the last, the last block with the
+        final norm, the projection. Returns the frozen parameters' names."""
+        v = self.visual
+        groups = [[v.patch_embed, v.cls_token, v.pos_embed, v.norm_pre], *v.blocks[:-1], [v.blocks[-1], v.norm, v.fc_norm],
+                  [self.image_proj]]  # fmt: skip
+        return _lock(self, [v, self.image_proj], groups, unlocked_groups)
+
+    def lock_text_tower(self, unlocked_layers: int = 0) -> list[str]:
+        """Freeze the text tower and its projection, leaving the last ``unlocked_layers`` groups
+        trainable — open_clip's ``lock_text_tower`` groups (``open_clip/transformer.py``): the token and
+        position embeddings, each block but the last, the last block with the final norm, the
+        projection. Returns the frozen parameters' names."""
+        t = self.text
+        groups = [[t.token_embedding, t.pos_embed], *t.blocks[:-1], [t.blocks[-1], t.norm], [self.text_proj]]
+        return _lock(self, [t, self.text_proj], groups, unlocked_layers)
+
+
+def _lock(model: nn.Module, towers: list[nn.Module], groups: list, unlocked: int) -> list[str]:
+    """Freeze every parameter of ``towers``, then unfreeze the last ``unlocked`` of ``groups`` (each a
+    module, a parameter or a list of them). Returns the names of the parameters left frozen."""
+    for tower in towers:
+        for p in tower.parameters():
             p.requires_grad_(False)
+
+    def params(x):
+        if x is None:
+            return []
+        if isinstance(x, nn.Parameter):
+            return [x]
+        if isinstance(x, nn.Module):
+            return list(x.parameters())
+        return [p for item in x for p in params(item)]
+
+    if unlocked > 0:
+        for p in params(groups[-unlocked:]):
+            p.requires_grad_(True)
+    return [n for n, p in model.named_parameters() if not p.requires_grad]
 
 
 _NO_DENSE = "CLIP gives no per-token class logits (token labeling needs a ViT or VOLO model)"

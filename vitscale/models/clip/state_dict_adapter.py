@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..spec import StateDictAdapter, is_library_model
+from ..spec import StateDictAdapter, is_library_model, keys_have
 from ..vit.configs import ViTConfig
 from .configs import OPENAI_MEAN, OPENAI_STD, CLIPConfig, CLIPTextConfig
 from .model import CLIP
@@ -321,6 +321,8 @@ OPEN_CLIP = StateDictAdapter(
     library_kwargs=open_clip_config,
     create=create_open_clip_model,
     names=OPEN_CLIP_NAMES,
+    from_state_dict=state_dict_from_open_clip,
+    recognizes=keys_have("visual.conv1.weight"),
 )
 """The CLIP family's open_clip adapter (``FamilySpec.adapters``)."""
 

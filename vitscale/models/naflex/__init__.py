@@ -16,6 +16,9 @@ register_family(
         task="classification",
         parallel_plan="vitscale.models.naflex.parallelize:PLAN",
         adapters={"timm": "vitscale.models.naflex.timm_adapter:TIMM"},
+        # its own naming, or a classic ViT's (converted by the model's load hook)
+        recognizes="vitscale.models.naflex.state_dict_adapter:RECOGNIZES",
+        layer_decay="vitscale.models.vit.finetune:layer_decay",
         # a NaFlex image of N patches costs what an image of N patches costs a ViT (padding tokens
         # cost as much as real ones)
         flops="vitscale.models.vit.flops:vit_flops",

@@ -45,6 +45,7 @@ class NaFlexViT(nn.Module):
     """
 
     supports_dense = False
+    distill_head = False  # no distillation token: distillation losses use the class logits
     input_modes = ("fixed", "multi", "naflex")
 
     def __init__(self, cfg: NaFlexConfig, device=None, dtype=None):

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..common.pos_embed import resample_pos_embed
+from ..spec import keys_have
 from ..vit import state_dict_adapter as vit_adapter
 from ..vit.state_dict_adapter import _NORMS, _activation, _is
 from .configs import NaFlexConfig
@@ -227,7 +228,11 @@ def state_dict_from_vit(sd: dict[str, torch.Tensor], cfg: NaFlexConfig, prefix: 
     sd[key] = resample_pos_embed(pe, (gh, gw), old, 0).reshape(1, gh, gw, -1)
 
 
+RECOGNIZES = keys_have("patch_embed.weight", "patch_embed.proj.weight")
+"""vitscale's NaFlex naming (a Linear patch embedding), or a classic ViT's (``FamilySpec.recognizes``)."""
+
+
 __all__ = [
-    "config_from_timm", "conv_to_linear", "state_dict_from_timm",
+    "RECOGNIZES", "config_from_timm", "conv_to_linear", "state_dict_from_timm",
     "state_dict_from_vit", "state_dict_to_timm", "timm_kwargs", "unsupported_timm_options",
 ]  # fmt: skip

@@ -14,6 +14,9 @@ register_family(
         adapters={"timm": "vitscale.models.vit.timm_registry:TIMM"},
         flops="vitscale.models.vit.flops:vit_flops",
         memory="vitscale.models.vit.memory:MEMORY",
+        recognizes="vitscale.models.vit.finetune:RECOGNIZES",
+        architecture="vitscale.models.vit.finetune:architecture",
+        layer_decay="vitscale.models.vit.finetune:layer_decay",
     )
 )
 

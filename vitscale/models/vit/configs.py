@@ -85,6 +85,11 @@ class ViTConfig:
     """LayerScale on each residual branch with this start value; None = off."""
     pos_embed_prefix: bool = True
     """Whether the prefix tokens get position embeddings too (timm ``no_embed_class=False``)."""
+    distill_token: bool = False
+    """DeiT's distillation token (Touvron et al. 2021, arXiv 2012.12877, section 4): one more prefix
+    token after the class token(s), with its own classifier (``head_dist``) that the distillation loss
+    trains (``distill.*``); at evaluation (and in any plain forward call) the logits are the mean of
+    the class and distillation heads, as DeiT and timm's ``VisionTransformerDistilled``."""
 
     def __post_init__(self) -> None:
         if self.pool not in POOLS:
@@ -101,6 +106,10 @@ class ViTConfig:
             raise ValueError(f"image {self.img_h}x{self.img_w} is not divisible by patch_dim {self.patch_dim}")
         if self.parallel_block and self.ffn_hidden_size % self.num_attention_heads:
             raise ValueError("parallel_block needs ffn_hidden_size divisible by num_attention_heads")
+        if self.distill_token and (self.class_token_length < 1 or not self.class_token):
+            raise ValueError("distill_token needs a class token (class_token_length >= 1, class_token=True), as DeiT")
+        if self.distill_token and self.pool == "none":
+            raise ValueError("distill_token needs pooled logits (pool token, avg or map), not pool='none'")
         if self.parallel_block and self.qkv_bias and not self.mlp_bias:
             raise ValueError("parallel_block with qkv_bias=True needs mlp_bias=True (one fused bias)")
 
@@ -114,7 +123,8 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return self.class_token_length
+        """Class token(s) and registers, plus the distillation token."""
+        return self.class_token_length + int(self.distill_token)
 
     @property
     def use_fc_norm(self) -> bool:

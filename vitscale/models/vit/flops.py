@@ -21,7 +21,7 @@ def vit_flops(cfg: ViTConfig, img_size: int | tuple[int, int] | None = None, tra
     p, D, F, C = cfg.patch_dim, cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_channels
     n_patch = (h // p) * (w // p)
     n_keep = kept_patches(n_patch, cfg.drop_patch_rate) if training else n_patch
-    T = cfg.class_token_length + n_keep
+    T = cfg.num_prefix_tokens + n_keep
     flops = 2 * n_patch * (p * p * C) * D  # patch embedding
     per_block = 2 * T * D * 3 * D  # QKV
     per_block += 2 * 2 * T * T * D  # scores + attention x values
@@ -35,7 +35,7 @@ def vit_flops(cfg: ViTConfig, img_size: int | tuple[int, int] | None = None, tra
     if cfg.pre_logits:
         flops += 2 * D * D
     if cfg.num_classes:
-        flops += 2 * D * cfg.num_classes
+        flops += 2 * D * cfg.num_classes * (2 if cfg.distill_token else 1)  # and the distillation head
     return int(flops)
 
 

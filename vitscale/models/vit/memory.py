@@ -73,7 +73,7 @@ class ViTMemory:
 
     def activation_elems(self, model: nn.Module, plan: Any, tp: int, ac: str) -> tuple[float, float]:
         cfg = self.tower(model.cfg)
-        tokens = cfg.num_patches + cfg.class_token_length
+        tokens = cfg.num_patches + cfg.num_prefix_tokens
         per_block = block_activation_elems(cfg, tokens, tp, ac)
         D, L = cfg.hidden_size, cfg.num_layers
         if ac == "full":

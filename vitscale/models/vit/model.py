@@ -136,14 +136,16 @@ class VisionTransformer(nn.Module):
         D, L = cfg.hidden_size, cfg.class_token_length
         eps, nb, nt = cfg.norm_eps, cfg.norm_bias, cfg.norm_type
         self.num_features = D
-        self.num_prefix_tokens = L
+        self.num_prefix_tokens = P = cfg.num_prefix_tokens  # class token(s), registers, distillation token
         self.grad_checkpointing = False
         self.patch_embed = PatchEmbed(cfg.patch_dim, cfg.num_channels, D, bias=cfg.patch_bias, device=device, dtype=dtype)
         self.cls_token = nn.Parameter(torch.empty(1, L, D, device=device, dtype=dtype)) if L > 0 else None
-        n_pos = cfg.num_patches + (L if cfg.pos_embed_prefix else 0)
+        # DeiT's distillation token, after the class token(s) (timm's VisionTransformerDistilled order)
+        self.dist_token = nn.Parameter(torch.empty(1, 1, D, device=device, dtype=dtype)) if cfg.distill_token else None
+        n_pos = cfg.num_patches + (P if cfg.pos_embed_prefix else 0)
         self.pos_embed = nn.Parameter(torch.empty(1, n_pos, D, device=device, dtype=dtype))
         self.pos_drop = nn.Dropout(cfg.hidden_dropout)
-        self.patch_drop = PatchDropout(cfg.drop_patch_rate, L) if cfg.drop_patch_rate > 0 else nn.Identity()
+        self.patch_drop = PatchDropout(cfg.drop_patch_rate, P) if cfg.drop_patch_rate > 0 else nn.Identity()
         self.norm_pre = make_norm(D, eps, nb, device, dtype, nt) if cfg.pre_norm else nn.Identity()
         block_cls = ParallelBlock if cfg.parallel_block else Block
         n = cfg.num_layers
@@ -166,7 +168,16 @@ class VisionTransformer(nn.Module):
         )
         self.num_classes = cfg.num_classes
         self.head = nn.Linear(D, cfg.num_classes, device=device, dtype=dtype) if cfg.num_classes > 0 else nn.Identity()
+        self.head_dist = self._new_head(cfg.num_classes, device, dtype) if cfg.distill_token else None
         self._register_load_state_dict_pre_hook(self._resample_pos_embed_on_load)
+
+    @property
+    def distill_head(self) -> bool:
+        """Whether ``model(x, distill=True)`` gives the distillation token's own logits (DeiT)."""
+        return self.dist_token is not None
+
+    def _new_head(self, num_classes: int, device, dtype) -> nn.Module:
+        return nn.Linear(self.num_features, num_classes, device=device, dtype=dtype) if num_classes > 0 else nn.Identity()
 
     # ------------------------------------------------------------------ init
     @torch.no_grad()
@@ -189,10 +200,13 @@ class VisionTransformer(nn.Module):
         trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
+        if self.dist_token is not None:
+            trunc_normal_(self.dist_token, std=0.02)  # as DeiT's (facebookresearch/deit, models.py)
         if self.attn_pool is not None:
             trunc_normal_(self.attn_pool.latent, std=self.num_features**-0.5)
-        if isinstance(self.head, nn.Linear):
-            nn.init.constant_(self.head.bias, self.cfg.head_bias_init)
+        for head in (self.head, self.head_dist):
+            if isinstance(head, nn.Linear):
+                nn.init.constant_(head.bias, self.cfg.head_bias_init)
 
     # ------------------------------------------------------------------ API
     def no_weight_decay(self) -> set[str]:
@@ -200,13 +214,18 @@ class VisionTransformer(nn.Module):
         names = {"pos_embed"}
         if self.cls_token is not None:
             names.add("cls_token")
+        if self.dist_token is not None:
+            names.add("dist_token")
         if self.attn_pool is not None:
             names.add("attn_pool.latent")
         return names
 
     def head_parameter_names(self) -> set[str]:
         """The classifier's parameters (ViT-22B gives the head its own weight decay)."""
-        return {f"head.{n}" for n, _ in self.head.named_parameters()}
+        names = {f"head.{n}" for n, _ in self.head.named_parameters()}
+        if self.head_dist is not None:
+            names |= {f"head_dist.{n}" for n, _ in self.head_dist.named_parameters()}
+        return names
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
@@ -220,14 +239,15 @@ class VisionTransformer(nn.Module):
         ref = self.pos_embed
         self.num_classes = num_classes
         self.cfg = replace(self.cfg, num_classes=num_classes)
-        if num_classes > 0:
-            self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype)
-            if ref.device.type != "meta":
-                with torch.no_grad():
-                    trunc_normal_(self.head.weight, std=0.02)
-                    nn.init.constant_(self.head.bias, self.cfg.head_bias_init)
-        else:
-            self.head = nn.Identity()
+        self.head = self._new_head(num_classes, ref.device, ref.dtype)
+        if self.head_dist is not None:
+            self.head_dist = self._new_head(num_classes, ref.device, ref.dtype)
+        if num_classes > 0 and ref.device.type != "meta":
+            with torch.no_grad():
+                for head in (self.head, self.head_dist):
+                    if head is not None:
+                        trunc_normal_(head.weight, std=0.02)
+                        nn.init.constant_(head.bias, self.cfg.head_bias_init)
 
     def set_image_size(self, img_h: int, img_w: int | None = None) -> None:
         """Resize the position embeddings to a new image size (high-resolution fine-tuning)."""
@@ -246,12 +266,13 @@ class VisionTransformer(nn.Module):
         if grid != self.cfg.grid:  # another image size at run time: interpolate on the fly
             pos = resample_pos_embed(pos, grid, self.cfg.grid, self._pos_prefix())
         B = x.shape[0]
-        if self.cls_token is None:
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
+        if not prefix:
             x = x + pos
         elif self.cfg.pos_embed_prefix:
-            x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1) + pos  # (B, L+N, D)
+            x = torch.cat([*prefix, x], dim=1) + pos  # (B, P+N, D)
         else:
-            x = torch.cat([self.cls_token.expand(B, -1, -1), x + pos], dim=1)  # (B, L+N, D)
+            x = torch.cat([*prefix, x + pos], dim=1)  # (B, P+N, D)
         return self.pos_drop(x)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -275,8 +296,19 @@ class VisionTransformer(nn.Module):
             return x[:, self.num_prefix_tokens :].mean(dim=1)
         return x
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        return self._classify(self.pool(x), pre_logits)
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, distill: bool = False):
+        """Tokens -> logits (pooled features with ``pre_logits``). With a distillation token: the mean
+        of the class and distillation heads, or both ``(class, distillation)`` with ``distill``
+        (without one, ``distill`` gives the class logits twice: DeiT's distillation without a token)."""
+        out = self._classify(self.pool(x), pre_logits)
+        if self.dist_token is None:
+            return (out, out) if distill else out
+        d = self.head_drop(self.fc_norm(x[:, self.cfg.class_token_length]))  # the distillation token (B, D)
+        d = self.pre_logits(d)
+        if pre_logits:
+            return (out + d) / 2
+        d = self.head_dist(d)
+        return (out, d) if distill else (out + d) / 2
 
     def _classify(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Pooled features ``(B, D)`` (or every token, ``(B, T, D)``) -> logits."""
@@ -296,15 +328,18 @@ class VisionTransformer(nn.Module):
         feats = self.forward_features(x)
         every = self._classify(feats)  # (B, prefix + N, C)
         tok = every[:, self.num_prefix_tokens :].reshape(B, gh, gw, -1)  # (B, gh, gw, C)
-        cls = every[:, 0] if self.cfg.pool == "token" else self.forward_head(feats)
+        cls = every[:, 0] if self.cfg.pool == "token" and self.dist_token is None else self.forward_head(feats)
         return cls, tok
 
-    def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None, pre_logits: bool = False):
+    def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None, pre_logits: bool = False,
+                distill: bool = False):  # fmt: skip
+        """Class logits; ``dense``: and per-token logits; ``pre_logits``: the pooled features;
+        ``distill``: ``(class logits, distillation-token logits)`` (DeiT; see :meth:`forward_head`)."""
         if dense:  # through forward() so FSDP's hooks gather the parameters
             return self.forward_dense(x, mix)
         if pre_logits:  # the pooled features (probes), also through forward()
             return self.forward_head(self.forward_features(x), pre_logits=True)
-        return self.forward_head(self.forward_features(x))
+        return self.forward_head(self.forward_features(x), distill=distill)
 
     # ------------------------------------------------------------------ sizes
     def example_inputs(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..spec import StateDictAdapter, is_library_model
+from ..spec import StateDictAdapter, is_library_model, keys_have
 from .configs import ViTConfig
 from .state_dict_adapter import (
     TIMM_NAMES,
@@ -199,6 +199,8 @@ TIMM = StateDictAdapter(
     library_kwargs=timm_kwargs,
     create=create_timm_vit,
     names=TIMM_NAMES,
+    from_state_dict=state_dict_from_timm,
+    recognizes=keys_have("patch_embed.proj.weight"),  # vitscale's ViT naming too: only metadata tells
 )
 
 __all__ = [

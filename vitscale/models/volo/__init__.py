@@ -12,6 +12,7 @@ register_family(
         task="classification",
         parallel_plan="vitscale.models.volo.parallelize:PLAN",
         adapters={"timm": "vitscale.models.volo.state_dict_adapter:TIMM"},
+        recognizes="vitscale.models.volo.state_dict_adapter:RECOGNIZES",
     )
 )
 

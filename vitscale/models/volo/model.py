@@ -188,6 +188,7 @@ class VOLO(nn.Module):
     """
 
     supports_dense = True
+    distill_head = False  # no distillation token: distillation losses use the class logits
     # One image size per run. The forward resamples the position embedding for evaluating at another
     # size, but VOLO trains at one size, then fine-tunes at a larger one as a second run (sail-sg/volo
     # README; set_image_size), and token labeling's dense targets come on one grid; its outlook

@@ -24,7 +24,7 @@ import re
 import torch
 from torch import nn
 
-from ..spec import StateDictAdapter, is_library_model
+from ..spec import StateDictAdapter, is_library_model, keys_have
 from .configs import VOLOConfig
 from .model import VOLO
 
@@ -195,8 +195,13 @@ TIMM = StateDictAdapter(
     library_kwargs=timm_kwargs,
     create=create_timm_volo,
     names={f"volo_{d}": f"volo_{d}_224" for d in ("d1", "d2", "d3", "d4", "d5")},
+    from_state_dict=volo_state_dict_from_timm,
+    recognizes=keys_have("network.0.0.attn.v.weight"),
 )
 """The VOLO family's timm adapter (``FamilySpec.adapters``)."""
+
+RECOGNIZES = keys_have("outlookers.0.attn.v.weight")
+"""vitscale's VOLO naming (``FamilySpec.recognizes``; timm's: ``network.0.0.*``)."""
 
 __all__ = [
     "TIMM", "config_from_timm", "create_timm_volo", "timm_kwargs", "volo_from_timm", "volo_state_dict_from_timm",

@@ -1,0 +1,92 @@
+"""What fine-tuning asks of the ViT family (its ``FamilySpec`` slots): whether a state dict's names
+are a ViT's, which architecture a state dict shows, and the layers of layer-wise LR decay.
+
+A ViT state dict in vitscale's naming and in timm's share their key names (only the fused QKV rows
+differ in order: ``state_dict_adapter.py``), so the names alone never tell the two apart; the file's
+metadata or its kind must (``vitscale.interop.pretrained``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..spec import keys_have
+
+RECOGNIZES = keys_have("patch_embed.proj.weight")
+"""vitscale's ViT naming (also timm's): a strided patch convolution."""
+
+
+def _block_count(sd: Mapping[str, torch.Tensor], prefix: str) -> int | None:
+    ids = {k[len(prefix) :].split(".", 1)[0] for k in sd if k.startswith(prefix)}
+    ids = {int(i) for i in ids if i.isdigit()}
+    return max(ids) + 1 if ids else None
+
+
+def vit_architecture(sd: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, Any]:
+    """The :class:`~vitscale.models.vit.configs.ViTConfig` fields a ViT state dict in vitscale's naming
+    shows (under ``prefix``, e.g. ``visual.`` in a CLIP), in the order they are compared; the number
+    of attention heads shows only through QK-norm weights, the image size is resampled, the class
+    count re-initialised (both read, not compared)."""
+    def get(k: str) -> torch.Tensor | None:
+        return sd.get(prefix + k)
+
+    out: dict[str, Any] = {}
+    pe = get("patch_embed.proj.weight")
+    if pe is not None and pe.ndim == 4:  # (D, C, p, p)
+        out.update(hidden_size=int(pe.shape[0]), num_channels=int(pe.shape[1]), patch_dim=int(pe.shape[-1]))
+    layers = _block_count(sd, prefix + "blocks.")
+    if layers is not None:
+        out["num_layers"] = layers
+    parallel = get("blocks.0.in_proj.weight") is not None
+    out["parallel_block"] = parallel
+    fc1 = get("blocks.0.mlp.fc1.weight")
+    if fc1 is not None:
+        out["ffn_hidden_size"] = int(fc1.shape[0])
+    elif parallel and "hidden_size" in out:  # in_proj rows: per head (3 Dh + F / H)
+        out["ffn_hidden_size"] = int(get("blocks.0.in_proj.weight").shape[0]) - 3 * out["hidden_size"]
+    q_norm = get("blocks.0.attn.q_norm.weight")
+    if q_norm is None:
+        q_norm = get("blocks.0.q_norm.weight")
+    out["qk_norm"] = q_norm is not None
+    if q_norm is not None and "hidden_size" in out:  # (Dh,): the heads show
+        out["num_attention_heads"] = out["hidden_size"] // int(q_norm.shape[0])
+    if not parallel and layers:
+        out["qkv_bias"] = get("blocks.0.attn.qkv.bias") is not None
+    cls = get("cls_token")
+    out["class_token_length"] = int(cls.shape[1]) if cls is not None else 0
+    out["distill_token"] = get("dist_token") is not None
+    if get("attn_pool.latent") is not None:
+        out["pool"] = "map"
+    out["pre_norm"] = get("norm_pre.weight") is not None
+    head = get("head.weight")
+    out["num_classes"] = int(head.shape[0]) if head is not None else 0
+    return out
+
+
+def architecture(sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """``FamilySpec.architecture`` of the ViT family."""
+    return vit_architecture(sd)
+
+
+def vit_layer_exponents(model: nn.Module, prefix: str = "") -> dict[str, int]:
+    """BEiT's layer-wise LR decay of a ViT (timm ``param_groups_layer_decay`` with the ViT's
+    ``group_matcher``): the embeddings (patch embedding, class / register / distillation tokens,
+    position embeddings, the pre-norm) ``L + 1`` times, block ``i`` ``L - i`` times, the rest (final
+    norm, pooling head, classifier) not at all. ``prefix``: the tower's (``visual.``)."""
+    L = len(model.blocks)
+    stem = ("cls_token", "dist_token", "pos_embed", "patch_embed", "norm_pre")
+    out = {prefix + name: L + 1 for name in stem}
+    out.update({f"{prefix}blocks.{i}": L - i for i in range(L)})
+    return out
+
+
+def layer_decay(model: nn.Module) -> dict[str, int]:
+    """``FamilySpec.layer_decay`` of the ViT family."""
+    return vit_layer_exponents(model)
+
+
+__all__ = ["RECOGNIZES", "architecture", "layer_decay", "vit_architecture", "vit_layer_exponents"]

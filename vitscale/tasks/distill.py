@@ -1,0 +1,274 @@
+"""Online distillation: a teacher in the training process, and the losses that learn from it — the
+component the distilling tasks call (classification: DeiT; contrastive: open_clip's
+``--distill-model``), configured by the ``distill`` group (:mod:`.distill_config`).
+
+**The teacher** is given like ``checkpoint.init_from`` (any source of
+:mod:`vitscale.interop.pretrained`, any model family), built on the meta device and laid out as the
+student (FSDP2 / TP of ``parallel.*``) or whole on every rank (``distill.teacher_layout``), its
+weights read by rank 0 and broadcast (each rank keeps its shard). It runs in eval mode under
+``torch.no_grad`` (no autograd graph, dropout off) with the student's autocast, on the batch's own
+images after the student's mixup / cutmix (DeiT's teacher sees the mixed images too), resized to its
+input size and re-normalised from ``data.mean`` / ``data.std`` to its own (one affine map per
+channel, on the device). The data pipeline is untouched.
+
+**Classification** (DeiT, Touvron et al. 2021, arXiv 2012.12877, section 4; facebookresearch/deit,
+``losses.py``): loss = (1 - alpha) x the task's loss on the class logits + alpha x the distillation
+loss on the distillation token's logits (a ViT with ``distill_token``; otherwise the class logits):
+``hard`` = cross-entropy to the teacher's argmax; ``soft`` = ``KL(softmax(t / tau) || softmax(s /
+tau)) x tau^2``, summed and divided by the number of logits (DeiT's ``reduction='sum' / numel``).
+
+**Contrastive** (open_clip ``DistillClipLoss``, ``open_clip/loss.py``): loss = contrastive + weight x
+the mean of the image->text and text->image cross-entropies of the student's logits to the teacher's
+softmax, each scaled by its own ``logit_scale``, over the whole data-parallel batch (this rank's rows
+against every rank's columns, features gathered as the contrastive loss does: the one-process
+gradient on any number of ranks).
+
+**Time.** The teacher's forward is timed (CUDA events on a GPU, read at log steps only; wall time on
+the CPU) and its share of the step time is logged as ``teacher_time_pct``; MFU and TFLOP/s count the
+student's FLOPs only, and the run says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitscale.errors import ConfigError, UserError
+
+from .distill_config import DistillConfig
+
+
+class StepTimer:
+    """Seconds spent inside ``with timer():`` since the last :meth:`take` (CUDA events on a GPU: no
+    host sync until :meth:`take`, which runs at log steps only)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pending: list[tuple[Any, Any]] = []
+        self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def __call__(self):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self.pending.append((start, end))
+        else:
+            t = time.perf_counter()
+            yield
+            self.seconds += time.perf_counter() - t
+
+    def take(self) -> float:
+        if self.pending:
+            self.pending[-1][1].synchronize()
+        total = self.seconds + sum(s.elapsed_time(e) / 1000.0 for s, e in self.pending)
+        self.pending, self.seconds = [], 0.0
+        return total
+
+
+class Teacher:
+    """A teacher model in inference (eval mode, ``no_grad``), with its input adapter and its timer."""
+
+    def __init__(self, model: nn.Module, *, scale: torch.Tensor, shift: torch.Tensor, size: tuple[int, int] | None,
+                 interpolation: str, autocast, device: torch.device):  # fmt: skip
+        self.model = model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.scale, self.shift = scale.view(1, -1, 1, 1).to(device), shift.view(1, -1, 1, 1).to(device)  # (1, C, 1, 1)
+        self.size, self.interpolation, self.autocast = size, interpolation, autocast
+        self.timer = StepTimer(device)
+
+    def images(self, x: torch.Tensor) -> torch.Tensor:
+        """The student's normalised images ``(B, C, H, W)`` as the teacher takes them."""
+        x = x * self.scale.to(x.dtype) + self.shift.to(x.dtype)  # x * s_std / t_std + (s_mean - t_mean) / t_std
+        if self.size is not None and tuple(x.shape[-2:]) != self.size:
+            x = F.interpolate(x, size=self.size, mode=self.interpolation, align_corners=False, antialias=True)
+        return x
+
+    def __call__(self, images: torch.Tensor, *args, **kwargs):
+        with self.timer(), torch.no_grad(), self.autocast():
+            return self.model(self.images(images), *args, **kwargs)
+
+
+class Distillation:
+    """What a distilling task calls: ``classification_loss`` (DeiT) or ``clip_loss`` (open_clip)."""
+
+    def __init__(self, teacher: Teacher, dc: DistillConfig, lines: list[str]):
+        self.teacher, self.cfg, self.lines = teacher, dc, lines
+
+    # ------------------------------------------------------------------ classification (DeiT)
+    def classification_loss(self, model: nn.Module, images: torch.Tensor, target: torch.Tensor, labels: torch.Tensor,
+                            base_loss, autocast) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        """``(1 - alpha) base_loss(class logits, target) + alpha KD(distillation logits, teacher)``."""
+        dc = self.cfg
+        with autocast():
+            if model.distill_head:  # DeiT's distillation token: its own head learns from the teacher
+                cls, dst = model(images, distill=True)
+            else:
+                cls = dst = model(images)
+        t = self.teacher(images).float()
+        cls, dst = cls.float(), dst.float()
+        base = base_loss(cls, target)
+        if dc.kind == "soft":
+            T = dc.tau
+            kd = F.kl_div(F.log_softmax(dst / T, dim=-1), F.log_softmax(t / T, dim=-1), reduction="sum", log_target=True)
+            kd = kd * (T * T) / dst.numel()
+        else:
+            kd = F.cross_entropy(dst, t.argmax(dim=-1))
+        loss = (1 - dc.alpha) * base + dc.alpha * kd
+        metrics = {"train_distill_loss": kd.detach()}
+        if target.ndim == 1:
+            logits = ((cls + dst) / 2).detach()  # what evaluation scores (the heads' mean)
+            metrics["train_top1"] = (logits.argmax(-1) == labels).float().mean() * 100
+            metrics["train_teacher_top1"] = (t.argmax(-1) == labels).float().mean() * 100
+        return loss, metrics
+
+    # ------------------------------------------------------------------ contrastive (open_clip)
+    def clip_loss(self, out: dict, images: torch.Tensor, tokens: torch.Tensor, group=None) -> torch.Tensor:
+        """open_clip's distillation term: the student's image-text logits against the teacher's
+        softmax, image->text and text->image, over this rank's rows and every rank's columns."""
+        from .contrastive_loss import gather_features
+
+        t = self.teacher(images, _fit_tokens(tokens, self.teacher.model), output_dict=True)
+        img, txt, scale = out["image_features"].float(), out["text_features"].float(), out["logit_scale"].float()
+        t_img, t_txt, t_scale = t["image_features"].float(), t["text_features"].float(), t["logit_scale"].float()
+        all_img, all_txt = gather_features(img, group, True), gather_features(txt, group, True)  # (W*B, E)
+        t_all_img, t_all_txt = gather_features(t_img, group, False), gather_features(t_txt, group, False)
+        i2t = _soft_ce(t_scale * t_img @ t_all_txt.t(), scale * img @ all_txt.t())  # (B, W*B) logits
+        t2i = _soft_ce(t_scale * t_txt @ t_all_img.t(), scale * txt @ all_img.t())
+        return (i2t + t2i) / 2
+
+    def step_times(self) -> dict[str, float]:
+        return {"teacher": self.teacher.timer.take()}
+
+
+def _soft_ce(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
+    """``-sum softmax(teacher) log_softmax(student)`` per row, averaged (open_clip ``dist_loss``)."""
+    return -(teacher_logits.softmax(dim=1) * student_logits.log_softmax(dim=1)).sum(dim=1).mean()
+
+
+def _fit_tokens(tokens: torch.Tensor, model: nn.Module) -> torch.Tensor:
+    """Caption tokens cut to the teacher's text context (its ``example_inputs`` say how long), the last
+    kept token becoming the end-of-text token (the highest id) where a caption was longer."""
+    context = model.example_inputs(1, "meta")[1].shape[1]
+    if tokens.shape[1] <= context:
+        return tokens
+    cut = tokens[:, :context].clone()
+    longer = tokens.argmax(dim=-1) >= context
+    cut[:, -1] = torch.where(longer, tokens.max(dim=-1).values, cut[:, -1])
+    return cut
+
+
+# ---------------------------------------------------------------------------------- building
+def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
+    """The teacher of ``distill.teacher`` for ``run`` (its layout, device, data settings) and the lines
+    the run prints about it. ``classes``: the teacher's classifier must predict the data's classes."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from vitscale.distributed.init import init_weights
+    from vitscale.distributed.parallel_dims import ParallelDims
+    from vitscale.distributed.parallelize import parallelize
+    from vitscale.interop.pretrained import file_classes, load_pretrained, read_source, to_vitscale
+    from vitscale.models.registry import create_model, get_family, get_model_config, parallel_plan
+
+    where = f"distill.teacher={dc.teacher}"
+    family = get_family(dc.teacher_model or run.cfg.model.name)
+    # rank 0 reads the source once to name the teacher's model, preprocessing and class count (the
+    # weights themselves are read again, by rank 0, when loaded)
+    info, err, src = None, None, None
+    if run.dims.is_main:
+        try:
+            src = read_source(dc.teacher, family, dc.teacher_format, weights=dc.teacher_weights, setting="distill.teacher",
+                              format_key="distill.teacher_format")  # fmt: skip
+            name = dc.teacher_model or src.model
+            if name is None:
+                raise ConfigError(f"{where}: its weights do not name their model: set distill.teacher_model (a variant "
+                                  "of `vitscale models`) and distill.teacher_overrides")  # fmt: skip
+            overrides = dict(dc.teacher_overrides) if dc.teacher_model else dict(src.overrides)
+            t_family = get_family(name)
+            fields = {f.name for f in dataclasses.fields(get_model_config(name))}
+            if "num_classes" in fields and "num_classes" not in overrides:
+                n = file_classes(t_family, to_vitscale(src, t_family, get_model_config(name, **overrides), where))
+                if n is not None:
+                    overrides["num_classes"] = n
+            info = (name, overrides, dict(src.preprocess), src.format, str(src.path))
+        except Exception as e:  # every rank must hear of it
+            err = e
+    if run.dims.distributed:
+        box = [info if err is None else str(err)]
+        dist.broadcast_object_list(box, src=0)
+        if err is None and isinstance(box[0], str):
+            raise UserError(box[0])
+        info = box[0]
+    if err is not None:
+        raise err
+    name, overrides, pre, fmt, path = info
+    side = dc.teacher_img_size or (pre.get("img_size") or (None,))[0]
+    base = get_model_config(name, **overrides)
+    if side and {"img_h", "img_w"} <= {f.name for f in dataclasses.fields(base)}:
+        overrides = {**overrides, "img_h": side, "img_w": side}
+    size = (side, side) if side else (base.img_h, base.img_w)
+
+    model = create_model(name, device="meta", **overrides)
+    if classes and model.num_classes != run.num_classes:
+        raise ConfigError(f"{where}: the teacher ({name}) predicts {model.num_classes} classes, the data has "
+                          f"{run.num_classes}: a classification teacher must predict the data's classes, in its order")  # fmt: skip
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    layout = dc.teacher_layout
+    if layout == "auto":
+        layout = "replicated" if n_bytes <= dc.replicate_max_mb * 2**20 or not run.dims.distributed else "sharded"
+    dims = run.dims if layout == "sharded" and run.dims.distributed else ParallelDims(device=run.device)
+    no_fp8 = dataclasses.replace(run.cfg.precision, fp8="none")
+    no_ac = dataclasses.replace(run.cfg.parallel, activation_checkpointing="none")
+    parallelize(model, parallel_plan(get_family(name)), dims, no_ac, no_fp8, bool(run.cfg.train.compile), run.cfg.train.compile_mode)
+    model.to_empty(device=run.device)
+    init_weights(model, dims, 0, None, "sharded")  # non-persistent buffers; every weight is then loaded
+    _, loaded, _ = load_pretrained(model, dc.teacher, fmt, setting="distill.teacher", format_key="distill.teacher_format",
+                                label=name, weights=dc.teacher_weights, from_rank0=True, complete=True, source=src)  # fmt: skip
+    mean, std, said = _normalisation(dc, pre, run.cfg.data)
+    mean, std = _channels(mean, base), _channels(std, base)
+    s_mean, s_std = _channels(run.cfg.data.mean, base), _channels(run.cfg.data.std, base)
+    scale = torch.tensor(s_std) / torch.tensor(std)
+    shift = (torch.tensor(s_mean) - torch.tensor(mean)) / torch.tensor(std)
+    interp = dc.teacher_interpolation or (pre.get("interpolation") if pre.get("interpolation") in ("bilinear", "bicubic") else "bicubic")
+    teacher = Teacher(model, scale=scale, shift=shift, size=size, interpolation=interp, autocast=autocast, device=run.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    lines = [*loaded, f"distill: teacher {name} ({n_params / 1e6:.2f}M params, {layout}) at {size[0]}x{size[1]}, "
+             f"mean {_fmt(mean)} std {_fmt(std)} ({said}), eval mode without gradients",
+             "distill: TFLOP/s and MFU count the student's FLOPs only (the teacher's forward is not counted); "
+             "teacher_time_pct is its share of the step time"]  # fmt: skip
+    return Distillation(teacher, dc, lines)
+
+
+def _channels(values, cfg) -> list[float]:
+    """Per-channel statistics for a model of ``cfg`` (a 1-channel model given RGB ones: their mean, as
+    the loader does)."""
+    values = [float(v) for v in values]
+    if len(values) == 3 and cfg.num_channels == 1:
+        values = [sum(values) / 3]
+    return values
+
+
+def _normalisation(dc: DistillConfig, pre: dict, data) -> tuple[list[float], list[float], str]:
+    """The teacher's mean / std and where they came from: the config, the source, else the student's data."""
+    if dc.teacher_mean is not None and dc.teacher_std is not None:
+        return list(dc.teacher_mean), list(dc.teacher_std), "distill.teacher_mean / teacher_std"
+    if "mean" in pre and "std" in pre:
+        return list(pre["mean"]), list(pre["std"]), "from the teacher's source"
+    return list(data.mean), list(data.std), "data.mean / data.std: the source does not say; set distill.teacher_mean / teacher_std"
+
+
+def _fmt(v) -> str:
+    return "[" + ", ".join(f"{x:.3g}" for x in v) + "]"
+
+
+__all__ = ["Distillation", "StepTimer", "Teacher", "build"]

@@ -1,0 +1,61 @@
+"""Config group ``distill``: online distillation from a teacher that runs in the training process.
+
+Declared by the tasks that distill (classification: DeiT's losses; contrastive: open_clip's
+``--distill-model``), which makes it a group of the run config; :mod:`vitscale.tasks.distill` is the
+component those tasks call. Off unless ``distill.teacher`` is set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass
+class DistillConfig:
+    """Online distillation (DeiT, Touvron et al. 2021, arXiv 2012.12877; open_clip ``--distill-model``)."""
+
+    teacher: str | None = None
+    """The teacher's weights, given as ``checkpoint.init_from`` is: a vitscale run folder, checkpoint
+    or ``.safetensors``; a timm / open_clip ``.safetensors`` or ``.pth`` / ``.bin``; a Hub snapshot
+    folder; ``hf-hub:org/name`` from the local cache. None = no distillation."""
+    teacher_format: Literal["vitscale", "timm", "open_clip"] | None = None
+    """The format of ``teacher`` when the file cannot tell (as ``checkpoint.init_format``)."""
+    teacher_model: str | None = None
+    """The teacher's registered variant (any family: ``vitscale models``); None = the one its weights
+    name (a vitscale run folder or ``.safetensors`` export names its model)."""
+    teacher_overrides: dict[str, Any] = field(default_factory=dict)
+    """Changes to the teacher variant's config (with ``teacher_model``); its class count comes from
+    its weights."""
+    teacher_weights: Literal["model", "ema"] = "model"
+    """Which weights of a vitscale run folder or checkpoint: ``model`` or ``ema``."""
+    teacher_img_size: int | None = None
+    """The teacher's input size: the batch's images are resized to it (antialiased,
+    ``teacher_interpolation``); None = what its source says (a Hub config's ``input_size``, a run's
+    ``data.img_size``), else the teacher variant's own ``img_h`` / ``img_w``."""
+    teacher_interpolation: Literal["bilinear", "bicubic"] | None = None
+    """Resampling to ``teacher_img_size``; None = what its source says, else bicubic."""
+    teacher_mean: tuple[float, ...] | None = None
+    """The teacher's per-channel normalisation mean (of pixels in [0, 1]); the batch is re-normalised
+    from ``data.mean`` / ``data.std`` to it. None = what its source says (a Hub config, a run's
+    config, CLIP's ``image_mean``), else ``data.mean`` (a line says so)."""
+    teacher_std: tuple[float, ...] | None = None
+    """The teacher's per-channel normalisation std; None as ``teacher_mean``."""
+    teacher_layout: Literal["auto", "sharded", "replicated"] = "auto"
+    """Under torchrun: ``sharded`` lays the teacher out as the student (FSDP2 / TP of ``parallel.*``),
+    ``replicated`` keeps a whole copy on every rank (no collectives in its forward); ``auto`` =
+    replicated when its parameters take at most ``replicate_max_mb`` MB, else sharded."""
+    replicate_max_mb: float = 1024.0
+    """``teacher_layout=auto``: the largest teacher (MB of parameters, as stored) kept whole on every rank."""
+    kind: Literal["soft", "hard"] = "hard"
+    """Classification (DeiT): ``soft`` = KL divergence to the teacher's softmax at temperature ``tau``
+    (scaled by tau^2); ``hard`` = cross-entropy to the teacher's argmax (DeiT's best, and its default
+    recipe)."""
+    alpha: float = 0.5
+    """Classification (DeiT): loss = (1 - alpha) x the task's loss on the class head + alpha x the
+    distillation loss on the distillation head (the class head without a distillation token)."""
+    tau: float = 1.0
+    """Classification, ``kind=soft``: the softmax temperature (DeiT: 1.0; Hinton et al. 2015: 3.0)."""
+    clip_weight: float = 1.0
+    """Contrastive (open_clip ``DistillClipLoss``): loss = contrastive + clip_weight x the cross-entropy
+    of the student's image-text logits to the teacher's softmax, both directions (open_clip: 1)."""
