@@ -12,6 +12,8 @@ them is a :class:`vitscale.errors.ConfigError` of one line naming the source and
 - at most :data:`MAX_BYTES` of text;
 - at most :data:`MAX_DEPTH` nested mappings / sequences;
 - at most :data:`MAX_NODES` nodes once every alias is expanded (what a walk of the result visits);
+- no key twice in one mapping (PyYAML keeps the last silently: a config that says a thing twice
+  means one of them by mistake);
 - plain YAML only: no tag other than YAML's own ``str``, ``int``, ``float``, ``bool``, ``null``,
   ``seq``, ``map`` (and ``binary``/``timestamp`` are refused too: a config holds neither).
 
@@ -53,22 +55,39 @@ def _where(source: str, event: Any) -> str:
     return f"{source} line {mark.line + 1}" if mark is not None else source
 
 
+def _check_key(parent: list, ev: Any, source: str) -> None:
+    """``ev`` starts a node inside the open collection ``parent``: in a mapping every other node is a
+    key, and a scalar key seen before there is refused."""
+    keys = parent[2]
+    if keys is None:  # a sequence
+        return
+    parent[3] = not parent[3]
+    if not parent[3] and isinstance(ev, yaml.ScalarEvent):  # this node is a key
+        if ev.value in keys:
+            raise ConfigError(f"{_where(source, ev)}: the key {ev.value[:60]!r} appears twice in one mapping (YAML would keep "
+                              f"the last silently): remove one")  # fmt: skip
+        keys.add(ev.value)
+
+
 def _check_events(text: str, source: str) -> None:
-    """Walk the event stream once: depth, expanded size and tags, refusing at the first excess."""
+    """Walk the event stream once: depth, expanded size, tags and repeated keys, refusing at the first
+    excess."""
     sizes: dict[str, int] = {}  # anchor -> expanded node count of its node
-    stack: list[list] = []  # open collections: [anchor, expanded size so far]
+    stack: list[list] = []  # open collections: [anchor, expanded size so far, keys of a mapping, next is a value]
     for ev in yaml.parse(text, Loader=_LOADER):
         tag = getattr(ev, "tag", None)
         if tag is not None and tag not in _ALLOWED_TAGS:
             raise YAMLLimitError(f"{_where(source, ev)}: the tag {tag.replace(_TAG, '!!')[:60]} is not allowed (plain YAML only: "
                               f"mappings, lists, strings, numbers, true/false, null)")  # fmt: skip
+        if stack and isinstance(ev, (yaml.NodeEvent, yaml.CollectionStartEvent)):
+            _check_key(stack[-1], ev, source)
         if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            stack.append([ev.anchor, 1])
+            stack.append([ev.anchor, 1, set() if isinstance(ev, yaml.MappingStartEvent) else None, True])
             if len(stack) > MAX_DEPTH:
                 raise YAMLLimitError(f"{_where(source, ev)}: nested more than {MAX_DEPTH} levels deep (a config is a few levels)")
             continue
         if isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            anchor, size = stack.pop()
+            anchor, size = stack.pop()[:2]
         elif isinstance(ev, yaml.ScalarEvent):
             anchor, size = ev.anchor, 1
         elif isinstance(ev, yaml.AliasEvent):

@@ -81,12 +81,14 @@ def _copy(run: Path, tmp: Path) -> Path:
         ("model:\n  name: vit_debug\n  overrides:\n    drop_path_rate: *a9\n", "more than 200,000 values once aliases are expanded"),
         ("train:\n  seed: " + "[" * 50_000 + "]" * 50_000 + "\n", "nest"),
         ("data:\n  train_path: !!python/object/apply:exec [{code!r}]\n", "the tag !!python/object/apply:exec is not allowed"),
+        ("train:\n  max_steps: 5\n  seed: 1\n  max_steps: 50000\n", "line 4: the key 'max_steps' appears twice in one mapping"),
     ],
-    ids=["alias-bomb", "50000-deep", "python-tag"],
+    ids=["alias-bomb", "50000-deep", "python-tag", "repeated-key"],
 )
 def test_config_bombs_and_tags_are_one_line(tmp_path, capsys, yaml_text, reason):
     """An alias bomb as a config value hung `vitscale train` (the model config formats it with !r); a
-    50,000-deep nest gave ~3,000 lines of RecursionError; a !!python tag a ConstructorError traceback."""
+    50,000-deep nest gave ~3,000 lines of RecursionError; a !!python tag a ConstructorError traceback;
+    a key said twice was read as its last value, silently (a built-in config held two copies of a group)."""
     canary = tmp_path / "canary"
     text = (_bomb() if "*a9" in yaml_text else "") + yaml_text.replace("{code!r}", repr(CANARY_CODE.format(str(canary))))
     (tmp_path / "attack.yaml").write_text(text)
