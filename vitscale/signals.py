@@ -6,7 +6,8 @@ the signal killed) and one line, ``vitscale train: terminated (SIGTERM)``.
 Python's default for SIGTERM is to die at once, running nothing: a scheduler stopping a job (Slurm
 sends SIGTERM first) left ``run.lock`` and a partial ``.tmp-step_…`` folder behind. The handler is
 installed for the duration of a command by :func:`vitscale.cli.main`; a process forked from it
-(a DataLoader worker) keeps the default behaviour. Saving on the signal is not done here.
+(a DataLoader worker) keeps the default behaviour. Saving a checkpoint on a signal is the trainer's
+(:mod:`vitscale.train.preemption`); its loader workers outlive the signal (:func:`loader_worker_signals`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 
 class Terminated(BaseException):
     """The process received SIGTERM (a BaseException, like KeyboardInterrupt: no ``except Exception``
-    swallows it)."""
+    swallows it). ``exit_code``: the command's (143; a subclass sets its own)."""
+
+    exit_code = EXIT_TERMINATED
 
 
 @contextlib.contextmanager
@@ -47,4 +50,21 @@ def sigterm_raises():
         signal.signal(signal.SIGTERM, previous)
 
 
-__all__ = ["EXIT_TERMINATED", "Terminated", "sigterm_raises"]
+def loader_worker_signals() -> None:
+    """In a data-loader worker process (its ``worker_init_fn``): the trainer decides what a signal
+    means (``checkpoint.save_on_signal``: finish the step, save, exit), so its workers keep feeding
+    it. A terminal's Ctrl-C and a scheduler's signal reach every process of the job, and PyTorch's
+    workers die on any SIGTERM not sent by their parent (its worker signal handler), which failed
+    the step being finished: here SIGINT, SIGUSR1 and SIGUSR2 are ignored, and the first SIGTERM too
+    (the next one — the loader ending a stuck worker at exit, a scheduler's second — ends it). A
+    worker whose trainer is gone notices and exits (PyTorch's worker checks its parent)."""
+
+    def first_sigterm(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    for name in ("SIGINT", "SIGUSR1", "SIGUSR2"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, first_sigterm)
+
+
+__all__ = ["EXIT_TERMINATED", "Terminated", "loader_worker_signals", "sigterm_raises"]

@@ -93,7 +93,7 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
     tc = cfg.train
     if purpose == "train" or (purpose != "bench" and world_info()[2] > 1):
-        dims = init_distributed(cfg.parallel, tc.device)
+        dims = init_distributed(cfg.parallel, tc.device, timeout_s=cfg.parallel.timeout)
     else:  # one process: a run folder's layout (e.g. parallel.tp=2) is not this job's
         dims = ParallelDims(device=resolve_device(tc.device))
     if purpose == "train":

@@ -36,7 +36,7 @@ from ..errors import EXIT_USAGE, ConfigError, UserError
 LOCK_NAME = "run.lock"
 CONFIG_NAME = "config.yaml"
 RUN_ENTRIES = (CONFIG_NAME, "metrics.jsonl", "train.log", "summary.json", "report.html", "model.safetensors",
-               "model_ema.safetensors", LOCK_NAME, "checkpoints", "tb")  # fmt: skip
+               "model_ema.safetensors", LOCK_NAME, "checkpoints", "tb", "trackers.json")  # fmt: skip
 """What a run reads, writes, appends to or resumes from in its folder: none may be a symbolic link
 (docs/trust.md, "Symbolic links"; the step folders in ``checkpoints/`` are skipped as damaged)."""
 log = logging.getLogger("vitscale.run")
@@ -46,11 +46,12 @@ log = logging.getLogger("vitscale.run")
 NEUTRAL = (
     "train.output_dir", "train.log_every", "train.compile", "train.compile_mode", "train.sdpa", "train.cpu_threads",
     "precision.fp8_all_gather",
-    "train.max_nonfinite_steps", "train.max_consecutive_nonfinite",
+    "train.max_nonfinite_steps", "train.max_consecutive_nonfinite", "train.hang_timeout",
     "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor",
     "data.prefetch_across_epochs", "data.max_image_pixels",
     "checkpoint.every", "checkpoint.keep", "checkpoint.path", "checkpoint.init_from", "checkpoint.resume",
-    "checkpoint.allow_changes", "checkpoint.export_safetensors",
+    "checkpoint.allow_changes", "checkpoint.export_safetensors", "checkpoint.async_mode", "checkpoint.save_on_signal",
+    "checkpoint.remote",
     "eval", "evals", "log", "parallel", "teacher",
 )  # fmt: skip
 

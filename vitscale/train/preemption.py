@@ -1,0 +1,119 @@
+"""Save on a signal (``checkpoint.save_on_signal``): a preempted run loses at most the step in flight.
+
+A signal of the set (default SIGTERM — what Slurm and other schedulers send to stop a job —,
+SIGUSR1 — the warning ``sbatch --signal=USR1@120`` asks for — and SIGINT, Ctrl-C) is only *noted*
+by its handler; the training loop finishes the step it is in, all ranks agree that the run stops at
+that step, a checkpoint is written (an asynchronous one waited for), and the job exits with code
+128 + the signal's number (143, 138, 130), the line saying which checkpoint to resume from. A second
+signal of the set quits at once (Ctrl-C twice: ``KeyboardInterrupt``; otherwise the command ends
+as for an unhandled SIGTERM, :mod:`vitscale.signals`).
+
+The signal may reach only some ranks (``kill`` of one process, a node's agent forwarding it). The
+ranks agree after every step through one all-reduce (maximum) of a 4-byte CPU tensor on a gloo
+process group of its own: the host decides, so a step that does not log still reads nothing back
+from the device (docs/architecture.md), and the collective never queues behind the GPU's work.
+Measured in ``benchmarks/results/preemption_flag_cpu_*.json``.
+
+A process forked from the trainer (a DataLoader worker) inherits the handler: there it ignores SIGINT
+and SIGUSR1 and the first SIGTERM (a terminal's Ctrl-C and Slurm's signal reach every process of the
+job; the workers must keep feeding the step being finished), and dies on the next SIGTERM (the loader
+ending its workers).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+from vitscale.signals import Terminated
+
+
+class Preempted(Terminated):
+    """The run stopped on a signal after saving a checkpoint: exit code 128 + the signal's number."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class Preemption:
+    """The trainer's save-on-signal component: ``names`` the signals (``checkpoint.save_on_signal``).
+    Its handlers are installed while ``with preemption:`` runs (in the main thread; nested uses
+    install them once) — :func:`vitscale.train.train` does so before the run is built, so that the
+    loader's worker processes, forked later, inherit them; :meth:`attach` gives it the run's ranks, and
+    :meth:`agreed` is the per-step decision (collective with several ranks)."""
+
+    def __init__(self, names: tuple[str, ...] | list[str]):
+        self.signums = [int(getattr(signal, n)) for n in names]
+        self.requested = 0
+        self.group = None
+        self._previous: dict[int, Any] = {}
+        self._depth = 0
+        self._flag = None
+
+    def attach(self, world: int) -> Preemption:
+        """The run has ``world`` ranks: with several, the gloo group of the per-step agreement (every
+        rank, in the same order)."""
+        if self.signums and world > 1 and self.group is None:
+            import torch
+            import torch.distributed as dist
+
+            self.group = dist.new_group(backend="gloo")
+            self._flag = torch.zeros(1, dtype=torch.int32)
+        return self
+
+    def __enter__(self) -> Preemption:
+        self._depth += 1
+        if self._depth == 1 and threading.current_thread() is threading.main_thread():
+            pid = os.getpid()
+            for s in self.signums:
+                self._previous[s] = signal.signal(s, lambda signum, frame: self._noted(signum, pid))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            for s, handler in self._previous.items():
+                signal.signal(s, handler)
+            self._previous.clear()
+
+    def _noted(self, signum: int, pid: int) -> None:
+        name = signal.Signals(signum).name
+        if os.getpid() != pid:  # a forked child (a DataLoader worker): the trainer decides
+            if signum == signal.SIGTERM:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the next one (the loader's terminate) ends it
+            return
+        if self.requested:  # the second signal: quit at once
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Preempted(f"terminated ({name}, a second signal: no checkpoint saved)", signum)
+        self.requested = signum
+        os.write(2, f"vitscale: {name} received: finishing the current step, then saving a checkpoint and "
+                    f"exiting (send it again to quit at once)\n".encode())  # fmt: skip
+
+    def agreed(self, segments=None) -> int:
+        """The signal every rank stops on after this step (0: go on): the largest number noted by any
+        rank. One host all-reduce with several ranks; nothing when no signal is handled. ``segments``
+        (:class:`~vitscale.train.segments.Segments`): the run's segment is marked as ended by it."""
+        found = self.requested
+        if self.group is not None:
+            import torch.distributed as dist
+
+            self._flag[0] = self.requested
+            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group)
+            found = int(self._flag[0])
+        if found and segments is not None:
+            segments.ended = signal.Signals(found).name
+        return found
+
+    def stop(self, signum: int, step: int, checkpoints) -> None:
+        """After the checkpoint of ``step`` was started: wait for its write, then end the run."""
+        checkpoints.wait()
+        name = signal.Signals(signum).name
+        raise Preempted(f"stopped by {name} after step {step}; checkpoint {checkpoints.last} saved: run the same "
+                        f"command to resume", signum)  # fmt: skip
+
+
+__all__ = ["Preempted", "Preemption"]
