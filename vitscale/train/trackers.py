@@ -151,10 +151,10 @@ class Trackers:
                 tracker = KINDS[kind](self.out, cfg.log.project, config, known)
             except ImportError:
                 info(f"log.{kind}=true, but the {PACKAGES[kind]} package is not installed (pip install {PACKAGES[kind]}): "
-                     f"this run reports to it nothing")  # fmt: skip
+                     f"the run goes on without it")  # fmt: skip
                 continue
             except Exception as e:  # an unreachable server, missing credentials: the run goes on without it
-                info(f"log.{kind}=true, but {kind} could not start ({_reason(e)}): this run reports to it nothing")
+                info(f"log.{kind}=true, but {kind} could not start ({_reason(e)}): the run goes on without it")
                 continue
             self.active.append(tracker)
             if ids.get(kind) != tracker.id:
