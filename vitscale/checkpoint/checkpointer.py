@@ -61,8 +61,9 @@ class Checkpointer:
     (:mod:`vitscale.checkpoint.async_save`: :meth:`save` returns once the state is staged, and
     :meth:`wait` once it is written)."""
 
-    def __init__(self, root: str | os.PathLike, keep: int = 2, async_mode: str = "disabled"):
+    def __init__(self, root: str | os.PathLike, keep: int = 2, async_mode: str = "disabled", remote=None):
         self.root = Path(root)
+        self.remote = remote  # a RemoteMirror (checkpoint.remote): each complete checkpoint is uploaded
         self.keep = max(int(keep), 1)
         self._verified: tuple[Path, dict] | None = None
         self.async_mode = async_mode
@@ -120,7 +121,7 @@ class Checkpointer:
                     if rank == 0:
                         ts = {**resolve(trainer_state), "world_size": world}
                         extra[TRAINER_STATE] = json.dumps(ts, indent=1, allow_nan=False).encode()
-                    publish = lambda: _publish(tmp, final, self.root)  # noqa: E731 - by the coordinator, index sealed
+                    publish = lambda: _publish(tmp, final, self.root, self.remote)  # noqa: E731 - by the coordinator, index sealed
                     with quiet():
                         if self._buffers is None:
                             dcp.save(tensors_only(state), storage_writer=SafetensorsWriter(tmp, rank, extra, publish=publish))
@@ -214,15 +215,17 @@ class Checkpointer:
         return ts
 
 
-def _publish(tmp: Path, final: Path, root: Path) -> None:
+def _publish(tmp: Path, final: Path, root: Path, remote=None) -> None:
     """The atomic step: the folder, complete and sealed, takes its step name (a link of that name,
-    not the run's own, goes; its target stays: docs/trust.md)."""
+    not the run's own, goes; its target stays: docs/trust.md); then its upload (``checkpoint.remote``)."""
     if final.is_symlink():
         final.unlink()
     elif final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)  # a checkpoint exists only once complete
     _fsync_dir(root)
+    if remote is not None:
+        remote.upload(final)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -108,7 +108,8 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     # continues the same run; decided on rank 0, and every rank stops together on a refusal.
     held = None
     if purpose == "train":
-        held = claim(cfg, dims.is_main, share=_share if dims.distributed else None, before=check_output_folder)
+        held = claim(cfg, dims.is_main, share=_share if dims.distributed else None, before=check_output_folder,
+                     restore=_restore_remote if cfg.checkpoint.remote else None)  # fmt: skip
     try:
         micro_batch = tc.batch_size // (dims.dp_size * tc.grad_accum)
         base = model.cfg if model is not None else get_model_config(cfg.model.name, **cfg.model.overrides)
@@ -191,6 +192,16 @@ def _use_device_settings(device: torch.device, cfg: Config) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+def _restore_remote(cfg: Config) -> None:
+    """``checkpoint.remote``: a run folder without checkpoints gets the mirrored ones back (rank 0,
+    the folder locked, before the same-run check reads its config.yaml)."""
+    from ..checkpoint.remote import RemoteMirror
+
+    restored = RemoteMirror(cfg.checkpoint.remote, cfg.train.output_dir, cfg.checkpoint.keep).restore()
+    if restored:
+        print(f"restored {', '.join(restored)} from {cfg.checkpoint.remote} (checked like a local checkpoint before use)", flush=True)
 
 
 def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, num_channels: int, micro_batch: int,

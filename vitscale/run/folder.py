@@ -397,10 +397,11 @@ def write_config(cfg: Any, folder: Path, before_step: int | None = None) -> None
     save_config(cfg, path)
 
 
-def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
-    """On the main rank: ``before(cfg)`` (the folder's own checks), lock ``train.output_dir`` and
-    check that a resume continues the same run. ``share``: sends the main rank's outcome (None, or
-    an error's exit code and message) to every rank, so that all ranks stop together."""
+def claim(cfg: Any, is_main: bool, share=None, before=None, restore=None) -> Claim:
+    """On the main rank: ``before(cfg)`` (the folder's own checks), lock ``train.output_dir``,
+    ``restore(cfg)`` (bring back a folder's files from elsewhere: ``checkpoint.remote``) and check that
+    a resume continues the same run. ``share``: sends the main rank's outcome (None, or an error's exit
+    code and message) to every rank, so that all ranks stop together."""
     folder = Path(cfg.train.output_dir)
     error: UserError | None = None
     lock = None
@@ -411,6 +412,8 @@ def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
                 before(cfg)
             check_links(folder)
             lock = RunLock.of(folder).acquire()
+            if restore is not None:
+                restore(cfg)
             accepted = check_same_run(cfg, folder)
         except UserError as e:
             if lock is not None:

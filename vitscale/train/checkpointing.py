@@ -61,7 +61,12 @@ class Checkpointing:
 
     def __init__(self, root: Path, cc: Any, model: nn.Module, optimizer, ema, counters: RunCounters):
         self.cc, self.counters = cc, counters
-        self.checkpointer = Checkpointer(root, keep=cc.keep, async_mode=cc.async_mode)
+        self.remote = None  # checkpoint.remote: rank 0 (the coordinator, which publishes each checkpoint) uploads
+        if cc.remote and (not dist.is_initialized() or dist.get_rank() == 0):
+            from vitscale.checkpoint.remote import RemoteMirror
+
+            self.remote = RemoteMirror(cc.remote, root.parent, cc.keep)
+        self.checkpointer = Checkpointer(root, keep=cc.keep, async_mode=cc.async_mode, remote=self.remote)
         self.tensors = {"model": ModelState(model), "optim": OptimizerState(model, optimizer)}
         if ema is not None:
             self.tensors["ema"] = ema
@@ -103,12 +108,14 @@ class Checkpointing:
         self._written(self.checkpointer.wait())
 
     def settle(self) -> None:
-        """On the way out of a run that failed: let a checkpoint being written finish (it may be the
-        newest intact one), saying so when it cannot."""
+        """On the way out of a run, however it ends: let a checkpoint being written finish (it may be
+        the newest intact one), saying so when it cannot; then mirror the run files a last time."""
         try:
             self.wait()
         except Exception as e:  # the run is failing already: its own error is the one to report
             print(f"vitscale: the checkpoint being written in the background was not completed: {e}", flush=True)
+        if self.remote is not None:
+            self.remote.sync_run_files()
 
     def _written(self, path) -> None:
         if path is not None:
