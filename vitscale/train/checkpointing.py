@@ -113,7 +113,10 @@ class Checkpointing:
         try:
             self.wait()
         except Exception as e:  # the run is failing already: its own error is the one to report
-            print(f"vitscale: the checkpoint being written in the background was not completed: {e}", flush=True)
+            from vitscale.errors import describe
+
+            why = (describe(e) or (str(e).strip().splitlines() or [type(e).__name__],))[0]
+            print(f"vitscale: the checkpoint being written in the background was not completed: {why}", flush=True)
         if self.remote is not None:
             self.remote.sync_run_files()
 
