@@ -9,10 +9,12 @@ signal of the set quits at once (Ctrl-C twice: ``KeyboardInterrupt``; otherwise 
 as for an unhandled SIGTERM, :mod:`vitscale.signals`).
 
 The signal may reach only some ranks (``kill`` of one process, a node's agent forwarding it). The
-ranks agree after every step through one all-reduce (maximum) of a 4-byte CPU tensor on a gloo
-process group of its own: the host decides, so a step that does not log still reads nothing back
-from the device (docs/architecture.md), and the collective never queues behind the GPU's work.
-Measured in ``benchmarks/results/preemption_flag_cpu_*.json``.
+ranks agree through one all-reduce (maximum) of a 4-byte CPU tensor per step on a gloo process group
+of its own: the host decides, so a step that does not log still reads nothing back from the device
+(docs/architecture.md), and the collective never queues behind the GPU's work. The all-reduce is
+pipelined — launched after a step, read after the next — so it costs the loop nothing measurable
+where a blocking one cost ~0.1-0.4 ms per step; the price is one more step before the stop
+(``benchmarks/preemption_flag.py``).
 
 A process forked from the trainer (a DataLoader worker) inherits the handler: there it ignores SIGINT
 and SIGUSR1 and the first SIGTERM (a terminal's Ctrl-C and Slurm's signal reach every process of the
@@ -51,7 +53,9 @@ class Preemption:
         self.group = None
         self._previous: dict[int, Any] = {}
         self._depth = 0
-        self._flag = None
+        self._flags: list = []
+        self._work = None  # the agreement under way (launched after the previous step)
+        self._steps = 0
 
     def attach(self, world: int) -> Preemption:
         """The run has ``world`` ranks: with several, the gloo group of the per-step agreement (every
@@ -61,7 +65,7 @@ class Preemption:
             import torch.distributed as dist
 
             self.group = dist.new_group(backend="gloo")
-            self._flag = torch.zeros(1, dtype=torch.int32)
+            self._flags = [torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)]
         return self
 
     def __enter__(self) -> Preemption:
@@ -73,6 +77,8 @@ class Preemption:
         return self
 
     def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self._settle()  # the run ended normally: the agreement launched after its last step completes
         self._depth -= 1
         if self._depth == 0:
             for s, handler in self._previous.items():
@@ -95,21 +101,35 @@ class Preemption:
 
     def agreed(self, segments=None) -> int:
         """The signal every rank stops on after this step (0: go on): the largest number noted by any
-        rank. One host all-reduce with several ranks; nothing when no signal is handled. ``segments``
+        rank. With several ranks, pipelined: the all-reduce of the flags noted by the end of the
+        previous step is waited for, and this step's is launched, to complete in gloo's thread while the
+        next step computes — every rank reads the same value after the same step, one step after the
+        signal's (measured: benchmarks/results/preemption_flag_cpu_202611.json). ``segments``
         (:class:`~vitscale.train.segments.Segments`): the run's segment is marked as ended by it."""
         found = self.requested
         if self.group is not None:
             import torch.distributed as dist
 
-            self._flag[0] = self.requested
-            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group)
-            found = int(self._flag[0])
+            found = 0
+            if self._work is not None:
+                self._work.wait()
+                found = int(self._flags[(self._steps - 1) % 2][0])
+            flag = self._flags[self._steps % 2]
+            flag[0] = self.requested
+            self._work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+            self._steps += 1
         if found and segments is not None:
             segments.ended = signal.Signals(found).name
         return found
 
+    def _settle(self) -> None:
+        work, self._work = self._work, None
+        if work is not None:
+            work.wait()
+
     def stop(self, signum: int, step: int, checkpoints) -> None:
         """After the checkpoint of ``step`` was started: wait for its write, then end the run."""
+        self._settle()  # every rank launched one more agreement after this step: it completes on every rank
         checkpoints.wait()
         name = signal.Signals(signum).name
         raise Preempted(f"stopped by {name} after step {step}; checkpoint {checkpoints.last} saved: run the same "
