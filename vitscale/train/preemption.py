@@ -35,9 +35,10 @@ from vitscale.signals import Terminated
 class Preempted(Terminated):
     """The run stopped on a signal after saving a checkpoint: exit code 128 + the signal's number."""
 
-    def __init__(self, message: str, signum: int):
+    def __init__(self, message: str, signum: int, quiet: bool = False):
         super().__init__(message)
         self.exit_code = 128 + signum
+        self.quiet = quiet  # said by rank 0 only (every rank stops on the same step)
 
 
 class Preemption:
@@ -127,13 +128,13 @@ class Preemption:
         if work is not None:
             work.wait()
 
-    def stop(self, signum: int, step: int, checkpoints) -> None:
+    def stop(self, signum: int, step: int, checkpoints, rank: int = 0) -> None:
         """After the checkpoint of ``step`` was started: wait for its write, then end the run."""
         self._settle()  # every rank launched one more agreement after this step: it completes on every rank
         checkpoints.wait()
         name = signal.Signals(signum).name
         raise Preempted(f"stopped by {name} after step {step}; checkpoint {checkpoints.last} saved: run the same "
-                        f"command to resume", signum)  # fmt: skip
+                        f"command to resume", signum, quiet=rank != 0)  # fmt: skip
 
 
 __all__ = ["Preempted", "Preemption"]

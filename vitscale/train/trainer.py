@@ -222,7 +222,7 @@ class Trainer:
                 self.checkpoints.save(self.step, self.guard)
                 logstep.restart()
             if stop and not last:
-                self.preemption.stop(stop, self.step, self.checkpoints)
+                self.preemption.stop(stop, self.step, self.checkpoints, self.pd.rank)
             self.watchdog.beat(self.step)
         return self._finish(log, start_step, time.perf_counter() - t_start, last_eval)
 
