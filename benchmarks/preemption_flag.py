@@ -36,7 +36,7 @@ def _worker(rank: int, world: int, port: int, steps: int, rounds: int, work_ms: 
     from vitscale.train.preemption import Preemption
 
     dist.init_process_group("gloo")
-    pipelined = Preemption(["SIGTERM", "SIGUSR1", "SIGINT"]).attach(world)
+    pipelined = Preemption(["SIGTERM", "SIGUSR1", "SIGINT"])
     blocking_group = dist.new_group(backend="gloo")
     flag = torch.zeros(1, dtype=torch.int32)
 

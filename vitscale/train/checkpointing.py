@@ -120,6 +120,13 @@ class Checkpointing:
         if self.remote is not None:
             self.remote.sync_run_files()
 
+    def __enter__(self) -> Checkpointing:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """The training loop is over, however it ended: :meth:`settle`."""
+        self.settle()
+
     def _written(self, path) -> None:
         if path is not None:
             self.last = str(path)

@@ -45,8 +45,8 @@ class Preemption:
     """The trainer's save-on-signal component: ``names`` the signals (``checkpoint.save_on_signal``).
     Its handlers are installed while ``with preemption:`` runs (in the main thread; nested uses
     install them once) — :func:`vitscale.train.train` does so before the run is built, so that the
-    loader's worker processes, forked later, inherit them; :meth:`attach` gives it the run's ranks, and
-    :meth:`agreed` is the per-step decision (collective with several ranks)."""
+    loader's worker processes, forked later, inherit them; :meth:`agreed` is the per-step decision
+    (collective with several ranks)."""
 
     def __init__(self, names: tuple[str, ...] | list[str]):
         self.signums = [int(getattr(signal, n)) for n in names]
@@ -57,17 +57,18 @@ class Preemption:
         self._flags: list = []
         self._work = None  # the agreement under way (launched after the previous step)
         self._steps = 0
+        self._single = False  # known to be one process (no agreement needed)
 
-    def attach(self, world: int) -> Preemption:
-        """The run has ``world`` ranks: with several, the gloo group of the per-step agreement (every
-        rank, in the same order)."""
-        if self.signums and world > 1 and self.group is None:
-            import torch
-            import torch.distributed as dist
+    def _join(self) -> None:
+        """At the first agreement: with several ranks, the gloo group of the agreement (every rank creates
+        it at the same point of the run, after the run's own groups)."""
+        import torch
+        import torch.distributed as dist
 
+        self._single = not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+        if not self._single:
             self.group = dist.new_group(backend="gloo")
             self._flags = [torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)]
-        return self
 
     def __enter__(self) -> Preemption:
         self._depth += 1
@@ -108,6 +109,8 @@ class Preemption:
         signal's (measured: benchmarks/results/preemption_flag_cpu_202611.json). ``segments``
         (:class:`~vitscale.train.segments.Segments`): the run's segment is marked as ended by it."""
         found = self.requested
+        if self.group is None and self.signums and not self._single:
+            self._join()
         if self.group is not None:
             import torch.distributed as dist
 
@@ -128,8 +131,11 @@ class Preemption:
         if work is not None:
             work.wait()
 
-    def stop(self, signum: int, step: int, checkpoints, rank: int = 0) -> None:
-        """After the checkpoint of ``step`` was started: wait for its write, then end the run."""
+    def stop(self, signum: int, last: bool, step: int, checkpoints, rank: int = 0) -> None:
+        """After the checkpoint of ``step`` was started on signal ``signum`` (0: none, nothing to do): wait
+        for its write, then end the run — unless ``step`` is the run's last, which ends anyway."""
+        if not signum or last:
+            return
         self._settle()  # every rank launched one more agreement after this step: it completes on every rank
         checkpoints.wait()
         name = signal.Signals(signum).name

@@ -26,8 +26,10 @@ class Segments:
         self.start_step, self.t0, self.started_at = 0, None, _now()
         self.ended: str | None = None  # how the current segment ends when it is saved (a signal's name)
 
-    def start(self, step: int) -> None:
+    def start(self, step: int) -> int:
+        """The training loop begins (a new segment) at ``step``; returns it."""
         self.start_step, self.t0, self.started_at = step, time.perf_counter(), _now()
+        return step
 
     def elapsed(self) -> float:
         return 0.0 if self.t0 is None else time.perf_counter() - self.t0

@@ -66,10 +66,7 @@ class Trainer:
             raise
 
     def close(self) -> None:
-        """Release the run folder (also done by :meth:`fit` when it ends, however it ends), once a
-        checkpoint still being written is complete."""
-        if getattr(self, "checkpoints", None) is not None:
-            self.checkpoints.settle()
+        """Release the run folder (also done by :meth:`fit` when it ends, however it ends)."""
         if self.run.claim is not None:
             self.run.claim.release()
 
@@ -104,7 +101,6 @@ class Trainer:
         prepare_optimizer(self.optimizer)
         self.skip_on_device = skips_on_device(self.optimizer)
         self.complete = self.checkpoints.restore(self.model, self.ema)
-        self.preemption.attach(self.world)
         self.init_report = self.checkpoints.init_report
         self.watchdog = Watchdog(tc.hang_timeout, self.out, run.dims.rank)  # no step within train.hang_timeout: stacks, exit 124
         self.guard = NonFiniteGuard(self.device, tc.max_nonfinite_steps, tc.max_consecutive_nonfinite, self.counters.nonfinite_steps)
@@ -181,15 +177,14 @@ class Trainer:
             if self.complete:
                 key = "train.max_steps" if self.cfg.train.max_steps > 0 else "train.epochs"
                 return finished_run(self.out, self.step, self.counters.total_steps, self.checkpoints.resumed_from, key, self.is_main)
-            log = MetricsLogger(self.out, enabled=self.is_main, total_steps=self.counters.total_steps, start_step=self.step,
-                                progress=self.cfg.log.progress, tensorboard=self.cfg.log.tensorboard, eval_names=tuple(self.evals.names),
-                                config=self.cfg)  # fmt: skip
+            log = MetricsLogger(self.out, enabled=self.is_main, total_steps=self.counters.total_steps, start_step=self.step, config=self.cfg,
+                                progress=self.cfg.log.progress, tensorboard=self.cfg.log.tensorboard, eval_names=tuple(self.evals.names))  # fmt: skip
             try:
                 self.tensorboard = log.tb is not None
                 for line in opening_lines(self.run, self.counters.total_steps, self.peak_lr, self.schedule.warmup, self.step,
                                           self.checkpoints.resumed_from) + self.notices:  # fmt: skip
                     log.info(line)
-                with sdpa_backend(self.cfg.train.sdpa), self.preemption, self.watchdog:  # kernels as `vitscale bench`
+                with sdpa_backend(self.cfg.train.sdpa), self.preemption, self.watchdog, self.checkpoints:  # kernels as `vitscale bench`
                     return self._fit(log)
             finally:  # also when a step fails: the bar ends its line, TensorBoard flushes what it has
                 log.close()
@@ -197,11 +192,10 @@ class Trainer:
             self.close()
 
     def _fit(self, log: MetricsLogger) -> dict[str, Any]:
-        cfg, start_step, t_start, last_eval = self.cfg, self.step, time.perf_counter(), {}
+        cfg, start_step, t_start, last_eval = self.cfg, self.counters.segments.start(self.step), time.perf_counter(), {}
         logstep = LogStep(cfg.train, world=self.world, steps_per_epoch=self.steps_per_epoch, schedule=self.schedule, guard=self.guard,
                           flops_per_image=self.flops_per_image, peak=self.peak_tflops, info=log.info, device=self.device)  # fmt: skip
         batches = logstep.timed(self._batches())  # the data-wait share of the log line
-        self.counters.segments.start(self.step)
         while self.step < self.counters.total_steps:
             self.step += 1
             loss, metrics, grad_norm = self.train_step(batches)
@@ -221,8 +215,7 @@ class Trainer:
             if self.checkpoints.due(self.step, last) or stop:
                 self.checkpoints.save(self.step, self.guard)
                 logstep.restart()
-            if stop and not last:
-                self.preemption.stop(stop, self.step, self.checkpoints, self.pd.rank)
+            self.preemption.stop(stop, last, self.step, self.checkpoints, self.pd.rank)  # waits for the write, then exits
             self.watchdog.beat(self.step)
         return self._finish(log, start_step, time.perf_counter() - t_start, last_eval)
 
