@@ -166,7 +166,7 @@ def test_fifo_listed_in_a_csv_is_skipped_and_counted(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- 5. links in a run folder
-@pytest.mark.parametrize("name", ["metrics.jsonl", "train.log", "config.yaml", "summary.json", "tb"])
+@pytest.mark.parametrize("name", ["metrics.jsonl", "train.log", "config.yaml", "summary.json", "tb", "classnames.txt"])
 def test_links_inside_a_run_folder_are_refused(finished, tmp_path, capsys, name):
     """metrics.jsonl / train.log linked to a file outside the run were appended to on resume."""
     run = _copy(finished, tmp_path)
@@ -184,6 +184,10 @@ def test_links_inside_a_run_folder_are_refused(finished, tmp_path, capsys, name)
         assert main(["report", str(run)]) == 0
         page = (run / "report.html").read_text()
         assert "config.yaml is a symbolic link" in page and "do-not-show" not in page
+    if name == "classnames.txt":  # nor does `vitscale eval` map the labels to a linked class list
+        assert main(["eval", str(run / "config.yaml"), f"checkpoint.path={run}", "data.num_workers=0"]) == 1
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and f"{run / name} is a symbolic link" in err[0], err
 
 
 # ------------------------------------------------------------------------------------- 6. degenerate settings
@@ -305,17 +309,20 @@ def test_markup_in_names_is_escaped_in_the_report(tmp_path):
 
 def test_members_of_a_tar_shard_write_nothing_outside(tmp_path):
     """WebDataset shards with members named ../, absolute paths, a symbolic link and a hard link: the
-    shard is read in place (no member is ever extracted), links are not samples."""
+    shard is read in place (no member is ever extracted), links are not samples. (The hostile images
+    come with their label and caption members: complete samples, which the run reads; a sample without
+    its label would stop it at start-up, tests/unit/test_data_remote.py.)"""
     assert main(["data", "digits-captions", str(tmp_path / "wds")]) == 0
     shard = sorted((tmp_path / "wds" / "train").glob("*.tar"))[0]
     png = next(m for m in tarfile.open(shard) if m.name.endswith(".png"))
     blob = tarfile.open(shard).extractfile(png).read()
     escape = tmp_path / "escaped"
     with tarfile.open(shard, "a") as tf:
-        for name in (f"../../{escape.name}/a.png", f"{escape}/b.png"):
-            info = tarfile.TarInfo(name)
-            info.size = len(blob)
-            tf.addfile(info, io.BytesIO(blob))
+        for stem in (f"../../{escape.name}/a", f"{escape}/b"):
+            for ext, data in (("png", blob), ("txt", b"a handwritten zero."), ("cls", b"0")):
+                info = tarfile.TarInfo(f"{stem}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
         for kind, name in ((tarfile.SYMTYPE, "link.png"), (tarfile.LNKTYPE, "hard.png")):
             info = tarfile.TarInfo(name)
             info.type, info.linkname = kind, str(escape / "c.png")

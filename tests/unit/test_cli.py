@@ -81,7 +81,8 @@ def test_overrides_may_follow_an_option(capsys):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("data.format=nope", "unknown data.format 'nope'; choose one of csv, digits, imagefolder, synthetic, webdataset"),
+        ("data.format=nope", "unknown data.format 'nope'; choose one of csv, digits, imagefolder, parquet, synthetic, "
+         "webdataset"),
         ("train.task=nope", "train.task: unknown task 'nope'; choose one of classification, contrastive, token_labeling"),
         ("data.interpolation=cubic", "data.interpolation: 'cubic' is not one of bilinear, bicubic"),
         ("token_label.cls_target=label", "token_label.cls_target: 'label' is not one of ground_truth, teacher"),
@@ -103,7 +104,7 @@ def test_every_command_reports_a_config_error_the_same_way(command, tmp_path, ca
     monkeypatch.chdir(tmp_path)  # `vitscale demo` would train into ./runs/demo
     assert main([*command, "data.format=nope"]) == 2
     assert _err_lines(capsys) == [f"vitscale {command[0]}: unknown data.format 'nope'; choose one of csv, digits, "
-                                  "imagefolder, synthetic, webdataset"]  # fmt: skip
+                                  "imagefolder, parquet, synthetic, webdataset"]  # fmt: skip
     assert list(tmp_path.iterdir()) == []
 
 
@@ -153,6 +154,18 @@ def test_config_model_lists_the_variants_fields(capsys):
     assert main(["config", "model", "--model", "clip_debug"]) == 0
     out = capsys.readouterr().out
     assert "model.name = vit_debug  (str)" in out and "model.vision.num_layers = 2  (int)" in out
+
+
+def test_config_data_lists_each_formats_own_fields(capsys):
+    """``vitscale config data``: the fields every format has, then each format with the fields of its own
+    (read from its options dataclass: a format's module adds them with no other change)."""
+    assert main(["config", "data"]) == 0
+    out = capsys.readouterr().out
+    assert "data.train_path = null  (str | None)" in out and "data.options" not in out
+    assert "\ndata.format=webdataset — WebDataset tar shards" in out
+    assert "data.webdataset_mode = index  (index | stream)" in out and "data.label_key = cls  (str)" in out
+    assert out.index("\ndata.format=csv") < out.index("data.csv_img_key = filepath") < out.index("\ndata.format=parquet")
+    assert "data.image_column = image  (str)" in out and "\ndata.format=digits — " in out
 
 
 def test_config_unknown_group_names_the_closest(capsys):

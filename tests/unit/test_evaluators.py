@@ -73,7 +73,7 @@ def test_subset_and_real_on_the_digits(tmp_path):
     (tmp_path / "subset.txt").write_text("1\n")
     evals = _evaluations([
         {"kind": "class_subset", "name": "odd", "classes": [1, 3, 5]},
-        {"kind": "class_subset", "name": "named", "classes": ["3"], "classes_file": str(tmp_path / "subset.txt")},
+        {"kind": "class_subset", "name": "named", "classes": ["three"], "classes_file": str(tmp_path / "subset.txt")},
         {"kind": "real", "labels": str(tmp_path / "real.json")},
     ], tmp_path)  # fmt: skip
     res = evals.run(Constant([0.0, 1, 2, 3, 4, 5, 6, 7, 8, 9]))  # always 9; 5 within {1, 3, 5}; 3 within {3 (by name), 1}
@@ -101,7 +101,7 @@ def test_a_bad_entry_is_refused_before_anything_runs(tmp_path):
     for entry, message in [
         ({"kind": "real", "labels": str(tmp_path / "short.json")}, "has 10 label lists, the val split 300 images"),
         ({"kind": "real", "labels": str(tmp_path / "bad.json")}, r"must be a list of lists of class indices \(0 to 9\)"),
-        ({"kind": "class_subset", "classes": ["seven"]}, "'seven' is not a class of the run's data"),
+        ({"kind": "class_subset", "classes": ["7"]}, "'7' is not a class of the run's data"),  # digits: zero ... nine
         ({"kind": "class_subset", "classes": [3, 3]}, "names a class twice"),
     ]:
         with pytest.raises(ConfigError, match=message):

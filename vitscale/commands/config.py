@@ -14,6 +14,7 @@ EPILOG = """\
 Examples:
   vitscale config                  (every group, one line each)
   vitscale config optim            (optim.lr, optim.weight_decay, ...: default, type, what it does)
+  vitscale config data             (the common data.* fields, then each data format's own)
   vitscale config model --model vit_b16   (model.name, model.overrides and vit_b16's own fields)
 Set a field on the command line as GROUP.FIELD=VALUE, e.g. vitscale train digits_vit optim.lr=1e-3, or
 in a YAML config under its group. The list is read from the config schema (vitscale/config/schema.py
@@ -82,6 +83,22 @@ def _print_evaluators(width: int) -> None:
         _print_fields(own, width) if own else print("  (no fields of its own)")
 
 
+def _print_data(width: int) -> None:
+    """``data``: the fields every format has, then each data format with the fields of its own (its
+    ``options``), which are written as ``data.<field>`` like the others."""
+    from vitscale.config.fields import fields_of
+    from vitscale.data.config import DataConfig
+    from vitscale.data.formats import format_names, get_format
+
+    print("The fields of every data format:")
+    _print_fields([f for f in fields_of(DataConfig(), "data.") if f.key != "data.options"], width)
+    for name in format_names():
+        fmt = get_format(name)
+        print(f"\ndata.format={name} — {_plain(fmt.summary)}" if fmt.summary else f"\ndata.format={name}")
+        own = fields_of(fmt.options(), "data.") if fmt.options is not None else []
+        _print_fields(own, width) if own else print("  (no fields of its own)")
+
+
 def run(args) -> int:
     from vitscale.config import config_class
     from vitscale.config.fields import fields_of, group_defaults, groups
@@ -97,6 +114,9 @@ def run(args) -> int:
         return 0
     if args.group == "evals":
         _print_evaluators(width)
+        return 0
+    if args.group == "data":
+        _print_data(width)
         return 0
     _print_fields(fields_of(group_defaults(args.group), f"{args.group}."), width)
     if args.group == "model":

@@ -9,6 +9,7 @@ choices (its ``Literal[...]`` type in the schema, the one place the choices are 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
@@ -282,12 +283,64 @@ def _route_model_keys(tree: dict) -> None:
     model["overrides"] = overrides
 
 
+def _route_data_keys(tree: dict) -> None:
+    """Build ``data.options`` from the ``data.<field>`` keys of the format's own fields
+    (``vitscale.data.formats``: a format declares them in its module), checked like any other key."""
+    data = tree.get("data")
+    if data is None:
+        data = tree["data"] = {}
+    if isinstance(data, dict):  # else _build names the wrong type
+        _route_data(data, "data.")
+
+
+def _route_data(data: dict, prefix: str) -> None:
+    """``_route_data_keys`` of one ``data`` mapping; errors name ``prefix`` + the key."""
+    from vitscale.data.config import DataConfig
+    from vitscale.data.formats import get_format, option_fields, owners
+
+    name = data.get("format", DataConfig.format)
+    fmt = get_format(name)  # ConfigError naming the known formats
+    own = [f.name for f in dataclasses.fields(DataConfig) if f.name != "options"]
+    theirs = option_fields(fmt)
+    options = data.pop("options", None) or {}
+    if not isinstance(options, dict):
+        raise ConfigError(f"{prefix}options: expected a mapping, got {options!r}")
+    for key in list(data):
+        if key in own:
+            continue
+        if key in theirs:
+            options[key] = data.pop(key)
+            continue
+        others = owners(key)
+        if others:
+            raise ConfigError(f"{prefix}{key} is a field of data.format={' / '.join(others)}, not of data.format={name}: "
+                              f"remove it or change data.format")  # fmt: skip
+        close = difflib.get_close_matches(key, own + theirs, n=1, cutoff=0.6)
+        hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown config key '{prefix}{key}' (data.format={name}){hint}")
+    data["options"] = _build(fmt.options, options, prefix) if fmt.options is not None else None
+
+
 # ---------------------------------------------------------------------------------------- public
 def replace_fields(obj: Any, changes: dict, prefix: str = "") -> Any:
     """The config dataclass ``obj`` with ``changes`` (a mapping of its fields, nested groups as
     mappings) applied and checked as the loader checks a YAML's: unknown keys and wrong types refused,
-    naming ``prefix`` + the key."""
-    return _build(type(obj), _merge(config_to_dict(obj), changes), prefix)
+    naming ``prefix`` + the key. A ``DataConfig`` takes the fields of its (new) format, as the
+    loader routes them; the old format's own fields the new one lacks are dropped."""
+    from vitscale.data.config import DataConfig
+
+    tree = _merge(config_to_dict(obj), copy.deepcopy(changes))
+    if not isinstance(obj, DataConfig):
+        return _build(type(obj), tree, prefix)
+    if tree.get("format") != obj.format:
+        from vitscale.data.formats import get_format, option_fields
+
+        new = set(option_fields(get_format(tree.get("format"))))
+        for key in option_fields(get_format(obj.format)):
+            if key not in new and key not in changes:
+                tree.pop(key, None)
+    _route_data(tree, prefix)
+    return _build(DataConfig, tree, prefix)
 
 
 def eval_entries(items: list[dict], key: str = "evals") -> tuple:
@@ -316,8 +369,9 @@ def _check_evals(cfg: Config) -> None:
 
 
 def config_from_dict(tree: dict) -> Config:
-    tree = _merge({}, tree)
+    tree = copy.deepcopy(tree)  # the routing below moves keys: the caller's tree stays as it was
     _route_model_keys(tree)
+    _route_data_keys(tree)
     cfg = _build(config_class(), tree)
     _check_evals(cfg)
     # Validates the model overrides' values (types and the variant's own checks) before anything runs.
@@ -327,12 +381,10 @@ def config_from_dict(tree: dict) -> Config:
         get_model_config(cfg.model.name, **cfg.model.overrides)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from e
-    # Formats and tasks register themselves (the schema's str cannot list them): asked here, so an
-    # unknown one is a config error before anything runs.
-    from vitscale.data.build import check_format
+    # Formats and tasks register themselves (the schema's str cannot list them): asked here (the format
+    # by _route_data_keys, through its registry), so an unknown one is a config error before anything runs.
     from vitscale.tasks import get_task
 
-    check_format(cfg.data.format)
     if cfg.train.task is not None:
         get_task(cfg.train.task)
     return cfg
@@ -354,9 +406,14 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
 
 
 def config_to_dict(cfg: Any) -> dict:
-    """The config as plain YAML-able data (tuples become lists)."""
+    """The config as plain YAML-able data (tuples become lists; a data format's own fields beside the
+    other ``data`` fields, as they are written)."""
+    from vitscale.data.config import DataConfig
 
     def plain(v: Any) -> Any:
+        if isinstance(v, DataConfig):
+            tree = {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v) if f.name != "options"}
+            return tree | (plain(v.options) if v.options is not None else {})
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
         if isinstance(v, (list, tuple)):
@@ -370,10 +427,9 @@ def config_to_dict(cfg: Any) -> dict:
 
 def run_config_dict(cfg: Config) -> dict:
     """The config as a run's ``config.yaml`` holds it: :func:`config_to_dict` without the groups its
-    task does not read (the other tasks' ``config_groups``: no ``clip`` group in a ViT classification run) and the
-    ``data`` fields its format does not read (``vitscale.data.config.FORMAT_FIELDS``). Loading it
-    back gives the defaults there, which the run never read: the same run."""
-    from vitscale.data.config import FORMAT_FIELDS
+    task does not read (the other tasks' ``config_groups``: no ``clip`` group in a ViT classification
+    run); its ``data`` group holds the fields of its format only. Loading it back gives the defaults
+    there, which the run never read: the same run."""
     from vitscale.models.registry import get_family
     from vitscale.tasks import task_groups
 
@@ -382,9 +438,6 @@ def run_config_dict(cfg: Config) -> dict:
     for group, (_, tasks) in task_groups().items():
         if task not in tasks:
             tree.pop(group, None)
-    for key, formats in FORMAT_FIELDS.items():
-        if cfg.data.format not in formats:
-            tree["data"].pop(key, None)
     return tree
 
 

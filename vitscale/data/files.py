@@ -60,14 +60,26 @@ def describe_skipped(where: str, skipped: list[tuple[str, str]]) -> str:
     return f"{where}: skipped {len(skipped)} {what} (never opened): {shown}"
 
 
-def read_regular(path: str | os.PathLike) -> bytes:
-    """The bytes of the regular file ``path``; :class:`NotRegularFile` for anything else, raised
-    without blocking (the file is opened non-blocking and checked before it is read)."""
+def open_regular(path: str | os.PathLike):
+    """The regular file ``path`` open for binary reading (the caller closes it); :class:`NotRegularFile`
+    for anything else, raised without blocking (opened non-blocking, checked with ``fstat`` before a
+    byte is read; ``O_NONBLOCK`` changes nothing for a regular file)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
+    f = os.fdopen(fd, "rb")
+    try:
         kind = special_kind(os.fstat(fd).st_mode)
         if kind is not None:
             raise NotRegularFile(f"{os.fspath(path)} is {kind}, not a regular file")
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def read_regular(path: str | os.PathLike) -> bytes:
+    """The bytes of the regular file ``path``; :class:`NotRegularFile` for anything else, raised
+    without blocking (:func:`open_regular`)."""
+    with open_regular(path) as f:
         return f.read()
 
 
@@ -79,4 +91,4 @@ def require_regular(paths) -> None:
         raise NotRegularFile(f"{path} is {kind}, not a regular file")
 
 
-__all__ = ["NotRegularFile", "describe_skipped", "read_regular", "require_regular", "special_kind", "split_regular"]
+__all__ = ["NotRegularFile", "describe_skipped", "open_regular", "read_regular", "require_regular", "special_kind", "split_regular"]

@@ -55,33 +55,27 @@ def preprocess_spec(source) -> dict:
 
 
 def _data_class_names(cfg) -> list[str] | None:
-    """The class names of a run's data, read without its images."""
-    d = cfg.data
-    if d.format == "digits":
-        from vitscale.data.digits import CLASS_NAMES
+    """The class names of a run's data, read without its images (the data format's ``class_names``)."""
+    from vitscale.data.formats import get_format
 
-        return list(CLASS_NAMES)
-    if d.format == "imagefolder" and d.train_path:
-        from vitscale.data.imagefolder import find_classes
-
-        return list(find_classes(d.train_path))
-    if d.format == "synthetic":
-        return [str(i) for i in range(d.num_classes or 1000)]
-    if d.format in ("webdataset", "csv") and d.train_path:
-        from vitscale.data.captions import read_class_names
-
-        return read_class_names(d.train_path)
-    return None
+    fmt = get_format(cfg.data.format)
+    return fmt.class_names(cfg.data) if fmt.class_names is not None else None
 
 
 def run_class_names(source) -> list[str] | None:
-    """The run's readable class names (digits: 'zero' … 'nine'), or None when unknown."""
+    """The run's readable class names (digits: 'zero' … 'nine'): ``clip.class_names``, else its folder's
+    ``classnames.txt`` (the classes training mapped the labels to), else the config's dataset's; None
+    when unknown."""
+    from vitscale.data.classes import run_class_names as saved
     from vitscale.eval.zeroshot import readable_class_names
 
     if source.config_from == "defaults":
         return None
     if source.cfg.clip.class_names:
         return list(source.cfg.clip.class_names)
+    names = saved(source.weights)
+    if names:
+        return readable_class_names(names)
     try:
         names = _data_class_names(source.cfg)
     except (FileNotFoundError, OSError):  # the training images are not on this machine

@@ -120,7 +120,10 @@ def task_groups() -> dict[str, tuple[type, tuple[str, ...]]]:
     for module in _TASK_MODULES.values():
         importlib.import_module(module)
     out: dict[str, tuple[type, tuple[str, ...]]] = {}
-    for name, cls in _TASKS.items():
+    # the built-in tasks in their table's order, then plug-ins as registered: one order, whichever
+    # module a process happened to import first
+    order = [n for n in _TASK_MODULES if n in _TASKS] + [n for n in _TASKS if n not in _TASK_MODULES]
+    for name, cls in ((n, _TASKS[n]) for n in order):
         for group, group_cls in cls.config_groups.items():
             if group in out and out[group][0] is not group_cls:
                 raise TypeError(f"config group {group!r} of task {name!r} is another task's ({', '.join(out[group][1])})")

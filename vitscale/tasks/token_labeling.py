@@ -119,7 +119,8 @@ class TokenLabelingTask(Task):
     def targets(self, batch: dict, grid: tuple[int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
         """Class targets ``(B, C)`` and aligned dense targets ``(B, gh, gw, C)`` (before MixToken)."""
         labels = batch["label"]
-        index = batch.get("host", batch)["index"]  # rows are read on the host: never by a device copy
+        # rows are read on the host (never by a device copy); by sample key for streamed shards
+        index = self.store.rows(batch.get("host", batch)["index"], batch.get("key"))
         B, C = labels.shape[0], self.num_classes
         dense = self.store.dense(index, C, device)  # (B, C, th, tw) over the whole image
         crop = batch.get("crop")

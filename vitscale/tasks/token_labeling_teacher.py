@@ -55,8 +55,9 @@ def label_split(
                 cls, tok = dense_forward(teacher, batch["image"])  # (B, C), (B, gh, gw, C)
             cls_p, tok_p = cls.float().softmax(-1), tok.float().softmax(-1)
             if writer is None:
+                keys = getattr(loader.dataset.source, "keys", None)  # shards: rows also found by sample key
                 writer = TokenLabelWriter(out, split, n, tuple(tok.shape[1:3]), min(topk, num_classes), num_classes,
-                                          info, writes=writes)  # fmt: skip
+                                          info, writes=writes, keys=keys)  # fmt: skip
             writer.write(batch["index"], tok_p, cls_p, batch.get("crop"))
             real = (batch["index"] >= 0).to(device)  # padding samples (index -1) do not count
             labels = batch["label"].to(device)

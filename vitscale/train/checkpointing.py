@@ -15,8 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from torch import nn
 
 from vitscale.checkpoint import Checkpointer, export_safetensors, load_model_weights, read_weights
@@ -40,13 +38,6 @@ class RunCounters:
         return {"step": self.step, "data": self.data.state_dict(), "skipped": self.skipped,
                 "nonfinite_steps": self.nonfinite_steps, "total_steps": self.total_steps,
                 "segments": self.segments.state(self.step)}  # fmt: skip
-
-    def all_skipped(self, device) -> int:
-        """Undecodable files skipped by every rank of the run (a sum over the ranks)."""
-        total = torch.tensor(float(self.skipped), device=device)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(total)
-        return int(total.item())
 
     def load_state_dict(self, sd: dict) -> None:
         self.step, self.skipped = int(sd["step"]), int(sd.get("skipped", 0))

@@ -32,16 +32,17 @@ def now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def run_summary(model: str, steps: int, *, wall: float, steps_run: int, batch_size: int, skipped_files: int,
+def run_summary(model: str, steps: int, *, wall: float, steps_run: int, batch_size: int, skips: dict[str, Any],
                 nonfinite_steps: int, last_eval: dict[str, Any], resumed_from: str | None, total_time: float,
                 started_at: str, env: dict, segments: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """summary.json of a run that trained: the model, its steps, the time and speed of training, the
-    files skipped, the non-finite steps, the last evaluation's metrics, where it resumed from, the
+    files and shards skipped (``skips``: ``{"skipped_files": n, "skipped_shards": [...]}``, from
+    ``Loaders.skips``), the non-finite steps, the last evaluation's metrics, where it resumed from, the
     units, when it ran and the environment. ``segments`` (:mod:`vitscale.train.segments`): each start
     of the job; then ``wall_time_s`` and ``img_per_s`` are the whole run's, over every segment, and
     ``wall_time_this_run_s`` / ``img_per_s_this_run`` this segment's."""
     summary = {"model": model, "steps": steps, "steps_this_run": steps_run, "wall_time_s": wall,
-               "img_per_s": steps_run * batch_size / max(wall, 1e-9), "skipped_files": skipped_files,
+               "img_per_s": steps_run * batch_size / max(wall, 1e-9), **skips,
                "nonfinite_steps": nonfinite_steps, **last_eval}  # fmt: skip
     if segments and len(segments) > 1:
         timed = [s for s in segments if isinstance(s.get("wall_time_s"), (int, float)) and s["wall_time_s"] > 0]
@@ -118,6 +119,8 @@ def human_summary(summary: dict[str, Any], out: Path, *, config: str | Path, rep
     lines = [head, "  " + final_metrics_line(summary, names)]
     if summary.get("skipped_files"):
         lines.append(f"  skipped {summary['skipped_files']} undecodable files (warnings in train.log)")
+    for shard in summary.get("skipped_shards", []):
+        lines.append(f"  skipped shard {shard['url']}: {shard['reason']}")
     lines.append(f"Outputs in {out}:")
     if weights is not None:
         lines.append(f"  weights      {weights}")

@@ -220,18 +220,20 @@ class Trainer:
         return self._finish(log, start_step, time.perf_counter() - t_start, last_eval)
 
     def _finish(self, log: MetricsLogger, start_step: int, wall: float, last_eval: dict) -> dict[str, Any]:
-        cfg, skipped = self.cfg, self.counters.all_skipped(self.device)
+        cfg = self.cfg
+        skips = self.loaders.skips()  # bad files (training and validation) and shards, over the ranks
         self.guard.require_progress(self.step, self.step - start_step, self.checkpoints.last)  # never exit 0 untrained
         self.checkpoints.export(self.out, self.step, cfg.model.name, self.run.model_overrides)
         self.written["weights"] = bool(cfg.checkpoint.export_safetensors)
         summary = run_summary(cfg.model.name, self.step, wall=wall, steps_run=self.step - start_step, batch_size=cfg.train.batch_size,
-                              skipped_files=skipped, nonfinite_steps=self.guard.checked_total, last_eval=last_eval,
+                              skips=skips, nonfinite_steps=self.guard.checked_total, last_eval=last_eval,
                               resumed_from=self.checkpoints.resumed_from, total_time=time.perf_counter() - self._t_created, started_at=self.started_at,
                               env=environment(self.device, run_layout(self.run)), segments=self.counters.segments.summary(self.step, cfg.train.batch_size)[0])  # fmt: skip
         if self.is_main:
             write_summary(summary, self.out)
-            if self.counters.skipped:
-                log.info(f"skipped {self.counters.skipped} undecodable files (see the warnings above)")
+            if skips["skipped_files"] or skips["skipped_shards"]:
+                log.info(f"skipped {skips['skipped_files']} bad files and {len(skips['skipped_shards'])} unreadable "
+                         f"shards (see the warnings above)")  # fmt: skip
             log.log_hparams(flatten(run_config_dict(cfg)), dict(last_eval), summary)  # TensorBoard, trackers
             self.written["report"] = bool(cfg.log.report) and try_write_report(self.out) is not None
         return summary
