@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from torch import nn
 
 from vitscale.checkpoint import Checkpointer, export_safetensors, load_model_weights, read_weights
