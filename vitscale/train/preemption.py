@@ -13,8 +13,8 @@ ranks agree through one all-reduce (maximum) of a 4-byte CPU tensor per step on 
 of its own: the host decides, so a step that does not log still reads nothing back from the device
 (docs/architecture.md), and the collective never queues behind the GPU's work. The all-reduce is
 pipelined — launched after a step, read after the next — so it costs the loop nothing measurable
-where a blocking one cost ~0.1-0.4 ms per step; the price is one more step before the stop
-(``benchmarks/preemption_flag.py``).
+where a blocking one added ~1.2 ms to a 2 ms step (2 gloo ranks on a shared 2-core machine:
+``benchmarks/results/preemption_flag_cpu_202611.json``); the price is one more step before the stop.
 
 A process forked from the trainer (a DataLoader worker) inherits the handler: there it ignores SIGINT
 and SIGUSR1 and the first SIGTERM (a terminal's Ctrl-C and Slurm's signal reach every process of the
