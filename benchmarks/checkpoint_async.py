@@ -86,7 +86,8 @@ def main() -> None:
     idle = {m: [] for m in MODES}
     load = [os.getloadavg()]
     step = 0
-    for _ in range(args.rounds + 1):  # the first round warms up (allocations, the page cache, pinned buffers): dropped
+    print(f"{args.model}: {params:,} parameters, {nbytes / 2**20:.0f} MiB of state; load {os.getloadavg()}", flush=True)
+    for r in range(args.rounds + 1):  # the first round warms up (allocations, the page cache, pinned buffers): dropped
         for m in MODES:
             step += 1
             ck = checkpointers[m]
@@ -102,6 +103,8 @@ def main() -> None:
             stall[m].append(t1 - t0)
             complete[m].append(t2 - t0)
             during[m].append(statistics.median(steps) if steps else None)
+            print(f"round {r}{' (warm-up, dropped)' if r == 0 else ''} {m:>12}: stall {t1 - t0:.3f} s, complete {t2 - t0:.3f} s, "
+                  f"{len(steps)} steps during the write, load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     load.append(os.getloadavg())
     for d in (stall, complete, during, idle):
         for m in MODES:

@@ -64,7 +64,7 @@ def _signal_after(proc: subprocess.Popen, out: Path, step: int, sig: int) -> str
 @pytest.mark.slow
 def test_sigterm_then_ctrl_c_then_resume_is_the_uninterrupted_run(tmp_path):
     ref = tmp_path / "ref"
-    train(load_config(None, TINY + [f"train.output_dir={ref}", f"train.max_steps={STEPS}", "data.num_workers=0"]))
+    ref_summary = train(load_config(None, TINY + [f"train.output_dir={ref}", f"train.max_steps={STEPS}", "data.num_workers=0"]))
 
     out = tmp_path / "run"
     log = _signal_after(_start(out), out, 5, signal.SIGTERM)
@@ -87,6 +87,8 @@ def test_sigterm_then_ctrl_c_then_resume_is_the_uninterrupted_run(tmp_path):
     assert proc.returncode == 0, log[-3000:]
     assert _curve(out) == _curve(ref)  # every step's loss, gradient norm and learning rate, bit for bit
     summary = json.loads((out / "summary.json").read_text())
+    final = {k: v for k, v in ref_summary.items() if k.startswith("val_")}  # the final evaluation: loss and accuracy
+    assert {"val_loss", "val_top1"} <= final.keys() and {k: summary[k] for k in final} == final
     segments = summary["segments"]
     assert [(s["start_step"], s["end_step"], s.get("ended")) for s in segments] == [
         (0, step1, "SIGTERM"), (step1, step2, "SIGINT"), (step2, STEPS, "finished")]  # fmt: skip
