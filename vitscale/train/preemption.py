@@ -10,8 +10,8 @@ as for an unhandled SIGTERM, :mod:`vitscale.signals`).
 
 The signal may reach only some ranks (``kill`` of one process, a node's agent forwarding it). The
 ranks agree through one all-reduce (maximum) of a 4-byte CPU tensor per step on a gloo process group
-of its own: the host decides, so a step that does not log still reads nothing back from the device
-(docs/architecture.md), and the collective never queues behind the GPU's work. The all-reduce is
+of its own (made before the first step): the host decides, so a step that does not log still reads
+nothing back from the device (docs/architecture.md), and the collective never queues behind the GPU's work. The all-reduce is
 pipelined — launched after a step, read after the next — so it costs the loop nothing measurable
 where a blocking one added ~1.2 ms to a 2 ms step (2 gloo ranks on a shared 2-core machine:
 ``benchmarks/results/preemption_flag_cpu_202611.json``); the price is one more step before the stop.
@@ -60,8 +60,10 @@ class Preemption:
         self._single = False  # known to be one process (no agreement needed)
 
     def _join(self) -> None:
-        """At the first agreement: with several ranks, the gloo group of the agreement (every rank creates
-        it at the same point of the run, after the run's own groups)."""
+        """With several ranks, the gloo group of the agreement, made by every rank at the same point of the
+        run, after the run's own groups: when the trainer enters this component, before its first step.
+        Not at the first agreement: a peer lost before it (a node killed while its first step ran) left
+        the others waiting in ``new_group`` for the process group's whole timeout, with no error."""
         import torch
         import torch.distributed as dist
 
@@ -76,6 +78,8 @@ class Preemption:
             pid = os.getpid()
             for s in self.signums:
                 self._previous[s] = signal.signal(s, lambda signum, frame: self._noted(signum, pid))
+        if self.group is None and self.signums and not self._single and _in_process_group():
+            self._join()  # the trainer's ``with``: the run's process group exists
         return self
 
     def __exit__(self, *exc) -> None:
@@ -141,6 +145,12 @@ class Preemption:
         name = signal.Signals(signum).name
         raise Preempted(f"stopped by {name} after step {step}; checkpoint {checkpoints.last} saved: run the same "
                         f"command to resume", signum, quiet=rank != 0)  # fmt: skip
+
+
+def _in_process_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 __all__ = ["Preempted", "Preemption"]

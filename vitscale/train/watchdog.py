@@ -68,7 +68,8 @@ class Watchdog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             f = open(self.path, "w")  # noqa: SIM115 - kept open for faulthandler until the process ends
             f.write(f"rank {self.rank} (pid {os.getpid()}): no step completed for {idle:.0f} s ({self.what}="
-                    f"{self.timeout:g}); last completed step {self.step}. Stacks of every thread:\n\n")  # fmt: skip
+                    f"{self.timeout:g}); {f'last completed step {self.step}' if self.step else 'no step completed in this process'}. "
+                    "Stacks of every thread:\n\n")  # fmt: skip
             f.flush()
             self._file = f
             faulthandler.dump_traceback_later(60, exit=True, file=f)  # the backstop, should the next lines not run
