@@ -26,7 +26,7 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-900}
 RESULTS=benchmarks/results
 DRY=0
 GROUPS_WANTED=()
-ALL_GROUPS="train infer clip micro sdpa volo_d1 volo_d5 volo_micro data block22b fp8_l16 fp8_h14 fp8_g14 fp8_curve_h14 fp8_curve_g14 cudagraphs maxbatch_small maxbatch_large naflex"
+ALL_GROUPS="train infer clip micro sdpa volo_d1 volo_d5 volo_micro data block22b fp8_l16 fp8_h14 fp8_g14 fp8_curve_h14 fp8_curve_g14 cudagraphs maxbatch_small maxbatch_large naflex checkpoint"
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
@@ -238,6 +238,12 @@ if want naflex; then
     run "naflex_attention_${mode}_${GPU}_${MONTH}" benchmarks/naflex_attention.py --model naflex_b16_gap --device cuda \
       --dtype bfloat16 --mode "$mode" --batch-size 64 --seq 576 --steps 50 --rounds 10 --no-eager-flex
   done
+fi
+
+# How long a checkpoint stalls the step loop (issue 23): a ViT-B/16 training state (weights + AdamW
+# moments) on the GPU, checkpoint.async_mode disabled vs async vs async_pinned (pinned host buffers).
+if want checkpoint; then
+  run "checkpoint_async_${GPU}_${MONTH}" benchmarks/checkpoint_async.py --model vit_b16 --device cuda --rounds 5
 fi
 
 if [[ $DRY -eq 1 ]]; then

@@ -93,11 +93,12 @@ def main(argv: list[str] | None = None) -> int:
             rc = _report(args.command, e, debug, describe)
         except KeyboardInterrupt as e:
             rc = _report(args.command, e, debug, describe)
-        except Terminated as e:  # everything on the way out has run: partial saves removed, lock released
+        except Terminated as e:  # everything on the way out has run: partial saves removed, lock released, logs closed
             if debug:
                 raise
-            print(f"vitscale {args.command}: {e}", file=sys.stderr)
-            rc = EXIT_TERMINATED
+            if not getattr(e, "quiet", False):
+                print(f"vitscale {args.command}: {e}", file=sys.stderr)
+            rc = getattr(e, "exit_code", EXIT_TERMINATED)  # saved on a signal: 128 + its number (vitscale.train.preemption)
     if not joined and _in_process_group():  # the command joined torchrun's process group: leave it
         from vitscale.distributed import destroy_distributed
 

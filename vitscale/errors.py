@@ -67,6 +67,30 @@ _OS_HINTS = {
 }
 
 
+_LOST_MARKS = ("gloo/transport/", "Connection reset by peer", "Connection closed by peer", "ProcessGroupNCCL",
+               "NCCL communicator", "collective operation timeout", "Timed out waiting")  # fmt: skip
+"""What a collective's RuntimeError says when its peer is gone or hung (gloo's TCP pair, NCCL's watchdog)."""
+
+
+def _lost_rank(exc: BaseException) -> str | None:
+    """One line for a collective that failed because another rank (a process, a node) is gone or hung:
+    PyTorch's ``DistError`` family (gloo's "Connection closed by peer", NCCL's watchdog, the store's
+    timeouts), or the failure DCP reports for it."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    failures = getattr(exc, "failures", None)  # DCP's CheckpointException: {rank: (exception, traceback)}
+    if not names & {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"} and isinstance(failures, dict):
+        inner = [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        return next((m for m in (_lost_rank(e) for e in inner if isinstance(e, BaseException)) if m), None)
+    text = str(exc)
+    dist = names & {"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"}
+    if not dist and not (isinstance(exc, RuntimeError) and any(m in text for m in _LOST_MARKS)):
+        return None
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    first = __import__("re").sub(r"^\[[^\]]*\]\s*", "", first).split(". This is typically")[0]  # gloo's source location, its advice
+    return (f"lost contact with another rank ({first[:200]}): a process or node of the job stopped or hung "
+            "(parallel.timeout bounds the wait); start the job again to resume from the newest checkpoint")  # fmt: skip
+
+
 def describe(exc: BaseException) -> tuple[str, int] | None:
     """``(message, exit code)`` for an error a person caused, or None for a bug (keep the traceback)."""
     if isinstance(exc, KeyboardInterrupt):
@@ -86,6 +110,9 @@ def describe(exc: BaseException) -> tuple[str, int] | None:
             "parallel.activation_checkpointing=full",
             EXIT_FAILED,
         )
+    lost = _lost_rank(exc)
+    if lost:
+        return lost, EXIT_FAILED
     if isinstance(exc, MemoryError):
         return "out of host memory: lower train.batch_size, data.num_workers or the image size", EXIT_FAILED
     if isinstance(exc, NotImplementedError):  # a model family without the asked capability: choose another

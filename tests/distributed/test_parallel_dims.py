@@ -113,3 +113,35 @@ def test_data_parallel_groups_come_from_the_mesh_on_8_ranks():
         for layout, (dp_rank, tp_rank, members) in per_layout.items():
             assert (dp_rank, tp_rank) == (rank // 2, rank % 2), layout
             assert members == [r for r in range(8) if r % 2 == tp_rank], (layout, rank, members)
+
+
+def _silent_peer(timeout_s: float):
+    """Rank 1 stops answering (a hung process); rank 0's collective must fail after ``timeout_s``
+    (``parallel.timeout``), not PyTorch's default 30 minutes, with vitscale's one line."""
+    import time
+
+    import torch.distributed as dist
+
+    from vitscale.errors import describe
+
+    init_distributed(NS(dp_replicate=1, dp_shard=-1, tp=1), "cpu", timeout_s=timeout_s)
+    if dist.get_rank() == 1:
+        time.sleep(timeout_s * 4)
+        dist.destroy_process_group()
+        return None
+    t0 = time.perf_counter()
+    try:
+        dist.all_reduce(torch.ones(1))
+        line = None
+    except Exception as e:  # noqa: BLE001 - the error is the result
+        line = describe(e)
+    took = time.perf_counter() - t0
+    dist.destroy_process_group()
+    return took, line
+
+
+@pytest.mark.multiprocess
+def test_parallel_timeout_bounds_a_collective_whose_peer_hangs():
+    took, line = run_distributed(_silent_peer, 2, 3.0)[0]
+    assert line is not None and line[0].startswith("lost contact with another rank ("), line
+    assert "parallel.timeout" in line[0] and took < 12  # the configured 3 s, not the default 1800 s

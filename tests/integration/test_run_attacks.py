@@ -239,10 +239,12 @@ def test_two_runs_at_once_then_sigterm_during_a_save(tmp_path):
     writes a checkpoint: it used to leave run.lock and a partial .tmp-step_ folder; now the run stops
     with one line and exit code 143, the partial folder removed, the lock released, and the next run
     resumes. The process is frozen (SIGSTOP) while the partial folder holds files, so the signal lands
-    in the middle of the save."""
+    in the middle of the save. ``checkpoint.save_on_signal=[]``: the signal ends the run at once (by
+    default SIGTERM finishes the step and its save first: tests/integration/test_preemption.py; a second
+    signal then ends it at once, through this same path)."""
     run = tmp_path / "run"
     args = ["train", "digits_vit", f"train.output_dir={run}", "train.max_steps=400", "checkpoint.every=1", "checkpoint.keep=1",
-            "model.num_layers=2", "model.hidden_size=128", *TINY[1:]]  # fmt: skip
+            "model.num_layers=2", "model.hidden_size=128", "checkpoint.save_on_signal=[]", *TINY[1:]]  # fmt: skip
     procs = [subprocess.Popen([sys.executable, "-m", "vitscale", *args], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
     ck, caught = run / "checkpoints", None

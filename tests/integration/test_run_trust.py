@@ -104,7 +104,9 @@ def _wait_for_step(proc: subprocess.Popen, run: Path) -> None:
 
 def test_one_run_per_folder(tmp_path, capsys, caplog):
     run = tmp_path / "run"
-    long = ["train", "digits_vit", "train.max_steps=100000", f"train.output_dir={run}", *TINY]
+    # checkpoint.save_on_signal=[]: Ctrl-C ends it at once, no checkpoint (saving on Ctrl-C, the default:
+    # tests/integration/test_preemption.py), so the runs below start afresh in the same folder
+    long = ["train", "digits_vit", "train.max_steps=100000", f"train.output_dir={run}", "checkpoint.save_on_signal=[]", *TINY]
     first = _start(long, tmp_path)
     _wait_for_step(first, run)
     holder = json.loads((run / "run.lock").read_text())

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from .async_save import Pending, StagingBuffers, StagingWriter, nonfinite_failure
 from .collective import all_lines, all_ok, barrier, cause, interruption, quiet, rank_world
 from .discovery import damaged, is_legacy, legacy_error, list_checkpoints, newest_intact
 from .integrity import CheckpointError, CorruptFile
@@ -54,12 +56,26 @@ from .weights import SaveError
 
 
 class Checkpointer:
-    """Saves / finds / loads training checkpoints under ``root`` keeping the newest ``keep``."""
+    """Saves / finds / loads training checkpoints under ``root`` keeping the newest ``keep``;
+    ``async_mode`` (``checkpoint.async_mode``): ``disabled``, or ``async`` / ``async_pinned``
+    (:mod:`vitscale.checkpoint.async_save`: :meth:`save` returns once the state is staged, and
+    :meth:`wait` once it is written)."""
 
-    def __init__(self, root: str | os.PathLike, keep: int = 2):
+    def __init__(self, root: str | os.PathLike, keep: int = 2, async_mode: str = "disabled", remote=None):
         self.root = Path(root)
+        self.remote = remote  # a RemoteMirror (checkpoint.remote): each complete checkpoint is uploaded
         self.keep = max(int(keep), 1)
         self._verified: tuple[Path, dict] | None = None
+        self.async_mode = async_mode
+        self.pending: Pending | None = None
+        self._buffers = StagingBuffers(keep=async_mode == "async_pinned") if async_mode != "disabled" else None
+        self._group = None
+        if self._buffers is not None:  # the background thread's save of one process says it is one: intended
+            warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
+        if self._buffers is not None and rank_world()[1] > 1:  # every rank, in the same order: a group of its own
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")
 
     def latest(self) -> Path | None:
         """The newest intact checkpoint (collective: every rank calls it, each checksums its share of
@@ -71,21 +87,24 @@ class Checkpointer:
         self._verified = newest_intact(found, self.root, need=(TRAINER_STATE,), collective=True)
         return self._verified[0]
 
-    def save(self, step: int, state: Mapping[str, Any], trainer_state: Any, rng: Any = None) -> Path:
+    def save(self, step: int, state: Mapping[str, Any], trainer_state: Any, rng: Any = None) -> Path | None:
         """``state``: ``{key: Stateful or nested dict of tensors}`` (non-tensor leaves are dropped);
         ``trainer_state``: a Stateful or dict of JSON (``trainer_state.json``); ``rng``: this rank's
         RNG states (``rng_rank<r>.json``; default :class:`RNGState`). Raises :class:`SaveError` (the
-        partial folder removed, older checkpoints untouched)."""
+        partial folder removed, older checkpoints untouched). Waits for a save still being written
+        first. Returns the step folder; asynchronous: None (the write goes on: :meth:`wait`)."""
+        self.wait()
         rank, world = rank_world()
         state = {k: resolve(v) for k, v in state.items()}
         final = self.root / f"step_{step:08d}"
         tmp = self.root / f".tmp-step_{step:08d}"
-        bad = all_lines(nonfinite_names(state, limit=4))  # every rank checks its shards; all decide together
-        if bad:
-            raise NonFiniteWeights(
-                f"not saving checkpoint {final}: non-finite values in {some_names(bad)}; the older checkpoints in "
-                f"{self.root} are intact"
-            )
+        if self._buffers is None:  # asynchronous: checked on the staged copy, in the background
+            bad = all_lines(nonfinite_names(state, limit=4))  # every rank checks its shards; all decide together
+            if bad:
+                raise NonFiniteWeights(
+                    f"not saving checkpoint {final}: non-finite values in {some_names(bad)}; the older checkpoints in "
+                    f"{self.root} are intact"
+                )
         err: BaseException | None = None
         if rank == 0:
             try:
@@ -102,27 +121,53 @@ class Checkpointer:
                     if rank == 0:
                         ts = {**resolve(trainer_state), "world_size": world}
                         extra[TRAINER_STATE] = json.dumps(ts, indent=1, allow_nan=False).encode()
+                    publish = lambda: _publish(tmp, final, self.root, self.remote)  # noqa: E731 - by the coordinator, index sealed
                     with quiet():
-                        dcp.save(tensors_only(state), storage_writer=SafetensorsWriter(tmp, rank, extra))
+                        if self._buffers is None:
+                            dcp.save(tensors_only(state), storage_writer=SafetensorsWriter(tmp, rank, extra, publish=publish))
+                        else:
+                            writer = StagingWriter(tmp, rank, extra, self._buffers, final, publish)
+                            future = dcp.async_save(tensors_only(state), storage_writer=writer, process_group=self._group)
+                            self.pending = Pending(step, tmp, final, future)
+                            return None
                 except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
                     err = e
                     if interruption(e) is not None:  # DCP wrapped a Ctrl-C / SIGTERM: go on up as that
                         raise interruption(e) from None
-                if all_ok(err is None) and rank == 0:
-                    try:
-                        if final.is_symlink():  # not the run's own (docs/trust.md): the link goes, its target stays
-                            final.unlink()
-                        elif final.exists():
-                            shutil.rmtree(final)
-                        os.replace(tmp, final)  # the atomic step: a checkpoint exists only once complete
-                        _fsync_dir(self.root)
-                    except OSError as e:
-                        err = e
-            if not all_ok(err is None):
-                if rank == 0:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                raise SaveError(f"could not save checkpoint {final}: {cause(err)}; its partial files were removed, the older checkpoints in {self.root} are intact")
-        if rank == 0:
+            self._failed(err, tmp, final)
+        return self._done(final)
+
+    def wait(self) -> Path | None:
+        """Wait for the checkpoint being written in the background (if any): its step folder, or
+        :class:`SaveError` / :class:`NonFiniteWeights` (its partial folder removed)."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return None
+        err: BaseException | None = None
+        try:
+            p.future.result()
+        except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            if interruption(e) is not None and not isinstance(e, CheckpointException):
+                raise
+            err = e
+        bad = nonfinite_failure(err) if err is not None else None
+        if not all_ok(err is None):
+            if rank_world()[0] == 0:
+                shutil.rmtree(p.tmp, ignore_errors=True)
+            if bad is not None:
+                raise NonFiniteWeights(f"{bad}; the older checkpoints in {self.root} are intact") from None
+            self._failed(err, p.tmp, p.final)
+        return self._done(p.final)
+
+    def _failed(self, err: BaseException | None, tmp: Path, final: Path) -> None:
+        """Raise :class:`SaveError` for every rank when any rank failed (their partial folder removed)."""
+        if not all_ok(err is None):
+            if rank_world()[0] == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise SaveError(f"could not save checkpoint {final}: {cause(err)}; its partial files were removed, the older checkpoints in {self.root} are intact")
+
+    def _done(self, final: Path) -> Path:
+        if rank_world()[0] == 0:
             for _, old in [f for f in list_checkpoints(self.root) if not f[1].is_symlink()][: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
         barrier()
@@ -168,6 +213,19 @@ class Checkpointer:
         except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
             raise CheckpointError(f"cannot load checkpoint {path}: {cause(e)}") from None
         return ts
+
+
+def _publish(tmp: Path, final: Path, root: Path, remote=None) -> None:
+    """The atomic step: the folder, complete and sealed, takes its step name (a link of that name,
+    not the run's own, goes; its target stays: docs/trust.md); then its upload (``checkpoint.remote``)."""
+    if final.is_symlink():
+        final.unlink()
+    elif final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)  # a checkpoint exists only once complete
+    _fsync_dir(root)
+    if remote is not None:
+        remote.upload(final)
 
 
 def _fsync_dir(path: Path) -> None:

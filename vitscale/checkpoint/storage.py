@@ -78,9 +78,10 @@ class SafetensorsWriter(StorageWriter):
     """Each rank writes its chunks, one safetensors file per top-level key, plus ``extra_files``
     (its RNG / trainer state JSON) and its manifest; the coordinator writes the index last."""
 
-    def __init__(self, path: str | Path, rank: int, extra_files: dict[str, bytes] | None = None):
+    def __init__(self, path: str | Path, rank: int, extra_files: dict[str, bytes] | None = None, publish=None):
         super().__init__()
         self.path, self.rank, self.extra_files = Path(path), rank, dict(extra_files or {})
+        self.publish = publish  # called by the coordinator once the index is sealed (the folder's rename)
 
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id:
@@ -141,6 +142,8 @@ class SafetensorsWriter(StorageWriter):
         index = {"format": FORMAT, "version": VERSION, "world_size": world, "hash": HASH_NAME,
                  "manifests": [manifest_name(r) for r in range(world)], "tensors": tensors, "paths": paths}  # fmt: skip
         write_file(self.path / INDEX, seal_json(index))
+        if self.publish is not None:
+            self.publish()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:

@@ -146,6 +146,11 @@ class TrainConfig:
     max_consecutive_nonfinite: int = 5
     """Non-finite steps the run may have in a row; more stops it (a run that has diverged);
     -1 = no limit."""
+    hang_timeout: float = 0.0
+    """Watchdog: when no step completes within this many seconds (evaluations and checkpoints
+    included), every rank writes the Python stacks of all its threads to
+    ``output_dir/hang-rank<r>.txt`` and the job exits with code 124, naming the file
+    (``vitscale.train.watchdog``); 0 = off. Set it above the longest step + evaluation + save."""
 
 
 @dataclass
@@ -178,6 +183,22 @@ class CheckpointConfig:
     with any other change to what the run computes is refused with the list of changed keys."""
     export_safetensors: bool = True
     """Write the final weights to output_dir/model.safetensors (and model_ema.safetensors)."""
+    async_mode: Literal["disabled", "async", "async_pinned"] = "disabled"
+    """How a checkpoint is written (torchtitan's ``checkpoint.async_mode``): disabled (the step loop
+    waits for the whole write) | async (the state is copied to CPU memory, then written by a
+    background thread while training goes on; the next save waits for the previous) | async_pinned
+    (the same, into CPU buffers kept from one save to the next, pinned on a GPU for faster copies).
+    Integrity and atomicity are those of a synchronous save (docs/trust.md)."""
+    save_on_signal: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGINT")
+    """Signals that make the run finish its current step, save a checkpoint and exit with code
+    128 + the signal's number (SIGTERM 143, SIGUSR1 138, SIGINT 130); the ranks agree on the step.
+    A second such signal (a second Ctrl-C) quits at once. Empty: these signals end the run at once,
+    as before (SIGTERM, SIGINT), and SIGUSR1 keeps its default action."""
+    remote: str | None = None
+    """Mirror the run folder's checkpoints (and config.yaml, metrics.jsonl, summary.json, train.log)
+    to this fsspec URL after each save, e.g. ``s3://bucket/runs/x`` (open_clip's remote sync): a run
+    whose folder holds no checkpoint resumes from the newest one there, checked like a local one
+    (``vitscale.checkpoint.remote``; s3:// needs ``pip install s3fs``)."""
 
 
 @dataclass
@@ -227,6 +248,16 @@ class LogConfig:
     """Log achieved TFLOP/s (and MFU, in percent, when the device peak is known)."""
     report: bool = True
     """Write report.html (plots of the run, vitscale.tools.report) at each evaluation and at the end."""
+    wandb: bool = False
+    """Also report to Weights & Biases (rank 0): the config, the logged values, the summary and the
+    report's plots; the run id is kept in output_dir/trackers.json, so a resumed or requeued run
+    continues the same W&B run. Settings from W&B's environment (WANDB_MODE=offline, WANDB_DIR,
+    WANDB_ENTITY, WANDB_API_KEY); a missing package or an unreachable server is a one-line note."""
+    mlflow: bool = False
+    """Also report to MLflow (rank 0), as ``log.wandb`` does; the tracking URI from MLFLOW_TRACKING_URI
+    (a server, or a file store such as ``file:/data/mlruns``)."""
+    project: str = "vitscale"
+    """The W&B project and the MLflow experiment the run reports to; the run's name is its folder's."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ import logging
 import torch
 from torch.utils.data import DataLoader
 
+from ..signals import loader_worker_signals
 from .dataset import KeyedDataset, collate
 from .keyed import torch_gen
 
@@ -25,6 +26,7 @@ log = logging.getLogger("vitscale.data")
 
 def _worker_init(_worker_id: int) -> None:
     torch.set_num_threads(1)
+    loader_worker_signals()  # the trainer decides what a signal means; the workers keep feeding it
 
 
 class BadFileReporter:

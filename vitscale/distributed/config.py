@@ -37,6 +37,9 @@ class ParallelConfig:
     """block | uniform: how blocks are picked for checkpointing."""
     ac_num_layers: int = 0
     """Blocks to checkpoint; 0 = all."""
+    timeout: float = 1800.0
+    """Seconds a collective (and the process group's start) may wait for the other ranks before it
+    fails with an error (PyTorch's process-group timeout; its default is 30 minutes)."""
 
 
 @dataclass

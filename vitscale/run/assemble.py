@@ -96,7 +96,7 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
     tc = cfg.train
     if purpose == "train" or (purpose != "bench" and world_info()[2] > 1):
-        dims = init_distributed(cfg.parallel, tc.device)
+        dims = init_distributed(cfg.parallel, tc.device, timeout_s=cfg.parallel.timeout)
     else:  # one process: a run folder's layout (e.g. parallel.tp=2) is not this job's
         dims = ParallelDims(device=resolve_device(tc.device))
     if purpose == "train":
@@ -111,7 +111,8 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     # continues the same run; decided on rank 0, and every rank stops together on a refusal.
     held = None
     if purpose == "train":
-        held = claim(cfg, dims.is_main, share=_share if dims.distributed else None, before=check_output_folder)
+        held = claim(cfg, dims.is_main, share=_share if dims.distributed else None, before=check_output_folder,
+                     restore=_restore_remote if cfg.checkpoint.remote else None)  # fmt: skip
     try:
         micro_batch = tc.batch_size // (dims.dp_size * tc.grad_accum)
         base = model.cfg if model is not None else get_model_config(cfg.model.name, **cfg.model.overrides)
@@ -196,6 +197,16 @@ def _use_device_settings(device: torch.device, cfg: Config) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+def _restore_remote(cfg: Config) -> None:
+    """``checkpoint.remote``: a run folder without checkpoints gets the mirrored ones back (rank 0,
+    the folder locked, before the same-run check reads its config.yaml)."""
+    from ..checkpoint.remote import RemoteMirror
+
+    restored = RemoteMirror(cfg.checkpoint.remote, cfg.train.output_dir, cfg.checkpoint.keep).restore()
+    if restored:
+        print(f"restored {', '.join(restored)} from {cfg.checkpoint.remote} (checked like a local checkpoint before use)", flush=True)
 
 
 def data_tokenizer(family: FamilySpec, data: DataConfig):

@@ -40,6 +40,15 @@ def _at_least(key: str, value, low, meaning: str) -> None:
         raise CheckError(f"{key}={value} must be at least {low} ({meaning})")
 
 
+def _check_signals(names) -> None:
+    import signal
+
+    for name in names:
+        if name not in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT") or not hasattr(signal, name):
+            raise CheckError(f"checkpoint.save_on_signal: {name!r} is not a signal a run can save on: use SIGTERM, "
+                             "SIGUSR1, SIGUSR2, SIGINT, SIGHUP or SIGQUIT (or [] for none)")  # fmt: skip
+
+
 def _fraction(key: str, value: float, meaning: str, *, closed_high: bool = False) -> None:
     ok = 0.0 <= value <= 1.0 if closed_high else 0.0 <= value < 1.0
     if not ok or not math.isfinite(value):
@@ -157,12 +166,16 @@ def _check_ranges(cfg: Config, purpose: str) -> None:
         _at_least("train.grad_clip", tc.grad_clip, 0, "0 = no clipping")
         _at_least("train.cpu_threads", tc.cpu_threads, 0, "0 = PyTorch's default")
         _at_least("schedule.warmup_steps", cfg.schedule.warmup_steps, 0, "linear warmup steps")
+        _at_least("train.hang_timeout", tc.hang_timeout, 0, "seconds without a step before the stacks are dumped; 0 = off")
+        _check_signals(cfg.checkpoint.save_on_signal)
         _fraction("train.ema_decay", tc.ema_decay, "0 = no EMA, e.g. 0.9999")
         _fraction("train.label_smoothing", tc.label_smoothing, "0 = none, e.g. 0.1")
         if not (math.isfinite(cfg.optim.lr) and cfg.optim.lr >= 0):
             raise CheckError(f"optim.lr={cfg.optim.lr} must be a finite number >= 0 (e.g. optim.lr=1e-3)")
     if purpose != "bench":
         _at_least("eval.batch_size", cfg.eval.batch_size, 1, "images per evaluation batch")
+        if not cfg.parallel.timeout > 0:
+            raise CheckError(f"parallel.timeout={cfg.parallel.timeout} must be greater than 0 (seconds a collective may wait)")
         _at_least("data.num_workers", d.num_workers, 0, "loader processes; 0 = load in the main process")
         _at_least("data.prefetch_factor", d.prefetch_factor, 1, "batches each worker prepares ahead")
         _at_least("data.max_image_pixels", d.max_image_pixels, 0, "0 = no limit")

@@ -36,7 +36,7 @@ from ..errors import EXIT_USAGE, ConfigError, UserError
 LOCK_NAME = "run.lock"
 CONFIG_NAME = "config.yaml"
 RUN_ENTRIES = (CONFIG_NAME, "metrics.jsonl", "train.log", "summary.json", "report.html", "model.safetensors",
-               "model_ema.safetensors", LOCK_NAME, "checkpoints", "tb",
+               "model_ema.safetensors", LOCK_NAME, "checkpoints", "tb", "trackers.json",
                "classnames.txt")  # the run's classes (vitscale.data.classes.write_run_class_names)  # fmt: skip
 """What a run reads, writes, appends to or resumes from in its folder: none may be a symbolic link
 (docs/trust.md, "Symbolic links"; the step folders in ``checkpoints/`` are skipped as damaged)."""
@@ -47,11 +47,12 @@ log = logging.getLogger("vitscale.run")
 NEUTRAL = (
     "train.output_dir", "train.log_every", "train.compile", "train.compile_mode", "train.sdpa", "train.cpu_threads",
     "precision.fp8_all_gather",
-    "train.max_nonfinite_steps", "train.max_consecutive_nonfinite",
+    "train.max_nonfinite_steps", "train.max_consecutive_nonfinite", "train.hang_timeout",
     "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor",
     "data.prefetch_across_epochs", "data.max_image_pixels",
     "checkpoint.every", "checkpoint.keep", "checkpoint.path", "checkpoint.init_from", "checkpoint.resume",
-    "checkpoint.allow_changes", "checkpoint.export_safetensors",
+    "checkpoint.allow_changes", "checkpoint.export_safetensors", "checkpoint.async_mode", "checkpoint.save_on_signal",
+    "checkpoint.remote",
     "eval", "evals", "log", "parallel", "teacher",
 )  # fmt: skip
 
@@ -397,10 +398,11 @@ def write_config(cfg: Any, folder: Path, before_step: int | None = None) -> None
     save_config(cfg, path)
 
 
-def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
-    """On the main rank: ``before(cfg)`` (the folder's own checks), lock ``train.output_dir`` and
-    check that a resume continues the same run. ``share``: sends the main rank's outcome (None, or
-    an error's exit code and message) to every rank, so that all ranks stop together."""
+def claim(cfg: Any, is_main: bool, share=None, before=None, restore=None) -> Claim:
+    """On the main rank: ``before(cfg)`` (the folder's own checks), lock ``train.output_dir``,
+    ``restore(cfg)`` (bring back a folder's files from elsewhere: ``checkpoint.remote``) and check that
+    a resume continues the same run. ``share``: sends the main rank's outcome (None, or an error's exit
+    code and message) to every rank, so that all ranks stop together."""
     folder = Path(cfg.train.output_dir)
     error: UserError | None = None
     lock = None
@@ -411,6 +413,8 @@ def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
                 before(cfg)
             check_links(folder)
             lock = RunLock.of(folder).acquire()
+            if restore is not None:
+                restore(cfg)
             accepted = check_same_run(cfg, folder)
         except UserError as e:
             if lock is not None:

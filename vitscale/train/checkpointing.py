@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from torch import nn
 
 from vitscale.checkpoint import Checkpointer, export_safetensors
@@ -22,23 +23,28 @@ from vitscale.checkpoint.state import ModelState, OptimizerState, RNGState
 from vitscale.interop.pretrained import load_pretrained
 
 from .nonfinite import NonFiniteGuard
+from .segments import Segments
 
 
 class RunCounters:
     """``Stateful`` of the trainer's counters and the training data's position (``data``: a
-    resumable loader, itself ``Stateful``): what ``trainer_state.json`` holds."""
+    resumable loader, itself ``Stateful``): what ``trainer_state.json`` holds, with the run's segments
+    so far (:class:`~vitscale.train.segments.Segments`: one per start of the job, for the summary)."""
 
     def __init__(self, data: Any, total_steps: int):
         self.data, self.total_steps = data, total_steps
         self.step = self.skipped = self.nonfinite_steps = 0
+        self.segments = Segments()
 
     def state_dict(self) -> dict:
         return {"step": self.step, "data": self.data.state_dict(), "skipped": self.skipped,
-                "nonfinite_steps": self.nonfinite_steps, "total_steps": self.total_steps}  # fmt: skip
+                "nonfinite_steps": self.nonfinite_steps, "total_steps": self.total_steps,
+                "segments": self.segments.state(self.step)}  # fmt: skip
 
     def load_state_dict(self, sd: dict) -> None:
         self.step, self.skipped = int(sd["step"]), int(sd.get("skipped", 0))
         self.nonfinite_steps = int(sd.get("nonfinite_steps", 0))
+        self.segments.load(sd.get("segments"), self.step)
         self.data.load_state_dict(sd["data"])
 
 
@@ -48,7 +54,12 @@ class Checkpointing:
 
     def __init__(self, root: Path, cc: Any, model: nn.Module, optimizer, ema, counters: RunCounters):
         self.cc, self.counters = cc, counters
-        self.checkpointer = Checkpointer(root, keep=cc.keep)
+        self.remote = None  # checkpoint.remote: rank 0 (the coordinator, which publishes each checkpoint) uploads
+        if cc.remote and (not dist.is_initialized() or dist.get_rank() == 0):
+            from vitscale.checkpoint.remote import RemoteMirror
+
+            self.remote = RemoteMirror(cc.remote, root.parent, cc.keep)
+        self.checkpointer = Checkpointer(root, keep=cc.keep, async_mode=cc.async_mode, remote=self.remote)
         self.tensors = {"model": ModelState(model), "optim": OptimizerState(model, optimizer)}
         if ema is not None:
             self.tensors["ema"] = ema
@@ -83,12 +94,40 @@ class Checkpointing:
     def save(self, step: int, guard: NonFiniteGuard) -> None:
         """Save the run's state at ``step``; a diverged run (over its non-finite budget) saves nothing more."""
         self.counters.nonfinite_steps = guard.check(step, self.last)
-        self.last = str(self.checkpointer.save(step, self.tensors, self.counters, self.rng))
+        self._written(self.checkpointer.save(step, self.tensors, self.counters, self.rng))
 
+    def wait(self) -> None:
+        """Wait for a checkpoint still being written (``checkpoint.async_mode``); raises if it failed."""
+        self._written(self.checkpointer.wait())
+
+    def settle(self) -> None:
+        """On the way out of a run, however it ends: let a checkpoint being written finish (it may be
+        the newest intact one), saying so when it cannot; then mirror the run files a last time."""
+        try:
+            self.wait()
+        except Exception as e:  # the run is failing already: its own error is the one to report
+            from vitscale.errors import describe
+
+            why = (describe(e) or (str(e).strip().splitlines() or [type(e).__name__],))[0]
+            print(f"vitscale: the checkpoint being written in the background was not completed: {why}", flush=True)
+        if self.remote is not None:
+            self.remote.sync_run_files()
+
+    def __enter__(self) -> Checkpointing:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """The training loop is over, however it ended: :meth:`settle`."""
+        self.settle()
+
+    def _written(self, path) -> None:
+        if path is not None:
+            self.last = str(path)
 
     def export(self, out: Path, step: int, name: str, overrides: dict) -> None:
         """The final weights as ``model.safetensors`` (and ``model_ema.safetensors``), their header naming
         the model and its resolved overrides (``checkpoint.export_safetensors``)."""
+        self.wait()
         if not self.cc.export_safetensors:
             return
         meta = {"model": name, "overrides": json.dumps(overrides), "step": str(step)}

@@ -7,7 +7,10 @@ A record holds ``step``, ``loss``, ``lr``, ``img_per_s`` (images since the last 
 time since it, evaluations and checkpoints excluded), ``grad_norm``, the task's metrics (``train_*``),
 ``tflops`` and ``mfu`` (from the model's forward FLOPs per image and the device's peak), the share of
 the step time the task's parts took (``<part>_time_pct``, e.g. a distillation teacher's forward:
-``Task.step_times``), ``epoch`` and, when steps were not applied, ``nonfinite_steps``.
+``Task.step_times``), ``epoch``, ``data_wait`` (the percentage of the wall time since the last record
+that the loop spent waiting for batches: near 0 when the input pipeline keeps up), on a GPU
+``mem_peak_gib`` (the most memory the allocator held since the last record; a host-side counter, no
+synchronisation) and, when steps were not applied, ``nonfinite_steps``.
 """
 
 from __future__ import annotations
@@ -77,19 +80,28 @@ class LogStep:
     first and last, and with every evaluation); :meth:`record` builds its record."""
 
     def __init__(self, tc, *, world: int, steps_per_epoch: int, schedule, guard, flops_per_image: float | None,
-                 peak: float | None, info, part_times=None):  # fmt: skip
+                 peak: float | None, info, part_times=None, device: torch.device | None = None):  # fmt: skip
         self.tc, self.world, self.steps_per_epoch = tc, world, steps_per_epoch
         self.part_times = part_times  # the task's parts' seconds since the last record (Task.step_times)
         self.schedule, self.guard, self.info = schedule, guard, info
         self.flops, self.peak = flops_per_image, (peak if flops_per_image else None)
         self.reported_nonfinite = guard.checked_total
-        self.images, self.t_last = 0, time.perf_counter()
+        self.cuda = device if device is not None and device.type == "cuda" else None
+        self.images, self.t_last, self.waited = 0, time.perf_counter(), 0.0
 
     def restart(self) -> None:
         """Start counting images and time afresh (after a record, an evaluation or a checkpoint)."""
-        self.images, self.t_last = 0, time.perf_counter()
+        self.images, self.t_last, self.waited = 0, time.perf_counter(), 0.0
         if self.part_times is not None:
             self.part_times()  # the task's timers start afresh too
+
+    def timed(self, batches):
+        """``batches``, counting the time spent waiting for each (the record's ``data_wait``)."""
+        while True:
+            t = time.perf_counter()
+            batch = next(batches)
+            self.waited += time.perf_counter() - t
+            yield batch
 
     def advance(self) -> None:
         self.images += self.tc.batch_size
@@ -100,8 +112,8 @@ class LogStep:
     def record(self, step: int, loss: torch.Tensor, metrics: dict[str, torch.Tensor], grad_norm: torch.Tensor,
                last_checkpoint: str | None) -> dict[str, Any]:  # fmt: skip
         """The record of ``step`` (the sync point); stops a diverged run (:class:`NonFiniteError`)."""
-        wall = max(time.perf_counter() - self.t_last, 1e-9)
-        ips = self.images / wall
+        elapsed = max(time.perf_counter() - self.t_last, 1e-9)
+        ips = self.images / elapsed
         rec: dict[str, Any] = {"step": step, "loss": reduce_mean(loss, self.world).item(),
                                "lr": self.schedule.peak * self.schedule.factor(step), "img_per_s": ips,
                                "grad_norm": float(grad_norm.item())}  # fmt: skip
@@ -112,8 +124,12 @@ class LogStep:
             if self.peak:
                 rec["mfu"] = mfu_percent(rec["tflops"], self.peak)
         for part, seconds in (self.part_times() if self.part_times is not None else {}).items():
-            rec[f"{part}_time_pct"] = 100.0 * seconds / wall  # e.g. the distillation teacher's share of the step time
+            rec[f"{part}_time_pct"] = 100.0 * seconds / elapsed  # e.g. the distillation teacher's share of the step time
         rec["epoch"] = step / self.steps_per_epoch
+        rec["data_wait"] = 100.0 * min(self.waited / elapsed, 1.0)
+        if self.cuda is not None:
+            rec["mem_peak_gib"] = torch.cuda.max_memory_allocated(self.cuda) / 2**30
+            torch.cuda.reset_peak_memory_stats(self.cuda)
         nonfinite = self.guard.check(step, last_checkpoint)  # stops a diverged run
         if nonfinite:
             rec["nonfinite_steps"] = nonfinite

@@ -121,13 +121,15 @@ class MetricsLogger:
     """Writes on the main rank only; other ranks get a silent logger."""
 
     def __init__(self, output_dir: str | os.PathLike, *, enabled: bool, total_steps: int, start_step: int = 0,
-                 progress: str = "auto", tensorboard: bool | None = None, eval_names: tuple[str, ...] = ()):  # fmt: skip
+                 progress: str = "auto", tensorboard: bool | None = None, eval_names: tuple[str, ...] = (),
+                 config: Any = None):  # fmt: skip
         self.enabled = enabled
         self.eval_names = tuple(eval_names)  # the prefixes of the run's evaluations (a line of their own)
         self.path = Path(output_dir) / "metrics.jsonl"
         self.tb_path = Path(output_dir) / "tb"
         self.bar = None
         self.tb = None
+        self.trackers = None  # W&B / MLflow (log.wandb, log.mlflow: vitscale.train.trackers), from ``config``
         self.total = total_steps
         self.mode = "none"
         if not enabled:
@@ -147,6 +149,13 @@ class MetricsLogger:
         if self.tb is None and tensorboard:
             self.info("log.tensorboard=true, but the tensorboard package is not installed (pip install "
                       "tensorboard): no TensorBoard events for this run")  # fmt: skip
+        if config is not None and (config.log.wandb or config.log.mlflow):
+            from vitscale.config import run_config_dict
+            from vitscale.tools.report.run import flatten
+
+            from .trackers import Trackers
+
+            self.trackers = Trackers(self.path.parent, config, flatten(run_config_dict(config)), self.info)
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop lines a killed run logged after the checkpoint it resumes from."""
@@ -183,6 +192,8 @@ class MetricsLogger:
             for k, v in record.items():
                 if k != "step" and _num(v):
                     self.tb.add_scalar(k, v, record["step"])
+        if self.trackers is not None:
+            self.trackers.log(record)
         if self.bar is not None and _num(record.get("loss")):
             self.bar.set_postfix_str(f"loss={record['loss']:.4g}", refresh=False)
         if self.mode in ("bar", "plain"):
@@ -190,10 +201,15 @@ class MetricsLogger:
                 if text:
                     self.info(text)
 
-    def log_hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
+    def log_hparams(self, hparams: dict[str, Any], metrics: dict[str, float], summary: dict[str, Any] | None = None) -> None:
         """The run's settings as TensorBoard hyperparameters (the HParams dashboard) with ``metrics``
         (final values of logged scalars, by the same names) as its metrics. Written into the run's
-        own event file, so the dashboard shows this run's scalars beside its settings."""
+        own event file, so the dashboard shows this run's scalars beside its settings. The trackers
+        get ``summary`` (summary.json's values) and the report's plots."""
+        if self.trackers is not None and self.trackers.active and summary is not None:
+            from vitscale.tools.report import report_plots
+
+            self.trackers.summary(strict_json(summary), report_plots(self.path.parent), int(summary.get("steps", 0)))
         if self.tb is None:
             return
         from torch.utils.tensorboard.summary import hparams as hparams_summary
@@ -213,12 +229,19 @@ class MetricsLogger:
             print(text, flush=True)
 
     def close(self) -> None:
+        """End the bar; close TensorBoard's writer and the trackers, each within a bounded time
+        (:func:`vitscale.train.closing.bounded`: an exit never hangs on a writer)."""
+        from .closing import bounded
+
         if self.bar is not None:
             self.bar.close()
             self.bar = None
         if self.tb is not None:
-            self.tb.close()
+            bounded(self.tb.close, "TensorBoard's writer", self.info)
             self.tb = None
+        if self.trackers is not None:
+            self.trackers.close()
+            self.trackers = None
 
 
 __all__ = ["MetricsLogger", "format_eval", "format_record", "is_eval_key", "strict_json", "tensorboard_writer"]

@@ -34,14 +34,23 @@ def now() -> str:
 
 def run_summary(model: str, steps: int, *, wall: float, steps_run: int, batch_size: int, skips: dict[str, Any],
                 nonfinite_steps: int, last_eval: dict[str, Any], resumed_from: str | None, total_time: float,
-                started_at: str, env: dict) -> dict[str, Any]:  # fmt: skip
+                started_at: str, env: dict, segments: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """summary.json of a run that trained: the model, its steps, the time and speed of training, the
     files and shards skipped (``skips``: ``{"skipped_files": n, "skipped_shards": [...]}``, from
     ``Loaders.skips``), the non-finite steps, the last evaluation's metrics, where it resumed from, the
-    units, when it ran and the environment."""
+    units, when it ran and the environment. ``segments`` (:mod:`vitscale.train.segments`): each start
+    of the job; then ``wall_time_s`` and ``img_per_s`` are the whole run's, over every segment, and
+    ``wall_time_this_run_s`` / ``img_per_s_this_run`` this segment's."""
     summary = {"model": model, "steps": steps, "steps_this_run": steps_run, "wall_time_s": wall,
                "img_per_s": steps_run * batch_size / max(wall, 1e-9), **skips,
                "nonfinite_steps": nonfinite_steps, **last_eval}  # fmt: skip
+    if segments and len(segments) > 1:
+        timed = [s for s in segments if isinstance(s.get("wall_time_s"), (int, float)) and s["wall_time_s"] > 0]
+        total = sum(s["wall_time_s"] for s in timed)
+        summary.update(wall_time_this_run_s=wall, img_per_s_this_run=summary["img_per_s"], wall_time_s=total,
+                       img_per_s=sum(s["steps"] for s in timed) * batch_size / max(total, 1e-9))  # fmt: skip
+    if segments:
+        summary["segments"] = segments
     if resumed_from:
         summary["resumed_from"] = resumed_from
     summary["total_time_s"] = total_time  # building, loop, evaluations, export
@@ -99,9 +108,12 @@ def human_summary(summary: dict[str, Any], out: Path, *, config: str | Path, rep
     """The lines printed at the end of ``vitscale train`` / ``vitscale demo`` (and kept in train.log)."""
     wall, total = summary.get("wall_time_s", 0.0), summary.get("total_time_s")
     head = f"{summary.get('model')}: {summary.get('steps')} steps"
+    segments = summary.get("segments") or []
     if summary.get("resumed_from"):
         head += f" ({summary.get('steps_this_run')} after resuming)"
     head += f" in {wall:.1f} s of training ({summary.get('img_per_s', 0.0):.0f} img/s)"
+    if len(segments) > 1:
+        head += f" over {len(segments)} segments (resumed at step {', '.join(str(s.get('start_step')) for s in segments[1:])})"
     if isinstance(total, (int, float)):
         head += f", {total:.1f} s in all"
     lines = [head, "  " + final_metrics_line(summary, names)]

@@ -43,9 +43,11 @@ from .logstep import LogStep, device_peak, model_flops, opening_lines
 from .metrics import MetricsLogger
 from .nonfinite import NonFiniteGuard, apply_update, prepare_optimizer, skips_on_device
 from .optim import build_optimizer, scaled_lr
+from .preemption import Preemption
 from .runlog import RunLog
 from .schedules import Schedule, fit_warmup, run_length, warmup_steps
 from .summary import finished_run, now, print_end, run_layout, run_summary, write_summary
+from .watchdog import Watchdog
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
@@ -54,8 +56,9 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, preemption: Preemption | None = None):
         self._t_created, self.started_at = time.perf_counter(), now()
+        self.preemption = preemption or Preemption(cfg.checkpoint.save_on_signal)  # save on a signal, all ranks agreeing
         self.run = run = assemble(cfg)  # checks, the run folder's lock, data, model
         try:
             self._build(run)
@@ -104,6 +107,7 @@ class Trainer:
         self.complete = self.checkpoints.restore(self.model, self.ema)
         self.notices += self.checkpoints.init_lines  # what checkpoint.init_from loaded, resampled, re-initialised
         self.init_report = self.checkpoints.init_report
+        self.watchdog = Watchdog(tc.hang_timeout, self.out, run.dims.rank)  # no step within train.hang_timeout: stacks, exit 124
         self.guard = NonFiniteGuard(self.device, tc.max_nonfinite_steps, tc.max_consecutive_nonfinite, self.counters.nonfinite_steps)
         self.tensorboard = False  # whether fit() writes TensorBoard events
         self.written: dict[str, bool] = {}  # outputs this run wrote at its end ("weights", "report"): the summary lists only those
@@ -178,14 +182,14 @@ class Trainer:
             if self.complete:
                 key = "train.max_steps" if self.cfg.train.max_steps > 0 else "train.epochs"
                 return finished_run(self.out, self.step, self.counters.total_steps, self.checkpoints.resumed_from, key, self.is_main)
-            log = MetricsLogger(self.out, enabled=self.is_main, total_steps=self.counters.total_steps, start_step=self.step,
+            log = MetricsLogger(self.out, enabled=self.is_main, total_steps=self.counters.total_steps, start_step=self.step, config=self.cfg,
                                 progress=self.cfg.log.progress, tensorboard=self.cfg.log.tensorboard, eval_names=tuple(self.evals.names))  # fmt: skip
             try:
                 self.tensorboard = log.tb is not None
                 for line in opening_lines(self.run, self.counters.total_steps, self.peak_lr, self.schedule.warmup, self.step,
                                           self.checkpoints.resumed_from) + self.notices:  # fmt: skip
                     log.info(line)
-                with sdpa_backend(self.cfg.train.sdpa):  # the attention kernels of the fast path, as `vitscale bench`
+                with sdpa_backend(self.cfg.train.sdpa), self.preemption, self.watchdog, self.checkpoints:  # kernels as `vitscale bench`
                     return self._fit(log)
             finally:  # also when a step fails: the bar ends its line, TensorBoard flushes what it has
                 log.close()
@@ -193,10 +197,11 @@ class Trainer:
             self.close()
 
     def _fit(self, log: MetricsLogger) -> dict[str, Any]:
-        cfg, batches, start_step, t_start, last_eval = self.cfg, self._batches(), self.step, time.perf_counter(), {}
-        logstep = LogStep(cfg.train, world=self.world, steps_per_epoch=self.steps_per_epoch, schedule=self.schedule,
-                          guard=self.guard, flops_per_image=self.flops_per_image, peak=self.peak_tflops, info=log.info,
-                          part_times=self.task.step_times)  # fmt: skip
+        cfg, start_step, t_start, last_eval = self.cfg, self.counters.segments.start(self.step), time.perf_counter(), {}
+        logstep = LogStep(cfg.train, world=self.world, steps_per_epoch=self.steps_per_epoch, schedule=self.schedule, guard=self.guard,
+                          flops_per_image=self.flops_per_image, peak=self.peak_tflops, info=log.info,
+                          part_times=self.task.step_times, device=self.device)  # fmt: skip
+        batches = logstep.timed(self._batches())  # the data-wait share of the log line
         while self.step < self.counters.total_steps:
             self.step += 1
             loss, metrics, grad_norm = self.train_step(batches)
@@ -212,9 +217,12 @@ class Trainer:
                 if due and not last and self.is_main and cfg.log.report:  # keep report.html current
                     try_write_report(self.out)
                 logstep.restart()  # evaluation time is not counted in img/s
-            if self.checkpoints.due(self.step, last):
+            stop = self.preemption.agreed(self.counters.segments)  # a signal on any rank: save and stop after this step
+            if self.checkpoints.due(self.step, last) or stop:
                 self.checkpoints.save(self.step, self.guard)
                 logstep.restart()
+            self.preemption.stop(stop, last, self.step, self.checkpoints, self.pd.rank)  # waits for the write, then exits
+            self.watchdog.beat(self.step)
         return self._finish(log, start_step, time.perf_counter() - t_start, last_eval)
 
     def _finish(self, log: MetricsLogger, start_step: int, wall: float, last_eval: dict) -> dict[str, Any]:
@@ -225,14 +233,14 @@ class Trainer:
         self.written["weights"] = bool(cfg.checkpoint.export_safetensors)
         summary = run_summary(cfg.model.name, self.step, wall=wall, steps_run=self.step - start_step, batch_size=cfg.train.batch_size,
                               skips=skips, nonfinite_steps=self.guard.checked_total, last_eval=last_eval,
-                              resumed_from=self.checkpoints.resumed_from, total_time=time.perf_counter() - self._t_created,
-                              started_at=self.started_at, env=environment(self.device, run_layout(self.run)))  # fmt: skip
+                              resumed_from=self.checkpoints.resumed_from, total_time=time.perf_counter() - self._t_created, started_at=self.started_at,
+                              env=environment(self.device, run_layout(self.run)), segments=self.counters.segments.summary(self.step, cfg.train.batch_size)[0])  # fmt: skip
         if self.is_main:
             write_summary(summary, self.out)
             if skips["skipped_files"] or skips["skipped_shards"]:
                 log.info(f"skipped {skips['skipped_files']} bad files and {len(skips['skipped_shards'])} unreadable "
                          f"shards (see the warnings above)")  # fmt: skip
-            log.log_hparams(flatten(run_config_dict(cfg)), dict(last_eval))
+            log.log_hparams(flatten(run_config_dict(cfg)), dict(last_eval), summary)  # TensorBoard, trackers
             self.written["report"] = bool(cfg.log.report) and try_write_report(self.out) is not None
         return summary
 
@@ -253,8 +261,9 @@ def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, 
     with the summary in the form ``summary`` names: ``human``, ``json`` or ``none``. ``notes``: lines
     from loading the config, printed with the run's opening lines."""
     main = int(os.environ.get("RANK", "0")) == 0  # the rank torchrun gave this process (0 without torchrun)
-    with RunLog(Path(cfg.train.output_dir) / "train.log", enabled=main, header=command_line()) as runlog:
-        trainer = Trainer(cfg)  # checks the settings and claims the run folder (or refuses: no file written)
+    with RunLog(Path(cfg.train.output_dir) / "train.log", enabled=main, header=command_line()) as runlog, \
+            Preemption(cfg.checkpoint.save_on_signal) as preemption:  # before the loader's workers are forked
+        trainer = Trainer(cfg, preemption)  # checks the settings and claims the run folder (or refuses: no file written)
         trainer.notices[:0] = list(notes)
         runlog.attach()
         result = trainer.fit()

@@ -48,6 +48,19 @@ def write_comparison(run_dirs: list[str | os.PathLike], out: str | os.PathLike) 
     return _write_atomic(Path(out), compare_page(runs))
 
 
+def report_plots(run_dir: str | os.PathLike) -> dict[str, bytes]:
+    """The report's plots of ``run_dir`` as PNG bytes, by panel id (for the experiment trackers); {}
+    when it cannot draw them."""
+    try:
+        from .plots import draw, plan
+
+        run = read_run(run_dir)
+        return {panel.id: draw(panel, keys, [run], [run.path.name]) for panel, keys in plan([run], compare=False)}
+    except Exception as e:  # noqa: BLE001 — plots are informative only
+        log.warning("report plots not drawn: %s: %s", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return {}
+
+
 def try_write_report(run_dir: str | os.PathLike) -> Path | None:
     """``write_report`` for the trainer: a failure to draw is one warning line, never a failed run."""
     try:
@@ -57,4 +70,4 @@ def try_write_report(run_dir: str | os.PathLike) -> Path | None:
         return None
 
 
-__all__ = ["REPORT_NAME", "Run", "read_run", "try_write_report", "write_comparison", "write_report"]
+__all__ = ["REPORT_NAME", "Run", "read_run", "report_plots", "try_write_report", "write_comparison", "write_report"]

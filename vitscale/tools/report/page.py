@@ -10,7 +10,7 @@ import html
 import math
 from typing import Any
 
-from .plots import draw, full_scale, plan
+from .plots import draw, full_scale, plan, resume_steps
 from .run import Run, flatten
 
 # Keys of summary.json / metrics.jsonl that are evaluation results (the report's headline): those of the
@@ -113,6 +113,9 @@ def _status(run: Run) -> str:
         s = run.summary or {}
         wall = s.get("wall_time_s")
         t = f" in {wall:.1f} s of training" if isinstance(wall, (int, float)) and math.isfinite(wall) else ""
+        resumes = resume_steps(run)
+        if resumes:  # the whole run, across its restarts (vitscale.train.segments)
+            t += f" over {len(resumes) + 1} segments (resumed at steps {', '.join(map(str, resumes))})"
         return f"finished: {s.get('steps', run.last_step)} steps{t}"
     if run.last_step is None:
         return "no steps logged yet"

@@ -212,6 +212,14 @@ def _styles(panel: Panel, keys: list[str], compare: bool) -> list[tuple[int, str
             for k in keys]  # fmt: skip
 
 
+def resume_steps(run: Run) -> list[int]:
+    """The steps at which the run was resumed, from its summary's segments (none when unknown)."""
+    segments = (run.summary or {}).get("segments") if run.finished else None
+    if not isinstance(segments, list):
+        return []
+    return [s["start_step"] for s in segments[1:] if isinstance(s, dict) and isinstance(s.get("start_step"), int)]
+
+
 def draw(panel: Panel, keys: list[str], runs: list[Run], labels: list[str], *, dpi: int = 100) -> bytes:
     """The panel as PNG bytes."""
     from matplotlib.figure import Figure
@@ -257,6 +265,9 @@ def draw(panel: Panel, keys: list[str], runs: list[Run], labels: list[str], *, d
                     label=label if compare else f"{label} (mean of {len(xs) // len(bx)}-step bins; band: min to max)")
         else:
             ax.plot(xs, ys, style, color=color, label=label, linewidth=1.2)
+    resumes = [] if compare else resume_steps(runs[0])
+    for i, x in enumerate(resumes):  # each start of the job after the first (vitscale.train.segments)
+        ax.axvline(x, color="#7f7f7f", linestyle=":", linewidth=1.2, label=f"resumed ({len(resumes)})" if i == 0 else None)
     if bad_steps:
         ax.plot(bad_steps, [0.0] * len(bad_steps), "x", color="#d62728", markersize=7, clip_on=False,
                 transform=ax.get_xaxis_transform(), label=f"non-finite ({len(bad_steps)})")  # fmt: skip
@@ -280,7 +291,7 @@ def draw(panel: Panel, keys: list[str], runs: list[Run], labels: list[str], *, d
     if max((c[0][-1] for c in curves), default=0) >= 10000:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k" if v else "0"))
     if curves or bad_steps:
-        n = len(curves) + bool(bad_steps)
+        n = len(curves) + bool(bad_steps) + bool(resumes)
         ax.legend(fontsize=9 if n <= 4 else 8, frameon=False, loc="best", ncol=1 if n <= 4 else 2)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})

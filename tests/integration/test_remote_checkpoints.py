@@ -1,0 +1,115 @@
+"""Checkpoints off the node (``checkpoint.remote``) against moto's standalone S3 server: a run mirrors
+its checkpoints (index last) and logs to ``s3://``; stopped on one "node", requeued on another whose
+disk is empty, it restores them — a damaged remote checkpoint skipped like a local one — and ends on
+the uninterrupted run's curve; an unreachable bucket is one line before anything trains."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vitscale.config import load_config
+from vitscale.train import train
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+TINY = [
+    "model.name=vit_debug", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=2",
+    "model.num_attention_heads=2", "data.format=synthetic", "data.num_classes=10", "data.synthetic_size=96",
+    "data.val_split=0.25", "data.num_workers=0", "train.batch_size=16", "train.cpu_threads=1", "train.log_every=1",
+    "eval.batch_size=32", "log.progress=plain", "log.flops=false", "train.max_steps=8", "checkpoint.every=2",
+    "checkpoint.keep=3", "log.report=false",
+]  # fmt: skip
+
+
+@pytest.fixture
+def moto_s3():
+    """moto's standalone S3 server on localhost and the environment that points s3fs at it."""
+    from moto.server import ThreadedMotoServer
+
+    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}  # fmt: skip
+    yield env
+    srv.stop()
+
+
+def _cmd(out: Path, *extra: str) -> list[str]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    (out.parent / "empty.yaml").write_text("{}\n")
+    return [sys.executable, "-m", "vitscale", "train", str(out.parent / "empty.yaml"), *TINY, f"train.output_dir={out}", *extra]
+
+
+def _curve(out: Path) -> dict[int, tuple]:
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+
+
+@pytest.mark.slow
+def test_requeued_on_an_empty_node_resumes_from_s3(tmp_path, moto_s3, monkeypatch):
+    import s3fs
+
+    for k, v in moto_s3.items():
+        monkeypatch.setenv(k, v)
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("ckpts")
+    url = "s3://ckpts/runs/digits"
+    ref = tmp_path / "ref"
+    train(load_config(None, TINY + [f"train.output_dir={ref}"]))
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    node_a = tmp_path / "node_a" / "run"
+    p = subprocess.Popen(_cmd(node_a, f"checkpoint.remote={url}"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env)  # fmt: skip
+    out = []
+    for line in p.stdout:
+        out.append(line)
+        if line.startswith("step 5/"):
+            p.send_signal(signal.SIGTERM)  # preempted: saves step 5 (or 6), uploads it, exits
+            break
+    log = "".join(out) + p.communicate(timeout=120)[0]
+    assert p.returncode == 143, log[-3000:]
+    stopped = int(log.split("stopped by SIGTERM after step ")[1].split(";")[0])
+    remote = sorted(f.rsplit("/", 1)[-1] for f in fs.ls(f"{url}/checkpoints"))
+    assert remote == [f"step_{s:08d}" for s in (2, 4, stopped)], remote
+    assert set(fs.ls(f"{url}/checkpoints/step_{stopped:08d}", detail=False)) >= {f"ckpts/runs/digits/checkpoints/step_{stopped:08d}/checkpoint.json"}
+    assert fs.cat(f"{url}/config.yaml") == (node_a / "config.yaml").read_bytes()
+
+    # the newest remote checkpoint damaged in the bucket: the requeued run skips it as it would a local one
+    shard = f"{url}/checkpoints/step_{stopped:08d}/model-rank00000.safetensors"
+    data = bytearray(fs.cat(shard))
+    data[-64:] = bytes(64)
+    fs.pipe(shard, bytes(data))
+    node_b = tmp_path / "node_b" / "run"  # another node: an empty disk
+    p = subprocess.run(_cmd(node_b, f"checkpoint.remote={url}"), capture_output=True, text=True, env=env, timeout=300)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log[-3000:]
+    assert f"restored step_00000002, step_00000004, step_{stopped:08d} from {url}" in log
+    assert f"skipping damaged checkpoint step_{stopped:08d}" in log and "checksum mismatch" in log
+    assert f"resumed from {node_b / 'checkpoints' / 'step_00000004'} at step 4" in log
+    assert _curve(node_b) == _curve(ref)  # restored metrics.jsonl up to step 4, then the same steps again
+    kept = sorted({2, 4, stopped, 6, 8})[-3:]  # the newest checkpoint.keep=3 by step (a damaged one counts too)
+    assert sorted(f.rsplit("/", 1)[-1] for f in fs.ls(f"{url}/checkpoints")) == [f"step_{s:08d}" for s in kept]
+    summary = json.loads(fs.cat(f"{url}/summary.json"))
+    assert summary["steps"] == 8 and [s["start_step"] for s in summary["segments"]] == [0, 4]
+
+
+def test_an_unreachable_bucket_is_one_line(tmp_path, moto_s3, monkeypatch):
+    for k, v in moto_s3.items():
+        monkeypatch.setenv(k, v)
+    t0 = time.time()
+    p = subprocess.run(_cmd(tmp_path / "run", "checkpoint.remote=s3://no-such-bucket/x"), capture_output=True, text=True,
+                       env={**os.environ}, timeout=300)  # fmt: skip
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and lines[-1].startswith("vitscale train: checkpoint.remote=s3://no-such-bucket/x cannot be read or written: "), p.stderr
+    assert "Traceback" not in p.stderr and time.time() - t0 < 120
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

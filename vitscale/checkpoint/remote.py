@@ -1,0 +1,171 @@
+"""Checkpoints off the node (``checkpoint.remote``): the run folder's checkpoints and logs mirrored to
+an fsspec URL (``s3://bucket/runs/x``, ``gs://…``, any fsspec file system) — open_clip's
+``--remote-sync`` meaning, not a checkpoint written to the object store directly.
+
+Why a mirror: every guarantee of the format (docs/trust.md) rests on a local folder — files opened
+with ``O_NOFOLLOW``, sizes checked with ``lstat``, a step folder that appears only by an atomic rename
+once its index is sealed. An object store has no atomic rename of a folder and no links to refuse, so
+writing there directly would need a second format. Mirrored, a save costs the step loop what a local
+save costs (the upload runs in a background thread), and what comes back is checked exactly like a
+local checkpoint: downloaded into ``.tmp-step_…``, renamed, then verified (checksums, geometry, finite
+values) by the resume as any other.
+
+Upload, after each checkpoint is complete (rank 0, the coordinator that renamed it): the step folder's
+files, its index ``checkpoint.json`` last — a copy cut short has no index and is never restored —,
+then the run's ``config.yaml``, ``metrics.jsonl``, ``summary.json``, ``train.log`` and
+``trackers.json``; remote checkpoints beyond ``checkpoint.keep`` are deleted. The next upload waits
+for the previous one; a failed upload is one warning line and the run goes on (the next save uploads
+again). Restore, when the run folder holds no checkpoint (a requeued job on a node with an empty disk):
+the remote checkpoints that have an index, and the run files the folder lacks, before the resume's
+same-run check reads ``config.yaml``. Up front, a small file is written and removed there: a location
+that cannot be written stops the run in one line before it trains.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+from ..errors import UserError
+from .discovery import list_checkpoints
+from .leftovers import TMP_PREFIX
+from .storage import INDEX
+
+log = logging.getLogger("vitscale.checkpoint")
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "train.log", "trackers.json")
+"""The run folder's files mirrored beside the checkpoints (and restored when the folder lacks them)."""
+
+
+class RemoteError(UserError):
+    """The remote location cannot be used (a missing fsspec implementation, credentials, a bucket):
+    one line, exit code 1."""
+
+
+def _plain(name: str) -> bool:
+    return bool(name) and name == Path(name).name and not name.startswith(".") and name not in ("..",)
+
+
+class RemoteMirror:
+    """The mirror of run folder ``run_dir`` at ``url``, keeping the newest ``keep`` checkpoints there."""
+
+    def __init__(self, url: str, run_dir: str | os.PathLike, keep: int = 2):
+        import fsspec
+
+        self.url, self.run_dir, self.keep = url.rstrip("/"), Path(run_dir), max(int(keep), 1)
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        except (ImportError, ValueError) as e:
+            raise RemoteError(f"checkpoint.remote={url}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}") from None
+        self.root = self.root.rstrip("/")
+        self._thread: threading.Thread | None = None
+        self.failed: str | None = None
+
+    # ---------------------------------------------------------------------------------- upload
+    def upload(self, step_dir: Path) -> None:
+        """Mirror the complete checkpoint ``step_dir`` and the run files, in the background."""
+        self.wait()
+        self._thread = threading.Thread(target=self._upload, args=(Path(step_dir),), name="vitscale-remote", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Wait for the upload under way (if any)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def sync_run_files(self) -> None:
+        """The run files once more (the end of the run: its summary, its last log lines)."""
+        self.wait()
+        try:
+            self._put_run_files()
+        except Exception as e:  # the run's own files are complete locally
+            log.warning("checkpoint.remote: could not mirror the run files to %s: %s", self.url, _why(e))
+
+    def _upload(self, step_dir: Path) -> None:
+        dest = f"{self.root}/checkpoints/{step_dir.name}"
+        try:
+            names = sorted(p.name for p in step_dir.iterdir() if p.is_file() and not p.is_symlink())
+            for name in [n for n in names if n != INDEX] + [INDEX]:  # the index last: a copy cut short is never restored
+                self.fs.put_file(str(step_dir / name), f"{dest}/{name}")
+            self._put_run_files()
+            steps = sorted(self._remote_steps())
+            for _, old in steps[: -self.keep]:
+                self.fs.rm(f"{self.root}/checkpoints/{old}", recursive=True)
+            self.failed = None
+        except Exception as e:  # the run goes on; the next save uploads again
+            self.failed = _why(e)
+            log.warning("checkpoint.remote: could not mirror %s to %s: %s (the local checkpoint is intact; the next "
+                        "save tries again)", step_dir.name, self.url, self.failed)  # fmt: skip
+
+    def _put_run_files(self) -> None:
+        for name in RUN_FILES:
+            p = self.run_dir / name
+            if p.is_file() and not p.is_symlink():
+                self.fs.put_file(str(p), f"{self.root}/{name}")
+
+    def _remote_steps(self) -> list[tuple[int, str]]:
+        try:
+            entries = self.fs.ls(f"{self.root}/checkpoints", detail=False)
+        except FileNotFoundError:
+            return []
+        out = []
+        for e in entries:
+            name = str(e).rstrip("/").rsplit("/", 1)[-1]
+            if name.startswith("step_") and name[5:].isdigit():
+                out.append((int(name[5:]), name))
+        return out
+
+    # ---------------------------------------------------------------------------------- restore
+    def restore(self) -> list[str]:
+        """Check that the location takes writes (a missing bucket or credentials: :class:`RemoteError`,
+        before anything trains); when the run folder holds no checkpoint, bring back the remote
+        checkpoints that have an index (each into ``.tmp-step_…``, then renamed) and the run files it
+        lacks. Returns the steps restored."""
+        try:
+            return self._restore()
+        except RemoteError:
+            raise
+        except Exception as e:  # credentials, a missing bucket, the network: one line, nothing trained
+            raise RemoteError(f"checkpoint.remote={self.url} cannot be read or written: {_why(e)}") from None
+
+    def _restore(self) -> list[str]:
+        probe = f"{self.root}/.vitscale-write-check"  # up front: the location exists and takes writes
+        self.fs.pipe_file(probe, b"")
+        self.fs.rm(probe)
+        local = self.run_dir / "checkpoints"
+        if list_checkpoints(local):
+            return []
+        try:
+            self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []  # nothing mirrored yet: a new run
+        restored = []
+        for _, name in sorted(self._remote_steps()):
+            src = f"{self.root}/checkpoints/{name}"
+            files = [str(f).rstrip("/").rsplit("/", 1)[-1] for f in self.fs.ls(src, detail=False)]
+            if INDEX not in files:
+                continue  # its upload was cut short
+            bad = [f for f in files if not _plain(f)]
+            if bad:
+                raise RemoteError(f"checkpoint.remote={self.url}: {name} holds {bad[0][:80]!r}, not a plain file name")
+            tmp = local / f"{TMP_PREFIX}{name[5:]}"
+            tmp.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                self.fs.get_file(f"{src}/{f}", str(tmp / f))
+            os.replace(tmp, local / name)
+            restored.append(name)
+        for name in RUN_FILES:
+            if not (self.run_dir / name).exists() and self.fs.exists(f"{self.root}/{name}"):
+                self.fs.get_file(f"{self.root}/{name}", str(self.run_dir / name))
+        return restored
+
+
+def _why(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+__all__ = ["RUN_FILES", "RemoteError", "RemoteMirror"]

@@ -1,0 +1,156 @@
+"""Save on a signal (``checkpoint.save_on_signal``): a preempted run loses at most the step in flight.
+
+A signal of the set (default SIGTERM — what Slurm and other schedulers send to stop a job —,
+SIGUSR1 — the warning ``sbatch --signal=USR1@120`` asks for — and SIGINT, Ctrl-C) is only *noted*
+by its handler; the training loop finishes the step it is in, all ranks agree that the run stops at
+that step, a checkpoint is written (an asynchronous one waited for), and the job exits with code
+128 + the signal's number (143, 138, 130), the line saying which checkpoint to resume from. A second
+signal of the set quits at once (Ctrl-C twice: ``KeyboardInterrupt``; otherwise the command ends
+as for an unhandled SIGTERM, :mod:`vitscale.signals`).
+
+The signal may reach only some ranks (``kill`` of one process, a node's agent forwarding it). The
+ranks agree through one all-reduce (maximum) of a 4-byte CPU tensor per step on a gloo process group
+of its own (made before the first step): the host decides, so a step that does not log still reads
+nothing back from the device (docs/architecture.md), and the collective never queues behind the GPU's work. The all-reduce is
+pipelined — launched after a step, read after the next — so it costs the loop nothing measurable
+where a blocking one added ~1.2 ms to a 2 ms step (2 gloo ranks on a shared 2-core machine:
+``benchmarks/results/preemption_flag_cpu_202611.json``); the price is one more step before the stop.
+
+A process forked from the trainer (a DataLoader worker) inherits the handler: there it ignores SIGINT
+and SIGUSR1 and the first SIGTERM (a terminal's Ctrl-C and Slurm's signal reach every process of the
+job; the workers must keep feeding the step being finished), and dies on the next SIGTERM (the loader
+ending its workers).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+from vitscale.signals import Terminated
+
+
+class Preempted(Terminated):
+    """The run stopped on a signal after saving a checkpoint: exit code 128 + the signal's number."""
+
+    def __init__(self, message: str, signum: int, quiet: bool = False):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+        self.quiet = quiet  # said by rank 0 only (every rank stops on the same step)
+
+
+class Preemption:
+    """The trainer's save-on-signal component: ``names`` the signals (``checkpoint.save_on_signal``).
+    Its handlers are installed while ``with preemption:`` runs (in the main thread; nested uses
+    install them once) — :func:`vitscale.train.train` does so before the run is built, so that the
+    loader's worker processes, forked later, inherit them; :meth:`agreed` is the per-step decision
+    (collective with several ranks)."""
+
+    def __init__(self, names: tuple[str, ...] | list[str]):
+        self.signums = [int(getattr(signal, n)) for n in names]
+        self.requested = 0
+        self.group = None
+        self._previous: dict[int, Any] = {}
+        self._depth = 0
+        self._flags: list = []
+        self._work = None  # the agreement under way (launched after the previous step)
+        self._steps = 0
+        self._single = False  # known to be one process (no agreement needed)
+
+    def _join(self) -> None:
+        """With several ranks, the gloo group of the agreement, made by every rank at the same point of the
+        run, after the run's own groups: when the trainer enters this component, before its first step.
+        Not at the first agreement: a peer lost before it (a node killed while its first step ran) left
+        the others waiting in ``new_group`` for the process group's whole timeout, with no error."""
+        import torch
+        import torch.distributed as dist
+
+        self._single = not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+        if not self._single:
+            self.group = dist.new_group(backend="gloo")
+            self._flags = [torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)]
+
+    def __enter__(self) -> Preemption:
+        self._depth += 1
+        if self._depth == 1 and threading.current_thread() is threading.main_thread():
+            pid = os.getpid()
+            for s in self.signums:
+                self._previous[s] = signal.signal(s, lambda signum, frame: self._noted(signum, pid))
+        if self.group is None and self.signums and not self._single and _in_process_group():
+            self._join()  # the trainer's ``with``: the run's process group exists
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self._settle()  # the run ended normally: the agreement launched after its last step completes
+        self._depth -= 1
+        if self._depth == 0:
+            for s, handler in self._previous.items():
+                signal.signal(s, handler)
+            self._previous.clear()
+
+    def _noted(self, signum: int, pid: int) -> None:
+        name = signal.Signals(signum).name
+        if os.getpid() != pid:  # a forked child (a DataLoader worker): the trainer decides
+            if signum == signal.SIGTERM:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the next one (the loader's terminate) ends it
+            return
+        if self.requested:  # the second signal: quit at once
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Preempted(f"terminated ({name}, a second signal: no checkpoint saved)", signum)
+        self.requested = signum
+        os.write(2, f"vitscale: {name} received: finishing the current step, then saving a checkpoint and "
+                    f"exiting (send it again to quit at once)\n".encode())  # fmt: skip
+
+    def agreed(self, segments=None) -> int:
+        """The signal every rank stops on after this step (0: go on): the largest number noted by any
+        rank. With several ranks, pipelined: the all-reduce of the flags noted by the end of the
+        previous step is waited for, and this step's is launched, to complete in gloo's thread while the
+        next step computes — every rank reads the same value after the same step, one step after the
+        signal's (measured: benchmarks/results/preemption_flag_cpu_202611.json). ``segments``
+        (:class:`~vitscale.train.segments.Segments`): the run's segment is marked as ended by it."""
+        found = self.requested
+        if self.group is None and self.signums and not self._single:
+            self._join()
+        if self.group is not None:
+            import torch.distributed as dist
+
+            found = 0
+            if self._work is not None:
+                self._work.wait()
+                found = int(self._flags[(self._steps - 1) % 2][0])
+            flag = self._flags[self._steps % 2]
+            flag[0] = self.requested
+            self._work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+            self._steps += 1
+        if found and segments is not None:
+            segments.ended = signal.Signals(found).name
+        return found
+
+    def _settle(self) -> None:
+        work, self._work = self._work, None
+        if work is not None:
+            work.wait()
+
+    def stop(self, signum: int, last: bool, step: int, checkpoints, rank: int = 0) -> None:
+        """After the checkpoint of ``step`` was started on signal ``signum`` (0: none, nothing to do): wait
+        for its write, then end the run — unless ``step`` is the run's last, which ends anyway."""
+        if not signum or last:
+            return
+        self._settle()  # every rank launched one more agreement after this step: it completes on every rank
+        checkpoints.wait()
+        name = signal.Signals(signum).name
+        raise Preempted(f"stopped by {name} after step {step}; checkpoint {checkpoints.last} saved: run the same "
+                        f"command to resume", signum, quiet=rank != 0)  # fmt: skip
+
+
+def _in_process_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+__all__ = ["Preempted", "Preemption"]
