@@ -25,7 +25,8 @@ accuracy comparison on a busy machine, where wall times mean nothing). Per run t
 wall time (process start to end: start-up, data, training, evaluation, checkpoints), img/s over it
 (training images / wall time), each trainer's own training img/s, val top-1 after every epoch, the
 command, and the load average at start and end; per side the mean and spread of the final top-1.
-``--reuse`` reads a run folder that is already complete instead of training again (vitscale: only when
+``--vitscale-set KEY=VALUE ...`` adds overrides to the vitscale side only (an ablation, e.g.
+``model.patch_init=fan_in``: timm's initialisation of the patch projection). ``--reuse`` reads a run folder that is already complete instead of training again (vitscale: only when
 its ``config.yaml`` is the config this script would run); its wall time is then the last write of its
 log minus the start time in ``<run folder>.started`` (Unix seconds; this script writes it for its runs).
 """
@@ -119,7 +120,8 @@ def vitscale_command(args, data: Path, out: Path, seed: int, steps_per_epoch: in
             f"train.epochs={args.epochs}", f"train.batch_size={args.batch_size}", f"train.seed={seed}",
             f"train.label_smoothing={args.label_smoothing}", f"train.grad_clip={args.grad_clip}",
             f"train.cpu_threads={args.threads}", f"eval.every={steps_per_epoch}", f"checkpoint.every={steps_per_epoch}",
-            f"train.output_dir={out}", "log.progress=plain", "log.report=false", "log.tensorboard=false"]  # fmt: skip
+            f"train.output_dir={out}", "log.progress=plain", "log.report=false", "log.tensorboard=false",
+            *args.vitscale_set]  # fmt: skip
 
 
 def timm_command(
@@ -284,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--std", type=float, nargs=3, default=[0.5, 0.5, 0.5])
     ap.add_argument("--workers", type=int, default=1, help="loader worker processes, both sides")
     ap.add_argument("--threads", type=int, default=1, help="model threads (OMP_NUM_THREADS), both sides")
+    ap.add_argument("--vitscale-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more overrides for the vitscale side only, e.g. model.patch_init=fan_in (an ablation)")  # fmt: skip
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time (>1: wall times are not comparable)")
     ap.add_argument(
         "--reuse", action="store_true", help="read complete run folders instead of training again"
