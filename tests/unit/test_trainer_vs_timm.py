@@ -61,7 +61,7 @@ def test_idx_files_become_an_image_folder_of_the_same_pixels(tmp_path):
 def test_timm_command_line_builds_our_model():
     """The ``--model-kwargs`` and flags given to timm's train.py, parsed as train.py parses them, make a
     timm model that takes our weights and computes our logits."""
-    timm = pytest.importorskip("timm")
+    import timm
     from timm.utils import ParseKwargs
 
     model, kwargs = vs_timm.vitscale_model("digits_vit", num_classes=10)
