@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-torch lint install clean
+.PHONY: demo test test-quick test-torch lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ demo: $(STAMP)
 ## Run the whole test suite (unit, interop, distributed on 2 CPU processes, integration).
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+## The unit tests without the slow and the multi-process ones, for the edit-test loop (about a minute
+## on 2 cores); make test before a commit (docs/development.md says which to run when).
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess" tests/unit
 
 ## The test suite on another torch release, in its own venv: make test-torch TORCH=2.11.0 TORCHVISION=0.26.0
 ## (2.11 is the GPU image's torch, 2.6 the oldest supported: TORCH=2.6.0 TORCHVISION=0.21.0 TORCHAO=0.10.0,

@@ -26,10 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vitscale.bench.harness import classification_loss  # noqa: E402
 from vitscale.distributed.config import ParallelConfig, PrecisionConfig  # noqa: E402
 from vitscale.distributed.fsdp import resolve_precision  # noqa: E402
 from vitscale.distributed.parallel_dims import ParallelDims, resolve_device  # noqa: E402
+from vitscale.tasks import get_task  # noqa: E402
 from vitscale.train import fastpath  # noqa: E402
 
 OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -90,7 +90,7 @@ class Trial:
             x = torch.randn(batch, *self.img, device=self.device)
             y = torch.randint(0, self.num_classes, (batch,), device=self.device)
             with fastpath.autocast(self.device, self.autocast):
-                loss = classification_loss(self.model(x), y)
+                loss = get_task("classification").bench_loss(self.model(x), y)
             loss.backward()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -1,9 +1,141 @@
-"""Shared test setup: nothing a test run writes lands in the user's home."""
+"""Shared test setup: nothing a test run writes lands in the user's home or in the checkout."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     # the measured CPU matmul peak (MFU on CPU) is cached here instead of ~/.cache/vitscale
     monkeypatch.setenv("VITSCALE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "vitscale_cache"))
+
+
+# ------------------------------------------------------------------ data where it lives (issue 21)
+# Real servers started by the tests: a localhost HTTP server (with a few faulty paths) and moto's
+# standalone S3 server; the data: the digits as an image folder, WebDataset shards and Parquet files.
+
+
+@pytest.fixture(scope="session")
+def digits_data(tmp_path_factory):
+    """``{root}/folder/{train,val}/<class>/*.png`` (8x8), ``{root}/wds/{train,val}/*.tar`` (train: 3
+    shards of at most 500) and ``{root}/parquet/{train,val}/*.parquet``, all in the image folder's order,
+    and ``{root}/shuffled/{train,val}/*.parquet`` as ``vitscale data convert`` writes them by default."""
+    from vitscale.cli import main
+
+    root = tmp_path_factory.mktemp("digits_data")
+    assert main(["data", "digits", str(root / "folder"), "--size", "8"]) == 0
+    for split in ("train", "val"):
+        src = str(root / "folder" / split)
+        in_order = ["--no-shuffle"]
+        assert main(["data", "convert", src, str(root / "wds" / split), "--to", "webdataset", "--max-count", "500",
+                     *in_order]) == 0  # fmt: skip
+        assert main(["data", "convert", src, str(root / "parquet" / split), "--to", "parquet", *in_order]) == 0
+        assert main(["data", "convert", src, str(root / "shuffled" / split), "--to", "parquet"]) == 0
+    return root
+
+
+@pytest.fixture(scope="session")
+def http_serve():
+    """``http_serve(folder) -> base URL``: a localhost ``http.server`` for ``folder`` (threads), except that
+    paths with ``forbidden`` answer 403 and paths with ``slow`` send the headers and 2 KB of the file,
+    then stall for 30 s."""
+    import functools
+    import http.server
+    import threading
+    import time
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            if "forbidden" in self.path:
+                self.send_error(403)
+                return
+            if "slow" in self.path:
+                path = self.translate_path(self.path)
+                data = open(path, "rb").read()  # noqa: SIM115 - a test server
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data[:2048])
+                self.wfile.flush()
+                time.sleep(30)
+                return
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    class Server(http.server.ThreadingHTTPServer):
+        def handle_error(self, request, client_address):  # a client that stops reading early is no error here
+            pass
+
+    servers = []
+
+    def serve(folder) -> str:
+        srv = Server(("127.0.0.1", 0), functools.partial(Handler, directory=str(folder)))
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield serve
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's standalone S3 server on localhost: ``(endpoint URL, environment for s3fs)``."""
+    from moto.server import ThreadedMotoServer
+
+    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}  # fmt: skip
+    yield env["AWS_ENDPOINT_URL"], env
+    srv.stop()
+
+
+def _made_by_tools(name: str) -> bool:
+    """Folders that Python, pytest, ruff and `make` (the venvs, the editable install) write into a
+    checkout: not the tests' doing."""
+    return name in (".git", "__pycache__", ".pytest_cache", ".ruff_cache") or name.startswith(".venv") or name.endswith(".egg-info")
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int] | None]:
+    """Every folder (None) and file ((size, mtime)) under ``root``, but :func:`_made_by_tools`."""
+    seen: dict[str, tuple[int, int] | None] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not _made_by_tools(d)]
+        rel = os.path.relpath(folder, root)
+        seen[rel + "/"] = None
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:  # removed while we walked
+                continue
+            seen[os.path.join(rel, name)] = (st.st_size, st.st_mtime_ns)
+    return seen
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _checkout_unchanged():
+    """Tests write only under their own temporary folders: the session fails (an error at the teardown of
+    its last test) when the checkout has new, changed or removed files or folders afterwards — a run
+    folder made from a default ``train.output_dir``, a report written into the current folder."""
+    before = _tree(REPO)
+    yield
+    after = _tree(REPO)
+    changed = sorted(p for p in before.keys() | after.keys() if before.get(p, 0) != after.get(p, 0))
+    if changed:
+        shown = ", ".join(("+" if p not in before else "-" if p not in after else "~") + p for p in changed[:10])
+        more = f" and {len(changed) - 10} more" if len(changed) > 10 else ""
+        pytest.fail(f"the tests changed the checkout {REPO} (+ new, - removed, ~ changed): {shown}{more}; a test "
+                    "must write only under its tmp_path", pytrace=False)  # fmt: skip

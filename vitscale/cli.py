@@ -1,10 +1,14 @@
 """The ``vitscale`` command line: ``vitscale <command> --help`` documents each command.
 
-Each command lives in its own module under ``vitscale.commands`` exposing
-``register(subparsers)``, which adds a subparser whose ``func(args) -> int`` runs it. An error a
-person can fix ends the command with one or two lines and an exit code
-(:func:`vitscale.errors.describe`); ``--debug`` (before or after the command, or ``VITSCALE_DEBUG=1``)
-shows the traceback instead.
+Each command lives in its own module under ``vitscale.commands`` exposing ``HELP`` (its line in
+``vitscale --help``) and ``register(subparsers)``, which adds a subparser whose ``func(args) -> int``
+runs it. Only the command being run is registered in full; the others are listed by their ``HELP``,
+so what a command's ``register`` imports (torch, for some) loads only when that command runs and
+``vitscale --help`` starts without torch. An error a person can fix ends the command with one or two
+lines and an exit code (:func:`vitscale.errors.describe`); ``--debug`` (before or after the command,
+or ``VITSCALE_DEBUG=1``) shows the traceback instead. A command that takes dotted config overrides
+(``commands.add_overrides``) also takes them after its options, and answers an option that names a
+config field (``--lr 1e-3``) with the key=value to write instead.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import sys
 COMMAND_MODULES = (
     "demo",
     "train",
+    "config",
     "eval",
     "export",
     "report",
@@ -30,7 +35,9 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``vitscale`` parser. Every command is listed; ``command`` (the one being run) is registered in
+    full, the others by their one-line ``HELP`` only. None: every command in full (to walk them all)."""
     parser = argparse.ArgumentParser(
         prog="vitscale",
         description="Train Vision Transformers (ViT, ViT-22B, CLIP, VOLO) at every scale.",
@@ -40,11 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vitscale {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"vitscale.commands.{name}").register(sub)
+    for module in COMMAND_MODULES:
+        cmd = importlib.import_module(f"vitscale.commands.{module}")
+        name = module.replace("_", "-")
+        if command is None or command == name:
+            cmd.register(sub)
+        else:
+            sub.add_parser(name, help=cmd.HELP)
     for p in sub.choices.values():  # `vitscale train ... --debug` works too
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
+
+
+def _command_in(argv: list[str]) -> str | None:
+    """The command ``argv`` runs: its first word that is not an option (``vitscale``'s own options take
+    no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 DEBUG_HELP = "show the full traceback of an error (also: VITSCALE_DEBUG=1)"
@@ -53,27 +71,59 @@ DEBUG_HELP = "show the full traceback of an error (also: VITSCALE_DEBUG=1)"
 def main(argv: list[str] | None = None) -> int:
     from .errors import debug_enabled, describe
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_in(given) or "")
+    args, extra = parser.parse_known_args(given)
+    if extra:
+        rc = _extra_arguments(parser, args, extra)
+        if rc is not None:
+            return rc
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from .signals import EXIT_TERMINATED, Terminated, sigterm_raises
     from .tools.env import invoked
 
     debug = bool(args.debug) or debug_enabled()
     joined = _in_process_group()
-    with invoked(argv):  # the command line a run records (summary.json, train.log)
+    with invoked(argv), sigterm_raises():  # the command line a run records; SIGTERM as an exception
         try:
             rc = int(args.func(args) or 0)
         except Exception as e:  # KeyboardInterrupt too (below); SystemExit passes through
             rc = _report(args.command, e, debug, describe)
         except KeyboardInterrupt as e:
             rc = _report(args.command, e, debug, describe)
+        except Terminated as e:  # everything on the way out has run: partial saves removed, lock released
+            if debug:
+                raise
+            print(f"vitscale {args.command}: {e}", file=sys.stderr)
+            rc = EXIT_TERMINATED
     if not joined and _in_process_group():  # the command joined torchrun's process group: leave it
         from vitscale.distributed import destroy_distributed
 
         destroy_distributed(barrier=rc == 0)
     return rc
+
+
+def _extra_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int | None:
+    """Arguments argparse left over. A command's dotted overrides given after an option join its
+    overrides (``vitscale train digits_vit --print-config train.max_steps=5``); an option that names a
+    config field (``--lr 1e-3``) gets a one-line hint (exit code 2); anything else is argparse's error."""
+    dest = getattr(args, "overrides_dest", None)
+    if dest is not None:
+        options = [a for a in extra if a.startswith("-")]
+        if options:
+            from .config.load import option_hint  # the schema, on this error path only
+
+            hint = option_hint(extra)
+            if hint:
+                print(f"vitscale {args.command}: {hint}", file=sys.stderr)
+                return 2
+        else:
+            setattr(args, dest, [*getattr(args, dest), *extra])
+            return None
+    parser.error(f"unrecognized arguments: {' '.join(extra)}")  # exits with code 2
+    return 2
 
 
 def _in_process_group() -> bool:

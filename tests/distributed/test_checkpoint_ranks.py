@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from _launch import run_distributed
+
+pytestmark = pytest.mark.multiprocess
 
 
 def _ranks(root: str) -> dict:

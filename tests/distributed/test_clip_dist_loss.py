@@ -11,6 +11,8 @@ import pytest
 import torch
 from _launch import run_distributed
 
+pytestmark = pytest.mark.multiprocess
+
 N, D = 8, 6  # global batch, feature width
 
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
+import pytest
 import torch
 from _launch import needs_cpu_fsdp, run_distributed
+
+pytestmark = pytest.mark.multiprocess
 
 STEPS = 3
 BATCH = 8

@@ -5,8 +5,11 @@ meshes use. ~20-40 s on 2 cores.)"""
 
 from __future__ import annotations
 
+import pytest
 from _launch import needs_cpu_fsdp, run_distributed
 from _workers import curves_for_layouts, train_curve
+
+pytestmark = pytest.mark.multiprocess
 
 STEPS = 6
 TOL = 2e-4  # relative, per step (measured ~1e-7: summation order only)
@@ -21,6 +24,7 @@ CASES = [
 
 
 @needs_cpu_fsdp
+@pytest.mark.slow
 def test_2d_layouts_on_4_ranks_follow_one_process():
     ref = {"vit_debug": train_curve({}, "vit_debug", {}, STEPS), "vit_22b": train_curve({}, "vit_22b", MINI_22B, STEPS)}
     out = run_distributed(curves_for_layouts, 4, CASES, timeout=600)

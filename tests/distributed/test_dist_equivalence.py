@@ -3,8 +3,11 @@ the one-process loss curve step by step (fp32, no dropout / drop-path)."""
 
 from __future__ import annotations
 
+import pytest
 from _launch import needs_cpu_fsdp, run_distributed
 from _workers import curves_for_layouts, sharded_init_fingerprint, train_curve
+
+pytestmark = pytest.mark.multiprocess
 
 STEPS = 10
 TOL = 2e-4
@@ -39,6 +42,7 @@ def _all(cases):
 
 
 @needs_cpu_fsdp
+@pytest.mark.slow
 def test_layouts_follow_single_process_curve():
     refs = {}
     for _label, _, name, ov, steps, *_rest in CASES:

@@ -9,6 +9,8 @@ import resource
 import pytest
 from _launch import run_distributed
 
+pytestmark = pytest.mark.multiprocess
+
 LAYERS = 2
 
 

@@ -11,8 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from _launch import free_port, needs_cpu_fsdp, run_distributed
+
+pytestmark = pytest.mark.multiprocess
 
 STEPS = 6
 CKPT_AT = 3
@@ -58,6 +61,7 @@ def _close(got: dict[int, float], ref: dict[int, float], steps, label: str) -> N
 
 
 @needs_cpu_fsdp
+@pytest.mark.slow
 def test_trainer_layouts_and_resharded_resume(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [

@@ -16,6 +16,8 @@ from _launch import needs_cpu_fsdp, run_distributed
 
 from vitscale.config import ConfigError
 
+pytestmark = pytest.mark.multiprocess
+
 try:
     from vitscale.distributed.float8 import require_torchao
 
@@ -61,6 +63,7 @@ def _two_ranks(root: str) -> dict:
 
 @pytest.mark.skipif(NO_TORCHAO is not None, reason=f"{NO_TORCHAO}")
 @needs_cpu_fsdp
+@pytest.mark.slow
 def test_fp8_fsdp_all_gather_and_tp_follow_one_process(tmp_path):
     ranks = run_distributed(_two_ranks, 2, str(tmp_path))
     assert all(r["subclass"] and r["precompute"] for r in ranks), ranks
@@ -107,6 +110,7 @@ def _fsdp_x_tp(root: str) -> str:
 
 @pytest.mark.skipif(NO_TORCHAO is not None, reason=f"{NO_TORCHAO}")
 @needs_cpu_fsdp
+@pytest.mark.slow
 def test_fp8_fsdp_x_tp_on_4_ranks(tmp_path):
     """2-D FSDP x TP: the TP-sharded float8 weights are still all-gathered in float8 by FSDP2."""
     assert run_distributed(_fsdp_x_tp, 4, str(tmp_path)) == ["WeightWithDynamicFloat8CastTensor"] * 4

@@ -1,9 +1,10 @@
 """After training, on 2 gloo ranks through the CLI, against one process:
 
 - `vitscale eval` (launched by torchrun, and on FSDP and TP layouts) gives the one-process numbers:
-  top-1 / top-5 / loss of the weights and of their EMA, a linear probe, and CLIP zero-shot and
-  retrieval on a validation set of 51 captioned digits (odd: it divides neither by the ranks nor by
-  the batch, so a rank runs a padding batch);
+  top-1 / top-5 / loss of the weights and of their EMA, a linear probe, a list of evaluations
+  (``evals:``: class-subset and ReaL accuracy), and CLIP zero-shot and retrieval on a validation set
+  of 51 captioned digits (odd: it divides neither by the ranks nor by the batch, so a rank runs a
+  padding batch);
 - `vitscale label-tokens` writes the one-process files bit for bit;
 - training with EMA on FSDP and on TP gives the one-process EMA weights (within the layouts' float
   rounding), checkpointed with the run and resumed bit-exactly on FSDP, and exported.
@@ -28,6 +29,8 @@ import torch
 from _launch import free_port, needs_cpu_fsdp, run_distributed
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.multiprocess
+
 STEPS, CKPT_AT = 6, 3
 TRAIN = [
     f"train.max_steps={STEPS}", "train.epochs=0", "train.batch_size=16", "model.num_layers=2", "train.ema_decay=0.5",
@@ -40,6 +43,17 @@ CLIP_TRAIN = ["train.max_steps=3", "train.epochs=0", "train.batch_size=32", "mod
               "model.overrides.text.num_layers=1", "log.progress=none", "log.flops=false", "eval.every=0"]  # fmt: skip
 LABEL = ["teacher.splits=[val]", "teacher.batch_size=64"]
 TP = ["parallel.tp=2", "parallel.dp_shard=1"]
+
+
+def _evals(root: Path) -> str:
+    """``evals=[...]``: class-subset accuracy and ReaL accuracy with label lists for the 300 val digits."""
+    from vitscale.data.digits import load_digits_split
+
+    real = root / "real.json"
+    if not real.exists():  # every third list empty (left out), the others the label and its successor
+        labels = load_digits_split("val", num_channels=1)[1].tolist()
+        real.write_text(json.dumps([[] if i % 3 == 0 else [y, (y + 1) % 10] for i, y in enumerate(labels)]))
+    return f"evals=[{{kind: class_subset, classes: [1, 3, 5]}}, {{kind: real, labels: {real}}}]"
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 TEMPLATES = ["a photo of the number {}.", "a handwritten {}.", "the number {}, written by hand."]
 
@@ -106,6 +120,7 @@ def _two_ranks(root: str) -> dict:
     _eval(out / "vit_fsdp.json", cfg, f"checkpoint.path={single}", *VIT_EVAL)
     _eval(out / "vit_tp.json", cfg, f"checkpoint.path={single}", *VIT_EVAL, *TP)
     _eval(out / "probe_fsdp.json", cfg, f"checkpoint.path={single}", *VIT_EVAL, *PROBE)
+    _eval(out / "evals_fsdp.json", cfg, f"checkpoint.path={single}", *VIT_EVAL, _evals(root))
     clip_cfg = [str(clip / "config.yaml"), f"checkpoint.path={clip}", *_clip_data(pairs)]
     _eval(out / "clip_fsdp.json", *clip_cfg)
     _eval(out / "clip_tp.json", *clip_cfg, *TP)
@@ -132,6 +147,7 @@ def runs(tmp_path_factory):
     _eval(one / "vit.json", cfg, f"checkpoint.path={single}", *VIT_EVAL)
     _eval(one / "vit_ema.json", cfg, f"checkpoint.path={single}", *VIT_EVAL, "--ema")
     _eval(one / "probe.json", cfg, f"checkpoint.path={single}", *VIT_EVAL, *PROBE)
+    _eval(one / "evals.json", cfg, f"checkpoint.path={single}", *VIT_EVAL, _evals(root))
     _eval(one / "clip.json", str(clip / "config.yaml"), f"checkpoint.path={clip}", *_clip_data(pairs))
     labels_1 = _label_tokens(cfg, f"teacher.checkpoint={single}", *LABEL, str(root / "labels_1"))
     log, _ = torchrun.communicate(timeout=300)
@@ -149,6 +165,7 @@ def _metrics(res: dict) -> dict:
 
 
 @needs_cpu_fsdp
+@pytest.mark.slow
 def test_eval_on_two_ranks_gives_the_one_process_numbers(runs):
     root = runs[0]
     one, two = root / "1", root / "2"
@@ -161,8 +178,11 @@ def test_eval_on_two_ranks_gives_the_one_process_numbers(runs):
     assert torchrun_ema["ema"] and _metrics(torchrun_ema) == _metrics(_read(one / "vit_ema.json"))
     assert _metrics(torchrun_ema) != _metrics(vit)  # the EMA weights are other weights
     probe = _read(one / "probe.json")
-    assert probe["train_images"] == 1497 and probe["val_images"] == 300
+    assert probe["linear_probe_train_images"] == 1497 and probe["linear_probe_val_images"] == 300
     assert _metrics(_read(two / "probe_fsdp.json")) == _metrics(probe)
+    evals = _read(one / "evals.json")
+    assert evals["real_images"] == 200 and evals["subset_images"] > 80 and set(evals) >= {"subset_top1", "real_top1"}
+    assert _metrics(_read(two / "evals_fsdp.json")) == _metrics(evals)
     # TP splits the matmuls: the same numbers up to their float rounding (a near-tie may move an image)
     tp = _read(two / "vit_tp.json")
     assert tp["layout"].endswith("(TP+SP)")
@@ -179,6 +199,7 @@ def test_eval_on_two_ranks_gives_the_one_process_numbers(runs):
 
 
 @needs_cpu_fsdp
+@pytest.mark.slow
 def test_label_tokens_on_two_ranks_writes_the_one_process_files(runs):
     root, one, two = runs
     assert two["layout"].endswith("(FSDP)") and two["splits"]["val"]["images"] == 300
@@ -192,8 +213,9 @@ def test_label_tokens_on_two_ranks_writes_the_one_process_files(runs):
 
 
 @needs_cpu_fsdp
+@pytest.mark.slow
 def test_ema_under_fsdp_and_tp(runs):
-    from vitscale.checkpoint.checkpointer import read_weights
+    from vitscale.checkpoint import read_weights
 
     root = runs[0]
     ref, model = load_file(str(root / "single" / "model_ema.safetensors")), load_file(str(root / "single" / "model.safetensors"))

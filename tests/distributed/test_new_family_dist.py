@@ -7,8 +7,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from _launch import needs_cpu_fsdp, run_distributed
 from _workers import curves_for_layouts
+
+pytestmark = pytest.mark.multiprocess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the toy_family package
 

@@ -5,7 +5,10 @@ shards) and with the foreach one (the host reads the all-reduced flag)."""
 
 from __future__ import annotations
 
+import pytest
 from _launch import needs_cpu_fsdp, run_distributed
+
+pytestmark = pytest.mark.multiprocess
 
 
 def _ranks(out: str, fused: str) -> dict:

@@ -11,8 +11,9 @@ from _launch import run_distributed
 
 from vitscale.distributed import LayoutError, ParallelDims, init_distributed
 from vitscale.distributed.activation_checkpoint import apply_activation_checkpointing, selected_layers
+from vitscale.distributed.parallelize import check_layout
 from vitscale.distributed.utils import clip_grad_norm_
-from vitscale.models.registry import create_model, get_model_config
+from vitscale.models.registry import create_model, get_model_config, parallel_plan
 
 
 def test_dp_shard_minus_one_takes_the_rest():
@@ -32,13 +33,16 @@ def test_layout_errors_say_what_to_change():
         ParallelDims.from_sizes(dp_shard=-1, tp=3, world_size=8)
     with pytest.raises(LayoutError, match="parallel.tp must be an integer >= 1"):
         ParallelDims.from_sizes(tp=0, world_size=1)
-    d = ParallelDims.from_sizes(dp_shard=1, tp=8, world_size=8)
-    with pytest.raises(LayoutError, match=r"num_attention_heads=12 is not divisible by parallel.tp=8: use parallel.tp in \[1, 2, 3, 4, 6, 12\]"):
-        d.validate_model(get_model_config("vit_b16"))
-    d4 = ParallelDims.from_sizes(dp_shard=1, tp=4, world_size=4)
-    d4.validate_model(get_model_config("vit_b16"))  # 12 heads, 3072 FFN: fine
-    with pytest.raises(LayoutError, match="ffn_hidden_size=3070 is not divisible by parallel.tp=4"):
-        d4.validate_model(get_model_config("vit_b16", ffn_hidden_size=3070))
+    # the model's family says whether its TP plan splits the config (its plan's check_tp)
+    vit, clip = parallel_plan("vit"), parallel_plan("clip")
+    with pytest.raises(LayoutError, match=r"^parallel.tp=8 does not split vit_b16: num_attention_heads=12 is not "
+                                          r"divisible by 8 \(tp that divide it: 1, 2, 3, 4, 6, 12\)$"):  # fmt: skip
+        check_layout(vit, get_model_config("vit_b16"), 8, "vit_b16")
+    check_layout(vit, get_model_config("vit_b16"), 4)  # 12 heads, 3072 FFN: fine
+    with pytest.raises(LayoutError, match="ffn_hidden_size=3070 is not divisible by 4"):
+        check_layout(vit, get_model_config("vit_b16", ffn_hidden_size=3070), 4)
+    with pytest.raises(LayoutError, match=r"text.num_attention_heads=2 is not divisible by 4"):  # both CLIP towers
+        check_layout(clip, get_model_config("clip_debug", text={"num_attention_heads": 2}), 4)
 
 
 def test_single_process_without_torchrun(monkeypatch):
@@ -101,6 +105,7 @@ def _dp_groups():
     return out
 
 
+@pytest.mark.multiprocess
 def test_data_parallel_groups_come_from_the_mesh_on_8_ranks():
     """The ranks a TP rank's batches, losses and evaluations combine over: every data-parallel rank
     of the same TP rank — HSDP x TP through the flattened ``dp_replicate x dp_shard`` mesh."""

@@ -6,6 +6,7 @@ outputs and gradients (on torch 2.11 the same block without it fails in forward 
 
 from __future__ import annotations
 
+import pytest
 from _launch import run_distributed
 
 TOKENS = 17  # 9 + 8 over 2 ranks: uneven shards
@@ -64,6 +65,7 @@ def _run(forced: bool):
     return y.detach().numpy().copy(), x.grad.numpy().copy(), {n: g.numpy().copy() for n, g in grads.items()}
 
 
+@pytest.mark.multiprocess
 def test_contiguous_styles_keep_the_one_process_result():
     import torch
 

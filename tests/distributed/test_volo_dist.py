@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
+import pytest
 import torch
 import torch.nn.functional as F
 from _launch import needs_cpu_fsdp, run_distributed
+
+pytestmark = pytest.mark.multiprocess
 
 STEPS = 4
 BATCH = 8

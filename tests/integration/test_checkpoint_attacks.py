@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import shutil
+import struct
 import subprocess
 import sys
 import warnings
@@ -261,7 +262,7 @@ def test_huge_declared_sizes_allocate_nothing(genuine, tmp_path, capsys):
 def test_pickle_bytes_as_tensor_data_stay_numbers(genuine, tmp_path, capsys):
     """Bytes in a tensor's place are copied into the tensor, never deserialized: a pickle there is
     just a few odd weights (the checksums were recomputed, so it loads)."""
-    from vitscale.checkpoint.checkpointer import read_weights
+    from vitscale.checkpoint import read_weights
 
     canary = tmp_path / "canary"
     run = _copy(genuine, tmp_path)
@@ -286,3 +287,197 @@ def test_crafted_export_refused_by_every_weights_reader(genuine, tmp_path, capsy
     (run / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 64)
     _refused_everywhere(run, tmp_path, tmp_path / "canary", "the tensors take 4398046511104 bytes, the file holds 64",
                         capsys, commands=("init_from", "eval", "label-tokens"))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- round two
+# A second round of attacks (docs/trust.md): the index as geometry, non-finite state, crafted shapes,
+# links to another run's checkpoints. Where a run has an older intact checkpoint, every loader falls
+# back to it with a warning, as for any damage.
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory) -> Path:
+    """A real run folder with two checkpoints (steps 1 and 2) and no export."""
+    run = tmp_path_factory.mktemp("two") / "run"
+    assert main(["train", "digits_vit", "train.max_steps=2", "checkpoint.every=1", "checkpoint.keep=2", "checkpoint.export_safetensors=false",
+                 f"train.output_dir={run}", *TINY]) == 0  # fmt: skip
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000001", STEP]
+    return run
+
+
+def _copy2(two_steps: Path, tmp: Path) -> Path:
+    run = tmp / "run"
+    shutil.copytree(two_steps, run)
+    return run
+
+
+def _falls_back(run: Path, tmp: Path, reason: str, capsys, caplog, commands=("convert", "eval", "resume")) -> None:
+    """``commands`` on ``run`` skip its damaged step 2 with a warning naming ``reason`` and use step 1
+    (the converted file holds its weights; the resume starts from it)."""
+    from vitscale.checkpoint import read_weights
+
+    older = read_weights(run / "checkpoints" / "step_00000001")
+    for name in commands:
+        caplog.clear()
+        capsys.readouterr()
+        assert main(_commands(run, tmp)[name]) == 0, name
+        lines = capsys.readouterr().err.splitlines() + [r.getMessage() for r in caplog.records]
+        warned = [line for line in lines if "skipping damaged checkpoint step_00000002" in line]
+        assert warned and reason in warned[0], f"{name}: {lines}"
+        if name == "convert":
+            out = read_weights(tmp / "out.safetensors")
+            assert out.keys() == older.keys() and all(torch.equal(out[k], older[k]) for k in out)
+    assert "resumed from" in (run / "train.log").read_text() and "step_00000001 at step 1" in (run / "train.log").read_text()
+    assert (run / "checkpoints" / "step_00000003").is_dir()
+
+
+def _rechunk_rows(idx: dict, fqn: str) -> list[dict]:
+    """``fqn``'s one chunk cut into one chunk per row, pointing at the same bytes: an exact tiling."""
+    t = idx["tensors"][fqn]
+    (c,) = t["chunks"]
+    rows, row_bytes = t["shape"][0], c["length"] // t["shape"][0]
+    return [{**c, "offsets": [i] + [0] * (len(t["shape"]) - 1), "sizes": [1] + t["shape"][1:], "start": c["start"] + i * row_bytes,
+             "length": row_bytes} for i in range(rows)]  # fmt: skip
+
+
+QKV = "model.blocks.0.attn.qkv.weight"  # (288, 96)
+
+
+def test_index_tiling_exactly_loads_the_same_weights(genuine, tmp_path):
+    """The control: the same tensor indexed as 288 row chunks (a tiling) reads back identically."""
+    from vitscale.checkpoint import read_weights
+
+    run = _copy(genuine, tmp_path)
+    step = run / "checkpoints" / STEP
+    before = read_weights(run)
+    _edit_index(step, lambda idx: idx["tensors"][QKV].update(chunks=_rechunk_rows(idx, QKV)))
+    after = read_weights(run)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def _one_row_many_times(idx: dict) -> None:
+    rows = _rechunk_rows(idx, QKV)
+    idx["tensors"][QKV]["chunks"] = [rows[0]] * len(rows)  # element counts add up; rows 1..287 in no chunk
+
+
+def test_index_listing_one_chunk_many_times(genuine, tmp_path, capsys):
+    """The attack of issue 24: read_full allocated the tensor with torch.empty and filled row 0 only,
+    so convert exported heap memory and init_from trained on it."""
+    run = _copy(genuine, tmp_path)
+    step = run / "checkpoints" / STEP
+    _edit_index(step, _one_row_many_times)
+    t = json.loads((step / "checkpoint.json").read_text())["tensors"][QKV]
+    assert sum(c["sizes"][0] * c["sizes"][1] for c in t["chunks"]) == t["shape"][0] * t["shape"][1]  # what the old check summed
+    _refused_everywhere(run, tmp_path, tmp_path / "canary", f"tensor {QKV!r}: two of its chunks overlap", capsys)
+
+
+def test_overlapping_chunks_fall_back_to_the_older_checkpoint(two_steps, tmp_path, capsys, caplog):
+    run = _copy2(two_steps, tmp_path)
+    _edit_index(run / "checkpoints" / STEP, _one_row_many_times)
+    _falls_back(run, tmp_path, "two of its chunks overlap", capsys, caplog)
+
+
+def _nan_into(step: Path, fqn: str) -> None:
+    """A NaN written over the first element of ``fqn``'s bytes, every checksum recomputed."""
+    c = json.loads((step / "checkpoint.json").read_text())["tensors"][fqn]["chunks"][0]
+    data = bytearray((step / c["file"]).read_bytes())
+    data[c["start"] : c["start"] + 4] = struct.pack("<f", float("nan"))
+    (step / c["file"]).write_bytes(bytes(data))
+    _reseal(step)
+
+
+def test_nan_in_optimizer_state_falls_back_to_the_older_checkpoint(two_steps, tmp_path, capsys, caplog):
+    """Was loaded unchecked: the first step after the resume made the weights NaN, and every resume repeated it."""
+    run = _copy2(two_steps, tmp_path)
+    fqn = "optim.state.blocks.0.attn.qkv.weight.exp_avg"
+    _nan_into(run / "checkpoints" / STEP, fqn)
+    # convert and eval read the model's files only, which are intact: they use step 2
+    _falls_back(run, tmp_path, f"non-finite values (NaN or infinity) in {fqn}", capsys, caplog, commands=("resume",))
+    from vitscale.checkpoint.storage import verify
+
+    newest = run / "checkpoints" / "step_00000003"  # trained from step 1: finite, and the next resume starts there
+    assert verify(newest)[1] == [] and sorted(p.name for p in (run / "checkpoints").iterdir()) == [newest.name]
+
+
+def test_nan_in_weights_refused_by_every_command(genuine, tmp_path, capsys):
+    run = _copy(genuine, tmp_path)
+    _nan_into(run / "checkpoints" / STEP, "model.head.weight")
+    _refused_everywhere(run, tmp_path, tmp_path / "canary", "non-finite values (NaN or infinity) in model.head.weight", capsys)
+
+
+@pytest.mark.parametrize(
+    "fqn, shape, reason",
+    [
+        ("model.head.bias", [0, 2**61, 2**61], "overflows (more than 2^63 bytes)"),  # zero elements, 2^122 of stride
+        ("model.cls_token", [1] * 99 + [96], "100 dimensions, more than 32"),
+    ],
+)
+def test_crafted_shapes_are_one_line(genuine, tmp_path, capsys, fqn, shape, reason):
+    """Were RuntimeError tracebacks from eval, init_from and convert."""
+    run = _copy(genuine, tmp_path)
+
+    def craft(idx):
+        t = idx["tensors"][fqn]
+        t["shape"] = shape
+        t["chunks"] = [{**t["chunks"][0], "offsets": [0] * len(shape), "sizes": shape, "length": nbytes_of(shape)}]
+
+    _edit_index(run / "checkpoints" / STEP, craft)
+    _refused_everywhere(run, tmp_path, tmp_path / "canary", reason, capsys)
+    # the same shapes in an exported weights file (read by init_from, eval, label-tokens)
+    export = tmp_path / "export"
+    export.mkdir()
+    header = json.dumps({fqn.split(".", 1)[1]: {"dtype": "F32", "shape": shape, "data_offsets": [0, nbytes_of(shape)]}}).encode()
+    (export / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * nbytes_of(shape))
+    _refused_everywhere(export, tmp_path, tmp_path / "canary", reason, capsys, commands=("init_from", "eval", "label-tokens"))
+
+
+def nbytes_of(shape: list[int]) -> int:
+    n = 4
+    for d in shape:
+        n *= d
+    return n
+
+
+def _other_run(genuine: Path, tmp: Path) -> Path:
+    """Another run's intact checkpoint: genuine's, its head.bias rewritten (checksums recomputed)."""
+    other = tmp / "other"
+    shutil.copytree(genuine, other)
+    step = other / "checkpoints" / STEP
+    c = json.loads((step / "checkpoint.json").read_text())["tensors"]["model.head.bias"]["chunks"][0]
+    data = bytearray((step / c["file"]).read_bytes())
+    data[c["start"] : c["start"] + c["length"]] = struct.pack("<f", 7.0) * (c["length"] // 4)
+    (step / c["file"]).write_bytes(bytes(data))
+    _reseal(step)
+    return other
+
+
+def test_a_step_folder_linked_to_another_run_is_not_used(genuine, two_steps, tmp_path, capsys, caplog):
+    """``checkpoints/step_00000003`` a symbolic link to another run's (intact, newer) checkpoint: was
+    used by convert and eval. Now skipped as not the run's own; a resume trains step 3 itself and
+    replaces the link, leaving the other run's folder as it was."""
+    from vitscale.checkpoint import read_weights
+    from vitscale.checkpoint.storage import verify
+
+    other = _other_run(genuine, tmp_path)
+    run = _copy2(two_steps, tmp_path)
+    link = run / "checkpoints" / "step_00000003"
+    link.symlink_to(other / "checkpoints" / STEP)
+    own = read_weights(run / "checkpoints" / STEP)
+    capsys.readouterr()
+    assert main(_commands(run, tmp_path)["convert"]) == 0
+    lines = capsys.readouterr().err.splitlines() + [r.getMessage() for r in caplog.records]
+    assert any("skipping damaged checkpoint step_00000003" in line and "is a symbolic link" in line for line in lines), lines
+    out = read_weights(tmp_path / "out.safetensors")
+    assert torch.equal(out["head.bias"], own["head.bias"]) and not torch.all(out["head.bias"] == 7.0)
+    assert main(_commands(run, tmp_path)["eval"]) == 0
+    assert main(["train", "digits_vit", "train.max_steps=3", "checkpoint.allow_changes=train.max_steps", "checkpoint.every=1", "checkpoint.keep=2",
+                 "checkpoint.export_safetensors=false", f"train.output_dir={run}", *TINY]) == 0  # fmt: skip
+    assert "step_00000002 at step 2" in (run / "train.log").read_text()
+    assert not link.is_symlink() and link.is_dir() and verify(link)[1] == []
+    assert verify(other / "checkpoints" / STEP)[1] == [] and torch.all(read_weights(other / "checkpoints" / STEP)["head.bias"] == 7.0)
+
+
+def test_a_linked_checkpoints_folder_is_refused(genuine, tmp_path, capsys):
+    other = _other_run(genuine, tmp_path)
+    run = _copy(genuine, tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").symlink_to(other / "checkpoints")
+    _refused_everywhere(run, tmp_path, tmp_path / "canary", "is a symbolic link", capsys, commands=("resume", "eval", "convert", "init_from"))

@@ -170,7 +170,7 @@ def test_config_yaml_holds_the_groups_of_the_task_in_one_style(run, capsys):
     text = (out / "config.yaml").read_text()
     tree = yaml.safe_load(text)
     assert list(tree) == ["model", "data", "optim", "schedule", "train", "parallel", "precision", "checkpoint",
-                          "eval", "log"]  # fmt: skip
+                          "eval", "evals", "log"]  # fmt: skip
     assert not any(k.startswith(("csv_", "webdataset_")) or k == "caption_context_length" for k in tree["data"])
     flow = text.replace("overrides: {}", "").replace(": []", "")  # an empty mapping or list has no block form
     assert "[" not in flow and "{" not in flow  # block style only

@@ -78,7 +78,9 @@ def _image_folder(root, n_per_class=6):
     (bad / "notes.jpg").write_text("not an image")
     good = (root / "train" / "class1" / "0.png").read_bytes()
     (root / "train" / "class1" / "truncated.png").write_bytes(good[: len(good) // 2])
-    return 3
+    (root / "val" / "class2" / "broken.png").write_bytes(good[: len(good) // 3])  # left out of the evaluation
+    (root / "val" / "class0" / "empty.jpg").write_bytes(b"")
+    return 5
 
 
 class _Collect(logging.Handler):
@@ -90,7 +92,7 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def test_image_folder_with_bad_files_trains_and_reports_skips(tmp_path):
+def test_image_folder_with_bad_files_trains_and_reports_skips(tmp_path, capsys):
     n_bad = _image_folder(tmp_path / "data")
     out = tmp_path / "run"
     over = ["data.format=imagefolder", f"data.train_path={tmp_path / 'data' / 'train'}",
@@ -105,12 +107,18 @@ def test_image_folder_with_bad_files_trains_and_reports_skips(tmp_path):
         logging.getLogger("vitscale").removeHandler(handler)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3  # 21 files / batch 7: the whole epoch, bad files included
-    assert summary["skipped_files"] == n_bad
+    assert summary["skipped_files"] == n_bad  # training's 3 and validation's 2: what the warnings say
     warned = [m for m in handler.messages if "skipped" in m]
     assert len(warned) == n_bad and any("empty.png" in w for w in warned)
+    assert sum(w.endswith("; left out") for w in warned) == 2  # validation leaves them out, never duplicates
     log = (out / "train.log").read_text().splitlines()  # the warnings are in the run's log too
-    assert all(w in log for w in warned) and any(line.startswith("  skipped 3 undecodable files") for line in log)
+    assert all(w in log for w in warned) and any(line.startswith("  skipped 5 undecodable files") for line in log)
     assert 0 <= summary["val_top1"] <= 100
+    # a class folder without images would be a 4th class no image teaches: refused in one line
+    (tmp_path / "data" / "train" / "class3").mkdir()
+    assert main(["train", "digits_vit", *over[:-2], f"train.output_dir={tmp_path / 'empty'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "class folder 'class3' has no images" in err and len(err.splitlines()) == 1, err
 
 
 def test_train_sdpa_setting_holds_during_the_steps(tmp_path, monkeypatch):

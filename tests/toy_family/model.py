@@ -6,7 +6,6 @@ import torch
 from torch import nn
 
 from vitscale.models.common.checkpointing import run_blocks
-from vitscale.models.common.flops import image_hw, traced_flops
 
 from .configs import ToyConfig
 
@@ -84,9 +83,6 @@ class ToyNet(nn.Module):
     def example_inputs(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
         c = self.cfg
         return (torch.randn(batch, c.num_channels, c.img_h, c.img_w, device=device),)
-
-    def flops(self, img_size=None) -> int:
-        return traced_flops(ToyNet, self.cfg if img_size is None else self.cfg.with_image_size(*image_hw(img_size)))
 
     def token_grid(self, img_hw):
         raise NotImplementedError("ToyNet gives no per-token class logits")

@@ -11,8 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vitscale.checkpoint import Checkpointer, CheckpointError, CorruptFile, SaveError, read_weights
-from vitscale.checkpoint.checkpointer import export_safetensors
+from vitscale.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    CorruptFile,
+    SaveError,
+    export_safetensors,
+    read_weights,
+)
 from vitscale.checkpoint.integrity import digest, read_sealed_json, seal_json
 from vitscale.checkpoint.safetensors_io import read_safetensors
 from vitscale.checkpoint.storage import verify
@@ -85,6 +91,10 @@ def test_damaged_export_is_refused(tmp_path):
         read_weights(path)
 
 
+def _raw_header(header: bytes, data: bytes) -> bytes:
+    return struct.pack("<Q", len(header)) + header + data
+
+
 def _st(header: dict, data: bytes, n: int | None = None) -> bytes:
     h = json.dumps(header).encode()
     return struct.pack("<Q", len(h) if n is None else n) + h + data
@@ -102,6 +112,10 @@ def _st(header: dict, data: bytes, n: int | None = None) -> bytes:
         (_st({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, b"\0" * 8), "malformed"),
         (b"\x10\0\0\0\0\0\0\0" + b'{"a": NaN}      ', "not valid JSON"),
         (b"\x05\0", "too short"),
+        # what held in round two of the attacks (docs/trust.md): deep JSON, huge integers
+        (_raw_header(b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", b"\0" * 8), "not valid JSON"),
+        (_raw_header(b'{"a": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 8]}}', b"\0" * 8), "not valid JSON"),
+        (_st({"a": {"dtype": "F32", "shape": [2**70], "data_offsets": [0, 8]}}, b"\0" * 8), "malformed"),
     ],
 )
 def test_crafted_safetensors_headers_are_refused(tmp_path, blob, reason):
@@ -213,3 +227,24 @@ def test_convert_reads_no_endless_state_file(tmp_path):
     (out,) = consolidate(step, tmp_path / "w.safetensors")
     assert load_consolidated(out)["w"].equal(_state(1)["model"]["w"])
     assert "step" not in read_safetensors(out)[1]
+
+
+@pytest.mark.parametrize(
+    "shape, chunks, problem",
+    [
+        ([4, 6], [([0, 0], [2, 6]), ([2, 0], [2, 6])], None),  # FSDP rows
+        ([4, 6], [([0, 0], [2, 3]), ([0, 3], [2, 3]), ([2, 0], [2, 3]), ([2, 3], [2, 3])], None),  # rows x TP columns
+        ([4, 6], [([0, 0], [4, 6]), ([0, 0], [0, 6])], None),  # an empty chunk covers nothing
+        ([0, 6], [([0, 0], [0, 6])], None),
+        ([4, 6], [([0, 0], [2, 6]), ([0, 0], [2, 6])], "overlap"),  # counts add up, rows 2-3 in no chunk
+        ([4, 6], [([0, 0], [2, 3]), ([2, 0], [2, 6]), ([0, 2], [2, 3])], "overlap"),
+        ([4, 6], [([0, 0], [3, 6]), ([1, 0], [3, 6])], "overlap"),
+        ([4, 6], [([0, 0], [3, 6])], "gap"),
+        ([4, 6], [([0, 0], [4, 6]), ([3, 0], [2, 6])], "outside"),
+    ],
+)
+def test_chunks_must_tile_the_tensor(shape, chunks, problem):
+    from vitscale.checkpoint.geometry import cover_problem
+
+    got = cover_problem(shape, chunks)
+    assert (got is None) if problem is None else (problem in got), got

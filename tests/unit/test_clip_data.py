@@ -48,8 +48,9 @@ def _cfg(**kw):
 
 
 def _loaders(cfg, micro=4, rank=0, world=1):
+    tokenize = vitscale.create_tokenizer("clip", cfg.caption_context_length)  # as the run assembly hands it over
     return build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=micro,
-                         eval_batch_size=5, rank=rank, world_size=world)  # fmt: skip
+                         eval_batch_size=5, rank=rank, world_size=world, tokenize=tokenize)  # fmt: skip
 
 
 def test_webdataset_batches_carry_caption_tokens_and_skip_bad(tmp_path):

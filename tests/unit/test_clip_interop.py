@@ -11,8 +11,9 @@ import torch
 from open_clip.model import CLIP as OpenCLIP
 
 from vitscale.interop import from_open_clip, load_open_clip_checkpoint, to_open_clip
-from vitscale.interop.open_clip import config_from_open_clip, open_clip_config
+from vitscale.interop.open_clip import open_clip_config
 from vitscale.models.clip import CLIP
+from vitscale.models.clip.state_dict_adapter import config_from_open_clip
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:

@@ -7,6 +7,7 @@ import torch
 
 import vitscale
 from vitscale.config import load_config
+from vitscale.data.digits import CLASS_NAMES
 from vitscale.eval.retrieval import retrieval_recall
 from vitscale.eval.zeroshot import readable_class_names, zeroshot_accuracy
 from vitscale.tasks import get_task
@@ -15,7 +16,7 @@ from vitscale.tasks import get_task
 def _task(*overrides):
     cfg = load_config("digits_clip", list(overrides))
     model = vitscale.create_model(cfg.model.name, **cfg.model.overrides)
-    return cfg, model, get_task("contrastive")(cfg, model, 10)
+    return cfg, model, get_task("contrastive")(cfg, model, 10, class_names=CLASS_NAMES)  # the run's data's names
 
 
 def test_templated_captions_losses_and_truncation():

@@ -11,6 +11,7 @@ import torch
 from vitscale.data.build import build_loaders
 from vitscale.data.captions import write_digits_captions
 from vitscale.data.config import DataConfig
+from vitscale.models.registry import get_family
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +23,10 @@ def shards(tmp_path_factory):
 
 def _loader(shards, *, rank=0, world=1, workers=0, micro=32, drop_last=True, path=None, **kw):
     cfg = DataConfig(format="webdataset", train_path=str(path or shards / "train"), webdataset_mode="stream",
-                     num_workers=workers, webdataset_shuffle_buffer=64, **kw)  # fmt: skip
-    return build_loaders(cfg, img_size=(16, 16), num_channels=1, seed=3, micro_batch_size=micro,
-                         eval_batch_size=64, rank=rank, world_size=world, drop_last=drop_last).train  # fmt: skip
+                     num_workers=workers, shuffle_buffer=64, **kw)  # fmt: skip
+    return build_loaders(cfg, img_size=(16, 16), num_channels=1, seed=3, micro_batch_size=micro, eval_batch_size=64,
+                         rank=rank, world_size=world, drop_last=drop_last,
+                         tokenize=get_family("clip").create_tokenizer(77)).train  # as the run assembly hands it over
 
 
 def _epoch(loader):
@@ -63,7 +65,7 @@ def test_resume_mid_epoch_continues_exactly(shards, resampled):
     head = [next(it) for _ in range(5)]  # odd: the next batch comes from worker 1
     assert [b["index"].tolist() for b in head] == [i for i, _, _ in full[:5]]
     state = first.state_dict()
-    assert state["batch_index"] == 5 and state["worker_batches"] == [3, 2]
+    assert state["batch_index"] == 5 and state["stream_layout"] == [1, 2]
     resumed = _loader(shards, **kw)
     resumed.load_state_dict(state)
     rest = _epoch(resumed)
@@ -93,7 +95,7 @@ def test_bad_samples_skipped_and_counted(tmp_path):
             if n == 14:
                 del sample["txt"]
             sink.write(sample)
-    loader = _loader(None, path=tmp_path / "s", micro=4, drop_last=False, samples_per_epoch=20)
+    loader = _loader(None, path=tmp_path / "s", micro=4, drop_last=False, samples_per_epoch=20, num_classes=10)
     batches = list(loader)
     idx = [i for b in batches for i in b["index"].tolist()]
     assert sorted(idx) == [n for n in range(20) if n not in (5, 11, 14)]

@@ -6,7 +6,7 @@ from PIL import Image
 
 from vitscale.cli import main
 from vitscale.data import DataConfig, build_loaders
-from vitscale.data.digits import load_digits_split
+from vitscale.data.digits import CLASS_NAMES, load_digits_split
 
 DIGITS = dict(format="digits", num_workers=0, rrc_scale=(0.6, 1.0), hflip=0.0, crop_pct=1.0,
               mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
@@ -32,7 +32,7 @@ def test_split_sizes_disjoint_stratified_and_fixed():
 def test_digits_loaders_upsample_and_range():
     L = build_loaders(DataConfig(**DIGITS), img_size=(32, 32), num_channels=3, seed=0,
                       micro_batch_size=100, eval_batch_size=150)
-    assert L.num_classes == 10 and L.class_names == [str(i) for i in range(10)]
+    assert L.num_classes == 10 and L.class_names == list(CLASS_NAMES)
     assert len(L.train) == 14 and len(L.val) == 2
     b = next(iter(L.train))
     assert b["image"].shape == (100, 3, 32, 32)
@@ -48,13 +48,15 @@ def test_digits_loaders_upsample_and_range():
 def test_cli_writes_digits_image_folder(tmp_path, capsys):
     assert main(["data", "digits", str(tmp_path), "--size", "16"]) == 0
     assert "1497 train and 300 val" in capsys.readouterr().out
-    counts = {s: sum(len(list((tmp_path / s / str(c)).glob("*.png"))) for c in range(10)) for s in ("train", "val")}
+    counts = {s: sum(len(list((tmp_path / s / c).glob("*.png"))) for c in CLASS_NAMES) for s in ("train", "val")}
     assert counts == {"train": 1497, "val": 300}
-    img = Image.open(next((tmp_path / "val" / "3").glob("*.png")))
+    img = Image.open(next((tmp_path / "val" / "three").glob("*.png")))
     assert img.size == (16, 16)
     cfg = DataConfig(format="imagefolder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"),
                      num_workers=0, crop_pct=1.0)
     L = build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=32, eval_batch_size=300)
-    assert L.class_names == [str(c) for c in range(10)]
+    # the built-in digits' class names, in digit order (classnames.txt), so the same class indices
+    assert CLASS_NAMES == ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    assert L.class_names == CLASS_NAMES and (tmp_path / "classnames.txt").read_text().split() == CLASS_NAMES
     v = next(iter(L.val))
     assert v["image"].shape == (300, 3, 16, 16) and v["label"].bincount().tolist() == load_digits_split("val")[1].bincount().tolist()

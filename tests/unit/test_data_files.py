@@ -128,6 +128,25 @@ def test_bad_files_skipped_counted_once_and_warned(tmp_path, caplog, workers):
     assert not [r for r in caplog.records if "skipped" in r.getMessage()]
 
 
+def test_validation_leaves_bad_files_out_and_counts_them(tmp_path, caplog):
+    _make_folder(tmp_path / "train")
+    _make_folder(tmp_path / "val", n_per_class=3)
+    bad = _add_bad_files(tmp_path / "val")
+    cfg = DataConfig(format="imagefolder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"),
+                     num_workers=0)  # fmt: skip
+    L = build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=4, eval_batch_size=4)
+    with caplog.at_level(logging.WARNING, logger="vitscale.data"):
+        batches = list(L.val)
+    index = torch.cat([b["index"] for b in batches]).tolist()
+    real = [i for i in index if i >= 0]
+    paths = L.val.dataset.source.paths
+    # every good image once, no bad one, none twice: a bad file is a padding row (index -1), not a neighbour
+    assert sorted(real) == sorted(i for i, p in enumerate(paths) if p not in bad) and len(index) == len(paths)
+    assert sum(b["skipped"] for b in batches) == len(bad) == 3
+    assert sum(r.getMessage().endswith("; left out") for r in caplog.records) == 3
+    assert L.skips() == {"skipped_files": 3, "skipped_shards": []}  # what summary.json gets
+
+
 def test_replacement_is_deterministic(tmp_path):
     _make_folder(tmp_path)
     _add_bad_files(tmp_path)

@@ -155,9 +155,11 @@ def test_break_and_continue_with_persistent_workers():
         _same(x, y)
 
 
-def test_plugin_format_with_extra_fields():
-    from vitscale.data import register_format
+def test_plugin_format_with_extra_fields(monkeypatch):
+    from vitscale.data import DataFormat, Split, formats, register_format
     from vitscale.data.sources import SyntheticSource
+
+    monkeypatch.setitem(formats._FORMATS, "captioned_test", None)  # the test's format is unregistered when it ends
 
     class Captioned(SyntheticSource):
         def sample(self, index, epoch, tf):
@@ -165,7 +167,8 @@ def test_plugin_format_with_extra_fields():
             s.extra = {"text": torch.full((5,), index), "caption": f"image {index}"}
             return s
 
-    register_format("captioned_test", lambda cfg, size, c, seed: (Captioned(16, 3, size, c, seed), None, 3, ["a", "b", "c"]))
+    register_format(DataFormat("captioned_test", lambda cfg, name, img_size, num_channels, seed, classes: (
+        Split(Captioned(16, 3, img_size, num_channels, seed), ["a", "b", "c"]) if name == "train" else None)))
     L = build_loaders(DataConfig(format="captioned_test", num_workers=0), img_size=(16, 16), num_channels=3, seed=0,
                       micro_batch_size=4, eval_batch_size=4, device="cpu")
     b = next(iter(L.train))

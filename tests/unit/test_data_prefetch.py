@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitscale.data import DataConfig, build_loaders, register_format
+from vitscale.data import DataConfig, DataFormat, Split, build_loaders, formats, register_format
 from vitscale.data.sampler import ShardedBatchSampler
 from vitscale.data.sources import SyntheticSource
 
@@ -45,8 +45,9 @@ class _HoldingSource(SyntheticSource):
 
 
 def _cfg(**kw) -> DataConfig:
-    base = dict(format="synthetic", synthetic_size=N, num_classes=3, num_workers=0, random_erasing=0.5, hflip=0.5,
-                rrc_scale=(0.3, 1.0))  # fmt: skip
+    base = dict(format="synthetic", num_classes=3, num_workers=0, random_erasing=0.5, hflip=0.5, rrc_scale=(0.3, 1.0))
+    if kw.get("format", "synthetic") == "synthetic":
+        base["synthetic_size"] = N
     return DataConfig(**{**base, **kw})
 
 
@@ -61,13 +62,14 @@ def _trainer_batches(loader):
 
 
 @pytest.mark.parametrize("across, persistent", [(True, True), (True, False), (False, True)])
-def test_next_epoch_is_loaded_before_the_last_batch_is_handed_out(tmp_path, across, persistent):
+def test_next_epoch_is_loaded_before_the_last_batch_is_handed_out(tmp_path, monkeypatch, across, persistent):
+    monkeypatch.setitem(formats._FORMATS, "holding_test", None)  # the test's format is unregistered when it ends
     sampler = ShardedBatchSampler(N, MICRO, seed=SEED)
     last = len(sampler) - 1
     first_of_next = {f"1_{i}" for i in sampler.indices(1, 0)}
     limit = 60.0 if across else 2.0  # without the prefetch the wait always runs out
     src = _HoldingSource(tmp_path, set(sampler.indices(0, last)), first_of_next, limit)
-    register_format("holding_test", lambda cfg, size, c, seed: (src, None, 3, ["a", "b", "c"]))
+    register_format(DataFormat("holding_test", lambda cfg, name, **kw: Split(src, ["a", "b", "c"]) if name == "train" else None))
     cfg = _cfg(format="holding_test", num_workers=2, prefetch_factor=2, persistent_workers=persistent,
                prefetch_across_epochs=across)  # fmt: skip
     loader = _loaders(cfg).train

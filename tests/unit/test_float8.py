@@ -183,7 +183,7 @@ def test_errors_are_one_line(monkeypatch):
     assert "\n" not in str(err.value) and "pip install 'vitscale[fp8]'" in str(err.value)
 
 
-def test_the_parallelize_tail_converts_for_training_only():
+def test_the_parallelize_tail_converts_for_training_only(tmp_path):
     """``precision.fp8`` goes through the one parallelize tail (every family, by its plan's blocks);
     the run reports it; evaluation assembles the plain model."""
     from vitscale.config import load_config
@@ -195,7 +195,8 @@ def test_the_parallelize_tail_converts_for_training_only():
     for name, n in (("vit_debug", 8), ("clip_debug", 16), ("volo_debug", 26)):
         model = build_model(name, ParallelDims(device=torch.device("cpu")), precision=fp8)
         assert len(_float8_names(model)) == n, name
-    cfg = load_config("digits_vit", ["precision.fp8=tensorwise", "precision.fp8_filter=all", "model.num_layers=2"])
+    cfg = load_config("digits_vit", ["precision.fp8=tensorwise", "precision.fp8_filter=all", "model.num_layers=2",
+                                     f"train.output_dir={tmp_path / 'run'}"])  # a training run claims its folder
     run = assemble(cfg, "train")
     assert set(run.float8.converted) == _float8_names(run.model) and len(run.float8.converted) == 8
     assert run.float8.summary() == "fp8 tensorwise: 8 linear layers in float8, 0 in bf16, emulated on CPU (numerics only, no speed-up)"

@@ -33,6 +33,7 @@ def _shapes(sd: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in sd.items()}
 
 
+@pytest.mark.slow
 def test_the_registry_is_enumerated(registry):
     # timm 1.0 registers ~200 of them; the classic ones are found, other architectures are not
     assert len(registry) > 100
@@ -42,6 +43,7 @@ def test_the_registry_is_enumerated(registry):
     assert "eva02_base_patch14_224" not in registry and "resnet50" not in registry
 
 
+@pytest.mark.slow
 def test_every_expressible_timm_vit_round_trips_on_meta(registry):
     """timm -> vitscale -> timm maps every tensor key for key and shape for shape; strict loads both ways.
 
@@ -67,6 +69,7 @@ def test_every_expressible_timm_vit_round_trips_on_meta(registry):
     assert len(exact) > 100
 
 
+@pytest.mark.slow
 def test_unexpressible_names_match_the_docs_table(registry):
     """docs/timm_vits.md is current: the same verdict and reason for every name it shares with this timm."""
     version, table = parse_table(DOC.read_text())

@@ -76,7 +76,7 @@ def test_layouts_shard_states_and_activations():
     assert fsdp.activation_bytes == one.activation_bytes  # FSDP does not split activations
     assert tp.param_bytes < fsdp.param_bytes / 3.5 and tp.activation_bytes < one.activation_bytes / 2
     assert estimate("vit_l16", micro_batch=16, ac="full").total_bytes < one.total_bytes
-    with pytest.raises(ValueError, match="num_attention_heads=12 is not divisible by tp=8"):
+    with pytest.raises(ValueError, match=r"vit_b16: tp=8 does not split the model: num_attention_heads=12 is not divisible by 8 \(tp that divide it: 1, 2, 3, 4, 6, 12\)$"):
         estimate("vit_b16", tp=8)
     table = memory_table(["vit_b16", "vit_22b"], micro_batch=8)
     assert "| vit_22b |" in table and "n/a" in table  # B/16's 12 heads do not split over TP 8
@@ -89,4 +89,4 @@ def test_memory_command(capsys):
     out = capsys.readouterr().out
     assert "vit_l16" in out and "total per rank" in out and "dp_shard=8 tp=4" in out
     assert main(["memory", "vit_b16", "--tp", "8"]) == 2  # 12 heads: an error, not a traceback
-    assert "not divisible by tp=8" in capsys.readouterr().err
+    assert "num_attention_heads=12 is not divisible by 8" in capsys.readouterr().err

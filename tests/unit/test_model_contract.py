@@ -1,5 +1,6 @@
-"""Every registered family implements the model contract (vitscale/models/contract.py) and gives the
-parallelize tail a plan that covers its blocks — checked on each family's debug variant."""
+"""Every registered family implements the model contract (vitscale/models/contract.py), gives the
+parallelize tail a plan that covers its blocks, and has a spec whose every slot resolves — checked on
+each family's debug variant."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 from vitscale.distributed.parallelize import ParallelPlan
 from vitscale.models.common.flops import count_flops
 from vitscale.models.contract import Model, VariantConfig, check_model, contract_members
-from vitscale.models.registry import create_model, families, family_of, parallel_plan
+from vitscale.models.registry import create_model, families, family_of, forward_flops, parallel_plan
+from vitscale.models.spec import load_ref
 
 FAMILIES = sorted(families())
 
@@ -40,11 +42,14 @@ def test_family_model_implements_the_contract(family):
     names = {n for n, _ in model.named_parameters()}
     assert all(any(n == s or n.startswith(s + ".") for n in names) for s in model.no_weight_decay())
     assert model.head_parameter_names() <= names
-    # the FLOPs a model states are those PyTorch's counter finds in one forward call on meta
+    # the FLOPs its family states are those PyTorch's counter finds in one forward call on meta, in
+    # training mode (training=True) and in eval mode
     meta = create_model(_debug(family), device="meta")
-    assert model.flops() == count_flops(meta, *meta.example_inputs(1, "meta")) > 0
+    for training in (True, False):
+        counted = count_flops(meta.train(training), *meta.example_inputs(1, "meta"))
+        assert forward_flops(model, training=training) == counted > 0
     h, w = model.cfg.img_h, model.cfg.img_w
-    assert model.flops((2 * h, 2 * w)) > model.flops()
+    assert forward_flops(model.cfg, (2 * h, 2 * w)) > forward_flops(_debug(family))
     # a new classifier on the pooled features
     model.reset_classifier(3)
     assert model.num_classes == 3 and model.head_parameter_names()
@@ -96,10 +101,30 @@ def test_parallel_plan_covers_the_blocks(family):
     assert all(id(b) in modules for b in blocks)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_slot_of_the_spec_resolves(family):
+    """A misspelt ``"module:NAME"`` in a FamilySpec fails here, not in the first run that asks for it."""
+    spec = families()[family]
+    for ref in spec.references():
+        assert load_ref(ref) is not None, ref
+    for library in spec.adapters:
+        assert spec.adapter(library).library == library
+    if spec.tokenizer is not None:
+        tokens = spec.create_tokenizer(8)(["a photo of a cat"])
+        assert tokens.shape == (1, 8) and tokens.dtype == torch.int64
+    model = create_model(_debug(family), device="meta")
+    memory, plan = spec.memory_model(), spec.plan()
+    total, sharded, unit = memory.param_counts(model, plan)
+    assert total == sum(p.numel() for p in model.parameters()) and 0 < unit <= total and 0 <= sharded <= total
+    held, rebuilt = memory.activation_elems(model, plan, 1, "full")
+    assert held > 0 and rebuilt > 0
+    assert [g.input for g in spec.serving_graphs(create_model(_debug(family)).eval()).graphs][0] == "image"
+
+
 def test_the_contract_names_its_members():
     members = contract_members()
     for name in ("cfg", "init_weights", "forward_features", "forward_head", "no_weight_decay",
-                 "head_parameter_names", "reset_classifier", "set_grad_checkpointing", "example_inputs", "flops",
+                 "head_parameter_names", "reset_classifier", "set_grad_checkpointing", "example_inputs",
                  "supports_dense", "forward_dense", "token_grid"):  # fmt: skip
         assert name in members
     with pytest.raises(TypeError, match="missing"):

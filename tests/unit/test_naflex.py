@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vitscale
-from vitscale.checkpoint.checkpointer import load_model_weights, read_weights, write_weights
+from vitscale.checkpoint.weights import load_model_weights, read_weights, write_weights
 from vitscale.errors import ConfigError
 from vitscale.models.common import attention_mask
 from vitscale.models.contract import INPUT_MODES, check_input_mode
@@ -228,7 +228,7 @@ def test_a_classic_vit_checkpoint_loads_into_the_naflex_variant(tmp_path, vit_ov
 def test_factorized_embeddings_refuse_a_classic_checkpoint_by_name(tmp_path):
     vit = vitscale.create_model("vit_debug", pool="avg", class_token_length=0)
     naflex = vitscale.create_model("naflex_debug", pos_embed_type="factorized", class_token_length=0)
-    from vitscale.checkpoint.checkpointer import CheckpointError
+    from vitscale.checkpoint.integrity import CheckpointError
 
     with pytest.raises(CheckpointError, match="pos_embed"):
         load_model_weights(naflex, vit.state_dict(), source="vit")

@@ -9,8 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitscale.checkpoint import Checkpointer
-from vitscale.checkpoint.checkpointer import NonFiniteWeights, export_safetensors, read_weights, write_weights
+from vitscale.checkpoint import (
+    Checkpointer,
+    NonFiniteWeights,
+    export_safetensors,
+    read_weights,
+    write_weights,
+)
 from vitscale.config import load_config
 from vitscale.train.nonfinite import NonFiniteError
 from vitscale.train.trainer import Trainer

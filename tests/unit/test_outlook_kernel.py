@@ -21,6 +21,7 @@ from vitscale.models.volo.outlook_kernel import check_geometry, outlook_referenc
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_kernels_match_eager_in_the_triton_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))

@@ -41,6 +41,7 @@ def test_arguments():
     assert bad.returncode == 2 and bad.stderr.startswith("unknown argument: fp8 (groups: train infer"), bad.stderr
 
 
+@pytest.mark.slow
 def test_new_groups_dry_run():
     proc = _run("--dry-run", *NEW_GROUPS)
     assert proc.returncode == 0, proc.stdout + proc.stderr

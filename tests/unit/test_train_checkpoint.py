@@ -2,8 +2,13 @@
 
 import torch
 
-from vitscale.checkpoint import Checkpointer, list_checkpoints
-from vitscale.checkpoint.checkpointer import export_safetensors, load_model_weights, read_weights
+from vitscale.checkpoint import (
+    Checkpointer,
+    export_safetensors,
+    list_checkpoints,
+    load_model_weights,
+    read_weights,
+)
 from vitscale.models import create_model
 
 

@@ -10,7 +10,8 @@ import torch
 import vitscale
 from vitscale.models.vit import VisionTransformer, ViTConfig
 from vitscale.models.vit.configs import VARIANTS
-from vitscale.tools import count_flops, vit_flops
+from vitscale.models.vit.flops import vit_flops
+from vitscale.tools import count_flops
 
 VIT_NAMES = vitscale.list_models(family="vit")
 
@@ -191,6 +192,25 @@ def test_flops_analytic_equals_flop_counter():
     # ViT-B/16 at 224: ~17.6 GMACs, the figure timm and the literature quote
     assert abs(vit_flops(VARIANTS["vit_b16"]) / 2e9 - 17.56) < 0.05
     assert vitscale.tools.flops("vit_b16", img_size=384) > 3 * vit_flops(VARIANTS["vit_b16"])
+
+
+@pytest.mark.parametrize("overrides", [{}, {"pool": "map", "class_token_length": 0, "class_token": False},
+                                       {"class_token_length": 3, "pool": "avg"}])  # fmt: skip
+def test_flops_with_patch_dropout_count_the_kept_patches_in_training(overrides):
+    """Training runs the blocks on the patches patch dropout keeps; inference on every patch: the
+    analytic count of each mode equals PyTorch's counter on the model in that mode."""
+    for rate in (0.5, 0.3):
+        cfg = dataclasses.replace(debug_size(VARIANTS["vit_b16"]), drop_patch_rate=rate, **overrides)
+        model = VisionTransformer(cfg, device="meta")
+        x = torch.empty(1, 3, cfg.img_h, cfg.img_w, device="meta")
+        train, infer = vit_flops(cfg, training=True), vit_flops(cfg)
+        assert train == count_flops(model.train(), x) and infer == count_flops(model.eval(), x)
+        assert train < infer == vit_flops(dataclasses.replace(cfg, drop_patch_rate=0.0), training=True)
+    # ViT-B/16 at 224 px, half the patches dropped: 98 of 196 patches (+ the class token) in the blocks
+    b16 = VARIANTS["vit_b16"]
+    half = dataclasses.replace(b16, drop_patch_rate=0.5)
+    assert vitscale.tools.flops(half, training=True) == vit_flops(half, training=True) < 0.5 * vit_flops(b16)
+    assert vitscale.tools.flops(half) == vit_flops(b16)  # inference: every patch
 
 
 def test_torch_compile_fullgraph_on_cpu():

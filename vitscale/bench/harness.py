@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import Config
@@ -32,9 +31,9 @@ from ..distributed.compile import mark_step, uses_cudagraphs
 from ..distributed.config import PrecisionConfig
 from ..distributed.fsdp import resolve_precision
 from ..distributed.parallel_dims import resolve_device
-from ..models.common.flops import count_flops
-from ..models.registry import create_model, get_family
+from ..models.registry import forward_flops, get_family, get_model_config
 from ..run import assemble
+from ..tasks import get_task
 from ..tools import mfu as mfu_tools
 from ..train import fastpath
 
@@ -65,7 +64,8 @@ class BenchSettings:
     compile: bool | None = None
     """torch.compile each of our transformer blocks; None = on for CUDA, off on CPU."""
     compare: str | None = None
-    """Reference implementation to run alongside: ``timm`` (ViT) or ``open_clip`` (CLIP)."""
+    """Reference implementation to run alongside: ``timm`` (ViT, VOLO) or ``open_clip`` (CLIP): the
+    library's model built by the family's state-dict adapter."""
     compare_compiled: bool | None = None
     """Also run the reference torch.compile'd (whole model); None = when ``compile`` is on."""
     precision: str = "auto"
@@ -76,6 +76,8 @@ class BenchSettings:
     """Seed of the weights and the synthetic batch."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Overrides of the variant's config (e.g. ``{"num_classes": 10}``)."""
+    task: str | None = None
+    """The task whose loss the training step times (``Task.bench_loss``); None = the family's task."""
     fp8: str = "none"
     """Our blocks' linear layers in float8 (torchao recipe, as ``precision.fp8``); training only."""
     fp8_filter: str = "auto"
@@ -136,36 +138,8 @@ def sync(device: torch.device) -> None:
 
 
 # ---------------------------------------------------------------------------------- workloads
-def _first(out: Any) -> torch.Tensor:
-    if isinstance(out, dict):
-        return out.get("logits", next(iter(out.values())))
-    if isinstance(out, (tuple, list)):
-        return out[0]
-    return out
-
-
-def classification_loss(out: Any, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(_first(out).float(), labels)
-
-
-def contrastive_loss(out: Any) -> torch.Tensor:
-    """Symmetric InfoNCE on (image_features, text_features, logit_scale) or open_clip's dict."""
-    if isinstance(out, dict):
-        img, txt, scale = out["image_features"], out["text_features"], out.get("logit_scale")
-    else:
-        img, txt = out[0], out[1]
-        scale = out[2] if len(out) > 2 else None
-    img = F.normalize(img.float(), dim=-1)
-    txt = F.normalize(txt.float(), dim=-1)
-    logits = img @ txt.t()  # (B, B)
-    if torch.is_tensor(scale):
-        logits = logits * scale.float()
-    target = torch.arange(logits.shape[0], device=logits.device)
-    return (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target)) / 2
-
-
 def _make_step(
-    model, optimizer, inputs, labels, task, mode, device, autocast: torch.dtype | None, cudagraphs: bool = False
+    model, optimizer, inputs, labels, loss_fn, mode, device, autocast: torch.dtype | None, cudagraphs: bool = False
 ) -> Callable[[], None]:
     if mode == "infer":
 
@@ -180,18 +154,12 @@ def _make_step(
             mark_step()  # CUDA-graph trees: the last step's graph outputs may be overwritten now
         with fastpath.autocast(device, autocast):
             out = model(*inputs)
-            loss = contrastive_loss(out) if task == "contrastive" else classification_loss(out, labels)
+            loss = loss_fn(out, labels)  # the task's bench loss (vitscale.tasks.base.Task.bench_loss)
         loss.backward()  # no .item(): nothing in the step waits for the device
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     return train_step
-
-
-def forward_flops_per_image(name: str, overrides: dict[str, Any]) -> int:
-    """Forward FLOPs of one sample, counted by FlopCounterMode on the meta device (no memory)."""
-    meta = create_model(name, device="meta", **overrides)
-    return count_flops(meta, *meta.example_inputs(1, "meta"))
 
 
 def resolve_autocast(precision: str, device: torch.device) -> torch.dtype | None:
@@ -231,13 +199,11 @@ def with_defaults(settings: BenchSettings, device_type: str) -> BenchSettings:
 # ---------------------------------------------------------------------------------- run
 def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
     family = get_family(settings.model)
-    task = "contrastive" if family.task == "contrastive" else "classification"
+    task = settings.task or family.task
+    loss_fn = get_task(task).bench_loss
     if settings.compare is not None and settings.compare not in COMPARES:
         raise ValueError(f"--compare must be one of {COMPARES}, got {settings.compare!r}")
-    if settings.compare == "timm" and task != "classification":
-        raise ValueError(f"--compare timm needs a ViT classifier; {settings.model} is a {family.name} model")
-    if settings.compare == "open_clip" and task != "contrastive":
-        raise ValueError(f"--compare open_clip needs a CLIP model; {settings.model} is a {family.name} model")
+    adapter = family.adapter(settings.compare) if settings.compare else None  # one line if the family has none
 
     run = assemble(run_config(settings), "bench")  # ours: fp8 and per-block compile by the parallelize tail
     device, ours, compile_on = run.device, run.model, run.cfg.train.compile
@@ -259,7 +225,7 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
         opt = None
         if settings.mode == "train":
             opt = fastpath.make_adamw([p for p in model.parameters() if p.requires_grad], device)
-        step = _make_step(model, opt, inputs, labels, task, settings.mode, device, autocast, cudagraphs)
+        step = _make_step(model, opt, inputs, labels, loss_fn, settings.mode, device, autocast, cudagraphs)
         return _Impl(key, label, model, opt, step)
 
     impls = [finish("vitscale", f"vitscale {settings.model}", ours, cudagraphs=compile_on and uses_cudagraphs(settings.compile_mode))]
@@ -273,21 +239,13 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
         impls.append(finish("baseline", f"vitscale {settings.model} ({what})", base.model, cudagraphs=cudagraphs))
         if base_settings.fp8 != "none":
             fp8_lines.append(f"baseline: {base.float8.summary()}")
-    if settings.compare == "timm":
-        from .reference import timm_vit
+    if adapter is not None:
+        from .reference import reference_model
 
-        variants = [("timm", False)] + ([("timm_compiled", True)] if compare_compiled else [])
-        for key, comp in variants:
+        ref_key = settings.compare
+        for key, comp in [(ref_key, False)] + ([(f"{ref_key}_compiled", True)] if compare_compiled else []):
             torch.manual_seed(settings.seed)
-            ref, label = timm_vit(ours.cfg, settings.model, device)
-            impls.append(finish(key, label + (" (torch.compile)" if comp else ""), ref, whole_compile=comp))
-    elif settings.compare == "open_clip":
-        from .reference import open_clip_model
-
-        variants = [("open_clip", False)] + ([("open_clip_compiled", True)] if compare_compiled else [])
-        for key, comp in variants:
-            torch.manual_seed(settings.seed)
-            ref, label = open_clip_model(ours, settings.model, device)
+            ref, label = reference_model(adapter, ours, settings.model, device)
             impls.append(finish(key, label + (" (torch.compile)" if comp else ""), ref, whole_compile=comp))
     info = dict(
         task=task, compile=compile_on, compare_compiled=compare_compiled if settings.compare else None,
@@ -331,7 +289,8 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
         raise ValueError("batch_size, steps and rounds must be >= 1 and warmup >= 0")
     impls, info = build_impls(settings)
     device, precision = info.pop("device"), info.pop("precision")
-    flops_img = forward_flops_per_image(settings.model, settings.overrides)
+    # the family's count of one sample's forward, as this mode runs it (training: patch dropout applies)
+    flops_img = forward_flops(get_model_config(settings.model, **settings.overrides), training=settings.mode == "train")
     peak, peak_source = mfu_tools.peak_tflops(device, precision, refresh=device.type == "cpu")
 
     rounds = min(settings.rounds, settings.steps)
@@ -473,6 +432,6 @@ def _log_summary(out: dict[str, Any], log: Callable[[str], None]) -> None:
 
 
 __all__ = [
-    "BenchSettings", "COMPARES", "DEFAULTS", "PRECISIONS", "build_impls", "forward_flops_per_image", "resolve_autocast",
+    "BenchSettings", "COMPARES", "DEFAULTS", "PRECISIONS", "build_impls", "resolve_autocast",
     "run_bench", "run_config", "sync", "with_defaults",
 ]  # fmt: skip

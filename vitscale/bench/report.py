@@ -1,9 +1,9 @@
-"""Provenance of a benchmark result (commit, result file names) and writing it as JSON."""
+"""Provenance of a benchmark result (the commit, the device's short name for result file names) and
+writing it as JSON."""
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,6 @@ def device_slug(device: str | torch.device) -> str:
     return "".join(c for c in name.replace("nvidia", "") if c.isalnum()) or "cuda"
 
 
-def result_name(model: str, mode: str, slug: str, when: float | None = None) -> str:
-    """``<model>_<device>_<yyyymm>`` for training, ``<model>_infer_<device>_<yyyymm>`` for inference."""
-    month = time.strftime("%Y%m", time.gmtime(when))
-    return f"{model}_{slug}_{month}" if mode == "train" else f"{model}_{mode}_{slug}_{month}"
-
-
 def write_json(result: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,4 +50,4 @@ def write_json(result: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-__all__ = ["device_slug", "git_commit", "result_name", "write_json"]
+__all__ = ["device_slug", "git_commit", "write_json"]

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpointer import find_checkpoint, write_weights
+from .discovery import find_checkpoint
 from .safetensors_io import dtype_from_code, read_safetensors
 from .storage import read_full
+from .weights import write_weights
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -42,16 +43,16 @@ def _run_metadata(ckpt: Path) -> dict[str, str]:
 
     meta = {"source": str(ckpt), "format": "pt"}
     for cfg_path in (ckpt.parent.parent / "config.yaml", ckpt.parent / "config.yaml"):
-        if cfg_path.is_file() and cfg_path.stat().st_size <= 1 << 20:
-            import yaml
+        if cfg_path.is_file() and not cfg_path.is_symlink():
+            from ..safe_yaml import read_yaml
 
             try:
-                cfg = yaml.safe_load(cfg_path.read_text()) or {}
+                cfg = read_yaml(cfg_path) or {}  # within the limits of vitscale.safe_yaml (no alias bomb)
                 model = cfg.get("model", {}) or {}
                 if "name" in model:
                     meta["model"] = str(model["name"])
                     meta["overrides"] = json.dumps(model.get("overrides") or {})
-            except (yaml.YAMLError, AttributeError, TypeError, ValueError, UnicodeDecodeError):
+            except (OSError, AttributeError, TypeError, ValueError):  # ConfigError is a ValueError
                 pass
             break
     try:

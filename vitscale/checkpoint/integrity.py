@@ -22,7 +22,6 @@ from typing import Any
 from ..errors import UserError
 
 HASH_NAME = "xxh3_64"
-_BLOCK = 16 << 20  # bytes read per call when hashing a file
 # File names a checkpoint may list: plain names inside its own folder (no separators, no "..",
 # nothing hidden), so an index can never point outside the folder it lives in.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -81,32 +80,6 @@ def open_member(path: Path):
     """Open a file :func:`member` returned, refusing a symlink swapped in since (``O_NOFOLLOW``)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     return os.fdopen(fd, "rb", buffering=0)
-
-
-def file_digest(path: Path) -> tuple[int, str]:
-    """(size, checksum) of a file, read in blocks."""
-    h = hasher()
-    size = 0
-    buf = bytearray(_BLOCK)
-    view = memoryview(buf)
-    with open_member(path) as f:
-        while True:
-            n = f.readinto(view)
-            if not n:
-                break
-            h.update(view[:n])
-            size += n
-    return size, h.hexdigest()
-
-
-def check_file(path: Path, size: int, checksum: str) -> None:
-    """Raise :class:`CorruptFile` unless ``path`` has this size and checksum."""
-    actual = os.lstat(path).st_size
-    if actual != size:
-        raise CorruptFile(path, f"{actual} bytes, the checkpoint recorded {size} (truncated or replaced)")
-    _, got = file_digest(path)
-    if got != checksum:
-        raise CorruptFile(path, f"checksum mismatch ({HASH_NAME} {got}, recorded {checksum}): the file changed after it was written")
 
 
 # ------------------------------------------------------------------------------------- sealed JSON
@@ -175,10 +148,8 @@ __all__ = [
     "HASH_NAME",
     "CheckpointError",
     "CorruptFile",
-    "check_file",
     "check_name",
     "digest",
-    "file_digest",
     "hasher",
     "member",
     "naming_errors",

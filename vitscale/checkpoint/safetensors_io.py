@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from .geometry import shape_problem
 from .integrity import HASH_NAME, CorruptFile, hasher, naming_errors, read_json
 
 CHECKSUM_KEY = "vitscale.checksum"
@@ -172,6 +173,9 @@ def _check_table(path: Path, header: dict, data_len: int) -> list[tuple[str, tor
             raise CorruptFile(path, f"tensor {name[:80]!r} has an unknown dtype {str(e.get('dtype'))[:20]!r}")
         if not _ints(shape) or not _ints(offs) or len(offs) != 2 or offs[0] > offs[1]:
             raise CorruptFile(path, f"tensor {name[:80]!r} has a malformed shape or data_offsets")
+        why = shape_problem(shape, dtype.itemsize)
+        if why:
+            raise CorruptFile(path, f"tensor {name[:80]!r}: {why}")
         if offs[1] - offs[0] != nbytes(shape, dtype):
             raise CorruptFile(path, f"tensor {name[:80]!r}: {offs[1] - offs[0]} bytes for shape {shape[:8]} of {dtype}")
         entries.append((name, dtype, shape, offs[0]))

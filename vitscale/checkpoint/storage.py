@@ -42,11 +42,12 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from .finite import scan_file
+from .geometry import cover_problem, shape_problem, spans_problem
 from .integrity import (
     HASH_NAME,
     CheckpointError,
     CorruptFile,
-    check_file,
     check_name,
     member,
     open_member,
@@ -156,9 +157,10 @@ def _ints(x, n: int | None = None) -> bool:
 
 
 def read_index(path: Path) -> dict:
-    """The checkpoint's index, its seal and every field checked (:class:`CorruptFile` if not):
-    each chunk lies inside its tensor, its byte length matches its shape, and the chunks of a
-    tensor add up to the tensor (so what a reader allocates is bounded by what is on disk)."""
+    """The checkpoint's index, its seal and every field checked (:class:`CorruptFile` if not): no
+    shape overflows, each chunk's byte length matches its shape, and the chunks of a tensor tile it
+    exactly — inside it, disjoint, covering every element (:mod:`vitscale.checkpoint.geometry`), so
+    what a reader allocates is bounded by what is on disk and every element it hands out was read."""
     f = member(path, INDEX)
     idx = read_sealed_json(f, MAX_INDEX_BYTES)
 
@@ -178,26 +180,26 @@ def read_index(path: Path) -> dict:
     if not isinstance(tensors, dict):
         raise bad("no tensor table")
     for fqn, t in tensors.items():
-        if not isinstance(t, dict) or dtype_from_code(t.get("dtype")) is None or not _ints(t.get("shape")) or len(t["shape"]) > 32:
+        if not isinstance(t, dict) or dtype_from_code(t.get("dtype")) is None or not _ints(t.get("shape")):
             raise bad(f"tensor {fqn[:80]!r}: malformed dtype or shape")
         shape, dtype = t["shape"], dtype_from_code(t["dtype"])
+        why = shape_problem(shape, dtype.itemsize)
+        if why:
+            raise bad(f"tensor {fqn[:80]!r}: {why}")
         chunks = t.get("chunks")
         if not isinstance(chunks, list) or not chunks:
             raise bad(f"tensor {fqn[:80]!r}: no chunks")
-        covered = 0
         for c in chunks:
             if not isinstance(c, dict) or not _ints(c.get("offsets"), len(shape)) or not _ints(c.get("sizes"), len(shape)):
                 raise bad(f"tensor {fqn[:80]!r}: malformed chunk")
-            if any(o + s > d for o, s, d in zip(c["offsets"], c["sizes"], shape)):
-                raise bad(f"tensor {fqn[:80]!r}: a chunk reaches outside the tensor")
             if not isinstance(c.get("file"), str) or not _ints([c.get("start"), c.get("length")]):
                 raise bad(f"tensor {fqn[:80]!r}: malformed chunk location")
             check_name(path, c["file"])
             if c["length"] != nbytes(c["sizes"], dtype):
                 raise bad(f"tensor {fqn[:80]!r}: a chunk of {c['length']} bytes for sizes {c['sizes'][:8]}")
-            covered += math.prod(c["sizes"])
-        if covered != math.prod(shape):
-            raise bad(f"tensor {fqn[:80]!r}: its chunks hold {covered} elements, its shape {math.prod(shape)}")
+        why = cover_problem(shape, [(c["offsets"], c["sizes"]) for c in chunks])
+        if why:
+            raise bad(f"tensor {fqn[:80]!r}: {why}")
     paths = idx.get("paths", {})
     if not isinstance(paths, dict) or not all(
         isinstance(p, list) and p and all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in p) for p in paths.values()
@@ -221,18 +223,25 @@ def read_manifests(path: Path, idx: dict) -> dict[str, dict]:
                 raise CorruptFile(f, f"lists {fname[:80]!r}, which rank {files[fname]['rank']} also lists")
             check_name(path, fname)
             files[fname] = {**info, "rank": rank}
-    for t in idx["tensors"].values():
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for fqn, t in idx["tensors"].items():
         for c in t["chunks"]:
             info = files.get(c["file"])
             if info is None:
                 raise CorruptFile(path / str(c["file"])[:80], "holds tensor data but no manifest lists it")
             if c["start"] + c["length"] > info["bytes"]:
-                raise CorruptFile(path / c["file"], "a chunk reaches past the end of the file")
+                raise CorruptFile(path / c["file"], f"a chunk reaches past the end of the file (tensor {fqn[:80]!r})")
+            spans.setdefault(c["file"], []).append((c["start"], c["length"]))
+    for name, file_spans in spans.items():
+        why = spans_problem(file_spans)
+        if why:
+            raise CorruptFile(path / name, why)
     return files
 
 
 def verify(path: Path, *, keys: set[str] | None = None, share: tuple[int, int] = (0, 1), need: tuple[str, ...] = ()) -> tuple[dict | None, list[str]]:
-    """Check one checkpoint folder: index, manifests, then each file's size and checksum.
+    """Check one checkpoint folder: index, manifests, then each file's size and checksum, and in the
+    same read that its floating tensors are finite (:func:`vitscale.checkpoint.finite.scan_file`).
 
     ``keys``: only the files holding these top-level keys (e.g. ``{"model"}``) and ``need``; default
     every file. ``share=(rank, world)``: this process checksums every world-th file (the others the
@@ -251,6 +260,12 @@ def verify(path: Path, *, keys: set[str] | None = None, share: tuple[int, int] =
     else:
         selected = sorted({c["file"] for fqn, t in idx["tensors"].items() if fqn.split(".", 1)[0] in keys for c in t["chunks"]} | set(need) & set(files))
     rank, world = share
+    floats: dict[str, list] = {}  # file -> its floating chunks, checked finite in the checksum's read
+    for fqn, t in idx["tensors"].items():
+        dtype = dtype_from_code(t["dtype"])
+        if dtype.is_floating_point:
+            for c in t["chunks"]:
+                floats.setdefault(c["file"], []).append((c["start"], c["length"], dtype, fqn))
     for i, name in enumerate(selected):
         p = path / name
         try:
@@ -259,7 +274,7 @@ def verify(path: Path, *, keys: set[str] | None = None, share: tuple[int, int] =
             if size != files[name]["bytes"]:
                 raise CorruptFile(p, f"{size} bytes, the checkpoint recorded {files[name]['bytes']} (truncated or replaced)")
             if i % world == rank:
-                check_file(p, files[name]["bytes"], files[name][HASH_NAME])
+                scan_file(p, files[name]["bytes"], files[name][HASH_NAME], floats.get(name, []))
         except CorruptFile as e:
             problems.append(str(e))
         except OSError as e:
@@ -366,11 +381,13 @@ def read_full(path: Path, idx: dict, fqns: list[str]) -> dict[str, torch.Tensor]
     for fqn in fqns:
         for c in idx["tensors"][fqn]["chunks"]:
             per_file.setdefault(c["file"], []).append((c["start"], fqn, c))
+    filled = dict.fromkeys(fqns, 0)
     for name, items in per_file.items():
         file = member(path, name)
         items.sort(key=lambda x: x[0])
         with open_member(file) as fh:
             for _, fqn, c in items:
+                filled[fqn] += math.prod(c["sizes"])
                 dst = out[fqn]
                 if list(dst.shape) == c["sizes"]:  # the whole tensor in one chunk: read in place
                     _read_chunk(fh, c, dst.dtype, file, out=dst)
@@ -379,6 +396,9 @@ def read_full(path: Path, idx: dict, fqns: list[str]) -> dict[str, torch.Tensor]
                 for dim, (o, n) in enumerate(zip(c["offsets"], c["sizes"])):
                     view = view.narrow(dim, o, n)
                 view.copy_(_read_chunk(fh, c, dst.dtype, file))
+    for fqn, n in filled.items():  # read_index proved the chunks disjoint: every element was read once
+        if n != out[fqn].numel():
+            raise CorruptFile(path / INDEX, f"tensor {fqn[:80]!r}: its chunks fill {n} of {out[fqn].numel()} elements")
     return out
 
 

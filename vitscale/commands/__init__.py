@@ -1,4 +1,6 @@
-"""One module per CLI command; each exposes ``register(subparsers)``."""
+"""One module per CLI command; each exposes ``HELP`` (its line in ``vitscale --help``) and
+``register(subparsers)`` (``vitscale.cli`` calls it only for the command being run, so what it
+imports costs nothing to the other commands)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,18 @@ import typing
 def field_choices(cls: type, name: str) -> tuple[str, ...]:
     """The choices of a config field (its ``Literal[...]`` type), for an option that mirrors it."""
     return typing.get_args(typing.get_type_hints(cls)[name])
+
+
+OVERRIDES_HELP = "dotted config overrides, e.g. optim.lr=1e-3 (vitscale config lists the groups and their fields)"
+
+
+def add_overrides(p: argparse.ArgumentParser, dest: str = "overrides", *, nargs: str = "*", metavar: str = "key=value",
+                  help: str = OVERRIDES_HELP) -> None:  # fmt: skip
+    """Add the positional argument of a command's dotted config overrides. ``vitscale.cli`` also gives it
+    the ``key=value`` arguments that follow an option, and answers an option that names a config field
+    (``--lr 1e-3``) with the override to write (``optim.lr=1e-3``)."""
+    p.add_argument(dest, nargs=nargs, metavar=metavar, help=help)
+    p.set_defaults(overrides_dest=dest)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

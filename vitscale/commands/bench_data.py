@@ -6,13 +6,15 @@ import sys
 
 from . import DefaultsHelpFormatter
 
+HELP = "benchmark JPEG decode + RandomResizedCrop + flip against torchvision (per core)"
+
 
 def register(subparsers) -> None:
     from vitscale.bench import data_pipeline
 
     p = subparsers.add_parser(
         "bench-data",
-        help="benchmark JPEG decode + RandomResizedCrop + flip against torchvision (per core)",
+        help=HELP,
         description=data_pipeline.__doc__,
         formatter_class=DefaultsHelpFormatter,
     )

@@ -16,10 +16,13 @@ its safetensors metadata. Examples:
 """
 
 
+HELP = "consolidate a distributed (DCP) checkpoint into safetensors"
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "convert",
-        help="consolidate a distributed (DCP) checkpoint into safetensors",
+        help=HELP,
         description="Consolidate a torch.distributed.checkpoint training checkpoint (one shard per rank) "
         "into a single safetensors file (or several with an index for very large models).",
         epilog=EPILOG,

@@ -6,13 +6,15 @@ import json
 import os
 import sys
 
-from . import HelpFormatter
+from . import HelpFormatter, add_overrides
+
+HELP = "evaluate a checkpoint on the val split (top-1 / top-5 / loss)"
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "eval",
-        help="evaluate a checkpoint on the val split (top-1 / top-5 / loss)",
+        help=HELP,
         description="Evaluate weights on the config's validation data. checkpoint.path may be a run "
         "folder (newest checkpoint, else model.safetensors), a checkpoints/ folder, a step_N folder or a "
         ".safetensors file. Under torchrun the model takes the parallel.* layout (FSDP, TP) and the "
@@ -25,20 +27,16 @@ def register(subparsers) -> None:
         "         torchrun --nproc-per-node 8 -m vitscale eval runs/vit_b16/config.yaml checkpoint.path=runs/vit_b16",
     )
     p.add_argument("config", help="YAML path or built-in config name (model and data)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    add_overrides(p)
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     p.add_argument("--output", help="also write the metrics to this JSON file")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from vitscale.config import ConfigError, load_config
+    from vitscale.config import load_config
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"vitscale eval: config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)  # a config error: one line, exit code 2 (vitscale.cli)
     if not cfg.checkpoint.path:
         print("vitscale eval: set checkpoint.path=PATH (run folder, step folder or .safetensors)", file=sys.stderr)
         return 2

@@ -17,6 +17,9 @@ the rest = activations of one micro-batch, FSDP's all-gathered units and a 1 GiB
 """
 
 
+HELP = "estimate memory per GPU for a model and parallel layout"
+
+
 def register(subparsers) -> None:
     from ..config.schema import OptimConfig
     from ..distributed.config import ParallelConfig
@@ -24,7 +27,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "memory",
-        help="estimate memory per GPU for a model and parallel layout",
+        help=HELP,
         description="Estimate the memory per rank of training MODEL under a parallel layout.",
         epilog=EPILOG,
         formatter_class=HelpFormatter,

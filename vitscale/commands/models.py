@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 
+HELP = "list the model zoo"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "models",
-        help="list the model zoo",
+        help=HELP,
         description="Print every registered model: parameters (counted on the meta device, nothing is "
-        "allocated), forward GFLOPs per sample (2 FLOPs per multiply-add, attention included; CLIP: image + text "
-        "tower), image size, patch.",
+        "allocated), forward GFLOPs per sample as inference runs it (2 FLOPs per multiply-add, attention "
+        "included; CLIP: image + text tower; the count behind MFU, see docs/benchmarks.md), image size, patch.",
     )
     p.add_argument("pattern", nargs="?", default=None, help="glob filter, e.g. 'vit_*'")
     p.add_argument("--family", default=None, help="only this family (vit, clip, volo, naflex)")
@@ -21,8 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def model_rows(pattern: str | None = None, family: str | None = None) -> list[dict]:
-    from ..models.registry import create_model, get_family, list_models
-    from ..tools.flops import flops
+    from ..models.registry import create_model, forward_flops, get_family, list_models
 
     rows = []
     for name in list_models(pattern, family):
@@ -32,7 +33,7 @@ def model_rows(pattern: str | None = None, family: str | None = None) -> list[di
         cfg = fam.variants[name]
         img, patch = cfg.img_h, cfg.patch_dim  # CLIP: its vision tower's
         try:
-            gflops = flops(model) / 1e9
+            gflops = forward_flops(model) / 1e9
         except (TypeError, NotImplementedError):
             gflops = None
         rows.append(dict(name=name, family=fam.name, params_m=n / 1e6, gflops=gflops, img_size=img, patch=patch))

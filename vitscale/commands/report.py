@@ -22,10 +22,13 @@ each evaluation and at the end of the run; this command redraws it from the run 
 """
 
 
+HELP = "write a run's HTML report (training curves, settings, summary), or compare runs"
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "report",
-        help="write a run's HTML report (training curves, settings, summary), or compare runs",
+        help=HELP,
         description="Draw the training curves (loss, learning rate, validation metrics, img/s, MFU; "
         "zero-shot and retrieval for CLIP) of a run folder as PNG plots, with the run's settings, "
         "environment and summary, in one HTML file.",

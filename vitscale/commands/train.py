@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from . import HelpFormatter
+from . import HelpFormatter, add_overrides
 
 EPILOG = """\
 CONFIG is a YAML file or a built-in name (digits_vit, imagenet_vit_b16, ...). Overrides are dotted
@@ -18,10 +16,13 @@ run on a folder in use is refused.
 """
 
 
+HELP = "train a model (config + dotted overrides)"
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
-        help="train a model (config + dotted overrides)",
+        help=HELP,
         description="Train a model. Writes config.yaml, train.log (what the run printed), metrics.jsonl, "
         "summary.json (results, versions, devices, layout, times, command line), checkpoints/, "
         "model.safetensors, report.html and tb/ (TensorBoard, when installed) into train.output_dir, and "
@@ -30,7 +31,7 @@ def register(subparsers) -> None:
         formatter_class=HelpFormatter,
     )
     p.add_argument("config", help="YAML path or built-in config name")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    add_overrides(p)
     p.add_argument("--print-config", action="store_true", help="print the resolved config (as the run's "
                    "config.yaml will hold it) and exit")
     p.add_argument("--json", action="store_true", help="end with summary.json's contents as JSON instead of the "
@@ -39,13 +40,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from vitscale.config import ConfigError, dump_config, load_config
+    from vitscale.config import dump_config, load_config
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"vitscale train: config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)  # a config error: one line, exit code 2 (vitscale.cli)
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0

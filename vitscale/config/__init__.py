@@ -5,14 +5,16 @@ from .load import (
     config_from_dict,
     config_to_dict,
     dump_config,
+    eval_entries,
     find_config,
     load_config,
+    replace_fields,
     run_config_dict,
     save_config,
 )
-from .schema import Config
+from .schema import Config, config_class
 
 __all__ = [
-    "Config", "ConfigError", "config_from_dict", "config_to_dict", "dump_config", "find_config", "load_config",
-    "run_config_dict", "save_config",
+    "Config", "ConfigError", "config_class", "config_from_dict", "config_to_dict", "dump_config", "eval_entries", "find_config",
+    "load_config", "replace_fields", "run_config_dict", "save_config",
 ]  # fmt: skip

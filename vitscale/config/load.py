@@ -9,6 +9,7 @@ choices (its ``Literal[...]`` type in the schema, the one place the choices are 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
@@ -20,7 +21,8 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from .schema import Config
+from ..safe_yaml import YAMLLimitError, load_yaml, read_yaml
+from .schema import Config, config_class
 
 
 # ---------------------------------------------------------------------------------------- finding
@@ -68,8 +70,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} has an empty key")
     try:
-        value = "" if raw == "" else yaml.safe_load(raw)
-    except yaml.YAMLError:
+        value = "" if raw == "" else load_yaml(raw, f"override {key}")
+    except YAMLLimitError:
+        raise
+    except ConfigError:  # not YAML: the text as it is
         value = raw
     return key.split("."), value
 
@@ -112,12 +116,35 @@ def _suggest(path: str, valid_here: list[str], prefix: str) -> str:
     close = difflib.get_close_matches(leaf, valid_here, n=1, cutoff=0.6)
     if close:
         return f"; did you mean {prefix + close[0]!r}?"
-    everything = _all_keys(Config)
+    everything = _all_keys(config_class())
     by_leaf = [k for k in everything if k.rsplit(".", 1)[-1] == leaf]
     if by_leaf:
         return f"; did you mean {by_leaf[0]!r}?"
     close = difflib.get_close_matches(path, everything, n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else f"; valid keys here: {', '.join(valid_here)}"
+
+
+def option_hint(args: list[str]) -> str | None:
+    """For command-line options that name a config field — ``--lr 1e-3``, ``--optim.lr=1e-3``,
+    ``--max-steps 5`` (by the field's dotted key or its last part) — the override to write instead
+    (``"--lr 1e-3 is not an option: write optim.lr=1e-3"``); None when no option names a field."""
+    keys = _all_keys(config_class())  # the tasks' groups included
+    fields = [k for k in keys if not any(o.startswith(k + ".") for o in keys)]  # not the groups
+    i = 0
+    while i < len(args):
+        given, i = args[i], i + 1
+        if not given.startswith("--"):
+            continue
+        name, eq, value = given[2:].partition("=")
+        if not eq and i < len(args) and not args[i].startswith("--"):
+            value, given, i = args[i], f"{given} {args[i]}", i + 1
+        key = name.replace("-", "_")
+        found = [key] if key in fields or key.startswith("model.") else [k for k in fields if k.rsplit(".", 1)[-1] == key]
+        if found:
+            value = value or "VALUE"
+            more = f" (or {', '.join(f'{k}={value}' for k in found[1:])})" if len(found) > 1 else ""
+            return f"{given} is not an option: write {found[0]}={value}{more}"
+    return None
 
 
 def _type_name(tp: Any) -> str:
@@ -150,6 +177,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             return value
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        if hasattr(tp, "kind_config"):  # an entry whose fields depend on its kind (an evaluator of ``evals``)
+            try:
+                tp = tp.kind_config(value.get("kind"))
+            except ConfigError as e:
+                raise ConfigError(f"{path}.{e}") from None
         return _build(tp, value, path + ".")
     if origin in (tuple, list):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and args and args[-1] is Ellipsis:
@@ -251,11 +283,97 @@ def _route_model_keys(tree: dict) -> None:
     model["overrides"] = overrides
 
 
+def _route_data_keys(tree: dict) -> None:
+    """Build ``data.options`` from the ``data.<field>`` keys of the format's own fields
+    (``vitscale.data.formats``: a format declares them in its module), checked like any other key."""
+    data = tree.get("data")
+    if data is None:
+        data = tree["data"] = {}
+    if isinstance(data, dict):  # else _build names the wrong type
+        _route_data(data, "data.")
+
+
+def _route_data(data: dict, prefix: str) -> None:
+    """``_route_data_keys`` of one ``data`` mapping; errors name ``prefix`` + the key."""
+    from vitscale.data.config import DataConfig
+    from vitscale.data.formats import get_format, option_fields, owners
+
+    name = data.get("format", DataConfig.format)
+    fmt = get_format(name)  # ConfigError naming the known formats
+    own = [f.name for f in dataclasses.fields(DataConfig) if f.name != "options"]
+    theirs = option_fields(fmt)
+    options = data.pop("options", None) or {}
+    if not isinstance(options, dict):
+        raise ConfigError(f"{prefix}options: expected a mapping, got {options!r}")
+    for key in list(data):
+        if key in own:
+            continue
+        if key in theirs:
+            options[key] = data.pop(key)
+            continue
+        others = owners(key)
+        if others:
+            raise ConfigError(f"{prefix}{key} is a field of data.format={' / '.join(others)}, not of data.format={name}: "
+                              f"remove it or change data.format")  # fmt: skip
+        close = difflib.get_close_matches(key, own + theirs, n=1, cutoff=0.6)
+        hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown config key '{prefix}{key}' (data.format={name}){hint}")
+    data["options"] = _build(fmt.options, options, prefix) if fmt.options is not None else None
+
+
 # ---------------------------------------------------------------------------------------- public
+def replace_fields(obj: Any, changes: dict, prefix: str = "") -> Any:
+    """The config dataclass ``obj`` with ``changes`` (a mapping of its fields, nested groups as
+    mappings) applied and checked as the loader checks a YAML's: unknown keys and wrong types refused,
+    naming ``prefix`` + the key. A ``DataConfig`` takes the fields of its (new) format, as the
+    loader routes them; the old format's own fields the new one lacks are dropped."""
+    from vitscale.data.config import DataConfig
+
+    tree = _merge(config_to_dict(obj), copy.deepcopy(changes))
+    if not isinstance(obj, DataConfig):
+        return _build(type(obj), tree, prefix)
+    if tree.get("format") != obj.format:
+        from vitscale.data.formats import get_format, option_fields
+
+        new = set(option_fields(get_format(tree.get("format"))))
+        for key in option_fields(get_format(obj.format)):
+            if key not in new and key not in changes:
+                tree.pop(key, None)
+    _route_data(tree, prefix)
+    return _build(DataConfig, tree, prefix)
+
+
+def eval_entries(items: list[dict], key: str = "evals") -> tuple:
+    """``evals:`` entries (mappings, as in a YAML) as their evaluators' typed configs, checked: each
+    named (``name`` left out: its evaluator's default prefix), no two under one name."""
+    from vitscale.eval.evaluator import EvaluatorConfig
+
+    return _named(_coerce(list(items), tuple[EvaluatorConfig, ...], key), key)
+
+
+def _named(entries: tuple, key: str) -> tuple:
+    from vitscale.eval.evaluator import check_entries, metric_prefix
+
+    entries = tuple(dataclasses.replace(e, name=metric_prefix(e)) for e in entries)
+    check_entries(entries, key)
+    return entries
+
+
+def _check_evals(cfg: Config) -> None:
+    """``evals`` entries named and under distinct names; each entry's ``data`` changes are ``data.*``
+    settings."""
+    cfg.evals = _named(cfg.evals, "evals")
+    for i, entry in enumerate(cfg.evals):
+        if entry.data:
+            replace_fields(cfg.data, entry.data, f"evals[{i}].data.")
+
+
 def config_from_dict(tree: dict) -> Config:
-    tree = _merge({}, tree)
+    tree = copy.deepcopy(tree)  # the routing below moves keys: the caller's tree stays as it was
     _route_model_keys(tree)
-    cfg = _build(Config, tree)
+    _route_data_keys(tree)
+    cfg = _build(config_class(), tree)
+    _check_evals(cfg)
     # Validates the model overrides' values (types and the variant's own checks) before anything runs.
     from vitscale.models.registry import get_model_config
 
@@ -263,6 +381,12 @@ def config_from_dict(tree: dict) -> Config:
         get_model_config(cfg.model.name, **cfg.model.overrides)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from e
+    # Formats and tasks register themselves (the schema's str cannot list them): asked here (the format
+    # by _route_data_keys, through its registry), so an unknown one is a config error before anything runs.
+    from vitscale.tasks import get_task
+
+    if cfg.train.task is not None:
+        get_task(cfg.train.task)
     return cfg
 
 
@@ -271,8 +395,7 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
     tree: dict = {}
     if name_or_path:
         path = find_config(name_or_path)
-        with open(path) as f:
-            loaded = yaml.safe_load(f) or {}
+        loaded = read_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config groups")
         tree = loaded
@@ -283,9 +406,14 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
 
 
 def config_to_dict(cfg: Any) -> dict:
-    """The config as plain YAML-able data (tuples become lists)."""
+    """The config as plain YAML-able data (tuples become lists; a data format's own fields beside the
+    other ``data`` fields, as they are written)."""
+    from vitscale.data.config import DataConfig
 
     def plain(v: Any) -> Any:
+        if isinstance(v, DataConfig):
+            tree = {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v) if f.name != "options"}
+            return tree | (plain(v.options) if v.options is not None else {})
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
         if isinstance(v, (list, tuple)):
@@ -297,31 +425,19 @@ def config_to_dict(cfg: Any) -> dict:
     return plain(cfg)
 
 
-# Groups that only some tasks read (train.task, else the model family's task): a run's config.yaml
-# leaves them out for the other tasks.
-TASK_GROUPS: dict[str, tuple[str, ...]] = {
-    "clip": ("contrastive",),
-    "token_label": ("token_labeling",),
-    "teacher": ("token_labeling",),
-}
-
-
 def run_config_dict(cfg: Config) -> dict:
     """The config as a run's ``config.yaml`` holds it: :func:`config_to_dict` without the groups its
-    task does not read (``TASK_GROUPS``: no ``clip`` group in a ViT classification run) and the
-    ``data`` fields its format does not read (``vitscale.data.config.FORMAT_FIELDS``). Loading it
-    back gives the defaults there, which the run never read: the same run."""
-    from vitscale.data.config import FORMAT_FIELDS
+    task does not read (the other tasks' ``config_groups``: no ``clip`` group in a ViT classification
+    run); its ``data`` group holds the fields of its format only. Loading it back gives the defaults
+    there, which the run never read: the same run."""
     from vitscale.models.registry import get_family
+    from vitscale.tasks import task_groups
 
     tree = config_to_dict(cfg)
     task = cfg.train.task or get_family(cfg.model.name).task
-    for group, tasks in TASK_GROUPS.items():
+    for group, (_, tasks) in task_groups().items():
         if task not in tasks:
             tree.pop(group, None)
-    for key, formats in FORMAT_FIELDS.items():
-        if cfg.data.format not in formats:
-            tree["data"].pop(key, None)
     return tree
 
 
@@ -335,6 +451,10 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     ``load_config(path)``). The one writer of config.yaml."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(dump_config(cfg))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(dump_config(cfg))
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interruption: no temporary file left in the run folder
+        tmp.unlink(missing_ok=True)
+        raise

@@ -3,19 +3,21 @@
 The dataclasses are the truth: ``vitscale.config.load`` merges defaults <- YAML <- dotted overrides
 into them, refusing unknown keys (with the closest valid key) and wrong types (naming the field).
 Groups that belong to one part of vitscale live beside it and are fields of ``Config`` here: ``data``
-(``vitscale/data/config.py``), ``parallel`` and ``precision`` (``vitscale/distributed/config.py``),
-``clip``, ``token_label`` and ``teacher`` (``vitscale/tasks/*_config.py``).
+(``vitscale/data/config.py``), ``parallel`` and ``precision`` (``vitscale/distributed/config.py``).
+The groups of the tasks (``clip``, ``token_label``, ``teacher``, a plug-in's) are declared by each
+task (``Task.config_groups``) and join the root in :func:`config_class`; the entries of ``evals`` are
+each evaluator's own config (``vitscale.eval.evaluator``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vitscale.data.config import DataConfig
 from vitscale.distributed.config import CompileMode, ParallelConfig, PrecisionConfig
-from vitscale.tasks.contrastive_config import ClipConfig
-from vitscale.tasks.token_labeling_config import TeacherConfig, TokenLabelConfig
+from vitscale.eval.evaluator import EvaluatorConfig
 
 SdpaChoice = Literal["auto", "flash", "cudnn", "efficient", "math", "default"]
 """``train.sdpa`` / ``vitscale bench --sdpa``: the attention backends (``vitscale.train.fastpath``)."""
@@ -159,12 +161,13 @@ class CheckpointConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation on the val split."""
+    """Evaluation on the val split when ``evals:`` is empty (the task's default evaluations), and the
+    probes of ``vitscale eval``."""
 
     every: int = 0
-    """Evaluate every N steps; 0 = only at the end."""
+    """Evaluate every N steps; 0 = only at the end (the task's default evaluations)."""
     batch_size: int = 256
-    """Per-rank evaluation batch size."""
+    """Per-rank evaluation batch size (of every evaluation that sets none)."""
     probe: Literal["none", "linear", "fewshot"] = "none"
     """``vitscale eval`` on frozen pre-logits features (``forward_head(forward_features(x),
     pre_logits=True)``; CLIP: the image embedding) instead of the model's own head: none | linear
@@ -226,12 +229,29 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoints."""
     eval: EvalConfig = field(default_factory=EvalConfig)
-    """Evaluation."""
+    """Evaluation (the task's default evaluations when ``evals`` is empty; ``vitscale eval`` probes)."""
+    evals: tuple[EvaluatorConfig, ...] = ()
+    """The run's evaluations, each ``{kind, name, every, data, split, ...}`` (``kind``: a registered
+    evaluator; its metrics logged as ``<name>_<metric>``; docs/training.md, "Evaluations"); empty =
+    the task's default evaluations on the val split (``eval.every``)."""
     log: LogConfig = field(default_factory=LogConfig)
     """Logging."""
-    token_label: TokenLabelConfig = field(default_factory=TokenLabelConfig)
-    """Token labeling: dense teacher labels and MixToken (train.task=token_labeling)."""
-    teacher: TeacherConfig = field(default_factory=TeacherConfig)
-    """The teacher of ``vitscale label-tokens``."""
-    clip: ClipConfig = field(default_factory=ClipConfig)
-    """Contrastive image-text training and zero-shot / retrieval evaluation (train.task=contrastive)."""
+
+
+_CLASSES: dict[tuple, type] = {}
+
+
+def config_class() -> type[Config]:
+    """The root config with every registered task's config groups as fields (a subclass of
+    :class:`Config`, rebuilt when a plug-in task registers a new group), as torchtitan's
+    ``ConfigManager`` merges a custom job config into its own. ``config_class()()`` is the defaults."""
+    from vitscale.tasks import task_groups
+
+    groups = task_groups()
+    key = tuple((name, cls) for name, (cls, _) in groups.items())
+    if key not in _CLASSES:
+        fields = [(name, cls, field(default_factory=cls)) for name, (cls, _) in groups.items()]
+        merged = dataclasses.make_dataclass("Config", fields, bases=(Config,))
+        merged.__doc__, merged.__module__ = Config.__doc__, __name__
+        _CLASSES[key] = merged
+    return _CLASSES[key]

@@ -1,10 +1,13 @@
-"""The input pipeline: datasets (digits, image folders, synthetic), keyed transforms, resumable loaders.
+"""The input pipeline: data formats, keyed transforms, resumable loaders.
 
 ``build_loaders(cfg.data, img_size=..., num_channels=..., seed=..., micro_batch_size=...,
-eval_batch_size=..., rank=..., world_size=...) -> Loaders``; see ``docs/data.md``.
+eval_batch_size=..., rank=..., world_size=...) -> Loaders``; ``build_loader(cfg.data, split, ...)`` for
+one split of any format; a format is a plug-in (``vitscale.data.formats``). See ``docs/data.md``.
 """
 
-from .build import Loaders, build_loaders, register_format
+from .build import Loaders, SplitLoader, build_loader, build_loaders
 from .config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
+from .formats import DataFormat, Split, get_format, register_format
 
-__all__ = ["DataConfig", "Loaders", "build_loaders", "register_format", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["DataConfig", "DataFormat", "Loaders", "Split", "SplitLoader", "build_loader", "build_loaders",
+           "get_format", "register_format", "IMAGENET_MEAN", "IMAGENET_STD"]

@@ -1,33 +1,25 @@
-"""``build_loaders``: the one entry point the trainer uses (see docs/data.md)."""
+"""The loaders of a run: :func:`build_loader` (one split of any format) and :func:`build_loaders` (a
+run's train and val loaders), the entry points of the trainer, evaluation and labeling (docs/data.md).
+
+The format (``data.format``, :mod:`vitscale.data.formats`) gives the samples of a split; everything
+else is shared: keyed sampling and augmentation, sharding over ranks, resume, bad-file counting.
+"""
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from ..errors import CheckError
-from . import digits as digits_mod
-from .config import FORMATS, DataConfig
+from .config import DataConfig
 from .dataset import KeyedDataset
-from .loader import BadFileReporter, ResumableLoader
+from .formats import SPLITS, get_format
+from .loader import BadFileReporter, ResumableLoader, skip_summary
 from .sampler import EvalShardSampler, ShardedBatchSampler
-from .sources import SyntheticSource, TensorSource
 from .transforms import SampleTransform
-
-SYNTHETIC_DEFAULT_CLASSES = 1000
-
-# Formats added by other modules: name -> fn(cfg, img_size, num_channels, seed) returning
-# (train_source, val_source or None, num_classes, class_names). A source has ``__len__`` and
-# ``sample(index, epoch, transform) -> vitscale.data.sources.Sample`` (``Sample.extra`` adds batch
-# fields, e.g. caption tokens). ``vitscale.data.<format>`` is imported on first use to register it.
-_FORMATS: dict = {}
-
-
-def register_format(name: str, sources_fn) -> None:
-    """Add ``data.format=<name>`` (see ``_FORMATS``); the keyed sampler / transforms / loader are reused."""
-    _FORMATS[name] = sources_fn
 
 
 @dataclass
@@ -40,35 +32,85 @@ class Loaders:
     num_classes: int
     class_names: list[str]
 
+    def skips(self, group=None) -> dict:
+        """The run's skipped files and shards, training and validation, over the ranks (every rank
+        calls it): ``{"skipped_files": n, "skipped_shards": [...]}`` (:func:`skip_summary`)."""
+        return skip_summary(self.train.reporter, group)
 
-def _sources(cfg: DataConfig, img_size, num_channels: int, seed: int):
-    """-> (train_source, val_source or None, num_classes, class_names)."""
-    fmt = cfg.format
-    if fmt == "digits":
-        tr = TensorSource(*digits_mod.load_digits_split("train", num_channels))
-        va = TensorSource(*digits_mod.load_digits_split("val", num_channels))
-        return tr, va, digits_mod.NUM_CLASSES, list(digits_mod.CLASS_NAMES)
-    if fmt == "synthetic":
-        nc = cfg.num_classes or SYNTHETIC_DEFAULT_CLASSES
-        tr = SyntheticSource(cfg.synthetic_size, nc, img_size, num_channels, seed)
-        n_val = int(round(cfg.synthetic_size * cfg.val_split))
-        # the val set uses another key so its images differ from the training images
-        va = SyntheticSource(n_val, nc, img_size, num_channels, seed + 1_000_003) if n_val > 0 else None
-        return tr, va, nc, [str(i) for i in range(nc)]
-    if fmt == "imagefolder":
-        from .imagefolder import imagefolder_sources
 
-        return imagefolder_sources(cfg)
-    if fmt not in _FORMATS and isinstance(fmt, str) and fmt.isidentifier():
-        try:
-            importlib.import_module(f"vitscale.data.{fmt}")
-        except ModuleNotFoundError as e:
-            if e.name != f"vitscale.data.{fmt}":
-                raise
-    if fmt in _FORMATS:
-        return _FORMATS[fmt](cfg, img_size, num_channels, seed)
-    known = sorted(set(FORMATS) | set(_FORMATS))
-    raise ValueError(f"unknown data.format {fmt!r}; expected one of {known}")
+class SplitLoader(NamedTuple):
+    loader: ResumableLoader
+    """This rank's batches of the split."""
+    class_names: list[str]
+    """The split's classes (``classes`` when they were given)."""
+    num_classes: int
+
+
+def _size(cfg_data: DataConfig, img_size) -> tuple[int, int]:
+    if cfg_data.img_size:
+        return int(cfg_data.img_size), int(cfg_data.img_size)
+    return int(img_size[0]), int(img_size[1])
+
+
+def build_loader(
+    cfg_data: DataConfig,
+    split: str = "val",
+    *,
+    img_size: tuple[int, int],
+    num_channels: int,
+    seed: int,
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    augment: bool = False,
+    drop_last: bool = True,
+    device: torch.device | str | None = None,
+    classes: list[str] | None = None,
+    reporter: BadFileReporter | None = None,
+    tokenize: Callable[[list[str]], torch.Tensor] | None = None,
+) -> SplitLoader | None:
+    """This rank's loader of ``split`` (``train`` / ``val``) of the data ``cfg_data`` points at (any
+    format and path), or None when the dataset has no such split.
+
+    ``augment``: shuffled keyed epochs with the training augmentation, ``batch_size`` images per rank
+    (``drop_last``); otherwise the split in order, unaugmented, in whole batches of ``batch_size`` dealt
+    to the ranks (:class:`EvalShardSampler`). ``classes``: the class names the labels must be mapped
+    to (a trained model's, or the training split's), None to take the split's own. ``tokenize``: texts
+    -> token ids ``(N, L)``, the model family's tokenizer (``FamilySpec.create_tokenizer``, handed over
+    by the run assembly): a format with captions puts the ids in ``batch["text"]``; None = no caption
+    tokens (a run that reads no text).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    fmt = get_format(cfg_data.format)
+    if fmt.check is not None:
+        fmt.check(cfg_data)
+    size = _size(cfg_data, img_size)
+    text = {"tokenize": tokenize} if fmt.captions else {}
+    data = fmt.split(cfg_data, split, img_size=size, num_channels=num_channels, seed=seed, classes=classes, **text)
+    if data is None or (not hasattr(data.source, "build_loader") and len(data.source) == 0):
+        return None
+    reporter = reporter or BadFileReporter()
+    common = dict(
+        mean=cfg_data.mean, std=cfg_data.std, device=device, reporter=reporter,
+        num_workers=cfg_data.num_workers, pin_memory=cfg_data.pin_memory,
+        persistent_workers=cfg_data.persistent_workers, prefetch_factor=cfg_data.prefetch_factor,
+    )  # fmt: skip
+    tf = SampleTransform(cfg_data, size, num_channels, seed, train=augment)
+    src = data.source
+    if not augment and hasattr(src, "leave_out_bad"):  # an evaluation leaves bad files out, never duplicates
+        src.leave_out_bad = True
+    if hasattr(src, "build_loader"):  # streaming sources build their own loader (in stream order)
+        loader = src.build_loader(tf, micro_batch_size=batch_size, rank=rank, world_size=world_size,
+                                  drop_last=drop_last, **common)  # fmt: skip
+    elif augment:
+        sampler = ShardedBatchSampler(len(src), batch_size, seed=seed, rank=rank, world_size=world_size,
+                                      shuffle=True, drop_last=drop_last)  # fmt: skip
+        loader = ResumableLoader(KeyedDataset(src, tf), sampler, **common, across_epochs=cfg_data.prefetch_across_epochs)
+    else:
+        sampler = EvalShardSampler(len(src), batch_size, rank=rank, world_size=world_size)
+        loader = ResumableLoader(KeyedDataset(src, tf), sampler, **common)
+    return SplitLoader(loader, list(data.class_names), int(data.num_classes))
 
 
 def build_loaders(
@@ -84,48 +126,39 @@ def build_loaders(
     drop_last: bool = True,
     device: torch.device | str | None = None,
     train_augment: bool = True,
+    classes: list[str] | None = None,
+    tokenize: Callable[[list[str]], torch.Tensor] | None = None,
 ) -> Loaders:
-    """Build this rank's train and val loaders.
+    """Build this rank's train and val loaders (:func:`build_loader` of each split).
 
     ``img_size`` is the model's (H, W) unless ``cfg_data.img_size`` overrides it. Batches are dicts
     ``{"image": float (B, C, H, W) normalised, "label": long (B,), "index": long (B,), "skipped": int,
     "crop": float (B, 4), "flip": bool (B,)}``. With ``device``, batches are moved there and
     normalised there (uint8 crosses the host->device copy). ``train_augment=False`` reads the train
     split like val: in order, unaugmented, ``micro_batch_size`` images a batch (``label-tokens``,
-    probes; a streaming source: in stream order).
+    probes; a streaming source: in stream order). ``classes``: a trained model's class names, which
+    the labels of both splits are mapped to (None: the training split's). ``tokenize``: the model
+    family's tokenizer for formats with captions (see :func:`build_loader`).
     """
-    if cfg_data.img_size:
-        img_size = (int(cfg_data.img_size), int(cfg_data.img_size))
-    img_size = (int(img_size[0]), int(img_size[1]))
-    train_src, val_src, num_classes, class_names = _sources(cfg_data, img_size, num_channels, seed)
-    if cfg_data.num_classes and cfg_data.format != "synthetic":
+    reporter = BadFileReporter()  # shared by train and val: one warning per bad file per run
+    common = dict(img_size=img_size, num_channels=num_channels, seed=seed, rank=rank, world_size=world_size,
+                  device=device, reporter=reporter, tokenize=tokenize)  # fmt: skip
+    train = build_loader(cfg_data, "train", batch_size=micro_batch_size, augment=train_augment, drop_last=drop_last,
+                         classes=classes, **common)  # fmt: skip
+    if train is None:
+        raise CheckError(f"data.format={cfg_data.format}: the training split has no samples "
+                         f"(data.train_path={cfg_data.train_path})")  # fmt: skip
+    val = build_loader(cfg_data, "val", batch_size=eval_batch_size, classes=train.class_names, **common)
+    num_classes = train.num_classes
+    if cfg_data.num_classes:
         if cfg_data.num_classes < num_classes:
             raise CheckError(
                 f"data.num_classes={cfg_data.num_classes} but the dataset has {num_classes} classes: leave data.num_classes "
                 f"out to take the count from the data, or set it to at least {num_classes}"
             )
         num_classes = cfg_data.num_classes
-    reporter = BadFileReporter()  # shared by train and val: one warning per bad file per run
-    common = dict(
-        mean=cfg_data.mean, std=cfg_data.std, device=device, reporter=reporter,
-        num_workers=cfg_data.num_workers, pin_memory=cfg_data.pin_memory,
-        persistent_workers=cfg_data.persistent_workers, prefetch_factor=cfg_data.prefetch_factor,
-    )
-    train_tf = SampleTransform(cfg_data, img_size, num_channels, seed, train=train_augment)
-    if hasattr(train_src, "build_loader"):  # streaming sources build their own loader (in stream order)
-        train = train_src.build_loader(train_tf, micro_batch_size=micro_batch_size, rank=rank,
-                                       world_size=world_size, drop_last=drop_last, **common)
-    elif not train_augment:
-        train_sampler = EvalShardSampler(len(train_src), micro_batch_size, rank=rank, world_size=world_size)
-        train = ResumableLoader(KeyedDataset(train_src, train_tf), train_sampler, **common)
-    else:
-        train_sampler = ShardedBatchSampler(len(train_src), micro_batch_size, seed=seed, rank=rank,
-                                            world_size=world_size, shuffle=True, drop_last=drop_last)
-        train = ResumableLoader(KeyedDataset(train_src, train_tf), train_sampler, **common,
-                                across_epochs=cfg_data.prefetch_across_epochs)
-    val = None
-    if val_src is not None and len(val_src) > 0:
-        val_ds = KeyedDataset(val_src, SampleTransform(cfg_data, img_size, num_channels, seed, train=False))
-        val_sampler = EvalShardSampler(len(val_src), eval_batch_size, rank=rank, world_size=world_size)
-        val = ResumableLoader(val_ds, val_sampler, **common)
-    return Loaders(train=train, val=val, num_classes=num_classes, class_names=class_names)
+    return Loaders(train=train.loader, val=val.loader if val is not None else None, num_classes=num_classes,
+                   class_names=train.class_names)  # fmt: skip
+
+
+__all__ = ["Loaders", "SplitLoader", "build_loader", "build_loaders"]

@@ -1,56 +1,59 @@
-"""Image-caption samples for CLIP: a caption file source, and the digits as captioned shards
-(``vitscale data digits-captions``).
+"""Samples read from bytes (tar members, files) with an optional caption, a class label and a key;
+the digits as captioned shards (``vitscale data digits-captions``).
 
 :class:`CaptionSource` is the image-file source of the classification pipeline (keyed sampling and
-augmentation, resumable loader, bad-sample replacement and counting) with a caption per sample: its
-samples carry ``extra["text"]``, the caption's token ids, which the loader stacks into
-``batch["text"]`` (B, L). An undecodable image, a missing image or a missing / empty caption makes a
-sample bad: it is replaced by the next good one and counted in ``batch["skipped"]``, exactly like an
-undecodable file in classification. Formats: ``vitscale.data.webdataset`` (tar shards) and
-``vitscale.data.csv`` (CSV / TSV of image path + caption).
+augmentation, resumable loader, bad-sample replacement and counting) for samples of shards and
+caption files: with captions and a tokenizer (``tokenize``: the model family's, handed to
+``build_loader`` by the run assembly), its samples carry ``extra["text"]``, the caption's token ids,
+which the loader stacks into ``batch["text"]`` (B, L); with keys, ``extra["key"]`` (the sample's key,
+by which token labels are found). An undecodable image, a missing image or, when captions are
+tokenized, a missing / empty caption makes a sample bad: it is replaced by the next good one
+(training) or left out (evaluation) and counted in ``batch["skipped"]``, exactly like an undecodable
+file in classification. Formats: ``vitscale.data.webdataset`` (tar shards) and ``vitscale.data.csv``
+(CSV / TSV of image path + caption).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 
+from .classes import CLASSNAMES_FILE, read_class_names
 from .decode import BadImageError
 from .digits import DIGIT_CAPTION_TEMPLATES
+from .files import read_regular
+from .remote import open_file
 from .sources import FileSource, Sample
+from .tar import IMAGE_EXTS, TarMember
 from .transforms import Augmented, SampleTransform
-
-CLASSNAMES_FILE = "classnames.txt"
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # image members of a WebDataset sample
-
-
-@dataclass(frozen=True)
-class TarMember:
-    """An image inside a tar shard: read ``size`` bytes at ``offset`` (no extraction)."""
-
-    shard: str
-    offset: int
-    size: int
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.shard}:{self.name}"
 
 
 class CaptionSource(FileSource):
-    """Images (file paths or tar members) with a caption and an optional class label (-1 = none)."""
+    """Images (file paths or tar members) with an optional caption (``captions`` None: a dataset
+    without captions), a class label (-1 = none) and an optional key per sample."""
 
-    def __init__(self, images: list, captions: list[str | None], labels: list[int] | None = None, *,
-                 fast_decode: bool = True, context_length: int = 77):  # fmt: skip
+    def __init__(self, images: list, captions: list[str | None] | None, labels: list[int] | None = None, *,
+                 keys: list[str] | None = None, fast_decode: bool = True, tokenize=None):  # fmt: skip
         labels = labels if labels is not None else [-1] * len(images)
         super().__init__(
             [str(p) if p is not None else "<missing image>" for p in images], labels, fast_decode
         )
-        self.images, self.captions = list(images), list(captions)
-        self.context_length = context_length
+        self.images = list(images)
+        self.captions = list(captions) if captions is not None else None
+        self.keys = list(keys) if keys is not None else None
+        # texts -> token ids (N, L): the model family's tokenizer; None (or no captions): no tokens
+        self.tokenize = tokenize if self.captions is not None else None
         self._files: dict[tuple[int, str], object] = {}  # (pid, shard) -> open file, per worker process
+
+    def key(self, index: int) -> str:
+        return self.keys[index] if self.keys is not None else super().key(index)
+
+    def raw(self, j: int) -> tuple[bytes, str]:
+        """The encoded image of sample ``j`` and its extension."""
+        loc = self.images[j]
+        name = loc.name if isinstance(loc, TarMember) else str(loc)
+        return self._bytes(j), os.path.splitext(name)[1].lstrip(".").lower()
 
     def _bytes(self, j: int) -> bytes:
         loc = self.images[j]
@@ -60,52 +63,37 @@ class CaptionSource(FileSource):
             key = (os.getpid(), loc.shard)
             f = self._files.get(key)
             if f is None:
-                f = self._files[key] = open(loc.shard, "rb")  # noqa: SIM115 - kept open per worker
+                f = self._files[key] = open_file(loc.shard)  # kept open per worker
             f.seek(loc.offset)
             return f.read(loc.size)
         try:
-            with open(loc, "rb") as f:
-                return f.read()
+            return read_regular(loc)  # a FIFO or device: skipped like an undecodable file, never blocks
         except OSError as e:
             raise BadImageError(f"{type(e).__name__}: {e}") from None
 
     def _load(self, j: int, slot: int, epoch: int, tf: SampleTransform) -> Augmented:
-        cap = self.captions[j]
-        if cap is None or not cap.strip():
-            raise BadImageError("missing or empty caption")
+        if self.tokenize is not None:
+            cap = self.captions[j]
+            if cap is None or not cap.strip():
+                raise BadImageError("missing or empty caption")
         return tf.decode(self._bytes(j), epoch, slot, fast=self.fast_decode)
 
     def tokens(self, j: int) -> torch.Tensor:
-        from vitscale.models.clip.tokenizer import create_tokenizer
-
-        return create_tokenizer("clip", context_length=self.context_length)([self.captions[j]])[0]  # (L,)
+        return self.tokenize([self.captions[j]])[0]  # (L,)
 
     def sample(self, index: int, epoch: int, tf: SampleTransform) -> Sample:
         s = super().sample(index, epoch, tf)
-        extra = dict(getattr(s, "extra", None) or {})
-        extra["text"] = self.tokens(s.index)
+        if s.index < 0:  # left out (evaluation): a blank row, but with the batch's fields
+            s.extra = ({"text": torch.zeros_like(self.tokenize([""])[0])} if self.tokenize is not None else {}) | (
+                {"key": ""} if self.keys is not None else {})
+            return s
+        extra = dict(s.extra or {})
+        if self.tokenize is not None:
+            extra["text"] = self.tokens(s.index)
+        if self.keys is not None:
+            extra["key"] = self.keys[s.index]
         s.extra = extra
         return s
-
-
-def read_class_names(path: str | None) -> list[str] | None:
-    """``classnames.txt`` (one name per line) in the folder of ``path`` (a folder, file or pattern)."""
-    if not path:
-        return None
-    folder = path if os.path.isdir(path) else os.path.dirname(path.split("{")[0].split("*")[0]) or "."
-    for cand in (
-        os.path.join(folder, CLASSNAMES_FILE),
-        os.path.join(os.path.dirname(folder.rstrip("/")), CLASSNAMES_FILE),
-    ):
-        if os.path.isfile(cand):
-            with open(cand) as f:
-                return [line.strip() for line in f if line.strip()]
-    return None
-
-
-def class_names_for(cfg_data) -> list[str] | None:
-    """Class names of a caption dataset (its ``classnames.txt``), or None."""
-    return read_class_names(cfg_data.train_path)
 
 
 # ----------------------------------------------------------------------------- digits-captions
@@ -149,4 +137,4 @@ def write_digits_captions(
     return counts
 
 
-__all__ = ["CaptionSource", "TarMember", "class_names_for", "read_class_names", "write_digits_captions"]
+__all__ = ["IMAGE_EXTS", "CaptionSource", "TarMember", "read_class_names", "write_digits_captions"]

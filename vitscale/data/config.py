@@ -1,30 +1,37 @@
-"""``DataConfig``: the ``data`` group of the run config (imported by ``vitscale.config.schema``)."""
+"""``DataConfig``: the ``data`` group of the run config (imported by ``vitscale.config.schema``).
+
+The fields here are read by every format; each format adds its own (``data.<field>`` like these)
+through the options dataclass of its module (``vitscale.data.formats``), held in ``options`` and read
+as ``cfg.data.<field>``. Field groups that several formats share are declared once below
+(``CaptionFields``) and composed into those formats' options.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-FORMATS = ("digits", "imagefolder", "synthetic", "webdataset", "csv")
 
 
 @dataclass
 class DataConfig:
     format: str = "digits"
-    """Dataset format: ``digits`` (scikit-learn's handwritten digits, no files needed), ``imagefolder``
-    (``<path>/<class>/<image>`` trees) or ``synthetic`` (random images, deterministic labels).
-    ``webdataset`` / ``csv`` are added by the CLIP data modules."""
+    """Dataset format, one registered in ``vitscale.data.formats``: ``digits`` (scikit-learn's
+    handwritten digits, no files needed), ``imagefolder`` (``<path>/<class>/<image>`` trees),
+    ``synthetic`` (random images, deterministic labels), ``webdataset`` (tar shards, local or remote),
+    ``csv`` (image paths + captions), ``parquet`` (image + label / caption columns); see docs/data.md."""
     train_path: str | None = None
-    """Root of the training image folder (``imagefolder``; shards for ``webdataset``)."""
+    """Training data: the image folder's root (``imagefolder``), the shards (``webdataset``), the file
+    (``csv``), the ``.parquet`` files (``parquet``)."""
     val_path: str | None = None
-    """Root of the validation image folder; None = hold out ``val_split`` of train (or no validation)."""
+    """Validation data, as ``train_path``; None = hold out ``val_split`` of train (or no validation)."""
     img_size: int | None = None
     """Square input size in pixels; None = the model's ``img_h`` x ``img_w``."""
     num_classes: int | None = None
     """Number of classes; None = from the dataset (digits: 10, imagefolder: number of class folders,
-    synthetic: 1000)."""
+    shards / tables: ``classnames.txt`` or the labels, synthetic: 1000)."""
     mean: tuple[float, ...] = IMAGENET_MEAN
     """Per-channel mean subtracted from images scaled to [0, 1] (applied per batch, on the device)."""
     std: tuple[float, ...] = IMAGENET_STD
@@ -50,7 +57,7 @@ class DataConfig:
     fast_decode: bool = True
     """JPEG fast path: choose the RandomResizedCrop box first, then decode at the smallest DCT scale
     (1/2, 1/4, 1/8; PIL ``Image.draft``) that still covers the output resolution for that box."""
-    interpolation: str = "bilinear"
+    interpolation: Literal["bilinear", "bicubic"] = "bilinear"
     """Resampling for resized crops and eval resizing: ``bilinear`` or ``bicubic``."""
     rrc_scale: tuple[float, float] = (0.08, 1.0)
     """RandomResizedCrop area range, as fractions of the image area."""
@@ -76,53 +83,83 @@ class DataConfig:
     """Probability of cutmix instead of mixup when both are enabled."""
     crop_pct: float = 0.875
     """Eval: resize to ``img_size / crop_pct`` then center-crop ``img_size`` (1.0 = resize only)."""
-    synthetic_size: int = 1024
-    """Number of training images of the ``synthetic`` format."""
     val_split: float = 0.0
     """Fraction held out for validation when there is no ``val_path`` (imagefolder, by a fixed
     seed-0 stratified split) and the size of synthetic's validation set relative to ``synthetic_size``;
     0 = no validation set. Digits always use their fixed 1,497 / 300 split."""
-    # --- image-text pairs (CLIP; read by vitscale/data/{webdataset,csv}.py) ---
-    csv_img_key: str = "filepath"
-    """``csv`` format: the column of image paths (relative paths are relative to the CSV file's folder)."""
-    csv_caption_key: str = "title"
-    """``csv`` format: the column of captions."""
-    csv_label_key: str | None = None
-    """``csv`` format: an optional column of integer class labels (for zero-shot evaluation)."""
-    csv_separator: str | None = None
-    """``csv`` format: the field separator; None = tab for ``.tsv`` files, comma otherwise."""
+    options: Any = None
+    """The fields of ``format`` (its options dataclass; None = its defaults). Set them as
+    ``data.<field>`` (``data.webdataset_mode=stream``, or ``DataConfig(webdataset_mode="stream")``);
+    read them as ``cfg.data.<field>``."""
+
+    def __post_init__(self) -> None:
+        from .formats import resolve_options
+
+        self.options = resolve_options(self.format, self.options)
+
+    def __getattr__(self, name: str) -> Any:
+        """A field of the format's options (only called for names that are not fields here)."""
+        opts = self.__dict__.get("options")
+        if not name.startswith("__") and opts is not None and hasattr(opts, name):
+            return getattr(opts, name)
+        raise AttributeError(f"data.{name} is not a field of data.format={self.__dict__.get('format')!r}")
+
+
+_dataclass_init = DataConfig.__init__
+
+
+def _init(self, *args, options: Any = None, **fields: Any) -> None:
+    """``DataConfig(format=..., <field of the format>=...)``: the format's own fields are keywords too."""
+    own = DataConfig.__dataclass_fields__
+    extra = {k: fields.pop(k) for k in list(fields) if k not in own}
+    if extra:
+        import dataclasses
+
+        base = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
+        options = base | extra
+    _dataclass_init(self, *args, options=options, **fields)
+
+
+DataConfig.__init__ = _init  # type: ignore[method-assign]
+
+
+# ------------------------------------------------------------------- fields shared by some formats
+@dataclass
+class CaptionFields:
     caption_context_length: int = 77
-    """``webdataset`` / ``csv``: tokens per caption (open_clip's 77; longer captions are cut, ending in
-    the end-of-text token)."""
-    webdataset_mode: str = "index"
-    """``webdataset``: ``index`` (read every shard's tar headers at start-up, then seek samples: exact
-    keyed epochs, same batches for any rank / worker count; up to millions of samples) or ``stream``
-    (``vitscale/data/webdataset_stream.py``: shards read sequentially through the ``webdataset`` package,
-    split by rank then DataLoader worker or resampled, with a shuffle buffer; nothing read at start-up,
-    for LAION-400M-scale data). See docs/clip.md."""
+    """Tokens per caption (open_clip's 77; longer captions are cut, ending in the end-of-text token)."""
+
+
+@dataclass
+class RemoteFields:
+    remote_retries: int = 3
+    """Remote files (fsspec URLs, ``pipe:`` commands): times a transient error (connection reset,
+    timeout, HTTP 5xx / 408 / 429, a failed command) is retried, each after twice the previous wait;
+    a file that still fails is skipped, counted and named in the log and summary.json (or, found at
+    start-up, stops the run with one line)."""
+    remote_backoff_s: float = 1.0
+    """Seconds before the first retry (then doubled each time)."""
+    remote_timeout_s: float = 60.0
+    """HTTP(S): seconds without a byte (connecting or reading) before the attempt counts as failed."""
+    shard_cache: str | None = None
+    """Folder of the local copies of remote files read at random (indexed shards, the validation
+    split, Parquet over http(s)); reused by later runs. None = ``$VITSCALE_CACHE_DIR/shards``
+    (default ``~/.cache/vitscale/shards``)."""
+
+
+@dataclass
+class StreamFields:
     samples_per_epoch: int | None = None
-    """``webdataset`` stream mode: samples per epoch (all ranks), which sets the loader length and so
-    ``train.epochs``; None = number of shards x samples in the first shard (reads one shard)."""
+    """Stream mode: samples per epoch (all ranks), which sets the loader length and so
+    ``train.epochs``; None = what the data says (shards: number of shards x samples in the first;
+    Parquet: its row count)."""
     resampled: bool = False
-    """``webdataset`` stream mode: draw shards with replacement per (rank, worker), keyed by (seed,
+    """Stream mode: draw shards (row groups) with replacement per (rank, worker), keyed by (seed,
     epoch) (open_clip's ``--dataset-resampled``): every worker always has data, epochs are
     ``samples_per_epoch`` long, and samples may repeat or be missed within an epoch."""
-    webdataset_shuffle_buffer: int = 1000
-    """``webdataset`` stream mode: samples held by each worker's shuffle buffer (raw bytes, before
-    decoding); <= 1 = shard order."""
+    shuffle_buffer: int = 1000
+    """Stream mode: samples held by each worker's shuffle buffer (encoded, before decoding); <= 1 =
+    file order."""
 
 
-# Fields that only some formats read: a run's config.yaml leaves them out for the other formats
-# (vitscale.config.run_config_dict), so it holds what the run used.
-FORMAT_FIELDS: dict[str, tuple[str, ...]] = {
-    "synthetic_size": ("synthetic",),
-    "csv_img_key": ("csv",),
-    "csv_caption_key": ("csv",),
-    "csv_label_key": ("csv",),
-    "csv_separator": ("csv",),
-    "caption_context_length": ("csv", "webdataset"),
-    "webdataset_mode": ("webdataset",),
-    "samples_per_epoch": ("webdataset",),
-    "resampled": ("webdataset",),
-    "webdataset_shuffle_buffer": ("webdataset",),
-}
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "CaptionFields", "DataConfig", "RemoteFields", "StreamFields"]

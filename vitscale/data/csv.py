@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import csv as _csv
 import os
+from dataclasses import dataclass
 
-from .build import register_format
 from .captions import CaptionSource, read_class_names
+from .config import CaptionFields
+from .formats import DataFormat, Split, register_format
 
 
 def read_pairs(
@@ -37,19 +39,40 @@ def read_pairs(
     return images, captions, labels
 
 
-def csv_sources(cfg, img_size, num_channels: int, seed: int):
-    """-> (train CaptionSource, val CaptionSource or None, num_classes, class_names)."""
-    if not cfg.train_path:
+@dataclass
+class CsvOptions(CaptionFields):
+    csv_img_key: str = "filepath"
+    """The column of image paths (relative paths are relative to the CSV file's folder)."""
+    csv_caption_key: str = "title"
+    """The column of captions."""
+    csv_label_key: str | None = None
+    """An optional column of integer class labels (for zero-shot evaluation)."""
+    csv_separator: str | None = None
+    """The field separator; None = tab for ``.tsv`` files, comma otherwise."""
+
+
+def csv_split(cfg, name: str, *, img_size=None, num_channels: int = 3, seed: int = 0, classes=None,
+              tokenize=None) -> Split | None:  # fmt: skip
+    if not cfg.train_path and not cfg.val_path:
         raise ValueError("data.format=csv needs data.train_path (a .csv or .tsv file)")
+    path = cfg.train_path if name == "train" else cfg.val_path
+    if not path:
+        return None
     keys = (cfg.csv_img_key, cfg.csv_caption_key, cfg.csv_label_key, cfg.csv_separator)
-    kw = dict(fast_decode=cfg.fast_decode, context_length=cfg.caption_context_length)
-    train = CaptionSource(*read_pairs(cfg.train_path, *keys), **kw)
-    val = CaptionSource(*read_pairs(cfg.val_path, *keys), **kw) if cfg.val_path else None
-    names = read_class_names(cfg.train_path) or []
-    n_cls = len(names) or (max(train.labels) + 1 if max(train.labels, default=-1) >= 0 else 0)
-    return train, val, n_cls, names or [str(i) for i in range(n_cls)]
+    src = CaptionSource(*read_pairs(path, *keys), fast_decode=cfg.fast_decode, tokenize=tokenize)
+    names = list(classes) if classes is not None else read_class_names(path) or []
+    n_cls = len(names) or (max(src.labels) + 1 if max(src.labels, default=-1) >= 0 else 0)
+    return Split(src, names or [str(i) for i in range(n_cls)])
 
 
-register_format("csv", csv_sources)
+def _detect(path: str) -> bool:
+    return os.path.isfile(path) and path.lower().endswith((".csv", ".tsv"))
 
-__all__ = ["csv_sources", "read_pairs"]
+
+FORMAT = register_format(DataFormat(
+    "csv", csv_split, options=CsvOptions, captions=True, detect=_detect,
+    class_names=lambda cfg: read_class_names(cfg.train_path),
+    summary="a CSV / TSV file of image paths and captions (open_clip's --csv-img-key / --csv-caption-key)",
+))  # fmt: skip
+
+__all__ = ["FORMAT", "CsvOptions", "csv_split", "read_pairs"]

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .files import read_regular
+
 
 class BadImageError(Exception):
     """The file is not a decodable image (empty, truncated, not an image, ...)."""
@@ -172,8 +174,7 @@ def decode_resized_crop(
         if isinstance(path, (bytes, bytearray)):  # already-read bytes (e.g. a tar member)
             data = bytes(path)
         else:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = read_regular(path)  # a FIFO or device: skipped like an undecodable file, never blocks
     except OSError as e:
         raise BadImageError(f"{type(e).__name__}: {e}") from None
     if not data:

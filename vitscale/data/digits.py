@@ -13,9 +13,13 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from .formats import DataFormat, Split, register_format
+
 NUM_CLASSES = 10
 VAL_SIZE = 300
-CLASS_NAMES = [str(i) for i in range(NUM_CLASSES)]
+# Class i is the digit i, named as a word: the same names for data.format=digits, the image folder
+# `vitscale data digits` writes (with a classnames.txt keeping this order) and an exported model's labels.
+CLASS_NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 # Captions of digit images (CLIP): the captioned shards ``vitscale data digits-captions`` writes and
 # the CLIP task's templates for the labelled digits; ``{}`` = the class name.
@@ -68,11 +72,18 @@ def load_digits_split(split: str, num_channels: int = 3) -> tuple[torch.Tensor, 
 
 def write_digits_folders(out_dir: str, size: int = 32) -> dict[str, int]:
     """Write the digits split as PNG image folders ``out_dir/{train,val}/<class>/<n>.png`` (bicubic
-    upsampling to ``size``; 8 = native); returns {split: number of images}."""
+    upsampling to ``size``; 8 = native), class folders ``zero`` ... ``nine``, and
+    ``out_dir/classnames.txt`` listing them in digit order (an image folder's class order); returns
+    {split: number of images}."""
     import os
 
     from PIL import Image
 
+    from .classes import CLASSNAMES_FILE
+
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, CLASSNAMES_FILE), "w") as f:
+        f.write("\n".join(CLASS_NAMES) + "\n")
     counts = {}
     for split in ("train", "val"):
         images, labels = load_digits_split(split, num_channels=1)  # (N, 1, 8, 8) uint8
@@ -85,3 +96,16 @@ def write_digits_folders(out_dir: str, size: int = 32) -> dict[str, int]:
             pil.save(os.path.join(out_dir, split, CLASS_NAMES[y], f"{n:04d}.png"))
         counts[split] = len(labels)
     return counts
+
+
+# ----------------------------------------------------------------------------- data.format=digits
+def digits_split(cfg, name: str, *, img_size, num_channels: int, seed: int, classes=None) -> Split:
+    from .sources import TensorSource
+
+    return Split(TensorSource(*load_digits_split(name, num_channels)), list(CLASS_NAMES))
+
+
+FORMAT = register_format(DataFormat(
+    "digits", digits_split, class_names=lambda cfg: list(CLASS_NAMES),
+    summary="scikit-learn's handwritten digits (1,497 train / 300 val, 8x8), no files needed",
+))  # fmt: skip

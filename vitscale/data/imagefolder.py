@@ -1,7 +1,9 @@
 """Image folders: ``<root>/<class>/**/<image>``, one subfolder per class (torchvision's layout).
 
-Classes are the sorted subfolder names of ``train_path``; ``val_path`` must use the same names
-(a subset is fine). Files are matched by extension (case-insensitive) and sorted, so the index of a
+Classes are the sorted subfolder names of ``train_path``, or the names of a ``classnames.txt`` in
+the root or its parent, in its order (class folders must then be among them; a listed class may
+have no images). Without that list a class folder without images is refused: it would silently
+become a class no image teaches. ``val_path`` must use the same names (a subset is fine). Files are matched by extension (case-insensitive) and sorted, so the index of a
 file is stable. Without ``val_path``, ``val_split > 0`` holds out that fraction of every class
 (a fixed split keyed by seed 0). Decoding is done by :class:`vitscale.data.sources.FileSource`.
 
@@ -15,7 +17,11 @@ from __future__ import annotations
 import logging
 import os
 
+from ..errors import CheckError
+from .classes import CLASSNAMES_FILE, read_class_names
 from .config import DataConfig
+from .files import describe_skipped, special_kind
+from .formats import DataFormat, Split, register_format
 from .keyed import STREAM_SPLIT, epoch_permutation
 from .sources import FileSource
 
@@ -24,13 +30,25 @@ log = logging.getLogger("vitscale.data")
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".pbm", ".bmp", ".tif", ".tiff", ".webp", ".gif")
 
 
-def find_classes(root: str) -> list[str]:
+def class_folders(root: str) -> list[str]:
     if not os.path.isdir(root):
         raise FileNotFoundError(f"image folder {root!r} does not exist")
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    if not classes:
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+
+
+def find_classes(root: str) -> list[str]:
+    """The classes of an image folder: its ``classnames.txt`` (root or parent), else its sorted folders."""
+    folders = class_folders(root)
+    listed = read_class_names(root)
+    if listed is not None:
+        extra = sorted(set(folders) - set(listed))
+        if extra:
+            raise CheckError(f"image folder {root}: class folder {extra[0]!r} is not in its {CLASSNAMES_FILE}: "
+                             f"add it there or remove the folder")  # fmt: skip
+        return listed
+    if not folders:
         raise FileNotFoundError(f"image folder {root!r} has no class subfolders (<root>/<class>/<image>)")
-    return classes
+    return folders
 
 
 def _key(path: str) -> tuple[int, int]:
@@ -38,8 +56,9 @@ def _key(path: str) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _images(top: str, seen_dirs: set, seen_files: set, repeated: list[str]) -> list[str]:
-    """Image files under ``top`` following folder links, each folder entered and each file listed once."""
+def _images(top: str, seen_dirs: set, seen_files: set, repeated: list[str], special: list | None = None) -> list[str]:
+    """Image files under ``top`` following folder links, each folder entered and each file listed once;
+    entries that are not regular files (a FIFO named ``x.png``) go to ``special``, never opened."""
     found = []
     for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
         keep = []
@@ -60,9 +79,14 @@ def _images(top: str, seen_dirs: set, seen_files: set, repeated: list[str]) -> l
                 continue
             full = os.path.join(dirpath, f)
             try:
-                k = _key(full)
+                st = os.stat(full)  # follows links: the file itself
+                k, kind = (st.st_dev, st.st_ino), special_kind(st.st_mode)
             except OSError:  # a broken link: listed, then reported as undecodable when read
-                k = ("path", full)
+                k, kind = ("path", full), None
+            if kind is not None:
+                if special is not None:
+                    special.append((full, kind))
+                continue
             if k not in seen_files:
                 seen_files.add(k)
                 found.append(full)
@@ -76,10 +100,11 @@ def scan(root: str, class_to_idx: dict[str, int]) -> tuple[list[str], list[int]]
     seen_dirs = {_key(root)} | {_key(os.path.join(root, n)) for n in names}
     seen_files: set = set()
     repeated: list[str] = []
+    special: list[tuple[str, str]] = []
     for name in names:
         if name not in class_to_idx:
             raise ValueError(f"class folder {name!r} in {root!r} is not a training class")
-        found = _images(os.path.join(root, name), seen_dirs, seen_files, repeated)
+        found = _images(os.path.join(root, name), seen_dirs, seen_files, repeated, special)
         paths += found
         labels += [class_to_idx[name]] * len(found)
     if repeated:
@@ -88,6 +113,8 @@ def scan(root: str, class_to_idx: dict[str, int]) -> tuple[list[str], list[int]]
             "image folder %s: %d folder link(s) lead to a folder already read (a symlink loop or a repeated link) and "
             "were skipped, so each file is listed once: %s", root, len(repeated), shown,
         )  # fmt: skip
+    if special:
+        log.warning("%s", describe_skipped(f"image folder {root}", special))
     return paths, labels
 
 
@@ -106,20 +133,49 @@ def _split(paths, labels, fraction: float):
     return ([paths[i] for i in tr], [labels[i] for i in tr]), ([paths[i] for i in va], [labels[i] for i in va])
 
 
-def imagefolder_sources(cfg: DataConfig):
-    """-> (train FileSource, val FileSource or None, num_classes, class_names)."""
-    if not cfg.train_path:
+def _holdout(cfg: DataConfig, paths, labels, name: str):
+    """The ``name`` part of the ``data.val_split`` holdout of the training files."""
+    train, val = _split(paths, labels, cfg.val_split)
+    return train if name == "train" else val
+
+
+def imagefolder_split(cfg: DataConfig, name: str, *, img_size=None, num_channels: int = 3, seed: int = 0,
+                      classes: list[str] | None = None) -> Split | None:  # fmt: skip
+    """The ``train`` / ``val`` split: ``data.train_path`` / ``data.val_path``, or the ``data.val_split``
+    holdout of the training folder when there is no ``val_path``."""
+    if not cfg.train_path and not (name == "val" and cfg.val_path):
         raise ValueError("data.format=imagefolder needs data.train_path")
-    classes = find_classes(cfg.train_path)
-    class_to_idx = {c: i for i, c in enumerate(classes)}
-    paths, labels = scan(cfg.train_path, class_to_idx)
-    if not paths:
-        raise FileNotFoundError(f"no images ({', '.join(IMG_EXTENSIONS)}) under {cfg.train_path!r}")
-    val = None
-    if cfg.val_path:
-        vp, vl = scan(cfg.val_path, class_to_idx)
-        val = FileSource(vp, vl, cfg.fast_decode)
-    elif cfg.val_split > 0:
-        (paths, labels), (vp, vl) = _split(paths, labels, cfg.val_split)
-        val = FileSource(vp, vl, cfg.fast_decode)
-    return FileSource(paths, labels, cfg.fast_decode), val, len(classes), classes
+    root = cfg.train_path if name == "train" or not cfg.val_path else cfg.val_path
+    if name == "val" and not cfg.val_path and cfg.val_split <= 0:
+        return None
+    names = list(classes) if classes is not None else find_classes(root)
+    paths, labels = scan(root, {c: i for i, c in enumerate(names)})
+    if name == "train" and not paths:
+        raise FileNotFoundError(f"no images ({', '.join(IMG_EXTENSIONS)}) under {root!r}")
+    if classes is None and read_class_names(root) is None:
+        empty = sorted(set(class_folders(root)) - {names[y] for y in labels})
+        if empty:
+            raise CheckError(f"image folder {root}: class folder {empty[0]!r} has no images ({', '.join(IMG_EXTENSIONS)}): "
+                             f"remove it, or list the classes in {CLASSNAMES_FILE} to keep a class without images")  # fmt: skip
+    if not cfg.val_path and cfg.val_split > 0:
+        paths, labels = _holdout(cfg, paths, labels, name)
+    return Split(FileSource(paths, labels, cfg.fast_decode), names)
+
+
+def _class_names(cfg: DataConfig) -> list[str] | None:
+    return find_classes(cfg.train_path) if cfg.train_path else None
+
+
+def _detect(path: str) -> bool:
+    try:
+        return bool(class_folders(path))
+    except OSError:
+        return False
+
+
+FORMAT = register_format(DataFormat(
+    "imagefolder", imagefolder_split, class_names=_class_names, detect=_detect,
+    summary="<root>/<class>/**/<image> folders (torchvision's layout)",
+))  # fmt: skip
+
+__all__ = ["FORMAT", "IMG_EXTENSIONS", "find_classes", "imagefolder_split", "scan"]

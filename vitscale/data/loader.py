@@ -1,10 +1,13 @@
 """The resumable loader: DataLoader workers + batch post-processing in the main process.
 
 Post-processing (per batch, on ``device`` when one is given): uint8 -> float, normalise with
-mean/std, random erasing with keyed noise, and bad-file reporting: every undecodable file gets ONE
-warning line (``skipped undecodable image <path> ...``) per run, deduplicated here by path, and
+mean/std, random erasing with keyed noise, and bad-file reporting: every undecodable file (or bad
+sample) gets ONE warning line (``skipped <path> (<reason>); replaced by another sample`` in
+training, ``...; left out`` in an evaluation) per run, deduplicated here by path, and
 ``batch["skipped"]`` counts the files first reported in that batch (so summing it over a run
-counts each bad file once).
+counts each bad file once). A shard (or other file of samples) that cannot be read even after the
+retries is named in one warning (``skipped shard <url> ...``) and kept in the run's list.
+:func:`skip_summary` gives a run's totals, over its ranks, for summary.json.
 """
 
 from __future__ import annotations
@@ -25,19 +28,58 @@ def _worker_init(_worker_id: int) -> None:
 
 
 class BadFileReporter:
-    """Deduplicates bad files by path and warns once for each."""
+    """Deduplicates bad files by path and warns once for each; keeps the shards that failed."""
 
     def __init__(self):
         self.seen: set[str] = set()
+        self.shards: dict[str, str] = {}  # url -> why it was skipped
 
-    def report(self, bad: list[tuple[str, str]]) -> int:
+    def report(self, bad: list[tuple]) -> int:
+        """Warn about the files of ``bad`` (``(path, reason[, what became of it])``) not reported yet;
+        returns how many there were."""
         new = 0
-        for path, reason in bad:
+        for path, reason, *became in bad:
             if path not in self.seen:
                 self.seen.add(path)
                 new += 1
-                log.warning("skipped undecodable image %s (%s); replaced by another sample", path, reason)
+                log.warning("skipped %s (%s); %s", path, reason, became[0] if became else "replaced by another sample")
         return new
+
+    def report_shards(self, failed: list[tuple[str, str]]) -> None:
+        """Warn once about each shard of ``failed`` (``(url, reason)``) that could not be read."""
+        for url, reason in failed:
+            if url not in self.shards:
+                self.shards[url] = reason
+                log.warning("skipped shard %s: %s (its samples are left out of this epoch)", url, reason)
+
+    def state_dict(self) -> dict:
+        state: dict = {}
+        if self.seen:  # bad files already reported and counted: not again after a resume
+            state["skipped_paths"] = sorted(self.seen)
+        if self.shards:
+            state["skipped_shards"] = dict(sorted(self.shards.items()))
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen.update(state.get("skipped_paths", ()))
+        self.shards.update(state.get("skipped_shards", {}))
+
+
+def skip_summary(reporter: BadFileReporter, group=None) -> dict:
+    """``{"skipped_files": n, "skipped_shards": [{"url", "reason"}, ...]}`` of a run (training and
+    evaluation), over every rank of ``group`` (None = the world when one is initialised): a file
+    met by several ranks counts once. Every rank must call it."""
+    import torch.distributed as dist
+
+    files, shards = set(reporter.seen), dict(reporter.shards)
+    if dist.is_available() and dist.is_initialized():
+        everyone: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, (sorted(files), shards), group=group)  # strings between this run's ranks
+        for f, s in everyone:
+            files.update(f)
+            shards.update(s)
+    return {"skipped_files": len(files),
+            "skipped_shards": [{"url": u, "reason": r} for u, r in sorted(shards.items())]}  # fmt: skip
 
 
 class ResumableLoader:
@@ -82,14 +124,11 @@ class ResumableLoader:
             self._live = None
 
     def state_dict(self) -> dict:
-        state = {"epoch": self.epoch, "batch_index": self.batch_index}
-        if self.reporter.seen:  # bad files already reported and counted: not again after a resume
-            state["skipped_paths"] = sorted(self.reporter.seen)
-        return state
+        return {"epoch": self.epoch, "batch_index": self.batch_index} | self.reporter.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.batch_index = int(state["epoch"]), int(state["batch_index"])
-        self.reporter.seen.update(state.get("skipped_paths", ()))
+        self.reporter.load_state_dict(state)
         self._live = None
 
     def __iter__(self):
@@ -151,6 +190,7 @@ class ResumableLoader:
         img = batch.pop("image")
         erase = batch.pop("erase")
         bad = batch.pop("bad")
+        self.reporter.report_shards(batch.pop("bad_shards", []))
         if self.device is not None:
             host = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
             img = img.to(self.device, non_blocking=True)

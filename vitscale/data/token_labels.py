@@ -9,8 +9,11 @@ Layout of a label folder (written by ``vitscale label-tokens``)::
     train.cls_indices.i16         int16   (N, k)
     train.boxes.f32               float32 (N, 4): the part of the original image the teacher saw
                                   (top, left, h, w fractions; (0, 0, 1, 1) unless a center crop cut it)
+    train.keys.txt                (shards) the sample key of row i on line i
 
-Row ``i`` belongs to sample ``i`` of the split (the batches' ``"index"``). Raw little-endian arrays
+Row ``i`` belongs to sample ``i`` of the split (the batches' ``"index"``); for data with sample keys
+(WebDataset shards) the rows are also found by key (the batches' ``"key"``), so a run that streams
+the shards, in any order, finds each sample's labels. Raw little-endian arrays
 read through ``numpy.memmap``: no pickle, random access per batch, 20 bytes per location for k=5
 (ImageNet at 14x14 and k=5: ~5 GB).
 
@@ -28,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .files import require_regular
+
 META_FILE = "token_labels.json"
 
 
@@ -38,6 +43,7 @@ def _files(root: Path, split: str) -> dict[str, Path]:
         "cls_values": root / f"{split}.cls_values.f16",
         "cls_indices": root / f"{split}.cls_indices.i16",
         "boxes": root / f"{split}.boxes.f32",
+        "keys": root / f"{split}.keys.txt",
     }
 
 
@@ -53,13 +59,15 @@ class TokenLabelWriter:
     """
 
     def __init__(self, root: str | Path, split: str, num_samples: int, grid: tuple[int, int], topk: int,
-                 num_classes: int, info: dict | None = None, *, writes: bool = True):  # fmt: skip
+                 num_classes: int, info: dict | None = None, *, writes: bool = True,
+                 keys: list[str] | None = None):  # fmt: skip
         if num_classes > np.iinfo(np.int16).max:
             raise ValueError(f"{num_classes} classes do not fit the int16 index format")
         self.root, self.split = Path(root), split
         self.n, self.grid, self.topk, self.num_classes = num_samples, tuple(grid), topk, num_classes
         self.info = info or {}
         self.writes = writes
+        self.keys = list(keys) if keys is not None else None  # the sample key of every row (shards)
         self.rank = _rank()
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -115,6 +123,10 @@ class TokenLabelWriter:
             meta["num_classes"] = self.num_classes
             meta.update({k: v for k, v in self.info.items() if k != "splits"})
             meta["splits"][self.split] = {"num_samples": self.n, "grid": list(self.grid), "topk": self.topk}
+            if self.keys is not None:
+                keys_path = _files(self.root, self.split)["keys"]
+                keys_path.write_text("".join(f"{k}\n" for k in self.keys))
+                meta["splits"][self.split]["keys"] = keys_path.name
             meta_path.write_text(json.dumps(meta, indent=1))
         _barrier()  # the split is complete on disk before any rank goes on
         return meta
@@ -158,15 +170,31 @@ class TokenLabelStore:
         self.num_samples, self.grid, self.topk = s["num_samples"], tuple(s["grid"]), s["topk"]
         self.num_classes = self.meta["num_classes"]
         f = _files(self.root, split)
+        require_regular(f.values())  # np.memmap would block forever opening a FIFO
         shape = (self.num_samples, self.topk, *self.grid)
         self.values = np.memmap(f["values"], np.float16, "r", shape=shape)
         self.indices = np.memmap(f["indices"], np.int16, "r", shape=shape)
         self.cls_values = np.memmap(f["cls_values"], np.float16, "r", shape=(self.num_samples, self.topk))
         self.cls_indices = np.memmap(f["cls_indices"], np.int16, "r", shape=(self.num_samples, self.topk))
         self.boxes = np.memmap(f["boxes"], np.float32, "r", shape=(self.num_samples, 4))
+        self._keys_file = f["keys"] if s.get("keys") else None
+        self._rows: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return self.num_samples
+
+    def rows(self, index: torch.Tensor, keys: list[str] | None = None) -> torch.Tensor:
+        """The label rows of a batch: by sample key when the labels and the batch have keys (shards,
+        streamed in any order), else the batch's dataset index."""
+        if keys is None or self._keys_file is None:
+            return index
+        if self._rows is None:
+            lines = self._keys_file.read_text().splitlines()
+            self._rows = {k: i for i, k in enumerate(lines)}
+        try:
+            return torch.tensor([self._rows[k] for k in keys], dtype=torch.long)
+        except KeyError as e:
+            raise KeyError(f"sample {e.args[0]!r} has no token labels in {self.root} (labelled from other data?)") from None
 
     def topk_maps(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k scores ``(B, k, gh, gw)`` float32 and class indices ``(B, k, gh, gw)`` int64."""

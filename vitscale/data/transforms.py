@@ -17,6 +17,7 @@ import torch
 from torchvision.transforms import InterpolationMode, v2
 from torchvision.transforms.v2 import functional as F
 
+from ..errors import ConfigError
 from . import keyed
 from .config import DataConfig
 from .decode import center_crop_box, decode_resized_crop
@@ -78,7 +79,7 @@ def parse_randaugment(spec: str) -> tuple[int, int] | None:
         elif tok[0] == "n" and tok[1:].isdigit():
             num_ops = int(tok[1:])
         else:
-            raise ValueError(f"data.randaugment: unknown token {tok!r} in {spec!r} (expected e.g. 'm9-n2')")
+            raise ConfigError(f"data.randaugment: unknown token {tok!r} in {spec!r} (expected e.g. 'm9-n2')")
     return num_ops, magnitude
 
 

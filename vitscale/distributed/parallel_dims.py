@@ -8,7 +8,6 @@ before anything is built, with errors that say which setting to change.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 from dataclasses import dataclass, field
@@ -122,35 +121,6 @@ class ParallelDims:
             return self.dp_mesh.get_group()
         return self.mesh["dp_replicate" if self.dp_replicate > 1 else "dp_shard"].get_group()
 
-    # ------------------------------------------------------------------ validation
-    def validate_model(self, model_cfg: Any) -> None:
-        """Check that every transformer inside ``model_cfg`` splits evenly over ``tp`` ranks.
-
-        Walks nested dataclass configs (e.g. CLIP's vision and text towers) and checks
-        ``num_attention_heads`` and ``ffn_hidden_size`` (and ``hidden_size`` for sequence parallel
-        LayerNorms is not needed: they stay replicated over channels).
-        """
-        if self.tp == 1 or model_cfg is None:
-            return
-        for path, cfg in _walk_configs(model_cfg):
-            where = f"{path}." if path else ""
-            heads = getattr(cfg, "num_attention_heads", None)
-            ffn = getattr(cfg, "ffn_hidden_size", None)
-            if isinstance(heads, int) and heads % self.tp:
-                ok = [d for d in range(1, heads + 1) if heads % d == 0]
-                raise LayoutError(
-                    f"model {where}num_attention_heads={heads} is not divisible by parallel.tp={self.tp}: "
-                    f"use parallel.tp in {ok}"
-                )
-            if isinstance(ffn, int) and ffn % self.tp:
-                raise LayoutError(
-                    f"model {where}ffn_hidden_size={ffn} is not divisible by parallel.tp={self.tp}: "
-                    f"change parallel.tp or model.ffn_hidden_size"
-                )
-            if isinstance(heads, int) and isinstance(ffn, int) and getattr(cfg, "parallel_block", False):
-                if (ffn // heads) * heads != ffn:
-                    raise LayoutError(f"model {where}ffn_hidden_size={ffn} must be a multiple of the heads ({heads})")
-
     def describe(self) -> str:
         parts = [f"world={self.world_size}", f"dp_replicate={self.dp_replicate}", f"dp_shard={self.dp_shard}"]
         parts.append(f"tp={self.tp}")
@@ -164,16 +134,6 @@ class ParallelDims:
         if self.tp > 1:
             mode.append("TP+SP")
         return " ".join(parts) + (f" ({' x '.join(mode)})" if mode else " (single process)")
-
-
-def _walk_configs(cfg: Any, path: str = ""):
-    if not dataclasses.is_dataclass(cfg):
-        return
-    yield path, cfg
-    for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(v):
-            yield from _walk_configs(v, f"{path}.{f.name}" if path else f.name)
 
 
 def _get(cfg: Any, name: str, default):

@@ -23,10 +23,14 @@ from .compile import apply_compile
 from .config import ParallelConfig, PrecisionConfig
 from .float8 import apply_float8, fsdp_float8_all_gather
 from .fsdp import apply_fsdp, dp_mesh_for, resolve_precision
-from .parallel_dims import ParallelDims
+from .parallel_dims import LayoutError, ParallelDims
 
 
 def no_extra_units(model: nn.Module) -> list[nn.Module]:
+    return []
+
+
+def no_tp_constraints(cfg: Any, tp: int) -> list[str]:
     return []
 
 
@@ -42,6 +46,30 @@ class ParallelPlan:
     checkpointing, compile and FSDP2 unit; ``parallel.ac_num_layers`` counts within a stack."""
     fsdp_units: Callable[[nn.Module], Sequence[nn.Module]] = no_extra_units
     """Modules besides the blocks that get an FSDP2 unit of their own (e.g. a large MAP head)."""
+    check_tp: Callable[[Any, int], list[str]] = no_tp_constraints
+    """``check_tp(cfg, tp)``: what keeps the TP plan from splitting a model of variant config ``cfg``
+    over ``tp`` ranks, one phrase per field (``"num_attention_heads=12 is not divisible by 8"``);
+    empty when it splits. Asked before anything is built (:func:`check_layout`) and by ``vitscale memory``."""
+
+
+def indivisible(fields: dict[str, int], tp: int) -> list[str]:
+    """:attr:`ParallelPlan.check_tp`'s phrases for the ``fields`` (name -> value) that ``tp`` must
+    divide: ``"num_attention_heads=12 is not divisible by 8 (tp that divide it: 1, 2, 3, 4, 6, 12)"``
+    (the divisors up to 64)."""
+    out = []
+    for name, n in fields.items():
+        if n % tp:
+            divisors = [d for d in range(1, min(n, 64) + 1) if n % d == 0]
+            more = ", ..." if any(n % d == 0 for d in range(65, n + 1)) else ""
+            out.append(f"{name}={n} is not divisible by {tp} (tp that divide it: {', '.join(map(str, divisors))}{more})")
+    return out
+
+
+def check_layout(plan: ParallelPlan, cfg: Any, tp: int, model: str = "the model") -> None:
+    """:class:`LayoutError` naming every field of ``cfg`` that ``parallel.tp=tp`` does not split."""
+    problems = plan.check_tp(cfg, tp) if tp > 1 else []
+    if problems:
+        raise LayoutError(f"parallel.tp={tp} does not split {model}: {'; '.join(problems)}")
 
 
 def parallelize(
@@ -57,7 +85,7 @@ def parallelize(
     ``parallel``, per-block ``torch.compile`` (in ``compile_mode``) and FSDP2 with the mixed precision
     of ``precision`` to a model of the family whose ``plan`` is given. Works on the meta device;
     returns the same module."""
-    dims.validate_model(model.cfg)
+    check_layout(plan, model.cfg, dims.tp)
     stacks = plan.blocks(model)
     # fp8 first: torchao's Float8Linear must be in place before TP, compile and FSDP2 see the blocks
     apply_float8(
@@ -78,4 +106,4 @@ def parallelize(
     return model
 
 
-__all__ = ["ParallelPlan", "no_extra_units", "parallelize"]
+__all__ = ["ParallelPlan", "check_layout", "indivisible", "no_extra_units", "no_tp_constraints", "parallelize"]

@@ -1,1 +1,3 @@
-"""Evaluation: classification top-1/5 (and, from their owners, zero-shot and retrieval)."""
+"""Evaluation: the evaluators of a run's ``evals:`` list behind one registry (:mod:`.evaluator`), run
+by :mod:`.runner` — classification top-1/5, class-subset accuracy, ReaL accuracy, zero-shot,
+retrieval, linear and few-shot probes on frozen features."""

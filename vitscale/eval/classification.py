@@ -1,13 +1,25 @@
-"""Top-1 / top-5 accuracy and loss of a classifier over a (per-rank sharded) loader."""
+"""Top-1 / top-5 accuracy and loss of a classifier over a (per-rank sharded) loader; the
+``classification`` evaluator (``val_top1``, ``val_top5``, ``val_loss`` under its default name)."""
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from .evaluator import Evaluator, EvaluatorConfig, register_evaluator
+
+
+def all_sum(totals: torch.Tensor, group=None) -> list[float]:
+    """``totals`` summed over the data-parallel ranks (``group``; None = the world), read on the host."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(totals, group=group)
+    return totals.tolist()
 
 
 @torch.no_grad()
@@ -15,9 +27,9 @@ def evaluate_classification(
     model: nn.Module, loader, device: torch.device | str, autocast=contextlib.nullcontext, loss: str = "softmax",
     group=None,
 ) -> dict[str, float]:  # fmt: skip
-    """``{"val_top1", "val_top5"}`` in percent and ``val_loss`` (mean cross-entropy, or sigmoid
-    cross-entropy summed over classes for ``loss="sigmoid"``), summed over the data-parallel ranks'
-    shards (``group``; None = the world). Padding samples (index -1) are not counted."""
+    """``{"top1", "top5"}`` in percent and ``loss`` (mean cross-entropy, or sigmoid cross-entropy
+    summed over classes for ``loss="sigmoid"``), summed over the data-parallel ranks' shards
+    (``group``; None = the world). Padding samples (index -1) are not counted."""
     was_training = model.training
     model.eval()
     device = torch.device(device)
@@ -39,10 +51,32 @@ def evaluate_classification(
             l_each = F.cross_entropy(logits, labels, reduction="none")
         l_sum = torch.where(real, l_each, 0.0).sum()  # no boolean-mask indexing: no host sync
         totals += torch.stack([real.sum(), hit[:, 0].sum(), hit.any(1).sum(), l_sum]).to(torch.float64)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(totals, group=group)
     model.train(was_training)
-    n, top1, top5, l_sum = totals.tolist()
+    n, top1, top5, l_sum = all_sum(totals, group)
     if n == 0:
         return {}
-    return {"val_top1": 100.0 * top1 / n, "val_top5": 100.0 * top5 / n, "val_loss": l_sum / n}
+    return {"top1": 100.0 * top1 / n, "top5": 100.0 * top5 / n, "loss": l_sum / n}
+
+
+@dataclass
+class ClassificationConfig(EvaluatorConfig):
+    """``kind: classification``: top-1 / top-5 accuracy and the loss of the model's own classifier."""
+
+    loss: Literal["softmax", "sigmoid"] = "softmax"
+    """The loss it reports: softmax (cross-entropy) | sigmoid (binary cross-entropy summed over classes)."""
+
+
+class ClassificationEvaluator(Evaluator):
+    config = ClassificationConfig
+    default_name = "val"
+
+    def __init__(self, cfg: ClassificationConfig, ctx):
+        super().__init__(cfg, ctx)
+        self.loader = ctx.data.loader(cfg.data, cfg.split, cfg.batch_size)
+
+    def __call__(self, model):
+        c = self.ctx
+        return evaluate_classification(model, self.loader, c.device, autocast=c.autocast, loss=self.cfg.loss, group=c.group)
+
+
+register_evaluator("classification", ClassificationEvaluator)

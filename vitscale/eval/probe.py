@@ -1,4 +1,5 @@
-"""Linear-probe and few-shot evaluation of frozen features (``vitscale eval … eval.probe=linear|fewshot``).
+"""Linear-probe and few-shot evaluation of frozen features: the ``linear_probe`` and ``fewshot``
+evaluators (an entry of ``evals:``, or ``vitscale eval … eval.probe=linear|fewshot``).
 
 Features are the model's pre-logits representation through the uniform model API,
 ``forward_head(forward_features(x), pre_logits=True)``, run as ``model(x, pre_logits=True)``: the
@@ -12,11 +13,11 @@ pooled (and ``fc_norm``-ed) tokens of a ViT or VOLO, the image embedding of a CL
   (arXiv:2103.00020, scikit-learn's L-BFGS ``LogisticRegression`` with a searched C) solved by
   torch, so that it runs where the features are (a GPU for ImageNet-sized feature sets) in float64
   on CPU; ``tests/unit/test_probe.py`` checks it against scikit-learn. The penalty is chosen from
-  ``eval.probe_l2`` on a held-out part of the train split, then refit on the whole split.
+  ``l2`` (``eval.probe_l2``) on a held-out part of the train split, then refit on the whole split.
 - ``fewshot``: big_vision's few-shot evaluator (``big_vision/evaluators/fewshot_lsr.py``): for each
-  of ``eval.fewshot_seeds`` draws, ``k`` train images per class, features whitened with their mean
+  of ``seeds`` (``eval.fewshot_seeds``) draws, ``k`` train images per class, features whitened with their mean
   and std, a constant bias feature of 100 appended, closed-form ridge regression (penalty
-  ``eval.fewshot_l2``) onto one-hot targets in {-1, 1}, top-1 of the argmax on the validation split.
+  ``l2``, ``eval.fewshot_l2``) onto one-hot targets in {-1, 1}, top-1 of the argmax on the validation split.
 
 On several processes (``torchrun … -m vitscale eval``) each rank extracts the features of its shard of
 both splits; they are gathered in dataset order, and every rank fits the same probe on all of them.
@@ -25,6 +26,8 @@ both splits; they are gathered in dataset order, and every rank fits the same pr
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +35,7 @@ from torch import nn
 
 from vitscale.data import keyed
 
+from .evaluator import Evaluator, EvaluatorConfig, register_evaluator
 from .gather import gather_ordered
 
 STREAM_PROBE_SPLIT = 101
@@ -41,18 +45,6 @@ SMALL_PROBLEM = 1 << 22  # feature matrices with fewer elements are fitted on on
 
 
 # ----------------------------------------------------------------------------------------- features
-def split_loaders(loaders) -> tuple:
-    """``(train, val)`` loaders of the run (``assemble(cfg, "eval")``: both splits in order, with the
-    evaluation transform); a readable error when a split cannot be read that way."""
-    from vitscale.data.dataset import KeyedDataset
-
-    if loaders.val is None:
-        raise FileNotFoundError("the config has no validation data (set data.val_path or data.val_split)")
-    if not isinstance(getattr(loaders.train, "dataset", None), KeyedDataset):
-        raise ValueError("probes read the whole train split: not available for data.webdataset_mode=stream")
-    return loaders.train, loaders.val
-
-
 @torch.no_grad()
 def extract_features(model: nn.Module, loader, device, autocast=contextlib.nullcontext, group=None):
     """``(features float32 (N, D), labels (N,))`` of the whole split on ``device``, in dataset order:
@@ -197,32 +189,90 @@ def fewshot(xtr, ytr, xva, yva, num_classes: int, shots, seeds: int, l2: float, 
     return out
 
 
-# ----------------------------------------------------------------------------------------- entry
-def run_probe(cfg, model: nn.Module, loaders, device, autocast=contextlib.nullcontext, group=None) -> dict:
-    """``eval.probe`` of ``model`` on the run's train / val splits; the metrics ``vitscale eval`` prints.
-    On several ranks each extracts the features of its shard, the features are gathered in dataset
-    order (``group``: the data-parallel ranks) and every rank fits the same probe on them. On the CPU
-    it runs on ``train.cpu_threads`` threads when set, as training does."""
-    threads = torch.get_num_threads()
-    if torch.device(device).type == "cpu" and cfg.train.cpu_threads > 0:  # as training does (tiny models: 1)
-        torch.set_num_threads(cfg.train.cpu_threads)
-    try:
-        return _run_probe(cfg, model, loaders, device, autocast, group)
-    finally:
-        torch.set_num_threads(threads)
+# ----------------------------------------------------------------------------------------- evaluators
+@dataclass
+class LinearProbeConfig(EvaluatorConfig):
+    """``kind: linear_probe``: logistic regression on frozen features of ``fit_split``, scored on ``split``."""
+
+    fit_split: Literal["train", "val"] = "train"
+    """The split of its data the probe is fitted on (its features computed once per evaluation)."""
+    l2: tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+    """The L2 penalties tried (as ``eval.probe_l2``); one value = no search."""
+    holdout: float = 0.2
+    """Fraction of each class of the fit split held out to choose ``l2`` (as ``eval.probe_holdout``)."""
+    max_iter: int = 1000
+    """L-BFGS iterations per fit (at most)."""
 
 
-def _run_probe(cfg, model, loaders, device, autocast, group) -> dict:
-    ec = cfg.eval
-    if ec.probe not in ("linear", "fewshot"):
-        raise ValueError(f"eval.probe={ec.probe!r}: expected linear or fewshot")
-    train, val = split_loaders(loaders)
-    xtr, ytr = extract_features(model, train, device, autocast, group)
-    xva, yva = extract_features(model, val, device, autocast, group)
-    num_classes = int(max(cfg.data.num_classes or loaders.num_classes, int(ytr.max()) + 1, int(yva.max()) + 1))
-    res = {"probe": ec.probe, "feature_dim": int(xtr.shape[1]), "train_images": int(len(ytr)), "val_images": int(len(yva))}
+@dataclass
+class FewShotConfig(EvaluatorConfig):
+    """``kind: fewshot``: big_vision's few-shot ridge regression on k frozen features per class."""
+
+    fit_split: Literal["train", "val"] = "train"
+    """The split the k images per class are drawn from."""
+    shots: tuple[int, ...] = (1, 5, 10, 25)
+    """Images per class (as ``eval.shots``)."""
+    seeds: int = 3
+    """Draws of the k images per class, averaged (as ``eval.fewshot_seeds``)."""
+    l2: float = 1024.0
+    """Ridge penalty on whitened features (as ``eval.fewshot_l2``)."""
+
+
+class _Probe(Evaluator):
+    """Features of the fit and scored splits (gathered over the ranks in dataset order), then a fit
+    that every rank computes alike, on ``train.cpu_threads`` threads on the CPU as training."""
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        from vitscale.data.dataset import KeyedDataset
+
+        self.fit_loader = ctx.data.loader(cfg.data, cfg.fit_split, cfg.batch_size)
+        self.loader = ctx.data.loader(cfg.data, cfg.split, cfg.batch_size)
+        if not isinstance(getattr(self.fit_loader, "dataset", None), KeyedDataset):
+            raise ValueError("probes read the whole train split: not available for data.webdataset_mode=stream")
+        self.num_classes = ctx.data.classes(cfg.data)[0]
+
+    def __call__(self, model):
+        c = self.ctx
+        threads = torch.get_num_threads()
+        if c.device.type == "cpu" and c.cpu_threads > 0:  # as training does (tiny models: 1)
+            torch.set_num_threads(c.cpu_threads)
+        try:
+            xtr, ytr = extract_features(model, self.fit_loader, c.device, c.autocast, c.group)
+            xva, yva = extract_features(model, self.loader, c.device, c.autocast, c.group)
+            num_classes = int(max(self.num_classes, int(ytr.max()) + 1, int(yva.max()) + 1))
+            info = {"feature_dim": int(xtr.shape[1]), "train_images": int(len(ytr)), "val_images": int(len(yva))}
+            return {**self.fit(xtr, ytr, xva, yva, num_classes), **info}
+        finally:
+            torch.set_num_threads(threads)
+
+
+class LinearProbe(_Probe):
+    config = LinearProbeConfig
+    default_name = "linear_probe"
+
+    def fit(self, xtr, ytr, xva, yva, num_classes):
+        e = self.cfg
+        res = linear_probe(xtr, ytr, xva, yva, num_classes, e.l2, e.holdout, e.max_iter, self.ctx.seed)
+        return {k.removeprefix("linear_probe_"): v for k, v in res.items()}
+
+
+class FewShot(_Probe):
+    config = FewShotConfig
+    default_name = "fewshot"
+
+    def fit(self, xtr, ytr, xva, yva, num_classes):
+        e = self.cfg
+        res = fewshot(xtr, ytr, xva, yva, num_classes, e.shots, e.seeds, e.l2, self.ctx.seed)
+        return {k.removeprefix("fewshot_"): v for k, v in res.items()}
+
+
+def probe_entry(ec) -> EvaluatorConfig:
+    """The evaluation of ``eval.probe`` (``vitscale eval``) from the ``eval.*`` keys."""
     if ec.probe == "linear":
-        res.update(linear_probe(xtr, ytr, xva, yva, num_classes, ec.probe_l2, ec.probe_holdout, ec.probe_max_iter, cfg.train.seed))
-    else:
-        res.update(fewshot(xtr, ytr, xva, yva, num_classes, ec.shots, ec.fewshot_seeds, ec.fewshot_l2, cfg.train.seed))
-    return res
+        return LinearProbeConfig(kind="linear_probe", l2=ec.probe_l2, holdout=ec.probe_holdout, max_iter=ec.probe_max_iter)
+    return FewShotConfig(kind="fewshot", shots=ec.shots, seeds=ec.fewshot_seeds, l2=ec.fewshot_l2)
+
+
+register_evaluator("linear_probe", LinearProbe)
+register_evaluator("fewshot", FewShot)

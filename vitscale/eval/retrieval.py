@@ -7,12 +7,12 @@ percentage of images whose own caption is among the k most similar captions; ``i
 
 from __future__ import annotations
 
-import contextlib
+from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from .zeroshot import collect_embeddings
+from .evaluator import Evaluator, EvaluatorConfig, register_evaluator
+from .zeroshot import round_embeddings
 
 
 def retrieval_recall(
@@ -33,15 +33,30 @@ def retrieval_recall(
     return out
 
 
-@torch.no_grad()
-def evaluate_retrieval(
-    model: nn.Module, loader, device, autocast=contextlib.nullcontext, ks=(1, 5, 10)
-) -> dict[str, float]:
-    """Recall@k of ``model`` on a loader whose batches carry ``image`` and ``text`` tokens."""
-    emb = collect_embeddings(model, loader, device, autocast)
-    if "text" not in emb:
-        raise ValueError("retrieval needs captions: the loader's batches have no 'text'")
-    return retrieval_recall(emb["image"], emb["text"], ks)
+@dataclass
+class RetrievalConfig(EvaluatorConfig):
+    """``kind: retrieval``: image <-> text recall@K of an image-text model on captioned data."""
+
+    ks: tuple[int, ...] = (1, 5, 10)
+    """The K of recall@K."""
 
 
-__all__ = ["evaluate_retrieval", "retrieval_recall"]
+class RetrievalEvaluator(Evaluator):
+    config = RetrievalConfig
+    default_name = ""  # its metric names say what they are: text_retrieval_recall@K, image_retrieval_recall@K
+
+    def __init__(self, cfg: RetrievalConfig, ctx):
+        super().__init__(cfg, ctx)
+        self.loader = ctx.data.loader(cfg.data, cfg.split, cfg.batch_size)
+
+    @torch.no_grad()
+    def __call__(self, model):
+        emb = round_embeddings(model, self.loader, self.ctx)
+        if "text" not in emb:  # the split has no captions
+            return {}
+        return retrieval_recall(emb["image"], emb["text"], self.cfg.ks)
+
+
+register_evaluator("retrieval", RetrievalEvaluator)
+
+__all__ = ["RetrievalConfig", "RetrievalEvaluator", "retrieval_recall"]

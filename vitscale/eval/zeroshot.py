@@ -9,11 +9,14 @@ order, so the metrics are those of the whole split.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
+from .evaluator import Evaluator, EvaluatorConfig, register_evaluator
 from .gather import gather_ordered
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -97,24 +100,51 @@ def zeroshot_accuracy(
     }
 
 
-@torch.no_grad()
-def evaluate_zeroshot(
-    model: nn.Module, loader, class_names, templates, device, autocast=contextlib.nullcontext, tokenizer=None
-) -> dict[str, float]:
-    """Zero-shot top-1 / top-5 of ``model`` on ``loader`` (batches with ``image`` and ``label``)."""
-    if tokenizer is None:
-        from vitscale.models.clip.tokenizer import create_tokenizer
+def round_embeddings(model: nn.Module, loader, ctx) -> dict[str, torch.Tensor]:
+    """:func:`collect_embeddings` of ``loader``, computed once per evaluation round for the evaluators
+    that share it (zero-shot and retrieval on the same split)."""
+    return ctx.cached(("embeddings", id(model), id(loader)), lambda: collect_embeddings(
+        model, loader, ctx.device, ctx.autocast, text_transform=ctx.fit_text, group=ctx.group))  # fmt: skip
 
-        tokenizer = create_tokenizer("clip")
-    emb = collect_embeddings(model, loader, device, autocast)
-    clf = zeroshot_classifier(model, tokenizer, class_names, templates, device, autocast)
-    return zeroshot_accuracy(emb["image"], emb["label"], clf)
 
+@dataclass
+class ZeroShotConfig(EvaluatorConfig):
+    """``kind: zeroshot``: zero-shot top-1 / top-5 of an image-text model (class names x prompt templates)."""
+
+    templates: tuple[str, ...] = ("a photo of a {}.",)
+    """Prompt templates, ``{}`` = the class name; a class's text embedding is their normalised mean
+    (the CLIP paper's default prompt, arXiv 2103.00020)."""
+    class_names: tuple[str, ...] | None = None
+    """Class names for the prompts, in label order; None = its data's (digits '0'..'9' become words)."""
+
+
+class ZeroShotEvaluator(Evaluator):
+    config = ZeroShotConfig
+    default_name = "zeroshot"
+
+    def __init__(self, cfg: ZeroShotConfig, ctx):
+        super().__init__(cfg, ctx)
+        if ctx.tokenizer is None:
+            raise ConfigError("evals: zeroshot needs an image-text model (a CLIP) and its tokenizer")
+        self.loader = ctx.data.loader(cfg.data, cfg.split, cfg.batch_size)
+        self.names = list(cfg.class_names) if cfg.class_names else readable_class_names(ctx.data.classes(cfg.data)[1])
+
+    @torch.no_grad()
+    def __call__(self, model):
+        c = self.ctx
+        emb = round_embeddings(model, self.loader, c)
+        if not emb or not self.names or not bool((emb["label"] >= 0).all()):  # captions without class labels
+            return {}
+        was_training = model.training
+        model.eval()
+        clf = zeroshot_classifier(model, c.tokenizer, self.names, self.cfg.templates, c.device, c.autocast)
+        model.train(was_training)
+        return {k.removeprefix("zeroshot_"): v for k, v in zeroshot_accuracy(emb["image"], emb["label"], clf).items()}
+
+
+register_evaluator("zeroshot", ZeroShotEvaluator)
 
 __all__ = [
-    "collect_embeddings",
-    "evaluate_zeroshot",
-    "readable_class_names",
-    "zeroshot_accuracy",
-    "zeroshot_classifier",
-]
+    "ZeroShotConfig", "ZeroShotEvaluator", "collect_embeddings", "readable_class_names", "round_embeddings",
+    "zeroshot_accuracy", "zeroshot_classifier",
+]  # fmt: skip

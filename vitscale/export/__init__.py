@@ -1,9 +1,10 @@
 """``vitscale export``: trained weights -> ONNX or ``torch.export`` graphs + ``export.json``, checked.
 
-A classifier (ViT, VOLO) becomes one graph, ``image`` (normalised images -> logits); CLIP becomes two,
-``image`` and ``text`` (token ids -> L2-normalised embeddings). Beside them, ``export.json`` holds
-what a server needs (preprocessing constants, class names, CLIP's tokenizer settings and vocabulary
-file, logit scale), each file's SHA-256, and the result of the check run right after writing (the
+The model family says which graphs (``FamilySpec.serving``): a classifier (ViT, VOLO, any family by
+default) becomes one graph, ``image`` (normalised images -> logits); CLIP becomes two, ``image`` and
+``text`` (token ids -> L2-normalised embeddings). Beside them, ``export.json`` holds what a server
+needs (preprocessing constants, class names, the family's tokenizer settings and files, CLIP's logit
+scale), each file's SHA-256, and the result of the check run right after writing (the
 file loaded back and compared with the eager model on real images and captions; ``check.py``).
 docs/using.md describes the layout; ``scripts/serve_onnx.py`` serves it.
 """
@@ -39,7 +40,7 @@ def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool
     from .check import check_graph, real_captions, real_images
     from .graphs import MAX_BATCH, build_graphs, capture, write_onnx, write_pt2
     from .source import load_source
-    from .spec import class_names, preprocess_spec, run_class_names, sha256, tokenizer_spec
+    from .spec import class_names, context_length, preprocess_spec, run_class_names, sha256, tokenizer_spec
 
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}: choose {' or '.join(FORMATS)}")
@@ -52,14 +53,17 @@ def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool
     out = Path(out) if out else default_out_dir(src, fmt, ema)
     out.mkdir(parents=True, exist_ok=True)
     model = source.model
-    contrastive = source.task == "contrastive"
+    family = get_family(source.name)
+    serving = family.serving_graphs(model)  # the graphs the family serves (CLIP: image and text)
+    texts = serving.text_length is not None
     images = real_images(source)
-    tokens = real_captions(source) if contrastive else None
+    tokenizer = family.create_tokenizer(context_length(source, serving.text_length)) if texts else None
+    tokens = real_captions(source, tokenizer) if texts else None
     b = "batch" if batch is None else batch
     info: dict = {
         "format": fmt,
         "exported_by": f"vitscale {__version__}, torch {torch.__version__}",
-        "model": {"name": source.name, "family": get_family(source.name).name, "task": source.task,
+        "model": {"name": source.name, "family": family.name, "task": source.task,
                   "overrides": source.overrides, "weights": source.weights, "ema": ema, "step": source.step},
         "batch": "dynamic" if batch is None else batch,
         "preprocess": preprocess_spec(source),
@@ -67,18 +71,16 @@ def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool
     }  # fmt: skip
     if batch is None:
         info["max_batch"] = MAX_BATCH
-    if contrastive:
-        info["embedding_dim"] = int(model.cfg.output_dim)
-        with torch.no_grad():
-            info["logit_scale"] = float(model.get_logit_scale())
-        info["tokenizer"] = tokenizer_spec(source, out)
+    info.update(serving.info)
+    if texts:
+        info["tokenizer"] = tokenizer_spec(tokenizer, out)
         info["zeroshot"] = {"class_names": run_class_names(source), "templates": list(source.cfg.clip.zeroshot_templates)}
     else:
         with torch.no_grad():
             num_classes = int(model(images[:1]).shape[-1])
         info["num_classes"] = num_classes
         info["labels"] = class_names(source, num_classes)
-    for graph in build_graphs(source, images, tokens):
+    for graph in build_graphs(serving, images, tokens):
         path = out / f"{graph.name}{FORMATS[fmt]}"
         log(f"exporting the {graph.name} graph to {path}")
         program, example = capture(graph, batch)

@@ -15,9 +15,9 @@ import torch
 
 TOLERANCE = 1e-4
 PHOTO_CAPTIONS = ("a photo of a chinese temple.", "a close-up photo of a red flower.")
-INPUTS_TEXT = {
+INPUTS_TEXT = {  # per input kind
     "image": "3 validation digits + scikit-learn's 2 sample photos (china.jpg, flower.jpg), vitscale's eval transform",
-    "text": "captions: the run's caption templates filled with class names + 2 captions of the sample photos",
+    "tokens": "captions: the run's caption templates filled with class names + 2 captions of the sample photos",
 }
 
 
@@ -43,16 +43,14 @@ def real_images(source, n_digits: int = 3) -> torch.Tensor:
     return (crops.float() / 255.0 - mean) / std
 
 
-def real_captions(source, n: int = 3) -> torch.Tensor:
-    """``(n + 2, context_length)`` token ids of real captions."""
-    from vitscale.models.clip.tokenizer import create_tokenizer
-
-    from .spec import context_length, run_class_names
+def real_captions(source, tokenizer, n: int = 3) -> torch.Tensor:
+    """``(n + 2, context_length)`` token ids of real captions, by the model family's ``tokenizer``."""
+    from .spec import run_class_names
 
     names = run_class_names(source) or ["seven", "two", "nine"]
     templates = list(source.cfg.clip.caption_templates)
     texts = [templates[i % len(templates)].format(names[(3 * i + 7) % len(names)]) for i in range(n)]
-    return create_tokenizer("clip", context_length=context_length(source))([*texts, *PHOTO_CAPTIONS])
+    return tokenizer([*texts, *PHOTO_CAPTIONS])
 
 
 def batches(x: torch.Tensor, batch: int | None) -> list[torch.Tensor]:
@@ -97,7 +95,7 @@ def check_graph(graph, path, fmt: str, batch: int | None) -> dict:
     from .graphs import MissingDependency
     from .pt2 import UnsafeArchiveError
 
-    report = {"runtime": "onnxruntime" if fmt == "onnx" else "torch.export.load", "inputs": INPUTS_TEXT[graph.name]}
+    report = {"runtime": "onnxruntime" if fmt == "onnx" else "torch.export.load", "inputs": INPUTS_TEXT[graph.input_name]}
     errors: dict[str, float] = {}
     try:
         run, report["runtime"] = (onnx_runner if fmt == "onnx" else pt2_runner)(path)

@@ -39,35 +39,12 @@ class Graph:
     reference: object
     """``fn(input) -> output`` of the trained model itself: the check compares against it."""
     input_name: str
+    """What the graph takes: ``image`` (normalised images) or ``tokens`` (token ids)."""
     output_name: str
     example: torch.Tensor
     """A real input whose shape (batch aside) and dtype the graph takes."""
     description: str
     """What the output is, for export.json."""
-
-
-class ClipImageEncoder(nn.Module):
-    """CLIP's image tower alone (``visual`` + ``image_proj``): images -> L2-normalised embeddings."""
-
-    def __init__(self, clip: nn.Module):
-        super().__init__()
-        self.visual, self.image_proj = clip.visual, clip.image_proj
-        self._encode = type(clip).encode_image  # the model's own method, on these submodules only
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self._encode(self, images, normalize=True)
-
-
-class ClipTextEncoder(nn.Module):
-    """CLIP's text tower alone (``text`` + ``text_proj``): token ids -> L2-normalised embeddings."""
-
-    def __init__(self, clip: nn.Module):
-        super().__init__()
-        self.text, self.text_proj = clip.text, clip.text_proj
-        self._encode = type(clip).encode_text
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self._encode(self, tokens, normalize=True)
 
 
 def fold_batchnorm(module: nn.Module) -> nn.Module:
@@ -88,18 +65,15 @@ def fold_batchnorm(module: nn.Module) -> nn.Module:
     return module
 
 
-def build_graphs(source, images: torch.Tensor, tokens: torch.Tensor | None) -> list[Graph]:
-    """The graphs of ``source``: a classifier's image graph (logits), or CLIP's image and text
-    graphs (L2-normalised embeddings, open_clip's ``encode_*(normalize=True)``)."""
-    model = source.model
-    if source.task != "contrastive":
-        return [Graph("image", fold_batchnorm(model), model, "image", "logits", images,
-                      "class logits (B, num_classes); softmax gives probabilities")]  # fmt: skip
-    img = Graph("image", fold_batchnorm(ClipImageEncoder(model)), lambda x: model.encode_image(x, normalize=True),
-                "image", "image_embeds", images, "L2-normalised image embedding (B, output_dim)")  # fmt: skip
-    txt = Graph("text", fold_batchnorm(ClipTextEncoder(model)), lambda t: model.encode_text(t, normalize=True),
-                "tokens", "text_embeds", tokens, "L2-normalised text embedding (B, output_dim)")  # fmt: skip
-    return [img, txt]
+def build_graphs(serving, images: torch.Tensor, tokens: torch.Tensor | None) -> list[Graph]:
+    """The graphs the model's family serves (``FamilySpec.serving``: by default one image graph of
+    class logits; CLIP: its image and text graphs of L2-normalised embeddings), each with its real
+    example input (``images``, or ``tokens`` for a graph of token ids)."""
+    examples = {"image": images, "tokens": tokens}
+    return [
+        Graph(g.name, fold_batchnorm(g.module), g.reference or g.module, g.input, g.output, examples[g.input], g.description)
+        for g in serving.graphs
+    ]
 
 
 def capture(graph: Graph, batch: int | None):

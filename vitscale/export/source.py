@@ -53,8 +53,8 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     ``config`` (a YAML path or built-in name) replaces the run's own ``config.yaml`` for the
     preprocessing constants, tokenizer settings and class names.
     """
-    from vitscale.checkpoint.checkpointer import load_model_weights, read_weights
-    from vitscale.config import Config, load_config
+    from vitscale.checkpoint import load_model_weights, read_weights
+    from vitscale.config import config_class, load_config
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.models.registry import get_family
     from vitscale.run import build_model, head_classes, model_overrides
@@ -67,8 +67,12 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     if p.is_file() and ema:
         raise ValueError("--ema selects model_ema.safetensors of a run folder; pass that file instead")
     folder = p if p.is_dir() else p.parent
+    if p.is_dir():  # the run folder's own files: nothing inside it is followed (docs/trust.md, "Symbolic links")
+        from vitscale.run.folder import check_links
+
+        check_links(folder)
     cfg_path = config or (str(folder / "config.yaml") if (folder / "config.yaml").is_file() else None)
-    cfg = load_config(cfg_path) if cfg_path else Config()
+    cfg = load_config(cfg_path) if cfg_path else config_class()()
     config_from = str(cfg_path) if cfg_path else "defaults"
 
     weights_file = p if p.is_file() else folder / ("model_ema.safetensors" if ema else "model.safetensors")

@@ -54,17 +54,33 @@ def preprocess_spec(source) -> dict:
     }
 
 
+def _data_class_names(cfg) -> list[str] | None:
+    """The class names of a run's data, read without its images (the data format's ``class_names``)."""
+    from vitscale.data.formats import get_format
+
+    fmt = get_format(cfg.data.format)
+    return fmt.class_names(cfg.data) if fmt.class_names is not None else None
+
+
 def run_class_names(source) -> list[str] | None:
-    """The run's readable class names (digits: 'zero' … 'nine'), or None when unknown."""
-    from vitscale.tasks.contrastive import dataset_class_names
+    """The run's readable class names (digits: 'zero' … 'nine'): ``clip.class_names``, else its folder's
+    ``classnames.txt`` (the classes training mapped the labels to), else the config's dataset's; None
+    when unknown."""
+    from vitscale.data.classes import run_class_names as saved
+    from vitscale.eval.zeroshot import readable_class_names
 
     if source.config_from == "defaults":
         return None
+    if source.cfg.clip.class_names:
+        return list(source.cfg.clip.class_names)
+    names = saved(source.weights)
+    if names:
+        return readable_class_names(names)
     try:
-        names = dataset_class_names(source.cfg)
+        names = _data_class_names(source.cfg)
     except (FileNotFoundError, OSError):  # the training images are not on this machine
         return None
-    return list(names) if names else None
+    return readable_class_names(names) if names else None
 
 
 def class_names(source, count: int) -> list[str] | None:
@@ -73,34 +89,22 @@ def class_names(source, count: int) -> list[str] | None:
     return names if names and len(names) == count else None
 
 
-def context_length(source) -> int:
-    """Tokens per caption: ``clip.context_length`` (what training tokenized to), at most the text
-    tower's ``encoder_seq_length``."""
-    return min(int(source.cfg.clip.context_length), int(source.model.cfg.text.encoder_seq_length))
+def context_length(source, text_length: int) -> int:
+    """Tokens per caption: ``clip.context_length`` (what training tokenized to), at most the
+    ``text_length`` the text graph takes (``Serving.text_length``)."""
+    return min(int(source.cfg.clip.context_length), int(text_length))
 
 
-def tokenizer_spec(source, out_dir: Path) -> dict:
-    """CLIP's tokenizer settings; its vocabulary file is copied beside the graphs."""
+def tokenizer_spec(tokenizer, out_dir: Path) -> dict:
+    """The model family's tokenizer settings (its ``describe()``); each file it names (``files()``,
+    e.g. ``vocab_file``) is copied beside the graphs and recorded by name with its SHA-256
+    (``vocab_sha256``)."""
     import shutil
 
-    from vitscale.models.clip import tokenizer as tok
-
-    t = tok.create_tokenizer("clip", context_length=context_length(source))
-    vocab = out_dir / tok.VOCAB_FILE.name
-    shutil.copyfile(tok.VOCAB_FILE, vocab)
-    return {
-        "kind": "clip_bpe",
-        "reference": "open_clip SimpleTokenizer with its default 'lower' cleaning (same ids)",
-        "vocab_file": vocab.name,
-        "vocab_sha256": sha256(vocab),
-        "vocab_size": int(t.vocab_size),
-        "bpe_merges": int(tok.NUM_MERGES),
-        "context_length": int(t.context_length),
-        "sot_token_id": int(t.sot_token_id),
-        "eot_token_id": int(t.eot_token_id),
-        "pad_token_id": 0,
-        "truncate": "cut to context_length; the last id becomes eot_token_id",
-        "lower_case": True,
-        "clean": ["ftfy.fix_text", "html.unescape twice", "collapse whitespace runs to one space", "strip"],
-        "pretokenize_regex": t._pattern.pattern,
-    }
+    files = {}
+    for key, path in tokenizer.files().items():
+        copy = out_dir / Path(path).name
+        shutil.copyfile(path, copy)
+        files[key] = copy.name
+        files[key.removesuffix("_file") + "_sha256"] = sha256(copy)
+    return {**files, **tokenizer.describe()}

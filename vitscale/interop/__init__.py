@@ -1,14 +1,18 @@
 """Use the weights you already have: timm and open_clip models <-> vitscale, exactly.
 
-- ``from_timm(timm_model)`` -> the equivalent vitscale model carrying its weights (timm's
-  ``VisionTransformer``, ``NaFlexVit`` or ``VOLO``).
+Every function asks the model family's spec for its state-dict adapter (``FamilySpec.adapters``; the
+conversions live beside each family's model, ``vitscale/models/<family>/state_dict_adapter.py``): a
+family without an adapter to the library is refused in one line ("no timm adapter for family X").
+
+- ``from_timm(timm_model)`` -> the equivalent vitscale model carrying its weights.
 - ``to_timm(model)`` -> a state dict that loads with ``strict=True`` into the timm model built by
   ``create_timm_model(model)`` (or from ``timm_kwargs(model)``).
 - ``unsupported_timm_vits()`` -> ``{name: reason}`` for the installed timm's registered ViTs that
   vitscale's ViT cannot express; every other one converts exactly (``vitscale/models/vit/timm_registry.py``).
 - ``load_timm_checkpoint(path, name)`` -> a vitscale model from a local timm ``.safetensors`` or
   ``.pth``/``.bin`` file (tensors only: never unpickles arbitrary objects; no network).
-- CLIP: ``from_open_clip``, ``to_open_clip``, ``load_open_clip_checkpoint`` (in ``open_clip.py``).
+- open_clip: ``from_open_clip``, ``to_open_clip``, ``load_open_clip_checkpoint`` (``open_clip.py`` also has
+  ``create_open_clip_model`` and ``open_clip_config``).
 """
 
 from __future__ import annotations
@@ -19,77 +23,35 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models.naflex import NaFlexConfig, NaFlexViT
-from ..models.naflex import state_dict_adapter as naflex_adapter
-from ..models.vit import VisionTransformer
-from ..models.vit import state_dict_adapter as vit_adapter
-from ..models.volo import VOLO, VOLOConfig
-from ..models.volo import state_dict_adapter as volo_adapter
-
-
-def _is_timm_vit(m: nn.Module) -> bool:
-    return type(m).__name__ == "VisionTransformer" and type(m).__module__.startswith("timm.")
-
-
-def _is_timm_naflex(m: nn.Module) -> bool:
-    return type(m).__name__ == "NaFlexVit" and type(m).__module__.startswith("timm.")
-
-
-def _is_timm_volo(m: nn.Module) -> bool:
-    return type(m).__name__ == "VOLO" and type(m).__module__.startswith("timm.")
+from ..models.registry import family_of, library_adapter
 
 
 def from_timm(timm_model: nn.Module) -> nn.Module:
-    """The vitscale model equivalent to a timm ``VisionTransformer`` (or ``VOLO``), with its weights."""
-    if _is_timm_volo(timm_model):
-        return volo_adapter.volo_from_timm(timm_model)
-    if _is_timm_naflex(timm_model):
-        return naflex_adapter.naflex_from_timm(timm_model)  # ValueError naming what vitscale cannot express
-    if not _is_timm_vit(timm_model):
-        raise TypeError(f"from_timm supports timm VisionTransformer, NaFlexVit and VOLO, not {type(timm_model).__name__}")
-    from ..models.vit.timm_registry import vit_from_timm
-
-    return vit_from_timm(timm_model)  # ValueError naming what vitscale cannot express
+    """The vitscale model equivalent to a timm model (``VisionTransformer``: ViT; ``VOLO``: VOLO), with
+    its weights: the adapter of the family that accepts it converts it (TypeError if none does)."""
+    return library_adapter("timm", timm_model).from_library(timm_model)  # ValueError naming what cannot be expressed
 
 
 def to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A state dict that loads with ``strict=True`` into ``create_timm_model(model)``."""
-    if isinstance(model, VisionTransformer):
-        return vit_adapter.state_dict_to_timm(model.state_dict(), model.cfg)
-    if isinstance(model, NaFlexViT):
-        return naflex_adapter.state_dict_to_timm(model.state_dict(), model.cfg)
-    if isinstance(model, VOLO):
-        return volo_adapter.volo_to_timm(model)
-    raise TypeError(f"to_timm supports vitscale ViT, NaFlex ViT and VOLO models, not {type(model).__name__}")
+    """A state dict that loads with ``strict=True`` into ``create_timm_model(model)``
+    (NotImplementedError, one line, for a family without a timm adapter)."""
+    return family_of(model).adapter("timm").to_library(model)
 
 
 def timm_kwargs(model_or_cfg: Any) -> dict[str, Any]:
-    """Keyword arguments for the timm model (``VisionTransformer`` or ``VOLO``) that matches a vitscale
-    ViT or VOLO or its config: the family's state-dict adapter's ``timm_kwargs``."""
+    """Keyword arguments for the timm model that matches a vitscale model or its variant config (the
+    family's timm adapter's ``library_kwargs``)."""
     cfg = model_or_cfg.cfg if isinstance(model_or_cfg, nn.Module) else model_or_cfg
-    if isinstance(cfg, VOLOConfig):
-        return volo_adapter.timm_kwargs(cfg)
-    if isinstance(cfg, NaFlexConfig):  # (a ViTConfig too: asked first)
-        return naflex_adapter.timm_kwargs(cfg)
-    return vit_adapter.timm_kwargs(cfg)
+    return family_of(cfg).adapter("timm").library_kwargs(cfg)
 
 
 def create_timm_model(model: nn.Module, load_weights: bool = True, **timm_overrides: Any) -> nn.Module:
     """The timm model matching a vitscale model (with its weights unless ``load_weights=False``).
 
-    ``timm_overrides`` go to timm's ``VisionTransformer``, e.g. ``dynamic_img_size=True`` to feed the
-    timm model other image sizes, as the vitscale model accepts them.
+    ``timm_overrides`` go to the timm model's class, e.g. ``dynamic_img_size=True`` to feed a timm
+    ``VisionTransformer`` other image sizes, as the vitscale model accepts them.
     """
-    if isinstance(model, VOLO):
-        return volo_adapter.create_timm_volo(model, load_weights=load_weights)
-    if isinstance(model, NaFlexViT):
-        return naflex_adapter.create_timm_naflex(model, load_weights=load_weights, **timm_overrides)
-    from timm.models.vision_transformer import VisionTransformer as TimmViT
-
-    tm = TimmViT(**{**timm_kwargs(model), **timm_overrides})
-    if load_weights:
-        tm.load_state_dict(to_timm(model), strict=True)
-    return tm
+    return family_of(model).adapter("timm").create(model, load_weights, **timm_overrides)
 
 
 def _read_tensors(path: str | Path) -> dict[str, torch.Tensor]:

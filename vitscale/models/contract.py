@@ -1,8 +1,9 @@
 """The model contract: what every family's model offers, and all that callers may rely on.
 
 A registered family's model class implements :class:`Model` (``tests/unit/test_model_contract.py``
-checks every family). The trainer, the tasks, evaluation, FLOP counting, the bench and
-``label-tokens`` use these members directly — never ``hasattr`` probes. A capability a family lacks
+checks every family). The trainer, the tasks, evaluation, the bench and ``label-tokens`` use these
+members directly — never ``hasattr`` probes. What a family offers besides its model (FLOP count,
+memory model, adapters, tokenizer, serving graphs) its :class:`~vitscale.models.spec.FamilySpec` says. A capability a family lacks
 is declared (``supports_dense = False``) and its method raises ``NotImplementedError`` naming the
 family, as torchtitan's model protocol (``torchtitan/protocols/model.py``) makes every model state
 what it offers.
@@ -92,11 +93,6 @@ class Model(Protocol):
 
     def example_inputs(self, batch: int, device: Any = None) -> tuple[torch.Tensor, ...]:
         """Random inputs of the right shapes for one ``model(*inputs)`` call."""
-        ...
-
-    def flops(self, img_size: int | tuple[int, int] | None = None) -> int:
-        """Forward FLOPs of one sample (2 per multiply-add, attention matmuls included) at
-        ``img_size`` (None = the configured size)."""
         ...
 
     def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:

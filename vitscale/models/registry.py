@@ -1,10 +1,10 @@
 """One registry of model families and their variants; the trainer never branches on a model's name.
 
-A family (vit, clip, volo, naflex) registers a :class:`FamilySpec`, as torchtitan's ``TrainSpec`` does: its
-model class (which implements :class:`vitscale.models.contract.Model`), its variant table of frozen
-config dataclasses, the task it trains with by default, and where its parallel plan is — its TP
-plan and its blocks, in its ``parallelize.py``, imported on demand (so ``vitscale.models`` never
-imports distributed or training code).
+A family (vit, clip, volo, naflex) registers a :class:`~vitscale.models.spec.FamilySpec`, as torchtitan's
+``TrainSpec`` does: its model class (which implements :class:`vitscale.models.contract.Model`), its
+variant table of frozen config dataclasses, the task it trains with by default, its parallel plan,
+state-dict adapters, tokenizer, FLOP count, memory model and serving graphs (``spec.py``; the slots
+are imported on demand, so ``vitscale.models`` never imports distributed or training code).
 """
 
 from __future__ import annotations
@@ -13,32 +13,22 @@ import dataclasses
 import difflib
 import fnmatch
 import importlib
-from dataclasses import dataclass
+import pkgutil
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-# Modules whose import registers a family. Order = order in `vitscale models`.
+from .spec import FamilySpec, StateDictAdapter
+
+# Modules whose import registers a family, first and in this order (the order of `vitscale models`);
+# every other package under vitscale/models/ is imported after them, so a new family's package
+# registers itself with no edit here.
 FAMILY_MODULES = ("vitscale.models.vit", "vitscale.models.clip", "vitscale.models.volo", "vitscale.models.naflex")
+NOT_FAMILIES = ("common",)
 _FAMILIES: dict[str, FamilySpec] = {}
 _loaded = False
-
-
-@dataclass(frozen=True)
-class FamilySpec:
-    name: str
-    """Family name: ``vit``, ``clip``, ``volo``, ``naflex``."""
-    model_cls: type
-    """``model_cls(cfg, device=None, dtype=None)`` builds the model (a :class:`~vitscale.models.contract.Model`);
-    ``init_weights()`` initialises it."""
-    variants: dict[str, Any]
-    """Variant name -> frozen config dataclass."""
-    parallel_plan: str
-    """``"module:NAME"`` of the family's :class:`vitscale.distributed.parallelize.ParallelPlan` (its TP
-    plan and its blocks), imported on first use."""
-    task: str = "classification"
-    """The task this family trains with by default (classification, contrastive, ...)."""
 
 
 def register_family(spec: FamilySpec) -> None:
@@ -52,7 +42,9 @@ def _load_families() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        for mod in FAMILY_MODULES:
+        here = [str(Path(__file__).parent)]
+        found = [f"{__package__}.{m.name}" for m in pkgutil.iter_modules(here) if m.ispkg and m.name not in NOT_FAMILIES]
+        for mod in [*FAMILY_MODULES, *sorted(set(found) - set(FAMILY_MODULES))]:
             importlib.import_module(mod)
 
 
@@ -88,6 +80,25 @@ def family_of(model_or_cfg: Any) -> FamilySpec:
         if isinstance(model_or_cfg, f.model_cls) or any(type(v) is type(model_or_cfg) for v in f.variants.values()):
             return f
     raise KeyError(f"{type(model_or_cfg).__name__} belongs to no registered model family")
+
+
+def library_adapter(library: str, foreign: nn.Module) -> StateDictAdapter:
+    """The state-dict adapter (of the registered family whose counterpart it is) that converts
+    ``foreign``, a model of ``library`` (``timm``, ``open_clip``); TypeError naming the families
+    with an adapter to that library when none accepts it."""
+    _load_families()
+    known = []
+    for f in _FAMILIES.values():
+        if library in f.adapters:
+            adapter = f.adapter(library)
+            if adapter.accepts(foreign):
+                return adapter
+            known.append(f"{f.name}")
+    cls = type(foreign)
+    raise TypeError(
+        f"no vitscale family converts {library}'s {cls.__module__}.{cls.__name__} "
+        f"(families with a {library} adapter: {', '.join(known) or 'none'})"
+    )
 
 
 def get_model_config(name: str, **overrides: Any) -> Any:
@@ -137,6 +148,15 @@ def create_model(
 
 def parallel_plan(family: str | FamilySpec) -> Any:
     """The family's :class:`vitscale.distributed.parallelize.ParallelPlan` (imported on demand)."""
-    spec = family if isinstance(family, FamilySpec) else get_family(family)
-    module, name = spec.parallel_plan.split(":")
-    return getattr(importlib.import_module(module), name)
+    return (family if isinstance(family, FamilySpec) else get_family(family)).plan()
+
+
+def forward_flops(model: Any, img_size: int | tuple[int, int] | None = None, *, training: bool = False) -> int:
+    """Forward FLOPs of one sample of ``model`` (a variant name, a variant config or a model) at
+    ``img_size`` (None = its own): the one count behind ``vitscale models`` (``training=False``) and
+    the TFLOP/s and MFU of training runs and ``vitscale bench`` (``training`` as the step runs). See
+    :meth:`FamilySpec.forward_flops` for what is counted."""
+    if isinstance(model, str):
+        return get_family(model).forward_flops(get_model_config(model), img_size, training=training)
+    cfg = model.cfg if isinstance(model, nn.Module) else model
+    return family_of(model).forward_flops(cfg, img_size, training=training)

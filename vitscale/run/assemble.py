@@ -20,11 +20,14 @@ from torch import nn
 
 from ..config import Config
 from ..data import Loaders, build_loaders
+from ..data.classes import run_class_names, write_run_class_names
+from ..data.config import DataConfig
+from ..data.formats import get_format
 from ..distributed.float8 import Float8Report, float8_report
 from ..distributed.fsdp import Precision, resolve_precision
 from ..distributed.parallel_dims import ParallelDims, init_distributed, resolve_device, world_info
 from ..distributed.parallelize import parallelize
-from ..models.registry import FamilySpec, family_of, get_model_config, parallel_plan
+from ..models.registry import FamilySpec, family_of, get_family, get_model_config, parallel_plan
 from .build import build_model
 from .checks import check_batches, check_classes, check_output_folder, check_run
 from .folder import Claim, claim
@@ -112,10 +115,13 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     try:
         micro_batch = tc.batch_size // (dims.dp_size * tc.grad_accum)
         base = model.cfg if model is not None else get_model_config(cfg.model.name, **cfg.model.overrides)
+        spec = family_of(model) if model is not None else get_family(cfg.model.name)
         side = cfg.teacher.img_size if purpose == "label" else cfg.data.img_size
         img_size = (side, side) if side else (base.img_h, base.img_w)
-        loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, base.num_channels, micro_batch)
+        loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, base.num_channels, micro_batch, spec)
         num_classes = (cfg.data.num_classes or loaders.num_classes) if loaders is not None else None
+        if purpose == "train" and dims.is_main and loaders.class_names:  # for vitscale eval and export
+            write_run_class_names(cfg.train.output_dir, loaders.class_names)
         if purpose == "train":
             try:
                 images = len(loaders.train.dataset)
@@ -192,15 +198,30 @@ def _use_device_settings(device: torch.device, cfg: Config) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, num_channels: int, micro_batch: int) -> Loaders:
+def data_tokenizer(family: FamilySpec, data: DataConfig):
+    """The tokenizer the data layer turns captions into token ids with: the family's
+    (``FamilySpec.create_tokenizer``, ``data.caption_context_length`` tokens) for a family that reads
+    text and a data format whose samples carry captions; None otherwise (no caption tokens). Built
+    here, once per loader build: forked workers share it."""
+    if family.tokenizer is None or not get_format(data.format).captions:
+        return None
+    return family.create_tokenizer(data.caption_context_length)
+
+
+def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, num_channels: int, micro_batch: int,
+             family: FamilySpec) -> Loaders:  # fmt: skip
+    tokenize = data_tokenizer(family, cfg.data)  # a family that reads text hands the data its tokenizer
     # this data-parallel rank's shard; TP ranks of one replica read the same
     common = dict(img_size=img_size, num_channels=num_channels, seed=cfg.train.seed, device=dims.device,
-                  rank=dims.dp_rank, world_size=dims.dp_size)  # fmt: skip
+                  rank=dims.dp_rank, world_size=dims.dp_size, tokenize=tokenize)  # fmt: skip
     if purpose == "train":
         return build_loaders(cfg.data, micro_batch_size=micro_batch, eval_batch_size=cfg.eval.batch_size, **common)
-    # every image once, in order, unaugmented, in whole batches of the one-process job (EvalShardSampler)
+    # every image once, in order, unaugmented, in whole batches of the one-process job (EvalShardSampler);
+    # an evaluation maps the labels to the classes the weights were trained on (their run folder's)
     batch = cfg.teacher.batch_size if purpose == "label" else cfg.eval.batch_size
-    return build_loaders(cfg.data, micro_batch_size=batch, eval_batch_size=batch, train_augment=False, **common)
+    classes = run_class_names(cfg.checkpoint.path) if purpose == "eval" else None
+    return build_loaders(cfg.data, micro_batch_size=batch, eval_batch_size=batch, train_augment=False,
+                         classes=classes, **common)  # fmt: skip
 
 
-__all__ = ["PURPOSES", "Purpose", "Run", "assemble", "head_classes", "model_overrides"]
+__all__ = ["PURPOSES", "Purpose", "Run", "assemble", "data_tokenizer", "head_classes", "model_overrides"]

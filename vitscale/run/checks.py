@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config
+from ..data.transforms import parse_randaugment
 from ..distributed.compile import check_compile_mode
 from ..distributed.float8 import check_recipe, fp8_emulated, require_torchao
 from ..distributed.fsdp import fsdp_runs_on
@@ -50,6 +51,78 @@ def _side(key: str, value: int | None) -> None:
         return
     if not 1 <= value <= MAX_IMAGE_SIDE:
         raise CheckError(f"{key}={value} is not a usable image side: use 1 to {MAX_IMAGE_SIDE} pixels (e.g. 224)")
+
+
+def _nonfinite(tree, prefix: str = ""):
+    """(dotted key, value) of the first float at any depth of ``tree`` that is NaN or infinite."""
+    if isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, (list, tuple)):
+        items = ((f"[{i}]", v) for i, v in enumerate(tree))
+    else:
+        return (prefix, tree) if isinstance(tree, float) and not math.isfinite(tree) else None
+    for k, v in items:
+        key = f"{prefix}{k}" if str(k).startswith("[") or not prefix else f"{prefix}.{k}"
+        found = _nonfinite(v, key)
+        if found:
+            return found
+    return None
+
+
+def _check_finite(cfg: Config) -> None:
+    """No setting of the run, the model's overrides included, is NaN or infinite (a NaN passes every
+    ``<`` comparison: ``train.grad_clip=.nan`` was "no clipping", a NaN in ``data.mean`` made every
+    step non-finite)."""
+    from ..config import config_to_dict
+
+    found = _nonfinite(config_to_dict(cfg))
+    if found:
+        key, value = found
+        raise CheckError(f"{key.replace('model.overrides.', 'model.')}={value} is not a finite number: set a number, or leave the key out for its default")
+
+
+def _positive(key: str, value, meaning: str) -> None:
+    if not value > 0:
+        raise CheckError(f"{key}={value} must be greater than 0 ({meaning})")
+
+
+def _check_degenerate(cfg: Config, purpose: str) -> None:
+    """Values a field cannot take whatever the rest of the config says: zero or negative where it
+    divides or scales, probabilities outside [0, 1]."""
+    d, o = cfg.data, cfg.optim
+    if purpose == "bench":  # no data, no optimizer state
+        return
+    for i, s in enumerate(d.std):
+        _positive(f"data.std[{i}]", s, "images are divided by it: a zero std makes every input infinite")
+    lo, hi = d.rrc_scale
+    if not 0 < lo <= hi <= 1:
+        raise CheckError(f"data.rrc_scale={list(d.rrc_scale)} must be 0 < low <= high <= 1 (fractions of the image area, e.g. 0.08,1.0)")
+    lo, hi = d.rrc_ratio
+    if not 0 < lo <= hi:
+        raise CheckError(f"data.rrc_ratio={list(d.rrc_ratio)} must be 0 < low <= high (width / height, e.g. 0.75,1.333)")
+    for key in ("hflip", "random_erasing", "mixup_prob", "mixup_switch_prob"):
+        _fraction(f"data.{key}", getattr(d, key), "a probability", closed_high=True)
+    for key in ("color_jitter", "mixup_alpha", "cutmix_alpha"):
+        _at_least(f"data.{key}", getattr(d, key), 0, "0 = off")
+    if purpose != "train":
+        return
+    _at_least("optim.weight_decay", o.weight_decay, 0, "0 = no weight decay")
+    if o.head_weight_decay is not None:
+        _at_least("optim.head_weight_decay", o.head_weight_decay, 0, "None = optim.weight_decay")
+    _positive("optim.eps", o.eps, "Adam's epsilon, added to a denominator, e.g. 1e-8")
+    for i, b in enumerate(o.betas):
+        _fraction(f"optim.betas[{i}]", b, "Adam's moment decay, e.g. 0.9,0.999")
+    _at_least("optim.momentum", o.momentum, 0, "SGD momentum, 0 = none")
+    _at_least("optim.lr_scale_batch", o.lr_scale_batch, 0, "0 = no scaling")
+    sc = cfg.schedule
+    _at_least("schedule.warmup_epochs", sc.warmup_epochs, 0, "used when schedule.warmup_steps is 0")
+    _at_least("schedule.cooldown_steps", sc.cooldown_steps, 0, "0 = no cooldown")
+    _at_least("schedule.min_lr", sc.min_lr, 0, "the cosine's final learning rate")
+    _at_least("schedule.rsqrt_timescale", sc.rsqrt_timescale, 1, "steps")
+    tl = cfg.token_label
+    for key in ("beta", "cls_weight", "mix_token_alpha"):
+        _at_least(f"token_label.{key}", getattr(tl, key), 0, "a weight")
+    _fraction("token_label.mix_token_prob", tl.mix_token_prob, "a probability", closed_high=True)
 
 
 def _check_ranges(cfg: Config, purpose: str) -> None:
@@ -104,6 +177,16 @@ def _check_image_size(cfg: Config, purpose: str) -> None:
             raise CheckError(f"{key}={side} does not fit {cfg.model.name}: {e}; use a multiple of {base.patch_dim}") from None
 
 
+def _check_tp(cfg: Config, dims: ParallelDims) -> None:
+    """The model's family says whether its TP plan splits this config over ``parallel.tp`` ranks."""
+    if dims.tp > 1:
+        from ..distributed.parallelize import check_layout
+        from ..models.registry import get_family, get_model_config
+
+        name = cfg.model.name
+        check_layout(get_family(name).plan(), get_model_config(name, **cfg.model.overrides), dims.tp, name)
+
+
 def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     """:class:`CheckError` (or RuntimeError for the machine) naming the setting to change, for a run
     of ``purpose``."""
@@ -113,8 +196,13 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
             f"{torch.__version__} (its CPU streams lack record_event): train on CUDA, or on CPU with a "
             "newer torch (2.11 and 2.15 checked)"
         )
+    _check_finite(cfg)
     _check_ranges(cfg, purpose)
+    _check_degenerate(cfg, purpose)
     _check_image_size(cfg, purpose)
+    _check_tp(cfg, dims)
+    if purpose == "train":
+        parse_randaugment(cfg.data.randaugment)  # a ConfigError naming the token
     if purpose in ("train", "bench"):
         check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
                            world_size=dims.world_size)  # fmt: skip

@@ -31,10 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import EXIT_USAGE, UserError
+from ..errors import EXIT_USAGE, ConfigError, UserError
 
 LOCK_NAME = "run.lock"
 CONFIG_NAME = "config.yaml"
+RUN_ENTRIES = (CONFIG_NAME, "metrics.jsonl", "train.log", "summary.json", "report.html", "model.safetensors",
+               "model_ema.safetensors", LOCK_NAME, "checkpoints", "tb",
+               "classnames.txt")  # the run's classes (vitscale.data.classes.write_run_class_names)  # fmt: skip
+"""What a run reads, writes, appends to or resumes from in its folder: none may be a symbolic link
+(docs/trust.md, "Symbolic links"; the step folders in ``checkpoints/`` are skipped as damaged)."""
 log = logging.getLogger("vitscale.run")
 
 # Settings that do not change what a run computes (beyond floating-point rounding for the kernel
@@ -47,8 +52,32 @@ NEUTRAL = (
     "data.prefetch_across_epochs", "data.max_image_pixels",
     "checkpoint.every", "checkpoint.keep", "checkpoint.path", "checkpoint.init_from", "checkpoint.resume",
     "checkpoint.allow_changes", "checkpoint.export_safetensors",
-    "eval", "log", "parallel", "teacher",
+    "eval", "evals", "log", "parallel", "teacher",
 )  # fmt: skip
+
+
+class FolderLink(UserError):
+    """A file or folder of the run is a symbolic link: nothing inside a run folder is followed."""
+
+
+def check_links(folder: Path) -> None:
+    """:class:`FolderLink` naming the first of :data:`RUN_ENTRIES` in ``folder`` that is a symbolic
+    link. The folder itself may be one (where runs live is the user's choice); what is inside it is
+    the run's own, so a link there — to another run's log, or a file outside — is never followed."""
+    for name in RUN_ENTRIES:
+        p = folder / name
+        if p.is_symlink():
+            raise FolderLink(
+                f"{p} is a symbolic link (to {os.readlink(p)}): nothing inside a run folder is followed (its files are "
+                f"its own, docs/trust.md); remove the link, or set another train.output_dir"
+            )
+
+
+def open_append(path: str | os.PathLike):
+    """``open(path, "a")`` (UTF-8 text) that refuses a symbolic link in the last component
+    (``O_NOFOLLOW``): what a run appends to (metrics.jsonl, train.log) is its own file."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
+    return os.fdopen(fd, "a", encoding="utf-8", errors="replace")
 
 
 class FolderInUse(UserError):
@@ -321,10 +350,9 @@ class Claim:
 def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
     """The accepted changes of a resume in ``folder``; :class:`ConfigChanged` for refused ones. Only
     when the folder has a checkpoint to resume and a ``config.yaml`` describing it."""
-    import yaml
-
     from ..checkpoint import list_checkpoints
-    from ..config import Config, config_to_dict
+    from ..config import config_class, config_to_dict
+    from ..safe_yaml import read_yaml
 
     found = list_checkpoints(folder / "checkpoints")
     stored_path = folder / CONFIG_NAME
@@ -337,12 +365,14 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
     if not found or not stored_path.is_file():
         return []
     try:
-        stored = yaml.safe_load(stored_path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+        stored = read_yaml(stored_path)
+    except OSError as e:
         raise ConfigChanged(f"{stored_path} cannot be read ({type(e).__name__}), so this resume cannot be checked: restore it, or set another train.output_dir") from None
+    except ConfigError as e:  # a YAML bomb, a tag, a nest too deep: refused within the limits of vitscale.safe_yaml
+        raise ConfigChanged(f"{e}, so this resume cannot be checked: restore it, or set another train.output_dir") from None
     if not isinstance(stored, dict):
         raise ConfigChanged(f"{stored_path} is not a config, so this resume cannot be checked: restore it, or set another train.output_dir")
-    changes = config_changes(stored, config_to_dict(cfg), config_to_dict(Config()))
+    changes = config_changes(stored, config_to_dict(cfg), config_to_dict(config_class()()))
     allowed = tuple(cfg.checkpoint.allow_changes)
     refused = [c for c in changes if not _accepted(c[0], allowed)]
     if refused:
@@ -354,6 +384,17 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
             f"continue this one with the changes: checkpoint.allow_changes={keys}"
         )
     return changes
+
+
+def write_config(cfg: Any, folder: Path, before_step: int | None = None) -> None:
+    """The run's ``config.yaml``; ``before_step``: a resume with accepted changes, whose previous
+    config (the one the checkpoints so far were trained with) is kept as ``config.before_step_N.yaml``."""
+    from ..config import save_config
+
+    path = folder / CONFIG_NAME
+    if before_step is not None and path.is_file():
+        path.replace(folder / f"config.before_step_{before_step:08d}.yaml")
+    save_config(cfg, path)
 
 
 def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
@@ -368,6 +409,7 @@ def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
         try:
             if before is not None:
                 before(cfg)
+            check_links(folder)
             lock = RunLock.of(folder).acquire()
             accepted = check_same_run(cfg, folder)
         except UserError as e:
@@ -384,4 +426,7 @@ def claim(cfg: Any, is_main: bool, share=None, before=None) -> Claim:
     return Claim(lock=lock, accepted=accepted)
 
 
-__all__ = ["CONFIG_NAME", "Claim", "ConfigChanged", "FolderInUse", "LOCK_NAME", "NEUTRAL", "RunLock", "claim", "config_changes"]
+__all__ = [
+    "CONFIG_NAME", "Claim", "ConfigChanged", "FolderInUse", "FolderLink", "LOCK_NAME", "NEUTRAL", "RUN_ENTRIES", "RunLock", "check_links",
+    "claim", "config_changes", "open_append", "write_config",
+]  # fmt: skip

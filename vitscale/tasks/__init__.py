@@ -1,7 +1,7 @@
-"""Tasks: what a run computes — the loss of a batch and the evaluation over a loader — one module per
-task behind one registry (classification, contrastive, token labeling), each with its config group
-(``contrastive_config.py``, ``token_labeling_config.py``) that ``vitscale.config.Config`` holds."""
+"""Tasks: what a run computes — the loss of a batch, its config groups, its default evaluations and
+the loss the bench times — one module per task behind one registry (classification, contrastive,
+token labeling); see :mod:`vitscale.tasks.base`."""
 
-from .base import Task, get_task, list_tasks, register_task
+from .base import Task, get_task, register_task, task_groups
 
-__all__ = ["Task", "get_task", "list_tasks", "register_task"]
+__all__ = ["Task", "get_task", "register_task", "task_groups"]

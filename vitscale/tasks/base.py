@@ -1,8 +1,17 @@
-"""What a task is: a loss over a batch and an evaluation over a loader.
+"""What a task is, and the registry of tasks: a task is one module that declares everything a run of
+it needs and registers itself (after torchtitan's ``protocols/train_spec.py``):
 
-The trainer never branches on a model's name: the family's default task (``FamilySpec.task``) or
-``train.task`` picks a class from this registry. CLIP (contrastive) and token labeling register
-their own tasks from their own modules.
+- its config groups (``config_groups``: name -> dataclass; each becomes a group of the run config,
+  ``vitscale.config.config_class``, and is left out of the config.yaml of runs of other tasks);
+- its loss per micro-batch and the training metrics beside it (:meth:`Task.loss`);
+- its default evaluations (:meth:`Task.default_evals`: the entries a run gets when its config sets
+  no ``evals:``, built from the ``eval.*`` keys);
+- the loss ``vitscale bench`` times (:meth:`Task.bench_loss`, on the output of our model and of the
+  reference implementations alike).
+
+The trainer never branches on a model's name: ``train.task``, else the family's default task
+(``FamilySpec.task``), picks a class from this registry. ``tests/unit/test_new_task.py`` adds a task
+from its test file alone.
 """
 
 from __future__ import annotations
@@ -15,8 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitscale.errors import ConfigError
+
 _TASKS: dict[str, type[Task]] = {}
-# Modules that register a task when imported (looked up lazily by name).
+# The built-in tasks' modules, imported on first use of a task name or of the config groups.
 _TASK_MODULES = {
     "classification": "vitscale.tasks.classification",
     "contrastive": "vitscale.tasks.contrastive",
@@ -25,53 +36,96 @@ _TASK_MODULES = {
 
 
 class Task:
-    """``Task(cfg, model, num_classes, dp_group)``; the trainer calls :meth:`loss` per micro-batch.
+    """``Task(cfg, model, num_classes, dp_group, class_names)``; the trainer calls :meth:`loss` per
+    micro-batch.
 
     ``dp_group``: the process group of the data-parallel ranks (``ParallelDims.dp_group()``; None =
-    the world): losses that span the global batch and evaluations over sharded loaders combine over
-    it. Attributes the trainer sets after construction: ``autocast`` (a zero-argument context factory
-    for the forward pass) and ``device``.
+    the world): losses that span the global batch combine over it. ``class_names``: the class names
+    of the run's data (as the run assembly resolved them). Attributes the trainer sets after
+    construction: ``autocast`` (a zero-argument context factory for the forward pass) and ``device``.
     """
 
     name = "task"
+    config_groups: dict[str, type] = {}
+    """Config groups this task reads beyond the common ones: ``{"clip": ClipConfig}``."""
+    tokenizer: Any = None
+    """The text tokenizer of an image-text task (zero-shot prompts), else None."""
 
-    def __init__(self, cfg: Any, model: nn.Module, num_classes: int | None, dp_group=None):
+    def __init__(self, cfg: Any, model: nn.Module, num_classes: int | None, dp_group=None,
+                 class_names: list[str] | None = None):  # fmt: skip
         self.cfg = cfg
         self.num_classes = num_classes
         self.dp_group = dp_group
+        self.class_names = list(class_names or [])
         self.autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         self.device = torch.device("cpu")
 
     @classmethod
-    def for_evaluation(cls, cfg: Any, model: nn.Module, num_classes: int | None, dp_group=None) -> Task:
+    def for_evaluation(cls, cfg: Any, model: nn.Module, num_classes: int | None, dp_group=None,
+                       class_names: list[str] | None = None) -> Task:  # fmt: skip
         """The task that evaluates trained weights (``vitscale eval``): this one, unless training it
         needs more than the model and the data (token labeling evaluates as classification)."""
-        return cls(cfg, model, num_classes, dp_group)
+        return cls(cfg, model, num_classes, dp_group, class_names)
 
     def loss(self, model: nn.Module, batch: dict, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Mean loss of the (already on-device) micro-batch and detached metric tensors.
+        """Mean loss of the (already on-device) micro-batch and detached metric tensors (``train_*``).
 
         ``step`` is a counter of micro-batches (keys per-batch randomness such as mixup)."""
         raise NotImplementedError
 
-    def evaluate(self, model: nn.Module, loader) -> dict[str, float]:
-        """Metrics over a whole (per-rank sharded) loader, reduced over the data-parallel ranks; keys
-        ``val_*``. Every rank runs the same number of batches (padding samples, index -1, are not
-        counted: see ``vitscale.data.sampler.EvalShardSampler``)."""
-        raise NotImplementedError
+    @classmethod
+    def default_evals(cls, cfg: Any) -> list[dict[str, Any]]:
+        """The ``evals:`` entries of a run that sets none (the ``eval.*`` keys say how often)."""
+        return [{"kind": "classification", "name": "val", "every": cfg.eval.every, "loss": cfg.train.loss}]
+
+    @staticmethod
+    def bench_loss(out: Any, labels: torch.Tensor) -> torch.Tensor:
+        """The loss ``vitscale bench`` times on a model's output (ours or a reference's) for synthetic
+        class labels: by default cross-entropy of the first output (the logits)."""
+        return torch.nn.functional.cross_entropy(first_output(out).float(), labels)
+
+    def fit_context(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Caption tokens cut to the model's text context (image-text tasks; others: as they are)."""
+        return tokens
 
 
-def register_task(name: str, cls: type[Task]) -> None:
-    _TASKS[name] = cls
+def first_output(out: Any) -> torch.Tensor:
+    """The logits of a model's output: the tensor itself, a dict's ``logits`` (else its first value),
+    a tuple's first element."""
+    if isinstance(out, dict):
+        return out.get("logits", next(iter(out.values())))
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Make ``train.task=<cls.name>`` train with ``cls`` (its config groups join the run config)."""
+    _TASKS[cls.name] = cls
+    return cls
 
 
 def get_task(name: str) -> type[Task]:
     if name not in _TASKS and name in _TASK_MODULES:
         importlib.import_module(_TASK_MODULES[name])
     if name not in _TASKS:
-        raise KeyError(f"unknown task {name!r}; registered: {', '.join(sorted(_TASKS)) or 'none'}")
+        known = ", ".join(sorted(set(_TASKS) | set(_TASK_MODULES)))
+        raise ConfigError(f"train.task: unknown task {name!r}; choose one of {known}")
     return _TASKS[name]
 
 
-def list_tasks() -> list[str]:
-    return sorted(set(_TASKS) | set(_TASK_MODULES))
+def task_groups() -> dict[str, tuple[type, tuple[str, ...]]]:
+    """Every registered task's config groups: ``{group: (dataclass, names of the tasks that read it)}``
+    (the built-in tasks' modules imported first)."""
+    for module in _TASK_MODULES.values():
+        importlib.import_module(module)
+    out: dict[str, tuple[type, tuple[str, ...]]] = {}
+    # the built-in tasks in their table's order, then plug-ins as registered: one order, whichever
+    # module a process happened to import first
+    order = [n for n in _TASK_MODULES if n in _TASKS] + [n for n in _TASKS if n not in _TASK_MODULES]
+    for name, cls in ((n, _TASKS[n]) for n in order):
+        for group, group_cls in cls.config_groups.items():
+            if group in out and out[group][0] is not group_cls:
+                raise TypeError(f"config group {group!r} of task {name!r} is another task's ({', '.join(out[group][1])})")
+            out[group] = (group_cls, (*out.get(group, (None, ()))[1], name))
+    return out

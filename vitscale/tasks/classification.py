@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitscale.data.mixup import Mixup, smooth_one_hot
-from vitscale.eval.classification import evaluate_classification
 
 from .base import Task, register_task
 
@@ -29,10 +28,13 @@ def classification_loss(logits: torch.Tensor, target: torch.Tensor, kind: str, s
 
 
 class ClassificationTask(Task):
+    """Its evaluation: ``classification`` on the val split (``val_top1``, ``val_top5``, ``val_loss``, the
+    loss of ``train.loss``); the bench times softmax cross-entropy (:meth:`Task.bench_loss`)."""
+
     name = "classification"
 
-    def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None):
-        super().__init__(cfg, model, num_classes, dp_group)
+    def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None):
+        super().__init__(cfg, model, num_classes, dp_group, class_names)
         self.kind = cfg.train.loss
         self.smoothing = cfg.train.label_smoothing
         d = cfg.data
@@ -57,8 +59,5 @@ class ClassificationTask(Task):
             metrics["train_top1"] = (logits.detach().argmax(-1) == labels).float().mean() * 100
         return loss, metrics
 
-    def evaluate(self, model, loader):
-        return evaluate_classification(model, loader, self.device, autocast=self.autocast, loss=self.kind, group=self.dp_group)
 
-
-register_task("classification", ClassificationTask)
+register_task(ClassificationTask)

@@ -1,8 +1,10 @@
-"""Contrastive image-text training (CLIP InfoNCE / SigLIP) and its evaluation (zero-shot, retrieval).
+"""Contrastive image-text training (CLIP InfoNCE / SigLIP), its config group (``clip``) and its
+default evaluations (zero-shot and retrieval).
 
 Captions come from the batch (``batch["text"]``: token ids from caption datasets — webdataset, csv)
 or, for datasets that only have class labels (digits, image folders), from ``clip.caption_templates``
-filled with the class name; the template of a sample is keyed by (seed, micro-step, sample index).
+filled with the class name (``clip.class_names``, else the run's data's, digits '0'..'9' as words);
+the template of a sample is keyed by (seed, micro-step, sample index).
 The loss is ``train.loss``: ``softmax`` (InfoNCE, with ``clip.local_loss`` / ``clip.gather_with_grad``)
 or ``sigmoid`` (SigLIP), computed over the whole data-parallel batch (features exchanged between
 data-parallel ranks; tensor-parallel ranks of one replica hold the same features).
@@ -11,59 +13,33 @@ data-parallel ranks; tensor-parallel ranks of one replica hold the same features
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from vitscale.eval.retrieval import retrieval_recall
-from vitscale.eval.zeroshot import (
-    collect_embeddings,
-    readable_class_names,
-    zeroshot_accuracy,
-    zeroshot_classifier,
-)
-from vitscale.models.clip.tokenizer import create_tokenizer
+from vitscale.eval.zeroshot import readable_class_names
+from vitscale.models.registry import family_of
 from vitscale.tasks.contrastive_loss import build_contrastive_loss
 
 from .base import Task, register_task
-
-
-def dataset_class_names(cfg) -> list[str] | None:
-    """Readable class names of the run's dataset (``clip.class_names`` first)."""
-    if cfg.clip.class_names:
-        return list(cfg.clip.class_names)
-    fmt = cfg.data.format
-    if fmt == "digits":
-        from vitscale.data.digits import CLASS_NAMES
-
-        return readable_class_names(CLASS_NAMES)
-    if fmt == "imagefolder" and cfg.data.train_path:
-        from vitscale.data.imagefolder import find_classes
-
-        return readable_class_names(find_classes(cfg.data.train_path))
-    if fmt == "synthetic":
-        return [str(i) for i in range(cfg.data.num_classes or 1000)]
-    if fmt in ("webdataset", "csv") and cfg.data.train_path:
-        from vitscale.data.captions import class_names_for
-
-        names = class_names_for(cfg.data)
-        return readable_class_names(names) if names else None
-    return None
+from .contrastive_config import ClipConfig
 
 
 class ContrastiveTask(Task):
     name = "contrastive"
+    config_groups = {"clip": ClipConfig}
 
-    def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None):
-        super().__init__(cfg, model, num_classes, dp_group)
+    def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None):
+        super().__init__(cfg, model, num_classes, dp_group, class_names)
         cc = cfg.clip
         self.seed = cfg.train.seed
-        self.tokenizer = create_tokenizer("clip", context_length=cc.context_length)
+        self.tokenizer = family_of(model).create_tokenizer(cc.context_length)  # the model family's
         self.loss_fn = build_contrastive_loss(
             cfg.train.loss,
             local_loss=cc.local_loss,
             gather_with_grad=cc.gather_with_grad,
             group=dp_group,  # the data-parallel ranks: the loss spans their whole batch
         )
-        self.class_names = dataset_class_names(cfg)
+        self.class_names = list(cc.class_names) if cc.class_names else readable_class_names(self.class_names)
         self.templates = list(cc.caption_templates)
         self._caption_tokens = None  # (K, T, L) tokens of every (class, template), built on first use
 
@@ -111,32 +87,31 @@ class ContrastiveTask(Task):
             acc = (sim.argmax(-1) == torch.arange(sim.shape[0], device=sim.device)).float().mean()
         return loss, {"logit_scale": out["logit_scale"].detach().float(), "train_i2t_top1": acc * 100}
 
-    # ------------------------------------------------------------------ eval
-    @torch.no_grad()
-    def evaluate(self, model, loader):
-        emb = collect_embeddings(
-            model, loader, self.device, self.autocast, text_transform=self.fit_context, group=self.dp_group
-        )
-        if not emb:
-            return {}
-        res: dict[str, float] = {}
-        labels = emb["label"]
-        if self.cfg.clip.zeroshot and self.class_names and bool((labels >= 0).all()):
-            was_training = model.training
-            model.eval()
-            clf = zeroshot_classifier(
-                model,
-                self.tokenizer,
-                self.class_names,
-                self.cfg.clip.zeroshot_templates,
-                self.device,
-                self.autocast,
-            )
-            model.train(was_training)
-            res.update(zeroshot_accuracy(emb["image"], labels, clf))
-        if self.cfg.clip.retrieval and "text" in emb:
-            res.update(retrieval_recall(emb["image"], emb["text"]))
-        return res
+    # ------------------------------------------------------------------ evaluations, bench
+    @classmethod
+    def default_evals(cls, cfg):
+        cc, every = cfg.clip, cfg.eval.every
+        out = []
+        if cc.zeroshot:
+            out.append({"kind": "zeroshot", "name": "zeroshot", "every": every, "templates": list(cc.zeroshot_templates),
+                        "class_names": list(cc.class_names) if cc.class_names else None})  # fmt: skip
+        if cc.retrieval:
+            out.append({"kind": "retrieval", "name": "", "every": every})
+        return out
+
+    @staticmethod
+    def bench_loss(out, labels):
+        """Symmetric InfoNCE on (image_features, text_features, logit_scale), ours or open_clip's."""
+        if isinstance(out, dict):
+            img, txt, scale = out["image_features"], out["text_features"], out.get("logit_scale")
+        else:
+            img, txt = out[0], out[1]
+            scale = out[2] if len(out) > 2 else None
+        logits = F.normalize(img.float(), dim=-1) @ F.normalize(txt.float(), dim=-1).t()  # (B, B)
+        if torch.is_tensor(scale):
+            logits = logits * scale.float()
+        target = torch.arange(logits.shape[0], device=logits.device)
+        return (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target)) / 2
 
 
-register_task("contrastive", ContrastiveTask)
+register_task(ContrastiveTask)

@@ -1,14 +1,16 @@
 """Config group ``clip`` of contrastive image-text training (``train.task=contrastive``).
 
-Imported by ``vitscale.config.schema`` as a field of the root ``Config``. The loss kind itself is
-``train.loss`` (``softmax`` = CLIP InfoNCE, ``sigmoid`` = SigLIP).
+Declared by the contrastive task (``ContrastiveTask.config_groups``), which makes it a group of the
+run config. The loss kind itself is ``train.loss`` (``softmax`` = CLIP InfoNCE, ``sigmoid`` = SigLIP).
+The default prompt is the CLIP paper's ("A photo of a {label}.", Radford et al. 2021, arXiv
+2103.00020, section 3.1.4); a recipe sets its dataset's own (``configs/digits_clip.yaml``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vitscale.data.digits import DIGIT_CAPTION_TEMPLATES, DIGIT_ZEROSHOT_TEMPLATES
+DEFAULT_TEMPLATES = ("a photo of a {}.",)
 
 
 @dataclass
@@ -21,17 +23,19 @@ class ClipConfig:
     gather_with_grad: bool = True
     """All-gather features with a backward path (NeMo ``gather_with_grad``); False under-weights the
     gradient by the world size, which NeMo warns may hurt convergence."""
-    caption_templates: tuple[str, ...] = DIGIT_CAPTION_TEMPLATES
+    caption_templates: tuple[str, ...] = DEFAULT_TEMPLATES
     """Captions for datasets that only have labels (digits, imagefolder, synthetic): a template keyed
-    by (seed, epoch, sample index), filled with the class name. Ignored when samples have captions.
-    The default fits the default data, the digits."""
+    by (seed, epoch, sample index), filled with the class name. Ignored when samples have captions."""
     class_names: tuple[str, ...] | None = None
-    """Class names for captions and zero-shot prompts; None = the dataset's (digits: 'zero' … 'nine')."""
-    zeroshot_templates: tuple[str, ...] = DIGIT_ZEROSHOT_TEMPLATES
+    """Class names for captions and zero-shot prompts; None = the run's data's (digits' '0' … '9' as
+    'zero' … 'nine', underscores as spaces)."""
+    zeroshot_templates: tuple[str, ...] = DEFAULT_TEMPLATES
     """Prompt templates of the zero-shot classifier (averaged text embedding per class)."""
     zeroshot: bool = True
-    """Evaluate zero-shot top-1 / top-5 on the val split (needs class labels)."""
+    """Evaluate zero-shot top-1 / top-5 on the val split (needs class labels), when the run sets no
+    ``evals:`` (then a ``zeroshot`` entry there does it)."""
     retrieval: bool = True
-    """Evaluate image<->text recall@1/5/10 on the val split (needs captions in the batches)."""
+    """Evaluate image<->text recall@1/5/10 on the val split (needs captions in the batches), when the
+    run sets no ``evals:`` (then a ``retrieval`` entry there does it)."""
     context_length: int = 77
     """Tokens per caption (the text tower's ``encoder_seq_length``)."""

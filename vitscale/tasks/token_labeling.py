@@ -26,10 +26,10 @@ from torch import nn
 
 from vitscale.data.mixup import smooth_one_hot
 from vitscale.data.token_labels import TokenLabelStore, align_dense_labels
-from vitscale.eval.classification import evaluate_classification
 from vitscale.models.common.token_mix import TokenMix, apply_token_mix
 
 from .base import Task, register_task
+from .token_labeling_config import TeacherConfig, TokenLabelConfig
 
 STREAM_MIX_TOKEN = 11  # keyed-randomness stream tag (vitscale.data.keyed uses 1-7)
 
@@ -84,10 +84,14 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 # ------------------------------------------------------------------------------ the task
 class TokenLabelingTask(Task):
-    name = "token_labeling"
+    """Evaluates as a classifier (``val_top1``, ``val_top5``, ``val_loss``); the bench times softmax
+    cross-entropy. ``teacher`` is the group of ``vitscale label-tokens``, which writes its labels."""
 
-    def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None):
-        super().__init__(cfg, model, num_classes, dp_group)
+    name = "token_labeling"
+    config_groups = {"token_label": TokenLabelConfig, "teacher": TeacherConfig}
+
+    def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None):
+        super().__init__(cfg, model, num_classes, dp_group, class_names)
         tl = cfg.token_label
         if not tl.path:
             raise ValueError("train.task=token_labeling needs token_label.path (a folder from `vitscale label-tokens`)")
@@ -102,16 +106,21 @@ class TokenLabelingTask(Task):
         self.seed = cfg.train.seed
 
     @classmethod
-    def for_evaluation(cls, cfg, model: nn.Module, num_classes: int | None, dp_group=None) -> Task:
+    def for_evaluation(cls, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None) -> Task:
         """Trained weights evaluate as a classifier (no token labels needed)."""
         from .classification import ClassificationTask
 
-        return ClassificationTask(cfg, model, num_classes, dp_group)
+        return ClassificationTask(cfg, model, num_classes, dp_group, class_names)
+
+    @classmethod
+    def default_evals(cls, cfg):
+        return [{"kind": "classification", "name": "val", "every": cfg.eval.every}]
 
     def targets(self, batch: dict, grid: tuple[int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
         """Class targets ``(B, C)`` and aligned dense targets ``(B, gh, gw, C)`` (before MixToken)."""
         labels = batch["label"]
-        index = batch.get("host", batch)["index"]  # rows are read on the host: never by a device copy
+        # rows are read on the host (never by a device copy); by sample key for streamed shards
+        index = self.store.rows(batch.get("host", batch)["index"], batch.get("key"))
         B, C = labels.shape[0], self.num_classes
         dense = self.store.dense(index, C, device)  # (B, C, th, tw) over the whole image
         crop = batch.get("crop")
@@ -151,8 +160,5 @@ class TokenLabelingTask(Task):
             metrics["train_top1"] = (cls_logits.detach().argmax(-1) == labels).float().mean() * 100
         return loss, metrics
 
-    def evaluate(self, model, loader):
-        return evaluate_classification(model, loader, self.device, autocast=self.autocast, group=self.dp_group)
 
-
-register_task("token_labeling", TokenLabelingTask)
+register_task(TokenLabelingTask)

@@ -4,7 +4,7 @@ label-tokens``). Imported by ``vitscale.config.schema`` as fields of the root ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass
@@ -19,7 +19,7 @@ class TokenLabelConfig:
     """Weight of the token-level loss: loss = cls_weight * CE(class token) + beta * mean token soft CE."""
     cls_weight: float = 1.0
     """Weight of the class-token cross-entropy."""
-    cls_target: str = "ground_truth"
+    cls_target: Literal["ground_truth", "teacher"] = "ground_truth"
     """Class-token target: ``ground_truth`` (the label, smoothed by train.label_smoothing) or
     ``teacher`` (the teacher's class-token top-k distribution)."""
     mix_token: bool = True
@@ -49,7 +49,7 @@ class TeacherConfig:
     timm: str | None = None
     """A timm architecture name (ViT or VOLO): build it without weights, load ``checkpoint`` into it,
     convert with ``vitscale.interop.from_timm``."""
-    weights: str = "model"
+    weights: Literal["model", "ema"] = "model"
     """Which weights of a vitscale checkpoint: ``model`` or ``ema``."""
     topk: int = 5
     """Scores kept per location (float16 value + int16 class index each)."""

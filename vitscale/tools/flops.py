@@ -1,9 +1,10 @@
-"""Forward FLOPs per image: 2 FLOPs per multiply-add, attention matmuls included.
+"""Forward FLOPs per sample: 2 FLOPs per multiply-add, attention matmuls included.
 
-Every model states its own count (``model.flops(img_size)`` in the model contract): analytic for the
-ViT (``vit_flops``, any config and image size without building the model), traced once on the meta
-device under ``torch.utils.flop_counter.FlopCounterMode`` (``count_flops``) for CLIP and VOLO.
-Training FLOPs are taken as 3x forward (backward = 2x forward) by the MFU code.
+The count is the model family's (``FamilySpec.forward_flops``: analytic for the ViT, traced once on
+the meta device under ``torch.utils.flop_counter.FlopCounterMode`` for the others), the one count
+behind ``vitscale models``, the trainer's TFLOP/s and MFU and ``vitscale bench``. ``training=True``
+counts the forward as a training step runs it (patch dropout keeps only its share of the patches);
+training FLOPs are taken as 3x that forward by the MFU code (``vitscale.tools.mfu``).
 """
 
 from __future__ import annotations
@@ -14,20 +15,13 @@ import torch
 from torch import nn
 
 from ..models.common.flops import count_flops
-from ..models.registry import create_model, family_of
-from ..models.vit.flops import vit_flops
+from ..models.registry import forward_flops
 
 
-def flops(model_or_cfg: Any, img_size: int | tuple[int, int] | None = None) -> int:
+def flops(model_or_cfg: Any, img_size: int | tuple[int, int] | None = None, *, training: bool = False) -> int:
     """Forward FLOPs per sample of a model name, a variant config or a model, at ``img_size`` (None =
-    the model's own size)."""
-    if isinstance(model_or_cfg, str):
-        model = create_model(model_or_cfg, device="meta")
-    elif isinstance(model_or_cfg, nn.Module):
-        model = model_or_cfg
-    else:
-        model = family_of(model_or_cfg).model_cls(model_or_cfg, device="meta")
-    return model.flops(img_size)
+    the model's own size), as inference (or, ``training``, a training step) runs it."""
+    return forward_flops(model_or_cfg, img_size, training=training)
 
 
 def example_inputs(model: nn.Module, batch: int, device: Any = "cpu") -> tuple[torch.Tensor, ...]:
@@ -36,4 +30,4 @@ def example_inputs(model: nn.Module, batch: int, device: Any = "cpu") -> tuple[t
     return tuple(model.example_inputs(batch, device))
 
 
-__all__ = ["count_flops", "example_inputs", "flops", "vit_flops"]
+__all__ = ["count_flops", "example_inputs", "flops"]

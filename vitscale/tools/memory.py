@@ -7,14 +7,18 @@ Per rank, with ``P`` parameters of which ``P_tp`` live in tensor-parallel matmul
   parameter dtype), AdamW moments ``8 P_rank`` (SGD with momentum ``4 P_rank``)
 - with FSDP and a bf16 compute dtype: the all-gathered compute copy and its unsharded gradient for
   the units in flight: ``2 x (param + grad)`` of the largest FSDP unit (a block) in that dtype
-- activations per micro-batch image, counted from what autograd saves for backward
-  (see :func:`block_activation_elems`), times the compute dtype's bytes; ``full`` checkpointing
-  keeps only each block's input plus one block's activations during its recompute, ``selective``
-  keeps the matmul / attention outputs and recomputes LayerNorms and activations
+- activations per micro-batch image, counted from what autograd saves for backward, times the
+  compute dtype's bytes; ``full`` checkpointing keeps only each block's input plus one block's
+  activations during its recompute, ``selective`` keeps the matmul / attention outputs and
+  recomputes LayerNorms and activations
 - ``overhead``: a fixed allowance (CUDA context, allocator caching, comm buffers: 1 GiB on GPU)
 
-The numbers are an estimate for planning; ``tests/unit/test_memory.py`` checks the parameter,
-gradient and optimizer terms exactly and the activation term against tensors saved by autograd.
+``P``, ``P_tp``, the largest unit and the activations come from the model family's memory model
+(``FamilySpec.memory``: the ViT's analytic :mod:`vitscale.models.vit.memory`, or the default measured
+on the meta device, :mod:`vitscale.models.memory`); whether ``tp`` splits the model, from its
+parallel plan's ``check_tp``. The numbers are an estimate for planning; ``tests/unit/test_memory.py``
+checks the parameter, gradient and optimizer terms exactly and the activation term against tensors
+saved by autograd.
 """
 
 from __future__ import annotations
@@ -77,82 +81,14 @@ class MemoryEstimate:
         return f"{g(states)} + {g(other)} = {g(self.total_bytes)}"
 
 
-def _model_cfg(model: Any, overrides: dict | None = None):
+def _family_cfg(model: Any, overrides: dict | None = None):
+    """(label, family, variant config) of a registered name, a variant config or a model."""
+    from vitscale.models.registry import family_of, get_family, get_model_config
+
     if isinstance(model, str):
-        from vitscale.models.registry import get_model_config
-
-        return model, get_model_config(model, **(overrides or {}))
-    if dataclasses.is_dataclass(model):
-        return type(model).__name__, model
-    return type(model).__name__, model.cfg
-
-
-def _vision_cfg(cfg):
-    """The ViT config inside ``cfg`` (CLIP's vision tower, or ``cfg`` itself)."""
-    from vitscale.models.clip.configs import CLIPConfig
-    from vitscale.models.vit.configs import ViTConfig
-
-    if isinstance(cfg, ViTConfig):
-        return cfg
-    if isinstance(cfg, CLIPConfig):
-        return cfg.vision
-    raise TypeError(f"no ViT config in {type(cfg).__name__}: the estimate covers ViT and CLIP models")
-
-
-def param_counts(name: str, cfg) -> tuple[int, int, int]:
-    """(all parameters, parameters in TP-sharded matmuls, parameters of the largest block)."""
-    from vitscale.models.registry import get_family
-
-    family = get_family(name) if isinstance(name, str) else None
-    with torch.device("meta"):
-        model = family.model_cls(cfg, device="meta") if family else None
-    if model is None:
-        raise TypeError("pass a registered model name or a model")
-    return _counts(model)
-
-
-def _counts(model) -> tuple[int, int, int]:
-    from vitscale.models.vit.model import Block, ParallelBlock, VisionTransformer
-
-    total = sum(p.numel() for p in model.parameters())
-    tp = 0
-    biggest = 0
-    for m in model.modules():
-        if isinstance(m, (Block, ParallelBlock)):
-            n = sum(p.numel() for p in m.parameters())
-            biggest = max(biggest, n)
-            # everything but the norms / LayerScale of a block is sharded by TP
-            tp += n - sum(p.numel() for mm in m.modules() if isinstance(mm, (torch.nn.LayerNorm, torch.nn.RMSNorm)) for p in mm.parameters())
-            tp -= sum(p.numel() for n_, p in m.named_parameters() if n_.startswith(("ls", "ls1", "ls2")))
-    pool = model.attn_pool if isinstance(model, VisionTransformer) else None  # (a CLIP's stays in its root)
-    if pool is not None:
-        for lin in (pool.q, pool.kv, pool.proj, pool.mlp.fc1, pool.mlp.fc2):
-            tp += sum(p.numel() for p in lin.parameters())
-        biggest = max(biggest, sum(p.numel() for p in pool.parameters()))
-    return total, tp, biggest
-
-
-def block_activation_elems(cfg, tokens: int, tp: int = 1, ac: str = "none") -> float:
-    """Elements autograd saves per image for one block (checked against autograd's saved tensors).
-
-    Standard block, per token: LayerNorm inputs ``2D`` (sequence-sharded under TP: ``/tp``),
-    LayerNorm outputs ``2D`` (the all-gathered matmul inputs: full), the QKV output and the
-    attention output ``4D / tp``, fc1 and activation outputs ``2F / tp``; QK-norm adds the
-    normalised q and k, ``2D / tp``. ViT-22B parallel block: LayerNorm input ``D / tp`` and output
-    ``D``, then ``(5D + 3F) / tp`` (in_proj output, attention output, the MLP pre-activation and
-    the concatenated out_proj input), ``+ 2D / tp`` with QK-norm.
-    ``selective``: the block input, the matmul and attention outputs are kept, LayerNorms and
-    activations are recomputed.
-    """
-    D, F = cfg.hidden_size, cfg.ffn_hidden_size
-    qk = 2 * D if cfg.qk_norm else 0
-    if cfg.parallel_block:
-        none = D / tp + D + (5 * D + 3 * F + qk) / tp
-        selective = D / tp + (3 * D + F + D + D) / tp  # input, in_proj out, attention out, out_proj out
-    else:
-        none = 2 * D / tp + 2 * D + (4 * D + 2 * F + qk) / tp
-        selective = D / tp + (3 * D + D + D + F + D) / tp  # input, qkv, attention, proj, fc1, fc2 outputs
-    return tokens * (min(selective, none) if ac == "selective" else none)
+        return model, get_family(model), get_model_config(model, **(overrides or {}))
+    cfg = model if dataclasses.is_dataclass(model) else model.cfg
+    return type(model).__name__, family_of(model), cfg
 
 
 def estimate(
@@ -173,23 +109,22 @@ def estimate(
 
     ``micro_batch``: images per rank per micro-step. ``param_dtype``: the compute dtype (bf16 with
     FSDP's MixedPrecisionPolicy or autocast; fp32). ``ac``: none | full | selective (all blocks).
+    The model's family gives the parameter and activation counts (its memory model) and says
+    whether ``tp`` splits it (its parallel plan's ``check_tp``).
     """
     from vitscale.distributed.fsdp import to_dtype
 
-    name, cfg = _model_cfg(model, overrides)
-    vcfg = _vision_cfg(cfg)
+    name, family, cfg = _family_cfg(model, overrides)
     if img_size:
-        vcfg = vcfg.with_image_size(img_size)
-        if vcfg is not cfg and cfg is _vision_cfg(cfg):
-            cfg = vcfg
-    if isinstance(model, str) or dataclasses.is_dataclass(model):
-        P, P_tp, P_block = param_counts(name, cfg) if isinstance(model, str) else _counts_from_cfg(cfg)
-    else:
-        P, P_tp, P_block = _counts(model)
-    if tp > 1:
-        for what, n in (("num_attention_heads", vcfg.num_attention_heads), ("ffn_hidden_size", vcfg.ffn_hidden_size)):
-            if n % tp:
-                raise ValueError(f"{name}: {what}={n} is not divisible by tp={tp}")
+        cfg = cfg.with_image_size(img_size)
+    plan = family.plan()
+    problems = plan.check_tp(cfg, tp) if tp > 1 else []
+    if problems:
+        raise ValueError(f"{name}: tp={tp} does not split the model: {'; '.join(problems)}")
+    memory = family.memory_model()
+    meta = family.model_cls(cfg, device="meta")
+    P, P_tp, P_block = memory.param_counts(meta, plan)
+    act_elems, recompute_elems = memory.activation_elems(meta, plan, tp, ac)
     compute = to_dtype(param_dtype, torch.float32)
     cb = _BYTES[compute]
     fsdp = dp_replicate * dp_shard * tp > 1
@@ -201,19 +136,6 @@ def estimate(
     if fsdp and (dp_shard > 1 or cb != 4):
         unit = P_block / tp
         unsharded = int(2 * 2 * unit * cb)  # (params + grads) of the current and the prefetched unit
-    tokens = vcfg.num_patches + vcfg.class_token_length
-    L = vcfg.num_layers
-    per_block = block_activation_elems(vcfg, tokens, tp, ac)
-    D = vcfg.hidden_size
-    recompute_elems = 0.0
-    if ac == "full":
-        act_elems = L * tokens * D / tp  # each block's input only
-        recompute_elems = per_block
-    else:
-        act_elems = L * per_block
-    # around the blocks: the input image (patch-embedding conv), the final LayerNorm's input and
-    # output; the pooled features and logits are negligible
-    act_elems += 2 * tokens * D + vcfg.num_channels * vcfg.img_h * vcfg.img_w
     activation_bytes = int(act_elems * micro_batch * cb)
     recompute_bytes = int(recompute_elems * micro_batch * cb)
     if overhead_gib is None:
@@ -225,13 +147,6 @@ def estimate(
         recompute_bytes=recompute_bytes,
         overhead_bytes=int(overhead_gib * GIB),
     )  # fmt: skip
-
-
-def _counts_from_cfg(cfg) -> tuple[int, int, int]:
-    from vitscale.models.vit.model import VisionTransformer
-
-    with torch.device("meta"):
-        return _counts(VisionTransformer(_vision_cfg(cfg), device="meta"))
 
 
 # The layouts of the memory table in docs/distributed.md: (label, dp_replicate, dp_shard, tp).
@@ -306,7 +221,6 @@ def memory_table(
 __all__ = [
     "MemoryEstimate",
     "TABLE_LAYOUTS",
-    "block_activation_elems",
     "estimate",
     "largest_batch",
     "measured_largest_batches",

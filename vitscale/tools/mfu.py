@@ -1,8 +1,9 @@
 """Model FLOPs utilisation: achieved TFLOP/s over the device's peak.
 
 Vision-aware definition (see ``docs/benchmarks.md``): the FLOPs of one image are those of the model's
-forward pass as counted by PyTorch's FlopCounterMode (``vitscale.tools.flops``) — every matmul,
-attention scores and attention x values included, 2 FLOPs per multiply-add — and a training step is
+forward pass as its family counts them (``vitscale.models.registry.forward_flops``; for a training
+step as training runs it, e.g. only the patches patch dropout keeps) — every matmul, attention
+scores and attention x values included, 2 FLOPs per multiply-add — and a training step is
 taken as 3x the forward (backward = 2x forward; activation recomputation is *not* counted, so
 checkpointing lowers MFU, as in the PaLM / ViT-22B convention).
 

@@ -13,7 +13,7 @@ import fnmatch
 # Logged keys (glob patterns) that are ratios, all in percent.
 PERCENT_KEYS = (
     "val_top*", "train_top1", "train_i2t_top1", "mfu", "zeroshot_top*", "*retrieval_recall@*",
-    "linear_probe_top*", "fewshot_*shot_top1",
+    "linear_probe_top*", "fewshot_*shot_top1", "*_top[0-9]", "*_top[0-9][0-9]",
 )  # fmt: skip
 
 # What summary.json records under "units" (a run folder written before this rule held its MFU and

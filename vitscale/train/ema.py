@@ -12,7 +12,8 @@ class EMA:
     """``ema = decay * ema + (1 - decay) * param`` after every optimizer step; buffers are copied.
 
     The EMA model is a deep copy of the (possibly parallelized) model, so its parameters are sharded
-    exactly like the model's and checkpoint through the same state-dict path.
+    exactly like the model's and checkpoint through the same state-dict path: the EMA is a DCP
+    ``Stateful`` (the checkpoint's ``ema`` tensors).
     """
 
     def __init__(self, model: nn.Module, decay: float, module: nn.Module | None = None):
@@ -45,6 +46,16 @@ class EMA:
         for b_ema, b in zip(self.module.buffers(), model.buffers()):
             b_ema, b = _local(b_ema), _local(b)
             b_ema.copy_(b if ok is None else torch.where(ok.bool(), b, b_ema))
+
+    def state_dict(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.module)
+
+    def load_state_dict(self, sd: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.module, sd)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

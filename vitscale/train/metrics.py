@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vitscale.run.folder import open_append
 from vitscale.tools.units import is_percent
 
 # The keys of a training line, in order, with their format; other numbers logged by a task (e.g. CLIP's
@@ -28,6 +29,8 @@ from vitscale.tools.units import is_percent
 TRAIN_FORMATS = (("loss", ".4f"), ("lr", ".2e"))
 EVAL_PREFIXES = ("val_", "zeroshot_", "text_retrieval_", "image_retrieval_")
 NOT_SHOWN = ("step", "epoch", "img_per_s", "tflops", "mfu", "grad_norm")
+# Details of an evaluation kept in the files but off the terminal's lines (image counts, feature sizes).
+DETAILS = ("_images", "_feature_dim", "_l2", "_seeds", "_note")
 NONFINITE = ("nan", "inf", "-inf")
 
 
@@ -50,15 +53,23 @@ def _value(key: str, v: float, fmt: str = ".4g") -> str:
     return f"{v:.2f}%" if is_percent(key) and math.isfinite(v) else f"{v:{fmt}}"
 
 
-def is_eval_key(key: str) -> bool:
-    return key.startswith(EVAL_PREFIXES)
+def is_eval_key(key: str, names: tuple[str, ...] = ()) -> bool:
+    """Whether ``key`` is an evaluation's metric: of the default evaluations, or under one of ``names``
+    (the prefixes of the run's ``evals:``)."""
+    return key.startswith(EVAL_PREFIXES) or any(key.startswith(f"{n}_") for n in names if n)
+
+
+def shown(key: str) -> bool:
+    """Whether an evaluation's metric shows on the terminal's lines: not its details, recall@K only for K=1."""
+    base = key.removesuffix("_ema")
+    return not base.endswith(DETAILS) and ("_recall@" not in base or base.endswith("@1"))
 
 
 def _step(r: dict, total: int | None) -> str:
     return f"step {r['step']}/{total}" if total else f"step {r['step']}"
 
 
-def format_record(r: dict, total: int | None = None) -> str:
+def format_record(r: dict, total: int | None = None, names: tuple[str, ...] = ()) -> str:
     """The training line of a logged step: ``step 25/460  loss 2.1262  lr 7.50e-04  train_top1 25.00%
     120 img/s  MFU 18.36%`` (about 80 columns)."""
     parts = [_step(r, total)]
@@ -69,7 +80,7 @@ def format_record(r: dict, total: int | None = None) -> str:
             parts.append(f"{k} {r[k]}")
     known = {k for k, _ in TRAIN_FORMATS}
     for k, v in r.items():
-        if k not in known and k not in NOT_SHOWN and not is_eval_key(k) and _num(v):
+        if k not in known and k not in NOT_SHOWN and not is_eval_key(k, names) and _num(v):
             parts.append(f"{k} {_value(k, v)}")
     for k in NOT_SHOWN:  # a field left off the line shows when it is not finite (a step that was not applied)
         if r.get(k) in NONFINITE:
@@ -83,10 +94,10 @@ def format_record(r: dict, total: int | None = None) -> str:
     return "  ".join(parts)
 
 
-def format_eval(r: dict, total: int | None = None) -> str | None:
+def format_eval(r: dict, total: int | None = None, names: tuple[str, ...] = ()) -> str | None:
     """The evaluation line of a logged step (None when it has no evaluation): ``step 230/460  eval
     val_top1 91.67%  val_top5 99.33%  val_loss 0.3915``; of the recall@K only K=1 (all are in the files)."""
-    keys = [k for k in r if is_eval_key(k) and (_num(r[k]) or r[k] in NONFINITE) and ("_recall@" not in k or k.endswith("@1"))]
+    keys = [k for k in r if is_eval_key(k, names) and (_num(r[k]) or r[k] in NONFINITE) and shown(k)]
     if not keys:
         return None
     return "  ".join([_step(r, total), "eval"] + [f"{k} {_value(k, r[k]) if _num(r[k]) else r[k]}" for k in keys])
@@ -108,8 +119,9 @@ class MetricsLogger:
     """Writes on the main rank only; other ranks get a silent logger."""
 
     def __init__(self, output_dir: str | os.PathLike, *, enabled: bool, total_steps: int, start_step: int = 0,
-                 progress: str = "auto", tensorboard: bool | None = None):  # fmt: skip
+                 progress: str = "auto", tensorboard: bool | None = None, eval_names: tuple[str, ...] = ()):  # fmt: skip
         self.enabled = enabled
+        self.eval_names = tuple(eval_names)  # the prefixes of the run's evaluations (a line of their own)
         self.path = Path(output_dir) / "metrics.jsonl"
         self.tb_path = Path(output_dir) / "tb"
         self.bar = None
@@ -147,9 +159,13 @@ class MetricsLogger:
                 except json.JSONDecodeError:
                     pass  # a line cut by a kill
         tmp = self.path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w") as f:
-            f.writelines(keep)
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w") as f:
+                f.writelines(keep)
+            os.replace(tmp, self.path)
+        except BaseException:  # a full disk, an interruption: no temporary file left in the run folder
+            tmp.unlink(missing_ok=True)
+            raise
 
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:
@@ -159,7 +175,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = strict_json(record)
-        with open(self.path, "a") as f:
+        with open_append(self.path) as f:  # never through a symbolic link (vitscale.run.folder)
             f.write(json.dumps(record, allow_nan=False) + "\n")
         if self.tb is not None:
             for k, v in record.items():
@@ -168,7 +184,7 @@ class MetricsLogger:
         if self.bar is not None and _num(record.get("loss")):
             self.bar.set_postfix_str(f"loss={record['loss']:.4g}", refresh=False)
         if self.mode in ("bar", "plain"):
-            for text in (format_record(record, self.total), format_eval(record, self.total)):
+            for text in (format_record(record, self.total, self.eval_names), format_eval(record, self.total, self.eval_names)):
                 if text:
                     self.info(text)
 

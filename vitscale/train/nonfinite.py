@@ -55,6 +55,27 @@ def prepare_optimizer(optimizer: torch.optim.Optimizer) -> None:
                 optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
 
 
+def apply_update(optimizer: torch.optim.Optimizer, ok: torch.Tensor, *, on_device: bool, ema=None, model=None,
+                 on_skip=None) -> None:  # fmt: skip
+    """The optimizer step (and the EMA's, of ``model``) of a step whose finite flag is ``ok``: on the
+    device through ``found_inf`` when ``on_device`` (fused kernels), else decided on the host, calling
+    ``on_skip()`` for a step not applied (see the module docstring)."""
+    if on_device:  # no host sync
+        optimizer.found_inf = 1.0 - ok
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+        if ema is not None:
+            ema.update(model, ok)
+    elif bool(ok):  # the host decides (free on the CPU; one sync per step on a GPU)
+        optimizer.step()
+        if ema is not None:
+            ema.update(model)
+    elif on_skip is not None:
+        on_skip()
+
+
 class NonFiniteGuard:
     """The per-step finite flag, the device-side counts and the budget check.
 
@@ -66,7 +87,7 @@ class NonFiniteGuard:
         self.max_total, self.max_consecutive = max_total, max_consecutive
         self._counts = torch.zeros(3, device=device, dtype=torch.float32)  # total, run, longest
         self._counts[0] = float(start_total)
-        self.checked_total = int(start_total)
+        self.checked_total = self.start_total = int(start_total)
 
     def to(self, device: torch.device) -> NonFiniteGuard:
         self._counts = self._counts.to(device)
@@ -104,5 +125,17 @@ class NonFiniteGuard:
             )
         return total
 
+    def require_progress(self, step: int, steps_run: int, checkpoint: str | None) -> None:
+        """Raise :class:`NonFiniteError` when every one of the ``steps_run`` steps of this run was
+        non-finite (none applied), whatever the budgets allow: such a run trained nothing and must not
+        end as a success (nor export its untouched weights). A sync point: call it once, at the end."""
+        total = self.check(step, checkpoint)
+        if steps_run > 0 and total - self.start_total >= steps_run:
+            raise NonFiniteError(
+                f"every one of the {steps_run} steps of this run had a non-finite loss or gradient norm, so none was "
+                f"applied and nothing was trained (no weights exported). Check data.mean / data.std and the data, "
+                f"lower optim.lr or set train.grad_clip"
+            )
 
-__all__ = ["NonFiniteError", "NonFiniteGuard", "prepare_optimizer", "skips_on_device"]
+
+__all__ = ["NonFiniteError", "NonFiniteGuard", "apply_update", "prepare_optimizer", "skips_on_device"]

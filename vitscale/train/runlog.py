@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from vitscale.run.folder import open_append
+
 _ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -119,7 +121,7 @@ class RunLog:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fresh = not self.path.exists() or self.path.stat().st_size == 0
-            f = open(self.path, "a", encoding="utf-8", errors="replace")
+            f = open_append(self.path)  # never through a symbolic link (vitscale.run.folder)
         except OSError:  # a folder that cannot be written: the run's own checks say so, readably
             return
         f.write(("" if fresh else "\n") + held)

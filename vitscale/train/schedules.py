@@ -41,6 +41,13 @@ def _cooldown(cfg: ScheduleConfig, step: int, total_steps: int) -> float:
     return max(total_steps - step, 0) / c
 
 
+def run_length(tc, batches_per_epoch: int) -> tuple[int, int]:
+    """``(optimizer steps per epoch, steps of the run)`` of the ``train`` group ``tc``: ``train.max_steps``,
+    else ``train.epochs`` of steps (at least one)."""
+    per_epoch = max(batches_per_epoch // tc.grad_accum, 1)
+    return per_epoch, (tc.max_steps if tc.max_steps > 0 else max(int(math.ceil(tc.epochs * per_epoch)), 1))
+
+
 def warmup_steps(cfg: ScheduleConfig, steps_per_epoch: int) -> int:
     if cfg.warmup_steps:
         return cfg.warmup_steps

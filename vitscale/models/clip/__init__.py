@@ -11,6 +11,10 @@ register_family(
         variants=VARIANTS,
         task="contrastive",
         parallel_plan="vitscale.models.clip.parallelize:PLAN",
+        adapters={"open_clip": "vitscale.models.clip.state_dict_adapter:OPEN_CLIP"},
+        tokenizer="vitscale.models.clip.tokenizer:create_tokenizer",
+        memory="vitscale.models.vit.memory:MEMORY_IMAGE_TOWER",
+        serving="vitscale.models.clip.serving:serving",
     )
 )
 

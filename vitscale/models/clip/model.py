@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.checkpointing import run_blocks
-from ..common.flops import image_hw, traced_flops
 from ..common.init import trunc_normal_
 from ..vit.model import Block, VisionTransformer
 from .configs import CLIPConfig, CLIPTextConfig
@@ -231,10 +230,6 @@ class CLIP(nn.Module):
         images = torch.randn(batch, v.num_channels, v.img_h, v.img_w, device=device)
         tokens = torch.randint(0, t.vocab_size, (batch, t.encoder_seq_length), device=device)
         return images, tokens
-
-    def flops(self, img_size: int | tuple[int, int] | None = None) -> int:
-        """Image + text tower FLOPs of one image-caption pair, traced on the meta device."""
-        return traced_flops(CLIP, self.cfg if img_size is None else self.cfg.with_image_size(*image_hw(img_size)))
 
     def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
         raise NotImplementedError(_NO_DENSE)

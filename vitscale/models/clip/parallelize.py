@@ -12,6 +12,7 @@ from torch import nn
 
 from ...distributed.parallelize import ParallelPlan
 from ..vit.parallelize import apply_tp as apply_vit_tp
+from ..vit.parallelize import tower_problems
 
 
 def apply_tp(model: nn.Module, tp_mesh) -> None:
@@ -23,6 +24,11 @@ def tower_blocks(model: nn.Module) -> list[nn.ModuleList]:
     return [model.visual.blocks, model.text.blocks]
 
 
-PLAN = ParallelPlan(apply_tp=apply_tp, blocks=tower_blocks)
+def check_tp(cfg, tp: int) -> list[str]:
+    """Both towers' heads and MLP widths split over ``tp`` ranks."""
+    return tower_problems(cfg.vision, tp, "vision.") + tower_problems(cfg.text, tp, "text.")
 
-__all__ = ["PLAN", "apply_tp", "tower_blocks"]
+
+PLAN = ParallelPlan(apply_tp=apply_tp, blocks=tower_blocks, check_tp=check_tp)
+
+__all__ = ["PLAN", "apply_tp", "check_tp", "tower_blocks"]

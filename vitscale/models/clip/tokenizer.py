@@ -86,6 +86,7 @@ class CLIPTokenizer:
         self.merge_rank = {m: i for i, m in enumerate(merges)}
         self.sot_token_id, self.eot_token_id = self.encoder[SOT], self.encoder[EOT]
         self.vocab_size = len(vocab)
+        self.vocab_file = Path(vocab_file)
         self.context_length = context_length
         self._byte_sym = byte_symbols()
         self._sym_byte = {s: b for b, s in enumerate(self._byte_sym)}
@@ -170,16 +171,38 @@ class CLIPTokenizer:
         return result
 
 
+    # ------------------------------------------------------------------ for a server
+    def describe(self) -> dict:
+        """The settings a server needs to give the same ids (an export's ``export.json``)."""
+        return {
+            "kind": "clip_bpe",
+            "reference": "open_clip SimpleTokenizer with its default 'lower' cleaning (same ids)",
+            "vocab_size": int(self.vocab_size),
+            "bpe_merges": int(NUM_MERGES),
+            "context_length": int(self.context_length),
+            "sot_token_id": int(self.sot_token_id),
+            "eot_token_id": int(self.eot_token_id),
+            "pad_token_id": 0,
+            "truncate": "cut to context_length; the last id becomes eot_token_id",
+            "lower_case": True,
+            "clean": ["ftfy.fix_text", "html.unescape twice", "collapse whitespace runs to one space", "strip"],
+            "pretokenize_regex": self._pattern.pattern,
+        }
+
+    def files(self) -> dict[str, Path]:
+        """The vocabulary (BPE merges), which a server reads beside :meth:`describe`."""
+        return {"vocab_file": self.vocab_file}
+
+
 @lru_cache(maxsize=4)
 def _cached(context_length: int) -> CLIPTokenizer:
     return CLIPTokenizer(context_length=context_length)
 
 
-def create_tokenizer(name: str = "clip", context_length: int = CONTEXT_LENGTH) -> CLIPTokenizer:
-    """``"clip"`` (any CLIP variant name works too): open_clip's BPE tokenizer, built once and cached."""
-    if name != "clip" and not name.startswith("clip_"):
-        raise KeyError(f"unknown tokenizer {name!r}: use 'clip'")
-    return _cached(context_length)
+def create_tokenizer(context_length: int | None = None) -> CLIPTokenizer:
+    """The CLIP family's tokenizer (its ``FamilySpec.tokenizer``): open_clip's BPE with
+    ``context_length`` tokens per text (None: 77), built once per length and cached (2 s to build)."""
+    return _cached(int(context_length or CONTEXT_LENGTH))
 
 
 __all__ = ["CLIPTokenizer", "clean_text", "create_tokenizer"]

@@ -28,6 +28,11 @@ class DropPath(nn.Module):
         return f"p={self.p}"
 
 
+def kept_patches(num_patches: int, p: float) -> int:
+    """How many of ``num_patches`` patch tokens patch dropout at rate ``p`` keeps (at least one)."""
+    return max(1, int(num_patches * (1.0 - p))) if p > 0 else num_patches
+
+
 class PatchDropout(nn.Module):
     """Randomly keep ``1 - p`` of the patch tokens during training (FLIP / open_clip patch dropout).
 
@@ -47,7 +52,7 @@ class PatchDropout(nn.Module):
             return x
         prefix, patches = x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :]
         B, N, D = patches.shape
-        num_keep = max(1, int(N * (1.0 - self.p)))
+        num_keep = kept_patches(N, self.p)
         keep_idx = torch.randn(B, N, device=x.device).topk(num_keep, dim=-1).indices  # (B, K)
         patches = patches.gather(1, keep_idx.unsqueeze(-1).expand(-1, -1, D))  # (B, K, D)
         return torch.cat([prefix, patches], dim=1)

@@ -20,9 +20,10 @@ def count_flops(model: nn.Module, *inputs: Any, **kwargs: Any) -> int:
     return int(counter.get_total_flops())
 
 
-def traced_flops(model_cls: type, cfg: Any) -> int:
-    """Forward FLOPs of one sample of ``model_cls(cfg)``, built and run on the meta device."""
-    meta = model_cls(cfg, device="meta")
+def traced_flops(model_cls: type, cfg: Any, training: bool = False) -> int:
+    """Forward FLOPs of one sample of ``model_cls(cfg)``, built and run on the meta device in training
+    mode (``training``: patch dropout and the like apply) or in eval mode."""
+    meta = model_cls(cfg, device="meta").train(training)
     return count_flops(meta, *meta.example_inputs(1, "meta"))
 
 

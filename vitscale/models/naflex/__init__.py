@@ -15,6 +15,10 @@ register_family(
         variants=VARIANTS,
         task="classification",
         parallel_plan="vitscale.models.naflex.parallelize:PLAN",
+        adapters={"timm": "vitscale.models.naflex.state_dict_adapter:TIMM"},
+        # a NaFlex image of N patches costs what an image of N patches costs a ViT (padding tokens
+        # cost as much as real ones)
+        flops="vitscale.models.vit.flops:vit_flops",
     )
 )
 

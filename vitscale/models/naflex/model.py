@@ -28,7 +28,6 @@ from ..common import AttentionPoolHead, make_norm
 from ..common.attention_mask import key_padding_mask
 from ..common.checkpointing import run_blocks
 from ..common.init import trunc_normal_
-from ..vit.flops import vit_flops
 from ..vit.model import Block, ParallelBlock
 from .configs import NaFlexConfig
 from .patches import check_patch_batch, image_grids, is_patch_batch, patchify
@@ -239,11 +238,6 @@ class NaFlexViT(nn.Module):
     def example_inputs(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
         c = self.cfg
         return (torch.randn(batch, c.num_channels, c.img_h, c.img_w, device=device),)
-
-    def flops(self, img_size: int | tuple[int, int] | None = None) -> int:
-        """Forward FLOPs of one image of ``img_size`` (a NaFlex image of ``N`` patches costs what an
-        image of ``N`` patches costs a ViT; padding tokens cost as much as real ones)."""
-        return vit_flops(self.cfg, img_size)
 
 
 __all__ = ["NaFlexViT"]

@@ -13,7 +13,7 @@ from torch import nn
 from ...distributed.parallelize import ParallelPlan
 from ...distributed.tensor_parallel import apply_plan
 from ..vit.parallelize import apply_tp as apply_vit_tp
-from ..vit.parallelize import map_head_plan
+from ..vit.parallelize import check_tp, map_head_plan
 from .model import NaFlexViT
 
 
@@ -28,6 +28,6 @@ def map_head(model: NaFlexViT) -> list[nn.Module]:
     return [model.attn_pool] if model.attn_pool is not None else []
 
 
-PLAN = ParallelPlan(apply_tp=apply_tp, blocks=lambda model: [model.blocks], fsdp_units=map_head)
+PLAN = ParallelPlan(apply_tp=apply_tp, blocks=lambda model: [model.blocks], fsdp_units=map_head, check_tp=check_tp)
 
 __all__ = ["PLAN", "apply_tp"]

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..common.pos_embed import resample_pos_embed
+from ..spec import StateDictAdapter, is_library_model
 from ..vit import state_dict_adapter as vit_adapter
 from ..vit.state_dict_adapter import _NORMS, _activation, _is
 from .configs import NaFlexConfig
@@ -259,7 +260,17 @@ def create_timm_naflex(model: nn.Module, load_weights: bool = True, **timm_overr
     return tm
 
 
+TIMM = StateDictAdapter(
+    library="timm",
+    accepts=lambda m: is_library_model(m, "timm", "NaFlexVit"),
+    from_library=naflex_from_timm,
+    to_library=lambda model: state_dict_to_timm(model.state_dict(), model.cfg),
+    library_kwargs=timm_kwargs,
+    create=create_timm_naflex,
+)
+
+
 __all__ = [
-    "config_from_timm", "conv_to_linear", "create_timm_naflex", "naflex_from_timm", "state_dict_from_timm",
+    "TIMM", "config_from_timm", "conv_to_linear", "create_timm_naflex", "naflex_from_timm", "state_dict_from_timm",
     "state_dict_from_vit", "state_dict_to_timm", "timm_kwargs", "unsupported_timm_options",
 ]  # fmt: skip

@@ -11,6 +11,9 @@ register_family(
         variants=VARIANTS,
         task="classification",
         parallel_plan="vitscale.models.vit.parallelize:PLAN",
+        adapters={"timm": "vitscale.models.vit.state_dict_adapter:TIMM"},
+        flops="vitscale.models.vit.flops:vit_flops",
+        memory="vitscale.models.vit.memory:MEMORY",
     )
 )
 

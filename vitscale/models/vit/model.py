@@ -29,7 +29,6 @@ from ..common.checkpointing import run_blocks
 from ..common.init import trunc_normal_
 from ..common.token_mix import TokenMix, apply_token_mix
 from .configs import ViTConfig
-from .flops import vit_flops
 
 
 class Block(nn.Module):
@@ -313,9 +312,6 @@ class VisionTransformer(nn.Module):
     def example_inputs(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
         c = self.cfg
         return (torch.randn(batch, c.num_channels, c.img_h, c.img_w, device=device),)
-
-    def flops(self, img_size: int | tuple[int, int] | None = None) -> int:
-        return vit_flops(self.cfg, img_size)
 
     def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
         return img_hw[0] // self.cfg.patch_dim, img_hw[1] // self.cfg.patch_dim

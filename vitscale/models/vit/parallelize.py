@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from ...distributed.parallelize import ParallelPlan
+from ...distributed.parallelize import ParallelPlan, indivisible
 from ...distributed.tensor_parallel import (
     ShardedLocalParams,
     apply_plan,
@@ -97,6 +97,17 @@ def map_head(model: VisionTransformer) -> list[nn.Module]:
     return [model.attn_pool] if model.attn_pool is not None else []
 
 
-PLAN = ParallelPlan(apply_tp=apply_tp, blocks=lambda model: [model.blocks], fsdp_units=map_head)
+def tower_problems(cfg: Any, tp: int, where: str = "") -> list[str]:
+    """A transformer tower's heads and MLP width split over ``tp`` ranks (column-parallel QKV and
+    fc1 give each rank whole heads and its share of the hidden units; the ViT-22B block's config
+    already groups its MLP units per head). ``where``: the tower's prefix (``vision.``)."""
+    return indivisible({f"{where}num_attention_heads": cfg.num_attention_heads, f"{where}ffn_hidden_size": cfg.ffn_hidden_size}, tp)
 
-__all__ = ["PLAN", "apply_tp", "block_plan", "map_head_plan", "parallel_block_plan"]
+
+def check_tp(cfg: Any, tp: int) -> list[str]:
+    return tower_problems(cfg, tp)
+
+
+PLAN = ParallelPlan(apply_tp=apply_tp, blocks=lambda model: [model.blocks], fsdp_units=map_head, check_tp=check_tp)
+
+__all__ = ["PLAN", "apply_tp", "block_plan", "check_tp", "map_head_plan", "parallel_block_plan", "tower_problems"]

@@ -9,8 +9,9 @@ Row layouts differ only in the fused projections:
   columns, whose bias is the sum of timm's two biases.
 - Prefix tokens: timm ``cls_token (1, 1, D)`` and ``reg_token (1, R, D)``; vitscale one
   ``cls_token (1, L, D)`` (``class_token=False``: registers only).
-Reading a timm model imports nothing from timm (``timm_kwargs`` imports timm's layer classes);
-``vitscale.interop`` builds the timm models.
+Reading a timm model imports nothing from timm (``timm_kwargs`` imports timm's layer classes,
+:func:`create_timm_vit` timm's model). ``TIMM`` bundles it all as the family's adapter
+(``FamilySpec.adapters``), which ``vitscale.interop`` asks.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
 
+from ..spec import StateDictAdapter, is_library_model
 from .configs import ViTConfig
 
 # ----------------------------------------------------------------------------- row permutations
@@ -399,3 +402,54 @@ def state_dict_to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str,
                 if p + name in sd:
                     out[p + name] = sd[p + name]
     return out
+
+
+# ----------------------------------------------------------------------------- the family's timm adapter
+
+# Our variant -> timm's registered model of the same architecture.
+TIMM_NAMES = {
+    "vit_ti16": "vit_tiny_patch16_224",
+    "vit_s16": "vit_small_patch16_224",
+    "vit_b32": "vit_base_patch32_224",
+    "vit_b16": "vit_base_patch16_224",
+    "vit_l16": "vit_large_patch16_224",
+    "vit_h16": "vit_huge_patch16_224",
+    "vit_h14": "vit_huge_patch14_224",
+    "vit_g14": "vit_giant_patch14_224",
+    "vit_bigg14": "vit_gigantic_patch14_224",
+}
+
+
+def to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A state dict that loads with ``strict=True`` into :func:`create_timm_vit` of ``model``."""
+    return state_dict_to_timm(model.state_dict(), model.cfg)
+
+
+def create_timm_vit(model: nn.Module, load_weights: bool = True, **timm_overrides: Any) -> nn.Module:
+    """timm's ``VisionTransformer`` matching a vitscale ViT (with its weights unless ``load_weights=False``).
+
+    ``timm_overrides`` go to timm's ``VisionTransformer``, e.g. ``dynamic_img_size=True`` to feed the
+    timm model other image sizes, as the vitscale model accepts them."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    tm = TimmViT(**{**timm_kwargs(model.cfg), **timm_overrides})
+    if load_weights:
+        tm.load_state_dict(to_timm(model), strict=True)
+    return tm
+
+
+def _from_timm(tm: nn.Module) -> nn.Module:
+    from .timm_registry import vit_from_timm
+
+    return vit_from_timm(tm)  # ValueError naming what vitscale cannot express
+
+
+TIMM = StateDictAdapter(
+    library="timm",
+    accepts=lambda m: is_library_model(m, "timm", "VisionTransformer"),
+    from_library=_from_timm,
+    to_library=to_timm,
+    library_kwargs=timm_kwargs,
+    create=create_timm_vit,
+    names=TIMM_NAMES,
+)

@@ -11,6 +11,7 @@ register_family(
         variants=VARIANTS,
         task="classification",
         parallel_plan="vitscale.models.volo.parallelize:PLAN",
+        adapters={"timm": "vitscale.models.volo.state_dict_adapter:TIMM"},
     )
 )
 

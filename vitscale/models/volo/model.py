@@ -25,7 +25,6 @@ from torch import nn
 from ..common import Attention, DropPath, Mlp, resample_pos_embed
 from ..common.attention import sdpa
 from ..common.checkpointing import run_blocks
-from ..common.flops import image_hw, traced_flops
 from ..common.init import trunc_normal_
 from ..common.token_mix import TokenMix, apply_token_mix
 from .configs import OUTLOOK_IMPLS, VOLOConfig
@@ -340,10 +339,6 @@ class VOLO(nn.Module):
     def example_inputs(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
         c = self.cfg
         return (torch.randn(batch, c.num_channels, c.img_h, c.img_w, device=device),)
-
-    def flops(self, img_size: int | tuple[int, int] | None = None) -> int:
-        """Forward FLOPs of one image, traced on the meta device."""
-        return traced_flops(VOLO, self.cfg if img_size is None else self.cfg.with_image_size(*image_hw(img_size)))
 
     def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
         return img_hw[0] // self.cfg.token_stride, img_hw[1] // self.cfg.token_stride

@@ -24,7 +24,7 @@ from typing import Any
 
 from torch import nn
 
-from ...distributed.parallelize import ParallelPlan
+from ...distributed.parallelize import ParallelPlan, indivisible
 from ...distributed.tensor_parallel import apply_plan, colwise, rowwise
 
 
@@ -44,21 +44,17 @@ def class_block_plan() -> dict[str, Any]:
     return {"attn.q": colwise(), "attn.kv": colwise(), "attn.proj": rowwise(sequence_parallel_output=False), **_mlp_plan()}
 
 
-def check_tp(cfg, tp: int) -> None:
-    """Every sharded dimension must split evenly over ``tp`` ranks."""
-    checks = {
+def check_tp(cfg, tp: int) -> list[str]:
+    """Every sharded dimension splits evenly over ``tp`` ranks: both stages' heads and MLP widths."""
+    return indivisible({
         "outlook_heads": cfg.outlook_heads,
         "num_heads": cfg.num_heads,
-        "outlook MLP width": int(cfg.outlook_dim * cfg.outlook_mlp_ratio),
-        "MLP width": int(cfg.hidden_size * cfg.mlp_ratio),
-    }
-    bad = [f"{k}={v}" for k, v in checks.items() if v % tp]
-    if bad:
-        raise ValueError(f"VOLO cannot be split over parallel.tp={tp}: {', '.join(bad)} not divisible")
+        "outlook MLP width (outlook_dim x outlook_mlp_ratio)": int(cfg.outlook_dim * cfg.outlook_mlp_ratio),
+        "MLP width (hidden_size x mlp_ratio)": int(cfg.hidden_size * cfg.mlp_ratio),
+    }, tp)  # fmt: skip
 
 
 def apply_tp(model: nn.Module, tp_mesh) -> None:
-    check_tp(model.cfg, tp_mesh.size())
     for blk in model.outlookers:
         apply_plan(blk, tp_mesh, outlooker_plan())
     for blk in model.blocks:
@@ -72,6 +68,6 @@ def all_blocks(model: nn.Module) -> list[list[nn.Module]]:
     return [[*model.outlookers, *model.blocks, *model.class_blocks]]
 
 
-PLAN = ParallelPlan(apply_tp=apply_tp, blocks=all_blocks)
+PLAN = ParallelPlan(apply_tp=apply_tp, blocks=all_blocks, check_tp=check_tp)
 
 __all__ = ["PLAN", "all_blocks", "apply_tp", "check_tp", "class_block_plan", "outlooker_plan", "transformer_plan"]

@@ -1,4 +1,5 @@
-"""timm VOLO <-> vitscale VOLO (the public entry points are ``vitscale.interop.from_timm`` / ``to_timm``).
+"""timm VOLO <-> vitscale VOLO: the family's timm adapter (``TIMM``), which the public entry points
+``vitscale.interop.from_timm`` / ``to_timm`` ask.
 
 ``volo_from_timm(timm_model)`` builds an equivalent :class:`vitscale.models.volo.VOLO` (config read
 from the timm model, weights converted) and ``volo_to_timm(model)`` returns a state dict that
@@ -23,6 +24,7 @@ import re
 import torch
 from torch import nn
 
+from ..spec import StateDictAdapter, is_library_model
 from .configs import VOLOConfig
 from .model import VOLO
 
@@ -174,17 +176,29 @@ def timm_kwargs(cfg: VOLOConfig) -> dict:
     )
 
 
-def create_timm_volo(model: VOLO, load_weights: bool = True) -> nn.Module:
-    """The ``timm.models.volo.VOLO`` matching a vitscale VOLO (with its weights unless ``load_weights=False``)."""
+def create_timm_volo(model: VOLO, load_weights: bool = True, **timm_overrides) -> nn.Module:
+    """The ``timm.models.volo.VOLO`` matching a vitscale VOLO (with its weights unless ``load_weights=False``;
+    ``timm_overrides`` go to timm's ``VOLO``)."""
     from timm.models.volo import VOLO as TimmVOLO
 
-    tm = TimmVOLO(**timm_kwargs(model.cfg))
+    tm = TimmVOLO(**{**timm_kwargs(model.cfg), **timm_overrides})
     if load_weights:
         tm.load_state_dict(volo_to_timm(model), strict=True)
     return tm
 
 
+TIMM = StateDictAdapter(
+    library="timm",
+    accepts=lambda m: is_library_model(m, "timm", "VOLO"),
+    from_library=volo_from_timm,
+    to_library=volo_to_timm,
+    library_kwargs=timm_kwargs,
+    create=create_timm_volo,
+    names={f"volo_{d}": f"volo_{d}_224" for d in ("d1", "d2", "d3", "d4", "d5")},
+)
+"""The VOLO family's timm adapter (``FamilySpec.adapters``)."""
+
 __all__ = [
-    "config_from_timm", "create_timm_volo", "timm_kwargs", "volo_from_timm", "volo_state_dict_from_timm",
+    "TIMM", "config_from_timm", "create_timm_volo", "timm_kwargs", "volo_from_timm", "volo_state_dict_from_timm",
     "volo_state_dict_to_timm", "volo_to_timm",
 ]  # fmt: skip

@@ -23,11 +23,16 @@ log = logging.getLogger("vitscale.report")
 
 
 def _write_atomic(path: Path, text: str) -> Path:
-    """Write via a temporary file and a rename, so a browser never opens half a report."""
+    """Write via a temporary file and a rename, so a browser never opens half a report; a write that
+    fails (a full disk) or is interrupted removes the temporary file, and the old report stays."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

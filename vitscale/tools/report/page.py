@@ -13,8 +13,11 @@ from typing import Any
 from .plots import draw, full_scale, plan
 from .run import Run, flatten
 
-# Keys of summary.json / metrics.jsonl that are evaluation results (the report's headline).
+# Keys of summary.json / metrics.jsonl that are evaluation results (the report's headline): those of the
+# tasks' default evaluations, and ``<name>_*`` for each entry of the run's ``evals:`` (its config.yaml).
 EVAL_PATTERNS = ("val_*", "zeroshot_*", "*retrieval_recall@*")
+# Details of an evaluation left out of the headline (they stay in the summary table).
+DETAILS = ("*_images", "*_feature_dim", "*_l2", "*_seeds", "*_note")
 # The settings shown at a glance above the full config.yaml (dotted paths; missing ones are left out).
 KEY_SETTINGS = (
     "model.name", "model.overrides", "train.task", "data.format", "data.train_path", "data.val_path",
@@ -62,8 +65,15 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _is_eval(key: str) -> bool:
-    return any(fnmatch.fnmatchcase(key, p) for p in EVAL_PATTERNS)
+def eval_patterns(run: Run | None) -> tuple[str, ...]:
+    """:data:`EVAL_PATTERNS` and ``<name>_*`` of each named entry of ``run``'s ``evals:``."""
+    evals = ((run.config or {}).get("evals") if run is not None else None) or []
+    names = [e["name"] for e in evals if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"]]
+    return EVAL_PATTERNS + tuple(f"{n}_*" for n in names)
+
+
+def _is_eval(key: str, run: Run | None = None) -> bool:
+    return any(fnmatch.fnmatchcase(key, p) for p in eval_patterns(run))
 
 
 def _display(key: str, v: float, run: Run | None = None) -> str:
@@ -79,16 +89,19 @@ def final_metrics(run: Run) -> dict[str, float]:
     last evaluation logged in metrics.jsonl."""
     from .plots import _key_order
 
+    patterns = eval_patterns(run)
+    keep = lambda k: any(fnmatch.fnmatchcase(k, p) for p in patterns) and not any(fnmatch.fnmatchcase(k, d) for d in DETAILS)  # noqa: E731
     if run.finished and run.summary:
-        found = {k: v for k, v in run.summary.items() if _is_eval(k) and isinstance(v, (int, float))}
+        found = {k: v for k, v in run.summary.items() if keep(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
     else:
         found = {}
         for k, s in run.series.items():
-            if _is_eval(k) and (last := s.last_finite()) is not None:
+            if keep(k) and (last := s.last_finite()) is not None:
                 found[k] = last[1]
-    # classification, then zero-shot, then retrieval; accuracies before losses; top-1 before top-5
+    # classification, then zero-shot, then retrieval, then the evals: entries in order; accuracies
+    # before losses; top-1 before top-5
     def order(k: str) -> tuple:
-        group = next(i for i, p in enumerate(EVAL_PATTERNS) if fnmatch.fnmatchcase(k, p))
+        group = next(i for i, p in enumerate(patterns) if fnmatch.fnmatchcase(k, p))
         return (group, full_scale(k) is None, _key_order(k))
 
     return {k: float(found[k]) for k in sorted(found, key=order)}
@@ -114,7 +127,7 @@ def _notes(run: Run) -> list[str]:
             f"summary.json is from step {run.summary.get('steps')}, metrics.jsonl reaches step {run.last_step}: "
             "the summary is from an earlier run in this folder (or this run has not finished)"
         )
-    if run.last_step is not None and not any(_is_eval(k) for k in run.series):
+    if run.last_step is not None and not any(_is_eval(k, run) for k in run.series):
         notes.append("no evaluation results logged: the run has no validation data, eval.every is 0 and the "
                      "run has not finished, or the run is before its first evaluation")  # fmt: skip
     for k, s in run.series.items():

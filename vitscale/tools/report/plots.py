@@ -86,22 +86,50 @@ def _panel_of(key: str) -> Panel | None:
     return None
 
 
+# Details of an evaluation that are not curves (image counts, feature sizes, a chosen penalty).
+DETAILS = ("*_images", "*_feature_dim", "*_l2")
+
+
+def _eval_names(runs: list[Run]) -> list[str]:
+    """The names of the runs' ``evals:`` entries (their config.yaml), in order."""
+    names: list[str] = []
+    for run in runs:
+        for e in ((run.config or {}).get("evals") or []):
+            if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"] and e["name"] not in names:
+                names.append(e["name"])
+    return names
+
+
+def _eval_panel(key: str, names: list[str]) -> Panel | None:
+    """One panel per named evaluation (its metrics), for keys no built-in panel claims."""
+    for n in names:
+        if key.startswith(n + "_"):
+            return Panel(f"eval-{_slug(n)}", f"Evaluation: {n}", f"{n} metrics", (f"{n}_*",), alt=f"evaluation {n} over steps")
+    return None
+
+
 def plan(runs: list[Run], compare: bool) -> list[tuple[Panel, list[str]]]:
     """The panels to draw and the keys of each, in page order. TFLOP/s is drawn only where no MFU is
     logged (MFU is TFLOP/s over one fixed peak: the same curve)."""
     keys: list[str] = []
     for run in runs:
         keys += [k for k in run.series if k not in keys and run.series[k].finite()[0]]
+    keys = [k for k in keys if not any(fnmatch.fnmatchcase(k.removesuffix("_ema"), d) for d in DETAILS)]
     if "mfu" in keys and "tflops" in keys:
         keys.remove("tflops")
     grouped: dict[str, tuple[Panel, list[str]]] = {}
     order = {p.id: i for i, p in enumerate(PANELS)}
+    names = _eval_names(runs)
     for k in keys:
-        p = _panel_of(k)
+        p = _panel_of(k) or _eval_panel(k, names)
         if p is None:
             p = Panel(f"other-{k}", k, k, (k,), alt=f"{k} over steps")
+        if p.id not in order:
             order[p.id] = len(order)
         grouped.setdefault(p.id, (p, []))[1].append(k)
+    for pid, (p, ks) in list(grouped.items()):  # an evaluation's panel is in percent when all its keys are
+        if pid.startswith("eval-") and all(is_percent(k) for k in ks):
+            grouped[pid] = (Panel(p.id, p.title, "accuracy (%)", p.patterns, percent=True, alt=p.alt), ks)
     out = []
     for pid in sorted(grouped, key=lambda i: order[i]):
         p, ks = grouped[pid]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -156,28 +157,35 @@ def read_run(run_dir: str | Path) -> Run:
         raise FileNotFoundError(f"{path}: no such run folder")
     run = Run(path=path)
     found = False
+    for name in ("metrics.jsonl", "summary.json", "config.yaml"):  # nothing inside a run folder is followed (docs/trust.md)
+        if (path / name).is_symlink():
+            run.problems.append(f"{name} is a symbolic link (to {os.readlink(path / name)}): not read")
+            found = True
     metrics = path / "metrics.jsonl"
-    if metrics.is_file():
+    if metrics.is_file() and not metrics.is_symlink():
         found = True
         read_metrics(metrics, run)
     summary = path / "summary.json"
-    if summary.is_file():
+    if summary.is_file() and not summary.is_symlink():
         found = True
         try:
             data = json.loads(summary.read_text(encoding="utf-8"))
             run.summary = data if isinstance(data, dict) else None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             run.problems.append(f"summary.json unreadable ({e})")
     config = path / "config.yaml"
-    if config.is_file():
+    if config.is_file() and not config.is_symlink():
         found = True
-        run.config_text = config.read_text(encoding="utf-8", errors="replace")
-        try:
-            import yaml
+        from vitscale.errors import ConfigError
+        from vitscale.safe_yaml import MAX_BYTES, load_yaml
 
-            data = yaml.safe_load(run.config_text)
+        with open(config, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+        run.config_text = raw[:MAX_BYTES].decode("utf-8", errors="replace")
+        try:
+            data = load_yaml(raw, "config.yaml")  # within limits: no alias bomb, no tag, no deep nest
             run.config = data if isinstance(data, dict) else None
-        except yaml.YAMLError as e:
+        except ConfigError as e:
             run.problems.append(f"config.yaml unreadable ({str(e).splitlines()[0]})")
     if not found:
         raise FileNotFoundError(f"{path}: not a run folder (no metrics.jsonl, summary.json or config.yaml)")

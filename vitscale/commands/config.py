@@ -1,0 +1,130 @@
+"""``vitscale config [GROUP]``: the config groups, or one group's fields with their defaults and docs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import textwrap
+
+from . import HelpFormatter
+
+HELP = "list the config groups, or a group's fields with their defaults and what they do"
+
+EPILOG = """\
+Examples:
+  vitscale config                  (every group, one line each)
+  vitscale config optim            (optim.lr, optim.weight_decay, ...: default, type, what it does)
+  vitscale config data             (the common data.* fields, then each data format's own)
+  vitscale config model --model vit_b16   (model.name, model.overrides and vit_b16's own fields)
+Set a field on the command line as GROUP.FIELD=VALUE, e.g. vitscale train digits_vit optim.lr=1e-3, or
+in a YAML config under its group. The list is read from the config schema (vitscale/config/schema.py
+and the groups of tasks and data formats), so it is the one the loader checks keys against.
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "config",
+        help=HELP,
+        description="List the groups of the run config (no GROUP), or every field of GROUP: its dotted key, "
+        "default, type (choices as a | b) and docstring.",
+        epilog=EPILOG,
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("group", nargs="?", metavar="GROUP", help="a config group, e.g. optim, train, data")
+    p.add_argument("--model", metavar="NAME", default=None, help="with GROUP model: list this variant's fields "
+                   "(model.<field>), with its values as the defaults (default: model.name's default)")
+    p.set_defaults(func=run)
+
+
+def _plain(doc: str) -> str:
+    """A docstring as plain text: ``x`` and :role:`x` markup dropped."""
+    return re.sub(r":[a-z]+:`~?([^`]*)`", r"\1", doc).replace("``", "")
+
+
+def _value(v) -> str:
+    """A default as it is written in YAML or an override (floats as Python writes them: 1e-08)."""
+    import yaml
+
+    from vitscale.config import config_to_dict
+
+    if isinstance(v, float):
+        return repr(v)
+    text = yaml.safe_dump(config_to_dict(v), default_flow_style=True, width=1 << 30).strip()
+    text = text.removesuffix("...").strip()  # a plain scalar ends with YAML's end-of-document marker
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _print_fields(fields, width: int) -> None:
+    for f in fields:
+        print(f"{f.key} = {_value(f.default)}  ({f.type})")
+        for para in _plain(f.doc or "(no docstring)").split("\n\n"):
+            print(textwrap.fill(" ".join(para.split()), width, initial_indent="    ", subsequent_indent="    "))
+
+
+def _print_evaluators(width: int) -> None:
+    """``evals:`` is a list: the fields every entry has, then each registered evaluator kind with the
+    fields of its own."""
+    from vitscale.config.fields import fields_of
+    from vitscale.eval.evaluator import EvaluatorConfig, evaluator_class, evaluator_kinds
+
+    print("evals: a list of evaluations, each entry a mapping with `kind` and the fields of its kind, e.g.\n"
+          "  evals: [{kind: classification, name: val, every: 100}, {kind: fewshot, name: probe5, shots: [5]}]\n\n"
+          "Every entry:")  # fmt: skip
+    common = fields_of(EvaluatorConfig(), "  ")
+    _print_fields(common, width)
+    shared = {f.key for f in common}
+    for kind in evaluator_kinds():
+        cls = evaluator_class(kind)
+        doc = (cls.config.__doc__ or "").strip().split("\n\n")[0]
+        doc = " ".join(re.sub(rf"^``kind: {re.escape(kind)}``:\s*", "", doc).split())
+        print(f"\nkind: {kind} — {_plain(doc)}")
+        own = [f for f in fields_of(cls.config(kind=kind), "  ") if f.key not in shared]
+        _print_fields(own, width) if own else print("  (no fields of its own)")
+
+
+def _print_data(width: int) -> None:
+    """``data``: the fields every format has, then each data format with the fields of its own (its
+    ``options``), which are written as ``data.<field>`` like the others."""
+    from vitscale.config.fields import fields_of
+    from vitscale.data.config import DataConfig
+    from vitscale.data.formats import format_names, get_format
+
+    print("The fields of every data format:")
+    _print_fields([f for f in fields_of(DataConfig(), "data.") if f.key != "data.options"], width)
+    for name in format_names():
+        fmt = get_format(name)
+        print(f"\ndata.format={name} — {_plain(fmt.summary)}" if fmt.summary else f"\ndata.format={name}")
+        own = fields_of(fmt.options(), "data.") if fmt.options is not None else []
+        _print_fields(own, width) if own else print("  (no fields of its own)")
+
+
+def run(args) -> int:
+    from vitscale.config import config_class
+    from vitscale.config.fields import fields_of, group_defaults, groups
+
+    width = min(shutil.get_terminal_size().columns, 100)
+    if args.group is None:
+        rows = groups()
+        pad = max(len(name) for name, _ in rows) + 2
+        print("The groups of the run config (vitscale config GROUP lists a group's fields):")
+        for name, doc in rows:
+            print(f"  {name:<{pad}}{_plain(doc)}")
+        print("Set a field as GROUP.FIELD=VALUE, e.g. vitscale train digits_vit optim.lr=1e-3.")
+        return 0
+    if args.group == "evals":
+        _print_evaluators(width)
+        return 0
+    if args.group == "data":
+        _print_data(width)
+        return 0
+    _print_fields(fields_of(group_defaults(args.group), f"{args.group}."), width)
+    if args.group == "model":
+        from vitscale.models.registry import get_family, get_model_config
+
+        name = args.model or config_class()().model.name
+        family = get_family(name).name  # an unknown name fails here, naming the closest
+        print(f"\nThe fields of {name}'s config ({family} family), set as model.<field> (short for "
+              f"model.overrides.<field>); the defaults are {name}'s:")  # fmt: skip
+        _print_fields(fields_of(get_model_config(name), "model."), width)
+    return 0

@@ -1,0 +1,162 @@
+"""The data formats: one :class:`DataFormat` per ``data.format``, each declared in one module.
+
+A format module (``vitscale/data/digits.py``, ``imagefolder.py``, ``synthetic.py``, ``csv.py``,
+``webdataset.py``, ``parquet.py``, or a module of yours) holds everything about its format and
+registers it on import with :func:`register_format`:
+
+- ``split``: the builder, ``split(cfg, name, *, img_size, num_channels, seed, classes) -> Split | None``
+  for ``name`` in ``train`` / ``val`` (None: the dataset has no such split); a format whose samples
+  may carry captions (``captions=True``) also takes ``tokenize=``: the model family's tokenizer
+  (texts -> token ids ``(N, L)``), or None when the run reads no text;
+- ``options``: a dataclass of the format's own ``data.*`` fields, each with a docstring (read as
+  ``cfg.data.<field>``, written in YAML and on the command line as ``data.<field>`` like any other);
+- ``check``: cheap up-front checks of a config (a path that cannot be read, a package that is not
+  installed), run before any data is read or any model is built: a one-line ``CheckError``;
+- ``detect``: whether a path holds data of this format (``vitscale data inspect PATH``);
+- ``class_names``: the classes of a config without reading the data (export, zero-shot prompts).
+
+The built-in formats are imported on first use (``BUILTIN``); any other module registers its own
+format by being imported before the config is loaded (see ``tests/integration/test_new_data_format.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+# Built-in formats: name -> the module whose import registers it.
+BUILTIN = {
+    "digits": "vitscale.data.digits",
+    "imagefolder": "vitscale.data.imagefolder",
+    "synthetic": "vitscale.data.synthetic",
+    "webdataset": "vitscale.data.webdataset",
+    "csv": "vitscale.data.csv",
+    "parquet": "vitscale.data.parquet",
+}
+SPLITS = ("train", "val")
+
+
+@dataclass
+class Split:
+    """One split of a dataset, as a format's builder returns it."""
+
+    source: Any
+    """The samples: ``len(source)`` and ``source.sample(index, epoch, transform) ->
+    vitscale.data.sources.Sample`` (keyed sampling, resume and bad-file counting are then the
+    loader's), or a streaming source with ``build_loader(...)`` (see ``vitscale.data.stream``)."""
+    class_names: list[str]
+    """Class ``i`` is ``class_names[i]`` (empty when the data has no labels)."""
+    num_classes: int | None = None
+    """Number of classes; None = ``len(class_names)``."""
+    info: dict = dataclasses.field(default_factory=dict)
+    """What ``vitscale data inspect`` shows about the split beyond its samples and classes (shards,
+    columns, ...)."""
+
+    def __post_init__(self) -> None:
+        if self.num_classes is None:
+            self.num_classes = len(self.class_names)
+
+
+@dataclass(frozen=True)
+class DataFormat:
+    name: str
+    """The value of ``data.format``."""
+    split: Callable[..., Split | None]
+    """``split(cfg, name, *, img_size, num_channels, seed, classes)``: the ``train`` or ``val`` split of
+    the dataset ``cfg`` (a :class:`vitscale.data.DataConfig`) points at, or None when it has none.
+    ``classes``: the class names labels must be mapped to (the training split's, or a trained model's),
+    None for the training split itself."""
+    options: type | None = None
+    """A dataclass of the format's own ``data.*`` fields (defaults and a docstring under each)."""
+    captions: bool = False
+    """Its samples may carry captions: ``split`` also takes ``tokenize=`` (texts -> token ids, the model
+    family's tokenizer handed to ``build_loader``; None = no caption tokens), and its options have
+    ``caption_context_length`` (compose :class:`vitscale.data.config.CaptionFields`)."""
+    check: Callable[[Any], None] | None = None
+    """``check(cfg)``: up-front checks before any data is read; raise ``CheckError`` (one line)."""
+    detect: Callable[[str], bool] | None = None
+    """``detect(path)``: True when ``path`` holds data of this format (``vitscale data inspect``)."""
+    class_names: Callable[[Any], list[str] | None] | None = None
+    """``class_names(cfg)``: the class names without reading the whole dataset, or None if unknown."""
+    summary: str = ""
+    """One line for listings (``vitscale data inspect --help``, error messages)."""
+
+
+_FORMATS: dict[str, DataFormat] = {}
+
+
+def register_format(fmt: DataFormat) -> DataFormat:
+    """Make ``data.format=<fmt.name>`` known (a format module calls this when imported)."""
+    if not isinstance(fmt, DataFormat):
+        raise TypeError(f"register_format takes a DataFormat, got {type(fmt).__name__}")
+    if fmt.options is not None and not dataclasses.is_dataclass(fmt.options):
+        raise TypeError(f"data format {fmt.name!r}: options must be a dataclass, got {fmt.options!r}")
+    if fmt.captions and "caption_context_length" not in option_fields(fmt):
+        raise TypeError(f"data format {fmt.name!r} has captions: its options need caption_context_length "
+                        f"(compose vitscale.data.config.CaptionFields)")  # fmt: skip
+    _FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def format_names() -> list[str]:
+    """Every known format: the built-in ones, then those registered by other modules."""
+    return list(BUILTIN) + [n for n in _FORMATS if n not in BUILTIN]
+
+
+def get_format(name: str) -> DataFormat:
+    """The registered format ``name`` (a built-in one is imported on first use); ``ConfigError`` naming
+    the known formats otherwise."""
+    if name not in _FORMATS and name in BUILTIN:
+        importlib.import_module(BUILTIN[name])
+    if name in _FORMATS:
+        return _FORMATS[name]
+    close = difflib.get_close_matches(str(name), format_names(), n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"unknown data.format {name!r}; {hint}choose one of {', '.join(sorted(format_names()))}")
+
+
+def option_fields(fmt: DataFormat) -> list[str]:
+    """Names of the format's own ``data.*`` fields."""
+    return [f.name for f in dataclasses.fields(fmt.options)] if fmt.options is not None else []
+
+
+def owners(field: str) -> list[str]:
+    """The formats (of those loaded) that declare ``data.<field>``."""
+    for name in BUILTIN:
+        get_format(name)
+    return [n for n, f in _FORMATS.items() if field in option_fields(f)]
+
+
+def resolve_options(name: str, options: Any) -> Any:
+    """The options object of format ``name``: its defaults (``options`` None), built from a mapping of
+    its fields, or carried over by field name from another format's options (``dataclasses.replace``
+    of a ``DataConfig`` with another ``format``)."""
+    fmt = get_format(name)
+    if fmt.options is None:
+        if isinstance(options, dict) and options:
+            raise ConfigError(f"data.{sorted(options)[0]} is not a field of data.format={name} (it has no fields of its own)")
+        return None
+    if isinstance(options, fmt.options):
+        return options
+    if options is None:
+        return fmt.options()
+    own = set(option_fields(fmt))
+    if isinstance(options, dict):
+        unknown = sorted(set(options) - own)
+        if unknown:
+            raise ConfigError(f"data.{unknown[0]} is not a field of data.format={name} (its fields: {', '.join(sorted(own))})")
+        return fmt.options(**options)
+    if dataclasses.is_dataclass(options):  # another format's options: keep the fields both have
+        same = {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name in own}
+        return fmt.options(**same)
+    raise ConfigError(f"data options of data.format={name}: expected a mapping, got {options!r}")
+
+
+__all__ = ["BUILTIN", "SPLITS", "DataFormat", "Split", "format_names", "get_format", "option_fields", "owners",
+           "register_format", "resolve_options"]

@@ -1,0 +1,238 @@
+"""What a model family declares: one :class:`FamilySpec` holds everything the rest of vitscale asks.
+
+As torchtitan's ``TrainSpec`` (``torchtitan/protocols/train_spec.py``) bundles a model's builder,
+parallelize function, tokenizer and state-dict adapter, a family's spec holds its model class and
+variants, the task it trains with, its parallel plan (TP plan, blocks, and the TP plan's own checks),
+its state-dict adapters (timm, open_clip), its text tokenizer, its FLOP count, its memory model and
+its serving graphs. Interop, ``vitscale memory``, the layout checks, the bench, export and the
+trainer ask the spec; none of them branches on a model class.
+
+Every slot but the first four is optional, with a default that serves any family: FLOPs traced on
+the meta device, a memory model measured on the meta device, one image graph of class logits, no
+adapter, no tokenizer. Slots name their object as ``"module:NAME"`` and are imported on first use,
+so ``import vitscale`` stays light (no timm, open_clip or distributed code).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import nn
+
+from .common.flops import image_hw, traced_flops
+
+
+def load_ref(ref: str) -> Any:
+    """The object a ``"module:NAME"`` reference names (the module is imported on first use)."""
+    module, _, name = ref.partition(":")
+    if not name:
+        raise ValueError(f"{ref!r} is not a 'module:NAME' reference")
+    return getattr(importlib.import_module(module), name)
+
+
+def is_library_model(model: Any, library: str, *class_names: str) -> bool:
+    """Whether ``model`` is one of ``class_names`` from the package ``library`` (``timm``,
+    ``open_clip``), by its class alone: nothing of the library is imported."""
+    cls = type(model)
+    return cls.__name__ in class_names and cls.__module__.split(".")[0] == library
+
+
+# ----------------------------------------------------------------------------- slots
+
+
+@dataclass(frozen=True)
+class StateDictAdapter:
+    """A family's two-way converter to another library's models, exact number for number.
+
+    ``vitscale.interop`` (``from_timm``, ``to_timm``, ``from_open_clip``, ...) finds the adapter
+    through the family's spec; the conversion itself lives beside the family's model
+    (``state_dict_adapter.py``)."""
+
+    library: str
+    """The library: ``timm`` or ``open_clip``."""
+    accepts: Callable[[nn.Module], bool]
+    """Whether a model of the library is this family's counterpart (decided by its class; imports
+    nothing: :func:`is_library_model`)."""
+    from_library: Callable[[nn.Module], nn.Module]
+    """The library's model -> our model carrying its weights (ValueError naming what our family
+    cannot express)."""
+    to_library: Callable[[nn.Module], dict[str, torch.Tensor]]
+    """Our model -> a state dict that loads with ``strict=True`` into ``create(model)``."""
+    library_kwargs: Callable[[Any], dict[str, Any]]
+    """Our variant config -> the keyword arguments of the library's model class."""
+    create: Callable[..., nn.Module]
+    """``create(model, load_weights=True, **library_overrides)``: the library's model of the same
+    architecture (with our weights unless ``load_weights=False``)."""
+    names: Mapping[str, str] = field(default_factory=dict)
+    """Our variant -> the library's registered model of the same architecture (``vit_b16`` ->
+    ``vit_base_patch16_224``), for labels and for reading the library's checkpoints by our name."""
+
+
+class Tokenizer(Protocol):
+    """A family's text tokenizer (CLIP's: :class:`vitscale.models.clip.tokenizer.CLIPTokenizer`)."""
+
+    context_length: int
+    """Tokens per text: every row is padded with 0 or cut to this length."""
+    eot_token_id: int
+    """The end-of-text id; a cut row ends with it."""
+
+    def __call__(self, texts: str | list[str]) -> torch.Tensor:
+        """Texts -> token ids ``(N, context_length)`` (int64)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What a server needs to tokenize as training did (written into an export's ``export.json``)."""
+        ...
+
+    def files(self) -> dict[str, Path]:
+        """Files a server needs beside the settings (``{"vocab_file": path}``): an export copies each
+        beside its graphs and records its name and SHA-256."""
+        ...
+
+
+class MemoryModel(Protocol):
+    """How a family's training memory scales (``vitscale memory``, :func:`vitscale.tools.memory.estimate`).
+
+    Both methods get the model built on the meta device at the image size of the estimate and the
+    family's :class:`vitscale.distributed.parallelize.ParallelPlan`; the estimate does the rest
+    (sharding by the layout, optimizer states, FSDP's gathered units, bytes per element)."""
+
+    def param_counts(self, model: nn.Module, plan: Any) -> tuple[int, int, int]:
+        """(all parameters, parameters in tensor-parallel layers, parameters of the largest FSDP unit)."""
+        ...
+
+    def activation_elems(self, model: nn.Module, plan: Any, tp: int, ac: str) -> tuple[float, float]:
+        """Per training sample: (elements autograd holds at the end of the forward pass, elements
+        one block rebuilds during its backward under ``ac="full"``), at tensor-parallel degree ``tp``
+        with activation checkpointing ``ac`` (none | full | selective) on every block."""
+        ...
+
+
+@dataclass
+class ServingGraph:
+    """One graph ``vitscale export`` writes: an input -> an output, checked against eager."""
+
+    name: str
+    """File stem and key in ``export.json``: ``image``, ``text``."""
+    module: nn.Module
+    """What is exported (``module(input) -> output``)."""
+    input: Literal["image", "tokens"]
+    """What it takes: normalised images ``(B, C, H, W)`` or token ids ``(B, L)`` of the family's
+    tokenizer."""
+    output: str
+    """Name of the output (``logits``, ``image_embeds``, ...)."""
+    description: str
+    """What the output is, for ``export.json``."""
+    reference: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """The eager function the written graph is checked against; None = ``module`` itself."""
+
+
+@dataclass
+class Serving:
+    """The graphs of a trained model and what a server needs besides them."""
+
+    graphs: list[ServingGraph]
+    info: dict[str, Any] = field(default_factory=dict)
+    """Entries of ``export.json`` the family adds (CLIP: ``embedding_dim``, ``logit_scale``)."""
+    text_length: int | None = None
+    """Most tokens the text graph takes (None: no text graph)."""
+
+
+def classifier_serving(model: nn.Module) -> Serving:
+    """The default serving: one graph, normalised images -> class logits."""
+    return Serving([ServingGraph("image", model, "image", "logits", "class logits (B, num_classes); softmax gives probabilities")])
+
+
+# ----------------------------------------------------------------------------- the spec
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """A model family: registered once (``register_family`` in its package's ``__init__.py``); every
+    other part of vitscale asks it."""
+
+    name: str
+    """Family name: ``vit``, ``clip``, ``volo``."""
+    model_cls: type
+    """``model_cls(cfg, device=None, dtype=None)`` builds the model (a :class:`~vitscale.models.contract.Model`);
+    ``init_weights()`` initialises it."""
+    variants: dict[str, Any]
+    """Variant name -> frozen config dataclass."""
+    parallel_plan: str
+    """``"module:NAME"`` of the family's :class:`vitscale.distributed.parallelize.ParallelPlan`: its TP
+    plan, the checks a layout must pass (``check_tp``), its blocks."""
+    task: str = "classification"
+    """The task this family trains with by default (classification, contrastive, ...)."""
+    adapters: Mapping[str, str] = field(default_factory=dict)
+    """Library (``timm``, ``open_clip``) -> ``"module:NAME"`` of the family's :class:`StateDictAdapter`."""
+    tokenizer: str | None = None
+    """``"module:NAME"`` of ``create(context_length=None) -> Tokenizer`` for families that read text
+    (None: no text). The run hands it to the data layer; export describes it."""
+    flops: str | None = None
+    """``"module:NAME"`` of ``flops(cfg, (h, w), training) -> int``: the family's own count of
+    :meth:`forward_flops` (e.g. analytic); None = traced by PyTorch's FlopCounterMode on the meta device."""
+    memory: str | None = None
+    """``"module:NAME"`` of the family's :class:`MemoryModel`; None = measured on the meta device
+    (:class:`vitscale.models.memory.MeasuredMemory`)."""
+    serving: str | None = None
+    """``"module:NAME"`` of ``serving(model) -> Serving``: the graphs ``vitscale export`` writes; None =
+    one image graph of class logits (:func:`classifier_serving`)."""
+
+    def plan(self) -> Any:
+        """The family's :class:`vitscale.distributed.parallelize.ParallelPlan`."""
+        return load_ref(self.parallel_plan)
+
+    def adapter(self, library: str) -> StateDictAdapter:
+        """The family's adapter to ``library``; NotImplementedError (one line) if it has none."""
+        ref = self.adapters.get(library)
+        if ref is None:
+            others = ", ".join(sorted(self.adapters)) or "none"
+            raise NotImplementedError(f"no {library} adapter for family {self.name} (its adapters: {others})")
+        return load_ref(ref)
+
+    def create_tokenizer(self, context_length: int | None = None) -> Tokenizer:
+        """The family's text tokenizer (``context_length`` tokens per text; None: its default)."""
+        if self.tokenizer is None:
+            raise NotImplementedError(f"family {self.name} reads no text: it has no tokenizer")
+        return load_ref(self.tokenizer)(context_length=context_length)
+
+    def forward_flops(self, cfg: Any, img_size: int | tuple[int, int] | None = None, *, training: bool = False) -> int:
+        """Forward FLOPs of one sample of the variant config ``cfg`` at ``img_size`` (None = the
+        config's): every matmul, attention scores and attention x values included, 2 FLOPs per
+        multiply-add, elementwise work not counted. ``training``: the forward as a training step runs
+        it (patch dropout keeps only its share of the patch tokens); else as inference runs it (every
+        patch). One sample of a CLIP is one image and one caption."""
+        hw = (cfg.img_h, cfg.img_w) if img_size is None else image_hw(img_size)
+        if self.flops is not None:
+            return int(load_ref(self.flops)(cfg, hw, training))
+        if hw != (cfg.img_h, cfg.img_w):
+            cfg = cfg.with_image_size(*hw)
+        return traced_flops(self.model_cls, cfg, training=training)
+
+    def memory_model(self) -> MemoryModel:
+        """The family's memory model (the measured default when it names none)."""
+        if self.memory is None:
+            from .memory import MeasuredMemory
+
+            return MeasuredMemory()
+        return load_ref(self.memory)
+
+    def serving_graphs(self, model: nn.Module) -> Serving:
+        """The graphs ``vitscale export`` writes of ``model`` (in eval mode, with its weights)."""
+        return classifier_serving(model) if self.serving is None else load_ref(self.serving)(model)
+
+    def references(self) -> list[str]:
+        """Every ``"module:NAME"`` this spec names (``tests/unit/test_model_contract.py`` resolves them)."""
+        refs = [self.parallel_plan, *self.adapters.values(), self.tokenizer, self.flops, self.memory, self.serving]
+        return [r for r in refs if r is not None]
+
+
+__all__ = [
+    "FamilySpec", "MemoryModel", "Serving", "ServingGraph", "StateDictAdapter", "Tokenizer", "classifier_serving",
+    "is_library_model", "load_ref",
+]  # fmt: skip

@@ -1,0 +1,56 @@
+"""The trainer's evaluation component: the run's evaluations (``evals:``, else its task's defaults)
+built once at the start — loaders and label files read, so a bad entry fails before training — and
+run when due, on the model and on its EMA (metrics ``<name>_<key>_ema``). ``vitscale eval`` builds the
+same evaluations for a checkpoint (:mod:`vitscale.train.evaluate`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from vitscale.config import eval_entries
+from vitscale.eval.evaluator import EvalContext
+from vitscale.eval.runner import Evaluations
+from vitscale.run import Run
+from vitscale.run.evaldata import RunEvalData
+from vitscale.tasks import Task
+
+
+def run_evaluations(run: Run, task: Task, autocast, entries: tuple | None = None) -> Evaluations:
+    """The evaluations of ``run``: ``entries``, else ``evals:``, else the task's default evaluations
+    (dropped when the run has no validation data: it then reports training metrics only)."""
+    cfg = run.cfg
+    implicit = entries is None and not cfg.evals
+    if entries is None:
+        entries = cfg.evals or eval_entries(task.default_evals(cfg), f"{task.name} default evaluations")
+    ctx = EvalContext(
+        data=RunEvalData(run), device=run.device, autocast=autocast, group=run.dims.dp_group(),
+        class_names=list(run.class_names), seed=cfg.train.seed, cpu_threads=cfg.train.cpu_threads,
+        tokenizer=task.tokenizer, fit_text=task.fit_context,
+    )  # fmt: skip
+    return Evaluations(list(entries), ctx, implicit=implicit)
+
+
+class EvalSchedule:
+    """When the trainer evaluates what: every entry at its period (``every``) and all at the end."""
+
+    def __init__(self, run: Run, task: Task, autocast):
+        self.evaluations = run_evaluations(run, task, autocast)
+
+    @property
+    def names(self) -> list[str]:
+        return self.evaluations.names
+
+    def due(self, step: int, last: bool) -> list:
+        return self.evaluations.due(step, last)
+
+    def run(self, model: nn.Module, ema, due: list) -> dict[str, Any]:
+        """The metrics of the evaluators ``due`` on the model (and on the EMA weights, suffix ``_ema``)."""
+        res = self.evaluations.run(model, due)
+        if ema is not None:
+            res.update(self.evaluations.run(ema.module, due, suffix="_ema"))
+        return res
+
+
+__all__ = ["EvalSchedule", "run_evaluations"]

@@ -1,0 +1,84 @@
+"""Dense token labels from a teacher (``vitscale label-tokens``): the teacher's run
+(:func:`vitscale.run.assemble`, purpose ``label``) with its weights, over every split in
+``teacher.splits``, each labelled by :func:`vitscale.tasks.token_labeling_teacher.label_split`.
+
+The teacher is ``teacher.model`` (else the config's own model) with a vitscale checkpoint, or a timm
+architecture (``teacher.timm``) with a timm checkpoint, over the config's data uncropped
+(``data.crop_pct=1``, no augmentation). Under torchrun it takes the ``parallel.*`` layout (FSDP, TP)
+and each data-parallel rank labels whole batches of a split (the batches of a one-process run:
+``EvalShardSampler``) into the same files: the output is the one-process output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vitscale.config import Config
+
+
+def teacher_config(cfg: Config, num_classes: int | None = None) -> Config:
+    """The run config of the teacher: its model (``teacher.model`` with ``teacher.overrides``, else the
+    config's own model; ``num_classes`` = its checkpoint's head) over the config's data, uncropped
+    (``data.crop_pct=1``) and at ``teacher.img_size`` (else the teacher's own size)."""
+    from vitscale.config.schema import ModelConfig
+    from vitscale.models import get_model_config
+
+    t = cfg.teacher
+    name = t.model or cfg.model.name
+    overrides = dict(t.overrides if t.model else cfg.model.overrides)
+    if num_classes is not None and "num_classes" in {f.name for f in dataclasses.fields(get_model_config(name))}:
+        overrides["num_classes"] = num_classes
+    data = dataclasses.replace(cfg.data, crop_pct=1.0, img_size=None)
+    return dataclasses.replace(cfg, model=ModelConfig(name=name, overrides=overrides), data=data)
+
+
+def teacher_run(cfg: Config):
+    """The assembled run of the teacher (``vitscale.run.assemble``, purpose ``label``), weights loaded."""
+    t = cfg.teacher
+    if not t.checkpoint:
+        raise ValueError("set teacher.checkpoint (a .safetensors file, run folder or checkpoint)")
+    from vitscale.run import assemble, head_classes
+
+    if t.timm:
+        from vitscale.interop import load_timm_checkpoint
+
+        teacher = load_timm_checkpoint(t.checkpoint, t.timm, **dict(t.overrides))
+        return assemble(teacher_config(cfg), "label", model=teacher)
+    from vitscale.checkpoint import load_model_weights, read_weights
+
+    sd = read_weights(t.checkpoint, t.weights)
+    run = assemble(teacher_config(cfg, head_classes(sd)), "label")
+    load_model_weights(run.model, sd, strict=True, source=f"teacher.checkpoint={t.checkpoint}")
+    return run
+
+
+def label_tokens(cfg: Config, out: str) -> dict:
+    """Label every split in ``cfg.teacher.splits`` into ``out``; returns a summary (the teacher's
+    accuracy per split, and the layout under torchrun). Every rank returns the same summary."""
+    from vitscale.tasks.token_labeling_teacher import label_split
+
+    from .fastpath import autocast_factory
+
+    t = cfg.teacher
+    if cfg.data.format == "webdataset" and cfg.data.webdataset_mode == "stream":
+        raise ValueError("label-tokens labels every image by its index: use data.webdataset_mode=index")
+    run = teacher_run(cfg)
+    teacher = run.model.eval()
+    autocast = autocast_factory(run.device, run.precision.autocast)
+    summary: dict = {"out": out, "splits": {}}
+    for split in t.splits:
+        loader = {"train": run.loaders.train, "val": run.loaders.val}.get(split)
+        if loader is None:
+            raise ValueError(f"the dataset has no {split!r} split")
+        info = {"teacher": t.model or t.timm or cfg.model.name, "teacher_checkpoint": str(t.checkpoint),
+                "teacher_img_size": list(run.img_size), "dataset": cfg.data.format}  # fmt: skip
+        summary["splits"][split] = label_split(
+            teacher, loader, out, split, topk=t.topk, info=info, device=run.device, autocast=autocast,
+            group=run.dims.dp_group(), writes=run.dims.tp_rank == 0,
+        )  # fmt: skip
+    if run.dims.distributed:
+        summary["layout"] = run.dims.describe()
+    return summary
+
+
+__all__ = ["label_tokens", "teacher_config", "teacher_run"]
