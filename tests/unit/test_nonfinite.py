@@ -74,26 +74,31 @@ def test_a_nonfinite_step_leaves_no_trace(tmp_path, optim):
     without.close()
 
 
-def test_the_budget_stops_the_run(tmp_path):
-    t = _trainer(tmp_path, "r", "train.max_consecutive_nonfinite=2", "train.max_nonfinite_steps=3")
+@pytest.mark.parametrize("fused", ["foreach", "fused"])
+def test_the_budget_stops_the_run(tmp_path, fused):
+    """foreach: the host reads the flag and checks the budget at the skipped step itself; fused (the
+    default): the counts stay on the device and the log step checks them (here every step logs)."""
+
+    def step(t, n, batch):
+        t.step = n
+        t.train_step(iter([batch]))
+        if t.skip_on_device:
+            t.guard.check(n, None)  # what LogStep.record does at a log step
+
+    t = _trainer(tmp_path, "r", "train.max_consecutive_nonfinite=2", "train.max_nonfinite_steps=3", f"optim.fused={fused}")
+    assert t.skip_on_device == (fused == "fused")
     good = next(t._batches())
-    for step in (1, 2):
-        t.step = step
-        t.train_step(iter([_poisoned(good)]))
-    t.step = 3
-    t.train_step(iter([good]))  # the run of bad steps ends; 2 in a row is within the budget
-    t.step = 4
-    t.train_step(iter([_poisoned(good)]))  # the third in total: still within 3
-    t.step = 5
+    for n in (1, 2):
+        step(t, n, _poisoned(good))
+    step(t, 3, good)  # the run of bad steps ends; 2 in a row is within the budget
+    step(t, 4, _poisoned(good))  # the third in total: still within 3
     with pytest.raises(NonFiniteError, match=r"stopped at step 5: .*4 in the run, more than train.max_nonfinite_steps=3"):
-        t.train_step(iter([_poisoned(good)]))
+        step(t, 5, _poisoned(good))
     t.close()
-    t = _trainer(tmp_path, "s", "train.max_consecutive_nonfinite=1")
-    t.step = 1
-    t.train_step(iter([_poisoned(good)]))
-    t.step = 2
+    t = _trainer(tmp_path, "s", "train.max_consecutive_nonfinite=1", f"optim.fused={fused}")
+    step(t, 1, _poisoned(good))
     with pytest.raises(NonFiniteError, match="2 in a row, more than train.max_consecutive_nonfinite=1"):
-        t.train_step(iter([_poisoned(good)]))
+        step(t, 2, _poisoned(good))
     t.close()
 
 

@@ -7,10 +7,12 @@ tensor, ``.cpu()`` / ``.numpy()`` of a device tensor, reading with a boolean mas
 ``nonzero``) — raises there. (Writing through a mask, ``x[mask] = v``, does not raise on meta
 although it syncs on CUDA; the code uses ``torch.where`` / ``masked_fill`` for that.) Host-side work (the data loader, the optimizer's CPU step counters, token labels read from a
 memory map by the host copy of the indices) is allowed, exactly as on CUDA. One read is by design:
-with a non-fused optimizer (these meta runs build foreach ones on the CPU) the trainer reads the
-step's finite flag to skip a non-finite step (``vitscale/train/nonfinite.py``); the meta runs let
-exactly that read through, one per step, and ``test_fused_step_reads_nothing_back`` shows that the
-fused optimizers a GPU run uses skip on the device without it. A blocking copy from
+with a non-fused optimizer (``optim.fused=foreach|none``, which the meta runs use) the trainer reads
+the step's finite flag to skip a non-finite step (``vitscale/train/nonfinite.py``); the meta runs
+let exactly that read through, one per step. The fused optimizers a run builds by default (CUDA, and
+the CPU since torch 2.4) skip a non-finite step on the device through ``found_inf``:
+``test_fused_step_reads_nothing_back`` shows that step reads nothing. ``test_a_real_run_reads_nothing_back_between_log_steps``
+runs the whole loop of a real run on the CPU and finds no read between log steps. A blocking copy from
 the host to the device also waits for the GPU (PyTorch synchronises the stream after it), so the
 steps also run under a dispatch mode that records every host-to-device copy made without
 ``non_blocking=True`` — the loader's own move to the device and normalisation included.
@@ -76,7 +78,8 @@ class _ScalarReads(TorchDispatchMode):
 def _trainer_on_meta(config: str, overrides: list[str], tmp_path) -> Trainer:
     """A trainer built on the CPU, then moved to the meta device: model, EMA, task, and the loader,
     which now moves each batch there itself (and keeps its host copy, as on a GPU)."""
-    cfg = load_config(config, [*FAST, f"train.output_dir={tmp_path / 'run'}", "train.device=cpu", *overrides])
+    # foreach optimizers: a fused kernel need not have a meta implementation in every torch
+    cfg = load_config(config, [*FAST, f"train.output_dir={tmp_path / 'run'}", "train.device=cpu", "optim.fused=foreach", *overrides])
     t = Trainer(cfg)
     meta = torch.device("meta")
     t.model.to(meta)  # the same Parameter objects: the optimizer still holds them
@@ -187,3 +190,80 @@ def test_fused_step_reads_nothing_back(tmp_path):
             t.train_step(batches)
     assert t.skip_on_device and reads.found == []
     t.close()
+
+
+class _HostReadsByStep(TorchDispatchMode):
+    """Every read of a tensor's value by the host during a real run on the CPU, keyed by the trainer's
+    step: ``.item()`` / ``int()`` / ``float()`` / ``bool()`` (``aten._local_scalar_dense``,
+    ``aten.is_nonzero``), ``torch.equal``, and ``.tolist()`` / ``.numpy()`` (which do not pass the
+    dispatcher on a CPU tensor: counted by :func:`_count_python_reads`). The loader's own host work —
+    decoding, augmenting, reading its host tensors — is not counted: on a GPU those tensors are host
+    tensors (the loader's device work is covered by the meta-device tests above)."""
+
+    READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default, torch.ops.aten.equal.default)
+
+    def __init__(self, trainer: Trainer):
+        super().__init__()
+        self.trainer, self.loading, self.found = trainer, False, []
+
+    def note(self, what: str) -> None:
+        if not self.loading:
+            self.found.append((self.trainer.step, what))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.READS:
+            self.note(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _count_python_reads(monkeypatch, mode: _HostReadsByStep) -> None:
+    for name in ("tolist", "numpy"):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *a, _original=original, _name=name, **kw):
+            mode.note(f"Tensor.{_name}")
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+
+
+@pytest.mark.parametrize(
+    "config, overrides",
+    [
+        # the defaults of a CPU run (fused AdamW: a non-finite step skipped on the device), with EMA,
+        # clipping, 2 micro-batches, mixup / cutmix and random erasing
+        ("digits_vit", ["model.num_layers=1", "train.batch_size=8", "train.grad_accum=2", "train.ema_decay=0.9",
+                        "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0", "data.random_erasing=0.5"]),
+        # CLIP's InfoNCE with templated captions and its logit scale
+        ("digits_clip", ["train.batch_size=8"]),
+    ],
+)  # fmt: skip
+def test_a_real_run_reads_nothing_back_between_log_steps(config, overrides, tmp_path, monkeypatch):
+    """The whole loop of ``Trainer.fit`` on the CPU, 9 steps logging at 1, 4, 8 and 9 (and evaluating
+    at the end): no value is read back by the host in steps 2, 3, 5, 6 and 7 — not the loss, the
+    metrics, the gradient norm nor the non-finite flag — while the log steps do read them."""
+    cfg = load_config(config, [*FAST, f"train.output_dir={tmp_path / 'run'}", "train.device=cpu", "train.max_steps=9",
+                               "train.log_every=4", *overrides])  # fmt: skip
+    t = Trainer(cfg)
+    assert t.skip_on_device  # the CPU default: fused kernels, found_inf
+    mode = _HostReadsByStep(t)
+    batches = t._batches
+
+    def loading():
+        it = batches()
+        while True:
+            mode.loading = True
+            try:
+                batch = next(it)
+            finally:
+                mode.loading = False
+            yield batch
+
+    monkeypatch.setattr(t, "_batches", loading)
+    _count_python_reads(monkeypatch, mode)
+    with mode:
+        summary = t.fit()
+    assert summary["steps"] == 9
+    steps = {step for step, _ in mode.found}
+    assert steps - {1, 4, 8, 9} == set(), [r for r in mode.found if r[0] not in (1, 4, 8, 9)]
+    assert {4, 8} <= steps  # the log steps read the record (the mode sees the reads it must see)

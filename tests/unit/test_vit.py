@@ -236,3 +236,32 @@ def test_trunc_normal_keeps_its_spread_in_bf16():
     torch.manual_seed(0)
     torch.nn.init.trunc_normal_(b, std=0.02)
     assert torch.equal(a, b)  # fp32: PyTorch's draw, unchanged
+
+
+def test_patch_init_fan_in_is_torch_conv_default_as_timm_keeps_it():
+    """``patch_init=fan_in``: the patch projection drawn as PyTorch's ``Conv2d`` default, U(+-1/sqrt(fan_in))
+    for weight and bias (timm's VisionTransformer leaves its patch projection so); the rest unchanged."""
+    kw = dict(
+        patch_dim=4,
+        hidden_size=96,
+        ffn_hidden_size=192,
+        num_attention_heads=4,
+        num_layers=1,
+        img_h=32,
+        img_w=32,
+    )
+    torch.manual_seed(0)
+    normal = vitscale.create_model("vit_debug", **kw)
+    torch.manual_seed(0)
+    fan_in = vitscale.create_model("vit_debug", patch_init="fan_in", **kw)
+    bound = 1 / (3 * 4 * 4) ** 0.5
+    w, b = fan_in.patch_embed.proj.weight, fan_in.patch_embed.proj.bias
+    assert w.abs().max() <= bound and abs(w.std().item() - bound / 3**0.5) < 0.01 and b.abs().max() <= bound
+    assert b.abs().min() > 0 and b.abs().max() > bound / 2  # drawn, not zero
+    w0 = normal.patch_embed.proj.weight
+    assert abs(w0.std().item() - 0.02) < 0.003 and not normal.patch_embed.proj.bias.any()
+    assert abs(fan_in.blocks[0].mlp.fc1.weight.std().item() - 0.02) < 0.002  # the other matrices: as before
+    with pytest.raises(ValueError, match="patch_init must be one of"):
+        vitscale.create_model("vit_debug", patch_init="xavier")
+    with pytest.raises(ValueError, match="NaFlex ViT's patch projection is a Linear"):
+        vitscale.create_model("naflex_debug", patch_init="fan_in")

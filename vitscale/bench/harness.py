@@ -149,12 +149,19 @@ def _make_step(
 
         return infer_step
 
+    targets = [labels]
+
     def train_step() -> None:
         if cudagraphs:
             mark_step()  # CUDA-graph trees: the last step's graph outputs may be overwritten now
+        # The labels move one image along every step (a device op, no sync): a model that saw one
+        # batch with fixed labels would learn it within tens of steps, its loss would fall towards 0
+        # and the softmax's tiny probabilities and gradients would turn subnormal — on a CPU many
+        # times slower to compute with, a regime no real training step is in.
+        targets[0] = targets[0].roll(1)
         with fastpath.autocast(device, autocast):
             out = model(*inputs)
-            loss = loss_fn(out, labels)  # the task's bench loss (vitscale.tasks.base.Task.bench_loss)
+            loss = loss_fn(out, targets[0])  # the task's bench loss (vitscale.tasks.base.Task.bench_loss)
         loss.backward()  # no .item(): nothing in the step waits for the device
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -71,7 +71,9 @@ class OptimConfig:
     eps: float = 1e-8
     """Adam epsilon."""
     fused: Literal["auto", "fused", "foreach", "none"] = "auto"
-    """auto (fused on CUDA, foreach elsewhere) | fused | foreach | none (plain for-loop)."""
+    """auto (fused where torch has the kernels: CUDA, and the CPU since torch 2.4; foreach elsewhere) |
+    fused | foreach | none (plain for-loop). Fused kernels skip a non-finite step on the device
+    (``found_inf``); foreach / none read one flag per step on the host."""
 
 
 @dataclass

@@ -94,16 +94,30 @@ def compile_blocks(model: nn.Module, **compile_kwargs) -> int:
     return len(blocks)
 
 
+def _fused_devices() -> set[str]:
+    """Device types with fused AdamW / Adam / SGD kernels in the running torch (CUDA since 2.0,
+    the CPU since 2.4)."""
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+        return set(_get_fused_kernels_supported_devices())
+    except ImportError:  # pragma: no cover - a torch without the helper
+        return {"cuda"}
+
+
 def optimizer_impl(mode: str, device_types: set[str]) -> dict[str, bool]:
     """The implementation keyword of a torch optimizer for ``optim.fused``: ``auto`` = fused kernels
-    on CUDA (AdamW / Adam / SGD all have them since torch 2.4), foreach elsewhere."""
+    where the running torch has them for every device of the parameters (CUDA, and the CPU since
+    torch 2.4: AdamW / Adam / SGD), foreach elsewhere. Fused kernels take ``found_inf``, so a
+    non-finite step is skipped on the device (:mod:`vitscale.train.nonfinite`); on the CPU they are
+    also faster than foreach (benchmarks/README.md, "The trainer's own work")."""
     if mode == "none":
         return {"foreach": False}
     if mode == "foreach":
         return {"foreach": True}
     if mode == "fused":
         return {"fused": True}
-    return {"fused": True} if device_types == {"cuda"} else {"foreach": True}
+    return {"fused": True} if device_types and device_types <= _fused_devices() - {"mps"} else {"foreach": True}
 
 
 def make_adamw(params, device: torch.device, lr: float = 1e-4, weight_decay: float = 0.05) -> torch.optim.AdamW:

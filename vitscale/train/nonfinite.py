@@ -8,12 +8,12 @@ whose loss alone is not finite still stops every rank's update.
 
 How the update is skipped, without making the host wait for the device where it can:
 
-- **fused optimizers** (``optim.fused=auto`` on a GPU, or ``fused``): on the device. The flag goes
+- **fused optimizers** (``optim.fused=auto`` on CUDA and on the CPU with torch >= 2.4, or ``fused``): on the device. The flag goes
   to the optimizer as ``found_inf``, the argument PyTorch's own ``GradScaler`` uses to skip fused
   Adam / AdamW / SGD updates (``torch/optim/adam.py``, ``torch/amp/grad_scaler.py``): parameters,
   moments and Adam's step count stay as they were. The EMA moves by ``(1 - decay) x flag``, i.e.
   not at all on a skipped step. No host synchronisation.
-- **foreach / for-loop optimizers** (the CPU default, or ``optim.fused=foreach|none``): the flag is
+- **foreach / for-loop optimizers** (``optim.fused=foreach|none``, or ``auto`` without fused kernels): the flag is
   read on the host once per step and the optimizer step and EMA update are not called — what
   ``GradScaler`` does for optimizers without ``found_inf``. On the CPU this costs nothing (the
   computation is not asynchronous); on a GPU it is one synchronisation per step: the host waits

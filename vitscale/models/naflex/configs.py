@@ -61,6 +61,8 @@ class NaFlexConfig(ViTConfig):
             object.__setattr__(self, "pos_embed_grid", grid)
         if self.pos_embed_prefix:
             raise ValueError("a NaFlex ViT gives its prefix tokens no position embedding: pos_embed_prefix must be False")
+        if self.patch_init != "normal":
+            raise ValueError("patch_init: a NaFlex ViT's patch projection is a Linear, initialised as every other (normal)")
         if self.pos_embed_type not in POS_EMBED_TYPES:
             raise ValueError(f"pos_embed_type must be one of {POS_EMBED_TYPES}, got {self.pos_embed_type!r}")
         if self.pos_embed_interp not in POS_EMBED_INTERPS:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 POOLS = ("token", "avg", "map", "none")
 NORMS = ("layernorm", "rmsnorm")
+PATCH_INITS = ("normal", "fan_in")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,11 @@ class ViTConfig:
     """LayerNorms with a bias (ViT-22B: False); an RMSNorm never has one."""
     patch_bias: bool = True
     """Bias on the patch-embedding projection (OpenAI CLIP: False)."""
+    patch_init: str = "normal"
+    """Initialisation of the patch-embedding projection: ``normal`` (truncated normal, std 0.02, zero
+    bias, like every other weight matrix here) or ``fan_in`` (PyTorch's ``Conv2d`` default, weight and
+    bias uniform in +-1/sqrt(C*p*p), which timm's ``VisionTransformer`` keeps for its patch projection;
+    std 0.083 instead of 0.02 at patch 4 on 3 channels)."""
     norm_eps: float = 1e-6
     """LayerNorm epsilon."""
     activation: str = "gelu"
@@ -98,6 +104,8 @@ class ViTConfig:
             raise ValueError("pool='token' needs a class token (class_token_length >= 1, class_token=True)")
         if self.norm_type not in NORMS:
             raise ValueError(f"norm_type must be one of {NORMS}, got {self.norm_type!r}")
+        if self.patch_init not in PATCH_INITS:
+            raise ValueError(f"patch_init must be one of {PATCH_INITS}, got {self.patch_init!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} must be divisible by num_attention_heads {self.num_attention_heads}"

@@ -197,6 +197,8 @@ class VisionTransformer(nn.Module):
         for m in self.modules():
             if m is not self and hasattr(m, "init_weights"):
                 m.init_weights()
+        if self.cfg.patch_init == "fan_in":
+            self.patch_embed.proj.reset_parameters()  # U(+-1/sqrt(fan_in)), weight and bias
         trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
