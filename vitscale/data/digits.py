@@ -8,12 +8,16 @@ stored as uint8 (value * 255 / 16, rounded) and upsampled to the model size by t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import torch
 
-from .formats import DataFormat, Split, register_format
+from . import keyed
+from ..errors import CheckError
+from .formats import SPLITS, DataFormat, Split, register_format
+from .sizes import check_seq_lens, min_patches_for
 
 NUM_CLASSES = 10
 VAL_SIZE = 300
@@ -99,13 +103,43 @@ def write_digits_folders(out_dir: str, size: int = 32) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- data.format=digits
+@dataclass
+class DigitsOptions:
+    digits_sizes: tuple[tuple[int, int], ...] = ()
+    """Store each image at one of these ``(height, width)`` sizes in pixels, drawn per image (keyed by
+    its split and index, the same in every run), stretched from 8x8 with bicubic resampling: the digits
+    at several aspect ratios, e.g. ``[[24, 40], [32, 32], [40, 24]]`` (``digits_naflex``). () = 8x8."""
+
+
+def stretched(images: torch.Tensor, sizes, split: str) -> list[torch.Tensor]:
+    """``images`` uint8 ``(N, C, 8, 8)``, each resized to one of ``sizes`` ((H, W)) drawn by its index."""
+    from torchvision.transforms.v2 import functional as F
+
+    tag = SPLITS.index(split)
+    out = []
+    for i, img in enumerate(images):
+        h, w = sizes[keyed.py_rng(tag, i, keyed.STREAM_SPLIT).randrange(len(sizes))]
+        out.append(F.resize(img, [int(h), int(w)], interpolation=F.InterpolationMode.BICUBIC, antialias=True))
+    return out
+
+
 def digits_split(cfg, name: str, *, img_size, num_channels: int, seed: int, classes=None) -> Split:
     from .sources import TensorSource
 
-    return Split(TensorSource(*load_digits_split(name, num_channels)), list(CLASS_NAMES))
+    images, labels = load_digits_split(name, num_channels)
+    if cfg.digits_sizes:
+        images = stretched(images, cfg.digits_sizes, name)
+    return Split(TensorSource(images, labels), list(CLASS_NAMES))
+
+
+def _check(cfg) -> None:
+    for hw in cfg.digits_sizes:
+        if len(hw) != 2 or min(hw) < 1:
+            raise CheckError(f"data.digits_sizes: {list(hw)} is not a (height, width) in pixels, e.g. [24, 40]")
+    check_seq_lens(cfg, min_patches_for(cfg.digits_sizes))
 
 
 FORMAT = register_format(DataFormat(
-    "digits", digits_split, class_names=lambda cfg: list(CLASS_NAMES),
+    "digits", digits_split, options=DigitsOptions, check=_check, class_names=lambda cfg: list(CLASS_NAMES),
     summary="scikit-learn's handwritten digits (1,497 train / 300 val, 8x8), no files needed",
 ))  # fmt: skip

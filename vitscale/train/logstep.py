@@ -31,11 +31,27 @@ def reduce_mean(t: torch.Tensor, world: int) -> torch.Tensor:
 
 def model_flops(family, model, img_size) -> float | None:
     """Forward FLOPs of one image as a training step runs it (the family's count: patch dropout's
-    dropped patches cost nothing); None when it cannot say."""
+    dropped patches cost nothing); None when it cannot say. ``img_size``: (H, W), or ``("tokens", N)``
+    for a NaFlex batch of N tokens a sequence, which costs what a 1 x N patch grid costs."""
     try:
+        if img_size[0] == "tokens":
+            p = model.cfg.patch_dim
+            img_size = (p, img_size[1] * p)
         return float(family.forward_flops(model.cfg, img_size, training=True))
     except Exception:  # FLOPs are informative only
         return None
+
+
+def batch_shape(batch: dict) -> tuple[int, tuple] | None:
+    """(images in this rank's micro-batch, the size its FLOPs are counted at: (H, W), or ("tokens", N)
+    for a NaFlex batch) of a batch with an ``image``; None for one without."""
+    img = batch.get("image")
+    if isinstance(img, dict):  # NaFlex: patches (B, N, P*P*C)
+        B, N = img["patches"].shape[:2]
+        return int(B), ("tokens", int(N))
+    if isinstance(img, torch.Tensor) and img.ndim == 4:  # (B, C, H, W)
+        return int(img.shape[0]), (int(img.shape[-2]), int(img.shape[-1]))
+    return None
 
 
 def device_peak(device: torch.device, autocast) -> float | None:
@@ -65,6 +81,15 @@ def opening_lines(run, total_steps: int, peak_lr: float, warmup: int, step: int,
     lines.append(f"training {cfg.model.name} ({n_params / 1e6:.2f}M params) for {total_steps} steps on {run.device}")
     lines.append(f"batch {tc.batch_size} ({run.micro_batch}/rank x {tc.grad_accum} accum x {run.dims.world_size} ranks), "
                  f"peak lr {peak_lr:.3e}, warmup {warmup} steps")  # fmt: skip
+    sizes = run.loaders.sizes if run.loaders is not None else None
+    if sizes is not None:
+        from vitscale.data.sizes import eval_size
+
+        unit = "tokens" if sizes.mode == "naflex" else "px"
+        lines.append(f"variable resolution: {sizes.describe()}; evaluation at {eval_size(cfg.data)} {unit}")
+        if tc.compile:
+            lines.append(f"train.compile: each of the {len(sizes.sizes)} sizes compiles once (static shapes, kept in "
+                         f"dynamo's cache): at most {len(sizes.sizes)} compiles per block, none per step")  # fmt: skip
     return lines
 
 
@@ -73,19 +98,31 @@ class LogStep:
     first and last, and with every evaluation); :meth:`record` builds its record."""
 
     def __init__(self, tc, *, world: int, steps_per_epoch: int, schedule, guard, flops_per_image: float | None,
-                 peak: float | None, info):  # fmt: skip
+                 peak: float | None, info, dp_size: int = 1, flops_at=None):  # fmt: skip
         self.tc, self.world, self.steps_per_epoch = tc, world, steps_per_epoch
         self.schedule, self.guard, self.info = schedule, guard, info
         self.flops, self.peak = flops_per_image, (peak if flops_per_image else None)
+        # variable resolution: a step's images and FLOPs at its own size (flops_at: size -> FLOPs per image)
+        self.dp_size, self.flops_at, self._flops_of = dp_size, flops_at, {}
         self.reported_nonfinite = guard.checked_total
-        self.images, self.t_last = 0, time.perf_counter()
+        self.restart()
 
     def restart(self) -> None:
         """Start counting images and time afresh (after a record, an evaluation or a checkpoint)."""
-        self.images, self.t_last = 0, time.perf_counter()
+        self.images, self.flop_sum, self.t_last = 0, 0.0, time.perf_counter()
 
-    def advance(self) -> None:
-        self.images += self.tc.batch_size
+    def advance(self, shape: tuple[int, tuple] | None = None) -> None:
+        """Count a step: ``train.batch_size`` images at the run's size, or with ``shape`` (this rank's
+        micro-batch images and their size, :func:`batch_shape`) the step's own batch and size."""
+        if shape is None:
+            images, flops = self.tc.batch_size, self.flops
+        else:
+            images = shape[0] * self.dp_size * self.tc.grad_accum
+            if shape[1] not in self._flops_of and self.flops_at is not None:
+                self._flops_of[shape[1]] = self.flops_at(shape[1])
+            flops = self._flops_of.get(shape[1], self.flops)
+        self.images += images
+        self.flop_sum += images * (flops or 0.0)
 
     def due(self, step: int, last: bool, evaluating: bool) -> bool:
         return step % self.tc.log_every == 0 or last or evaluating or step == 1
@@ -99,8 +136,8 @@ class LogStep:
                                "grad_norm": float(grad_norm.item())}  # fmt: skip
         for k, v in metrics.items():
             rec[k] = reduce_mean(v, self.world).item()
-        if self.flops:
-            rec["tflops"] = achieved_tflops(ips, self.flops, "train")
+        if self.flops and self.images:
+            rec["tflops"] = achieved_tflops(ips, self.flop_sum / self.images, "train")  # each step at its own size
             if self.peak:
                 rec["mfu"] = mfu_percent(rec["tflops"], self.peak)
         rec["epoch"] = step / self.steps_per_epoch
@@ -114,4 +151,4 @@ class LogStep:
         return rec
 
 
-__all__ = ["LogStep", "device_peak", "model_flops", "opening_lines", "reduce_mean"]
+__all__ = ["LogStep", "batch_shape", "device_peak", "model_flops", "opening_lines", "reduce_mean"]
