@@ -37,7 +37,8 @@ def test_multi_resolution_run_trains_at_three_sizes(tmp_path, capsys):
 
 def test_naflex_run_reports_accuracy_per_sequence_length(tmp_path):
     out = tmp_path / "naflex"
-    assert main(["train", "digits_naflex", *TINY, f"train.output_dir={out}", "data.tokens_per_batch=1600"]) == 0
+    assert main(["train", "digits_naflex", *TINY, f"train.output_dir={out}", "data.tokens_per_batch=1600",
+                 "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0", "data.random_erasing=0.25"]) == 0  # NaFlex augmentation
     log = (out / "train.log").read_text()
     assert ("variable resolution: NaFlex sequence lengths 36 tokens x 44, 64 tokens x 25, 100 tokens x 16 images per step "
             "(a keyed draw per step); evaluation at 64 tokens") in log  # fmt: skip
@@ -58,7 +59,6 @@ def test_naflex_run_reports_accuracy_per_sequence_length(tmp_path):
     ("digits_vit", ["data.image_sizes=[24,30]"], "data.image_sizes[1]=30 is not divisible by the model's patch size 4"),
     ("digits_naflex", ["data.tokens_per_batch=60"], "data.tokens_per_batch=60 is below one sequence per rank"),
     ("digits_naflex", ["data.seq_lens=[1,64]"], "data.seq_lens[0]=1 is below the smallest image's minimum of 2 patches"),
-    ("digits_naflex", ["data.mixup_alpha=0.8"], "data.mixup_alpha / data.cutmix_alpha do not apply to NaFlex batches"),
 ])  # fmt: skip
 def test_bad_variable_resolution_settings_are_refused_in_one_line(tmp_path, capsys, config, overrides, message):
     out = tmp_path / "run"

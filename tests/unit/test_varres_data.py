@@ -146,3 +146,44 @@ def test_check_sizes_refuses_in_one_line(data, msg):
     with pytest.raises(CheckError) as e:
         check_sizes(DataConfig(format="digits", **data), patch=4, batch_size=8, parts=2)
     assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def _naflex_batch(grids, seq_len, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    images = [torch.randn(3, h * 4, w * 4, generator=g) for h, w in grids]
+    return images, pad_batch([patchify(im, 4) for im in images], list(grids), seq_len)
+
+
+def test_naflex_mixup_of_equal_grids_is_the_image_mixup():
+    from vitscale.data.mixup import Mixup
+
+    mix = Mixup(mixup_alpha=0.8, num_classes=10, label_smoothing=0.1, seed=1)
+    images, x = _naflex_batch([(3, 5)] * 4, 15)
+    labels = torch.tensor([1, 2, 3, 4])
+    got, y = mix(x, labels, step=7, grid=torch.tensor([(3, 5)] * 4))
+    ref_images, ref_y = mix(torch.stack(images), labels, step=7)
+    assert torch.allclose(got["patches"], pad_batch([patchify(im, 4) for im in ref_images], [(3, 5)] * 4, 15)["patches"])
+    assert torch.allclose(y, ref_y)
+
+
+@pytest.mark.parametrize("mode", ["mixup", "cutmix"])
+def test_naflex_mixup_mixes_the_central_overlap_and_weights_targets_by_tokens(mode):
+    from vitscale.data.mixup import Mixup
+
+    mix = Mixup(mixup_alpha=0.8 if mode == "mixup" else 0, cutmix_alpha=1.0 if mode == "cutmix" else 0, num_classes=4, seed=2)
+    grids = [(6, 10), (8, 8), (10, 6), (4, 4)]
+    _, x = _naflex_batch(grids, 64)
+    labels = torch.tensor([0, 1, 2, 3])
+    step = next(s for s in range(50) if mix.params(s, 100, 100)[0] == mode and 0.2 < mix.params(s, 100, 100)[1] < 0.8)
+    out, y = mix(x, labels, step, grid=torch.tensor(grids))
+    changed = (out["patches"] != x["patches"]).any(-1)  # (B, L)
+    assert not (changed & ~x["patch_valid"]).any()  # padding never mixed
+    assert torch.allclose(y.sum(1), torch.ones(4)) and changed.any()
+    for i, (gh, gw) in enumerate(grids):
+        j = 3 - i  # the partner: the reversed batch
+        oh, ow = min(gh, grids[j][0]), min(gw, grids[j][1])
+        rows, cols = x["patch_coord"][i][changed[i]].unbind(-1)  # changed patches lie in the central overlap
+        assert (rows >= (gh - oh) // 2).all() and (rows < (gh - oh) // 2 + oh).all()
+        assert (cols >= (gw - ow) // 2).all() and (cols < (gw - ow) // 2 + ow).all()
+        if mode == "cutmix":  # the target weight of the partner is the share of the image's tokens it took
+            assert y[i, labels[j]] == pytest.approx(int(changed[i].sum()) / (gh * gw), abs=1e-6)

@@ -108,9 +108,6 @@ def check_sizes(d, *, patch: int, batch_size: int, parts: int, min_tokens: int =
                          "too, or data.img_size for one size")  # fmt: skip
     if d.eval_seq_len is not None and not d.seq_lens:
         raise CheckError("data.eval_seq_len is the evaluation sequence length of NaFlex training: set data.seq_lens too")
-    if d.seq_lens and (d.mixup_alpha > 0 or d.cutmix_alpha > 0):
-        raise CheckError("data.mixup_alpha / data.cutmix_alpha do not apply to NaFlex batches (data.seq_lens) yet: set both "
-                         "to 0, or train on image batches (data.image_sizes)")  # fmt: skip
     if not sizes:
         for key in ("batch_sizes", "tokens_per_batch", "size_stages"):
             if getattr(d, key):

@@ -50,7 +50,7 @@ class ClassificationTask(Task):
         images, labels = batch["image"], batch["label"]
         target = labels
         if self.mixup is not None:
-            images, target = self.mixup(images, labels, step)
+            images, target = self.mixup(images, labels, step, grid=batch.get("grid"))  # grid: NaFlex batches
         with self.autocast():
             logits = model(images)
         loss = classification_loss(logits, target, self.kind, self.smoothing)
