@@ -132,7 +132,7 @@ def test_config_lists_a_tasks_group_and_every_evaluator(capsys):
     assert main(["config", "evals"]) == 0
     out = capsys.readouterr().out
     kinds = [line.split()[1] for line in out.splitlines() if line.startswith("kind: ")]
-    assert kinds == sorted(["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot"])
+    assert kinds == sorted(["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot", "sizes"])
     assert "  every = 0  (int)\n    Evaluate every N training steps" in out
     assert "  shots = [1, 5, 10, 25]  (list of int)" in out  # a kind's own field
 

@@ -27,11 +27,6 @@ class SizesConfig(ClassificationConfig):
     """Square image sides to evaluate at (a run with ``data.image_sizes``), e.g. ``[24, 32, 40]``; each
     is the evaluation's ``data.eval_image_size``."""
 
-    def __post_init__(self):
-        super().__post_init__()
-        if bool(self.seq_lens) == bool(self.image_sizes):
-            raise ValueError("kind: sizes needs seq_lens (NaFlex sequence lengths) or image_sizes (image sides): one of them")
-
 
 class SizesEvaluator(Evaluator):
     config = SizesConfig
@@ -39,6 +34,8 @@ class SizesEvaluator(Evaluator):
 
     def __init__(self, cfg: SizesConfig, ctx):
         super().__init__(cfg, ctx)
+        if bool(cfg.seq_lens) == bool(cfg.image_sizes):
+            raise ConfigError("evals: kind sizes needs seq_lens (NaFlex sequence lengths) or image_sizes (image sides): one of them")
         key, prefix, sizes = (("eval_seq_len", "seq", cfg.seq_lens) if cfg.seq_lens
                               else ("eval_image_size", "px", cfg.image_sizes))  # fmt: skip
         if key in cfg.data:
