@@ -27,12 +27,24 @@ def test_multi_resolution_run_trains_at_three_sizes(tmp_path, capsys):
             "evaluation at 40 px") in log  # fmt: skip
     rows = [r for r in _rows(out) if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert {r["img_size"] for r in rows} <= {24, 32, 40} and len({r["img_size"] for r in rows}) >= 2  # each step's own size
     # each step counts its own images and FLOPs: TFLOP/s over img/s is the step's FLOPs per image, which
     # takes as many values as the steps' sizes (a fixed-size run has one)
     per_image = {round(r["tflops"] / r["img_per_s"], 15) for r in rows}
     assert len(per_image) >= 2, rows
     summary = json.loads((out / "summary.json").read_text())
     assert 0 <= summary["val_top1"] <= 100 and summary["steps"] == 4
+
+
+def test_progressive_schedule_grows_the_size_in_stages(tmp_path):
+    out = tmp_path / "progressive"
+    assert main(["train", "digits_vit", *TINY, "train.max_steps=6", f"train.output_dir={out}", "data.image_sizes=[24,32,40]",
+                 "data.size_schedule=progressive", "data.size_stages=[0,0.5,0.8]", "log.report=false", "log.flops=false",
+                 "eval.every=0", "data.eval_image_size=32"]) == 0  # fmt: skip
+    rows = [r for r in _rows(out) if "loss" in r]
+    # step s of 6 is at the fraction (s - 1) / 6 of the run: 0, 1/6, 2/6 -> 24 px; 3/6, 4/6 -> 32; 5/6 >= 0.8 -> 40
+    assert [r["img_size"] for r in rows] == [24, 24, 24, 32, 32, 40]
+    assert "evaluation at 32 px" in (out / "train.log").read_text()
 
 
 def test_naflex_run_reports_accuracy_per_sequence_length(tmp_path):

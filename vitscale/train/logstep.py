@@ -5,8 +5,9 @@ test ``tests/unit/test_train_no_sync.py``).
 
 A record holds ``step``, ``loss``, ``lr``, ``img_per_s`` (images since the last record over the wall
 time since it, evaluations and checkpoints excluded), ``grad_norm``, the task's metrics (``train_*``),
-``tflops`` and ``mfu`` (from the model's forward FLOPs per image and the device's peak), ``epoch``
-and, when steps were not applied, ``nonfinite_steps``.
+``tflops`` and ``mfu`` (from the model's forward FLOPs per image and the device's peak; with variable
+resolution each step counted at its own size), ``epoch``, for a variable-resolution run the logged
+step's ``img_size`` or ``seq_len``, and, when steps were not applied, ``nonfinite_steps``.
 """
 
 from __future__ import annotations
@@ -98,12 +99,13 @@ class LogStep:
     first and last, and with every evaluation); :meth:`record` builds its record."""
 
     def __init__(self, tc, *, world: int, steps_per_epoch: int, schedule, guard, flops_per_image: float | None,
-                 peak: float | None, info, dp_size: int = 1, flops_at=None):  # fmt: skip
+                 peak: float | None, info, dp_size: int = 1, flops_at=None, varying: bool = False):  # fmt: skip
         self.tc, self.world, self.steps_per_epoch = tc, world, steps_per_epoch
         self.schedule, self.guard, self.info = schedule, guard, info
         self.flops, self.peak = flops_per_image, (peak if flops_per_image else None)
         # variable resolution: a step's images and FLOPs at its own size (flops_at: size -> FLOPs per image)
         self.dp_size, self.flops_at, self._flops_of = dp_size, flops_at, {}
+        self.varying, self.last_size = varying, None  # varying: each record names its step's size
         self.reported_nonfinite = guard.checked_total
         self.restart()
 
@@ -118,7 +120,8 @@ class LogStep:
             images, flops = self.tc.batch_size, self.flops
         else:
             images = shape[0] * self.dp_size * self.tc.grad_accum
-            if shape[1] not in self._flops_of and self.flops_at is not None:
+            self.last_size = shape[1]
+            if self.flops and shape[1] not in self._flops_of and self.flops_at is not None:
                 self._flops_of[shape[1]] = self.flops_at(shape[1])
             flops = self._flops_of.get(shape[1], self.flops)
         self.images += images
@@ -140,6 +143,9 @@ class LogStep:
             rec["tflops"] = achieved_tflops(ips, self.flop_sum / self.images, "train")  # each step at its own size
             if self.peak:
                 rec["mfu"] = mfu_percent(rec["tflops"], self.peak)
+        if self.varying and self.last_size is not None:  # the logged step's size: seq_len (NaFlex) or img_size
+            kind, n = ("seq_len", self.last_size[1]) if self.last_size[0] == "tokens" else ("img_size", self.last_size[0])
+            rec[kind] = n
         rec["epoch"] = step / self.steps_per_epoch
         nonfinite = self.guard.check(step, last_checkpoint)  # stops a diverged run
         if nonfinite:

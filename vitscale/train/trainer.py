@@ -192,7 +192,8 @@ class Trainer:
         cfg, batches, start_step, t_start, last_eval = self.cfg, self._batches(), self.step, time.perf_counter(), {}
         logstep = LogStep(cfg.train, world=self.world, steps_per_epoch=self.steps_per_epoch, schedule=self.schedule,
                           guard=self.guard, flops_per_image=self.flops_per_image, peak=self.peak_tflops, info=log.info,
-                          dp_size=self.pd.dp_size, flops_at=lambda size: model_flops(self.run.family, self.model, size))  # fmt: skip
+                          dp_size=self.pd.dp_size, flops_at=lambda size: model_flops(self.run.family, self.model, size),
+                          varying=self.loaders.sizes is not None)  # fmt: skip
         while self.step < self.counters.total_steps:
             self.step += 1
             loss, metrics, grad_norm = self.train_step(batches)
