@@ -21,7 +21,8 @@ def _rows(out) -> list[dict]:
 def test_multi_resolution_run_trains_at_three_sizes(tmp_path, capsys):
     out = tmp_path / "multi"
     assert main(["train", "digits_vit", *TINY, f"train.output_dir={out}", "data.image_sizes=[24,32,40]",
-                 "data.batch_sizes=[48,32,16]", "log.report=false", "eval.every=0"]) == 0  # fmt: skip
+                 "data.batch_sizes=[48,32,16]", "log.report=false", "eval.every=0",
+                 "evals=[{kind: classification}, {kind: sizes, image_sizes: [24, 40]}]"]) == 0  # fmt: skip
     log = (out / "train.log").read_text()
     assert ("variable resolution: image sizes 24 px x 48, 32 px x 32, 40 px x 16 images per step (a keyed draw per step); "
             "evaluation at 40 px") in log  # fmt: skip
@@ -34,6 +35,7 @@ def test_multi_resolution_run_trains_at_three_sizes(tmp_path, capsys):
     assert len(per_image) >= 2, rows
     summary = json.loads((out / "summary.json").read_text())
     assert 0 <= summary["val_top1"] <= 100 and summary["steps"] == 4
+    assert 0 <= summary["sizes_px24_top1"] <= 100 and summary["sizes_px40_top1"] == summary["val_top1"]  # val: at 40 px
 
 
 def test_progressive_schedule_grows_the_size_in_stages(tmp_path):
@@ -71,6 +73,7 @@ def test_naflex_run_reports_accuracy_per_sequence_length(tmp_path):
     ("digits_vit", ["data.image_sizes=[24,30]"], "data.image_sizes[1]=30 is not divisible by the model's patch size 4"),
     ("digits_naflex", ["data.tokens_per_batch=60"], "data.tokens_per_batch=60 is below one sequence per rank"),
     ("digits_naflex", ["data.seq_lens=[1,64]"], "data.seq_lens[0]=1 is below the smallest image's minimum of 2 patches"),
+    ("digits_vit", ["evals=[{kind: sizes, seq_lens: [16]}]"], "data.eval_seq_len is the evaluation size of a run with data.seq_lens"),
 ])  # fmt: skip
 def test_bad_variable_resolution_settings_are_refused_in_one_line(tmp_path, capsys, config, overrides, message):
     out = tmp_path / "run"

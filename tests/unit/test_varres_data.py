@@ -187,3 +187,29 @@ def test_naflex_mixup_mixes_the_central_overlap_and_weights_targets_by_tokens(mo
         assert (cols >= (gw - ow) // 2).all() and (cols < (gw - ow) // 2 + ow).all()
         if mode == "cutmix":  # the target weight of the partner is the share of the image's tokens it took
             assert y[i, labels[j]] == pytest.approx(int(changed[i].sum()) / (gh * gw), abs=1e-6)
+
+
+def test_each_size_compiles_once(monkeypatch):
+    """Under train.compile a variable-resolution run compiles each size once with static shapes and
+    reuses it (vitscale.run.assemble.bound_recompiles): 3 sizes, 9 steps -> 3 graphs, none dynamic."""
+    import torch._dynamo
+
+    from vitscale.run.assemble import bound_recompiles
+
+    for key in ("automatic_dynamic_shapes", "cache_size_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, key):  # restored after the test
+            monkeypatch.setattr(torch._dynamo.config, key, getattr(torch._dynamo.config, key))
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):  # counts compiles, runs the graph as it is
+        graphs.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+        return gm.forward
+
+    bound_recompiles(3)
+    block = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    fn = torch.compile(block, backend=backend)
+    for step in range(9):
+        fn(torch.randn(2, (36, 64, 100)[step % 3], 16))
+    assert len(graphs) == 3 and all(all(isinstance(d, int) for s in g for d in s) for g in graphs)
+    torch._dynamo.reset()

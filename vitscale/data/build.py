@@ -99,6 +99,10 @@ def build_loader(
     fmt = get_format(cfg_data.format)
     if fmt.check is not None:
         fmt.check(cfg_data)
+    for key, needs in (("eval_seq_len", "seq_lens"), ("eval_image_size", "image_sizes")):  # an evaluator's data: too
+        if getattr(cfg_data, key) is not None and not getattr(cfg_data, needs):
+            raise CheckError(f"data.{key} is the evaluation size of a run with data.{needs}, which this data has not: "
+                             f"set data.{needs}, or leave data.{key} out")  # fmt: skip
     size = _size(cfg_data, img_size, augment)
     naflex = {"patch": patch, "seq_len": eval_size(cfg_data)} if cfg_data.seq_lens else {}
     if naflex and not patch:
