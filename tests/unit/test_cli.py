@@ -81,7 +81,7 @@ def test_overrides_may_follow_an_option(capsys):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("data.format=nope", "unknown data.format 'nope'; choose one of csv, digits, imagefolder, parquet, synthetic, "
+        ("data.format=nope", "unknown data.format 'nope'; choose one of csv, digits, digits_aspect, imagefolder, parquet, synthetic, "
          "webdataset"),
         ("train.task=nope", "train.task: unknown task 'nope'; choose one of classification, contrastive, token_labeling"),
         ("data.interpolation=cubic", "data.interpolation: 'cubic' is not one of bilinear, bicubic"),
@@ -104,7 +104,7 @@ def test_every_command_reports_a_config_error_the_same_way(command, tmp_path, ca
     monkeypatch.chdir(tmp_path)  # `vitscale demo` would train into ./runs/demo
     assert main([*command, "data.format=nope"]) == 2
     assert _err_lines(capsys) == [f"vitscale {command[0]}: unknown data.format 'nope'; choose one of csv, digits, "
-                                  "imagefolder, parquet, synthetic, webdataset"]  # fmt: skip
+                                  "digits_aspect, imagefolder, parquet, synthetic, webdataset"]  # fmt: skip
     assert list(tmp_path.iterdir()) == []
 
 

@@ -91,7 +91,7 @@ def _print_data(width: int) -> None:
     from vitscale.data.formats import format_names, get_format
 
     print("The fields of every data format:")
-    _print_fields([f for f in fields_of(DataConfig(), "data.") if not f.key.startswith("data.options")], width)
+    _print_fields([f for f in fields_of(DataConfig(), "data.") if f.key != "data.options"], width)
     for name in format_names():
         fmt = get_format(name)
         print(f"\ndata.format={name} — {_plain(fmt.summary)}" if fmt.summary else f"\ndata.format={name}")

@@ -19,7 +19,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 class DataConfig:
     format: str = "digits"
     """Dataset format, one registered in ``vitscale.data.formats``: ``digits`` (scikit-learn's
-    handwritten digits, no files needed), ``imagefolder`` (``<path>/<class>/<image>`` trees),
+    handwritten digits, no files needed), ``digits_aspect`` (the same, stretched to several aspect
+    ratios: NaFlex demos), ``imagefolder`` (``<path>/<class>/<image>`` trees),
     ``synthetic`` (random images, deterministic labels), ``webdataset`` (tar shards, local or remote),
     ``csv`` (image paths + captions), ``parquet`` (image + label / caption columns); see docs/data.md."""
     train_path: str | None = None

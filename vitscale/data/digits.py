@@ -103,12 +103,24 @@ def write_digits_folders(out_dir: str, size: int = 32) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- data.format=digits
+def digits_split(cfg, name: str, *, img_size, num_channels: int, seed: int, classes=None) -> Split:
+    from .sources import TensorSource
+
+    return Split(TensorSource(*load_digits_split(name, num_channels)), list(CLASS_NAMES))
+
+
+FORMAT = register_format(DataFormat(
+    "digits", digits_split, class_names=lambda cfg: list(CLASS_NAMES),
+    summary="scikit-learn's handwritten digits (1,497 train / 300 val, 8x8), no files needed",
+))  # fmt: skip
+
+
+# ---------------------------------------------------------------------- data.format=digits_aspect
 @dataclass
-class DigitsOptions:
-    digits_sizes: tuple[tuple[int, int], ...] = ()
-    """Store each image at one of these ``(height, width)`` sizes in pixels, drawn per image (keyed by
-    its split and index, the same in every run), stretched from 8x8 with bicubic resampling: the digits
-    at several aspect ratios, e.g. ``[[24, 40], [32, 32], [40, 24]]`` (``digits_naflex``). () = 8x8."""
+class DigitsAspectOptions:
+    digits_sizes: tuple[tuple[int, int], ...] = ((24, 40), (32, 32), (40, 24))
+    """The ``(height, width)`` sizes in pixels the images are stored at, one drawn per image (keyed by
+    its split and index, the same in every run), stretched from 8x8 with bicubic resampling."""
 
 
 def stretched(images: torch.Tensor, sizes, split: str) -> list[torch.Tensor]:
@@ -123,23 +135,24 @@ def stretched(images: torch.Tensor, sizes, split: str) -> list[torch.Tensor]:
     return out
 
 
-def digits_split(cfg, name: str, *, img_size, num_channels: int, seed: int, classes=None) -> Split:
+def digits_aspect_split(cfg, name: str, *, img_size, num_channels: int, seed: int, classes=None) -> Split:
     from .sources import TensorSource
 
     images, labels = load_digits_split(name, num_channels)
-    if cfg.digits_sizes:
-        images = stretched(images, cfg.digits_sizes, name)
-    return Split(TensorSource(images, labels), list(CLASS_NAMES))
+    return Split(TensorSource(stretched(images, cfg.digits_sizes, name), labels), list(CLASS_NAMES))
 
 
-def _check(cfg) -> None:
+def _check_aspect(cfg) -> None:
+    if not cfg.digits_sizes:
+        raise CheckError("data.digits_sizes is empty: give the (height, width) sizes, e.g. [[24, 40], [32, 32], [40, 24]]")
     for hw in cfg.digits_sizes:
         if len(hw) != 2 or min(hw) < 1:
             raise CheckError(f"data.digits_sizes: {list(hw)} is not a (height, width) in pixels, e.g. [24, 40]")
     check_seq_lens(cfg, min_patches_for(cfg.digits_sizes))
 
 
-FORMAT = register_format(DataFormat(
-    "digits", digits_split, options=DigitsOptions, check=_check, class_names=lambda cfg: list(CLASS_NAMES),
-    summary="scikit-learn's handwritten digits (1,497 train / 300 val, 8x8), no files needed",
+ASPECT = register_format(DataFormat(
+    "digits_aspect", digits_aspect_split, options=DigitsAspectOptions, check=_check_aspect,
+    class_names=lambda cfg: list(CLASS_NAMES),
+    summary="the digits stretched to several aspect ratios (data.digits_sizes, default 24x40, 32x32, 40x24 px): NaFlex demos",
 ))  # fmt: skip
