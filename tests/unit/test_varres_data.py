@@ -189,16 +189,23 @@ def test_naflex_mixup_mixes_the_central_overlap_and_weights_targets_by_tokens(mo
             assert y[i, labels[j]] == pytest.approx(int(changed[i].sum()) / (gh * gw), abs=1e-6)
 
 
-def test_each_size_compiles_once(monkeypatch):
+def test_each_size_compiles_once():
     """Under train.compile a variable-resolution run compiles each size once with static shapes and
     reuses it (vitscale.run.assemble.bound_recompiles): 3 sizes, 9 steps -> 3 graphs, none dynamic."""
     import torch._dynamo
 
+    keys = ("automatic_dynamic_shapes", "cache_size_limit", "accumulated_cache_size_limit")
+    saved = {k: getattr(torch._dynamo.config, k) for k in keys if hasattr(torch._dynamo.config, k)}
+    with torch._dynamo.config.patch(**saved):  # the process's settings are restored afterwards
+        _compiles_per_size()
+    assert {k: getattr(torch._dynamo.config, k) for k in saved} == saved
+
+
+def _compiles_per_size():
+    import torch._dynamo
+
     from vitscale.run.assemble import bound_recompiles
 
-    for key in ("automatic_dynamic_shapes", "cache_size_limit", "accumulated_cache_size_limit"):
-        if hasattr(torch._dynamo.config, key):  # restored after the test
-            monkeypatch.setattr(torch._dynamo.config, key, getattr(torch._dynamo.config, key))
     torch._dynamo.reset()
     graphs = []
 
