@@ -81,7 +81,7 @@ def test_overrides_may_follow_an_option(capsys):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("data.format=nope", "unknown data.format 'nope'; choose one of csv, digits, imagefolder, parquet, synthetic, "
+        ("data.format=nope", "unknown data.format 'nope'; choose one of csv, digits, digits_aspect, imagefolder, parquet, synthetic, "
          "webdataset"),
         ("train.task=nope", "train.task: unknown task 'nope'; choose one of classification, contrastive, token_labeling"),
         ("data.interpolation=cubic", "data.interpolation: 'cubic' is not one of bilinear, bicubic"),
@@ -104,7 +104,7 @@ def test_every_command_reports_a_config_error_the_same_way(command, tmp_path, ca
     monkeypatch.chdir(tmp_path)  # `vitscale demo` would train into ./runs/demo
     assert main([*command, "data.format=nope"]) == 2
     assert _err_lines(capsys) == [f"vitscale {command[0]}: unknown data.format 'nope'; choose one of csv, digits, "
-                                  "imagefolder, parquet, synthetic, webdataset"]  # fmt: skip
+                                  "digits_aspect, imagefolder, parquet, synthetic, webdataset"]  # fmt: skip
     assert list(tmp_path.iterdir()) == []
 
 
@@ -132,7 +132,7 @@ def test_config_lists_a_tasks_group_and_every_evaluator(capsys):
     assert main(["config", "evals"]) == 0
     out = capsys.readouterr().out
     kinds = [line.split()[1] for line in out.splitlines() if line.startswith("kind: ")]
-    assert kinds == sorted(["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot"])
+    assert kinds == sorted(["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot", "sizes"])
     assert "  every = 0  (int)\n    Evaluate every N training steps" in out
     assert "  shots = [1, 5, 10, 25]  (list of int)" in out  # a kind's own field
 

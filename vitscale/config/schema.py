@@ -12,6 +12,7 @@ each evaluator's own config (``vitscale.eval.evaluator``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -93,6 +94,13 @@ class ScheduleConfig:
     """Cosine: the final learning rate."""
     rsqrt_timescale: int = 10000
     """rsqrt: lr = peak * sqrt(timescale / max(step, timescale)) after warmup."""
+
+
+def run_length(tc: TrainConfig, batches_per_epoch: int) -> tuple[int, int]:
+    """``(optimizer steps per epoch, steps of the run)`` of the ``train`` group ``tc``: ``train.max_steps``,
+    else ``train.epochs`` of steps (at least one)."""
+    per_epoch = max(batches_per_epoch // tc.grad_accum, 1)
+    return per_epoch, (tc.max_steps if tc.max_steps > 0 else max(int(math.ceil(tc.epochs * per_epoch)), 1))
 
 
 @dataclass

@@ -19,6 +19,8 @@ from .dataset import KeyedDataset
 from .formats import SPLITS, get_format
 from .loader import BadFileReporter, ResumableLoader, skip_summary
 from .sampler import EvalShardSampler, ShardedBatchSampler
+from .sizes import SizePlan, eval_size, size_plan
+from .sizesampler import SizedBatchSampler
 from .transforms import SampleTransform
 
 
@@ -31,6 +33,9 @@ class Loaders:
     :class:`EvalShardSampler`), or None."""
     num_classes: int
     class_names: list[str]
+    sizes: SizePlan | None = None
+    """Variable resolution: the size and batch of each training step (None: one size);
+    ``sizes.total_steps`` is set by the run assembly (progressive stages are fractions of the run)."""
 
     def skips(self, group=None) -> dict:
         """The run's skipped files and shards, training and validation, over the ranks (every rank
@@ -46,7 +51,11 @@ class SplitLoader(NamedTuple):
     num_classes: int
 
 
-def _size(cfg_data: DataConfig, img_size) -> tuple[int, int]:
+def _size(cfg_data: DataConfig, img_size, augment: bool = False) -> tuple[int, int]:
+    side = eval_size(cfg_data) if not cfg_data.seq_lens else None
+    if side:  # multi-resolution: evaluation at data.eval_image_size; training starts there, then per step
+        side = max(cfg_data.image_sizes) if augment else side
+        return side, side
     if cfg_data.img_size:
         return int(cfg_data.img_size), int(cfg_data.img_size)
     return int(img_size[0]), int(img_size[1])
@@ -68,6 +77,8 @@ def build_loader(
     classes: list[str] | None = None,
     reporter: BadFileReporter | None = None,
     tokenize: Callable[[list[str]], torch.Tensor] | None = None,
+    patch: int = 0,
+    sizes: SizePlan | None = None,
 ) -> SplitLoader | None:
     """This rank's loader of ``split`` (``train`` / ``val``) of the data ``cfg_data`` points at (any
     format and path), or None when the dataset has no such split.
@@ -78,14 +89,24 @@ def build_loader(
     to (a trained model's, or the training split's), None to take the split's own. ``tokenize``: texts
     -> token ids ``(N, L)``, the model family's tokenizer (``FamilySpec.create_tokenizer``, handed over
     by the run assembly): a format with captions puts the ids in ``batch["text"]``; None = no caption
-    tokens (a run that reads no text).
+    tokens (a run that reads no text). ``patch``: the model's patch size (NaFlex batches, variable
+    resolution); ``sizes``: the training steps' sizes and batches (``augment``; :mod:`.sizes`), which
+    then replace ``batch_size``. With ``data.seq_lens`` batches are NaFlex batches (``batch["image"]``
+    is the dict of ``patches``, ``patch_coord``, ``patch_valid``; ``batch["grid"]`` each image's grid).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     fmt = get_format(cfg_data.format)
     if fmt.check is not None:
         fmt.check(cfg_data)
-    size = _size(cfg_data, img_size)
+    for key, needs in (("eval_seq_len", "seq_lens"), ("eval_image_size", "image_sizes")):  # an evaluator's data: too
+        if getattr(cfg_data, key) is not None and not getattr(cfg_data, needs):
+            raise CheckError(f"data.{key} is the evaluation size of a run with data.{needs}, which this data has not: "
+                             f"set data.{needs}, or leave data.{key} out")  # fmt: skip
+    size = _size(cfg_data, img_size, augment)
+    naflex = {"patch": patch, "seq_len": eval_size(cfg_data)} if cfg_data.seq_lens else {}
+    if naflex and not patch:
+        raise ValueError("data.seq_lens: build_loader needs the model's patch size (patch=)")
     text = {"tokenize": tokenize} if fmt.captions else {}
     data = fmt.split(cfg_data, split, img_size=size, num_channels=num_channels, seed=seed, classes=classes, **text)
     if data is None or (not hasattr(data.source, "build_loader") and len(data.source) == 0):
@@ -96,13 +117,19 @@ def build_loader(
         num_workers=cfg_data.num_workers, pin_memory=cfg_data.pin_memory,
         persistent_workers=cfg_data.persistent_workers, prefetch_factor=cfg_data.prefetch_factor,
     )  # fmt: skip
-    tf = SampleTransform(cfg_data, size, num_channels, seed, train=augment)
+    tf = SampleTransform(cfg_data, size, num_channels, seed, train=augment, **naflex)
     src = data.source
     if not augment and hasattr(src, "leave_out_bad"):  # an evaluation leaves bad files out, never duplicates
         src.leave_out_bad = True
+    if hasattr(src, "build_loader") and (cfg_data.image_sizes or cfg_data.seq_lens):
+        raise CheckError(f"data.format={cfg_data.format} streams its samples, which variable resolution (data.image_sizes, "
+                         "data.seq_lens) does not read yet: use an indexed source (an image folder, indexed shards)")  # fmt: skip
     if hasattr(src, "build_loader"):  # streaming sources build their own loader (in stream order)
         loader = src.build_loader(tf, micro_batch_size=batch_size, rank=rank, world_size=world_size,
                                   drop_last=drop_last, **common)  # fmt: skip
+    elif augment and sizes is not None:  # a size and a batch per step (vitscale.data.sizes)
+        sampler = SizedBatchSampler(len(src), sizes, rank=rank, world_size=world_size)
+        loader = ResumableLoader(KeyedDataset(src, tf), sampler, **common, across_epochs=cfg_data.prefetch_across_epochs)
     elif augment:
         sampler = ShardedBatchSampler(len(src), batch_size, seed=seed, rank=rank, world_size=world_size,
                                       shuffle=True, drop_last=drop_last)  # fmt: skip
@@ -128,6 +155,8 @@ def build_loaders(
     train_augment: bool = True,
     classes: list[str] | None = None,
     tokenize: Callable[[list[str]], torch.Tensor] | None = None,
+    patch: int = 0,
+    grad_accum: int = 1,
 ) -> Loaders:
     """Build this rank's train and val loaders (:func:`build_loader` of each split).
 
@@ -138,13 +167,19 @@ def build_loaders(
     split like val: in order, unaugmented, ``micro_batch_size`` images a batch (``label-tokens``,
     probes; a streaming source: in stream order). ``classes``: a trained model's class names, which
     the labels of both splits are mapped to (None: the training split's). ``tokenize``: the model
-    family's tokenizer for formats with captions (see :func:`build_loader`).
+    family's tokenizer for formats with captions (see :func:`build_loader`). ``patch``: the model's
+    patch size and ``grad_accum`` the micro-steps per optimizer step, for variable resolution
+    (``data.image_sizes``, ``data.seq_lens``: :mod:`.sizes`).
     """
     reporter = BadFileReporter()  # shared by train and val: one warning per bad file per run
     common = dict(img_size=img_size, num_channels=num_channels, seed=seed, rank=rank, world_size=world_size,
-                  device=device, reporter=reporter, tokenize=tokenize)  # fmt: skip
+                  device=device, reporter=reporter, tokenize=tokenize, patch=patch)  # fmt: skip
+    sizes = None
+    if train_augment:
+        sizes = size_plan(cfg_data, patch=patch, batch_size=micro_batch_size * world_size * grad_accum,
+                          parts=world_size * grad_accum, seed=seed, accum=grad_accum)  # fmt: skip
     train = build_loader(cfg_data, "train", batch_size=micro_batch_size, augment=train_augment, drop_last=drop_last,
-                         classes=classes, **common)  # fmt: skip
+                         classes=classes, sizes=sizes, **common)  # fmt: skip
     if train is None:
         raise CheckError(f"data.format={cfg_data.format}: the training split has no samples "
                          f"(data.train_path={cfg_data.train_path})")  # fmt: skip
@@ -158,7 +193,7 @@ def build_loaders(
             )
         num_classes = cfg_data.num_classes
     return Loaders(train=train.loader, val=val.loader if val is not None else None, num_classes=num_classes,
-                   class_names=train.class_names)  # fmt: skip
+                   class_names=train.class_names, sizes=sizes)  # fmt: skip
 
 
 __all__ = ["Loaders", "SplitLoader", "build_loader", "build_loaders"]

@@ -19,7 +19,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 class DataConfig:
     format: str = "digits"
     """Dataset format, one registered in ``vitscale.data.formats``: ``digits`` (scikit-learn's
-    handwritten digits, no files needed), ``imagefolder`` (``<path>/<class>/<image>`` trees),
+    handwritten digits, no files needed), ``digits_aspect`` (the same, stretched to several aspect
+    ratios: NaFlex demos), ``imagefolder`` (``<path>/<class>/<image>`` trees),
     ``synthetic`` (random images, deterministic labels), ``webdataset`` (tar shards, local or remote),
     ``csv`` (image paths + captions), ``parquet`` (image + label / caption columns); see docs/data.md."""
     train_path: str | None = None
@@ -87,6 +88,36 @@ class DataConfig:
     """Fraction held out for validation when there is no ``val_path`` (imagefolder, by a fixed
     seed-0 stratified split) and the size of synthetic's validation set relative to ``synthetic_size``;
     0 = no validation set. Digits always use their fixed 1,497 / 300 split."""
+    image_sizes: tuple[int, ...] = ()
+    """Multi-resolution training (docs/data.md, "Variable resolution"): square image sides in pixels,
+    each a multiple of the model's patch, e.g. ``[160, 192, 224, 256]``; every optimizer step trains at
+    one of them, drawn from the keyed randomness (``train.seed``, step) or per ``size_schedule``.
+    () = one size (``img_size``, else the model's). Needs a model that takes several image sizes."""
+    batch_sizes: tuple[int, ...] = ()
+    """Images per optimizer step over all ranks, one per entry of ``image_sizes`` (or ``seq_lens``);
+    () = from ``tokens_per_batch``, else ``train.batch_size`` at every size. ``train.batch_size`` stays
+    the batch the learning rate is scaled for."""
+    tokens_per_batch: int = 0
+    """Patch-token budget per optimizer step over all ranks: each size's batch is the budget divided
+    by its tokens per image (``(side / patch)^2``, or the sequence length), rounded down to a multiple
+    of data-parallel ranks x ``train.grad_accum``. 0 = ``batch_sizes``; with ``seq_lens`` and neither
+    set: ``train.batch_size`` x the largest sequence length."""
+    size_schedule: Literal["random", "progressive"] = "random"
+    """Which size a step uses: ``random`` (a keyed draw per step, every size equally likely) or
+    ``progressive`` (the sizes in the order given, small to large, each from its stage on: timm's and
+    FixRes's train-low-then-high, arXiv 1906.06423)."""
+    size_stages: tuple[float, ...] = ()
+    """``progressive``: the fraction of the run (0 to 1) at which each size starts, one per size, the
+    first 0 and increasing, e.g. ``[0, 0.5, 0.8]``; () = equal shares."""
+    eval_image_size: int | None = None
+    """Evaluation image side with ``image_sizes``; None = the largest of ``image_sizes``."""
+    seq_lens: tuple[int, ...] = ()
+    """NaFlex training (a model taking NaFlex patch batches): sequence lengths in patches, e.g.
+    ``[128, 256, 576, 784]``; each step draws one (as ``image_sizes``), each image is resized to fit it
+    keeping its aspect ratio, patchified and padded with a validity mask (``patches``,
+    ``patch_coord``, ``patch_valid``: timm's layout). () = image batches."""
+    eval_seq_len: int | None = None
+    """NaFlex evaluation sequence length; None = the largest of ``seq_lens``."""
     options: Any = None
     """The fields of ``format`` (its options dataclass; None = its defaults). Set them as
     ``data.<field>`` (``data.webdataset_mode=stream``, or ``DataConfig(webdataset_mode="stream")``);

@@ -136,6 +136,7 @@ def _decode_simplejpeg(data: bytes, box_fn, out_size, num_channels: int, max_pix
         return None  # CMYK / YCCK / unknown: PIL converts those
     check_pixels(height, width, max_pixels)
     box = box_fn(height, width)
+    out_size = _out_size(out_size, box)
     a = draft_factor(box[2], box[3], out_size[0], out_size[1])
     try:
         arr = sj.decode_jpeg(
@@ -153,14 +154,15 @@ def _decode_simplejpeg(data: bytes, box_fn, out_size, num_channels: int, max_pix
 def decode_resized_crop(
     path: str,
     box_fn,
-    out_size: tuple[int, int],
+    out_size,
     *,
     num_channels: int = 3,
     interpolation: str = "bilinear",
     fast: bool = True,
     max_pixels: int = 0,
 ) -> tuple[torch.Tensor, tuple[float, float, float, float], tuple[int, int]]:
-    """Decode ``path`` and return the crop ``box_fn(H, W) -> (top, left, h, w)`` resized to ``out_size``.
+    """Decode ``path`` and return the crop ``box_fn(H, W) -> (top, left, h, w)`` resized to ``out_size``
+    (an ``(H, W)``, or a callable ``(h, w) -> (H, W)`` of the box's size).
 
     The box is drawn from the header's size BEFORE decoding (``box_fn`` is called exactly once), so
     with ``fast`` a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that still has at
@@ -186,7 +188,8 @@ def decode_resized_crop(
             box = got[1]
         elif got is not None:
             arr, box, (h0, w0), scale = got
-            return _crop_resize(torch.from_numpy(arr).permute(2, 0, 1), box, scale, out_size, interpolation), box, (h0, w0)
+            size = _out_size(out_size, box)
+            return _crop_resize(torch.from_numpy(arr).permute(2, 0, 1), box, scale, size, interpolation), box, (h0, w0)
     src = open_image(io.BytesIO(data))
     try:
         w0, h0 = src.size
@@ -195,6 +198,7 @@ def decode_resized_crop(
         check_pixels(h0, w0, max_pixels)
         if box is None:
             box = box_fn(h0, w0)
+        out_size = _out_size(out_size, box)
         scale = apply_draft(src, draft_factor(box[2], box[3], out_size[0], out_size[1])) if fast else 1.0
         src.load()
         img = convert_mode(src, num_channels)
@@ -206,6 +210,11 @@ def decode_resized_crop(
     finally:
         src.close()
     return _crop_resize(t, box, scale, out_size, interpolation), box, (h0, w0)
+
+
+def _out_size(out_size, box) -> tuple[int, int]:
+    """``out_size``, or a callable ``(h, w) -> (H, W)`` of the box's size (NaFlex: a grid fitted to the crop)."""
+    return out_size(box[2], box[3]) if callable(out_size) else out_size
 
 
 def _crop_resize(t: torch.Tensor, box, scale: float, out_size, interpolation: str) -> torch.Tensor:

@@ -8,12 +8,16 @@ stored as uint8 (value * 255 / 16, rounded) and upsampled to the model size by t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import torch
 
-from .formats import DataFormat, Split, register_format
+from ..errors import CheckError
+from . import keyed
+from .formats import SPLITS, DataFormat, Split, register_format
+from .sizes import check_seq_lens, min_patches_for
 
 NUM_CLASSES = 10
 VAL_SIZE = 300
@@ -108,4 +112,47 @@ def digits_split(cfg, name: str, *, img_size, num_channels: int, seed: int, clas
 FORMAT = register_format(DataFormat(
     "digits", digits_split, class_names=lambda cfg: list(CLASS_NAMES),
     summary="scikit-learn's handwritten digits (1,497 train / 300 val, 8x8), no files needed",
+))  # fmt: skip
+
+
+# ---------------------------------------------------------------------- data.format=digits_aspect
+@dataclass
+class DigitsAspectOptions:
+    digits_sizes: tuple[tuple[int, int], ...] = ((24, 40), (32, 32), (40, 24))
+    """The ``(height, width)`` sizes in pixels the images are stored at, one drawn per image (keyed by
+    its split and index, the same in every run), stretched from 8x8 with bicubic resampling."""
+
+
+def stretched(images: torch.Tensor, sizes, split: str) -> list[torch.Tensor]:
+    """``images`` uint8 ``(N, C, 8, 8)``, each resized to one of ``sizes`` ((H, W)) drawn by its index."""
+    from torchvision.transforms.v2 import functional as F
+
+    tag = SPLITS.index(split)
+    out = []
+    for i, img in enumerate(images):
+        h, w = sizes[keyed.py_rng(tag, i, keyed.STREAM_SPLIT).randrange(len(sizes))]
+        out.append(F.resize(img, [int(h), int(w)], interpolation=F.InterpolationMode.BICUBIC, antialias=True))
+    return out
+
+
+def digits_aspect_split(cfg, name: str, *, img_size, num_channels: int, seed: int, classes=None) -> Split:
+    from .sources import TensorSource
+
+    images, labels = load_digits_split(name, num_channels)
+    return Split(TensorSource(stretched(images, cfg.digits_sizes, name), labels), list(CLASS_NAMES))
+
+
+def _check_aspect(cfg) -> None:
+    if not cfg.digits_sizes:
+        raise CheckError("data.digits_sizes is empty: give the (height, width) sizes, e.g. [[24, 40], [32, 32], [40, 24]]")
+    for hw in cfg.digits_sizes:
+        if len(hw) != 2 or min(hw) < 1:
+            raise CheckError(f"data.digits_sizes: {list(hw)} is not a (height, width) in pixels, e.g. [24, 40]")
+    check_seq_lens(cfg, min_patches_for(cfg.digits_sizes))
+
+
+ASPECT = register_format(DataFormat(
+    "digits_aspect", digits_aspect_split, options=DigitsAspectOptions, check=_check_aspect,
+    class_names=lambda cfg: list(CLASS_NAMES),
+    summary="the digits stretched to several aspect ratios (data.digits_sizes, default 24x40, 32x32, 40x24 px): NaFlex demos",
 ))  # fmt: skip

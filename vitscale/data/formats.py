@@ -33,6 +33,7 @@ from ..errors import ConfigError
 # Built-in formats: name -> the module whose import registers it.
 BUILTIN = {
     "digits": "vitscale.data.digits",
+    "digits_aspect": "vitscale.data.digits",
     "imagefolder": "vitscale.data.imagefolder",
     "synthetic": "vitscale.data.synthetic",
     "webdataset": "vitscale.data.webdataset",

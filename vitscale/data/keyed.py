@@ -22,6 +22,7 @@ STREAM_ERASE = 4
 STREAM_MIXUP = 5
 STREAM_SYNTHETIC = 6
 STREAM_SPLIT = 7
+STREAM_SIZE = 8
 
 
 def _splitmix64(x: int) -> int:

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from ..signals import loader_worker_signals
 from .dataset import KeyedDataset, collate
 from .keyed import torch_gen
+from .naflex import erase_patches, normalise_patches
 
 log = logging.getLogger("vitscale.data")
 
@@ -82,6 +83,13 @@ def skip_summary(reporter: BadFileReporter, group=None) -> dict:
             shards.update(s)
     return {"skipped_files": len(files),
             "skipped_shards": [{"url": u, "reason": r} for u, r in sorted(shards.items())]}  # fmt: skip
+
+
+def _to(image, device: torch.device):
+    """An image batch, or a NaFlex batch's dict of tensors, on ``device`` (non-blocking)."""
+    if isinstance(image, dict):
+        return {k: v.to(device, non_blocking=True) for k, v in image.items()}
+    return image.to(device, non_blocking=True)
 
 
 class ResumableLoader:
@@ -195,16 +203,25 @@ class ResumableLoader:
         self.reporter.report_shards(batch.pop("bad_shards", []))
         if self.device is not None:
             host = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
-            img = img.to(self.device, non_blocking=True)
+            img = _to(img, self.device)
             batch = {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
                      for k, v in batch.items()}
             batch["host"] = host
-        mean, inv_std = self._stats(img.device)
-        x = img.float().sub_(mean).mul_(inv_std)  # (B, C, H, W) normalised, in place
+        naflex = isinstance(img, dict)  # a NaFlex batch: patches, patch_coord, patch_valid
+        mean, inv_std = self._stats(img["patches"].device if naflex else img.device)
+        if naflex:
+            x = normalise_patches(img, mean, inv_std)  # patches (B, L, P*P*C) normalised, padding zeros
+            patch = self.dataset.transform.patch
+        else:
+            x = img.float().sub_(mean).mul_(inv_std)  # (B, C, H, W) normalised, in place
         for b in torch.nonzero(erase[:, 0]).flatten().tolist():  # erase: host tensor
             _, top, left, h, w, seed = erase[b].tolist()
-            noise = torch.randn((x.shape[1], h, w), generator=torch_gen(seed))
-            x[b, :, top:top + h, left:left + w] = noise.to(x.device, non_blocking=True)
+            noise = torch.randn((mean.shape[1], h, w), generator=torch_gen(seed))
+            if naflex:
+                grid = batch.get("host", batch)["grid"][b].tolist()  # host tensor: no device read
+                erase_patches(x["patches"][b], grid, patch, (top, left, h, w), noise)
+            else:
+                x[b, :, top:top + h, left:left + w] = noise.to(x.device, non_blocking=True)
         batch["image"] = x
         batch["skipped"] = self.reporter.report(bad)
         return batch

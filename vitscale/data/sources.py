@@ -43,14 +43,15 @@ class Sample:
 
 
 class TensorSource:
-    """Images held in memory as a uint8 tensor (N, C, H, W) with int labels."""
+    """Images held in memory as a uint8 tensor (N, C, H, W), or a list of uint8 (C, H_i, W_i) images
+    of their own sizes, with int labels."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
-        assert images.dtype == torch.uint8 and images.ndim == 4, images.shape
+    def __init__(self, images: torch.Tensor | list[torch.Tensor], labels: torch.Tensor):
+        assert all(im.dtype == torch.uint8 and im.ndim == 3 for im in images), "uint8 (C, H, W) images"
         self.images, self.labels = images, labels.long()
 
     def __len__(self) -> int:
-        return self.images.shape[0]
+        return len(self.images)
 
     def key(self, index: int) -> str:
         return str(index)
@@ -147,6 +148,6 @@ class FileSource:
         try:
             return Sample(self._load(index, index, epoch, tf), int(self.labels[index]), index)
         except BadImageError as e:
-            blank = torch.zeros((tf.num_channels, *tf.img_size), dtype=torch.uint8)  # (C, H, W), never evaluated
+            blank = torch.zeros((tf.num_channels, *tf.out_size(*tf.img_size)), dtype=torch.uint8)  # (C, H, W), never evaluated
             return Sample(Augmented(blank, (0.0, 0.0, 1.0, 1.0), False, [0] * 6), 0, -1,
                           [(self.paths[index], str(e), "left out")])  # fmt: skip

@@ -9,6 +9,7 @@ batch in the loader (on the device when one is given), so workers move uint8 ten
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from ..errors import ConfigError
 from . import keyed
 from .config import DataConfig
 from .decode import center_crop_box, decode_resized_crop
+from .naflex import fit_grid
 
 _INTERP = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC}
 
@@ -96,9 +98,13 @@ class Augmented:
 class SampleTransform:
     """Train or eval transform of one sample; the caller supplies the source-specific crop+resize."""
 
-    def __init__(self, cfg: DataConfig, img_size: tuple[int, int], num_channels: int, seed: int, train: bool):
+    def __init__(self, cfg: DataConfig, img_size: tuple[int, int], num_channels: int, seed: int, train: bool,
+                 *, patch: int = 0, seq_len: int = 0):  # fmt: skip
         self.cfg = cfg
         self.img_size = (int(img_size[0]), int(img_size[1]))
+        # NaFlex (seq_len > 0): each image is resized to the patch grid that fits seq_len keeping its
+        # aspect ratio (vitscale.data.naflex.fit_grid) instead of to img_size
+        self.patch, self.seq_len = int(patch), int(seq_len)
         self.num_channels = num_channels
         self.seed = int(seed)
         self.train = train
@@ -114,26 +120,53 @@ class SampleTransform:
                 cj = float(cfg.color_jitter)
                 self.photometric = v2.ColorJitter(brightness=cj, contrast=cj, saturation=cj)
 
+    def at(self, size: int) -> SampleTransform:
+        """This transform at another size: a square image side (multi-resolution) or, for NaFlex, a
+        sequence length (a step's size, :mod:`vitscale.data.sizes`)."""
+        other = copy.copy(self)
+        if self.seq_len:
+            other.seq_len = int(size)
+        else:
+            other.img_size = (int(size), int(size))
+        return other
+
+    def out_size(self, h: float, w: float) -> tuple[int, int]:
+        """The output (H, W) of a crop of ``h x w`` pixels: ``img_size``, or for NaFlex the grid that
+        fits the sequence length at the crop's aspect ratio, in pixels."""
+        if not self.seq_len:
+            return self.img_size
+        gh, gw = fit_grid(h, w, self.seq_len, self.patch)
+        return gh * self.patch, gw * self.patch
+
+    def ratio(self, h0: int, w0: int) -> tuple[float, float]:
+        """RandomResizedCrop's aspect-ratio range for an ``h0 x w0`` image: ``rrc_ratio``; NaFlex
+        keeps the image's own aspect ratio, so the range is relative to it (``rrc_ratio`` x w0 / h0)."""
+        lo, hi = self.cfg.rrc_ratio
+        return (lo * w0 / h0, hi * w0 / h0) if self.seq_len else (lo, hi)
+
     # --- randomness -------------------------------------------------------------------------------
     def rng(self, epoch: int, index: int) -> random.Random:
         return keyed.py_rng(self.seed, epoch, index, keyed.STREAM_SAMPLE)
 
     def box_fn(self, rng: random.Random):
         """``(H, W) -> (top, left, h, w)`` drawing the RandomResizedCrop box from ``rng``."""
-        return lambda h, w: rrc_box(rng, h, w, self.cfg.rrc_scale, self.cfg.rrc_ratio)
+        return lambda h, w: rrc_box(rng, h, w, self.cfg.rrc_scale, self.ratio(h, w))
 
     # --- tensor sources (digits, synthetic) -------------------------------------------------------
     def tensor_train(self, image: torch.Tensor, epoch: int, index: int) -> Augmented:
         rng = self.rng(epoch, index)
         h0, w0 = image.shape[-2:]
-        top, left, h, w = rrc_box(rng, h0, w0, self.cfg.rrc_scale, self.cfg.rrc_ratio)
-        out = F.resized_crop(image, top, left, h, w, list(self.img_size), interpolation=_INTERP[self.interpolation], antialias=True)
+        top, left, h, w = rrc_box(rng, h0, w0, self.cfg.rrc_scale, self.ratio(h0, w0))
+        out = F.resized_crop(image, top, left, h, w, list(self.out_size(h, w)), interpolation=_INTERP[self.interpolation], antialias=True)
         return self.finish(out, rng, (top / h0, left / w0, h / h0, w / w0), epoch, index)
 
     def tensor_eval(self, image: torch.Tensor) -> Augmented:
         from .decode import center_crop_box
 
         h0, w0 = image.shape[-2:]
+        if self.seq_len:  # NaFlex: the whole image at its aspect ratio, fitted to the sequence length
+            out = F.resize(image, list(self.out_size(h0, w0)), interpolation=_INTERP[self.interpolation], antialias=True)
+            return Augmented(out, (0.0, 0.0, 1.0, 1.0), False, [0] * 6)
         top, left, h, w = center_crop_box(h0, w0, self.img_size, self.cfg.crop_pct)
         oh, ow = self.img_size
         if self.cfg.crop_pct >= 1.0 and (h, w) == (h0, w0):
@@ -155,8 +188,10 @@ class SampleTransform:
         else:
             rng = None
             box_fn = lambda h, w: center_crop_box(h, w, self.img_size, self.cfg.crop_pct)  # noqa: E731
+            if self.seq_len:  # NaFlex: the whole image
+                box_fn = lambda h, w: (0, 0, h, w)  # noqa: E731
         t, (top, left, h, w), (h0, w0) = decode_resized_crop(
-            src, box_fn, self.img_size, num_channels=self.num_channels, interpolation=self.interpolation, fast=fast,
+            src, box_fn, self.out_size if self.seq_len else self.img_size, num_channels=self.num_channels, interpolation=self.interpolation, fast=fast,
             max_pixels=self.cfg.max_image_pixels,
         )
         crop = (top / h0, left / w0, h / h0, w / w0)
@@ -172,5 +207,5 @@ class SampleTransform:
         if self.photometric is not None:
             with keyed.seeded_global_torch_rng(self.seed, epoch, index, keyed.STREAM_TORCH):
                 image = self.photometric(image)
-        erase = erase_params(rng, self.cfg.random_erasing, self.img_size[0], self.img_size[1])
+        erase = erase_params(rng, self.cfg.random_erasing, image.shape[-2], image.shape[-1])
         return Augmented(image.contiguous(), tuple(float(c) for c in crop), bool(flip), erase)

@@ -35,7 +35,8 @@ def evaluate_classification(
     device = torch.device(device)
     totals = torch.zeros(4, dtype=torch.float64, device=device)  # n, top1, top5, loss sum
     for batch in loader:
-        images = batch["image"].to(device, non_blocking=True)
+        images = batch["image"]  # (B, C, H, W), or a NaFlex batch's dict of tensors
+        images = {k: v.to(device, non_blocking=True) for k, v in images.items()} if isinstance(images, dict) else images.to(device, non_blocking=True)
         labels = batch["label"].to(device, non_blocking=True)
         with autocast():
             logits = model(images)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..config import Config
+from ..config.schema import run_length
 from ..data import Loaders, build_loaders
 from ..data.classes import run_class_names, write_run_class_names
 from ..data.config import DataConfig
@@ -129,6 +130,10 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
             except (AttributeError, TypeError):  # a stream has no length
                 images = None
             check_batches(cfg, len(loaders.train), images, dims.dp_size)
+            if loaders.sizes is not None:  # progressive stages are fractions of the run
+                loaders.sizes.total_steps = run_length(tc, len(loaders.train))[1]
+                if compile:
+                    bound_recompiles(len(loaders.sizes.sizes))
         if loaders is not None and model is None:
             check_classes(cfg, num_classes, _data_name(cfg))
         overrides = model_overrides(cfg, num_classes)
@@ -154,6 +159,19 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         class_names=list(loaders.class_names) if loaders is not None else [], model_overrides=overrides,
         model=model, micro_batch=micro_batch, float8=float8, claim=held,
     )  # fmt: skip
+
+
+def bound_recompiles(shapes: int) -> None:
+    """Under ``train.compile`` with ``shapes`` input shapes (variable resolution): each shape compiles
+    once with static shapes and is kept (dynamo's automatic dynamic shapes off, its cache large enough),
+    never a recompile per step. The opening lines of the run say so."""
+    import torch._dynamo
+
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, shapes + 1)
+    if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
+        limit = torch._dynamo.config.accumulated_cache_size_limit
+        torch._dynamo.config.accumulated_cache_size_limit = max(limit, 4 * (shapes + 1))
 
 
 def _data_name(cfg: Config) -> str:
@@ -223,10 +241,12 @@ def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, num_channe
              family: FamilySpec) -> Loaders:  # fmt: skip
     tokenize = data_tokenizer(family, cfg.data)  # a family that reads text hands the data its tokenizer
     # this data-parallel rank's shard; TP ranks of one replica read the same
+    patch = get_model_config(cfg.model.name, **cfg.model.overrides).patch_dim  # NaFlex patches, token budgets
     common = dict(img_size=img_size, num_channels=num_channels, seed=cfg.train.seed, device=dims.device,
-                  rank=dims.dp_rank, world_size=dims.dp_size, tokenize=tokenize)  # fmt: skip
+                  rank=dims.dp_rank, world_size=dims.dp_size, tokenize=tokenize, patch=patch)  # fmt: skip
     if purpose == "train":
-        return build_loaders(cfg.data, micro_batch_size=micro_batch, eval_batch_size=cfg.eval.batch_size, **common)
+        return build_loaders(cfg.data, micro_batch_size=micro_batch, eval_batch_size=cfg.eval.batch_size,
+                             grad_accum=cfg.train.grad_accum, **common)  # fmt: skip
     # every image once, in order, unaugmented, in whole batches of the one-process job (EvalShardSampler);
     # an evaluation maps the labels to the classes the weights were trained on (their run folder's)
     batch = cfg.teacher.batch_size if purpose == "label" else cfg.eval.batch_size

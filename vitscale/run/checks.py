@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config
+from ..data.sizes import check_sizes
 from ..data.transforms import parse_randaugment
 from ..distributed.compile import check_compile_mode
 from ..distributed.float8 import check_recipe, fp8_emulated, require_torchao
@@ -204,6 +205,24 @@ def _check_image_size(cfg: Config, purpose: str) -> None:
             raise CheckError(f"{key}={side} does not fit {cfg.model.name}: {e}; use a multiple of {base.patch_dim}") from None
 
 
+def _check_sizes(cfg: Config, dims: ParallelDims, purpose: str) -> None:
+    """Variable resolution (``data.image_sizes``, ``data.seq_lens``): a model that takes it (its
+    ``input_modes``), sizes the patch divides, a batch of at least one image per rank at every size."""
+    from ..models.contract import check_input_mode
+    from ..models.registry import get_family, get_model_config
+
+    d, name = cfg.data, cfg.model.name
+    if purpose == "bench" or not (d.image_sizes or d.seq_lens or d.img_size or d.eval_image_size or d.eval_seq_len):
+        return
+    cls = get_family(name).model_cls
+    if d.image_sizes:
+        check_input_mode(cls, "multi", f"data.image_sizes={list(d.image_sizes)}", name)
+    if d.seq_lens:
+        check_input_mode(cls, "naflex", f"data.seq_lens={list(d.seq_lens)}", name)
+    base = get_model_config(name, **cfg.model.overrides)
+    check_sizes(d, patch=base.patch_dim, batch_size=cfg.train.batch_size, parts=dims.dp_size * cfg.train.grad_accum)
+
+
 def _check_tp(cfg: Config, dims: ParallelDims) -> None:
     """The model's family says whether its TP plan splits this config over ``parallel.tp`` ranks."""
     if dims.tp > 1:
@@ -240,6 +259,7 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     _check_finite(cfg)
     _check_ranges(cfg, purpose)
     _check_degenerate(cfg, purpose)
+    _check_sizes(cfg, dims, purpose)
     _check_image_size(cfg, purpose)
     _check_tp(cfg, dims)
     if purpose == "train":

@@ -53,9 +53,10 @@ class RunEvalData:
         key = (json.dumps(data, sort_keys=True, default=str), split, batch)
         if key not in self._built:
             data_cfg = replace_fields(cfg.data, data, "evals.data.") if data else cfg.data
-            channels = get_model_config(cfg.model.name, **run.model_overrides).num_channels
+            model_cfg = get_model_config(cfg.model.name, **run.model_overrides)
             self._built[key] = build_loader(
-                data_cfg, split, img_size=run.img_size, num_channels=channels, seed=cfg.train.seed, batch_size=batch,
+                data_cfg, split, img_size=run.img_size, num_channels=model_cfg.num_channels, seed=cfg.train.seed,
+                batch_size=batch, patch=model_cfg.patch_dim,
                 rank=run.dims.dp_rank, world_size=run.dims.dp_size, device=run.device,
                 classes=self._classes_of(data, data_cfg),
                 tokenize=data_tokenizer(run.family, data_cfg),

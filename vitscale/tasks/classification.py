@@ -66,7 +66,7 @@ class ClassificationTask(Task):
         images, labels = batch["image"], batch["label"]
         target = labels
         if self.mixup is not None:
-            images, target = self.mixup(images, labels, step)
+            images, target = self.mixup(images, labels, step, grid=batch.get("grid"))  # grid: NaFlex batches
         if self.distill is not None:  # the teacher sees the mixed images too (DeiT)
             base = lambda logits, t: classification_loss(logits, t, self.kind, self.smoothing)  # noqa: E731
             return self.distill.classification_loss(model, images, target, labels, base, self.autocast)

@@ -5,12 +5,14 @@ test ``tests/unit/test_train_no_sync.py``).
 
 A record holds ``step``, ``loss``, ``lr``, ``img_per_s`` (images since the last record over the wall
 time since it, evaluations and checkpoints excluded), ``grad_norm``, the task's metrics (``train_*``),
-``tflops`` and ``mfu`` (from the model's forward FLOPs per image and the device's peak), the share of
-the step time the task's parts took (``<part>_time_pct``, e.g. a distillation teacher's forward:
-``Task.step_times``), ``epoch``, ``data_wait`` (the percentage of the wall time since the last record
-that the loop spent waiting for batches: near 0 when the input pipeline keeps up), on a GPU
-``mem_peak_gib`` (the most memory the allocator held since the last record; a host-side counter, no
-synchronisation) and, when steps were not applied, ``nonfinite_steps``.
+``tflops`` and ``mfu`` (from the model's forward FLOPs per image and the device's peak; with variable
+resolution each step counted at its own size), the share of the step time the task's parts took
+(``<part>_time_pct``, e.g. a distillation teacher's forward: ``Task.step_times``), ``epoch``, for a
+variable-resolution run the logged step's ``img_size`` or ``seq_len``, ``data_wait`` (the percentage
+of the wall time since the last record that the loop spent waiting for batches: near 0 when the
+input pipeline keeps up), on a GPU ``mem_peak_gib`` (the most memory the allocator held since the
+last record; a host-side counter, no synchronisation) and, when steps were not applied,
+``nonfinite_steps``.
 """
 
 from __future__ import annotations
@@ -36,11 +38,27 @@ def reduce_mean(t: torch.Tensor, world: int) -> torch.Tensor:
 
 def model_flops(family, model, img_size) -> float | None:
     """Forward FLOPs of one image as a training step runs it (the family's count: patch dropout's
-    dropped patches cost nothing); None when it cannot say."""
+    dropped patches cost nothing); None when it cannot say. ``img_size``: (H, W), or ``("tokens", N)``
+    for a NaFlex batch of N tokens a sequence, which costs what a 1 x N patch grid costs."""
     try:
+        if img_size[0] == "tokens":
+            p = model.cfg.patch_dim
+            img_size = (p, img_size[1] * p)
         return float(family.forward_flops(model.cfg, img_size, training=True))
     except Exception:  # FLOPs are informative only
         return None
+
+
+def batch_shape(batch: dict) -> tuple[int, tuple] | None:
+    """(images in this rank's micro-batch, the size its FLOPs are counted at: (H, W), or ("tokens", N)
+    for a NaFlex batch) of a batch with an ``image``; None for one without."""
+    img = batch.get("image")
+    if isinstance(img, dict):  # NaFlex: patches (B, N, P*P*C)
+        B, N = img["patches"].shape[:2]
+        return int(B), ("tokens", int(N))
+    if isinstance(img, torch.Tensor) and img.ndim == 4:  # (B, C, H, W)
+        return int(img.shape[0]), (int(img.shape[-2]), int(img.shape[-1]))
+    return None
 
 
 def device_peak(device: torch.device, autocast) -> float | None:
@@ -72,6 +90,15 @@ def opening_lines(run, total_steps: int, peak_lr: float, warmup: int, step: int,
                  f"steps on {run.device}")  # fmt: skip
     lines.append(f"batch {tc.batch_size} ({run.micro_batch}/rank x {tc.grad_accum} accum x {run.dims.world_size} ranks), "
                  f"peak lr {peak_lr:.3e}, warmup {warmup} steps")  # fmt: skip
+    sizes = run.loaders.sizes if run.loaders is not None else None
+    if sizes is not None:
+        from vitscale.data.sizes import eval_size
+
+        unit = "tokens" if sizes.mode == "naflex" else "px"
+        lines.append(f"variable resolution: {sizes.describe()}; evaluation at {eval_size(cfg.data)} {unit}")
+        if tc.compile:
+            lines.append(f"train.compile: each of the {len(sizes.sizes)} sizes compiles once (static shapes, kept in "
+                         f"dynamo's cache): at most {len(sizes.sizes)} compiles per block, none per step")  # fmt: skip
     return lines
 
 
@@ -80,18 +107,22 @@ class LogStep:
     first and last, and with every evaluation); :meth:`record` builds its record."""
 
     def __init__(self, tc, *, world: int, steps_per_epoch: int, schedule, guard, flops_per_image: float | None,
-                 peak: float | None, info, part_times=None, device: torch.device | None = None):  # fmt: skip
+                 peak: float | None, info, part_times=None, device: torch.device | None = None, dp_size: int = 1,
+                 flops_at=None, varying: bool = False):  # fmt: skip
         self.tc, self.world, self.steps_per_epoch = tc, world, steps_per_epoch
         self.part_times = part_times  # the task's parts' seconds since the last record (Task.step_times)
         self.schedule, self.guard, self.info = schedule, guard, info
         self.flops, self.peak = flops_per_image, (peak if flops_per_image else None)
+        # variable resolution: a step's images and FLOPs at its own size (flops_at: size -> FLOPs per image)
+        self.dp_size, self.flops_at, self._flops_of = dp_size, flops_at, {}
+        self.varying, self.last_size = varying, None  # varying: each record names its step's size
         self.reported_nonfinite = guard.checked_total
         self.cuda = device if device is not None and device.type == "cuda" else None
-        self.images, self.t_last, self.waited = 0, time.perf_counter(), 0.0
+        self.restart()
 
     def restart(self) -> None:
         """Start counting images and time afresh (after a record, an evaluation or a checkpoint)."""
-        self.images, self.t_last, self.waited = 0, time.perf_counter(), 0.0
+        self.images, self.flop_sum, self.t_last, self.waited = 0, 0.0, time.perf_counter(), 0.0
         if self.part_times is not None:
             self.part_times()  # the task's timers start afresh too
 
@@ -103,8 +134,19 @@ class LogStep:
             self.waited += time.perf_counter() - t
             yield batch
 
-    def advance(self) -> None:
-        self.images += self.tc.batch_size
+    def advance(self, shape: tuple[int, tuple] | None = None) -> None:
+        """Count a step: ``train.batch_size`` images at the run's size, or with ``shape`` (this rank's
+        micro-batch images and their size, :func:`batch_shape`) the step's own batch and size."""
+        if shape is None:
+            images, flops = self.tc.batch_size, self.flops
+        else:
+            images = shape[0] * self.dp_size * self.tc.grad_accum
+            self.last_size = shape[1]
+            if self.flops and shape[1] not in self._flops_of and self.flops_at is not None:
+                self._flops_of[shape[1]] = self.flops_at(shape[1])
+            flops = self._flops_of.get(shape[1], self.flops)
+        self.images += images
+        self.flop_sum += images * (flops or 0.0)
 
     def due(self, step: int, last: bool, evaluating: bool) -> bool:
         return step % self.tc.log_every == 0 or last or evaluating or step == 1
@@ -119,12 +161,15 @@ class LogStep:
                                "grad_norm": float(grad_norm.item())}  # fmt: skip
         for k, v in metrics.items():
             rec[k] = reduce_mean(v, self.world).item()
-        if self.flops:
-            rec["tflops"] = achieved_tflops(ips, self.flops, "train")
+        if self.flops and self.images:
+            rec["tflops"] = achieved_tflops(ips, self.flop_sum / self.images, "train")  # each step at its own size
             if self.peak:
                 rec["mfu"] = mfu_percent(rec["tflops"], self.peak)
         for part, seconds in (self.part_times() if self.part_times is not None else {}).items():
             rec[f"{part}_time_pct"] = 100.0 * seconds / elapsed  # e.g. the distillation teacher's share of the step time
+        if self.varying and self.last_size is not None:  # the logged step's size: seq_len (NaFlex) or img_size
+            kind, n = ("seq_len", self.last_size[1]) if self.last_size[0] == "tokens" else ("img_size", self.last_size[0])
+            rec[kind] = n
         rec["epoch"] = step / self.steps_per_epoch
         rec["data_wait"] = 100.0 * min(self.waited / elapsed, 1.0)
         if self.cuda is not None:
@@ -140,4 +185,4 @@ class LogStep:
         return rec
 
 
-__all__ = ["LogStep", "device_peak", "model_flops", "opening_lines", "reduce_mean"]
+__all__ = ["LogStep", "batch_shape", "device_peak", "model_flops", "opening_lines", "reduce_mean"]

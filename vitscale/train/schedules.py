@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from vitscale.config.schema import ScheduleConfig
+from vitscale.config.schema import ScheduleConfig, run_length  # noqa: F401 (run_length: the trainer's)
 
 
 def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, warmup_steps: int, peak_lr: float) -> float:
@@ -39,13 +39,6 @@ def _cooldown(cfg: ScheduleConfig, step: int, total_steps: int) -> float:
     if c <= 0 or step <= total_steps - c:
         return 1.0
     return max(total_steps - step, 0) / c
-
-
-def run_length(tc, batches_per_epoch: int) -> tuple[int, int]:
-    """``(optimizer steps per epoch, steps of the run)`` of the ``train`` group ``tc``: ``train.max_steps``,
-    else ``train.epochs`` of steps (at least one)."""
-    per_epoch = max(batches_per_epoch // tc.grad_accum, 1)
-    return per_epoch, (tc.max_steps if tc.max_steps > 0 else max(int(math.ceil(tc.epochs * per_epoch)), 1))
 
 
 def warmup_steps(cfg: ScheduleConfig, steps_per_epoch: int) -> int:

@@ -39,7 +39,7 @@ from .ema import EMA
 from .evaluation import EvalSchedule
 from .fastpath import autocast_factory, sdpa_backend
 from .finetune import freeze, group_lines
-from .logstep import LogStep, device_peak, model_flops, opening_lines
+from .logstep import LogStep, batch_shape, device_peak, model_flops, opening_lines
 from .metrics import MetricsLogger
 from .nonfinite import NonFiniteGuard, apply_update, prepare_optimizer, skips_on_device
 from .optim import build_optimizer, scaled_lr
@@ -153,6 +153,7 @@ class Trainer:
             if self.world > 1 and n > 1:  # every model is an FSDP2 module on several ranks
                 model.set_requires_gradient_sync(micro == n - 1)  # reduce gradients on the last micro-step only
             batch = self._to_device(next(batches))
+            self.step_shape = batch_shape(batch)  # img/s and MFU count each step at its own size
             if self.cudagraphs:
                 self.static_shapes.check(batch)
             self.counters.skipped += int(batch.get("skipped", 0))
@@ -200,12 +201,14 @@ class Trainer:
         cfg, start_step, t_start, last_eval = self.cfg, self.counters.segments.start(self.step), time.perf_counter(), {}
         logstep = LogStep(cfg.train, world=self.world, steps_per_epoch=self.steps_per_epoch, schedule=self.schedule, guard=self.guard,
                           flops_per_image=self.flops_per_image, peak=self.peak_tflops, info=log.info,
-                          part_times=self.task.step_times, device=self.device)  # fmt: skip
+                          part_times=self.task.step_times, device=self.device, dp_size=self.pd.dp_size,
+                          flops_at=lambda size: model_flops(self.run.family, self.model, size),
+                          varying=self.loaders.sizes is not None)  # fmt: skip
         batches = logstep.timed(self._batches())  # the data-wait share of the log line
         while self.step < self.counters.total_steps:
             self.step += 1
             loss, metrics, grad_norm = self.train_step(batches)
-            logstep.advance()
+            logstep.advance(self.step_shape)
             log.advance()
             last = self.step == self.counters.total_steps
             due = self.evals.due(self.step, last)
