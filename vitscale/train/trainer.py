@@ -23,22 +23,22 @@ from typing import Any
 
 import torch
 
-from vitscale.config import Config, run_config_dict
+from vitscale.config import Config
 from vitscale.distributed.compile import StaticShapes, check_graph_inputs, mark_step, uses_cudagraphs
 from vitscale.distributed.float8 import precompute_float8_scales
 from vitscale.distributed.utils import clip_grad_norm_
 from vitscale.run import assemble
 from vitscale.run.folder import write_config
 from vitscale.tasks import get_task
-from vitscale.tools.env import command_line, environment
+from vitscale.tools.env import command_line
 from vitscale.tools.report import try_write_report
-from vitscale.tools.report.run import flatten
 
 from .checkpointing import Checkpointing, RunCounters
 from .ema import EMA
 from .evaluation import EvalSchedule
 from .fastpath import autocast_factory, sdpa_backend
 from .finetune import freeze, group_lines
+from .finish import finish_run
 from .logstep import LogStep, batch_shape, device_peak, model_flops, opening_lines
 from .metrics import MetricsLogger
 from .nonfinite import NonFiniteGuard, apply_update, prepare_optimizer, skips_on_device
@@ -46,7 +46,7 @@ from .optim import build_optimizer, scaled_lr
 from .preemption import Preemption
 from .runlog import RunLog
 from .schedules import Schedule, fit_warmup, run_length, warmup_steps
-from .summary import finished_run, now, print_end, run_layout, run_summary, write_summary
+from .summary import finished_run, now, print_end
 from .watchdog import Watchdog
 
 
@@ -226,26 +226,7 @@ class Trainer:
                 logstep.restart()
             self.preemption.stop(stop, last, self.step, self.checkpoints, self.pd.rank)  # waits for the write, then exits
             self.watchdog.beat(self.step)
-        return self._finish(log, start_step, time.perf_counter() - t_start, last_eval)
-
-    def _finish(self, log: MetricsLogger, start_step: int, wall: float, last_eval: dict) -> dict[str, Any]:
-        cfg = self.cfg
-        skips = self.loaders.skips()  # bad files (training and validation) and shards, over the ranks
-        self.guard.require_progress(self.step, self.step - start_step, self.checkpoints.last)  # never exit 0 untrained
-        self.checkpoints.export(self.out, self.step, cfg.model.name, self.run.model_overrides)
-        self.written["weights"] = bool(cfg.checkpoint.export_safetensors)
-        summary = run_summary(cfg.model.name, self.step, wall=wall, steps_run=self.step - start_step, batch_size=cfg.train.batch_size,
-                              skips=skips, nonfinite_steps=self.guard.checked_total, last_eval=last_eval,
-                              resumed_from=self.checkpoints.resumed_from, total_time=time.perf_counter() - self._t_created, started_at=self.started_at,
-                              env=environment(self.device, run_layout(self.run)), segments=self.counters.segments.summary(self.step, cfg.train.batch_size)[0])  # fmt: skip
-        if self.is_main:
-            write_summary(summary, self.out)
-            if skips["skipped_files"] or skips["skipped_shards"]:
-                log.info(f"skipped {skips['skipped_files']} bad files and {len(skips['skipped_shards'])} unreadable "
-                         f"shards (see the warnings above)")  # fmt: skip
-            log.log_hparams(flatten(run_config_dict(cfg)), dict(last_eval), summary)  # TensorBoard, trackers
-            self.written["report"] = bool(cfg.log.report) and try_write_report(self.out) is not None
-        return summary
+        return finish_run(self, log, start_step, time.perf_counter() - t_start, last_eval)  # summary, weights, report
 
     def print_summary(self, summary: dict[str, Any], fmt: str = "human") -> None:
         """Print the end of the run on rank 0: ``human`` (what the run gave and where its outputs are),
