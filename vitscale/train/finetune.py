@@ -23,7 +23,12 @@ from vitscale.errors import ConfigError
 from vitscale.models.registry import family_of
 from vitscale.tools.units import count
 
-from .optim import _strip
+
+def plain_name(name: str) -> str:
+    """A parameter's name without what wrappers (torch.compile, activation checkpointing, DDP) insert."""
+    for token in ("_orig_mod.", "_checkpoint_wrapped_module.", "module."):
+        name = name.replace(token, "")
+    return name
 
 
 def freeze(model: nn.Module, patterns: tuple[str, ...] | list[str]) -> list[str]:
@@ -31,7 +36,7 @@ def freeze(model: nn.Module, patterns: tuple[str, ...] | list[str]) -> list[str]
     no parameter is a :class:`ConfigError` naming some. Returns the lines the run prints."""
     if not patterns:
         return []
-    names = [(_strip(n), p) for n, p in model.named_parameters()]
+    names = [(plain_name(n), p) for n, p in model.named_parameters()]
     frozen = 0
     for pattern in patterns:
         hits = [p for n, p in names if fnmatch.fnmatchcase(n, pattern)]
@@ -69,7 +74,7 @@ def layer_decay_groups(model: nn.Module, groups: list[dict], decay: float) -> li
     of one exponent ``k`` form a group ``<name>.k<k>`` with ``lr_scale = decay ** k`` and
     ``layer_exponent = k``."""
     exponents, prefixes = _exponents(model)
-    names = {id(p): _strip(n) for n, p in model.named_parameters()}
+    names = {id(p): plain_name(n) for n, p in model.named_parameters()}
     out = []
     for g in groups:
         by: dict[int, list] = {}
@@ -85,7 +90,7 @@ def group_lines(model: nn.Module, optimizer, layer_decay: float | None, peak_lr:
     exponent ``k`` with its LR scale, the layers in it and its tensors per weight decay."""
     if not layer_decay:
         return []
-    names = {id(p): _strip(n) for n, p in model.named_parameters()}
+    names = {id(p): plain_name(n) for n, p in model.named_parameters()}
     lines = [f"optim.layer_decay={layer_decay:g}: the LR of each layer group x layer_decay^k (peak lr {peak_lr:.3e})"]
     exponents, prefixes = _exponents(model)
     by: dict[int, list] = {}
@@ -100,4 +105,4 @@ def group_lines(model: nn.Module, optimizer, layer_decay: float | None, peak_lr:
     return lines
 
 
-__all__ = ["freeze", "group_lines", "layer_decay_groups"]
+__all__ = ["freeze", "group_lines", "layer_decay_groups", "plain_name"]

@@ -14,6 +14,7 @@ from vitscale.config.schema import OptimConfig
 from vitscale.errors import ConfigError
 
 from .fastpath import optimizer_impl
+from .finetune import layer_decay_groups, plain_name
 
 
 def scaled_lr(cfg: OptimConfig, global_batch: int) -> float:
@@ -21,13 +22,6 @@ def scaled_lr(cfg: OptimConfig, global_batch: int) -> float:
     if cfg.lr_scale_batch and cfg.lr_scale_batch > 0:
         return cfg.lr * global_batch / cfg.lr_scale_batch
     return cfg.lr
-
-
-def _strip(name: str) -> str:
-    # Wrappers (torch.compile, activation checkpointing, DDP) insert these into parameter names.
-    for token in ("_orig_mod.", "_checkpoint_wrapped_module.", "module."):
-        name = name.replace(token, "")
-    return name
 
 
 def param_groups(model: nn.Module, weight_decay: float, head_weight_decay: float | None) -> list[dict]:
@@ -38,7 +32,7 @@ def param_groups(model: nn.Module, weight_decay: float, head_weight_decay: float
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        n = _strip(name)
+        n = plain_name(name)
         if p.ndim <= 1 or n.endswith(".bias") or n in skip or any(n.startswith(s + ".") for s in skip):
             groups["no_decay"].append(p)  # norms, biases, gains, tokens, position embeddings
         elif n in head:
@@ -56,8 +50,6 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float) -> torch.opti
     peak LR (the peak LR x its ``lr_scale``)."""
     groups = param_groups(model, cfg.weight_decay, cfg.head_weight_decay)
     if cfg.layer_decay:
-        from .finetune import layer_decay_groups
-
         groups = layer_decay_groups(model, groups, cfg.layer_decay)
     if not groups:
         raise ConfigError("nothing to train: every parameter is frozen (model.freeze, clip.lock_image / lock_text)")
