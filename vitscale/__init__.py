@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from .version import __version__
 
 if TYPE_CHECKING:
     from torch import nn

@@ -42,7 +42,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="vitscale",
         description="Train Vision Transformers (ViT, ViT-22B, CLIP, VOLO) at every scale.",
     )
-    from . import __version__
+    from .version import __version__
 
     parser.add_argument("--version", action="version", version=f"vitscale {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)

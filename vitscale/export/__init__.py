@@ -34,8 +34,8 @@ def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool
     size ``batch`` (None = dynamic), check every file, write ``export.json``; returns its content."""
     import torch
 
-    from vitscale import __version__
     from vitscale.models.registry import get_family
+    from vitscale.version import __version__
 
     from .check import check_graph, real_captions, real_images
     from .graphs import MAX_BATCH, build_graphs, capture, write_onnx, write_pt2

@@ -78,7 +78,7 @@ def environment(device: torch.device | None = None, layout: dict[str, Any] | Non
     """The record of where and how this process runs (for ``summary.json``'s ``env``)."""
     import torch
 
-    from vitscale import __version__
+    from vitscale.version import __version__
 
     from .mfu import _cpu_name
 
