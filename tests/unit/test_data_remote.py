@@ -5,6 +5,7 @@ counted skip with the reason."""
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import logging
@@ -274,6 +275,8 @@ def test_parquet_struct_images_string_labels_and_bad_files(tmp_path):
     b = _loaders(cfg, micro=5, workers=2).train
     b.load_state_dict(a.state_dict())
     _same(head + _batches(b), full)
+    del a, b
+    gc.collect()  # these streams' workers run on through the epochs: end them here, not in a later test's GC pass
 
     pq.write_table(_table([(_png(1), "cat"), (_png(2), "zebra")]), tmp_path / "val/b.parquet")
     with pytest.raises(CheckError) as e:
