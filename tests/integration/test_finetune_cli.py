@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -119,9 +120,11 @@ def test_bad_inputs_are_one_line_before_training(timm_digits, tmp_path):
         "a teacher of other classes": ([f"distill.teacher={teacher7}"], "predicts 7 classes, the data has 10"),
         "a freeze pattern matching nothing": (["model.freeze=blocks.7.*"], "model.freeze: 'blocks.7.*' matches no parameter"),
     }  # fmt: skip
-    for i, (what, (args, message)) in enumerate(cases.items()):
-        out = tmp_path / f"run{i}"
-        res = vitscale("train", "digits_vit", *FAST, f"train.output_dir={out}", *args)
+    with ThreadPoolExecutor(2) as pool:  # independent runs: two at a time, one per core
+        runs = [pool.submit(vitscale, "train", "digits_vit", *FAST, f"train.output_dir={tmp_path / f'run{i}'}", *args)
+                for i, (args, _) in enumerate(cases.values())]  # fmt: skip
+    for i, (what, (_, message)) in enumerate(cases.items()):
+        out, res = tmp_path / f"run{i}", runs[i].result()
         assert res.returncode in (1, 2) and message in res.stderr, (what, res.stderr)
         assert res.stderr.startswith("vitscale train: ") and res.stderr.count("\n") == 1, (what, res.stderr)
         assert not (out / "metrics.jsonl").exists() and not (out / "run.lock").exists(), what  # no step was taken

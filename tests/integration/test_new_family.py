@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -75,19 +76,23 @@ def test_toy_family_trains_evaluates_and_refuses_dense_labels(toy_run, tmp_path)
     assert weights["head.weight"].shape == (10, 32)  # the class count came from the data (digits: 10)
     assert {"blocks.0.fc1.weight", "blocks.1.fc2.weight", "patch_embed.weight"} <= set(weights)
 
+    commands = [  # independent processes: two at a time, one per core
+        ("train", str(config), "parallel.activation_checkpointing=full", f"train.output_dir={tmp_path / 'ac'}"),
+        ("eval", str(config), f"checkpoint.path={run}"),
+        ("label-tokens", str(config), f"teacher.checkpoint={run}", str(tmp_path / "labels")),
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        ac, ev, lt = pool.map(lambda argv: vitscale(*argv), commands)
     # activation checkpointing through the family's plan (its blocks) changes nothing numerically
-    ac = vitscale("train", str(config), "parallel.activation_checkpointing=full", f"train.output_dir={tmp_path / 'ac'}")
     assert ac.returncode == 0, ac.stderr
     (row_ac,) = [json.loads(line) for line in (tmp_path / "ac" / "metrics.jsonl").read_text().splitlines()]
     assert row_ac["loss"] == row["loss"]
 
     # vitscale eval rebuilds the run and reads the weights back: the same val accuracy as training
-    ev = vitscale("eval", str(config), f"checkpoint.path={run}")
     assert ev.returncode == 0, ev.stderr
     assert json.loads(ev.stdout)["val_top1"] == summary["val_top1"]
 
     # no dense per-token logits: label-tokens refuses in one line naming the model
-    lt = vitscale("label-tokens", str(config), f"teacher.checkpoint={run}", str(tmp_path / "labels"))
     assert lt.returncode == 2 and "ToyNet gives no per-token class logits" in lt.stderr
     assert len(lt.stderr.strip().splitlines()) == 1, lt.stderr
 
