@@ -117,19 +117,25 @@ def _canonical_header(table: dict, meta: dict) -> bytes:
     return json.dumps({"__metadata__": meta, **table}, sort_keys=True, separators=(",", ":")).encode()
 
 
+def _header_bytes(f, path: Path) -> tuple[int, bytes]:
+    """The file's size and its header's bytes, ``f`` left after the header (the 8-byte length checked
+    against the file and :data:`MAX_HEADER_BYTES` first)."""
+    size = os.fstat(f.fileno()).st_size
+    head = f.read(8)
+    if len(head) < 8:
+        raise CorruptFile(path, f"{size} bytes: too short for a safetensors file")
+    (n,) = struct.unpack("<Q", head)
+    if n > MAX_HEADER_BYTES or n > size - 8:
+        raise CorruptFile(path, f"declares a {n}-byte header in a {size}-byte file")
+    return size, f.read(n)
+
+
 def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors file as written (``vitscale.checksum`` included: the mark
     of a file vitscale wrote), from its header alone; :class:`CorruptFile` for a malformed header."""
     path = Path(path)
     with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        head = f.read(8)
-        if len(head) < 8:
-            raise CorruptFile(path, f"{size} bytes: too short for a safetensors file")
-        (n,) = struct.unpack("<Q", head)
-        if n > MAX_HEADER_BYTES or n > size - 8:
-            raise CorruptFile(path, f"declares a {n}-byte header in a {size}-byte file")
-        header = read_json(path, MAX_HEADER_BYTES, data=f.read(n))
+        header = read_json(path, MAX_HEADER_BYTES, data=_header_bytes(f, path)[1])
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     if not isinstance(header, dict) or not isinstance(meta or {}, dict):
         raise CorruptFile(path, "the header is not a JSON object with a __metadata__ map")
@@ -141,21 +147,14 @@ def read_safetensors(path: str | os.PathLike, *, require_checksum: bool = False)
     Raises :class:`CorruptFile` for a malformed file or a checksum that does not match."""
     path = Path(path)
     with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        head = f.read(8)
-        if len(head) < 8:
-            raise CorruptFile(path, f"{size} bytes: too short for a safetensors file")
-        (n,) = struct.unpack("<Q", head)
-        if n > MAX_HEADER_BYTES or n > size - 8:
-            raise CorruptFile(path, f"declares a {n}-byte header in a {size}-byte file")
-        raw = f.read(n)
+        size, raw = _header_bytes(f, path)
         header = read_json(path, MAX_HEADER_BYTES, data=raw)
         if not isinstance(header, dict):
             raise CorruptFile(path, "the header is not a JSON object")
         meta = header.pop("__metadata__", None) or {}
         if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
             raise CorruptFile(path, "__metadata__ is not a map of strings")
-        entries = _check_table(path, header, size - 8 - n)
+        entries = _check_table(path, header, size - 8 - len(raw))
         expected = meta.pop(CHECKSUM_KEY, None)
         if expected is None and require_checksum:
             raise CorruptFile(path, f"carries no {CHECKSUM_KEY} (not written by this vitscale)")
