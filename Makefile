@@ -22,7 +22,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
-## The unit tests without the slow and the multi-process ones, for the edit-test loop (about a minute
+## The unit tests without the slow and the multi-process ones, for the edit-test loop (about 90 s
 ## on 2 cores); make test before a commit (docs/development.md says which to run when).
 test-quick: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not multiprocess" tests/unit
