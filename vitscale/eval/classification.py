@@ -23,6 +23,24 @@ def all_sum(totals: torch.Tensor, group=None) -> list[float]:
 
 
 @torch.no_grad()
+def count_top1(model: nn.Module, loader, ctx, hits) -> dict[str, float]:
+    """``{"top1", "images"}`` over ``loader`` ({} without images), top-1 as ``hits(logits, batch)``
+    counts it per batch (a pair of tensors: images counted, correct; ``batch``'s tensors on
+    ``ctx.device``), summed over the ranks of ``ctx.group``; the model is left in the mode it had."""
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)  # images, correct
+    for batch in loader:
+        batch = {k: v.to(ctx.device, non_blocking=True) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        with ctx.autocast():
+            logits = model(batch["image"])
+        totals += torch.stack(hits(logits, batch)).to(torch.float64)
+    model.train(was_training)
+    n, correct = all_sum(totals, ctx.group)
+    return {"top1": 100.0 * correct / n, "images": int(n)} if n else {}
+
+
+@torch.no_grad()
 def evaluate_classification(
     model: nn.Module, loader, device: torch.device | str, autocast=contextlib.nullcontext, loss: str = "softmax",
     group=None,

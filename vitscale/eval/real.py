@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from .classification import all_sum
+from .classification import count_top1
 from .evaluator import Evaluator, EvaluatorConfig, register_evaluator
 
 MAX_LABELS_FILE = 256 << 20  # bytes: ImageNet's real.json is about 1 MB
@@ -82,22 +82,9 @@ class Real(Evaluator):
             raise ConfigError(f"real: {cfg.labels} has {len(lists)} label lists, the {cfg.split} split {size} images")
         self.table = padded(lists, ctx.device)
 
-    @torch.no_grad()
     def __call__(self, model):
-        c = self.ctx
-        was_training = model.training
-        model.eval()
-        totals = torch.zeros(2, dtype=torch.float64, device=c.device)  # images, correct
-        for batch in self.loader:
-            images = batch["image"].to(c.device, non_blocking=True)
-            index = batch["index"].to(c.device, non_blocking=True)
-            with c.autocast():
-                pred = model(images).float().argmax(-1)
-            totals += torch.stack(real_hits(pred, index, self.table)).to(torch.float64)
-        model.train(was_training)
-        n, hits = all_sum(totals, c.group)
-        return {"top1": 100.0 * hits / n, "images": int(n)} if n else {}
-
+        return count_top1(model, self.loader, self.ctx,
+                          lambda logits, b: real_hits(logits.float().argmax(-1), b["index"], self.table))  # fmt: skip
 
 register_evaluator("real", Real)
 

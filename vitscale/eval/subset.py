@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 
 from ..errors import ConfigError
-from .classification import all_sum
+from .classification import count_top1
 from .evaluator import Evaluator, EvaluatorConfig, register_evaluator
 
 MAX_CLASSES_FILE = 16 << 20  # bytes: far above a list of 21k class names
@@ -91,22 +91,9 @@ class ClassSubset(Evaluator):
             self.position = torch.full((num_classes,), -1, dtype=torch.long, device=ctx.device)
             self.position[self.subset] = torch.arange(len(idx), device=ctx.device)
 
-    @torch.no_grad()
     def __call__(self, model):
-        c = self.ctx
-        was_training = model.training
-        model.eval()
-        totals = torch.zeros(2, dtype=torch.float64, device=c.device)  # images, correct
-        for batch in self.loader:
-            images = batch["image"].to(c.device, non_blocking=True)
-            labels = batch["label"].to(c.device, non_blocking=True)
-            keep = batch["index"].to(c.device, non_blocking=True) >= 0
-            with c.autocast():
-                logits = model(images)
-            totals += torch.stack(subset_hits(logits, labels, keep, self.subset, self.position)).to(torch.float64)
-        model.train(was_training)
-        n, hits = all_sum(totals, c.group)
-        return {"top1": 100.0 * hits / n, "images": int(n)} if n else {}
+        return count_top1(model, self.loader, self.ctx, lambda logits, b: subset_hits(
+            logits, b["label"], b["index"] >= 0, self.subset, self.position))  # fmt: skip
 
 
 register_evaluator("class_subset", ClassSubset)
