@@ -64,6 +64,32 @@ def test_same_batches_with_0_or_2_workers():
     for x, y in zip(a, b):
         _same(x, y)
         assert torch.allclose(x["image"], y["image"])
+        for k in ("label", "index", "crop", "flip"):  # sent by value from a worker, tensors again
+            assert isinstance(y[k], torch.Tensor) and y[k].dtype == x[k].dtype, k
+
+
+@pytest.mark.parametrize("side", [16, 96])
+def test_worker_sends_small_tensors_by_value(side):
+    """What crosses from a worker: the per-sample fields as numpy arrays (pickled with the batch,
+    no shared-memory file and socket per tensor); an image batch over 64 KiB as a tensor."""
+    import numpy as np
+
+    from vitscale.data.dataset import BY_VALUE_MAX_BYTES, from_transfer
+
+    L = build_loaders(_cfg(num_workers=1), img_size=(side, side), num_channels=3, seed=3, micro_batch_size=8,
+                      eval_batch_size=10).train  # fmt: skip
+    L.sampler.set_position(0, 0)
+    raw = next(iter(L._dl))  # the batch as the worker sent it
+    for k in ("label", "index", "crop", "flip", "erase"):
+        assert isinstance(raw[k], np.ndarray), k
+    big = 8 * 3 * side * side > BY_VALUE_MAX_BYTES
+    assert isinstance(raw["image"], torch.Tensor if big else np.ndarray)
+    back = from_transfer(raw)
+    assert back["flip"].dtype == torch.bool and back["label"].dtype == torch.long and back["crop"].dtype == torch.float32
+    assert back["image"].dtype == torch.uint8 and back["image"].shape == (8, 3, side, side)
+    ref = _take(build_loaders(_cfg(), img_size=(side, side), num_channels=3, seed=3, micro_batch_size=8,
+                              eval_batch_size=10).train, 1)[0]  # fmt: skip
+    assert torch.equal(back["label"], ref["label"]) and torch.equal(back["index"], ref["index"])
 
 
 def test_ranks_shard_the_global_batch_strided():

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from .naflex import pad_batch, patchify
 from .transforms import SampleTransform
@@ -78,3 +79,43 @@ def collate(samples: list[dict]) -> dict:
         "erase": torch.tensor([s["erase"] for s in samples], dtype=torch.long),  # (B, 6)
         "bad": [b for s in samples for b in s["bad"]],
     }
+
+
+# A tensor a DataLoader worker sends to the main process travels as a shared-memory file whose
+# descriptor crosses a socket (torch.multiprocessing's default ``file_descriptor`` sharing strategy,
+# torch/multiprocessing/reductions.py ``rebuild_storage_fd``; docs: pytorch.org/docs/stable/multiprocessing.html):
+# a connection per tensor, about half a millisecond of the main process's time each, whatever its
+# size. A batch's small per-sample fields (label, index, crop, flip, erase, a NaFlex grid, caption
+# tokens) go by value instead, as numpy arrays pickled with the batch, and become tensors again in
+# the main process (:func:`from_transfer`); the image batch keeps the shared memory.
+BY_VALUE_MAX_BYTES = 64 * 1024
+
+
+def for_transfer(batch: dict) -> dict:
+    """In a DataLoader worker: ``batch`` with its small tensors as numpy arrays (one level of
+    nested dicts too); elsewhere ``batch`` unchanged."""
+    if get_worker_info() is None:
+        return batch
+
+    def small(v):
+        if isinstance(v, torch.Tensor) and v.nbytes <= BY_VALUE_MAX_BYTES:
+            return v.numpy()
+        return {k: small(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+    return {k: small(v) for k, v in batch.items()}
+
+
+def from_transfer(batch: dict) -> dict:
+    """In the main process: the numpy arrays of :func:`for_transfer` as tensors again (no copy)."""
+
+    def tensor(v):
+        if isinstance(v, np.ndarray):
+            return torch.from_numpy(v)
+        return {k: tensor(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+    return {k: tensor(v) for k, v in batch.items()}
+
+
+def worker_collate(samples: list[dict]) -> dict:
+    """:func:`collate`, its small tensors sent by value when it runs in a worker (:func:`for_transfer`)."""
+    return for_transfer(collate(samples))

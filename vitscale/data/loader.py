@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..signals import loader_worker_signals
-from .dataset import KeyedDataset, collate
+from .dataset import KeyedDataset, from_transfer, worker_collate
 from .keyed import torch_gen
 from .naflex import erase_patches, normalise_patches
 
@@ -122,7 +122,7 @@ class ResumableLoader:
         if num_workers > 0:
             kwargs = dict(persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
                           worker_init_fn=_worker_init)
-        self._dl = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=collate,
+        self._dl = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, collate_fn=worker_collate,
                               pin_memory=pin_memory and torch.cuda.is_available(), **kwargs)
 
     def __len__(self) -> int:
@@ -166,7 +166,7 @@ class ResumableLoader:
         if threads is not None:
             torch.set_num_threads(1)
         try:
-            return next(it)
+            return from_transfer(next(it))  # a worker's small tensors came by value
         except StopIteration:
             return None
         finally:

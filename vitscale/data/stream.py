@@ -45,7 +45,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import keyed
-from .dataset import collate
+from .dataset import collate, for_transfer
 from .decode import BadImageError
 from .loader import BadFileReporter, ResumableLoader, _worker_init
 from .remote import RemoteOptions, describe_error, read_retrying
@@ -217,7 +217,7 @@ class StreamDataset(IterableDataset):
             batch["text"] = self.tokenize(texts)  # (B, L)
         batch["epoch"] = epoch
         batch["bad_shards"] = self._take_failed()
-        return batch
+        return for_transfer(batch)  # small tensors by value from a worker
 
     def __iter__(self):
         info = get_worker_info()
@@ -235,6 +235,13 @@ class StreamDataset(IterableDataset):
             epoch += 1
 
 
+def as_sent(batch: dict) -> dict:
+    """The DataLoader's per-item function for a stream's whole batches: the batch as the worker
+    made it (the default, ``default_convert``, would turn the numpy arrays of
+    :func:`vitscale.data.dataset.for_transfer` back into tensors in the worker)."""
+    return batch
+
+
 class StreamLoader(ResumableLoader):
     """The resumable loader of a stream (same batches and interface as :class:`ResumableLoader`)."""
 
@@ -250,7 +257,7 @@ class StreamLoader(ResumableLoader):
         kwargs = {}
         if num_workers > 0:  # one iterator runs on through the epochs: its workers persist anyway
             kwargs = dict(prefetch_factor=prefetch_factor, worker_init_fn=_worker_init)
-        self._dl = DataLoader(dataset, batch_size=None, num_workers=num_workers,
+        self._dl = DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=as_sent,
                               pin_memory=pin_memory and torch.cuda.is_available(), **kwargs)  # fmt: skip
 
     def __len__(self) -> int:
