@@ -15,14 +15,14 @@ def _sharded_mesh_dims(t) -> tuple[int, ...]:
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float = float("inf")) -> torch.Tensor:
-    """L2 norm of all gradients (every shard counted once) and in-place clipping to ``max_norm``.
+def grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of all gradients, every shard counted once, on any layout.
 
     ``torch.nn.utils.clip_grad_norm_`` stacks per-parameter norms, which fails when DTensors sit on
     different meshes (FSDP x TP). Here each gradient's local squared sum is added up per
     ``(mesh, sharded mesh dims)`` group and all-reduced over exactly the mesh dimensions it is
     sharded on (replicated dimensions already hold the full value). Returns the global norm (a plain
-    tensor, identical on every rank).
+    float32 tensor, identical on every rank).
     """
     from .tensor_parallel import DTensor
 
@@ -44,12 +44,22 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float = float(
             for d in dims:  # one all-reduce per sharded mesh dimension
                 dist.all_reduce(sq, group=mesh.get_group(d))
         total += sq
-    norm = total.sqrt()
-    if max_norm != float("inf"):
+    return total.sqrt()
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float = float("inf")) -> torch.Tensor:
+    """:func:`grad_norm`, and the gradients scaled in place to at most ``max_norm`` (as
+    ``torch.nn.utils.clip_grad_norm_``: by ``min(1, max_norm / (norm + 1e-6))``). Returns the norm
+    before clipping."""
+    from .tensor_parallel import DTensor
+
+    params = [p for p in parameters if p.grad is not None]
+    norm = grad_norm(params)
+    if params and max_norm != float("inf"):
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        locals_ = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-        torch._foreach_mul_(locals_, coef)
+        torch._foreach_mul_([p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params], coef)
     return norm
 
 
-__all__ = ["clip_grad_norm_"]
+__all__ = ["clip_grad_norm_", "grad_norm"]

@@ -19,6 +19,12 @@ How the update is skipped, without making the host wait for the device where it 
   computation is not asynchronous); on a GPU it is one synchronisation per step: the host waits
   for the backward pass before launching the optimizer.
 
+Gradient clipping (``train.grad_clip``) with fused kernels is folded into the same call: the
+kernels divide every gradient by ``grad_scale`` as they read it (the other argument ``GradScaler``
+passes), so :func:`clip_gradients` computes the norm and hands ``max(1, (norm + 1e-6) / max_norm)`` to
+:func:`apply_update` instead of rewriting every gradient first (``torch.nn.utils.clip_grad_norm_``'s
+in-place multiply): one pass over the gradients less per step, the same update.
+
 A skipped step keeps its number: the learning rate is a pure function of the step (nothing to undo)
 and the data moves on. The counts live on the device and are read at log steps and before every
 checkpoint (sync points that exist anyway); more than ``train.max_nonfinite_steps`` in the run
@@ -55,17 +61,37 @@ def prepare_optimizer(optimizer: torch.optim.Optimizer) -> None:
                 optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
 
 
+def clip_gradients(params: list[torch.Tensor], max_norm: float, *, world: int,
+                   fold: bool) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """The global gradient norm of ``params`` (before clipping) and the clipping to ``max_norm``
+    (``inf`` = none): with ``fold`` (fused kernels) the divisor for :func:`apply_update`'s
+    ``grad_scale``, gradients untouched; else done in place, divisor None."""
+    from ..distributed.utils import clip_grad_norm_, grad_norm
+
+    if fold and max_norm != float("inf"):
+        grads = [p.grad for p in params]
+        norm = grad_norm(params) if world > 1 else torch.nn.utils.get_total_norm(grads)
+        return norm, ((norm.float() + 1e-6) / max_norm).clamp(min=1.0)
+    # several ranks: norms per mesh (DTensors of FSDP x TP); one process: PyTorch's foreach clipping
+    return (clip_grad_norm_(params, max_norm) if world > 1 else torch.nn.utils.clip_grad_norm_(params, max_norm)), None
+
+
 def apply_update(optimizer: torch.optim.Optimizer, ok: torch.Tensor, *, on_device: bool, ema=None, model=None,
-                 on_skip=None) -> None:  # fmt: skip
+                 on_skip=None, grad_scale: torch.Tensor | None = None) -> None:  # fmt: skip
     """The optimizer step (and the EMA's, of ``model``) of a step whose finite flag is ``ok``: on the
-    device through ``found_inf`` when ``on_device`` (fused kernels), else decided on the host, calling
-    ``on_skip()`` for a step not applied (see the module docstring)."""
+    device through ``found_inf`` when ``on_device`` (fused kernels; their gradients divided by
+    ``grad_scale`` when given: :func:`clip_gradients`), else decided on the host, calling ``on_skip()``
+    for a step not applied (see the module docstring)."""
     if on_device:  # no host sync
         optimizer.found_inf = 1.0 - ok
+        if grad_scale is not None:
+            optimizer.grad_scale = grad_scale
         try:
             optimizer.step()
         finally:
             del optimizer.found_inf
+            if grad_scale is not None:
+                del optimizer.grad_scale
         if ema is not None:
             ema.update(model, ok)
     elif bool(ok):  # the host decides (free on the CPU; one sync per step on a GPU)
@@ -138,4 +164,4 @@ class NonFiniteGuard:
             )
 
 
-__all__ = ["NonFiniteError", "NonFiniteGuard", "apply_update", "prepare_optimizer", "skips_on_device"]
+__all__ = ["NonFiniteError", "NonFiniteGuard", "apply_update", "clip_gradients", "prepare_optimizer", "skips_on_device"]

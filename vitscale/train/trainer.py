@@ -26,7 +26,6 @@ import torch
 from vitscale.config import Config
 from vitscale.distributed.compile import StaticShapes, check_graph_inputs, mark_step, uses_cudagraphs
 from vitscale.distributed.float8 import precompute_float8_scales
-from vitscale.distributed.utils import clip_grad_norm_
 from vitscale.run import assemble
 from vitscale.run.folder import write_config
 from vitscale.tasks import get_task
@@ -41,7 +40,7 @@ from .finetune import freeze, group_lines
 from .finish import finish_run
 from .logstep import LogStep, batch_shape, device_peak, model_flops, opening_lines
 from .metrics import MetricsLogger
-from .nonfinite import NonFiniteGuard, apply_update, prepare_optimizer, skips_on_device
+from .nonfinite import NonFiniteGuard, apply_update, clip_gradients, prepare_optimizer, skips_on_device
 from .optim import build_optimizer, scaled_lr
 from .preemption import Preemption
 from .runlog import RunLog
@@ -167,12 +166,12 @@ class Trainer:
                 metric_sums[k] = metric_sums.get(k, 0) + v.detach()
         params = [p for p in model.parameters() if p.grad is not None]
         max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
-        # DTensors on several meshes (FSDP x TP): per-mesh reductions; one process: foreach on CPU / CUDA
-        grad_norm = clip_grad_norm_(params, max_norm) if self.world > 1 else torch.nn.utils.clip_grad_norm_(params, max_norm)
+        # fused kernels clip as they read the gradients (grad_scale); else in place, as PyTorch does
+        grad_norm, unscale = clip_gradients(params, max_norm, world=self.world, fold=self.skip_on_device)
         loss = loss_sum / n
         ok = self.guard.flag(loss, grad_norm, self.world)  # a non-finite step on any rank is not applied
         self.schedule.apply(self.step)
-        apply_update(self.optimizer, ok, on_device=self.skip_on_device, ema=self.ema, model=model,
+        apply_update(self.optimizer, ok, on_device=self.skip_on_device, ema=self.ema, model=model, grad_scale=unscale,
                      on_skip=lambda: self.guard.check(self.step, self.checkpoints.last))  # stop once the budget is spent
         precompute_float8_scales(model, self.run.float8)  # tensorwise fp8 + FSDP2: all scales in one all-reduce
         self.optimizer.zero_grad(set_to_none=True)
