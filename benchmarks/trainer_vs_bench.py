@@ -52,8 +52,11 @@ from vitscale.train.trainer import Trainer  # noqa: E402
 
 
 def trainer_round(args, tmp: str, r: int) -> dict:
-    """A fresh run of warmup + steps steps; wall and main-thread CPU seconds per step over the last ``steps``."""
-    sets = [*args.train[1:], f"train.output_dir={tmp}/run{r}", f"train.max_steps={args.warmup + args.steps}",
+    """A fresh run of warmup + steps + 1 steps; wall and main-thread CPU seconds per step over the
+    ``steps`` after the warmup: from the start of the first to the start of the one after the last, so
+    each counts its own loop work (log records, evaluation and checkpoint scheduling) and none counts
+    the run's end (final checkpoint, summary), which is not a step."""
+    sets = [*args.train[1:], f"train.output_dir={tmp}/run{r}", f"train.max_steps={args.warmup + args.steps + 1}",
             f"train.batch_size={args.batch_size}", f"train.cpu_threads={args.threads}", "log.progress=none",
             "log.report=false", "log.tensorboard=false", "checkpoint.export_safetensors=false"]  # fmt: skip
     t = Trainer(load_config(args.train[0], sets))
@@ -66,8 +69,7 @@ def trainer_round(args, tmp: str, r: int) -> dict:
 
     t.train_step = step
     t.fit()
-    marks.append((time.perf_counter(), time.thread_time()))  # the end of the last step (its log record included)
-    (w0, c0), (w1, c1) = marks[args.warmup], marks[-1]
+    (w0, c0), (w1, c1) = marks[args.warmup], marks[args.warmup + args.steps]
     return {"wall_s_per_step": (w1 - w0) / args.steps, "cpu_s_per_step": (c1 - c0) / args.steps}
 
 
