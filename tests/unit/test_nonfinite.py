@@ -125,3 +125,45 @@ def test_nothing_nonfinite_is_written_or_read(tmp_path):
     save_file(bad, str(tmp_path / "other.safetensors"))  # someone else's file holding an infinity
     with pytest.raises(NonFiniteWeights, match="other.safetensors: non-finite values in w: these weights are not used"):
         read_weights(tmp_path / "other.safetensors")
+
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_clipping_folded_into_the_fused_kernels_is_the_in_place_clipping(tmp_path, name):
+    """Fused kernels clip through their ``grad_scale`` (each gradient divided as the kernel reads it:
+    ``clip_gradients(fold=True)`` in ``Trainer.train_step``) instead of the in-place multiply of
+    ``torch.nn.utils.clip_grad_norm_`` before the step. Three trainer steps end on the weights,
+    optimizer state and EMA of three steps clipped in place and then applied by the same fused
+    kernel, with a clip that binds (0.01) and one that does not (1e3); the binding clip changes the
+    weights (so the comparison sees clipping at all)."""
+    from vitscale.train.nonfinite import apply_update
+
+    ends = {}
+    for clip in (0.01, 1000.0):
+        folded, in_place = (_trainer(tmp_path, f"{kind}{clip}", f"optim.name={name}", "optim.fused=fused",
+                                     f"train.grad_clip={clip}") for kind in ("folded", "in_place"))  # fmt: skip
+        assert folded.skip_on_device and in_place.skip_on_device
+        loader = folded._batches()
+        norms = {"folded": [], "in_place": []}
+        for step, batch in enumerate([next(loader) for _ in range(3)], start=1):
+            folded.step = in_place.step = step
+            norms["folded"].append(float(folded.train_step(iter([batch]))[2]))
+            t = in_place  # the same step, clipped in place first (the trainer's path before the fold)
+            loss, _ = t.task.loss(t.model, t._to_device(batch), step - 1)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_([p for p in t.model.parameters() if p.grad is not None], clip)
+            norms["in_place"].append(float(norm))
+            t.schedule.apply(step)
+            apply_update(t.optimizer, t.guard.flag(loss.detach(), norm, 1), on_device=True, ema=t.ema, model=t.model)
+            t.optimizer.zero_grad(set_to_none=True)
+        assert norms["folded"] == pytest.approx(norms["in_place"], rel=1e-6)  # the norm before clipping, logged
+        a, b = _snapshot(folded), _snapshot(in_place)
+        for group in ("model", "ema", "optim"):
+            for k in b[group]:
+                torch.testing.assert_close(a[group][k], b[group][k], rtol=1e-5, atol=1e-7)
+        ends[clip] = (a["model"], norms["folded"])
+        folded.close()
+        in_place.close()
+    assert min(ends[0.01][1]) > 0.01  # the clip bound at every step ...
+    clipped, free = ends[0.01][0], ends[1000.0][0]
+    assert any(not torch.allclose(clipped[k], free[k], rtol=1e-3, atol=1e-5) for k in free)  # ... and changed the update
