@@ -38,6 +38,23 @@ def test_multi_resolution_run_trains_at_three_sizes(tmp_path, capsys):
     assert 0 <= summary["sizes_px24_top1"] <= 100 and summary["sizes_px40_top1"] == summary["val_top1"]  # val: at 40 px
 
 
+def test_clip_image_tower_trains_at_several_sizes(tmp_path):
+    """CLIP's image tower takes data.image_sizes as the ViT does: each step at its own size (the
+    captions unchanged), the zero-shot evaluation at the largest."""
+    out = tmp_path / "clip_multi"
+    assert main(["train", "digits_clip", "train.epochs=0", "train.max_steps=4", "train.log_every=1", "log.progress=none",
+                 "schedule.warmup_steps=2", "checkpoint.export_safetensors=false", "log.tensorboard=false", "log.report=false",
+                 f"train.output_dir={out}", "data.image_sizes=[24,40]", "data.batch_sizes=[32,16]",
+                 "eval.every=0"]) == 0  # fmt: skip
+    log = (out / "train.log").read_text()
+    assert ("variable resolution: image sizes 24 px x 32, 40 px x 16 images per step (a keyed draw per step); "
+            "evaluation at 40 px") in log  # fmt: skip
+    rows = [r for r in _rows(out) if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and {r["img_size"] for r in rows} == {24, 40}, rows
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and 0 <= summary["zeroshot_top1"] <= 100
+
+
 def test_progressive_schedule_grows_the_size_in_stages(tmp_path):
     out = tmp_path / "progressive"
     assert main(["train", "digits_vit", *TINY, "train.max_steps=6", f"train.output_dir={out}", "data.image_sizes=[24,32,40]",
@@ -55,11 +72,11 @@ def test_naflex_run_reports_accuracy_per_sequence_length(tmp_path):
                  "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0", "data.random_erasing=0.25"]) == 0  # NaFlex augmentation
     log = (out / "train.log").read_text()
     assert ("variable resolution: NaFlex sequence lengths 36 tokens x 44, 64 tokens x 25, 100 tokens x 16 images per step "
-            "(a keyed draw per step); evaluation at 64 tokens") in log  # fmt: skip
+            "(a keyed draw per step); evaluation at 100 tokens") in log  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     for n in (36, 64, 100):
         assert 0 <= summary[f"sizes_seq{n}_top1"] <= 100
-    assert summary["sizes_seq64_top1"] == summary["val_top1"]  # the same split at the same sequence length
+    assert summary["sizes_seq100_top1"] == summary["val_top1"]  # the same split at the same sequence length (the largest)
     report = (out / "report.html").read_text()
     assert all(f"sizes_seq{n}_top1" in report for n in (36, 64, 100))
 
