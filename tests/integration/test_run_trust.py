@@ -106,7 +106,10 @@ def test_one_run_per_folder(tmp_path, capsys, caplog):
     run = tmp_path / "run"
     # checkpoint.save_on_signal=[]: Ctrl-C ends it at once, no checkpoint (saving on Ctrl-C, the default:
     # tests/integration/test_preemption.py), so the runs below start afresh in the same folder
-    long = ["train", "digits_vit", "train.max_steps=100000", f"train.output_dir={run}", "checkpoint.save_on_signal=[]", *TINY]
+    # log.tensorboard=false: this test is about the folder's lock; closing TensorBoard's writer after a
+    # Ctrl-C is bounded by vitscale.train.closing (30 s), which would eat the time this test allows
+    long = ["train", "digits_vit", "train.max_steps=100000", f"train.output_dir={run}", "checkpoint.save_on_signal=[]",
+            "log.tensorboard=false", *TINY]  # fmt: skip
     first = _start(long, tmp_path)
     _wait_for_step(first, run)
     holder = json.loads((run / "run.lock").read_text())
@@ -122,8 +125,13 @@ def test_one_run_per_folder(tmp_path, capsys, caplog):
 
     # Ctrl-C: the run ends (exit code 130, one line) and releases the folder
     first.send_signal(signal.SIGINT)
-    _, stderr = first.communicate(timeout=60)
-    assert first.returncode == 130 and stderr.strip().splitlines()[-1] == "vitscale train: interrupted"
+    try:
+        stdout, stderr = first.communicate(timeout=60)
+    except subprocess.TimeoutExpired as e:  # say where the run was, then end it
+        first.kill()
+        raise AssertionError(f"the run did not end within 60 s of Ctrl-C: stdout ...{str(e.output)[-1500:]} "
+                             f"stderr ...{str(e.stderr)[-1500:]}") from None  # fmt: skip
+    assert first.returncode == 130 and stderr.strip().splitlines()[-1] == "vitscale train: interrupted", stdout[-2000:]
     assert not (run / "run.lock").exists()
 
     # a run killed outright (SIGKILL, a crashed node) leaves its record behind, the kernel its flock:
