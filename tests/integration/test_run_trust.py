@@ -82,9 +82,17 @@ def test_without_a_budget_the_run_finishes_and_every_file_is_strict_json(tmp_pat
 
 
 # ------------------------------------------------------------------------------------- the lock
+def _as_from_a_terminal() -> None:
+    """In the child before it starts: Ctrl-C's default action. A process inherits an ignored SIGINT
+    (a shell's background job, ``nohup``, ``make test &``), and Python then installs no
+    KeyboardInterrupt handler: the run would train on through the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "vitscale", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_terminal)  # fmt: skip
 
 
 def _wait_for_step(proc: subprocess.Popen, run: Path) -> None:
@@ -106,10 +114,7 @@ def test_one_run_per_folder(tmp_path, capsys, caplog):
     run = tmp_path / "run"
     # checkpoint.save_on_signal=[]: Ctrl-C ends it at once, no checkpoint (saving on Ctrl-C, the default:
     # tests/integration/test_preemption.py), so the runs below start afresh in the same folder
-    # log.tensorboard=false: this test is about the folder's lock; closing TensorBoard's writer after a
-    # Ctrl-C is bounded by vitscale.train.closing (30 s), which would eat the time this test allows
-    long = ["train", "digits_vit", "train.max_steps=100000", f"train.output_dir={run}", "checkpoint.save_on_signal=[]",
-            "log.tensorboard=false", *TINY]  # fmt: skip
+    long = ["train", "digits_vit", "train.max_steps=100000", f"train.output_dir={run}", "checkpoint.save_on_signal=[]", *TINY]
     first = _start(long, tmp_path)
     _wait_for_step(first, run)
     holder = json.loads((run / "run.lock").read_text())
