@@ -78,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     recipes = {name: RECIPES[name] for name in args.recipes}
     for spec in args.variant:
         name, sep, words = spec.partition("=")
-        if not sep or not name or not shlex.split(words):
+        recipe = shlex.split(words)  # quotes keep a value with spaces together
+        if not sep or not name or not recipe:
             ap.error(f"--variant {spec!r}: expected NAME='CONFIG KEY=VALUE ...'")
-        recipes[name] = shlex.split(words)  # quotes keep a value with spaces together
-    commands = {k: "vitscale train " + " ".join(f"'{a}'" if "[" in a else a for a in recipe) + " train.seed=SEED"
-                for k, recipe in recipes.items()}  # fmt: skip
+        recipes[name] = recipe
+    commands = {k: f"vitscale train {shlex.join(recipe)} train.seed=SEED" for k, recipe in recipes.items()}
     this = {"commit": git_commit(), "argv": sys.argv[1:], "seeds": args.seeds, "jobs": args.jobs,
             "commands": commands, "loadavg_before": list(os.getloadavg())}  # fmt: skip
     doc: dict = {"benchmark": "varres_seeds", "invocations": [], "commands": {}, "runs": {}}

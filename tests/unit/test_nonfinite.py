@@ -127,7 +127,6 @@ def test_nothing_nonfinite_is_written_or_read(tmp_path):
         read_weights(tmp_path / "other.safetensors")
 
 
-
 @pytest.mark.parametrize("name", ["adamw", "sgd"])
 def test_clipping_folded_into_the_fused_kernels_is_the_in_place_clipping(tmp_path, name):
     """Fused kernels clip through their ``grad_scale`` (each gradient divided as the kernel reads it:
@@ -136,7 +135,7 @@ def test_clipping_folded_into_the_fused_kernels_is_the_in_place_clipping(tmp_pat
     optimizer state and EMA of three steps clipped in place and then applied by the same fused
     kernel, with a clip that binds (0.01) and one that does not (1e3); the binding clip changes the
     weights (so the comparison sees clipping at all)."""
-    from vitscale.train.nonfinite import apply_update
+    from vitscale.train.nonfinite import apply_update, clip_gradients
 
     ends = {}
     for clip in (0.01, 1000.0):
@@ -151,7 +150,9 @@ def test_clipping_folded_into_the_fused_kernels_is_the_in_place_clipping(tmp_pat
             t = in_place  # the same step, clipped in place first (the trainer's path before the fold)
             loss, _ = t.task.loss(t.model, t._to_device(batch), step - 1)
             loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_([p for p in t.model.parameters() if p.grad is not None], clip)
+            params = [p for p in t.model.parameters() if p.grad is not None]
+            norm, unscale = clip_gradients(params, clip, world=1, fold=False)  # the in-place branch
+            assert unscale is None
             norms["in_place"].append(float(norm))
             t.schedule.apply(step)
             apply_update(t.optimizer, t.guard.flag(loss.detach(), norm, 1), on_device=True, ema=t.ema, model=t.model)
