@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vitscale.bench.harness import BenchSettings, build_impls, sync  # noqa: E402
+from vitscale.bench.profile import op_times  # noqa: E402
 from vitscale.distributed.parallel_dims import resolve_device  # noqa: E402
 from vitscale.train import fastpath  # noqa: E402
 
@@ -33,8 +33,6 @@ def profile_ops(settings: BenchSettings, steps: int, repeats: int) -> dict[str, 
     profiles of ``steps`` steps each (after ``settings.warmup`` untimed steps)."""
     impls, info = build_impls(settings)
     device = info["device"]
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     out: dict[str, dict[str, float]] = {}
     with fastpath.sdpa_backend(settings.sdpa):
         for impl in impls:
@@ -44,16 +42,11 @@ def profile_ops(settings: BenchSettings, steps: int, repeats: int) -> dict[str, 
             impl.release()
         for r in range(repeats):
             for impl in impls if r % 2 == 0 else impls[::-1]:
-                with profile(activities=activities) as prof:
-                    for _ in range(steps):
-                        impl.step()
-                    sync(device)
+                times = op_times(impl.step, device, steps)
                 impl.release()
                 ops = out.setdefault(impl.key, {})
-                for e in prof.key_averages():
-                    us = e.self_device_time_total if cuda else e.self_cpu_time_total
-                    if us > 0:
-                        ops[e.key] = ops.get(e.key, 0.0) + us / 1e3 / (steps * repeats)
+                for name, ms in times.items():
+                    ops[name] = ops.get(name, 0.0) + ms / repeats
     return out
 
 

@@ -41,10 +41,15 @@ def _check_impl(entry: dict, flops: int, mode: str, peak: float) -> None:
 def test_cli_vit_debug_compare_timm_writes_json(tmp_path, capsys):
     out = tmp_path / "res.json"
     rc = cli_main(["bench", "vit_debug", "--device", "cpu", "--mode", "train", "--compare", "timm",
-                   "--batch-size", "4", "--steps", "3", "--rounds", "3", "--warmup", "1", "--json", str(out)])  # fmt: skip
+                   "--batch-size", "4", "--steps", "3", "--rounds", "3", "--warmup", "1", "--profile-top", "4",
+                   "--json", str(out)])  # fmt: skip
     assert rc == 0
     res = json.loads(out.read_text())
     assert FIELDS | {"timm"} <= set(res)
+    for key in ("vitscale", "timm"):  # --profile-top: one profiled step each, its 4 costliest operators
+        top = res[key]["top_ops"]
+        assert len(top) == 4 and all(ms > 0 for _, ms in top) and [ms for _, ms in top] == sorted((ms for _, ms in top), reverse=True)
+        assert any("mm" in name for name, _ in top), top  # a training step's time is in its matmuls
     assert res["model"] == "vit_debug" and res["mode"] == "train" and res["batch_size"] == 4
     assert res["device"].startswith("cpu")
     assert res["torch"] == torch.__version__
@@ -68,6 +73,7 @@ def test_cli_vit_debug_compare_timm_writes_json(tmp_path, capsys):
     assert res["speedup_rounds"] == pytest.approx(ratios)
     assert res["speedup_median_round"] == pytest.approx(sorted(ratios)[1])
     printed = capsys.readouterr().out
+    assert "top operators of vitscale vit_debug (self ms per step" in printed
     assert "warm-up round vitscale" in printed and "not counted" in printed and "take about" in printed
     headline = next(line for line in printed.splitlines() if line.startswith("speedup vitscale / timm"))
     assert headline.startswith(f"speedup vitscale / timm: {res['speedup_median_round']:.3f}x (median of 3 per-round "

@@ -115,6 +115,9 @@ def register(subparsers) -> None:
     )
     p.add_argument("--task", default=None, help="the task whose loss the training step times (as train.task; "
                    "default: the model family's task)")
+    p.add_argument("--profile-top", type=int, default=0, metavar="K", help="after the timed rounds, profile one "
+                   "step of each implementation and list its K operators with the most device (CUDA) or CPU self "
+                   "time, ms per step, in the log and the JSON (top_ops; default 0: no profile)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON here")
     p.add_argument("--dry-run", action="store_true", help="check the arguments and the model, run nothing")
@@ -132,7 +135,7 @@ def run(args) -> int:
         warmup=args.warmup, rounds=args.rounds, compile=args.compile, compare=args.compare,
         compare_compiled=args.compare_compiled, precision=args.precision, sdpa=args.sdpa, seed=args.seed,
         overrides=dict(args.overrides), fp8=args.fp8, fp8_filter=args.fp8_filter, compile_mode=args.compile_mode,
-        baseline=dict(args.baseline), task=args.task,
+        baseline=dict(args.baseline), task=args.task, profile_top=args.profile_top,
     )  # fmt: skip
     from ..bench.harness import baseline_settings, with_defaults
     from ..errors import CheckError
