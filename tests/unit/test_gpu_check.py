@@ -1,0 +1,113 @@
+"""The GPU check (``benchmarks/gpu_check.sh``, ``benchmarks/gpu_curves.py``) and the speed table
+(``benchmarks/run_gpu.sh table``) prepared on the CPU: every command parses and every run's config
+loads without a GPU, the curves' comparison works on real (tiny, CPU) training runs, and the tests'
+outcomes reach the JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {"PYTHON": sys.executable, "PATH": "/usr/bin:/bin",
+       **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})}  # fmt: skip
+
+
+def _curves():
+    spec = importlib.util.spec_from_file_location("gpu_curves", ROOT / "benchmarks" / "gpu_curves.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_check_dry_run_collects_the_tests_and_loads_every_run():
+    script = ROOT / "benchmarks" / "gpu_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    proc = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    collected = int(proc.stdout.split("ok   ", 1)[1].split()[0])
+    assert collected >= 17, proc.stdout  # every GPU-only path: kernels, masks, flash, graphs, fp8, pinned, memory
+    runs = proc.stdout.split("dry run: ", 1)[1]
+    assert runs.startswith("10 runs:"), runs
+    for run in ("vit_b16/compile", "vit_b16/graphs", "vit_b16/fp8", "clip_b32/compile", "volo_d1/compile",
+                "naflex_b16_gap/compile"):  # fmt: skip
+        assert run in runs
+    bad = subprocess.run(["bash", str(script), "--fast"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == "unknown argument: --fast (--dry-run, --help)"
+
+
+def test_run_gpu_table_dry_run():
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "run_gpu.sh"), "--dry-run", "table"],
+                          capture_output=True, text=True, env=ENV, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [ln[5:] for ln in proc.stdout.splitlines() if ln.startswith(("ok", "FAIL"))]
+    assert len(lines) == 5 and all(ln.startswith("ok") for ln in proc.stdout.splitlines() if ln.startswith(("ok", "FAIL")))
+    peers = {ln.split()[3]: ln.split("--compare ")[1].split()[0] if "--compare" in ln else None for ln in lines}
+    assert peers == {"vit_b16": "timm", "vit_l16": None, "vit_h14": None, "clip_b32": "open_clip", "volo_d1": "timm"}
+    assert all("--device cuda" in ln and "--profile-top 15" in ln and "--mode train" in ln for ln in lines)
+
+
+def test_gpu_tests_outcomes_reach_the_json(tmp_path):
+    """Run without CUDA, the tests marked gpu are all skipped: the JSON lists each as skipped and the
+    merge fails (a skip is not a pass); an XML that pytest never wrote is one error entry."""
+    xml, out = tmp_path / "gpu.xml", tmp_path / "check.json"
+    out.write_text(json.dumps({"failed": [], "runs": {}}))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests/gpu",
+                           "--junitxml", str(xml)], cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    mod = _curves()
+    assert mod.main(["--merge-junit", str(xml), "--json", str(out)]) == 1
+    data = json.loads(out.read_text())
+    assert data["runs"] == {} and len(data["tests"]) >= 17
+    assert {r["outcome"] for r in data["tests"].values()} == {"skipped"} and data["tests_failed"] == list(data["tests"])
+    assert any(t.startswith("test_gpu_paths::test_float8_blocks_match_bf16") for t in data["tests"])
+    assert mod.main(["--merge-junit", str(tmp_path / "none.xml"), "--json", str(out)]) == 1
+    assert json.loads(out.read_text())["tests"] == {
+        "(pytest)": {"outcome": "error", "seconds": None, "message": "no none.xml: pytest did not finish"}}
+
+
+def test_curve_comparison_and_verdicts():
+    mod = _curves()
+    base = {s: 7.0 - 0.1 * s for s in range(1, 21)}
+    ok = {s: v * 1.004 for s, v in base.items()}
+    c = mod.compare(base, ok, window=5)
+    assert c["steps_compared"] == 20 and c["first_rel"] == pytest.approx(0.004) and c["all_finite"]
+    args = type("A", (), {"first_tol": 0.01, "tol": 0.02, "steps": 20, "window": 5})()
+    run = {"mem_peak_gib": [1.5] * 20, "checkpoints": ["step_10", "step_20"]}
+    assert mod.verdict("compile", run, c, args, on_cuda=True) == []
+    drift = {s: v * (1 + 0.01 * s) for s, v in base.items()}  # 1% at step 1, 20% at the end
+    assert mod.verdict("compile", run, mod.compare(base, drift, 5), args, on_cuda=True) == [
+        "last 5 steps' mean loss 17.96% from eager's (tolerance 2%)"]
+    assert mod.verdict("fp8", run, mod.compare(base, {s: v * 1.025 for s, v in base.items()}, 5), args, True) == []
+    nan = {**ok, 20: float("nan")}
+    assert mod.verdict("compile", run, mod.compare(base, nan, 5), args, True) == ["a non-finite loss"]
+    assert mod.verdict("graphs", {"mem_peak_gib": [None] * 20, "checkpoints": []}, c, args, True) == [
+        "mem_peak_gib missing or not positive at a log step", "no checkpoint written (checkpoint.async_mode=async_pinned)"]
+    short = {s: base[s] for s in range(1, 11)}
+    assert mod.verdict("compile", run, mod.compare(base, short, 5), args, True) == ["10 of 20 steps logged by both runs"]
+
+
+@pytest.mark.slow
+def test_gpu_curves_tiny_runs_on_the_cpu(tmp_path):
+    """The script end to end on the CPU: a NaFlex debug model's padded batches, eager and per-block
+    compiled, through ``vitscale train``; the compiled curve follows eager's (fp32)."""
+    out = tmp_path / "curves.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_curves.py"), "--tiny", "--models",
+                           "naflex_b16_gap", "--variants", "eager", "compile", "--steps", "3", "--window", "2",
+                           "--jobs", "2", "--out-dir", str(tmp_path / "runs"), "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["failed"] == [] and set(data["runs"]) == {"naflex_b16_gap/eager", "naflex_b16_gap/compile"}
+    run = data["runs"]["naflex_b16_gap/compile"]
+    assert len(run["losses"]) == 3 and run["problems"] == []
+    assert run["vs_eager"]["first_rel"] < 1e-4 and run["vs_eager"]["max_rel"] < 1e-3  # fp32: compile reorders sums only
+    cfg = (tmp_path / "runs" / "naflex_b16_gap-compile" / "config.yaml").read_text()
+    assert "seq_lens:\n  - 10\n  - 20" in cfg and "compile: true" in cfg
+    assert "all runs agree with eager" in proc.stdout
