@@ -63,7 +63,7 @@ WORK=$(mktemp -d)
     --junitxml "$WORK/gpu_tests.xml" > "$WORK/tests.log" 2>&1 &
   TESTS=$!
   echo "=== training runs against eager"
-  "$PYTHON" benchmarks/gpu_curves.py --jobs 6 --timeout "$CHECK_TIMEOUT" --out-dir "$WORK/runs" --json "$NAME.json"
+  "$PYTHON" benchmarks/gpu_curves.py --jobs 6 --timeout "$CHECK_TIMEOUT" --deadline "$CHECK_TIMEOUT" --out-dir "$WORK/runs" --json "$NAME.json"
   CURVES=$?
   wait "$TESTS"
   TESTS_RC=$?

@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tol", type=float, default=0.02)
     ap.add_argument("--jobs", type=int, default=6, help="runs at a time")
     ap.add_argument("--timeout", type=float, default=200, help="seconds per run before it is ended")
+    ap.add_argument("--deadline", type=float, default=0, help="seconds for all the runs: a run is ended at "
+                    "the deadline, one not started by then is not started (default 0: none)")  # fmt: skip
     ap.add_argument("--tiny", action="store_true", help="each family's debug model on the CPU, fp32 "
                     "(this script's own test; the compiled variants still compile)")  # fmt: skip
     ap.add_argument("--out-dir", default=None, help="run folders (default: a temporary folder)")
@@ -226,19 +228,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dry run: {len(runs)} runs: {', '.join(f'{m}/{v}' for m, v in runs)}")
         return 0
     root = Path(args.out_dir or tempfile.mkdtemp(prefix="gpu_curves_"))
+    deadline = time.monotonic() + args.deadline if args.deadline > 0 else float("inf")
 
     def launch(run: tuple[str, str]) -> tuple[tuple[str, str], dict]:
         model, variant = run
         out = root / f"{model}-{variant}"
         out.mkdir(parents=True, exist_ok=True)
         (out / "run.yaml").write_text(yaml.safe_dump(run_config(model, variant, out, args)))
+        limit = min(args.timeout, deadline - time.monotonic())
+        if limit < 10:
+            print(f"=== {model}/{variant}: not started (the --deadline is {limit:.0f} s away)", flush=True)
+            return run, {"error": "not started before the deadline", "exit": "deadline", "seconds": 0.0}
         t0 = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, "-m", "vitscale", "train", str(out / "run.yaml")], cwd=ROOT,
-                                  text=True, capture_output=True, timeout=args.timeout)  # fmt: skip
+                                  text=True, capture_output=True, timeout=limit)  # fmt: skip
             rc, text = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
-            rc, text = "timeout", f"ended after {args.timeout:.0f} s\n{e.stdout or ''}{e.stderr or ''}"
+            said = [x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)]
+            rc, text = "timeout", f"ended after {limit:.0f} s\n{said[0]}{said[1]}"
         took = time.perf_counter() - t0
         print(f"=== {model}/{variant}: exit {rc} in {took:.0f} s\n" + "\n".join(str(text).splitlines()[-8:]), flush=True)
         if rc != 0:
