@@ -35,6 +35,7 @@ from ..models.registry import forward_flops, get_family, get_model_config
 from ..run import assemble
 from ..tasks import get_task
 from ..tools import mfu as mfu_tools
+from ..tools.device_memory import read_peak
 from ..train import fastpath
 
 COMPARES = ("timm", "open_clip")
@@ -114,6 +115,7 @@ class _Impl:
     cpu_times: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     peak_bytes: int | None = None
+    cudagraphs: bool = False
 
     def release(self) -> None:
         """Free gradients between rounds so the other implementation's peak does not include them."""
@@ -236,7 +238,7 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
         if settings.mode == "train":
             opt = fastpath.make_adamw([p for p in model.parameters() if p.requires_grad], device)
         step = _make_step(model, opt, inputs, labels, loss_fn, settings.mode, device, autocast, cudagraphs)
-        return _Impl(key, label, model, opt, step)
+        return _Impl(key, label, model, opt, step, cudagraphs=cudagraphs)
 
     impls = [finish("vitscale", f"vitscale {settings.model}", ours, cudagraphs=compile_on and uses_cudagraphs(settings.compile_mode))]
     fp8_lines = [run.float8.summary()] if settings.fp8 != "none" else []
@@ -342,8 +344,8 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
                 c0 = time.process_time()
                 dt = _time_round(impl, n, device)
                 impl.cpu_times.append(time.process_time() - c0)
-                if device.type == "cuda":
-                    own = torch.cuda.max_memory_allocated(device) - others
+                if device.type == "cuda":  # under CUDA graphs the reserved peak (tools/device_memory.py)
+                    own = read_peak(device, impl.cudagraphs, reset=False) - others
                     impl.peak_bytes = max(impl.peak_bytes or 0, own)
                 impl.times.append(dt)
                 impl.steps.append(n)
@@ -417,8 +419,8 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
         "device": str(device),
         **info,
         "rounds": rounds,
-        "peak_mem": "peak allocated during own rounds minus the other "
-        "implementations' resident params/buffers/optimizer state (CUDA only)",
+        "peak_mem": "peak allocated (under CUDA graphs: reserved, whose pools replays use without allocating) "
+        "during own rounds minus the other implementations' resident params/buffers/optimizer state (CUDA only)",
     }
     out["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     _log_summary(out, log)

@@ -11,7 +11,8 @@ resolution each step counted at its own size), the share of the step time the ta
 variable-resolution run the logged step's ``img_size`` or ``seq_len``, ``data_wait`` (the percentage
 of the wall time since the last record that the loop spent waiting for batches: near 0 when the
 input pipeline keeps up), on a GPU ``mem_peak_gib`` (the most memory the allocator held since the
-last record; a host-side counter, no synchronisation) and, when steps were not applied,
+last record, :mod:`vitscale.tools.device_memory`: allocated, or reserved under CUDA graphs, whose pools
+replays use without allocating; a host-side counter, no synchronisation) and, when steps were not applied,
 ``nonfinite_steps``.
 """
 
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vitscale.distributed.compile import uses_cudagraphs
+from vitscale.tools.device_memory import read_peak
 from vitscale.tools.mfu import achieved_tflops, mfu_percent, peak_tflops
 from vitscale.tools.units import count
 
@@ -118,6 +121,7 @@ class LogStep:
         self.varying, self.last_size = varying, None  # varying: each record names its step's size
         self.reported_nonfinite = guard.checked_total
         self.cuda = device if device is not None and device.type == "cuda" else None
+        self.cudagraphs = bool(tc.compile) and uses_cudagraphs(tc.compile_mode)  # mem_peak_gib counts their pools
         self.restart()
 
     def restart(self) -> None:
@@ -173,8 +177,7 @@ class LogStep:
         rec["epoch"] = step / self.steps_per_epoch
         rec["data_wait"] = 100.0 * min(self.waited / elapsed, 1.0)
         if self.cuda is not None:
-            rec["mem_peak_gib"] = torch.cuda.max_memory_allocated(self.cuda) / 2**30
-            torch.cuda.reset_peak_memory_stats(self.cuda)
+            rec["mem_peak_gib"] = read_peak(self.cuda, self.cudagraphs) / 2**30
         nonfinite = self.guard.check(step, last_checkpoint)  # stops a diverged run
         if nonfinite:
             rec["nonfinite_steps"] = nonfinite
