@@ -3,8 +3,9 @@
 The profile behind a speed figure: where the step's time goes, operator by operator, for vitscale's
 model and timm's / open_clip's in the same process, same batch, precision and optimizer as
 ``vitscale bench`` (it builds them with the bench harness). On CPU it sums each operator's self CPU
-time; on CUDA its self device (kernel) time. The totals are a second, lower-noise reading of the
-ratio the bench reports, since profiler time counts only work done, not waiting.
+time; on CUDA each kernel's device time (kernels only: an operator's device time is its kernels'
+again; ``vitscale.bench.profile.op_times``). The totals are a second, lower-noise reading of the ratio
+the bench reports, since profiler time counts only work done, not waiting.
 
     python benchmarks/profile_ops.py --model vit_s16 --device cpu --batch-size 8 --steps 2 --repeats 2
     python benchmarks/profile_ops.py --model vit_b16 --device cuda --batch-size 256 --compile
