@@ -14,7 +14,8 @@ model's ``eager`` run (same weights, same batches):
 - ``mean_rel``: the relative gap of the mean loss over the last ``--window`` logged steps — at most
   ``--tol`` (2%; fp8 5%), and every loss finite;
 - ``mem_peak_gib`` present at every log step (the trainer's peak-memory report on CUDA);
-- for the ``graphs`` variant: its asynchronous pinned checkpoints written (``step_*`` folders).
+- for the ``graphs`` variant: its asynchronous pinned checkpoints written (``checkpoints/step_*``), and
+  its ``mem_peak_gib`` at least 90% of the compiled run's without graphs (the graphs' pools counted).
 
 Runs go ``--jobs`` at a time, the compiled ones first (they share the GPU: their img/s are not timings, only the curves are
 compared). Writes one JSON (``--json``); each run's own folder keeps its ``train.log`` and
@@ -90,6 +91,8 @@ def run_config(model: str, variant: str, out: Path, args) -> dict:
         cfg["model"]["overrides"].pop("img_size", None)
     for group, values in VARIANTS[variant][0].items():
         cfg.setdefault(group, {}).update(values)
+    if args.tiny and cfg["train"].get("compile_mode") == "reduce-overhead":
+        cfg["train"]["compile_mode"] = "default"  # no CUDA graphs on a CPU: the rest of the variant stays
     return cfg
 
 
@@ -108,7 +111,7 @@ def read_run(out: Path) -> dict:
     return {
         "losses": {r["step"]: r["loss"] for r in train},
         "mem_peak_gib": [r.get("mem_peak_gib") for r in train],
-        "checkpoints": sorted(p.name for p in out.glob("step_*") if p.is_dir()),
+        "checkpoints": sorted(p.name for p in (out / "checkpoints").glob("step_*") if p.is_dir()),
         "wall_time_s": summary.get("wall_time_s"),
     }
 
@@ -128,8 +131,9 @@ def compare(base: dict[int, float], other: dict[int, float], window: int) -> dic
     }
 
 
-def verdict(variant: str, run: dict, cmp: dict, args, on_cuda: bool) -> list[str]:
-    """What is wrong with one run against its eager run (empty: it agrees)."""
+def verdict(variant: str, run: dict, cmp: dict, args, on_cuda: bool, compiled_peak: float | None = None) -> list[str]:
+    """What is wrong with one run against its eager run (empty: it agrees); ``compiled_peak``: the last
+    ``mem_peak_gib`` of the same model's compiled run without CUDA graphs."""
     first_tol, tol = TOLERANCES.get(variant, (args.first_tol, args.tol))
     bad = []
     if cmp.get("steps_compared", 0) < args.steps:
@@ -145,6 +149,9 @@ def verdict(variant: str, run: dict, cmp: dict, args, on_cuda: bool) -> list[str
         bad.append("mem_peak_gib missing or not positive at a log step")
     if variant == "graphs" and not run["checkpoints"]:
         bad.append("no checkpoint written (checkpoint.async_mode=async_pinned)")
+    if on_cuda and variant == "graphs" and compiled_peak and run["mem_peak_gib"][-1] < 0.9 * compiled_peak:
+        bad.append(f"mem_peak_gib {run['mem_peak_gib'][-1]:.2f} under CUDA graphs, below the {compiled_peak:.2f} GiB of the "
+                   "compiled run without graphs (the graphs' memory pools not counted)")  # fmt: skip
     return bad
 
 
@@ -267,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             res["problems"] = ["the run or its eager run failed"]
         else:
             res["vs_eager"] = compare(base["losses"], res["losses"], args.window)
-            res["problems"] = verdict(variant, res, res["vs_eager"], args, on_cuda)
+            peaks = results.get((model, "compile"), {}).get("mem_peak_gib") or [None]
+            res["problems"] = verdict(variant, res, res["vs_eager"], args, on_cuda, compiled_peak=peaks[-1])
         c = res.get("vs_eager", {})
         table.append(f"{model:16s} {variant:8s} first {c.get('first_rel', float('nan')):8.4%}  "
                      f"last-{args.window} {c.get('mean_rel', float('nan')):8.4%}  max {c.get('max_rel', float('nan')):8.4%}  "

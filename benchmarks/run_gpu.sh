@@ -76,7 +76,8 @@ want() { [[ " ${GROUPS_WANTED[*]} " == *" $1 "* ]]; }
 # profiled step of each implementation lists its top operators (top_ops in the JSON: where the time
 # goes when a goal is missed). Goals: ViT-B/16 >= 1.25x timm compiled; L/16 >= 48% and H/14 >= 50%
 # MFU of 989 TFLOP/s (ours alone: no peer compile to pay for); CLIP B/32 >= 1.35x open_clip compiled;
-# VOLO-D1 >= 1.15x timm compiled. About 6 minutes on an H100, most of it the peers' whole-model compiles.
+# VOLO-D1 >= 1.15x timm compiled. About 7 minutes on a fresh H100 (2026-11-28), most of it the peers'
+# whole-model compiles (timm VOLO-D1 76 s, open_clip B/32 33-62 s, timm B/16 29 s): a call of its own.
 if want table; then
   TABLE=(--device cuda --mode train --warmup 3 --rounds 4 --profile-top 15)
   run "table_vit_b16_${GPU}_${MONTH}" -m vitscale bench vit_b16 "${TABLE[@]}" --batch-size 256 --steps 16 --compare timm

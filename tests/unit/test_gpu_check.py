@@ -89,6 +89,12 @@ def test_curve_comparison_and_verdicts():
     assert mod.verdict("compile", run, mod.compare(base, nan, 5), args, True) == ["a non-finite loss"]
     assert mod.verdict("graphs", {"mem_peak_gib": [None] * 20, "checkpoints": []}, c, args, True) == [
         "mem_peak_gib missing or not positive at a log step", "no checkpoint written (checkpoint.async_mode=async_pinned)"]
+    # the device's first run: ViT-B/16 under CUDA graphs logged 1.11 GiB where the compiled run logged 3.13
+    graphs = {"mem_peak_gib": [3.13, 1.11], "checkpoints": ["step_10"]}
+    assert mod.verdict("graphs", graphs, c, args, True, compiled_peak=3.13) == [
+        "mem_peak_gib 1.11 under CUDA graphs, below the 3.13 GiB of the compiled run without graphs (the graphs' "
+        "memory pools not counted)"]  # fmt: skip
+    assert mod.verdict("graphs", {**graphs, "mem_peak_gib": [3.3]}, c, args, True, compiled_peak=3.13) == []
     short = {s: base[s] for s in range(1, 11)}
     assert mod.verdict("compile", run, mod.compare(base, short, 5), args, True) == ["10 of 20 steps logged by both runs"]
 
@@ -96,18 +102,23 @@ def test_curve_comparison_and_verdicts():
 @pytest.mark.slow
 def test_gpu_curves_tiny_runs_on_the_cpu(tmp_path):
     """The script end to end on the CPU: a NaFlex debug model's padded batches, eager and per-block
-    compiled, through ``vitscale train``; the compiled curve follows eager's (fp32)."""
+    compiled, through ``vitscale train``; the compiled curve follows eager's (fp32); the ``graphs``
+    variant (on a CPU without its CUDA graphs) writes its async_pinned checkpoints and they are found."""
     out = tmp_path / "curves.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_curves.py"), "--tiny", "--models",
-                           "naflex_b16_gap", "--variants", "eager", "compile", "--steps", "3", "--window", "2",
+                           "naflex_b16_gap", "vit_b16", "--variants", "eager", "compile", "graphs", "--steps", "10",
+                           "--window", "2",
                            "--jobs", "2", "--out-dir", str(tmp_path / "runs"), "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert data["failed"] == [] and set(data["runs"]) == {"naflex_b16_gap/eager", "naflex_b16_gap/compile"}
+    assert data["failed"] == [] and set(data["runs"]) == {"naflex_b16_gap/eager", "naflex_b16_gap/compile",
+                                                          "vit_b16/eager", "vit_b16/compile", "vit_b16/graphs"}
     run = data["runs"]["naflex_b16_gap/compile"]
-    assert len(run["losses"]) == 3 and run["problems"] == []
+    assert len(run["losses"]) == 10 and run["problems"] == []
     assert run["vs_eager"]["first_rel"] < 1e-4 and run["vs_eager"]["max_rel"] < 1e-3  # fp32: compile reorders sums only
     cfg = (tmp_path / "runs" / "naflex_b16_gap-compile" / "config.yaml").read_text()
     assert "seq_lens:\n  - 10\n  - 20" in cfg and "compile: true" in cfg
+    graphs = data["runs"]["vit_b16/graphs"]
+    assert graphs["checkpoints"] == ["step_00000010"] and graphs["problems"] == []  # every 10, keep 2: one save
     assert "all runs agree with eager" in proc.stdout

@@ -38,7 +38,7 @@ def test_arguments():
     help_ = _run("--help")
     assert help_.returncode == 0 and all(f" {g}" in help_.stdout for g in NEW_GROUPS), help_.stdout
     bad = _run("--dry-run", "fp8")
-    assert bad.returncode == 2 and bad.stderr.startswith("unknown argument: fp8 (groups: train infer"), bad.stderr
+    assert bad.returncode == 2 and bad.stderr.startswith("unknown argument: fp8 (groups: table train infer"), bad.stderr
 
 
 @pytest.mark.slow
