@@ -1,9 +1,9 @@
 """Per-sample train / eval transforms, keyed by (seed, epoch, index).
 
 Train: RandomResizedCrop (torchvision's box sampling, drawn from a keyed ``random.Random``) ->
-horizontal flip -> RandAugment or ColorJitter (torchvision v2, run under a keyed global RNG) on
-uint8 tensors; random erasing is sampled here (box + noise seed) and applied after normalisation
-by the loader. Eval: resize to ``img_size / crop_pct`` + center crop. Normalisation happens per
+horizontal flip -> ``data.auto_augment`` then ``data.color_jitter`` (:mod:`vitscale.data.auto_augment`,
+drawn from their own keyed ``random.Random``); random erasing is sampled here (box + noise seed) and
+applied after normalisation by the loader. Eval: resize to ``img_size / crop_pct`` + center crop. Normalisation happens per
 batch in the loader (on the device when one is given), so workers move uint8 tensors only.
 """
 
@@ -15,11 +15,11 @@ import random
 from dataclasses import dataclass
 
 import torch
-from torchvision.transforms import InterpolationMode, v2
+from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
-from ..errors import ConfigError
 from . import keyed
+from .auto_augment import build_augment
 from .config import DataConfig
 from .decode import center_crop_box, decode_resized_crop
 from .naflex import fit_grid
@@ -68,23 +68,6 @@ def erase_params(rng: random.Random, prob: float, height: int, width: int) -> li
     return [0, 0, 0, 0, 0, 0]
 
 
-def parse_randaugment(spec: str) -> tuple[int, int] | None:
-    """``"m9-n2"`` (or ``"rand-m9-n2"``) -> (num_ops=2, magnitude=9); ``""`` -> None."""
-    if not spec:
-        return None
-    num_ops, magnitude = 2, 9
-    for tok in spec.split("-"):
-        if tok in ("rand", ""):
-            continue
-        if tok[0] == "m" and tok[1:].isdigit():
-            magnitude = int(tok[1:])
-        elif tok[0] == "n" and tok[1:].isdigit():
-            num_ops = int(tok[1:])
-        else:
-            raise ConfigError(f"data.randaugment: unknown token {tok!r} in {spec!r} (expected e.g. 'm9-n2')")
-    return num_ops, magnitude
-
-
 @dataclass
 class Augmented:
     """One transformed sample before batching."""
@@ -111,14 +94,9 @@ class SampleTransform:
         if cfg.interpolation not in _INTERP:
             raise ValueError(f"data.interpolation must be one of {sorted(_INTERP)}, got {cfg.interpolation!r}")
         self.interpolation = cfg.interpolation
-        self.photometric = None
-        if train:
-            ra = parse_randaugment(cfg.randaugment)
-            if ra is not None:
-                self.photometric = v2.RandAugment(num_ops=ra[0], magnitude=ra[1], interpolation=_INTERP[cfg.interpolation])
-            elif cfg.color_jitter > 0:
-                cj = float(cfg.color_jitter)
-                self.photometric = v2.ColorJitter(brightness=cj, contrast=cj, saturation=cj)
+        self.augment = None
+        if train:  # a ConfigError naming the key for a bad policy string or jitter
+            self.augment = build_augment(cfg.auto_augment, cfg.color_jitter, mean=cfg.mean, interpolation=cfg.interpolation)
 
     def at(self, size: int) -> SampleTransform:
         """This transform at another size: a square image side (multi-resolution) or, for NaFlex, a
@@ -200,12 +178,11 @@ class SampleTransform:
         return self.finish(t, rng, crop, epoch, slot)
 
     def finish(self, image: torch.Tensor, rng: random.Random, crop, epoch: int, index: int) -> Augmented:
-        """Flip, photometric augmentation and the random-erasing draw of a resized uint8 crop."""
+        """Flip, ``auto_augment`` / colour jitter and the random-erasing draw of a resized uint8 crop."""
         flip = self.cfg.hflip > 0 and rng.random() < self.cfg.hflip
         if flip:
             image = image.flip(-1)
-        if self.photometric is not None:
-            with keyed.seeded_global_torch_rng(self.seed, epoch, index, keyed.STREAM_TORCH):
-                image = self.photometric(image)
+        if self.augment is not None:
+            image = self.augment(image, keyed.py_rng(self.seed, epoch, index, keyed.STREAM_AUGMENT))
         erase = erase_params(rng, self.cfg.random_erasing, image.shape[-2], image.shape[-1])
         return Augmented(image.contiguous(), tuple(float(c) for c in crop), bool(flip), erase)
