@@ -346,10 +346,13 @@ class Augment:
 
     def __call__(self, image: torch.Tensor, rng: random.Random) -> torch.Tensor:
         """uint8 (C, H, W) -> uint8 (C, H, W), every choice drawn from ``rng``."""
+        drawn = self.draw(rng)
+        if not any(drawn):  # every op skipped by its probability: no round trip through PIL
+            return image
         c = image.shape[0]
         arr = np.ascontiguousarray(image.permute(1, 2, 0).numpy())  # (H, W, C)
         img = Image.fromarray(arr[:, :, 0], mode="L") if c == 1 else Image.fromarray(arr, mode="RGB")
-        for p, draws in zip(self.policies, self.draw(rng), strict=True):
+        for p, draws in zip(self.policies, drawn, strict=True):
             img = p.apply(img, draws)
         return pil_to_uint8_tensor(img)
 
