@@ -119,6 +119,29 @@ def _rate(fn, items) -> dict:
             "errors": errors}  # fmt: skip
 
 
+def _measure(aa: str, jitter, files, crops, tensors, items) -> dict:
+    """``stage`` (None without a policy) and ``sample`` rates of one policy, vitscale and reference."""
+    row = {"stage": None}
+    ours = build_augment(aa, jitter, mean=MEAN, interpolation="bicubic")
+    if ours is not None:
+        counter = iter(range(10**9))
+        theirs = _timm_stage(aa, jitter)
+        random.seed(0)
+        torch.manual_seed(0)
+        row["stage"] = {
+            "vitscale": _rate(lambda k: ours(tensors[k], random.Random(next(counter))), items),
+            "reference": _rate(lambda k: theirs(crops[k]), items),
+        }
+    cfg = DataConfig(format="imagefolder", auto_augment=aa, color_jitter=jitter, interpolation="bicubic", mean=MEAN)
+    tf = SampleTransform(cfg, (SIZE, SIZE), 3, seed=0, train=True)
+    ref = _timm_sample(aa, jitter)
+    row["sample"] = {
+        "vitscale": _rate(lambda k: tf.decode(files[k], 0, k), items),
+        "reference": _rate(lambda k: ref(Image.open(io.BytesIO(files[k])).convert("RGB")), items),
+    }
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=150, help="images timed per policy and side (default 150)")
@@ -140,28 +163,9 @@ def main() -> None:
     items = [k % len(files) for k in range(a.images)]
     load_before = os.getloadavg()
     results = []
+    tensors = [torch.from_numpy(np.array(c)).permute(2, 0, 1) for c in crops]  # channels-last, as decoded
     for name, aa, jitter in POLICIES:
-        row = {"policy": name, "auto_augment": aa, "color_jitter": list(jitter)}
-        ours = build_augment(aa, jitter, mean=MEAN, interpolation="bicubic")
-        tensors = [torch.from_numpy(np.array(c)).permute(2, 0, 1) for c in crops]  # channels-last, as decoded
-        if ours is None:
-            row["stage"] = None
-        else:
-            counter = iter(range(10**9))
-            theirs = _timm_stage(aa, jitter)
-            random.seed(0)
-            torch.manual_seed(0)
-            row["stage"] = {
-                "vitscale": _rate(lambda k: ours(tensors[k], random.Random(next(counter))), items),
-                "reference": _rate(lambda k: theirs(crops[k]), items),
-            }
-        cfg = DataConfig(format="imagefolder", auto_augment=aa, color_jitter=jitter, interpolation="bicubic", mean=MEAN)
-        tf = SampleTransform(cfg, (SIZE, SIZE), 3, seed=0, train=True)
-        ref = _timm_sample(aa, jitter)
-        row["sample"] = {
-            "vitscale": _rate(lambda k: tf.decode(files[k], 0, k), items),
-            "reference": _rate(lambda k: ref(Image.open(io.BytesIO(files[k])).convert("RGB")), items),
-        }
+        row = {"policy": name, "auto_augment": aa, "color_jitter": list(jitter), **_measure(aa, jitter, files, crops, tensors, items)}
         for part in ("stage", "sample"):
             if row[part]:
                 v, r = row[part]["vitscale"]["img_per_cpu_s"], row[part]["reference"]["img_per_cpu_s"]

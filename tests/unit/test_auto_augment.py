@@ -130,7 +130,8 @@ def test_noisy_magnitudes_are_timms_distribution():
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 def test_trivial_augment_matches_torchvision_on_real_photos(interpolation, photos):
-    from torchvision.transforms import InterpolationMode, TrivialAugmentWide as TVTrivial
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import TrivialAugmentWide as TVTrivial
     from torchvision.transforms.autoaugment import _apply_op
 
     space = TVTrivial()._augmentation_space(TA_BINS)

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..data.sizes import check_sizes
 from ..data.auto_augment import build_augment
+from ..data.sizes import check_sizes
 from ..distributed.compile import check_compile_mode
 from ..distributed.float8 import check_recipe, fp8_emulated, require_torchao
 from ..distributed.fsdp import fsdp_runs_on
