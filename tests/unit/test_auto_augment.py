@@ -10,6 +10,7 @@ flower.jpg); the outputs agree within 1 grey level. References: timm's ``timm/da
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -234,3 +235,39 @@ def test_one_channel_images_take_every_policy():
             out = aug(img, random.Random(i))
             assert out.shape == img.shape and out.dtype == torch.uint8
     assert isinstance(parse_auto_augment("original"), AutoAugment)
+
+
+def test_random_interpolation_draws_bilinear_or_bicubic_per_op(photos):
+    """timm's ``random``: each geometric op samples with bilinear or bicubic, drawn per op."""
+    rand = parse_auto_augment("rand-m9-mstd0.5-inc1-p1.0", mean=MEAN, interpolation="random")
+    fixed = {m: parse_auto_augment("rand-m9-mstd0.5-inc1-p1.0", mean=MEAN, interpolation=m) for m in PIL_FILTER}
+    rng, seen = random.Random(0), set()
+    for _ in range(40):
+        for d in rand.draw(rng):
+            seen.add(d.resample)
+            mode = next(m for m, f in PIL_FILTER.items() if f == d.resample)
+            if d.op in ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"):
+                _close(rand.apply(photos[0], [d]), fixed[mode].apply(photos[0], [replace(d, resample=None)]), f"{d}")
+    assert seen == set(PIL_FILTER.values())
+
+
+def test_random_train_interpolation_keeps_the_crop_and_picks_a_filter_per_image(tmp_path):
+    """``data.train_interpolation=random``: the same boxes as a fixed filter, each image resized with
+    bilinear or bicubic (its own key), the same on a re-run; evaluation keeps ``interpolation``."""
+    from vitscale.data.transforms import SampleTransform
+
+    photo = _photo_jpeg(tmp_path, 1)
+
+    def tf(**kw):
+        return SampleTransform(DataConfig(format="imagefolder", hflip=0.0, **kw), (64, 64), 3, seed=2, train=True)
+
+    rand, bil, bic = tf(train_interpolation="random"), tf(interpolation="bilinear"), tf(interpolation="bicubic")
+    picked = []
+    for i in range(12):
+        r = rand.decode(str(photo), 0, i)
+        a, b = bil.decode(str(photo), 0, i), bic.decode(str(photo), 0, i)
+        assert r.crop == a.crop == b.crop and torch.equal(r.image, rand.decode(str(photo), 0, i).image)
+        assert torch.equal(r.image, a.image) or torch.equal(r.image, b.image)
+        picked.append(torch.equal(r.image, b.image))
+    assert 0 < sum(picked) < 12
+    assert tf(train_interpolation="random").interpolation == "bilinear"  # evaluation's filter

@@ -25,7 +25,7 @@ RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.B
 class Geometry:
     """How geometric ops sample and what they fill the uncovered area with."""
 
-    resample: int = Image.Resampling.BILINEAR
+    resample: int | tuple[int, ...] = Image.Resampling.BILINEAR  # a tuple: the policy draws one per op
     fill: tuple[int, ...] | None = None  # per channel; None = black (Pillow's default)
 
     def fill_for(self, img: Image.Image):

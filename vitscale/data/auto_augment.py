@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -54,6 +54,7 @@ class Draw:
     magnitude: float = 0.0
     negate: bool = False
     u: float = 0.0
+    resample: int | None = None  # the filter drawn for this op (``random`` interpolation); None: the policy's
 
 
 def _sign(x: float, d: Draw) -> float:
@@ -188,11 +189,14 @@ class Policy:
     def apply(self, img: Image.Image, draws: list[Draw]) -> Image.Image:
         for d in draws:
             fn, arg = self.table[d.op]
-            if arg is None:
-                img = fn(img, None, self.geometry)
-            else:
-                img = fn(img, arg(d.magnitude / self.level_scale, d, img), self.geometry)
+            geo = self.geometry if d.resample is None else replace(self.geometry, resample=d.resample)
+            img = fn(img, None if arg is None else arg(d.magnitude / self.level_scale, d, img), geo)
         return img
+
+    def _resample(self, rng: random.Random) -> int | None:
+        """A filter per op when the interpolation is ``random`` (timm: ``random.choice`` per call)."""
+        r = self.geometry.resample
+        return r[rng.randrange(len(r))] if isinstance(r, tuple) else None
 
 
 class _TimmPolicy(Policy):
@@ -210,7 +214,7 @@ class _TimmPolicy(Policy):
         elif self.mstd > 0:
             m = rng.gauss(m, self.mstd)
         m = _clamp(m, 0.0, float(self.mmax or LEVELS))
-        return Draw(name, m, rng.random() < 0.5, rng.random())
+        return Draw(name, m, rng.random() < 0.5, rng.random(), self._resample(rng))
 
 
 class RandAugment(_TimmPolicy):
@@ -240,7 +244,7 @@ class TrivialAugmentWide(Policy):
 
     def draw(self, rng):
         names = list(TA_WIDE_OPS)
-        return [Draw(names[rng.randrange(len(names))], rng.randrange(TA_BINS), rng.random() < 0.5)]
+        return [Draw(names[rng.randrange(len(names))], rng.randrange(TA_BINS), rng.random() < 0.5, resample=self._resample(rng))]
 
 
 class ColorJitter(Policy):
@@ -289,13 +293,17 @@ def _number(spec: str, key: str, text: str, kind=float):
 
 def parse_auto_augment(spec: str, *, mean=(0.5, 0.5, 0.5), interpolation: str = "bilinear") -> Policy | None:
     """The policy of a ``data.auto_augment`` string (``""`` -> None); a ConfigError names a bad one.
-    ``mean`` (of pixels in [0, 1]) sets timm's fill colour, ``interpolation`` the geometric ops' filter."""
+    ``mean`` (of pixels in [0, 1]) sets timm's fill colour, ``interpolation`` the geometric ops' filter
+    (``random``: bilinear or bicubic drawn per op)."""
     spec = (spec or "").strip()
     if not spec:
         return None
-    if interpolation not in ops.RESAMPLE:
+    if interpolation == "random":  # timm's: bilinear or bicubic, drawn per op
+        resample = (ops.RESAMPLE["bilinear"], ops.RESAMPLE["bicubic"])
+    elif interpolation in ops.RESAMPLE:
+        resample = ops.RESAMPLE[interpolation]
+    else:
         raise ConfigError(f"data.interpolation={interpolation!r} has no Pillow filter here: use one of {', '.join(ops.RESAMPLE)}")
-    resample = ops.RESAMPLE[interpolation]
     mean_fill = ops.Geometry(resample, tuple(min(255, round(255 * x)) for x in mean))  # timm's ``img_mean``
     head, _, rest = spec.partition("-")
     if head == "rand":

@@ -63,6 +63,11 @@ class DataConfig:
     interpolation: Literal["bilinear", "bicubic"] = "bilinear"
     """Resampling for resized crops, eval resizing and the geometric ops of ``auto_augment``:
     ``bilinear`` or ``bicubic``."""
+    train_interpolation: Literal["bilinear", "bicubic", "random"] | None = None
+    """Training's resampling (the RandomResizedCrop's resize, the geometric ops of ``auto_augment``),
+    timm's ``--train-interpolation``: ``random`` draws bilinear or bicubic per image for the crop and
+    per op for ``auto_augment``, from the sample's keyed generator (timm's ``random``; the VOLO
+    code's default). None = ``interpolation`` (evaluation always uses ``interpolation``)."""
     rrc_scale: tuple[float, float] = (0.08, 1.0)
     """RandomResizedCrop area range, as fractions of the image area."""
     rrc_ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)

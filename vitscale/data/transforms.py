@@ -93,10 +93,11 @@ class SampleTransform:
         self.train = train
         if cfg.interpolation not in _INTERP:
             raise ValueError(f"data.interpolation must be one of {sorted(_INTERP)}, got {cfg.interpolation!r}")
-        self.interpolation = cfg.interpolation
+        self.interpolation = cfg.interpolation  # evaluation's
+        self.train_interpolation = cfg.train_interpolation or cfg.interpolation  # may be "random"
         self.augment = None
         if train:  # a ConfigError naming the key for a bad policy string or jitter
-            self.augment = build_augment(cfg.auto_augment, cfg.color_jitter, mean=cfg.mean, interpolation=cfg.interpolation)
+            self.augment = build_augment(cfg.auto_augment, cfg.color_jitter, mean=cfg.mean, interpolation=self.train_interpolation)
 
     def at(self, size: int) -> SampleTransform:
         """This transform at another size: a square image side (multi-resolution) or, for NaFlex, a
@@ -126,6 +127,13 @@ class SampleTransform:
     def rng(self, epoch: int, index: int) -> random.Random:
         return keyed.py_rng(self.seed, epoch, index, keyed.STREAM_SAMPLE)
 
+    def crop_interpolation(self, epoch: int, index: int) -> str:
+        """The training crop's resampling: ``train_interpolation``, or for ``random`` bilinear or bicubic
+        drawn from its own key (so the crop box is the same as with a fixed filter)."""
+        if self.train_interpolation != "random":
+            return self.train_interpolation
+        return keyed.py_rng(self.seed, epoch, index, keyed.STREAM_INTERPOLATION).choice(("bilinear", "bicubic"))
+
     def box_fn(self, rng: random.Random):
         """``(H, W) -> (top, left, h, w)`` drawing the RandomResizedCrop box from ``rng``."""
         return lambda h, w: rrc_box(rng, h, w, self.cfg.rrc_scale, self.ratio(h, w))
@@ -135,7 +143,8 @@ class SampleTransform:
         rng = self.rng(epoch, index)
         h0, w0 = image.shape[-2:]
         top, left, h, w = rrc_box(rng, h0, w0, self.cfg.rrc_scale, self.ratio(h0, w0))
-        out = F.resized_crop(image, top, left, h, w, list(self.out_size(h, w)), interpolation=_INTERP[self.interpolation], antialias=True)
+        mode = _INTERP[self.crop_interpolation(epoch, index)]
+        out = F.resized_crop(image, top, left, h, w, list(self.out_size(h, w)), interpolation=mode, antialias=True)
         return self.finish(out, rng, (top / h0, left / w0, h / h0, w / w0), epoch, index)
 
     def tensor_eval(self, image: torch.Tensor) -> Augmented:
@@ -160,16 +169,18 @@ class SampleTransform:
         """Decode ``src`` (a path or the encoded bytes) straight to the crop this sample draws
         (train: RandomResizedCrop keyed by (epoch, slot); eval: center crop), then augment it.
         Raises ``BadImageError`` for an undecodable image."""
+        interpolation = self.interpolation
         if self.train:
             rng = self.rng(epoch, slot)
             box_fn = self.box_fn(rng)
+            interpolation = self.crop_interpolation(epoch, slot)
         else:
             rng = None
             box_fn = lambda h, w: center_crop_box(h, w, self.img_size, self.cfg.crop_pct)  # noqa: E731
             if self.seq_len:  # NaFlex: the whole image
                 box_fn = lambda h, w: (0, 0, h, w)  # noqa: E731
         t, (top, left, h, w), (h0, w0) = decode_resized_crop(
-            src, box_fn, self.out_size if self.seq_len else self.img_size, num_channels=self.num_channels, interpolation=self.interpolation, fast=fast,
+            src, box_fn, self.out_size if self.seq_len else self.img_size, num_channels=self.num_channels, interpolation=interpolation, fast=fast,
             max_pixels=self.cfg.max_image_pixels,
         )
         crop = (top / h0, left / w0, h / h0, w / w0)
