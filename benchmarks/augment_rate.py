@@ -15,9 +15,10 @@ flower.jpg, 427 x 640):
   (full decode, RandomResizedCrop, flip, the policy, uint8 tensor).
 
 Rates are images per CPU-second of this process (``time.process_time``), which a shared machine
-disturbs less than the wall clock; the wall-clock rate and the load average are recorded too.
+disturbs less than the wall clock, the median of ``--rounds`` rounds in which the two sides alternate;
+the wall-clock rate and the load average are recorded too.
 
-    python benchmarks/augment_rate.py --images 300 --json benchmarks/results/augment_rate_cpu_202611.json
+    python benchmarks/augment_rate.py --images 300 --rounds 3 --json benchmarks/results/augment_rate_cpu_202611.json
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -102,49 +104,59 @@ def _timm_sample(aa: str, jitter):
                             interpolation="bicubic", mean=MEAN, use_prefetcher=True)  # fmt: skip
 
 
-def _rate(fn, items) -> dict:
-    """Time ``fn`` over ``items``. timm's posterize to 0 bits (``PosterizeIncreasing`` at magnitude 10,
-    which ``mstd`` noise reaches) raises ValueError with Pillow 13: such images are counted as
-    ``errors`` and the timing goes on."""
+def _once(fn, items) -> tuple[float, float, int]:
+    """(CPU s, wall s, errors) of ``fn`` over ``items``. timm's posterize to 0 bits
+    (``PosterizeIncreasing`` at magnitude 10, which ``mstd`` noise reaches) raises ValueError with
+    Pillow 13: such images are counted as errors and the timing goes on."""
     errors = 0
-    fn(items[0])  # warm-up
     w0, c0 = time.perf_counter(), time.process_time()
     for it in items:
         try:
             fn(it)
         except ValueError:
             errors += 1
-    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    return {"images": len(items), "img_per_cpu_s": round(len(items) / cpu, 1), "img_per_wall_s": round(len(items) / wall, 1),
-            "errors": errors}  # fmt: skip
+    return time.process_time() - c0, time.perf_counter() - w0, errors
 
 
-def _measure(aa: str, jitter, files, crops, tensors, items) -> dict:
+def _pair(ours, theirs, items, rounds: int) -> dict:
+    """vitscale and the reference timed in alternating rounds (after a warm-up each): median rates."""
+    ours(items[0]), theirs(items[0])
+    runs = {"vitscale": [], "reference": []}
+    for _ in range(rounds):
+        runs["vitscale"].append(_once(ours, items))
+        runs["reference"].append(_once(theirs, items))
+    out = {}
+    for side, rs in runs.items():
+        out[side] = {"images": len(items), "rounds": rounds,
+                     "img_per_cpu_s": round(statistics.median(len(items) / c for c, _, _ in rs), 1),
+                     "img_per_wall_s": round(statistics.median(len(items) / w for _, w, _ in rs), 1),
+                     "errors": sum(e for _, _, e in rs)}  # fmt: skip
+    return out
+
+
+def _measure(aa: str, jitter, files, crops, tensors, items, rounds: int) -> dict:
     """``stage`` (None without a policy) and ``sample`` rates of one policy, vitscale and reference."""
     row = {"stage": None}
     ours = build_augment(aa, jitter, mean=MEAN, interpolation="bicubic")
+    random.seed(0)
+    torch.manual_seed(0)
     if ours is not None:
         counter = iter(range(10**9))
         theirs = _timm_stage(aa, jitter)
-        random.seed(0)
-        torch.manual_seed(0)
-        row["stage"] = {
-            "vitscale": _rate(lambda k: ours(tensors[k], random.Random(next(counter))), items),
-            "reference": _rate(lambda k: theirs(crops[k]), items),
-        }
+        row["stage"] = _pair(lambda k: ours(tensors[k], random.Random(next(counter))), lambda k: theirs(crops[k]), items, rounds)
     cfg = DataConfig(format="imagefolder", auto_augment=aa, color_jitter=jitter, interpolation="bicubic", mean=MEAN)
     tf = SampleTransform(cfg, (SIZE, SIZE), 3, seed=0, train=True)
     ref = _timm_sample(aa, jitter)
-    row["sample"] = {
-        "vitscale": _rate(lambda k: tf.decode(files[k], 0, k), items),
-        "reference": _rate(lambda k: ref(Image.open(io.BytesIO(files[k])).convert("RGB")), items),
-    }
+    epoch = iter(range(10**9))
+    row["sample"] = _pair(lambda k: tf.decode(files[k], next(epoch), k),
+                          lambda k: ref(Image.open(io.BytesIO(files[k])).convert("RGB")), items, rounds)  # fmt: skip
     return row
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--images", type=int, default=150, help="images timed per policy and side (default 150)")
+    ap.add_argument("--images", type=int, default=150, help="images timed per round, policy and side (default 150)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per policy; medians reported (default 3)")
     ap.add_argument("--json", default=None, help="write the result here (and the printed lines beside it, .log)")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -165,7 +177,7 @@ def main() -> None:
     results = []
     tensors = [torch.from_numpy(np.array(c)).permute(2, 0, 1) for c in crops]  # channels-last, as decoded
     for name, aa, jitter in POLICIES:
-        row = {"policy": name, "auto_augment": aa, "color_jitter": list(jitter), **_measure(aa, jitter, files, crops, tensors, items)}
+        row = {"policy": name, "auto_augment": aa, "color_jitter": list(jitter), **_measure(aa, jitter, files, crops, tensors, items, a.rounds)}
         for part in ("stage", "sample"):
             if row[part]:
                 v, r = row[part]["vitscale"]["img_per_cpu_s"], row[part]["reference"]["img_per_cpu_s"]
