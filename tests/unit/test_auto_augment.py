@@ -173,7 +173,7 @@ def test_color_jitter_matches_torchvision_on_real_photos(photos):
 
 
 def test_bad_strings_are_one_line_errors():
-    for spec, words in [("m9-n2", "rand-m9-n2"), ("rand-m9-x2", "unknown section 'x2'"), ("augmix-m3", "unknown policy"),
+    for spec, words in [("m9-n2", "rand-m9-n2"), ("rand-m9-x2", "unknown section 'x2'"), ("augmix-m3", "timm's 'augmix' policy is not implemented"), ("flip", "unknown policy"),
                         ("original-m3", "unknown section 'm3'"), ("rand-mstdx", "unknown section")]:  # fmt: skip
         with pytest.raises(ConfigError, match=words) as e:
             parse_auto_augment(spec)

@@ -322,6 +322,8 @@ def parse_auto_augment(spec: str, *, mean=(0.5, 0.5, 0.5), interpolation: str = 
         return TrivialAugmentWide(ops.Geometry(resample, None))
     if spec.startswith("m") and re.fullmatch(r"[mn]\d+(-[mn]\d+)*", spec):
         raise ConfigError(f"{_KEY}={spec!r}: a policy name comes first, as timm writes it (rand-{spec})")
+    if head in ("v0", "v0r", "augmix"):
+        raise ConfigError(f"{_KEY}: timm's {head!r} policy is not implemented here; use rand-..., original, originalr, 3a or ta_wide (docs/data.md)")
     raise ConfigError(f"{_KEY}: unknown policy {spec!r} ({_FORMS})")
 
 
