@@ -181,6 +181,8 @@ def test_bad_strings_are_one_line_errors():
     with pytest.raises(ConfigError, match="set data.color_jitter=0"):
         build_augment("rand-m9-mstd0.5-inc1", (0.4,), mean=MEAN, interpolation="bicubic")
     assert build_augment("3a", (0.3,), mean=MEAN, interpolation="bicubic") is not None  # DeiT III: 3a + jitter 0.3
+    forced = build_augment("original", (0.4, 0.4, 0.4, 0.1), mean=MEAN, interpolation="bicubic", force_color_jitter=True)
+    assert [type(p).__name__ for p in forced.policies] == ["AutoAugment", "ColorJitter"]  # timm's order
     with pytest.raises(ConfigError, match="data.auto_augment=rand-m9-n2 for 'm9-n2'"):
         DataConfig(randaugment="m9-n2")
 

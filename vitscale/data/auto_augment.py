@@ -22,7 +22,8 @@ Accepted ``data.auto_augment`` strings (sections joined by ``-``, as timm's
 ``data.color_jitter``: brightness, contrast, saturation (one value: all three), and optionally hue,
 applied in a random order with factors U(1 - x, 1 + x) (hue U(-h, h)), as torchvision's
 ``ColorJitter``. timm's ``create_transform`` turns colour jitter off under RandAugment / AutoAugment
-(except ``3a``): here that combination is refused rather than ignored.
+(except ``3a``) unless ``force_color_jitter``: here that combination is refused rather than ignored,
+and ``data.force_color_jitter`` applies it after the policy as timm's does.
 """
 
 from __future__ import annotations
@@ -367,15 +368,17 @@ class Augment:
         return pil_to_uint8_tensor(img)
 
 
-def build_augment(spec: str, color_jitter, *, mean, interpolation: str) -> Augment | None:
-    """The photometric stage of ``data.auto_augment`` / ``data.color_jitter`` (None when both are off)."""
+def build_augment(spec: str, color_jitter, *, mean, interpolation: str, force_color_jitter: bool = False) -> Augment | None:
+    """The photometric stage of ``data.auto_augment`` / ``data.color_jitter`` (None when both are off).
+    Colour jitter beside a policy other than ``3a`` needs ``force_color_jitter`` (timm's rule)."""
     policy = parse_auto_augment(spec, mean=mean, interpolation=interpolation)
     b, c, s, h = jitter_factors(color_jitter)
     jitter = ColorJitter(b, c, s, h) if max(b, c, s, h) > 0 else None
-    if jitter is not None and policy is not None and not (isinstance(policy, AutoAugment) and policy.policy is THREE_AUGMENT_POLICY):
+    three_augment = isinstance(policy, AutoAugment) and policy.policy is THREE_AUGMENT_POLICY
+    if jitter is not None and policy is not None and not three_augment and not force_color_jitter:
         raise ConfigError(
             f"data.color_jitter is not applied with data.auto_augment={spec!r} (timm turns colour jitter off under "
-            "RandAugment / AutoAugment; only 3a adds it): set data.color_jitter=0"
+            "RandAugment / AutoAugment; only 3a adds it): set data.color_jitter=0, or data.force_color_jitter=true to apply it after the policy"
         )  # fmt: skip
     stages = [p for p in (policy, jitter) if p is not None]
     return Augment(stages) if stages else None

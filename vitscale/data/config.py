@@ -82,7 +82,11 @@ class DataConfig:
     color_jitter: tuple[float, ...] = ()
     """Colour jitter: brightness, contrast, saturation[, hue] (one value: the first three), each
     factor drawn from U(1 - x, 1 + x) (hue: U(-h, h)) in a random order; () or 0 = off. Applies without
-    ``auto_augment`` or after ``3a`` (DeiT III: 0.3); refused with the other policies."""
+    ``auto_augment`` or after ``3a`` (DeiT III: 0.3); beside another policy only with
+    ``force_color_jitter`` (timm turns it off there), else refused."""
+    force_color_jitter: bool = False
+    """Apply ``color_jitter`` after a RandAugment / AutoAugment / TrivialAugment policy too (timm's
+    ``create_transform(force_color_jitter=True)``)."""
     random_erasing: float = 0.0
     """Probability of erasing one random rectangle per image with per-pixel normal noise
     (after normalisation, as timm's ``mode='pixel'``); 0 = off."""

@@ -97,7 +97,8 @@ class SampleTransform:
         self.train_interpolation = cfg.train_interpolation or cfg.interpolation  # may be "random"
         self.augment = None
         if train:  # a ConfigError naming the key for a bad policy string or jitter
-            self.augment = build_augment(cfg.auto_augment, cfg.color_jitter, mean=cfg.mean, interpolation=self.train_interpolation)
+            self.augment = build_augment(cfg.auto_augment, cfg.color_jitter, mean=cfg.mean, interpolation=self.train_interpolation,
+                                         force_color_jitter=cfg.force_color_jitter)  # fmt: skip
 
     def at(self, size: int) -> SampleTransform:
         """This transform at another size: a square image side (multi-resolution) or, for NaFlex, a

@@ -264,7 +264,8 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     _check_tp(cfg, dims)
     if purpose == "train":
         d = cfg.data  # a ConfigError naming data.auto_augment / data.color_jitter and what to write
-        build_augment(d.auto_augment, d.color_jitter, mean=d.mean, interpolation=d.train_interpolation or d.interpolation)
+        build_augment(d.auto_augment, d.color_jitter, mean=d.mean, interpolation=d.train_interpolation or d.interpolation,
+                      force_color_jitter=d.force_color_jitter)  # fmt: skip
         _check_distill_task(cfg)
     if purpose in ("train", "bench"):
         check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
