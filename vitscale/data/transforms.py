@@ -3,8 +3,9 @@
 Train: RandomResizedCrop (torchvision's box sampling, drawn from a keyed ``random.Random``) ->
 horizontal flip -> ``data.auto_augment`` then ``data.color_jitter`` (:mod:`vitscale.data.auto_augment`,
 drawn from their own keyed ``random.Random``); random erasing is sampled here (box + noise seed) and
-applied after normalisation by the loader. Eval: resize to ``img_size / crop_pct`` + center crop. Normalisation happens per
-batch in the loader (on the device when one is given), so workers move uint8 tensors only.
+applied after normalisation by the loader. Eval: resize to ``img_size / crop_pct`` + center crop.
+Normalisation happens per batch in the loader (on the device when one is given), so workers move
+uint8 tensors only.
 """
 
 from __future__ import annotations
