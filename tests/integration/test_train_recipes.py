@@ -73,7 +73,7 @@ def test_finetuning_recipes_run_tiny(tmp_path):
     teacher = vitscale.create_model("vit_debug", **tiny, img_h=32, img_w=32, num_classes=10)
     export_safetensors(teacher, tmp_path / "teacher.safetensors", {"model": "vit_debug", "overrides": json.dumps({**tiny, "num_classes": 10})})
     deit = load_config("imagenet_deit_b_distilled", TINY_MODEL + [
-        "data.img_size=32", "train.epochs=0", "train.max_steps=2", "model.drop_path_rate=0", "data.randaugment=",
+        "data.img_size=32", "train.epochs=0", "train.max_steps=2", "model.drop_path_rate=0",
         f"distill.teacher={tmp_path / 'teacher.safetensors'}", "distill.teacher_model=null",
         f"train.output_dir={tmp_path / 'deit'}"])  # fmt: skip
     s = train(deit)

@@ -21,7 +21,7 @@ TINY = [
     "log.report=false",
 ]  # fmt: skip
 # every stochastic feature, for the in-process resume test
-AUG = ["data.randaugment=m9-n2", "data.random_erasing=0.25", "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0"]
+AUG = ["data.auto_augment=rand-m9-mstd0.5-inc1", "data.random_erasing=0.25", "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0"]
 
 
 def _curve(out: Path) -> dict[int, dict]:

@@ -38,7 +38,7 @@ def test_recipe_settings(recipe):
     assert cfg.model.name == s["name"] and cfg.model.overrides["drop_path_rate"] == s["dp"]
     assert cfg.optim.name == "adamw" and cfg.optim.lr == pytest.approx(s["lr"])
     assert cfg.data.crop_pct == s["crop"] and cfg.data.mixup_alpha == 0 and cfg.data.cutmix_alpha == 0
-    assert cfg.data.randaugment and cfg.data.random_erasing > 0  # RandAugment + CutOut
+    assert cfg.data.auto_augment == "rand-m9-mstd0.5-inc1" and cfg.data.random_erasing > 0  # RandAugment + CutOut
     assert cfg.train.task == "token_labeling" and cfg.token_label.mix_token
     if recipe.endswith("ft512"):
         assert (cfg.optim.weight_decay, cfg.train.epochs, cfg.schedule.warmup_epochs) == (1e-8, 30, 5)

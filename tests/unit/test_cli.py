@@ -87,7 +87,12 @@ def test_overrides_may_follow_an_option(capsys):
         ("data.interpolation=cubic", "data.interpolation: 'cubic' is not one of bilinear, bicubic"),
         ("token_label.cls_target=label", "token_label.cls_target: 'label' is not one of ground_truth, teacher"),
         ("teacher.weights=best", "teacher.weights: 'best' is not one of model, ema"),
-        ("data.randaugment=m9-x2", "data.randaugment: unknown token 'x2' in 'm9-x2' (expected e.g. 'm9-n2')"),
+        ("data.randaugment=m9-n2", "data.randaugment (torchvision's RandAugment) is replaced by data.auto_augment with timm's "
+         "strings: write data.auto_augment=rand-m9-n2 for 'm9-n2' (DeiT's and VOLO's: rand-m9-mstd0.5-inc1); docs/data.md"),
+        ("data.auto_augment=rand-m9-x2", "data.auto_augment: unknown section 'x2' in 'rand-m9-x2' (this policy takes m, n, p, "
+         "mstd, mmax, inc; e.g. rand-m9-mstd0.5-inc1, original, 3a or ta_wide (docs/data.md))"),
+        ("data.color_jitter=[0.4,0.4]", "data.color_jitter=[0.4, 0.4]: give 1, 3 or 4 values (brightness, contrast, "
+         "saturation[, hue]), e.g. 0.4 or [0.4,0.4,0.4,0.1]"),
         ("optim.lrr=1", "unknown config key 'optim.lrr'; did you mean 'optim.lr'?"),
     ],
 )

@@ -8,7 +8,7 @@ from vitscale.data import DataConfig, build_loaders
 
 def _cfg(**kw):
     base = dict(format="synthetic", synthetic_size=96, num_classes=7, num_workers=0, val_split=0.25,
-                randaugment="m9-n2", random_erasing=0.5, hflip=0.5, rrc_scale=(0.3, 1.0))
+                auto_augment="rand-m9-mstd0.5-inc1", random_erasing=0.5, hflip=0.5, rrc_scale=(0.3, 1.0))
     base.update(kw)
     return DataConfig(**base)
 
@@ -50,7 +50,7 @@ def test_batch_contract():
 
 
 def test_epoch_is_a_permutation_and_epochs_differ():
-    L = _loaders(_cfg(randaugment="", random_erasing=0.0))
+    L = _loaders(_cfg(auto_augment="", random_erasing=0.0))
     e0 = torch.cat([b["index"] for b in L.train])
     assert L.train.state_dict() == {"epoch": 1, "batch_index": 0}
     e1 = torch.cat([b["index"] for b in L.train])
@@ -146,14 +146,14 @@ def test_seed_changes_order():
 
 
 def test_normalisation_and_erasing():
-    cfg = _cfg(randaugment="", random_erasing=0.0, hflip=0.0, rrc_scale=(1.0, 1.0), rrc_ratio=(1.0, 1.0),
+    cfg = _cfg(auto_augment="", random_erasing=0.0, hflip=0.0, rrc_scale=(1.0, 1.0), rrc_ratio=(1.0, 1.0),
                mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
     L = _loaders(cfg)
     b = next(iter(L.train))
     src = L.train.dataset.source
     raw = torch.stack([src.image(i) for i in b["index"].tolist()]).float() / 255.0
     assert torch.allclose(b["image"], (raw - 0.5) / 0.25, atol=1e-5)
-    erased = _loaders(_cfg(randaugment="", random_erasing=1.0, hflip=0.0, rrc_scale=(1.0, 1.0), rrc_ratio=(1.0, 1.0),
+    erased = _loaders(_cfg(auto_augment="", random_erasing=1.0, hflip=0.0, rrc_scale=(1.0, 1.0), rrc_ratio=(1.0, 1.0),
                            mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)))
     e = next(iter(erased.train))
     assert torch.equal(e["index"], b["index"])

@@ -1,4 +1,4 @@
-"""Transform shapes, flip / crop bookkeeping, RandAugment parsing and keyed box sampling."""
+"""Transform shapes, flip / crop bookkeeping and keyed box sampling (policies: test_auto_augment.py)."""
 
 import random
 
@@ -7,15 +7,7 @@ import torch
 
 from vitscale.data import DataConfig, build_loaders
 from vitscale.data.decode import center_crop_box
-from vitscale.data.transforms import SampleTransform, parse_randaugment, rrc_box
-
-
-def test_parse_randaugment():
-    assert parse_randaugment("") is None
-    assert parse_randaugment("m9-n2") == (2, 9)
-    assert parse_randaugment("rand-m15-n3") == (3, 15)
-    with pytest.raises(ValueError, match="unknown token"):
-        parse_randaugment("m9-x2")
+from vitscale.data.transforms import SampleTransform, rrc_box
 
 
 def test_rrc_box_in_bounds_and_keyed():
@@ -34,7 +26,7 @@ def test_center_crop_box():
 @pytest.mark.parametrize("size,channels", [((24, 16), 3), ((16, 16), 1)])
 def test_shapes_non_square_and_one_channel(size, channels):
     cfg = DataConfig(format="synthetic", synthetic_size=16, num_workers=0, val_split=0.5, num_classes=3,
-                     randaugment="m9-n2", color_jitter=0.4, random_erasing=0.5, mean=(0.5,) * channels,
+                     auto_augment="3a", color_jitter=0.4, random_erasing=0.5, mean=(0.5,) * channels,
                      std=(0.5,) * channels)
     L = build_loaders(cfg, img_size=size, num_channels=channels, seed=0, micro_batch_size=4, eval_batch_size=4)
     assert next(iter(L.train))["image"].shape == (4, channels, *size)

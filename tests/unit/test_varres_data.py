@@ -108,7 +108,7 @@ def test_resume_continues_the_same_batches():
 
 def test_naflex_loader_batches():
     d = DataConfig(format="digits_aspect", seq_lens=(36, 64), tokens_per_batch=640,
-                   random_erasing=1.0, hflip=0.5, **STATS)  # fmt: skip
+                   random_erasing=1.0, hflip=0.5, auto_augment="rand-m9-mstd0.5-inc1", **STATS)  # fmt: skip
     loaders = build_loaders(d, img_size=(32, 32), num_channels=3, seed=0, micro_batch_size=10, eval_batch_size=100, patch=4)
     seen = set()
     for i, b in enumerate(loaders.train):

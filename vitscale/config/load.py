@@ -296,7 +296,7 @@ def _route_data_keys(tree: dict) -> None:
 
 def _route_data(data: dict, prefix: str) -> None:
     """``_route_data_keys`` of one ``data`` mapping; errors name ``prefix`` + the key."""
-    from vitscale.data.config import DataConfig
+    from vitscale.data.config import RETIRED_FIELDS, DataConfig
     from vitscale.data.formats import get_format, option_fields, owners
 
     name = data.get("format", DataConfig.format)
@@ -312,6 +312,8 @@ def _route_data(data: dict, prefix: str) -> None:
         if key in theirs:
             options[key] = data.pop(key)
             continue
+        if key in RETIRED_FIELDS:
+            raise ConfigError(RETIRED_FIELDS[key])
         others = owners(key)
         if others:
             raise ConfigError(f"{prefix}{key} is a field of data.format={' / '.join(others)}, not of data.format={name}: "

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..errors import ConfigError
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -59,18 +61,32 @@ class DataConfig:
     """JPEG fast path: choose the RandomResizedCrop box first, then decode at the smallest DCT scale
     (1/2, 1/4, 1/8; PIL ``Image.draft``) that still covers the output resolution for that box."""
     interpolation: Literal["bilinear", "bicubic"] = "bilinear"
-    """Resampling for resized crops and eval resizing: ``bilinear`` or ``bicubic``."""
+    """Resampling for resized crops, eval resizing and the geometric ops of ``auto_augment``:
+    ``bilinear`` or ``bicubic``."""
+    train_interpolation: Literal["bilinear", "bicubic", "random"] | None = None
+    """Training's resampling (the RandomResizedCrop's resize, the geometric ops of ``auto_augment``),
+    timm's ``--train-interpolation``: ``random`` draws bilinear or bicubic per image for the crop and
+    per op for ``auto_augment``, from the sample's keyed generator (timm's ``random``; the VOLO
+    code's default). None = ``interpolation`` (evaluation always uses ``interpolation``)."""
     rrc_scale: tuple[float, float] = (0.08, 1.0)
     """RandomResizedCrop area range, as fractions of the image area."""
     rrc_ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
     """RandomResizedCrop aspect-ratio range (width / height)."""
     hflip: float = 0.5
     """Probability of a horizontal flip (0 = never)."""
-    randaugment: str = ""
-    """RandAugment policy, e.g. ``"m9-n2"`` (magnitude 9, 2 ops; a ``rand-`` prefix is accepted);
-    ``""`` = off."""
-    color_jitter: float = 0.0
-    """Brightness / contrast / saturation jitter strength (0 = off; ignored when RandAugment is on)."""
+    auto_augment: str = ""
+    """Augmentation policy as timm writes it (``vitscale.data.auto_augment``, docs/data.md):
+    ``rand-m9-mstd0.5-inc1`` (RandAugment: magnitude of 10, ``n`` ops, ``p`` each, ``mstd`` magnitude
+    noise, ``inc1`` increasing-severity ops, mean-colour fill), ``original`` (AutoAugment's ImageNet
+    policy), ``3a`` (DeiT III's 3-Augment), ``ta_wide`` (TrivialAugment); ``""`` = off."""
+    color_jitter: tuple[float, ...] = ()
+    """Colour jitter: brightness, contrast, saturation[, hue] (one value: the first three), each
+    factor drawn from U(1 - x, 1 + x) (hue: U(-h, h)) in a random order; () or 0 = off. Applies without
+    ``auto_augment`` or after ``3a`` (DeiT III: 0.3); beside another policy only with
+    ``force_color_jitter`` (timm turns it off there), else refused."""
+    force_color_jitter: bool = False
+    """Apply ``color_jitter`` after a RandAugment / AutoAugment / TrivialAugment policy too (timm's
+    ``create_transform(force_color_jitter=True)``)."""
     random_erasing: float = 0.0
     """Probability of erasing one random rectangle per image with per-pixel normal noise
     (after normalisation, as timm's ``mode='pixel'``); 0 = off."""
@@ -139,8 +155,18 @@ class DataConfig:
 _dataclass_init = DataConfig.__init__
 
 
+# Fields that were replaced: the key is refused with a line saying what to write instead.
+RETIRED_FIELDS = {
+    "randaugment": "data.randaugment (torchvision's RandAugment) is replaced by data.auto_augment with timm's "
+    "strings: write data.auto_augment=rand-m9-n2 for 'm9-n2' (DeiT's and VOLO's: rand-m9-mstd0.5-inc1); docs/data.md",
+}
+
+
 def _init(self, *args, options: Any = None, **fields: Any) -> None:
     """``DataConfig(format=..., <field of the format>=...)``: the format's own fields are keywords too."""
+    for key in fields:
+        if key in RETIRED_FIELDS:
+            raise ConfigError(RETIRED_FIELDS[key])
     own = DataConfig.__dataclass_fields__
     extra = {k: fields.pop(k) for k in list(fields) if k not in own}
     if extra:
@@ -193,4 +219,4 @@ class StreamFields:
     file order."""
 
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "CaptionFields", "DataConfig", "RemoteFields", "StreamFields"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "RETIRED_FIELDS", "CaptionFields", "DataConfig", "RemoteFields", "StreamFields"]

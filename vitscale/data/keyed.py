@@ -8,7 +8,6 @@ same with any number of DataLoader workers or ranks, and after a resume.
 from __future__ import annotations
 
 import random
-from contextlib import contextmanager
 
 import torch
 
@@ -17,12 +16,13 @@ _MASK64 = (1 << 64) - 1
 # Stream tags keep independent draws for the same (seed, epoch, index) apart.
 STREAM_PERM = 1
 STREAM_SAMPLE = 2
-STREAM_TORCH = 3
+STREAM_AUGMENT = 3
 STREAM_ERASE = 4
 STREAM_MIXUP = 5
 STREAM_SYNTHETIC = 6
 STREAM_SPLIT = 7
 STREAM_SIZE = 8
+STREAM_INTERPOLATION = 9
 
 
 def _splitmix64(x: int) -> int:
@@ -56,18 +56,3 @@ def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool = True) -> to
     if not shuffle:
         return torch.arange(n)
     return torch.randperm(n, generator=torch_gen(seed, epoch, STREAM_PERM))
-
-
-@contextmanager
-def seeded_global_torch_rng(*parts: int):
-    """Run a block with torch's global CPU RNG seeded from ``parts`` and restore it afterwards.
-
-    torchvision's random transforms (RandAugment, ColorJitter) draw from the global generator; this
-    keys them without disturbing the caller's RNG stream (nor the CUDA generators).
-    """
-    state = torch.get_rng_state()
-    torch.default_generator.manual_seed(key(*parts))
-    try:
-        yield
-    finally:
-        torch.set_rng_state(state)

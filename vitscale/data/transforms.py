@@ -1,10 +1,11 @@
 """Per-sample train / eval transforms, keyed by (seed, epoch, index).
 
 Train: RandomResizedCrop (torchvision's box sampling, drawn from a keyed ``random.Random``) ->
-horizontal flip -> RandAugment or ColorJitter (torchvision v2, run under a keyed global RNG) on
-uint8 tensors; random erasing is sampled here (box + noise seed) and applied after normalisation
-by the loader. Eval: resize to ``img_size / crop_pct`` + center crop. Normalisation happens per
-batch in the loader (on the device when one is given), so workers move uint8 tensors only.
+horizontal flip -> ``data.auto_augment`` then ``data.color_jitter`` (:mod:`vitscale.data.auto_augment`,
+drawn from their own keyed ``random.Random``); random erasing is sampled here (box + noise seed) and
+applied after normalisation by the loader. Eval: resize to ``img_size / crop_pct`` + center crop.
+Normalisation happens per batch in the loader (on the device when one is given), so workers move
+uint8 tensors only.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import random
 from dataclasses import dataclass
 
 import torch
-from torchvision.transforms import InterpolationMode, v2
+from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
-from ..errors import ConfigError
 from . import keyed
+from .auto_augment import build_augment
 from .config import DataConfig
 from .decode import center_crop_box, decode_resized_crop
 from .naflex import fit_grid
@@ -68,23 +69,6 @@ def erase_params(rng: random.Random, prob: float, height: int, width: int) -> li
     return [0, 0, 0, 0, 0, 0]
 
 
-def parse_randaugment(spec: str) -> tuple[int, int] | None:
-    """``"m9-n2"`` (or ``"rand-m9-n2"``) -> (num_ops=2, magnitude=9); ``""`` -> None."""
-    if not spec:
-        return None
-    num_ops, magnitude = 2, 9
-    for tok in spec.split("-"):
-        if tok in ("rand", ""):
-            continue
-        if tok[0] == "m" and tok[1:].isdigit():
-            magnitude = int(tok[1:])
-        elif tok[0] == "n" and tok[1:].isdigit():
-            num_ops = int(tok[1:])
-        else:
-            raise ConfigError(f"data.randaugment: unknown token {tok!r} in {spec!r} (expected e.g. 'm9-n2')")
-    return num_ops, magnitude
-
-
 @dataclass
 class Augmented:
     """One transformed sample before batching."""
@@ -110,15 +94,12 @@ class SampleTransform:
         self.train = train
         if cfg.interpolation not in _INTERP:
             raise ValueError(f"data.interpolation must be one of {sorted(_INTERP)}, got {cfg.interpolation!r}")
-        self.interpolation = cfg.interpolation
-        self.photometric = None
-        if train:
-            ra = parse_randaugment(cfg.randaugment)
-            if ra is not None:
-                self.photometric = v2.RandAugment(num_ops=ra[0], magnitude=ra[1], interpolation=_INTERP[cfg.interpolation])
-            elif cfg.color_jitter > 0:
-                cj = float(cfg.color_jitter)
-                self.photometric = v2.ColorJitter(brightness=cj, contrast=cj, saturation=cj)
+        self.interpolation = cfg.interpolation  # evaluation's
+        self.train_interpolation = cfg.train_interpolation or cfg.interpolation  # may be "random"
+        self.augment = None
+        if train:  # a ConfigError naming the key for a bad policy string or jitter
+            self.augment = build_augment(cfg.auto_augment, cfg.color_jitter, mean=cfg.mean, interpolation=self.train_interpolation,
+                                         force_color_jitter=cfg.force_color_jitter)  # fmt: skip
 
     def at(self, size: int) -> SampleTransform:
         """This transform at another size: a square image side (multi-resolution) or, for NaFlex, a
@@ -148,6 +129,13 @@ class SampleTransform:
     def rng(self, epoch: int, index: int) -> random.Random:
         return keyed.py_rng(self.seed, epoch, index, keyed.STREAM_SAMPLE)
 
+    def crop_interpolation(self, epoch: int, index: int) -> str:
+        """The training crop's resampling: ``train_interpolation``, or for ``random`` bilinear or bicubic
+        drawn from its own key (so the crop box is the same as with a fixed filter)."""
+        if self.train_interpolation != "random":
+            return self.train_interpolation
+        return keyed.py_rng(self.seed, epoch, index, keyed.STREAM_INTERPOLATION).choice(("bilinear", "bicubic"))
+
     def box_fn(self, rng: random.Random):
         """``(H, W) -> (top, left, h, w)`` drawing the RandomResizedCrop box from ``rng``."""
         return lambda h, w: rrc_box(rng, h, w, self.cfg.rrc_scale, self.ratio(h, w))
@@ -157,7 +145,8 @@ class SampleTransform:
         rng = self.rng(epoch, index)
         h0, w0 = image.shape[-2:]
         top, left, h, w = rrc_box(rng, h0, w0, self.cfg.rrc_scale, self.ratio(h0, w0))
-        out = F.resized_crop(image, top, left, h, w, list(self.out_size(h, w)), interpolation=_INTERP[self.interpolation], antialias=True)
+        mode = _INTERP[self.crop_interpolation(epoch, index)]
+        out = F.resized_crop(image, top, left, h, w, list(self.out_size(h, w)), interpolation=mode, antialias=True)
         return self.finish(out, rng, (top / h0, left / w0, h / h0, w / w0), epoch, index)
 
     def tensor_eval(self, image: torch.Tensor) -> Augmented:
@@ -182,16 +171,18 @@ class SampleTransform:
         """Decode ``src`` (a path or the encoded bytes) straight to the crop this sample draws
         (train: RandomResizedCrop keyed by (epoch, slot); eval: center crop), then augment it.
         Raises ``BadImageError`` for an undecodable image."""
+        interpolation = self.interpolation
         if self.train:
             rng = self.rng(epoch, slot)
             box_fn = self.box_fn(rng)
+            interpolation = self.crop_interpolation(epoch, slot)
         else:
             rng = None
             box_fn = lambda h, w: center_crop_box(h, w, self.img_size, self.cfg.crop_pct)  # noqa: E731
             if self.seq_len:  # NaFlex: the whole image
                 box_fn = lambda h, w: (0, 0, h, w)  # noqa: E731
         t, (top, left, h, w), (h0, w0) = decode_resized_crop(
-            src, box_fn, self.out_size if self.seq_len else self.img_size, num_channels=self.num_channels, interpolation=self.interpolation, fast=fast,
+            src, box_fn, self.out_size if self.seq_len else self.img_size, num_channels=self.num_channels, interpolation=interpolation, fast=fast,
             max_pixels=self.cfg.max_image_pixels,
         )
         crop = (top / h0, left / w0, h / h0, w / w0)
@@ -200,12 +191,11 @@ class SampleTransform:
         return self.finish(t, rng, crop, epoch, slot)
 
     def finish(self, image: torch.Tensor, rng: random.Random, crop, epoch: int, index: int) -> Augmented:
-        """Flip, photometric augmentation and the random-erasing draw of a resized uint8 crop."""
+        """Flip, ``auto_augment`` / colour jitter and the random-erasing draw of a resized uint8 crop."""
         flip = self.cfg.hflip > 0 and rng.random() < self.cfg.hflip
         if flip:
             image = image.flip(-1)
-        if self.photometric is not None:
-            with keyed.seeded_global_torch_rng(self.seed, epoch, index, keyed.STREAM_TORCH):
-                image = self.photometric(image)
+        if self.augment is not None:
+            image = self.augment(image, keyed.py_rng(self.seed, epoch, index, keyed.STREAM_AUGMENT))
         erase = erase_params(rng, self.cfg.random_erasing, image.shape[-2], image.shape[-1])
         return Augmented(image.contiguous(), tuple(float(c) for c in crop), bool(flip), erase)

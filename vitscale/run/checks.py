@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from ..config import Config
+from ..data.auto_augment import build_augment
 from ..data.sizes import check_sizes
-from ..data.transforms import parse_randaugment
 from ..distributed.compile import check_compile_mode
 from ..distributed.float8 import check_recipe, fp8_emulated, require_torchao
 from ..distributed.fsdp import fsdp_runs_on
@@ -112,7 +112,7 @@ def _check_degenerate(cfg: Config, purpose: str) -> None:
         raise CheckError(f"data.rrc_ratio={list(d.rrc_ratio)} must be 0 < low <= high (width / height, e.g. 0.75,1.333)")
     for key in ("hflip", "random_erasing", "mixup_prob", "mixup_switch_prob"):
         _fraction(f"data.{key}", getattr(d, key), "a probability", closed_high=True)
-    for key in ("color_jitter", "mixup_alpha", "cutmix_alpha"):
+    for key in ("mixup_alpha", "cutmix_alpha"):
         _at_least(f"data.{key}", getattr(d, key), 0, "0 = off")
     if purpose != "train":
         return
@@ -263,7 +263,9 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     _check_image_size(cfg, purpose)
     _check_tp(cfg, dims)
     if purpose == "train":
-        parse_randaugment(cfg.data.randaugment)  # a ConfigError naming the token
+        d = cfg.data  # a ConfigError naming data.auto_augment / data.color_jitter and what to write
+        build_augment(d.auto_augment, d.color_jitter, mean=d.mean, interpolation=d.train_interpolation or d.interpolation,
+                      force_color_jitter=d.force_color_jitter)  # fmt: skip
         _check_distill_task(cfg)
     if purpose in ("train", "bench"):
         check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
