@@ -4,9 +4,8 @@ with a validity mask — timm's layout (``timm/data/naflex_transforms.py``, ``Na
 ``patches``, ``patch_coord``, ``patch_valid``), big_vision's ``resize_to_sequence`` +
 ``patchify`` (SigLIP 2, arXiv 2502.14786).
 
-Patches are flattened in ``(ph, pw, C)`` order (channels fastest), row-major over the patch grid: the
-order :mod:`vitscale.models.naflex.patches` reads (``tests/unit/test_varres_data.py`` checks both
-agree). Samples stay uint8; the loader normalises per batch (:func:`normalise_patches`) and applies
+Patches are flattened in ``(ph, pw, C)`` order (channels fastest), row-major over the patch grid:
+:mod:`vitscale.patch_layout`, the one layout the NaFlex model reads too. Samples stay uint8; the loader normalises per batch (:func:`normalise_patches`) and applies
 random erasing on the patch layout (:func:`erase_patches`).
 """
 
@@ -15,6 +14,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from ..patch_layout import grid_coords, patchify
 
 
 def fit_grid(height: float, width: float, seq_len: int, patch: int) -> tuple[int, int]:
@@ -39,22 +40,6 @@ def fit_grid(height: float, width: float, seq_len: int, patch: int) -> tuple[int
     if best is None:  # even one patch on the short side is too many patches on the long one
         return (1, seq_len) if w >= h else (seq_len, 1)
     return best[1], best[2]
-
-
-def patchify(image: torch.Tensor, patch: int) -> torch.Tensor:
-    """One image ``(C, H, W)`` (sides multiples of ``patch``) -> ``(H/P * W/P, P*P*C)`` patches in
-    ``(ph, pw, C)`` order, row-major over the grid."""
-    C, H, W = image.shape
-    gh, gw = H // patch, W // patch
-    x = image.reshape(C, gh, patch, gw, patch).permute(1, 3, 2, 4, 0)  # (gh, gw, ph, pw, C)
-    return x.reshape(gh * gw, patch * patch * C)  # (N, P*P*C)
-
-
-def grid_coords(gh: int, gw: int) -> torch.Tensor:
-    """``(gh*gw, 2)`` ``(row, column)`` of each patch of a grid, row-major."""
-    rows = torch.arange(gh).repeat_interleave(gw)
-    cols = torch.arange(gw).repeat(gh)
-    return torch.stack([rows, cols], dim=1)
 
 
 def pad_batch(patches: list[torch.Tensor], grids: list[tuple[int, int]], seq_len: int) -> dict[str, torch.Tensor]:

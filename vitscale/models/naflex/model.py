@@ -24,11 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..common import AttentionPoolHead, make_norm
 from ..common.attention_mask import key_padding_mask
 from ..common.checkpointing import run_blocks
 from ..common.init import trunc_normal_
-from ..vit.model import Block, ParallelBlock
+from ..vit.model import build_trunk
 from .configs import NaFlexConfig
 from .patches import check_patch_batch, image_grids, is_patch_batch, patchify
 from .pos_embed import factorized_table, gather_by_coord, learned_table
@@ -54,7 +53,6 @@ class NaFlexViT(nn.Module):
             cfg = replace(cfg, pos_embed_grid=cfg.grid)
         self.cfg = cfg
         D, L = cfg.hidden_size, cfg.class_token_length
-        eps, nb, nt = cfg.norm_eps, cfg.norm_bias, cfg.norm_type
         self.num_features = D
         self.num_prefix_tokens = L
         self.grad_checkpointing = False
@@ -69,28 +67,7 @@ class NaFlexViT(nn.Module):
             self.pos_embed_y = nn.Parameter(torch.empty(1, gh, D, device=device, dtype=dtype))
             self.pos_embed_x = nn.Parameter(torch.empty(1, gw, D, device=device, dtype=dtype))
         self.pos_drop = nn.Dropout(cfg.hidden_dropout)
-        self.norm_pre = make_norm(D, eps, nb, device, dtype, nt) if cfg.pre_norm else nn.Identity()
-        block_cls = ParallelBlock if cfg.parallel_block else Block
-        n = cfg.num_layers
-        dpr = [cfg.drop_path_rate * i / max(n - 1, 1) for i in range(n)]  # linear stochastic-depth rule
-        self.blocks = nn.ModuleList([block_cls(cfg, dpr[i], device, dtype) for i in range(n)])
-        use_fc_norm = cfg.use_fc_norm
-        self.norm = make_norm(D, eps, nb, device, dtype, nt) if cfg.final_norm and not use_fc_norm else nn.Identity()
-        self.attn_pool = (
-            AttentionPoolHead(
-                D, cfg.num_attention_heads, cfg.ffn_hidden_size, norm_eps=eps, norm_bias=nb, norm_type=nt,
-                activation=cfg.activation, device=device, dtype=dtype,
-            )
-            if cfg.pool == "map"
-            else None
-        )  # fmt: skip
-        self.fc_norm = make_norm(D, eps, nb, device, dtype, nt) if cfg.final_norm and use_fc_norm else nn.Identity()
-        self.head_drop = nn.Dropout(cfg.head_dropout)
-        self.pre_logits = (
-            nn.Sequential(nn.Linear(D, D, device=device, dtype=dtype), nn.Tanh()) if cfg.pre_logits else nn.Identity()
-        )
-        self.num_classes = cfg.num_classes
-        self.head = nn.Linear(D, cfg.num_classes, device=device, dtype=dtype) if cfg.num_classes > 0 else nn.Identity()
+        build_trunk(self, cfg, device, dtype)
         self._register_load_state_dict_pre_hook(self._convert_on_load)
 
     def _convert_on_load(self, state_dict, prefix, *args) -> None:

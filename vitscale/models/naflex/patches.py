@@ -20,33 +20,14 @@ from typing import Any
 
 import torch
 
+from ...patch_layout import grid_coords, patchify
+
 PATCH_KEYS = ("patches", "patch_coord", "patch_valid")
 
 
 def is_patch_batch(x: Any) -> bool:
     """Whether ``x`` is a NaFlex batch (a mapping with ``patches``) rather than an image tensor."""
     return isinstance(x, Mapping)
-
-
-def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
-    """Images ``(B, C, H, W)`` (or one ``(C, H, W)``) -> patches ``(B, N, P*P*C)`` in ``(ph, pw, C)``
-    order, row-major over the ``(H/P, W/P)`` grid."""
-    one = images.ndim == 3
-    x = images[None] if one else images
-    B, C, H, W = x.shape
-    if H % patch or W % patch:
-        raise ValueError(f"image size {H}x{W} is not divisible by the patch size {patch}")
-    gh, gw = H // patch, W // patch
-    x = x.reshape(B, C, gh, patch, gw, patch).permute(0, 2, 4, 3, 5, 1)  # (B, gh, gw, ph, pw, C)
-    x = x.reshape(B, gh * gw, patch * patch * C)  # (B, N, P*P*C)
-    return x[0] if one else x
-
-
-def grid_coords(gh: int, gw: int, device: Any = None) -> torch.Tensor:
-    """``(gh*gw, 2)`` integer ``(row, column)`` coordinates of a patch grid, row-major."""
-    rows = torch.arange(gh, device=device).repeat_interleave(gw)
-    cols = torch.arange(gw, device=device).repeat(gh)
-    return torch.stack([rows, cols], dim=1)
 
 
 def to_patch_batch(images: Sequence[torch.Tensor], patch: int, seq_len: int | None = None) -> dict[str, torch.Tensor]:

@@ -120,6 +120,37 @@ class ParallelBlock(nn.Module):
         return x + self.drop_path(self.ls(self.out_drop(y)))
 
 
+def build_trunk(model: nn.Module, cfg, device=None, dtype=None) -> None:
+    """The part of a ViT after its tokens are embedded, registered on ``model`` in this order (the
+    order of its parameters, and of the draws of ``init_weights``): ``norm_pre``, the ``blocks`` (plain
+    or ViT-22B parallel, stochastic depth rising linearly to ``drop_path_rate``), the final ``norm`` or
+    ``fc_norm``, the MAP ``attn_pool``, ``head_drop``, ``pre_logits`` and the classifier ``head``. One
+    builder for the ViT and the NaFlex ViT, whose configs share these fields."""
+    D, eps, nb, nt = cfg.hidden_size, cfg.norm_eps, cfg.norm_bias, cfg.norm_type
+    model.norm_pre = make_norm(D, eps, nb, device, dtype, nt) if cfg.pre_norm else nn.Identity()
+    block_cls = ParallelBlock if cfg.parallel_block else Block
+    n = cfg.num_layers
+    dpr = [cfg.drop_path_rate * i / max(n - 1, 1) for i in range(n)]  # linear stochastic-depth rule
+    model.blocks = nn.ModuleList([block_cls(cfg, dpr[i], device, dtype) for i in range(n)])
+    use_fc_norm = cfg.use_fc_norm
+    model.norm = make_norm(D, eps, nb, device, dtype, nt) if cfg.final_norm and not use_fc_norm else nn.Identity()
+    model.attn_pool = (
+        AttentionPoolHead(
+            D, cfg.num_attention_heads, cfg.ffn_hidden_size, norm_eps=eps, norm_bias=nb, norm_type=nt,
+            activation=cfg.activation, device=device, dtype=dtype,
+        )
+        if cfg.pool == "map"
+        else None
+    )  # fmt: skip
+    model.fc_norm = make_norm(D, eps, nb, device, dtype, nt) if cfg.final_norm and use_fc_norm else nn.Identity()
+    model.head_drop = nn.Dropout(cfg.head_dropout)
+    model.pre_logits = (
+        nn.Sequential(nn.Linear(D, D, device=device, dtype=dtype), nn.Tanh()) if cfg.pre_logits else nn.Identity()
+    )
+    model.num_classes = cfg.num_classes
+    model.head = nn.Linear(D, cfg.num_classes, device=device, dtype=dtype) if cfg.num_classes > 0 else nn.Identity()
+
+
 class VisionTransformer(nn.Module):
     """ViT for classification and as the CLIP vision tower. ``cfg`` is a :class:`ViTConfig`.
 
@@ -134,7 +165,6 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         D, L = cfg.hidden_size, cfg.class_token_length
-        eps, nb, nt = cfg.norm_eps, cfg.norm_bias, cfg.norm_type
         self.num_features = D
         self.num_prefix_tokens = P = cfg.num_prefix_tokens  # class token(s), registers, distillation token
         self.grad_checkpointing = False
@@ -146,28 +176,7 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.empty(1, n_pos, D, device=device, dtype=dtype))
         self.pos_drop = nn.Dropout(cfg.hidden_dropout)
         self.patch_drop = PatchDropout(cfg.drop_patch_rate, P) if cfg.drop_patch_rate > 0 else nn.Identity()
-        self.norm_pre = make_norm(D, eps, nb, device, dtype, nt) if cfg.pre_norm else nn.Identity()
-        block_cls = ParallelBlock if cfg.parallel_block else Block
-        n = cfg.num_layers
-        dpr = [cfg.drop_path_rate * i / max(n - 1, 1) for i in range(n)]  # linear stochastic-depth rule
-        self.blocks = nn.ModuleList([block_cls(cfg, dpr[i], device, dtype) for i in range(n)])
-        use_fc_norm = cfg.use_fc_norm
-        self.norm = make_norm(D, eps, nb, device, dtype, nt) if cfg.final_norm and not use_fc_norm else nn.Identity()
-        self.attn_pool = (
-            AttentionPoolHead(
-                D, cfg.num_attention_heads, cfg.ffn_hidden_size, norm_eps=eps, norm_bias=nb, norm_type=nt,
-                activation=cfg.activation, device=device, dtype=dtype,
-            )
-            if cfg.pool == "map"
-            else None
-        )  # fmt: skip
-        self.fc_norm = make_norm(D, eps, nb, device, dtype, nt) if cfg.final_norm and use_fc_norm else nn.Identity()
-        self.head_drop = nn.Dropout(cfg.head_dropout)
-        self.pre_logits = (
-            nn.Sequential(nn.Linear(D, D, device=device, dtype=dtype), nn.Tanh()) if cfg.pre_logits else nn.Identity()
-        )
-        self.num_classes = cfg.num_classes
-        self.head = nn.Linear(D, cfg.num_classes, device=device, dtype=dtype) if cfg.num_classes > 0 else nn.Identity()
+        build_trunk(self, cfg, device, dtype)
         self.head_dist = self._new_head(cfg.num_classes, device, dtype) if cfg.distill_token else None
         self._register_load_state_dict_pre_hook(self._resample_pos_embed_on_load)
 
