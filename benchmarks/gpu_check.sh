@@ -19,14 +19,7 @@
 # Environment: PYTHON (default: .venv/bin/python if present, else python3), CHECK_TIMEOUT seconds.
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-if [[ -z "${PYTHON:-}" ]]; then
-  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python
-  elif command -v python3 >/dev/null; then PYTHON=python3  # the lent GPU machine: python3 holds torch
-  else PYTHON=python; fi
-fi
+source "$(dirname "$0")/python_env.sh"  # cd to the repository root; ROOT, PYTHONPATH, PYTHON
 CHECK_TIMEOUT=${CHECK_TIMEOUT:-200}
 DRY=0
 for arg in "$@"; do

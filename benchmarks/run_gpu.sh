@@ -14,14 +14,7 @@
 # most of it torch.compile warm-up; pass groups to split it over several calls (each group fits 10 minutes).
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-if [[ -z "${PYTHON:-}" ]]; then
-  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python
-  elif command -v python3 >/dev/null; then PYTHON=python3  # e.g. the lent GPU machine: python3 holds torch
-  else PYTHON=python; fi
-fi
+source "$(dirname "$0")/python_env.sh"  # cd to the repository root; ROOT, PYTHONPATH, PYTHON
 RUN_TIMEOUT=${RUN_TIMEOUT:-900}
 RESULTS=benchmarks/results
 DRY=0
