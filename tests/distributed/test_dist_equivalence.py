@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from _launch import needs_cpu_fsdp, run_distributed
 from _workers import curves_for_layouts, sharded_init_fingerprint, train_curve
+from helpers import rel_each
 
 pytestmark = pytest.mark.multiprocess
 
@@ -33,10 +34,6 @@ CASES = [
 ]
 
 
-def _rel(a, b):
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
-
-
 def _all(cases):
     return {"curves": curves_for_layouts(cases), "init_tp": sharded_init_fingerprint(dict(dp_shard=1, tp=2), "vit_debug", {})}
 
@@ -56,7 +53,7 @@ def test_layouts_follow_single_process_curve():
         ref = refs[(name, tuple(sorted(ov.items())), steps)]
         got = results[0][label]
         assert len(got) == steps
-        assert _rel(got, ref) <= TOL, f"{label}: {got} vs one process {ref}"
+        assert rel_each(got, ref) <= TOL, f"{label}: {got} vs one process {ref}"
     # the curves move (training happens), so agreement is not trivial
     ref = refs[("vit_debug", (), STEPS)]
     assert abs(ref[-1] - ref[0]) > 1e-3

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from _launch import free_port, needs_cpu_fsdp, run_distributed
+from helpers import read_losses
 
 pytestmark = pytest.mark.multiprocess
 
@@ -26,12 +27,6 @@ ARGS = [
     f"checkpoint.every={CKPT_AT}", "checkpoint.keep=5", "checkpoint.export_safetensors=false",
     "log.flops=false", "log.report=false",
 ]  # fmt: skip
-
-
-def _losses(out: Path) -> dict[int, float]:
-    with open(out / "metrics.jsonl") as f:
-        recs = [json.loads(line) for line in f if line.strip()]
-    return {r["step"]: r["loss"] for r in recs if "loss" in r}
 
 
 def _train(out: Path, *extra: str) -> None:
@@ -73,9 +68,9 @@ def test_trainer_layouts_and_resharded_resume(tmp_path):
     _train(tmp_path / "single")  # the one-process reference, meanwhile
     log, _ = fsdp.communicate(timeout=300)
     assert fsdp.returncode == 0, log[-4000:]
-    ref = _losses(tmp_path / "single")
+    ref = read_losses(tmp_path / "single")
     assert max(ref.values()) - min(ref.values()) > 0.02, "the curve must move for the comparison to mean something"
-    _close(_losses(tmp_path / "fsdp"), ref, range(1, STEPS + 1), "fsdp (torchrun)")
+    _close(read_losses(tmp_path / "fsdp"), ref, range(1, STEPS + 1), "fsdp (torchrun)")
     assert (tmp_path / "fsdp" / "checkpoints" / f"step_{CKPT_AT:08d}" / "model-rank00001.safetensors").is_file()  # rank 1's shard
     # the run folder records how it ran: the layout under torchrun, and rank 0's output in train.log
     env_ = json.loads((tmp_path / "fsdp" / "summary.json").read_text())["env"]
@@ -89,13 +84,13 @@ def test_trainer_layouts_and_resharded_resume(tmp_path):
 
     _seed_resume(tmp_path / "fsdp", tmp_path / "fsdp_to_tp")
     run_distributed(_layouts, 2, str(tmp_path))
-    _close(_losses(tmp_path / "dp"), ref, range(1, STEPS + 1), "data parallel")
-    _close(_losses(tmp_path / "tp"), ref, range(1, STEPS + 1), "tensor parallel")
-    _close(_losses(tmp_path / "fsdp_to_tp"), ref, range(CKPT_AT + 1, STEPS + 1), "FSDP checkpoint -> TP")
+    _close(read_losses(tmp_path / "dp"), ref, range(1, STEPS + 1), "data parallel")
+    _close(read_losses(tmp_path / "tp"), ref, range(1, STEPS + 1), "tensor parallel")
+    _close(read_losses(tmp_path / "fsdp_to_tp"), ref, range(CKPT_AT + 1, STEPS + 1), "FSDP checkpoint -> TP")
 
     _seed_resume(tmp_path / "fsdp", tmp_path / "fsdp_to_one")  # 2 ranks -> 1
     _train(tmp_path / "fsdp_to_one")
-    _close(_losses(tmp_path / "fsdp_to_one"), ref, range(CKPT_AT + 1, STEPS + 1), "FSDP checkpoint -> 1 process")
+    _close(read_losses(tmp_path / "fsdp_to_one"), ref, range(CKPT_AT + 1, STEPS + 1), "FSDP checkpoint -> 1 process")
 
     # `vitscale convert`: the 2-rank FSDP checkpoint consolidates into one safetensors file holding
     # exactly the weights the FSDP run gathered and exported at its last step (and, up to the

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from _launch import free_port, needs_cpu_fsdp, run_distributed
+from helpers import read_losses
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -32,11 +33,6 @@ def _args(root: Path) -> list[str]:
         f"distill.teacher={root / 'timm.pth'}", "distill.teacher_model=vit_debug",
         f"distill.teacher_overrides={json.dumps(DIGITS_VIT)}", "distill.kind=soft",
     ]  # fmt: skip
-
-
-def _losses(out: Path) -> dict[int, float]:
-    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: r["loss"] for r in recs if "loss" in r}
 
 
 def _train(root: str, out: str, *extra: str) -> None:
@@ -67,10 +63,10 @@ def test_init_from_freeze_layer_decay_and_a_teacher_on_two_ranks(tmp_path):
     log, _ = fsdp.communicate(timeout=400)
     assert fsdp.returncode == 0, log[-4000:]
     run_distributed(_tp, 2, str(tmp_path))
-    ref = _losses(tmp_path / "single")
+    ref = read_losses(tmp_path / "single")
     assert max(ref.values()) - min(ref.values()) > 0.01, "the curve must move for the comparison to mean something"
     for label in ("fsdp", "tp"):
-        got = _losses(tmp_path / label)
+        got = read_losses(tmp_path / label)
         assert sorted(got) == list(range(1, STEPS + 1)), label
         for s in got:
             assert abs(got[s] - ref[s]) / abs(ref[s]) <= TOL, f"{label} step {s}: {got[s]} vs one process {ref[s]}"

@@ -7,12 +7,12 @@ FSDP differs by float8 rounding (measured: at most 0.3% over 6 steps)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 from _launch import needs_cpu_fsdp, run_distributed
+from helpers import read_losses
 
 from vitscale.config import ConfigError
 
@@ -42,11 +42,6 @@ def _trainer(out: Path, *extra: str):
     return Trainer(load_config("digits_vit", ARGS + [f"train.output_dir={out}", *extra]))
 
 
-def _losses(out: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
-
-
 def _two_ranks(root: str) -> dict:
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
@@ -71,10 +66,10 @@ def test_fp8_fsdp_all_gather_and_tp_follow_one_process(tmp_path):
     single = _trainer(tmp_path / "single")
     assert not single.run.float8.precompute_scales  # one process: no all-gather, nothing to precompute
     single.fit()
-    ref = _losses(tmp_path / "single")
+    ref = read_losses(tmp_path / "single")
     assert max(ref.values()) - min(ref.values()) > 0.02
     for label, tol in (("tp", 2e-3), ("fsdp", 1e-2)):
-        got = _losses(tmp_path / label)
+        got = read_losses(tmp_path / label)
         assert sorted(got) == list(range(1, STEPS + 1)), label
         for s in got:
             assert abs(got[s] - ref[s]) <= tol * ref[s], (label, s, got[s], ref[s])
@@ -85,7 +80,7 @@ def test_fp8_fsdp_all_gather_and_tp_follow_one_process(tmp_path):
     name = f"step_{CKPT_AT:08d}"
     shutil.copytree(tmp_path / "fsdp" / "checkpoints" / name, resumed / "checkpoints" / name)
     _trainer(resumed).fit()
-    got, fsdp = _losses(resumed), _losses(tmp_path / "fsdp")
+    got, fsdp = read_losses(resumed), read_losses(tmp_path / "fsdp")
     assert sorted(got) == list(range(CKPT_AT + 1, STEPS + 1))
     for s in got:
         assert abs(got[s] - fsdp[s]) <= 1e-2 * fsdp[s], (s, got[s], fsdp[s])
@@ -95,7 +90,7 @@ def test_fp8_fsdp_all_gather_and_tp_follow_one_process(tmp_path):
     (plain / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "fsdp" / "checkpoints" / name, plain / "checkpoints" / name)
     _trainer(plain, "precision.fp8=none").fit()
-    got = _losses(plain)
+    got = read_losses(plain)
     assert sorted(got) == list(range(CKPT_AT + 1, STEPS + 1))
     for s in got:
         assert abs(got[s] - fsdp[s]) <= 2e-2 * fsdp[s], (s, got[s], fsdp[s])
@@ -115,7 +110,7 @@ def test_fp8_fsdp_x_tp_on_4_ranks(tmp_path):
     """2-D FSDP x TP: the TP-sharded float8 weights are still all-gathered in float8 by FSDP2."""
     assert run_distributed(_fsdp_x_tp, 4, str(tmp_path)) == ["WeightWithDynamicFloat8CastTensor"] * 4
     _trainer(tmp_path / "single", "train.max_steps=4").fit()
-    got, ref = _losses(tmp_path / "fsdp_tp"), _losses(tmp_path / "single")
+    got, ref = read_losses(tmp_path / "fsdp_tp"), read_losses(tmp_path / "single")
     assert sorted(got) == [1, 2, 3, 4]
     for s in got:  # measured: within 0.1%
         assert abs(got[s] - ref[s]) <= 1e-2 * ref[s], (s, got[s], ref[s])

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from _launch import free_port, needs_cpu_fsdp
+from helpers import read_losses
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, needs_cpu_fsdp]
 
@@ -31,10 +32,6 @@ ARGS = [
     "schedule.name=constant", "schedule.warmup_steps=0", "log.progress=plain", "eval.every=0", "checkpoint.every=2",
     "checkpoint.keep=5", "checkpoint.export_safetensors=false", "log.flops=false", "log.report=false",
 ]  # fmt: skip
-
-
-def _losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
 
 def _close(got: dict[int, float], ref: dict[int, float], label: str) -> None:
@@ -100,7 +97,7 @@ def _reference(out: Path) -> dict[int, float]:
 
     if not _REFERENCE:
         train(load_config("digits_vit", ARGS + [f"train.output_dir={out}", "log.progress=none"]))
-        _REFERENCE.update(_losses(out))
+        _REFERENCE.update(read_losses(out))
     return dict(_REFERENCE)
 
 
@@ -116,13 +113,13 @@ def test_hsdp_and_tp_across_two_nodes_restarts_resume(tmp_path):
     assert hsdp.wait() == [0, 0], hsdp.logs()
     logs = hsdp.logs()
     assert f"resumed from {tmp_path / 'hsdp' / 'checkpoints'}/step_0000000" in logs and "lost contact with another rank" in logs, logs
-    _close(_losses(tmp_path / "hsdp"), ref, "HSDP 2x2 over two nodes, restarted")
+    _close(read_losses(tmp_path / "hsdp"), ref, "HSDP 2x2 over two nodes, restarted")
     summary = json.loads((tmp_path / "hsdp" / "summary.json").read_text())
     assert len(summary["segments"]) == 2 and summary["env"]["layout"]["dp_replicate"] == 2
 
     tp = Job(tmp_path / "tp", 2, "parallel.tp=2", "parallel.dp_shard=2")  # TP inside each node, FSDP across
     assert tp.wait() == [0, 0], tp.logs()
-    _close(_losses(tmp_path / "tp"), ref, "TP in a node x FSDP across")
+    _close(read_losses(tmp_path / "tp"), ref, "TP in a node x FSDP across")
 
 
 def test_a_signal_to_one_rank_and_a_lost_node_then_resume(tmp_path):
@@ -142,13 +139,13 @@ def test_a_signal_to_one_rank_and_a_lost_node_then_resume(tmp_path):
 
     job = Job(out, 1)  # started again: resumes; then one node is lost outright, mid-step
     deadline = time.time() + 240
-    while len(_losses(out)) <= stopped:  # the first step after the resume is logged (metrics.jsonl was cut back to it)
+    while len(read_losses(out)) <= stopped:  # the first step after the resume is logged (metrics.jsonl was cut back to it)
         assert time.time() < deadline and all(p.poll() is None for p, _ in job.nodes), job.logs()
         time.sleep(0.02)
     machine = [job.nodes[1][0].pid, *job.workers(1).values()]  # torchrun starts each worker in a session of its own
     for pid in machine:
         os.killpg(pid, signal.SIGSTOP)  # the machine freezes (its peer now waits in a collective) ...
-    seen = sorted(_losses(out))
+    seen = sorted(read_losses(out))
     time.sleep(1)
     t0 = time.time()
     for pid in machine:
@@ -166,7 +163,7 @@ def test_a_signal_to_one_rank_and_a_lost_node_then_resume(tmp_path):
     job = Job(out, 1)  # the job started again: resumes from the newest intact checkpoint and finishes
     assert job.wait() == [0, 0], job.logs()
     assert "resumed from " in job.logs()
-    _close(_losses(out), ref, "FSDP across two nodes, stopped twice")
+    _close(read_losses(out), ref, "FSDP across two nodes, stopped twice")
     segments = json.loads((out / "summary.json").read_text())["segments"]  # the lost node's steps after its last
     assert segments[0]["end_step"] == stopped and segments[0]["ended"] == "SIGUSR1"  # checkpoint are trained again
     assert segments[-1]["end_step"] == STEPS and all(a["end_step"] == b["start_step"] for a, b in zip(segments, segments[1:]))

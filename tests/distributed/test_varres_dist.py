@@ -5,12 +5,12 @@ process continues the uninterrupted curve."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 from _launch import needs_cpu_fsdp, run_distributed
+from helpers import read_losses
 
 pytestmark = pytest.mark.multiprocess
 
@@ -26,11 +26,6 @@ RUNS = {  # the batches are multiples of 2: the same steps on 1 and 2 ranks
     "naflex": ("digits_naflex", ["data.batch_sizes=[24,16,8]", "data.tokens_per_batch=0"]),
     "multi": ("digits_vit", ["data.image_sizes=[24,32,40]", "data.batch_sizes=[16,16,8]"]),
 }
-
-
-def _losses(out: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
 def _train(out: Path, name: str, *extra: str) -> None:
@@ -58,12 +53,12 @@ def test_naflex_and_multi_resolution_follow_one_process_and_resume(tmp_path):
     run_distributed(_two_ranks, 2, str(tmp_path))
     for name in RUNS:
         _train(tmp_path / f"{name}_one", name)
-        ref = _losses(tmp_path / f"{name}_one")
+        ref = read_losses(tmp_path / f"{name}_one")
         assert max(ref.values()) - min(ref.values()) > 0.02, f"{name}: the curve must move for the comparison to mean something"
-        _close(_losses(tmp_path / f"{name}_fsdp"), ref, range(1, STEPS + 1), f"{name} on 2 FSDP ranks")
+        _close(read_losses(tmp_path / f"{name}_fsdp"), ref, range(1, STEPS + 1), f"{name} on 2 FSDP ranks")
         resumed = tmp_path / f"{name}_resumed"  # the 2-rank checkpoint of step 3, continued on one process
         (resumed / "checkpoints").mkdir(parents=True)
         step = f"step_{CKPT_AT:08d}"
         shutil.copytree(tmp_path / f"{name}_fsdp" / "checkpoints" / step, resumed / "checkpoints" / step)
         _train(resumed, name)
-        _close(_losses(resumed), ref, range(CKPT_AT + 1, STEPS + 1), f"{name} resumed at step {CKPT_AT}")
+        _close(read_losses(resumed), ref, range(CKPT_AT + 1, STEPS + 1), f"{name} resumed at step {CKPT_AT}")

@@ -5,7 +5,7 @@ CUDA graphs of the compiled blocks (``train.compile_mode=reduce-overhead``), tor
 staging buffers of ``checkpoint.async_mode=async_pinned`` and the bench's peak-memory report.
 
 Marked ``gpu`` and skipped without CUDA (CI has none): ``benchmarks/gpu_check.sh`` runs them on a
-lent GPU. Errors are relative L2 norms, ``‖out − ref‖ / ‖ref‖`` (:func:`rel`); each tolerance is
+lent GPU. Errors are relative L2 norms, ``‖out − ref‖ / ‖ref‖`` (``helpers.rel_l2``); each tolerance is
 written beside its comparison, from the arithmetic it checks: float32 far under 1e-3 (TF32 off),
 bf16 operands between 1e-3 and 1e-2, float8 (e4m3 forward, e5m2 gradients) a few 1e-2.
 """
@@ -17,16 +17,10 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import rel_l2
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = torch.device("cuda")
-
-
-def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative L2 error of ``out`` against ``ref`` (both upcast to float64); NaN never passes."""
-    out, ref = out.detach().double(), ref.detach().double()
-    err = ((out - ref).norm() / ref.norm()).item()
-    return err if err == err else float("inf")
 
 
 def grad_errors(test: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tuple[float, str, float]:
@@ -36,9 +30,9 @@ def grad_errors(test: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> 
     zero = [n for n in ref if not ref[n].any()]
     assert all(not test[n].any() for n in zero), [n for n in zero if test[n].any()]
     names = [n for n in ref if n not in zero]
-    whole = rel(torch.cat([test[n].flatten().double() for n in names]), torch.cat([ref[n].flatten().double() for n in names]))
-    worst = max(names, key=lambda n: rel(test[n], ref[n]))
-    return whole, worst, rel(test[worst], ref[worst])
+    whole = rel_l2(torch.cat([test[n].flatten().double() for n in names]), torch.cat([ref[n].flatten().double() for n in names]))
+    worst = max(names, key=lambda n: rel_l2(test[n], ref[n]))
+    return whole, worst, rel_l2(test[worst], ref[worst])
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +81,7 @@ def test_outlook_kernels_match_the_float64_reference(geometry, dtype):
     assert out.dtype == dtype and dv.dtype == dtype and dl.dtype == dtype
     tol = 2e-5 if dtype == torch.float32 else 1e-2  # fp32 arithmetic; bf16 inputs and outputs (8-bit mantissa)
     for name, a, b in (("out", out, ref), ("d values", dv, rdv), ("d logits", dl, rdl)):
-        assert rel(a, b) < tol, f"{name}: {rel(a, b):.2e} (tolerance {tol:g})"
+        assert rel_l2(a, b) < tol, f"{name}: {rel_l2(a, b):.2e} (tolerance {tol:g})"
 
 
 def test_volo_compiled_with_the_kernels_matches_eager_unfold():
@@ -111,7 +105,7 @@ def test_volo_compiled_with_the_kernels_matches_eager_unfold():
         loss.backward()
         losses.append((out.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
     (o_ref, g_ref), (o_fast, g_fast) = losses
-    assert rel(o_fast, o_ref) < 1e-4  # fp32 throughout; compile reorders sums
+    assert rel_l2(o_fast, o_ref) < 1e-4  # fp32 throughout; compile reorders sums
     whole, worst, err = grad_errors(g_fast, g_ref)
     assert whole < 1e-4 and err < 1e-2, (whole, worst, err)  # one tensor's small gradient may drift more
 
@@ -137,9 +131,9 @@ def test_flex_attention_with_a_naflex_mask_matches_masked_sdpa(dtype):
     ref, rgrads, _ = _grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=bool_mask),
                             q.double(), k.double(), v.double(), grad=grad.double())  # fmt: skip
     tol = 2e-3 if dtype == torch.float32 else 2e-2  # Triton's fp32 dots may run as TF32; bf16 operands
-    assert rel(out * real, ref * real) < tol
+    assert rel_l2(out * real, ref * real) < tol
     for name, a, b in zip("qkv", grads, rgrads):
-        assert rel(a, b) < tol, f"d{name}: {rel(a, b):.2e}"
+        assert rel_l2(a, b) < tol, f"d{name}: {rel_l2(a, b):.2e}"
 
 
 def test_naflex_vit_flex_matches_sdpa_in_training():
@@ -163,7 +157,7 @@ def test_naflex_vit_flex_matches_sdpa_in_training():
         out.float().logsumexp(-1).mean().backward()
         results.append((out.float(), {n: p.grad.float() for n, p in model.named_parameters()}))
     (o_ref, g_ref), (o_flex, g_flex) = results
-    assert rel(o_flex, o_ref) < 2e-2  # bf16 activations, two attention kernels
+    assert rel_l2(o_flex, o_ref) < 2e-2  # bf16 activations, two attention kernels
     whole, worst, err = grad_errors(g_flex, g_ref)
     assert whole < 3e-2 and err < 1e-1, (whole, worst, err)  # bf16 backward through 4 blocks
 
@@ -192,7 +186,7 @@ def test_flash_sdpa_under_per_block_compile():
     with sdpa_backend("flash"), autocast(CUDA, torch.bfloat16):
         o_fast = fast(x)
     o_fast.float().logsumexp(-1).mean().backward()
-    assert rel(o_fast, o_ref) < 2e-2  # bf16 operands against fp32
+    assert rel_l2(o_fast, o_ref) < 2e-2  # bf16 operands against fp32
     g_ref = {n: p.grad for n, p in ref.named_parameters()}
     whole, worst, err = grad_errors({n: p.grad for n, p in fast.named_parameters()}, g_ref)
     assert whole < 3e-2 and err < 1e-1, (whole, worst, err)  # bf16 backward through 4 blocks
@@ -231,7 +225,7 @@ def test_cuda_graph_blocks_train_as_eager():
             losses.append(loss.item())
         curves.append(torch.tensor(losses))
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
-    assert rel(curves[1], curves[0]) < 1e-4, (curves[0], curves[1])  # fp32; the graph replays the same kernels
+    assert rel_l2(curves[1], curves[0]) < 1e-4, (curves[0], curves[1])  # fp32; the graph replays the same kernels
 
 
 # ------------------------------------------------------------------------------ float8
@@ -258,7 +252,7 @@ def test_float8_blocks_match_bf16():
         out.float().logsumexp(-1).mean().backward()
         outs.append((out.float(), {n: p.grad.float() for n, p in model.named_parameters()}))
     (o_ref, g_ref), (o_fp8, g_fp8) = outs
-    assert rel(o_fp8, o_ref) < 0.2  # e4m3 operands (3 mantissa bits) in 16 linears: 9% seen emulated on a CPU
+    assert rel_l2(o_fp8, o_ref) < 0.2  # e4m3 operands (3 mantissa bits) in 16 linears: 9% seen emulated on a CPU
     whole, worst, err = grad_errors(g_fp8, g_ref)
     assert whole < 0.2 and err < 0.4, (whole, worst, err)  # e5m2 gradients (2 mantissa bits): 7% / 13% seen emulated
 

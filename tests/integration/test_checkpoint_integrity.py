@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
+from helpers import read_losses
 
 from vitscale.checkpoint import read_weights
 from vitscale.checkpoint.storage import verify
@@ -27,14 +28,10 @@ TINY = ["model.num_layers=1", "train.batch_size=32", "data.num_workers=0", "log.
 LONGER = ["checkpoint.allow_changes=train.max_steps"]  # resuming a run to train it longer
 
 
-def _losses(run: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
-
-
 def test_garbage_in_newest_checkpoint_falls_back_to_older(tmp_path, capsys, caplog):
     run = tmp_path / "run"
     assert main(["train", "digits_vit", "train.max_steps=4", f"train.output_dir={run}", *TINY]) == 0
-    first = _losses(run)
+    first = read_losses(run)
     shard = run / "checkpoints" / "step_00000004" / "model-rank00000.safetensors"
     data = bytearray(shard.read_bytes())
     mid = len(data) // 2
@@ -51,7 +48,7 @@ def test_garbage_in_newest_checkpoint_falls_back_to_older(tmp_path, capsys, capl
     assert warning[0] in (run / "train.log").read_text().splitlines()  # and the run's log keeps it
     summary = json.loads(out.out[out.out.index("\n{") + 1 :])
     assert summary["resumed_from"].endswith("step_00000002") and summary["steps_this_run"] == 4
-    again = _losses(run)
+    again = read_losses(run)
     assert again[3] == first[3] and again[4] == first[4]  # steps 3-4 re-run bit for bit from step 2
     assert all(torch.isfinite(torch.tensor(v)) for v in again.values())
     weights = read_weights(run / "model.safetensors")  # the export verifies, and holds the step-6 model

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import rel_max
 
 from vitscale.cli import main
 
@@ -47,11 +48,6 @@ def _val_images(config: Path, n: int) -> torch.Tensor:
     size = cfg.model.overrides.get("img_h") or cfg.model.overrides["vision"]["img_h"]
     loaders = build_loaders(cfg.data, img_size=(size, size), num_channels=3, seed=0, micro_batch_size=1, eval_batch_size=n)
     return next(iter(loaders.val))["image"]
-
-
-def _rel(a, b) -> float:
-    a, b = torch.as_tensor(np.asarray(a)).double(), torch.as_tensor(np.asarray(b)).double()
-    return float((a - b).abs().max() / b.abs().max())
 
 
 def _session(path: Path):
@@ -129,7 +125,7 @@ def test_vit_onnx_dynamic_batch_matches_eager_and_serves(vit_run, tmp_path, caps
     x = _val_images(vit_run / "config.yaml", 7)
     with torch.no_grad():
         for b in (2, 7):
-            assert _rel(sess.run(None, {"image": x[:b].numpy()})[0], model(x[:b])) < 1e-4
+            assert rel_max(sess.run(None, {"image": x[:b].numpy()})[0], model(x[:b])) < 1e-4
 
     # the serving script, as its own process, on image files: its preprocessing is vitscale's
     files = _image_files(tmp_path)
@@ -162,9 +158,9 @@ def test_torch_export_of_the_ema_weights_matches_eager(vit_run, tmp_path):
     x = _val_images(vit_run / "config.yaml", 3)
     ema, plain = _eager(vit_run / "model_ema.safetensors"), _eager(vit_run / "model.safetensors")
     with torch.no_grad():
-        assert _rel(ema(x), plain(x)) > 1e-3  # the EMA weights are other weights
+        assert rel_max(ema(x), plain(x)) > 1e-3  # the EMA weights are other weights
         for i in range(3):
-            assert _rel(program(x[i : i + 1]), ema(x[i : i + 1])) < 1e-4
+            assert rel_max(program(x[i : i + 1]), ema(x[i : i + 1])) < 1e-4
         with pytest.raises((AssertionError, RuntimeError, ValueError)):  # a static batch of 1
             program(x[:2])
 
@@ -210,9 +206,9 @@ def test_clip_towers_export_as_two_graphs_and_probe(clip_run, tmp_path):
     x = _val_images(clip_run / "config.yaml", 4)
     with torch.no_grad():
         text = _session(out / "text.onnx").run(None, {"tokens": tokens.numpy()})[0]
-        assert _rel(text, model.encode_text(tokens, normalize=True)) < 1e-4
+        assert rel_max(text, model.encode_text(tokens, normalize=True)) < 1e-4
         image = _session(out / "image.onnx").run(None, {"image": x.numpy()})[0]
-        assert _rel(image, model.encode_image(x, normalize=True)) < 1e-4
+        assert rel_max(image, model.encode_image(x, normalize=True)) < 1e-4
         assert np.allclose(np.linalg.norm(image, axis=1), 1.0, atol=1e-5)
     # served as a zero-shot classifier: the image graph against the text graph's class prompts
     digit = _image_files(tmp_path)[0]
@@ -251,7 +247,7 @@ def test_volo_from_bare_weights_with_a_named_config(tmp_path):
     assert info["check"]["passed"] and info["model"]["family"] == "volo" and info["preprocess"]["from"] == "digits_volo"
     x = _val_images(Path(vitscale.__file__).parent / "configs" / "digits_volo.yaml", 3)
     with torch.no_grad():
-        assert _rel(_session(out / "image.onnx").run(None, {"image": x.numpy()})[0], model.eval()(x)) < 1e-4
+        assert rel_max(_session(out / "image.onnx").run(None, {"image": x.numpy()})[0], model.eval()(x)) < 1e-4
 
 
 def test_export_errors_are_one_line(vit_run, tmp_path, monkeypatch, capsys):

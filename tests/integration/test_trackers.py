@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import read_losses
 
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
@@ -77,10 +78,6 @@ def _wandb_history(run_dir: Path) -> tuple[dict[int, float], dict[str, str], int
     return losses, summary, config
 
 
-def _losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
-
-
 @pytest.mark.slow
 def test_wandb_offline_and_mlflow_file_store_keep_one_run_across_a_resume(tmp_path):
     out, mlruns = tmp_path / "run", tmp_path / "mlruns"
@@ -94,7 +91,7 @@ def test_wandb_offline_and_mlflow_file_store_keep_one_run_across_a_resume(tmp_pa
                     "log.mlflow=true", "log.project=cluster_test")  # fmt: skip
     assert "resumed from" in second and f"wandb: run {ids['wandb']} (continued)" in second
     assert json.loads((out / "trackers.json").read_text()) == ids  # the same tracker runs
-    ours = _losses(out)
+    ours = read_losses(out)
     assert sorted(ours) == [1, 2, 3, 4, 5, 6]
 
     # W&B: two offline segments of one run id, together every logged loss; the config, the summary, the plots
@@ -132,4 +129,4 @@ def test_a_tracker_that_cannot_start_is_one_line(tmp_path):
                         "without it"), log  # fmt: skip
     assert notes[1].startswith("log.mlflow=true, but mlflow could not start (") and notes[1].endswith(": the run goes on without it")
     assert len(notes) == 2 and "Traceback" not in log
-    assert sorted(_losses(tmp_path / "run")) == [1, 2] and not (tmp_path / "run" / "trackers.json").exists()
+    assert sorted(read_losses(tmp_path / "run")) == [1, 2] and not (tmp_path / "run" / "trackers.json").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import read_losses
 
 from vitscale.cli import main
 from vitscale.config import ConfigError
@@ -32,11 +33,6 @@ def _run(capsys, *args: str) -> str:
     return out.out + out.err
 
 
-def _losses(run) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
-
-
 @pytest.mark.skipif(NO_TORCHAO is not None, reason=f"{NO_TORCHAO}")
 def test_fp8_digits_run_tracks_full_precision_and_exports_plain_weights(tmp_path, capsys):
     fp8, ref = tmp_path / "fp8", tmp_path / "ref"
@@ -44,7 +40,7 @@ def test_fp8_digits_run_tracks_full_precision_and_exports_plain_weights(tmp_path
                    "precision.fp8_filter=all")  # fmt: skip
     assert "fp8 tensorwise: 8 linear layers in float8, 0 in bf16, emulated on CPU" in printed
     _run(capsys, "train", "digits_vit", *ARGS, f"train.output_dir={ref}")
-    got, want = _losses(fp8), _losses(ref)
+    got, want = read_losses(fp8), read_losses(ref)
     assert sorted(got) == sorted(want) == [1, 5, 10, 15, 20, 25, 30]
     assert want[30] < want[1] - 0.1  # the curve moves (measured: 2.300 -> 2.144) ...
     assert got != want  # ... the float8 run rounds differently ...

@@ -16,6 +16,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 import pytest
 import torch
+from helpers import rel_max
 
 from vitscale.models import create_model
 from vitscale.models.volo import VARIANTS
@@ -104,10 +105,6 @@ def test_heads_split_over_tensor_parallel_ranks_give_the_full_result():
         torch.testing.assert_close(torch.cat([p[k] for p in parts], dim=-1), full[k], msg=name)
 
 
-def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((a.float() - ref).abs().max() / ref.abs().max()).item()
-
-
 def test_bf16_within_bf16_rounding():
     B, H, W, heads, dh, K, P, S = GEOMETRIES["volo_odd"]
     v, logits, grad = _inputs(B, H, W, heads, dh, K, P, S, dtype=torch.bfloat16)
@@ -116,7 +113,7 @@ def test_bf16_within_bf16_rounding():
     eager = _run(outlook_reference, v, logits, grad, K, P, S, dh**-0.5)  # eager in bf16
     for k, name in enumerate(("out", "d values", "d logits")):
         assert kernel[k].dtype == torch.bfloat16
-        err_kernel, err_eager = _rel_err(kernel[k], exact[k].float()), _rel_err(eager[k], exact[k].float())
+        err_kernel, err_eager = rel_max(kernel[k], exact[k].float()), rel_max(eager[k], exact[k].float())
         # fp32 accumulation inside the kernel: no worse than eager's bf16 arithmetic
         assert err_kernel < 1e-2 and err_kernel <= err_eager + 2e-3, (name, err_kernel, err_eager)
 

@@ -8,6 +8,7 @@ import json
 import open_clip
 import pytest
 import torch
+from helpers import rel_max
 from open_clip.model import CLIP as OpenCLIP
 
 from vitscale.interop import from_open_clip, load_open_clip_checkpoint, to_open_clip
@@ -36,10 +37,6 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(1.0 + 0.1 * r)
             else:
                 p.copy_(0.1 * r)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
 
 
 def _inputs(img_size: int, seed: int = 0):
@@ -74,8 +71,8 @@ def test_open_clip_parity_both_ways(name, variant):
     images, tokens = _inputs(224)
     img, txt, scale = ours(images, tokens)  # normalised features, as open_clip's forward
     ref = oc(images, tokens)
-    assert _rel(img, ref[0]) < 1e-5 and _rel(txt, ref[1]) < 1e-5 and torch.allclose(scale, ref[2])
-    assert _rel(ours.text_proj(ours.text(tokens)), oc.encode_text(tokens)) < 1e-5  # unnormalised too
+    assert rel_max(img, ref[0]) < 1e-5 and rel_max(txt, ref[1]) < 1e-5 and torch.allclose(scale, ref[2])
+    assert rel_max(ours.text_proj(ours.text(tokens)), oc.encode_text(tokens)) < 1e-5  # unnormalised too
 
     # vitscale -> open_clip: fresh random weights, loaded strictly into the same open_clip module
     mine = CLIP(vitscale.get_model_config(variant), device="meta").to_empty(device="cpu").eval()
@@ -84,8 +81,8 @@ def test_open_clip_parity_both_ways(name, variant):
     assert sd.keys() == oc.state_dict().keys()
     oc.load_state_dict(sd, strict=True)
     images, tokens = _inputs(224, seed=3)
-    assert _rel(oc.encode_image(images), mine.encode_image(images)) < 1e-5
-    assert _rel(oc.encode_text(tokens), mine.encode_text(tokens)) < 1e-5
+    assert rel_max(oc.encode_image(images), mine.encode_image(images)) < 1e-5
+    assert rel_max(oc.encode_text(tokens), mine.encode_text(tokens)) < 1e-5
 
 
 TINY = {
@@ -120,8 +117,8 @@ def test_checkpoint_files_load(tiny_arch, tmp_path):
     save_file({k: v.contiguous() for k, v in oc.state_dict().items()}, str(st))
     for path in (pt, st):
         model = load_open_clip_checkpoint(path, tiny_arch).eval()
-        assert _rel(model.encode_image(images), ref_img) < 1e-5
-        assert _rel(model.encode_text(tokens), ref_txt) < 1e-5
+        assert rel_max(model.encode_image(images), ref_img) < 1e-5
+        assert rel_max(model.encode_text(tokens), ref_txt) < 1e-5
 
 
 def test_config_round_trip_and_unsupported():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 timm = pytest.importorskip("timm")
+from helpers import randomize, rel_l2  # noqa: E402
 from timm.models.vision_transformer import ParallelScalingBlock  # noqa: E402
 from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402
 
@@ -45,32 +46,20 @@ TIMM_CONFIGS = {
 }
 
 
-def _randomize(model: torch.nn.Module, seed: int = 0) -> None:
-    """Every parameter random (zeros and ones hide layout mistakes)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
 @pytest.mark.parametrize("name", list(TIMM_CONFIGS))
 def test_timm_to_vitscale_and_back(name):
     torch.manual_seed(0)
     tm = TimmViT(**{**BASE, **TIMM_CONFIGS[name]}).eval()
-    _randomize(tm)
+    randomize(tm)
     x = torch.randn(3, 3, 32, 32)
     ours = from_timm(tm).eval()
     with torch.no_grad():
         ref = tm(x)
         out = ours(x)
         assert out.shape == ref.shape
-        assert _rel(out, ref) < 1e-5
+        assert rel_l2(out, ref) < 1e-5
         # features (pre-logits) agree too
-        assert _rel(ours.forward_head(ours.forward_features(x), pre_logits=True),
+        assert rel_l2(ours.forward_head(ours.forward_features(x), pre_logits=True),
                     tm.forward_head(tm.forward_features(x), pre_logits=True)) < 1e-5  # fmt: skip
 
     # back: our state dict loads strictly into the matching timm model and gives the same output
@@ -78,10 +67,10 @@ def test_timm_to_vitscale_and_back(name):
     missing = tm2.load_state_dict(to_timm(ours), strict=True)
     assert not missing.missing_keys and not missing.unexpected_keys
     with torch.no_grad():
-        assert _rel(tm2(x), out) < 1e-5
+        assert rel_l2(tm2(x), out) < 1e-5
         if tm.dynamic_img_size:  # another image size: both interpolate the position embeddings alike
             x48 = torch.randn(2, 3, 48, 48)
-            assert _rel(ours(x48), tm(x48)) < 1e-5 and _rel(tm2(x48), tm(x48)) < 1e-5
+            assert rel_l2(ours(x48), tm(x48)) < 1e-5 and rel_l2(tm2(x48), tm(x48)) < 1e-5
 
 
 @pytest.mark.parametrize(
@@ -100,14 +89,14 @@ def test_timm_to_vitscale_and_back(name):
 def test_vitscale_to_timm_and_back(overrides):
     torch.manual_seed(1)
     ours = create_model("vit_debug", **overrides).eval()
-    _randomize(ours, seed=1)
+    randomize(ours, seed=1)
     x = torch.randn(2, 3, 32, 32)
     tm = create_timm_model(ours).eval()
     with torch.no_grad():
         out = ours(x)
-        assert _rel(tm(x), out) < 1e-5
+        assert rel_l2(tm(x), out) < 1e-5
         back = from_timm(tm).eval()
-        assert _rel(back(x), out) < 1e-5
+        assert rel_l2(back(x), out) < 1e-5
     # the whole configuration comes back, dropout rates included (timm keeps them in float32)
     want = dataclasses.asdict(dataclasses.replace(ours.cfg, fc_norm=ours.cfg.use_fc_norm))
     got = dataclasses.asdict(back.cfg)
@@ -136,23 +125,23 @@ def test_load_timm_checkpoint_from_disk(tmp_path):
     from safetensors.torch import save_file
 
     tm = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=5, img_size=64).eval()
-    _randomize(tm, seed=3)
+    randomize(tm, seed=3)
     path = tmp_path / "model.safetensors"
     save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, str(path))
     ours = load_timm_checkpoint(path, "vit_tiny_patch16_224", num_classes=5, img_size=64).eval()
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
-        assert _rel(ours(x), tm(x)) < 1e-5
+        assert rel_l2(ours(x), tm(x)) < 1e-5
     # a .pth file of plain tensors loads too (weights_only: no arbitrary unpickling)
     pth = tmp_path / "model.pth"
     torch.save({"state_dict": tm.state_dict()}, pth)
     ours2 = load_timm_checkpoint(pth, "vit_tiny_patch16_224", num_classes=5, img_size=64).eval()
     with torch.no_grad():
-        assert _rel(ours2(x), tm(x)) < 1e-5
+        assert rel_l2(ours2(x), tm(x)) < 1e-5
     # without num_classes: the file's class count (5), not timm's default 1000
     ours3 = load_timm_checkpoint(pth, "vit_tiny_patch16_224", img_size=64).eval()
     with torch.no_grad():
-        assert ours3.num_classes == 5 and _rel(ours3(x), tm(x)) < 1e-5
+        assert ours3.num_classes == 5 and rel_l2(ours3(x), tm(x)) < 1e-5
     # weights that do not fit: one line naming the first tensor, never torch's raw size-mismatch dump
     with pytest.raises(UserError, match=r"pos_embed is 1x17x192 in the file, 1x197x192 in timm's vit_tiny_patch16_224") as e:
         load_timm_checkpoint(pth, "vit_tiny_patch16_224")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 timm = pytest.importorskip("timm")
+from helpers import randomize, rel_l2  # noqa: E402
 from timm.data.naflex_dataset import NaFlexCollator  # noqa: E402
 from timm.data.naflex_transforms import patchify_image  # noqa: E402
 from timm.models.naflexvit import NaFlexVit  # noqa: E402
@@ -36,17 +37,6 @@ SMALL = dict(embed_dim=64, depth=2, num_heads=4, num_classes=7)
 SIZES = [(48, 80), (64, 64), (96, 32), (16, 16), (256, 256)]
 
 
-def _randomize(model: torch.nn.Module, seed: int = 0) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
 def _batch(sizes=SIZES, seq_len: int = 260, patch: int = 16, seed: int = 0) -> dict:
     """A NaFlex batch from timm's data path: ``patchify_image`` per image, ``NaFlexCollator``."""
     g = torch.Generator().manual_seed(seed)
@@ -61,7 +51,7 @@ def _batch(sizes=SIZES, seq_len: int = 260, patch: int = 16, seed: int = 0) -> d
 def test_timm_naflex_to_vitscale_and_back(name):
     assert name in timm.list_models("naflexvit_*")
     tm = timm.create_model(name, pretrained=False, **SMALL).eval()
-    _randomize(tm)
+    randomize(tm)
     ours = from_timm(tm).eval()
     assert isinstance(ours, NaFlexViT)
     batch = _batch()
@@ -70,18 +60,18 @@ def test_timm_naflex_to_vitscale_and_back(name):
         ref = tm(batch)
         out = ours(batch)
         assert out.shape == ref.shape == (len(SIZES), 7)
-        assert _rel(out, ref) < 1e-5
-        assert _rel(ours(x), tm(x)) < 1e-5
+        assert rel_l2(out, ref) < 1e-5
+        assert rel_l2(ours(x), tm(x)) < 1e-5
         feats = tm.forward_features(batch["patches"], batch["patch_coord"], batch["patch_valid"])
         ref_pre = tm.forward_head(**feats, pre_logits=True)
-        assert _rel(ours(batch, pre_logits=True), ref_pre) < 1e-5
+        assert rel_l2(ours(batch, pre_logits=True), ref_pre) < 1e-5
 
     # back: our state dict loads strictly into the matching timm model and gives the same outputs
     tm2 = create_timm_model(ours, load_weights=False).eval()
     result = tm2.load_state_dict(to_timm(ours), strict=True)
     assert not result.missing_keys and not result.unexpected_keys
     with torch.no_grad():
-        assert _rel(tm2(batch), out) < 1e-5
+        assert rel_l2(tm2(batch), out) < 1e-5
 
 
 @pytest.mark.parametrize(
@@ -97,15 +87,15 @@ def test_timm_naflex_to_vitscale_and_back(name):
 def test_vitscale_naflex_to_timm_and_back(overrides):
     torch.manual_seed(1)
     ours = create_model("naflex_debug", **overrides).eval()
-    _randomize(ours, seed=1)
+    randomize(ours, seed=1)
     batch = _batch([(24, 40), (32, 32), (40, 16), (8, 8)], seq_len=20, patch=8)
     tm = create_timm_model(ours).eval()
     assert type(tm) is NaFlexVit
     with torch.no_grad():
         out = ours(batch)
-        assert _rel(tm(batch), out) < 1e-5
+        assert rel_l2(tm(batch), out) < 1e-5
         back = from_timm(tm).eval()
-        assert _rel(back(batch), out) < 1e-5
+        assert rel_l2(back(batch), out) < 1e-5
     # the whole configuration comes back (the image size: timm keeps only the grid; here grid x patch)
     want = dataclasses.replace(ours.cfg, fc_norm=ours.cfg.use_fc_norm)
     want = dataclasses.replace(want, img_h=back.cfg.img_h, img_w=back.cfg.img_w)
@@ -158,11 +148,11 @@ def test_load_timm_naflex_checkpoint_from_disk(tmp_path):
     from safetensors.torch import save_file
 
     tm = timm.create_model("naflexvit_base_patch16_map", pretrained=False, **SMALL).eval()
-    _randomize(tm, seed=3)
+    randomize(tm, seed=3)
     path = tmp_path / "naflex.safetensors"
     save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, str(path))
     ours = load_timm_checkpoint(path, "naflexvit_base_patch16_map", **SMALL).eval()
     assert ours.cfg.img_h == 384 and ours.cfg.pos_embed_grid == (16, 16)  # timm's default input, its grid
     batch = _batch()
     with torch.no_grad():
-        assert _rel(ours(batch), tm(batch)) < 1e-5
+        assert rel_l2(ours(batch), tm(batch)) < 1e-5

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 timm = pytest.importorskip("timm")
+from helpers import rel_l2  # noqa: E402
 from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402
 
 from vitscale.interop import create_timm_model, from_timm, unsupported_timm_vits  # noqa: E402
@@ -157,10 +158,6 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(0.2 * r)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
 @pytest.mark.parametrize("name,extra,feed", SAMPLE, ids=[s[0] for s in SAMPLE])
 def test_sample_outputs_agree_both_ways(name, extra, feed):
     if name not in timm.list_models():
@@ -177,11 +174,11 @@ def test_sample_outputs_agree_both_ways(name, extra, feed):
         ref = tm(x)
         out = ours(x)
         assert out.shape == ref.shape and torch.isfinite(ref).all()
-        assert _rel(out, ref) < 1e-5, name
+        assert rel_l2(out, ref) < 1e-5, name
 
         # back: a fresh timm model from vitscale's weights gives the same outputs ...
         back = create_timm_model(ours, dynamic_img_size=tm.dynamic_img_size, weight_init="skip").eval()
-        assert _rel(back(x), out) < 1e-5, name
+        assert rel_l2(back(x), out) < 1e-5, name
     # ... and timm -> vitscale -> timm returns every tensor unchanged (ViT-22B blocks move the
     # attention output bias into the MLP's: the same sum, so compare those per block)
     sd, sd_back = tm.state_dict(), back.state_dict()

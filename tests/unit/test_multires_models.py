@@ -9,14 +9,11 @@ import copy
 
 import pytest
 import torch
+from helpers import rel_l2
 
 import vitscale
 
 SIZES = [(24, 24), (40, 40), (32, 48), (48, 16)]  # patch 8: smaller, larger, wide, tall
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 def _randomize_pos(model: torch.nn.Module) -> None:
@@ -42,8 +39,8 @@ def test_vit_takes_other_sizes_per_batch(overrides):
         resized.set_image_size(h, w)
         with torch.no_grad():
             out = model(x)
-            assert _rel(out, resized(x)) < 1e-6, (h, w)
-            assert _rel(out, tm(x)) < 1e-5, (h, w)
+            assert rel_l2(out, resized(x)) < 1e-6, (h, w)
+            assert rel_l2(out, tm(x)) < 1e-5, (h, w)
     # and it trains at each size: every parameter, the position embeddings included, gets a gradient
     model.train()
     for h, w in SIZES:
@@ -66,4 +63,4 @@ def test_clip_image_tower_takes_other_sizes_per_batch():
             img, txt, _ = model(x, tokens)
             img2, txt2, _ = resized(x, tokens)
         assert img.shape == (2, model.cfg.output_dim)
-        assert _rel(img, img2) < 1e-6 and torch.equal(txt, txt2), (h, w)
+        assert rel_l2(img, img2) < 1e-6 and torch.equal(txt, txt2), (h, w)

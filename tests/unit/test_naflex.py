@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import rel_l2
 
 import vitscale
 from vitscale.checkpoint.weights import load_model_weights, read_weights, write_weights
@@ -31,10 +32,6 @@ def _model(**overrides) -> torch.nn.Module:
             if p is not None:
                 p.normal_(0, 0.5)
     return model
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 def test_patch_batch_layout_is_timms():
@@ -73,7 +70,7 @@ def test_a_padded_batch_equals_each_image_alone(overrides):
         out = model(batch)
         for i, img in enumerate(images):
             alone = model(img[None])
-            assert _rel(out[i : i + 1], alone) < 1e-5, (i, img.shape)
+            assert rel_l2(out[i : i + 1], alone) < 1e-5, (i, img.shape)
         # the padding's content is never read: other values and coordinates, same outputs
         noisy = dict(batch)
         pad = ~batch["patch_valid"]
@@ -82,7 +79,7 @@ def test_a_padded_batch_equals_each_image_alone(overrides):
         torch.testing.assert_close(model(noisy), out, rtol=0, atol=0)
         # ... and it is masked, not merely harmless: attending to it changes the outputs
         unmasked = dict(batch, patch_valid=torch.ones_like(batch["patch_valid"]))
-        assert _rel(model(unmasked), out) > 1e-3
+        assert rel_l2(model(unmasked), out) > 1e-3
 
 
 def test_patch_order_within_a_sequence_does_not_matter():
@@ -92,7 +89,7 @@ def test_patch_order_within_a_sequence_does_not_matter():
     perm = torch.randperm(16)
     shuffled = {k: v[:, perm] for k, v in batch.items()}
     with torch.no_grad():
-        assert _rel(model(shuffled), model(batch)) < 1e-5
+        assert rel_l2(model(shuffled), model(batch)) < 1e-5
 
 
 def test_no_gradient_reaches_the_padding():
@@ -132,7 +129,7 @@ def test_flex_attention_gives_the_sdpa_outputs(monkeypatch):
     mask = attention_mask.key_padding_mask(batch["patch_valid"], 0, "flex")
     assert not isinstance(mask, torch.Tensor)  # a BlockMask
     with torch.no_grad():
-        assert _rel(flex_model(batch), sdpa_model(batch)) < 1e-5
+        assert rel_l2(flex_model(batch), sdpa_model(batch)) < 1e-5
     with pytest.raises(ValueError, match="cannot train on CPU"):  # PyTorch's FlexAttention: no CPU backward
         flex_model(batch)
 
@@ -215,10 +212,10 @@ def test_a_classic_vit_checkpoint_loads_into_the_naflex_variant(tmp_path, vit_ov
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         ref = vit(x)
-        assert _rel(naflex(x), ref) < 1e-5
-        assert _rel(naflex(to_patch_batch(list(x), 8, seq_len=20)), ref) < 1e-5
+        assert rel_l2(naflex(x), ref) < 1e-5
+        assert rel_l2(naflex(to_patch_batch(list(x), 8, seq_len=20)), ref) < 1e-5
         other = torch.randn(1, 3, 24, 40)  # another size: both resample the same grid the same way
-        assert _rel(naflex(other), vit(other)) < 1e-5
+        assert rel_l2(naflex(other), vit(other)) < 1e-5
     # another grid: resampled on loading, as a ViT's position embeddings are
     wide = vitscale.create_model("naflex_debug", pos_embed_grid=(6, 6), **naflex_overrides)
     load_model_weights(wide, read_weights(path, "model"), strict=True, source=str(path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import rel_max
 
 from vitscale.models import create_model
 from vitscale.models.volo import VARIANTS, OutlookAttention, TokenMix
@@ -20,10 +21,6 @@ def _randomize(model: torch.nn.Module, seed: int = 0) -> None:
                 b.copy_(torch.randn(b.shape, generator=g) * 0.1)
             elif n.endswith("running_var"):
                 b.copy_(torch.rand(b.shape, generator=g) + 0.5)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 def _naive_outlook(m: OutlookAttention, x: torch.Tensor) -> torch.Tensor:
@@ -177,19 +174,19 @@ def test_timm_parity_both_ways(overrides):
     ours = from_timm(tm).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        assert _rel(ours(x), tm(x)) < 1e-5
+        assert rel_max(ours(x), tm(x)) < 1e-5
         if cfg.num_classes:  # the aux head's per-token outputs too
             feats = tm.forward_features(x)
             cls, tok = ours(x, dense=True)
-            assert _rel(tok.flatten(1, 2), tm.aux_head(feats[:, 1:])) < 1e-5
-            assert _rel(cls, tm.head(feats[:, 0] if cfg.pool == "token" else feats.mean(1))) < 1e-5
+            assert rel_max(tok.flatten(1, 2), tm.aux_head(feats[:, 1:])) < 1e-5
+            assert rel_max(cls, tm.head(feats[:, 0] if cfg.pool == "token" else feats.mean(1))) < 1e-5
     # vitscale -> timm
     ours2 = create_model("volo_debug", **overrides)
     _randomize(ours2, 2)
     ours2.eval()
     tm2 = create_timm_model(ours2).eval()
     with torch.no_grad():
-        assert _rel(tm2(x), ours2(x)) < 1e-5
+        assert rel_max(tm2(x), ours2(x)) < 1e-5
     assert set(to_timm(ours2)) == set(tm2.state_dict())
 
 
