@@ -5,7 +5,8 @@ Only open_clip's ViT ``CLIP`` class (``visual`` = its ``VisionTransformer``, bui
 supported; CoCa, EVA, SigLIP-with-timm-towers and HF text towers are not. Reading an open_clip model
 imports nothing from open_clip (:func:`create_open_clip_model` imports its ``CLIP`` class).
 
-State dicts: renames, plus three layout changes:
+State dicts: one rename table (``_open_clip_table``), read both ways by ``common.renames.convert``, with
+three layout changes:
 - attention ``in_proj`` rows: open_clip's ``nn.MultiheadAttention`` stacks ``[q; k; v]`` = ``(3, H, Dh)``;
   vitscale stores them per head ``(H, 3, Dh)`` (Megatron layout).
 - ``visual.proj`` / ``text_projection`` are ``(width, output_dim)`` matrices applied as ``x @ P``;
@@ -20,136 +21,75 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..common.renames import Rename, RenameTable, convert, per_head, transposed
 from ..spec import StateDictAdapter, is_library_model, keys_have
 from ..vit.configs import ViTConfig
 from .configs import OPENAI_MEAN, OPENAI_STD, CLIPConfig, CLIPTextConfig
 from .model import CLIP
 
-# open_clip block names -> vitscale block names (same tensors)
+# open_clip block names -> vitscale block names (the same tensors)
 _BLOCK_RENAMES = {
-    "ln_1.": "norm1.",
-    "ln_2.": "norm2.",
-    "attn.out_proj.": "attn.proj.",
-    "mlp.c_fc.": "mlp.fc1.",
-    "mlp.c_proj.": "mlp.fc2.",
+    "ln_1.**": "norm1.**",
+    "ln_2.**": "norm2.**",
+    "attn.out_proj.**": "attn.proj.**",
+    "mlp.c_fc.**": "mlp.fc1.**",
+    "mlp.c_proj.**": "mlp.fc2.**",
     "ls_1.gamma": "ls1.gamma",
     "ls_2.gamma": "ls2.gamma",
 }
 
 
-def _heads_first(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """Rows ``(3, H, Dh)`` -> ``(H, 3, Dh)`` (weights ``(3D, in)`` or biases ``(3D,)``)."""
-    return t.reshape(3, heads, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+def _tower_blocks(ours: str, theirs: str, heads: int) -> list[Rename]:
+    qkv = Rename(f"{ours}.*.attn.qkv.*", f"{theirs}.*.attn.in_proj_*", *per_head(3, heads))
+    return [qkv] + [Rename(f"{ours}.*.{b}", f"{theirs}.*.{a}") for a, b in _BLOCK_RENAMES.items()]
 
 
-def _parts_first(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """Rows ``(H, 3, Dh)`` -> ``(3, H, Dh)``."""
-    return t.reshape(heads, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+def _with_batch(t: torch.Tensor) -> torch.Tensor:
+    return t.unsqueeze(0)  # (N, D) -> (1, N, D)
 
 
-def _block_from_open_clip(rest: str, t: torch.Tensor, heads: int) -> tuple[str, torch.Tensor]:
-    if rest.startswith("attn.in_proj_"):
-        return "attn.qkv." + rest.removeprefix("attn.in_proj_"), _heads_first(t, heads)
-    for old, new in _BLOCK_RENAMES.items():
-        if rest.startswith(old):
-            return new + rest.removeprefix(old), t
-    raise KeyError(f"unexpected open_clip block key {rest!r}")
+def _without_batch(t: torch.Tensor) -> torch.Tensor:
+    return t.squeeze(0)
 
 
-def _block_to_open_clip(rest: str, t: torch.Tensor, heads: int) -> tuple[str, torch.Tensor]:
-    if rest.startswith("attn.qkv."):
-        return "attn.in_proj_" + rest.removeprefix("attn.qkv."), _parts_first(t, heads)
-    for old, new in _BLOCK_RENAMES.items():
-        if rest.startswith(new):
-            return old + rest.removeprefix(new), t
-    raise KeyError(f"unexpected vitscale block key {rest!r}")
+def _open_clip_table(cfg: CLIPConfig) -> RenameTable:
+    """vitscale <-> open_clip keys of a CLIP with ``cfg`` (its heads, and which norm ``ln_post`` is)."""
+    post = "fc_norm" if cfg.vision.use_fc_norm else "norm"
+    return RenameTable(
+        library="open_clip",
+        unsupported="only ViT CLIP models are supported",
+        entries=(
+            Rename(None, "attn_mask"),  # old checkpoints stored the causal mask
+            Rename(None, "**.attn_mask"),
+            *_tower_blocks("visual.blocks", "visual.transformer.resblocks", cfg.vision.num_attention_heads),
+            *_tower_blocks("text.blocks", "transformer.resblocks", cfg.text.num_attention_heads),
+            Rename("visual.patch_embed.proj.weight", "visual.conv1.weight"),
+            Rename("visual.cls_token", "visual.class_embedding", lambda t: t.reshape(1, 1, -1), lambda t: t.reshape(-1)),
+            Rename("visual.pos_embed", "visual.positional_embedding", _with_batch, _without_batch),
+            Rename("visual.norm_pre.**", "visual.ln_pre.**"),
+            Rename(f"visual.{post}.**", "visual.ln_post.**"),
+            Rename("image_proj.weight", "visual.proj", transposed, transposed),  # (E, D) <-> (D, E)
+            Rename("text.token_embedding.weight", "token_embedding.weight"),
+            Rename("text.pos_embed", "positional_embedding", _with_batch, _without_batch),
+            Rename("text.norm.**", "ln_final.**"),
+            Rename("text_proj.weight", "text_projection", transposed, transposed),
+            # vitscale keeps the logit scale and bias 1-D (FSDP2 shards no 0-dim parameters)
+            Rename("logit_scale", "logit_scale", lambda t: t.reshape(1), lambda t: t.reshape(())),
+            Rename("logit_bias", "logit_bias", lambda t: t.reshape(1), lambda t: t.reshape(())),
+        ),
+    )
 
 
 def state_dict_from_open_clip(sd: dict[str, torch.Tensor], cfg: CLIPConfig) -> dict[str, torch.Tensor]:
     """An open_clip ``CLIP`` state dict -> a vitscale :class:`CLIP` state dict for ``cfg``."""
-    vh, th = cfg.vision.num_attention_heads, cfg.text.num_attention_heads
-    out: dict[str, torch.Tensor] = {}
-    for k, t in sd.items():
-        if k == "attn_mask" or k.endswith(".attn_mask"):
-            continue  # old checkpoints stored the causal mask
-        if k.startswith("visual.transformer.resblocks."):
-            i, rest = k.removeprefix("visual.transformer.resblocks.").split(".", 1)
-            name, t = _block_from_open_clip(rest, t, vh)
-            out[f"visual.blocks.{i}.{name}"] = t
-        elif k.startswith("transformer.resblocks."):
-            i, rest = k.removeprefix("transformer.resblocks.").split(".", 1)
-            name, t = _block_from_open_clip(rest, t, th)
-            out[f"text.blocks.{i}.{name}"] = t
-        elif k == "visual.conv1.weight":
-            out["visual.patch_embed.proj.weight"] = t
-        elif k == "visual.class_embedding":
-            out["visual.cls_token"] = t.reshape(1, 1, -1)  # (1, 1, D)
-        elif k == "visual.positional_embedding":
-            out["visual.pos_embed"] = t.unsqueeze(0)  # (1, N, D)
-        elif k.startswith("visual.ln_pre."):
-            out["visual.norm_pre." + k.removeprefix("visual.ln_pre.")] = t
-        elif k.startswith("visual.ln_post."):
-            post = "fc_norm." if cfg.vision.use_fc_norm else "norm."
-            out["visual." + post + k.removeprefix("visual.ln_post.")] = t
-        elif k == "visual.proj":
-            out["image_proj.weight"] = t.t().contiguous()  # (E, D)
-        elif k == "token_embedding.weight":
-            out["text.token_embedding.weight"] = t
-        elif k == "positional_embedding":
-            out["text.pos_embed"] = t.unsqueeze(0)  # (1, T, D)
-        elif k.startswith("ln_final."):
-            out["text.norm." + k.removeprefix("ln_final.")] = t
-        elif k == "text_projection":
-            out["text_proj.weight"] = t.t().contiguous()  # (E, D)
-        elif k in ("logit_scale", "logit_bias"):
-            out[k] = t.reshape(1)  # vitscale keeps them 1-D (FSDP2 shards no 0-dim parameters)
-        else:
-            raise KeyError(
-                f"open_clip key {k!r} has no vitscale equivalent (only ViT CLIP models are supported)"
-            )
-    return out
+    return convert(sd, _open_clip_table(cfg), to="ours")
 
 
 def state_dict_to_open_clip(sd: dict[str, torch.Tensor], cfg: CLIPConfig) -> dict[str, torch.Tensor]:
     """A vitscale :class:`CLIP` state dict -> an open_clip ``CLIP`` state dict (inverse of the above)."""
-    vh, th = cfg.vision.num_attention_heads, cfg.text.num_attention_heads
-    out: dict[str, torch.Tensor] = {}
-    for k, t in sd.items():
-        if k.startswith("visual.blocks."):
-            i, rest = k.removeprefix("visual.blocks.").split(".", 1)
-            name, t = _block_to_open_clip(rest, t, vh)
-            out[f"visual.transformer.resblocks.{i}.{name}"] = t
-        elif k.startswith("text.blocks."):
-            i, rest = k.removeprefix("text.blocks.").split(".", 1)
-            name, t = _block_to_open_clip(rest, t, th)
-            out[f"transformer.resblocks.{i}.{name}"] = t
-        elif k == "visual.patch_embed.proj.weight":
-            out["visual.conv1.weight"] = t
-        elif k == "visual.cls_token":
-            out["visual.class_embedding"] = t.reshape(-1)  # (D,)
-        elif k == "visual.pos_embed":
-            out["visual.positional_embedding"] = t.squeeze(0)  # (N, D)
-        elif k.startswith("visual.norm_pre."):
-            out["visual.ln_pre." + k.removeprefix("visual.norm_pre.")] = t
-        elif k.startswith(("visual.norm.", "visual.fc_norm.")):
-            out["visual.ln_post." + k.split(".", 2)[2]] = t
-        elif k == "image_proj.weight":
-            out["visual.proj"] = t.t().contiguous()  # (D, E)
-        elif k == "text.token_embedding.weight":
-            out["token_embedding.weight"] = t
-        elif k == "text.pos_embed":
-            out["positional_embedding"] = t.squeeze(0)  # (T, D)
-        elif k.startswith("text.norm."):
-            out["ln_final." + k.removeprefix("text.norm.")] = t
-        elif k == "text_proj.weight":
-            out["text_projection"] = t.t().contiguous()  # (D, E)
-        elif k in ("logit_scale", "logit_bias"):
-            out[k] = t.reshape(())
-        elif k.startswith("head."):
-            raise ValueError("the model has a classifier head (reset_classifier): open_clip's CLIP has none")
-        else:
-            raise KeyError(f"vitscale key {k!r} has no open_clip equivalent")
-    return out
+    if any(k.startswith("head.") for k in sd):
+        raise ValueError("the model has a classifier head (reset_classifier): open_clip's CLIP has none")
+    return convert(sd, _open_clip_table(cfg), to="theirs")
 
 
 # ----------------------------------------------------------------------------- configs and models

@@ -24,21 +24,25 @@ import torch
 from torch import nn
 
 from ..common.pos_embed import resample_pos_embed
+from ..common.renames import PASS_THROUGH, Rename, RenameTable, convert
 from ..spec import keys_have
 from ..vit import state_dict_adapter as vit_adapter
 from ..vit.state_dict_adapter import _NORMS, _activation, _is
 from .configs import NaFlexConfig
 
-_EMBED_KEYS = {  # timm -> vitscale (the prefix tokens go through the ViT adapter's cls_token / reg_token)
-    "embeds.proj.weight": "patch_embed.weight",
-    "embeds.proj.bias": "patch_embed.bias",
-    "embeds.cls_token": "cls_token",
-    "embeds.reg_token": "reg_token",
-    "embeds.pos_embed": "pos_embed",
-    "embeds.pos_embed_y": "pos_embed_y",
-    "embeds.pos_embed_x": "pos_embed_x",
-}
-_TO_TIMM = {v: k for k, v in _EMBED_KEYS.items()}
+_EMBEDS = RenameTable(  # the prefix tokens go on through the ViT adapter's cls_token / reg_token
+    library="timm",
+    entries=(
+        Rename("patch_embed.weight", "embeds.proj.weight"),
+        Rename("patch_embed.bias", "embeds.proj.bias"),
+        Rename("cls_token", "embeds.cls_token"),
+        Rename("reg_token", "embeds.reg_token"),
+        Rename("pos_embed", "embeds.pos_embed"),
+        Rename("pos_embed_y", "embeds.pos_embed_y"),
+        Rename("pos_embed_x", "embeds.pos_embed_x"),
+        PASS_THROUGH,
+    ),
+)
 
 
 # ----------------------------------------------------------------------------- configs
@@ -176,12 +180,12 @@ def timm_kwargs(cfg: NaFlexConfig) -> dict[str, Any]:
 
 def state_dict_from_timm(sd: dict[str, torch.Tensor], cfg: NaFlexConfig) -> dict[str, torch.Tensor]:
     """A timm ``NaFlexVit`` state dict -> a vitscale NaFlex ViT state dict for ``cfg``."""
-    return vit_adapter.state_dict_from_timm({_EMBED_KEYS.get(k, k): v for k, v in sd.items()}, cfg)
+    return vit_adapter.state_dict_from_timm(convert(sd, _EMBEDS, to="ours"), cfg)
 
 
 def state_dict_to_timm(sd: dict[str, torch.Tensor], cfg: NaFlexConfig) -> dict[str, torch.Tensor]:
     """A vitscale NaFlex ViT state dict -> the state dict of the timm ``NaFlexVit`` of :func:`timm_kwargs`."""
-    return {_TO_TIMM.get(k, k): v for k, v in vit_adapter.state_dict_to_timm(sd, cfg).items()}
+    return convert(vit_adapter.state_dict_to_timm(sd, cfg), _EMBEDS, to="theirs")
 
 
 def conv_to_linear(w: torch.Tensor) -> torch.Tensor:

@@ -22,21 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..common.renames import PASS_THROUGH, Rename, RenameTable, convert, per_head
 from .configs import ViTConfig
 
 # ----------------------------------------------------------------------------- row permutations
-
-
-def _heads_first(t: torch.Tensor, parts: int, heads: int) -> torch.Tensor:
-    """Rows ``(parts, H, Dh)`` -> ``(H, parts, Dh)`` (weights ``(rows, in)`` or biases ``(rows,)``)."""
-    rest = t.shape[1:]
-    return t.reshape(parts, heads, -1, *rest).transpose(0, 1).reshape(t.shape)
-
-
-def _parts_first(t: torch.Tensor, parts: int, heads: int) -> torch.Tensor:
-    """Rows ``(H, parts, Dh)`` -> ``(parts, H, Dh)``."""
-    rest = t.shape[1:]
-    return t.reshape(heads, parts, -1, *rest).transpose(0, 1).reshape(t.shape)
 
 
 def _group_in_proj(mlp: torch.Tensor, qkv: torch.Tensor, heads: int) -> torch.Tensor:
@@ -301,105 +290,104 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- state dicts
 
 
-def _prefix_tokens(sd: dict[str, torch.Tensor]) -> torch.Tensor | None:
-    toks = [sd[k] for k in ("cls_token", "reg_token") if k in sd]
-    return torch.cat(toks, dim=1) if toks else None
+def _timm_table(cfg: ViTConfig) -> RenameTable:
+    """vitscale <-> timm keys of a ViT with ``cfg``: the same names but for a ViT-22B block's norm, the
+    fused projections' rows permuted (the prefix tokens and ViT-22B output projection: below)."""
+    H = cfg.num_attention_heads
+    if cfg.parallel_block:
+        F, Dh = cfg.ffn_hidden_size, cfg.hidden_size // H
+        blocks = (
+            Rename(
+                "blocks.*.in_proj.*", "blocks.*.in_proj.*",
+                lambda t: _group_in_proj(t[:F], t[F:], H), lambda t: torch.cat(_ungroup_in_proj(t, H, Dh)),
+            ),  # fmt: skip
+            Rename("blocks.*.mlp_bias", "blocks.*.mlp_bias", lambda t: t.reshape(H, F // H), lambda t: t.reshape(F)),
+            Rename("blocks.*.norm.*", "blocks.*.in_norm.*"),
+        )
+    else:
+        blocks = (Rename("blocks.*.attn.qkv.*", "blocks.*.attn.qkv.*", *per_head(3, H)),)
+    return RenameTable(
+        library="timm",
+        entries=(*blocks, Rename("attn_pool.kv.**", "attn_pool.kv.**", *per_head(2, H)), PASS_THROUGH),
+    )
+
+
+def _prefix_tokens_from_timm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Pops timm's ``cls_token (1, 1, D)`` and ``reg_token (1, R, D)``: vitscale's one ``cls_token (1, L, D)``."""
+    toks = [sd.pop(k) for k in ("cls_token", "reg_token") if k in sd]
+    return {"cls_token": torch.cat(toks, dim=1)} if toks else {}
+
+
+def _prefix_tokens_to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    """Pops vitscale's ``cls_token (1, L, D)`` (``[class token,] registers``): timm's two."""
+    v, out = sd.pop("cls_token", None), {}
+    if v is not None:
+        n_cls = int(cfg.class_token)
+        if n_cls:
+            out["cls_token"] = v[:, :1]
+        if cfg.class_token_length > n_cls:
+            out["reg_token"] = v[:, n_cls:]
+    return out
+
+
+def _out_proj_from_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    """Pops each ViT-22B block's timm output projection(s): vitscale's one ``out_proj`` over per-head
+    ``(H, Dh + F/H)`` columns, biased by the sum of timm's two biases."""
+    H, D, F = cfg.num_attention_heads, cfg.hidden_size, cfg.ffn_hidden_size
+    out = {}
+    for i in range(cfg.num_layers):
+        p = f"blocks.{i}."
+        if p + "out_proj.weight" in sd:  # timm fuse_out_proj=True: columns [attn D | mlp F]
+            w_out = sd.pop(p + "out_proj.weight")
+            wa, wm = w_out[:, :D], w_out[:, D:]
+            b_out = sd.pop(p + "out_proj.bias", None)
+        else:
+            wa, wm = sd.pop(p + "attn_out_proj.weight"), sd.pop(p + "mlp_out_proj.weight")
+            ba, bm = sd.pop(p + "attn_out_proj.bias", None), sd.pop(p + "mlp_out_proj.bias", None)
+            b_out = None if ba is None else ba + bm
+        cols = torch.cat([wa.reshape(D, H, D // H), wm.reshape(D, H, F // H)], dim=2)  # (D, H, Dh + F/H)
+        out[p + "out_proj.weight"] = cols.reshape(D, -1)
+        if b_out is not None:
+            out[p + "out_proj.bias"] = b_out
+    return out
+
+
+def _out_proj_to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    """Pops each ViT-22B block's ``out_proj``: timm's ``attn_out_proj`` and ``mlp_out_proj`` (the bias on the latter)."""
+    H, D, F = cfg.num_attention_heads, cfg.hidden_size, cfg.ffn_hidden_size
+    Dh, out = D // H, {}
+    for i in range(cfg.num_layers):
+        p = f"blocks.{i}."
+        cols = sd.pop(p + "out_proj.weight").reshape(D, H, Dh + F // H)
+        out[p + "attn_out_proj.weight"] = cols[:, :, :Dh].reshape(D, D)
+        out[p + "mlp_out_proj.weight"] = cols[:, :, Dh:].reshape(D, F)
+        b = sd.pop(p + "out_proj.bias", None)
+        if b is not None:
+            out[p + "attn_out_proj.bias"] = torch.zeros_like(b)
+            out[p + "mlp_out_proj.bias"] = b
+    return out
 
 
 def state_dict_from_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
     """A timm ViT state dict -> a vitscale state dict for ``cfg`` (see :func:`config_from_timm`)."""
-    H, D = cfg.num_attention_heads, cfg.hidden_size
-    out: dict[str, torch.Tensor] = {}
-    prefix = _prefix_tokens(sd)
-    if prefix is not None:
-        out["cls_token"] = prefix
-    for k, v in sd.items():
-        if k in ("cls_token", "reg_token"):
-            continue
-        if k.startswith("blocks.") and cfg.parallel_block:
-            continue  # handled below
-        if k.endswith("attn.qkv.weight") or k.endswith("attn.qkv.bias"):
-            v = _heads_first(v, 3, H)
-        elif k.startswith("attn_pool.kv."):
-            v = _heads_first(v, 2, H)
-        out[k] = v
+    sd = dict(sd)
+    joined = _prefix_tokens_from_timm(sd)
     if cfg.parallel_block:
-        Dh, F = D // H, cfg.ffn_hidden_size
-        for i in range(cfg.num_layers):
-            p = f"blocks.{i}."
-            w = sd[p + "in_proj.weight"]
-            out[p + "in_proj.weight"] = _group_in_proj(w[:F], w[F:], H)
-            if p + "in_proj.bias" in sd:
-                b = sd[p + "in_proj.bias"]
-                out[p + "in_proj.bias"] = _group_in_proj(b[:F], b[F:], H)
-            if sd.get(p + "mlp_bias") is not None:
-                out[p + "mlp_bias"] = sd[p + "mlp_bias"].reshape(H, F // H)
-            if p + "out_proj.weight" in sd:  # timm fuse_out_proj=True: columns [attn D | mlp F]
-                w_out = sd[p + "out_proj.weight"]
-                wa, wm = w_out[:, :D], w_out[:, D:]
-                b_out = sd.get(p + "out_proj.bias")
-            else:
-                wa, wm = sd[p + "attn_out_proj.weight"], sd[p + "mlp_out_proj.weight"]
-                ba, bm = sd.get(p + "attn_out_proj.bias"), sd.get(p + "mlp_out_proj.bias")
-                b_out = None if ba is None else ba + bm
-            cols = torch.cat([wa.reshape(D, H, Dh), wm.reshape(D, H, F // H)], dim=2)  # (D, H, Dh + F/H)
-            out[p + "out_proj.weight"] = cols.reshape(D, -1)
-            if b_out is not None:
-                out[p + "out_proj.bias"] = b_out
-            for name in ("in_norm.weight", "in_norm.bias"):
-                if p + name in sd:
-                    out[p + name.replace("in_norm", "norm")] = sd[p + name]
-            for name in ("q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias", "ls.gamma"):
-                if p + name in sd:
-                    out[p + name] = sd[p + name]
-    return out
+        joined.update(_out_proj_from_timm(sd, cfg))
+    return {**joined, **convert(sd, _timm_table(cfg), to="ours")}
 
 
 def state_dict_to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
     """A vitscale ViT state dict -> the state dict of the timm model built from :func:`timm_kwargs`."""
-    H, D = cfg.num_attention_heads, cfg.hidden_size
-    out: dict[str, torch.Tensor] = {}
-    for k, v in sd.items():
-        if k == "cls_token":  # (1, L, D): [class token,] registers
-            n_cls = int(cfg.class_token)
-            if n_cls:
-                out["cls_token"] = v[:, :1]
-            if cfg.class_token_length > n_cls:
-                out["reg_token"] = v[:, n_cls:]
-            continue
-        if k.startswith("blocks.") and cfg.parallel_block:
-            continue
-        if k.endswith("attn.qkv.weight") or k.endswith("attn.qkv.bias"):
-            v = _parts_first(v, 3, H)
-        elif k.startswith("attn_pool.kv."):
-            v = _parts_first(v, 2, H)
-        out[k] = v
+    sd = dict(sd)
+    split = _prefix_tokens_to_timm(sd, cfg)
     if cfg.parallel_block:
-        Dh, F = D // H, cfg.ffn_hidden_size
+        split.update(_out_proj_to_timm(sd, cfg))
+    out = {**split, **convert(sd, _timm_table(cfg), to="theirs")}
+    if cfg.parallel_block and not cfg.qkv_bias:  # timm always has an mlp_bias without a QKV bias
         for i in range(cfg.num_layers):
-            p = f"blocks.{i}."
-            mlp_w, qkv_w = _ungroup_in_proj(sd[p + "in_proj.weight"], H, Dh)
-            out[p + "in_proj.weight"] = torch.cat([mlp_w, qkv_w])
-            if p + "in_proj.bias" in sd:
-                mlp_b, qkv_b = _ungroup_in_proj(sd[p + "in_proj.bias"], H, Dh)
-                out[p + "in_proj.bias"] = torch.cat([mlp_b, qkv_b])
-            if p + "mlp_bias" in sd:
-                out[p + "mlp_bias"] = sd[p + "mlp_bias"].reshape(F)
-            elif not cfg.qkv_bias:  # timm always has an mlp_bias without a QKV bias
-                out[p + "mlp_bias"] = mlp_w.new_zeros(F)
-            cols = sd[p + "out_proj.weight"].reshape(D, H, Dh + F // H)
-            out[p + "attn_out_proj.weight"] = cols[:, :, :Dh].reshape(D, D)
-            out[p + "mlp_out_proj.weight"] = cols[:, :, Dh:].reshape(D, F)
-            if p + "out_proj.bias" in sd:
-                b = sd[p + "out_proj.bias"]
-                out[p + "attn_out_proj.bias"] = torch.zeros_like(b)
-                out[p + "mlp_out_proj.bias"] = b
-            for name in ("norm.weight", "norm.bias"):
-                if p + name in sd:
-                    out[p + "in_" + name] = sd[p + name]
-            for name in ("q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias", "ls.gamma"):
-                if p + name in sd:
-                    out[p + name] = sd[p + name]
+            w = out[f"blocks.{i}.in_proj.weight"]
+            out.setdefault(f"blocks.{i}.mlp_bias", w.new_zeros(cfg.ffn_hidden_size))
     return out
 
 

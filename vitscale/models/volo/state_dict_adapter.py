@@ -19,26 +19,13 @@ timm                                   vitscale
 
 from __future__ import annotations
 
-import re
-
 import torch
 from torch import nn
 
+from ..common.renames import PASS_THROUGH, Rename, RenameTable, convert, per_head
 from ..spec import StateDictAdapter, is_library_model, keys_have
 from .configs import VOLOConfig
 from .model import VOLO
-
-
-def _per_head(w: torch.Tensor, groups: int, heads: int) -> torch.Tensor:
-    """Rows ``(groups, H, Dh)`` -> ``(H, groups, Dh)`` (weights or biases)."""
-    rest = w.shape[1:]
-    return w.reshape(groups, heads, -1, *rest).transpose(0, 1).reshape(w.shape)
-
-
-def _from_per_head(w: torch.Tensor, groups: int, heads: int) -> torch.Tensor:
-    """Rows ``(H, groups, Dh)`` -> ``(groups, H, Dh)``."""
-    rest = w.shape[1:]
-    return w.reshape(heads, groups, -1, *rest).transpose(0, 1).reshape(w.shape)
 
 
 def config_from_timm(tm: nn.Module) -> VOLOConfig:
@@ -92,48 +79,36 @@ def _stage_map(cfg: VOLOConfig) -> list[tuple[int, int]]:
     return out
 
 
+def _timm_table(cfg: VOLOConfig) -> RenameTable:
+    """vitscale <-> timm keys of a VOLO with ``cfg`` (the table in the module docstring)."""
+    qkv, kv = per_head(3, cfg.num_heads), per_head(2, cfg.num_heads)
+    blocks = []
+    for k, (i, j) in enumerate(_stage_map(cfg)):
+        blocks += [
+            Rename(f"blocks.{k}.attn.qkv.**", f"network.{i}.{j}.attn.qkv.**", *qkv),
+            Rename(f"blocks.{k}.**", f"network.{i}.{j}.**"),
+        ]
+    return RenameTable(
+        library="timm",
+        entries=(
+            Rename("outlookers.*.**", "network.0.*.**"),
+            Rename("downsample.**", "network.1.proj.**"),
+            *blocks,
+            Rename("class_blocks.*.attn.kv.**", "post_network.*.attn.kv.**", *kv),
+            Rename("class_blocks.*.**", "post_network.*.**"),
+            PASS_THROUGH,
+        ),
+    )
+
+
 def volo_state_dict_from_timm(sd: dict[str, torch.Tensor], cfg: VOLOConfig) -> dict[str, torch.Tensor]:
     """Convert a timm VOLO state dict to vitscale keys and layouts."""
-    stage_of = {(i, j): k for k, (i, j) in enumerate(_stage_map(cfg))}
-    out = {}
-    for key, v in sd.items():
-        if m := re.match(r"network\.0\.(\d+)\.(.*)", key):
-            key = f"outlookers.{m[1]}.{m[2]}"
-        elif m := re.match(r"network\.1\.proj\.(.*)", key):
-            key = f"downsample.{m[1]}"
-        elif m := re.match(r"network\.(\d+)\.(\d+)\.(.*)", key):
-            k = stage_of[(int(m[1]), int(m[2]))]
-            key = f"blocks.{k}.{m[3]}"
-            if m[3].startswith("attn.qkv."):
-                v = _per_head(v, 3, cfg.num_heads)
-        elif m := re.match(r"post_network\.(\d+)\.(.*)", key):
-            key = f"class_blocks.{m[1]}.{m[2]}"
-            if m[2].startswith("attn.kv."):
-                v = _per_head(v, 2, cfg.num_heads)
-        out[key] = v
-    return out
+    return convert(sd, _timm_table(cfg), to="ours")
 
 
 def volo_state_dict_to_timm(sd: dict[str, torch.Tensor], cfg: VOLOConfig) -> dict[str, torch.Tensor]:
     """Convert a vitscale VOLO state dict to timm keys and layouts."""
-    stage = _stage_map(cfg)
-    out = {}
-    for key, v in sd.items():
-        if m := re.match(r"outlookers\.(\d+)\.(.*)", key):
-            key = f"network.0.{m[1]}.{m[2]}"
-        elif m := re.match(r"downsample\.(.*)", key):
-            key = f"network.1.proj.{m[1]}"
-        elif m := re.match(r"blocks\.(\d+)\.(.*)", key):
-            i, j = stage[int(m[1])]
-            key = f"network.{i}.{j}.{m[2]}"
-            if m[2].startswith("attn.qkv."):
-                v = _from_per_head(v, 3, cfg.num_heads)
-        elif m := re.match(r"class_blocks\.(\d+)\.(.*)", key):
-            key = f"post_network.{m[1]}.{m[2]}"
-            if m[2].startswith("attn.kv."):
-                v = _from_per_head(v, 2, cfg.num_heads)
-        out[key] = v
-    return out
+    return convert(sd, _timm_table(cfg), to="theirs")
 
 
 def volo_from_timm(timm_model: nn.Module, device=None, dtype=None) -> VOLO:
