@@ -25,4 +25,26 @@ def trunc_normal_(t: torch.Tensor, std: float = 1.0, mean: float = 0.0, a: float
     return t.copy_(tmp)
 
 
-__all__ = ["trunc_normal_"]
+@torch.no_grad()
+def init_vit_layers(model: nn.Module) -> None:
+    """The ViT scheme for every layer of ``model`` (timm's ``init_weights_vit_timm``): linear and
+    convolution weights truncated normal, std 0.02, biases zero; norms one and zero; then each
+    submodule's own ``init_weights`` (LayerScale, attention pools …), in module order. The model's
+    own tokens and position tables are the caller's."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.RMSNorm):
+            nn.init.ones_(m.weight)
+    for m in model.modules():
+        if m is not model and hasattr(m, "init_weights"):
+            m.init_weights()
+
+
+__all__ = ["init_vit_layers", "trunc_normal_"]

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..common.attention_mask import key_padding_mask
 from ..common.checkpointing import run_blocks
-from ..common.init import trunc_normal_
+from ..common.init import init_vit_layers, trunc_normal_
 from ..vit.model import build_trunk
 from .configs import NaFlexConfig
 from .patches import check_patch_batch, image_grids, is_patch_batch, patchify
@@ -79,20 +79,7 @@ class NaFlexViT(nn.Module):
     def init_weights(self) -> None:
         """(Re)initialise every parameter in place (the ViT's scheme); works after ``to_empty()`` and
         on sharded parameters."""
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.RMSNorm):
-                nn.init.ones_(m.weight)
-        for m in self.modules():
-            if m is not self and hasattr(m, "init_weights"):
-                m.init_weights()
+        init_vit_layers(self)
         for p in (self.pos_embed, self.pos_embed_y, self.pos_embed_x):
             if p is not None:
                 trunc_normal_(p, std=0.02)

@@ -26,7 +26,7 @@ from ..common import (
 )
 from ..common.attention import sdpa
 from ..common.checkpointing import run_blocks
-from ..common.init import trunc_normal_
+from ..common.init import init_vit_layers, trunc_normal_
 from ..common.token_mix import TokenMix, apply_token_mix
 from .configs import ViTConfig
 
@@ -192,20 +192,7 @@ class VisionTransformer(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """(Re)initialise every parameter in place; works after ``to_empty()`` and on sharded params."""
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Conv2d)):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.RMSNorm):
-                nn.init.ones_(m.weight)
-        for m in self.modules():
-            if m is not self and hasattr(m, "init_weights"):
-                m.init_weights()
+        init_vit_layers(self)
         if self.cfg.patch_init == "fan_in":
             self.patch_embed.proj.reset_parameters()  # U(+-1/sqrt(fan_in)), weight and bias
         trunc_normal_(self.pos_embed, std=0.02)
