@@ -119,3 +119,142 @@ def test_a_damaged_keys_file_is_refused_when_read(teacher, tmp_path, capsys, dam
                  f"data.train_path={data}", "train.batch_size=8", "train.max_steps=1",
                  f"train.output_dir={tmp_path / 'run'}", "checkpoint.every=0", *TINY_VIT, *QUIET]) == 2  # fmt: skip
     assert message in _one_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------- teachers
+def _distill(teacher, out: Path, *extra: str) -> int:
+    return main(["train", "digits_vit", f"distill.teacher={teacher}", "train.max_steps=3", "train.batch_size=16",
+                 f"train.output_dir={out}", "checkpoint.every=0", *TINY_VIT, *QUIET, *extra])  # fmt: skip
+
+
+def _teacher_copy(teacher: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    dst = tmp_path / "teacher"
+    shutil.copytree(teacher, dst, ignore=shutil.ignore_patterns("run.lock"))
+    return dst
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.replace("std:\n  - 0.5\n  - 0.5\n  - 0.5", "std:\n  - 0.0\n  - 0.0\n  - 0.0"), "std [0.0, 0.0, 0.0]"),
+    (lambda c: c.replace("mean:\n  - 0.5", "mean:\n  - .inf"), "mean [inf,"),
+])  # fmt: skip
+def test_a_teacher_whose_normalisation_cannot_be_right_is_refused(teacher, tmp_path, capsys, edit, message):
+    """The teacher run's own config.yaml says std 0 (or a mean of infinity): its logits were NaN, hard
+    distillation took their argmax, the student learnt one class and the run exited 0."""
+    t = _teacher_copy(teacher, tmp_path)
+    text = (t / "config.yaml").read_text()
+    assert edit(text) != text
+    (t / "config.yaml").write_text(edit(text))
+    capsys.readouterr()
+    assert _distill(t, tmp_path / "run") == 2
+    line = _one_line(capsys.readouterr().err)
+    assert message in line and "from the teacher's source" in line and "distill.teacher_std" in line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_teacher_of_another_class_order_is_refused_then_mapped(teacher, tmp_path, capsys):
+    """The teacher run's classnames.txt in another order (the count alone matched: the student learnt
+    from a permuted teacher): refused with the map by name; with distill.class_map the run trains."""
+    t = _teacher_copy(teacher, tmp_path)
+    names = (t / "classnames.txt").read_text().split()
+    (t / "classnames.txt").write_text("\n".join(names[::-1]) + "\n")
+    capsys.readouterr()
+    assert _distill(t, tmp_path / "refused") == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"teacher {names[-1]!r}, data {names[0]!r}" in line and "distill.class_map=[9,8,7,6,5,4,3,2,1,0]" in line
+    assert _distill(t, tmp_path / "mapped", "distill.class_map=[9,8,7,6,5,4,3,2,1,0]") == 0
+    capsys.readouterr()
+    assert _distill(t, tmp_path / "short", "distill.class_map=[0,1]") == 2
+    assert "distill.class_map: give the teacher's class index (0 to 9) of each of the data's 10 classes" in _one_line(
+        capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (['distill.teacher_model=vit_debug', 'distill.teacher_overrides={"hiden_size": 16}'],
+     "distill.teacher_overrides: ViTConfig has no field 'hiden_size'; did you mean 'hidden_size'?"),
+    (['distill.teacher_overrides={"hidden_size": 16}'], "distill.teacher_overrides change the variant named by"),
+])  # fmt: skip
+def test_teacher_settings_that_cannot_work_are_one_line(teacher, tmp_path, capsys, overrides, message):
+    capsys.readouterr()
+    assert _distill(teacher, tmp_path / "run", *overrides) == 2
+    assert message in _one_line(capsys.readouterr().err)
+
+
+@pytest.fixture(scope="module")
+def hub_teacher(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A timm ViT of the tiny digits architecture saved by timm's ``save_for_hf`` (a Hub snapshot
+    folder), its config naming the digits' classes, and the overrides that build it in vitscale."""
+    timm = pytest.importorskip("timm")
+    folder = tmp_path_factory.mktemp("hub") / "snap"
+    tm = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=4, embed_dim=16, depth=1,
+                           num_heads=4, mlp_ratio=2.0, num_classes=10, global_pool="avg")  # fmt: skip
+    timm.models.save_for_hf(tm, str(folder), safe_serialization=True)
+    over = {"patch_dim": 4, "hidden_size": 16, "ffn_hidden_size": 32, "num_attention_heads": 4, "num_layers": 1, "pool": "avg",
+            "img_h": 32, "img_w": 32}  # fmt: skip
+    return folder, ["distill.teacher_model=vit_debug", f"distill.teacher_overrides={json.dumps(over)}"]
+
+
+def _hub_config(folder: Path, dst: Path, **changes) -> Path:
+    import shutil
+
+    shutil.copytree(folder, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for k, v in changes.items():
+        if k == "label_names":
+            cfg[k] = v
+        else:
+            cfg["pretrained_cfg"][k] = v
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"input_size": [3, 20000, 20000]}, "teacher image size 20000x20000 (the teacher's source) is not usable"),
+    ({"input_size": [3, -32, -32]}, "teacher image size -32x-32 (the teacher's source) is not usable"),
+    ({"std": [0.5, 0.0, 0.5]}, "must be finite with every std > 0"),
+    ({"mean": [1e999, 0.5, 0.5]}, "mean [inf, 0.5, 0.5]"),  # JSON reads 1e999 as infinity
+])  # fmt: skip
+def test_a_hub_teacher_whose_config_cannot_be_right_is_one_line(hub_teacher, tmp_path, capsys, changes, message):
+    folder, args = hub_teacher
+    bad = _hub_config(folder, tmp_path / "snap", **{k: v for k, v in changes.items()})
+    if "mean" in changes:  # json.dumps writes Infinity; the stranger's file says 1e999
+        (bad / "config.json").write_text((bad / "config.json").read_text().replace("Infinity", "1e999"))
+    capsys.readouterr()
+    assert _distill(bad, tmp_path / "run", *args) == 2
+    assert message in _one_line(capsys.readouterr().err)
+
+
+def test_a_hub_teacher_naming_its_classes_in_another_order_is_refused(hub_teacher, teacher, tmp_path, capsys):
+    folder, args = hub_teacher
+    names = (teacher / "classnames.txt").read_text().split()
+    ok = _hub_config(folder, tmp_path / "ok", label_names=names)
+    assert _distill(ok, tmp_path / "same", *args, "train.max_steps=1") == 0  # the same names: distils
+    swapped = names[:]
+    swapped[3], swapped[5] = swapped[5], swapped[3]
+    bad = _hub_config(folder, tmp_path / "bad", label_names=swapped)
+    capsys.readouterr()
+    assert _distill(bad, tmp_path / "run", *args) == 2
+    assert "distill.class_map=[0,1,2,5,4,3,6,7,8,9]" in _one_line(capsys.readouterr().err)
+
+
+def test_a_teacher_emitting_nonfinite_logits_stops_the_run_naming_the_step(teacher, tmp_path, capsys):
+    """Finite weights whose logits overflow (a head scaled to 3e38): hard distillation took the argmax
+    of NaN and trained on it, exit 0. Now the run stops in one line naming the step, and nothing was
+    learnt from it."""
+    from safetensors.torch import load_file
+
+    from vitscale import create_model
+    from vitscale.checkpoint import export_safetensors
+
+    over = {"patch_dim": 4, "hidden_size": 16, "ffn_hidden_size": 32, "num_attention_heads": 4, "num_layers": 1,
+            "pool": "avg", "img_h": 32, "img_w": 32}  # fmt: skip
+    model = create_model("vit_debug", **over)
+    sd = load_file(teacher / "model.safetensors")
+    sd["head.weight"] = torch.full_like(sd["head.weight"], 3e38) * torch.tensor([1.0, -1.0]).repeat(8)
+    model.load_state_dict(sd)
+    path = tmp_path / "overflow.safetensors"
+    export_safetensors(model, path, {"model": "vit_debug", "overrides": json.dumps(over)})
+    capsys.readouterr()
+    assert _distill(path, tmp_path / "run", "train.max_steps=4") == 1
+    assert "distill: the teacher's logits at step 1 are not finite" in _one_line(capsys.readouterr().err)

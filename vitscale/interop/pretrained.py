@@ -80,7 +80,8 @@ class Source:
     """What the source says its images were: ``mean``, ``std`` (of pixels in [0, 1]), ``img_size``
     ``(H, W)``, ``interpolation``, ``crop_pct`` — where it says (a run's config, a Hub config)."""
     label_names: list[str] | None = None
-    """The class names the source gives (a timm Hub config's ``label_names``)."""
+    """The class names the source gives, in the order of its classifier (a timm Hub config's
+    ``label_names``, a vitscale run's ``classnames.txt``)."""
 
 
 # ----------------------------------------------------------------------------------- reading
@@ -319,6 +320,10 @@ def _from_run_config(src: Source, folder: Path) -> None:
                 src.preprocess[k] = data[k]
         if isinstance(data.get("img_size"), int):
             src.preprocess["img_size"] = (data["img_size"], data["img_size"])
+    if src.label_names is None:  # the run's classes, by name (written at its start)
+        from ..data.classes import run_class_names
+
+        src.label_names = run_class_names(folder)
 
 
 # ----------------------------------------------------------------------------------- converting
