@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from PIL import Image
 
 from vitscale.cli import main
 
+REPO = Path(__file__).parents[2]
 QUIET = ["data.num_workers=0", "log.flops=false", "eval.every=0", "log.progress=plain", "log.report=false"]
 TINY_VIT = ["model.num_layers=1", "model.hidden_size=16", "model.ffn_hidden_size=32"]
 
@@ -258,3 +262,130 @@ def test_a_teacher_emitting_nonfinite_logits_stops_the_run_naming_the_step(teach
     capsys.readouterr()
     assert _distill(path, tmp_path / "run", "train.max_steps=4") == 1
     assert "distill: the teacher's logits at step 1 are not finite" in _one_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------- nothing hangs
+HANG = 60  # seconds before a test counts as hung: far above what each run below takes
+
+
+def _cli(args: list[str], timeout: int = HANG) -> subprocess.CompletedProcess:
+    """``vitscale ARGS`` in a fresh process under a deadline: a hang fails the test, never the suite."""
+    return subprocess.run([sys.executable, "-m", "vitscale", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})  # fmt: skip
+
+
+def _stream_train(out: Path, path: str, *extra: str) -> list[str]:
+    return ["train", "digits_vit", "data.format=webdataset", f"data.train_path={path}", "data.num_classes=10",
+            "train.batch_size=8", "train.max_steps=2", f"train.output_dir={out}", "checkpoint.every=0", *TINY_VIT, *QUIET,
+            *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shards")
+    _shard(root / "a.tar", [f"k{i:02d}" for i in range(32)])
+    return root
+
+
+def test_a_pipe_writing_megabytes_to_stderr_does_not_deadlock(shards, tmp_path):
+    """stderr was read only after stdout ended: a command writing more than a pipe holds (64 KiB)
+    blocked on its next write, and the run with it. It is drained as the command runs."""
+    cmd = f"pipe:head -c 1000000 /dev/zero >&2; cat {shards / 'a.tar'}"
+    for mode in ("stream", "index"):
+        res = _cli(_stream_train(tmp_path / mode, cmd, f"data.webdataset_mode={mode}", f"data.shard_cache={tmp_path / 'c'}"))
+        assert res.returncode == 0, res.stderr
+        assert json.loads((tmp_path / mode / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.mark.parametrize("cmd, message", [
+    ("pipe:sleep 50", "sent nothing for data.remote_timeout_s=1 s"),  # a silent command
+    ("pipe:while true; do printf x; sleep 0.1; done", "still sending after data.remote_deadline_s=2 s"),  # a trickle
+])  # fmt: skip
+def test_a_silent_or_trickling_pipe_is_one_line_at_start_up(tmp_path, cmd, message):
+    res = _cli(_stream_train(tmp_path / "run", cmd, "data.webdataset_mode=stream", "data.remote_timeout_s=1",
+                             "data.remote_deadline_s=2", "data.remote_retries=0"))  # fmt: skip
+    assert res.returncode == 2 and message in _one_line(res.stderr)
+
+
+@pytest.fixture(scope="module")
+def trickle_server():
+    """A localhost HTTP server that answers every GET with headers, then one byte every 0.1 s, forever
+    (never silent for long enough to trip a per-read timeout)."""
+    import http.server
+    import threading
+    import time
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(1 << 30))
+            self.end_headers()
+            try:
+                for _ in range(600):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except OSError:  # the client gave up: what the test wants
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize("mode", ["stream", "index"])
+def test_a_server_trickling_bytes_is_cut_at_the_deadline(trickle_server, tmp_path, mode):
+    """A byte every 0.1 s kept data.remote_timeout_s (per read) from ever firing: start-up hung."""
+    res = _cli(_stream_train(tmp_path / "run", f"{trickle_server}/a.tar", f"data.webdataset_mode={mode}",
+                             "data.remote_timeout_s=1", "data.remote_deadline_s=2", "data.remote_retries=0",
+                             f"data.shard_cache={tmp_path / 'cache'}"))  # fmt: skip
+    assert res.returncode == 2 and "not read within data.remote_deadline_s=2 s" in _one_line(res.stderr)
+    assert not list(tmp_path.glob("cache/*.tar"))  # nothing cached as if complete
+
+
+def test_the_hang_watchdog_is_armed_from_the_start(tmp_path):
+    """train.hang_timeout bounds start-up too (it was armed at the first step): a first file that
+    takes longer than the timeout ends the run with the stacks, exit 124."""
+    res = _cli(_stream_train(tmp_path / "run", "pipe:sleep 50", "data.webdataset_mode=stream", "train.hang_timeout=2"))
+    assert res.returncode == 124, res.stderr
+    assert "no step completed for" in res.stderr and (tmp_path / "run" / "hang-rank0.txt").is_file()
+    assert "no step completed in this process" in (tmp_path / "run" / "hang-rank0.txt").read_text()
+
+
+def test_a_resampled_stream_of_bad_samples_stops_in_one_line(tmp_path):
+    """Every sample bad (labels outside the classes): the resampled stream drew shards without end, its
+    list of bad samples growing. It stops once it has drawn every shard (at least 16) without one good."""
+    bad = tmp_path / "bad"
+    _shard(bad / "a.tar", [f"k{i}" for i in range(8)], first_label=0)
+    with tarfile.open(bad / "a.tar") as tf:  # every label 10: outside data.num_classes=5
+        members = [(m, tf.extractfile(m).read()) for m in tf]
+    with tarfile.open(bad / "a.tar", "w") as tf:
+        for m, data in members:
+            data = b"7" if m.name.endswith(".cls") else data
+            m.size = len(data)
+            tf.addfile(m, io.BytesIO(data))
+    res = _cli(_stream_train(tmp_path / "run", str(bad), "data.webdataset_mode=stream", "data.resampled=true",
+                             "data.num_classes=5", "data.samples_per_epoch=64"))  # fmt: skip
+    line = res.stderr.strip().splitlines()[-1]  # after the warnings naming skipped samples
+    assert res.returncode == 1 and line.startswith("vitscale train: ") and "Traceback" not in res.stderr, res.stderr
+    assert "no good sample in" in line and "label 7 outside [0, 5)" in line
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.image_sizes=[32]", "data.tokens_per_batch=10000000"],
+     "data.tokens_per_batch=10000000 makes the batch of size 32 156250 images, more than the 1497 training images"),
+    (["data.image_sizes=[16,32]", "data.batch_sizes=[64,100000]"], "data.batch_sizes[1]=100000, more than the 1497 training images"),
+])  # fmt: skip
+def test_variable_resolution_batches_larger_than_an_epoch_are_refused(tmp_path, capsys, overrides, message):
+    """Accepted before, then one step gathered epochs of images and no step ran (the one-size path
+    refuses a batch larger than an epoch)."""
+    capsys.readouterr()
+    assert main(["train", "digits_vit", f"train.output_dir={tmp_path / 'run'}", "train.max_steps=1", *TINY_VIT, *QUIET,
+                 *overrides]) == 2  # fmt: skip
+    assert message in _one_line(capsys.readouterr().err)

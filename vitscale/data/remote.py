@@ -50,12 +50,15 @@ PIPE = "pipe:"
 class RemoteOptions:
     """Settings of remote reading (``data.remote_retries`` ...), taken from any config with them."""
 
-    def __init__(self, retries: int = 3, backoff_s: float = 1.0, timeout_s: float = 60.0, cache: str | None = None):
+    def __init__(self, retries: int = 3, backoff_s: float = 1.0, timeout_s: float = 60.0, cache: str | None = None,
+                 deadline_s: float = 1800.0):  # fmt: skip
         self.retries, self.backoff_s, self.timeout_s, self.cache = retries, backoff_s, timeout_s, cache
+        self.deadline_s = deadline_s
 
     @classmethod
     def of(cls, cfg) -> RemoteOptions:
-        return cls(cfg.remote_retries, cfg.remote_backoff_s, cfg.remote_timeout_s, cfg.shard_cache)
+        return cls(cfg.remote_retries, cfg.remote_backoff_s, cfg.remote_timeout_s, cfg.shard_cache,
+                   getattr(cfg, "remote_deadline_s", 1800.0))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ names
@@ -214,29 +217,82 @@ def check_urls(urls: list[str], field: str, opts: RemoteOptions) -> None:
 
 
 # ------------------------------------------------------------------------------------------ opening
-class _PipeStream:
-    """The standard output of a shell command; closing it checks the command's exit status."""
+STDERR_KEPT = 1 << 16  # the tail of a command's standard error kept for its error line
 
-    def __init__(self, url: str):
+
+class _PipeStream:
+    """The standard output of a shell command; closing it checks the command's exit status.
+
+    Its standard error is drained as it runs, by a thread that keeps the last 64 KiB (read after
+    stdout ended, a command that wrote more than the pipe holds, 64 KiB on Linux, blocked forever on
+    its next write). Each read waits at most ``opts.timeout_s`` for a byte and the whole output at
+    most ``opts.deadline_s`` (a silent or trickling command is a ``TimeoutError``: retried, then
+    skipped)."""
+
+    def __init__(self, url: str, opts: RemoteOptions | None = None):
+        import threading
+
+        opts = opts or RemoteOptions()
         self.url, self.cmd = url, url[len(PIPE):]
-        self.proc = subprocess.Popen(self.cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # noqa: S602
+        self.timeout_s, self.deadline = opts.timeout_s, time.monotonic() + opts.deadline_s
+        self.deadline_s = opts.deadline_s
+        # its own process group: closing early ends the whole pipeline, not just the shell
+        self.proc = subprocess.Popen(self.cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,  # noqa: S602
+                                     start_new_session=True)  # fmt: skip
+        self._err = bytearray()
+        self._drain = threading.Thread(target=self._read_stderr, name="vitscale-pipe-stderr", daemon=True)
+        self._drain.start()
+
+    def _read_stderr(self) -> None:
+        try:
+            while chunk := os.read(self.proc.stderr.fileno(), 1 << 16):
+                self._err += chunk
+                del self._err[:-STDERR_KEPT]
+        except (OSError, ValueError):  # closed under it: the stream was closed early
+            pass
 
     def read(self, n: int = -1) -> bytes:
-        data = self.proc.stdout.read(n)
-        if not data and n != 0:
+        out = bytearray()
+        fd = self.proc.stdout.fileno()
+        while n < 0 or len(out) < n:
+            chunk = self._read_some(fd, (1 << 20) if n < 0 else min(n - len(out), 1 << 20))
+            if not chunk:
+                break
+            out += chunk
+        if not out and n != 0:
             self._finish()
-        return data
+        return bytes(out)
+
+    def _read_some(self, fd: int, n: int) -> bytes:
+        import select
+
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"command {self.cmd!r} still sending after data.remote_deadline_s={self.deadline_s:g} s")
+        ready, _, _ = select.select([fd], [], [], min(self.timeout_s, left))
+        if not ready:
+            if left <= self.timeout_s:
+                raise TimeoutError(f"command {self.cmd!r} still sending after data.remote_deadline_s={self.deadline_s:g} s")
+            raise TimeoutError(f"command {self.cmd!r} sent nothing for data.remote_timeout_s={self.timeout_s:g} s")
+        return os.read(fd, n)
 
     def _finish(self) -> None:
         status = self.proc.wait()
         if status != 0:
-            err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
+            self._drain.join(timeout=5)
+            err = bytes(self._err).decode(errors="replace").strip().splitlines()
             raise OSError(f"command {self.cmd!r} exited with status {status}" + (f": {err[-1]}" if err else ""))
 
     def close(self) -> None:
         if self.proc.poll() is None:  # stopped early: not an error
-            self.proc.kill()
+            import signal
+
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                self.proc.kill()
             self.proc.wait()
+        self._drain.join(timeout=1)
         for f in (self.proc.stdout, self.proc.stderr):
             f.close()
 
@@ -263,15 +319,21 @@ def open_file(path: str):
 
 
 class _Raw(io.RawIOBase):
-    """A file-like object's ``read`` as the raw stream of an ``io.BufferedReader``."""
+    """A file-like object's ``read`` as the raw stream of an ``io.BufferedReader``; with a deadline
+    (``data.remote_deadline_s``), a read that starts past it is a ``TimeoutError`` (each read itself is
+    bounded by ``data.remote_timeout_s``): a server that trickles bytes cannot hold a reader forever."""
 
-    def __init__(self, f):
-        self.f = f
+    def __init__(self, f, deadline_s: float | None = None, url: str = ""):
+        self.f, self.url = f, url
+        self.deadline_s = deadline_s
+        self.deadline = time.monotonic() + deadline_s if deadline_s is not None else None
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise TimeoutError(f"{self.url} not read within data.remote_deadline_s={self.deadline_s:g} s")
         data = self.f.read(len(b))
         b[: len(data)] = data
         return len(data)
@@ -290,13 +352,13 @@ def open_stream(url: str, opts: RemoteOptions):
     kind = scheme(url)
     if kind in ("file", "pipe") or (kind == "hf" and _hf_offline()):
         return _open_stream(url, opts)
-    return io.BufferedReader(_Raw(_open_stream(url, opts)), buffer_size=READ_SIZE)
+    return io.BufferedReader(_Raw(_open_stream(url, opts), opts.deadline_s, url), buffer_size=READ_SIZE)
 
 
 def _open_stream(url: str, opts: RemoteOptions):
     kind = scheme(url)
     if kind == "pipe":
-        return _PipeStream(url)
+        return _PipeStream(url, opts)
     if kind == "file":
         return open_file(local_path(url))
     if kind == "hf" and _hf_offline():
