@@ -6,9 +6,11 @@ deadline, so a hang is a failure, never a stuck suite."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -23,6 +25,22 @@ from vitscale.cli import main
 REPO = Path(__file__).parents[2]
 QUIET = ["data.num_workers=0", "log.flops=false", "eval.every=0", "log.progress=plain", "log.report=false"]
 TINY_VIT = ["model.num_layers=1", "model.hidden_size=16", "model.ffn_hidden_size=32"]
+
+
+@contextlib.contextmanager
+def _alarm(seconds: int):
+    """A hang in this process fails the test: SIGALRM interrupts Python code and blocking calls alike."""
+
+    def fail(*_):
+        raise TimeoutError(f"hung: still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, fail)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def _one_line(err: str) -> str:
@@ -388,4 +406,31 @@ def test_variable_resolution_batches_larger_than_an_epoch_are_refused(tmp_path, 
     capsys.readouterr()
     assert main(["train", "digits_vit", f"train.output_dir={tmp_path / 'run'}", "train.max_steps=1", *TINY_VIT, *QUIET,
                  *overrides]) == 2  # fmt: skip
+    assert message in _one_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------- bounded by the bytes present
+def _timm_pth(hub_teacher, path: Path, **changes) -> Path:
+    from safetensors.torch import load_file
+
+    sd = load_file(hub_teacher[0] / "model.safetensors")
+    sd.update(changes)
+    torch.save(sd, path)
+    return path
+
+
+@pytest.mark.parametrize("tensor, message", [
+    (torch.zeros(1).as_strided((1 << 20, 1 << 20), (0, 0)),  # 2^40 elements over 4 bytes: the finiteness check hung
+     "is a view of 1099511627776 elements (strides [0, 0]) over 4 bytes of storage"),
+    (torch.eye(16).to_sparse(), "is a sparse_coo tensor (only dense ones are read)"),
+    (torch.zeros(1, 0, 16), "(pos_embed: 1x0x16 in the file, 1x65x16 in the model)"),  # a position embedding of no tokens: an empty grid
+])  # fmt: skip
+def test_a_pth_tensor_that_is_not_plain_weights_is_one_line(hub_teacher, tmp_path, capsys, tensor, message):
+    name = "pos_embed" if tensor.dim() == 3 else "head.weight" if tensor.is_sparse else "cls_token"
+    pth = _timm_pth(hub_teacher, tmp_path / "w.pth", **{name: tensor})
+    capsys.readouterr()
+    with _alarm(HANG):
+        rc = main(["train", "digits_vit", f"checkpoint.init_from={pth}", "checkpoint.init_format=timm", "train.max_steps=1",
+                   f"train.output_dir={tmp_path / 'run'}", *TINY_VIT, *QUIET])  # fmt: skip
+    assert rc in (1, 2)
     assert message in _one_line(capsys.readouterr().err)
