@@ -434,3 +434,72 @@ def test_a_pth_tensor_that_is_not_plain_weights_is_one_line(hub_teacher, tmp_pat
                    f"train.output_dir={tmp_path / 'run'}", *TINY_VIT, *QUIET])  # fmt: skip
     assert rc in (1, 2)
     assert message in _one_line(capsys.readouterr().err)
+
+
+def test_a_parquet_file_declaring_more_rows_than_bytes_is_refused_before_reading(tmp_path, capsys):
+    """A few kilobytes declaring a million rows (null images, one label repeated: run-length encoded);
+    the attack's 1.4 MB file declaring 10^8 took 92 s and 4.9 GB before the first check."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 1_000_000
+    data = tmp_path / "data"
+    data.mkdir()
+    table = pa.table({"image": pa.nulls(n, pa.binary()), "label": pa.array(torch.zeros(n, dtype=torch.int64).numpy())})
+    pq.write_table(table, data / "x.parquet")
+    size = (data / "x.parquet").stat().st_size
+    assert size < n
+    capsys.readouterr()
+    with _alarm(HANG):
+        rc = main(["train", "digits_vit", "data.format=parquet", f"data.train_path={data}", "train.max_steps=1",
+                   f"train.output_dir={tmp_path / 'run'}", *TINY_VIT, *QUIET])  # fmt: skip
+    assert rc == 2
+    assert f"x.parquet declares {n} rows in {size} bytes (fewer than one byte a row)" in _one_line(capsys.readouterr().err)
+
+
+def _shard_with_a_huge_member(path: Path, ext: str, size: int) -> Path:
+    """A shard whose sample k3 has a member of ``size`` bytes: a sparse file (a hole, no disk used)."""
+    _shard(path, [f"k{i}" for i in range(16)])
+    with tarfile.open(path) as tf:
+        members = [(m, tf.extractfile(m).read()) for m in tf]
+    with open(path, "wb") as out:
+        for m, blob in members:
+            out.write(m.tobuf(format=tarfile.PAX_FORMAT))
+            out.write(blob + b"\0" * (-len(blob) % tarfile.BLOCKSIZE))
+            if m.name == "k3.png":
+                big = tarfile.TarInfo(f"k3.{ext}")
+                big.size = size
+                out.write(big.tobuf(format=tarfile.PAX_FORMAT))
+                out.seek(size + (-size % tarfile.BLOCKSIZE), os.SEEK_CUR)  # a hole: read as zeros
+        out.write(b"\0" * tarfile.BLOCKSIZE * 2)
+    return path
+
+
+def test_a_huge_label_member_is_never_read_whole(tmp_path, capsys):
+    """A 2.5 GB ``.cls`` member (sparse here) took 15 GB of memory: index mode refuses the shard in one
+    line naming the member, before reading it."""
+    data = tmp_path / "data"
+    _shard_with_a_huge_member(data / "a.tar", "json", 2_500_000_000)
+    capsys.readouterr()
+    with _alarm(HANG):
+        rc = main(["train", "digits_vit", "data.format=webdataset", f"data.train_path={data}", "train.max_steps=1",
+                   "data.label_key=json.label", "data.num_classes=10", f"train.output_dir={tmp_path / 'run'}", *TINY_VIT,
+                   *QUIET])  # fmt: skip
+    assert rc == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "member k3.json is 2500000000 bytes, more than the 4194304 a label, caption or JSON member may hold" in line
+
+
+def test_a_huge_member_in_a_stream_is_skipped_unread(tmp_path):
+    """Streamed, the member's bytes are passed over, never held: its sample is skipped with the reason."""
+    from vitscale.data.tar import SMALL_MEMBER_MAX, iter_samples
+
+    shard = _shard_with_a_huge_member(tmp_path / "a.tar", "txt", SMALL_MEMBER_MAX + 1)
+    with open(shard, "rb") as f:
+        samples = list(iter_samples(f, str(shard)))
+    assert [s["__key__"] for s in samples] == [f"k{i}" for i in range(16)]
+    assert "txt" not in samples[3] and "more than the 4194304" in samples[3]["__too_large__"]
+    res = _cli(_stream_train(tmp_path / "run", str(tmp_path), "data.webdataset_mode=stream", "data.samples_per_epoch=16",
+                             "data.shuffle_buffer=0"))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "k3 (member k3.txt is 4194305 bytes" in (tmp_path / "run" / "train.log").read_text()

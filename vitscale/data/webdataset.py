@@ -129,6 +129,8 @@ class ShardReader(UnitReader):
             out["label"] = _label(s, self.label_key)
         except LabelError as e:
             out["label"], out["label_error"] = None, str(e)
+        if s.get("__too_large__"):  # a member not read: the sample is bad, with the reason
+            out["label"], out["label_error"] = None, s["__too_large__"]
         if out["label"] is None:
             out["label_missing"] = f"no {_what(self.label_key)}"
         return out
