@@ -503,3 +503,44 @@ def test_a_huge_member_in_a_stream_is_skipped_unread(tmp_path):
                              "data.shuffle_buffer=0"))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "k3 (member k3.txt is 4194305 bytes" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_a_cut_http_shard_is_named_and_never_cached_as_complete(shards, tmp_path, capsys):
+    """A server that sends half a shard without a length and closes: the copy looked complete, was
+    cached, and every later run read the cut copy. Now it is named, not cached; served whole, it trains."""
+    import http.server
+    import threading
+
+    whole = (shards / "a.tar").read_bytes()
+    state = {"cut": True}
+
+    class Cut(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"  # no length: the end of the body is where the connection closes
+
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(whole[: len(whole) // 2] if state["cut"] else whole)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Cut)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url, cache = f"http://127.0.0.1:{srv.server_address[1]}/a.tar", tmp_path / "cache"
+    args = ["data.webdataset_mode=index", "data.remote_retries=0", f"data.shard_cache={cache}"]
+    try:
+        capsys.readouterr()
+        with _alarm(HANG):
+            assert main(_stream_train(tmp_path / "cut", url, *args)) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert f"{url} was cut short" in line and "no end-of-archive blocks" in line
+        assert not list(cache.glob("*.tar"))
+        state["cut"] = False
+        with _alarm(HANG):
+            assert main(_stream_train(tmp_path / "whole", url, *args)) == 0
+        assert len(list(cache.glob("*.tar"))) == 1
+    finally:
+        srv.shutdown()
+        srv.server_close()

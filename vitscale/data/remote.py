@@ -416,6 +416,9 @@ def local_copy(url: str, opts: RemoteOptions) -> str:
             with open_stream(url, opts) as src, open(part, "wb") as dst:
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
+            cut = cut_short(part, name_of(url))
+            if cut:  # a server that closes early without a length looks like the end: never cached as complete
+                raise EOFError(f"{url} was cut short ({cut}): not cached")
             os.replace(part, target)  # complete files only: another process may download it too
         finally:
             if os.path.exists(part):
@@ -423,6 +426,26 @@ def local_copy(url: str, opts: RemoteOptions) -> str:
         return target
 
     return retrying(download, url, opts)
+
+
+def cut_short(path: str, name: str) -> str | None:
+    """Why a downloaded tar or Parquet file is visibly incomplete (an HTTP answer without a length
+    ends where the connection closes), else None: a tar ends with two zero blocks, a Parquet file with
+    its footer and the magic ``PAR1``."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if name.endswith(".tar"):
+            if size < 2 * tarfile.BLOCKSIZE or size % tarfile.BLOCKSIZE:
+                return f"{size} bytes, not whole tar blocks"
+            f.seek(size - 2 * tarfile.BLOCKSIZE)
+            if f.read().strip(b"\0"):
+                return f"{size} bytes, no end-of-archive blocks"
+        elif name.endswith(".parquet"):
+            head = f.read(4)
+            f.seek(max(size - 4, 0))
+            if size < 12 or head != b"PAR1" or f.read(4) != b"PAR1":
+                return f"{size} bytes, no Parquet footer"
+    return None
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -489,6 +512,6 @@ def read_retrying(read: Callable[[], Iterator], url: str, opts: RemoteOptions, s
             sleep(wait)
 
 
-__all__ = ["PIPE", "RemoteOptions", "check_scheme", "check_urls", "describe_error", "expand", "is_local",
+__all__ = ["PIPE", "RemoteOptions", "check_scheme", "check_urls", "cut_short", "describe_error", "expand", "is_local",
            "local_copy", "name_of", "open_file", "open_random", "open_stream", "read_retrying", "retrying",
            "scheme", "transient"]
