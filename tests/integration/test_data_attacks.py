@@ -286,10 +286,11 @@ def test_a_teacher_emitting_nonfinite_logits_stops_the_run_naming_the_step(teach
 HANG = 60  # seconds before a test counts as hung: far above what each run below takes
 
 
-def _cli(args: list[str], timeout: int = HANG) -> subprocess.CompletedProcess:
+def _cli(args: list[str], timeout: int = HANG, env: dict | None = None) -> subprocess.CompletedProcess:
     """``vitscale ARGS`` in a fresh process under a deadline: a hang fails the test, never the suite."""
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-m", "vitscale", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})  # fmt: skip
+                          env={**os.environ, "PYTHONPATH": path, **(env or {})})  # fmt: skip
 
 
 def _stream_train(out: Path, path: str, *extra: str) -> list[str]:
@@ -541,6 +542,64 @@ def test_a_cut_http_shard_is_named_and_never_cached_as_complete(shards, tmp_path
         with _alarm(HANG):
             assert main(_stream_train(tmp_path / "whole", url, *args)) == 0
         assert len(list(cache.glob("*.tar"))) == 1
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+# ------------------------------------------------------------------------------------- the Hub: the cache only
+def _hub_cache(root: Path, repo: str, files: Path) -> Path:
+    """The Hugging Face cache layout (https://huggingface.co/docs/huggingface_hub/guides/manage-cache):
+    ``models--org--name/blobs/<sha256>``, ``snapshots/<commit>/<file>`` linked to its blob, ``refs/main``."""
+    import hashlib
+
+    folder = root / ("models--" + repo.replace("/", "--"))
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    snap = folder / "snapshots" / commit
+    (folder / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in files.iterdir():
+        data = f.read_bytes()
+        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit)
+    return root
+
+
+def test_label_tokens_reads_an_hf_hub_teacher_from_the_cache_only(hub_teacher, tmp_path):
+    """``teacher.timm=hf-hub:…``: timm fetched the architecture's config from the Hub (docs/trust.md:
+    the cache only). HF_ENDPOINT points at a server the test starts, which counts every request: none."""
+    import http.server
+    import threading
+
+    asked = []
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            self.send_error(500)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    cache = _hub_cache(tmp_path / "hub", "acme/tiny-vit", hub_teacher[0])
+    env = {"HF_HUB_CACHE": str(cache), "HF_ENDPOINT": f"http://127.0.0.1:{srv.server_address[1]}", "HF_HUB_OFFLINE": "0"}
+    try:
+        args = ["label-tokens", "digits_vit", "teacher.timm=hf-hub:acme/tiny-vit", "teacher.batch_size=500",
+                "teacher.splits=[val]", *QUIET[:1]]  # fmt: skip
+        res = _cli([*args, "teacher.checkpoint=hf-hub:acme/tiny-vit", str(tmp_path / "labels")], env=env)
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["splits"]["val"]["images"] == 300
+        res = _cli([*args, "teacher.checkpoint=hf-hub:acme/missing", str(tmp_path / "none")], env=env)
+        assert res.returncode == 1 and "no snapshot of acme/missing in the local Hugging Face cache" in _one_line(res.stderr)
+        assert asked == []  # not one request reached the Hub
     finally:
         srv.shutdown()
         srv.server_close()
