@@ -603,3 +603,18 @@ def test_label_tokens_reads_an_hf_hub_teacher_from_the_cache_only(hub_teacher, t
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+# ------------------------------------------------------------------------------------- one line, not a traceback
+@pytest.mark.parametrize("config, overrides, message", [
+    ("digits_vit", ["checkpoint.save_on_signal=[SIGTERM,SIGUSR3]"], "'SIGUSR3' is not a signal name here (did you mean SIGUSR2?)"),
+    ("digits_vit", ["checkpoint.save_on_signal=SIGKILL"], "SIGKILL cannot be caught by any process"),
+    ("digits_naflex", ["data.eval_seq_len=1000000000"], "data.eval_seq_len=1000000000 is not a usable sequence length"),
+    ("digits_naflex", ["data.digits_sizes=[[100000,100000]]"], "sides up to 512 px"),
+    ("digits_naflex", ["model.class_token_length=-1"], "class_token_length must be a count of prefix tokens, 0 or more"),
+])  # fmt: skip
+def test_signal_names_and_naflex_sizes_are_one_line(tmp_path, capsys, config, overrides, message):
+    """Each was an AttributeError, an allocation of 30-48 GB or a shape error, as a traceback."""
+    capsys.readouterr()
+    assert main(["train", config, "train.max_steps=1", f"train.output_dir={tmp_path / 'run'}", *QUIET, *overrides]) == 2
+    assert message in _one_line(capsys.readouterr().err)
