@@ -127,6 +127,8 @@ def test_keys_holding_line_breaks_keep_every_row_on_its_sample(teacher, tmp_path
     (lambda d: (d / "train.keys.json").write_text(json.dumps(["a0", "a0"] + [f"k{i}" for i in range(8)])), "'a0' is held by two"),
     (lambda d: (d / "train.keys.json").write_text(json.dumps(["a0"])), "must list 10 sample keys"),
     (lambda d: (d / "train.keys.json").write_text("a0\nb1\n"), "is not JSON"),
+    (lambda d: (d / "train.keys.json").write_text(json.dumps(["k1", "k0"] + [f"k{i}" for i in range(2, 10)])),
+     "reads row"),  # every key unique, two rows swapped: each row checked against its sample's class
 ])  # fmt: skip
 def test_a_damaged_keys_file_is_refused_when_read(teacher, tmp_path, capsys, damage, message):
     """Keys edited after labelling (a duplicate, a row short, a line-per-key file): one line when the

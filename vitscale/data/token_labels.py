@@ -9,6 +9,8 @@ Layout of a label folder (written by ``vitscale label-tokens``)::
     train.cls_indices.i16         int16   (N, k)
     train.boxes.f32               float32 (N, 4): the part of the original image the teacher saw
                                   (top, left, h, w fractions; (0, 0, 1, 1) unless a center crop cut it)
+    train.labels.i32              int32   (N,): the class label of the sample labelled on row i (-1: none),
+                                  checked against the batch's labels whenever a row is read
     train.keys.json               (shards) a JSON list: the sample key of row i at position i (JSON
                                   escapes every character, so no key -- U+2028, a line break -- can
                                   shift a row); keys are unique across every shard of the split
@@ -63,6 +65,7 @@ def _files(root: Path, split: str) -> dict[str, Path]:
         "cls_indices": root / f"{split}.cls_indices.i16",
         "boxes": root / f"{split}.boxes.f32",
         "keys": root / f"{split}.keys.json",
+        "labels": root / f"{split}.labels.i32",
     }
 
 
@@ -106,12 +109,13 @@ class TokenLabelWriter:
         self.cls_values = np.memmap(f["cls_values"], np.float16, mode, shape=(self.n, self.topk))
         self.cls_indices = np.memmap(f["cls_indices"], np.int16, mode, shape=(self.n, self.topk))
         self.boxes = np.memmap(f["boxes"], np.float32, mode, shape=(self.n, 4))
+        self.labels = np.memmap(f["labels"], np.int32, mode, shape=(self.n,))
 
     def write(self, index: torch.Tensor, token_probs: torch.Tensor, cls_probs: torch.Tensor,
-              boxes: torch.Tensor | None = None) -> None:  # fmt: skip
+              boxes: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> None:  # fmt: skip
         """``index`` (B,); ``token_probs`` (B, gh, gw, C) and ``cls_probs`` (B, C) distributions;
-        ``boxes`` (B, 4) the teacher's view of each image (None = the whole image). Rows of padding
-        samples (index -1) are not written."""
+        ``boxes`` (B, 4) the teacher's view of each image (None = the whole image); ``labels`` (B,) the
+        samples' class labels (None: -1, not checked). Rows of padding samples (index -1) are not written."""
         if not self.writes:
             return
         keep = index.cpu() >= 0
@@ -121,6 +125,7 @@ class TokenLabelWriter:
         keep_d = keep.to(token_probs.device)
         token_probs, cls_probs, boxes = token_probs[keep_d], cls_probs[keep_d], boxes.cpu()[keep]
         self.boxes[idx] = boxes.float().numpy()
+        self.labels[idx] = labels.cpu()[keep].numpy().astype(np.int32) if labels is not None else -1
         v, i = token_probs.float().topk(self.topk, dim=-1)  # (B, gh, gw, k)
         self.values[idx] = v.permute(0, 3, 1, 2).cpu().numpy().astype(np.float16)
         self.indices[idx] = i.permute(0, 3, 1, 2).cpu().numpy().astype(np.int16)
@@ -130,7 +135,7 @@ class TokenLabelWriter:
         self.written[idx] = True
 
     def close(self) -> dict:
-        for a in (self.values, self.indices, self.cls_values, self.cls_indices, self.boxes):
+        for a in (self.values, self.indices, self.cls_values, self.cls_indices, self.boxes, self.labels):
             a.flush()
         done = _sum_over_ranks(int(self.written.sum()))  # the ranks' rows are disjoint
         if done != self.n:
@@ -141,7 +146,8 @@ class TokenLabelWriter:
             meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"splits": {}}
             meta["num_classes"] = self.num_classes
             meta.update({k: v for k, v in self.info.items() if k != "splits"})
-            meta["splits"][self.split] = {"num_samples": self.n, "grid": list(self.grid), "topk": self.topk}
+            meta["splits"][self.split] = {"num_samples": self.n, "grid": list(self.grid), "topk": self.topk,
+                                          "labels": _files(self.root, self.split)["labels"].name}  # fmt: skip
             if self.keys is not None:
                 keys_path = _files(self.root, self.split)["keys"]
                 keys_path.write_text(json.dumps(self.keys))  # ASCII: every other character escaped
@@ -196,6 +202,10 @@ class TokenLabelStore:
         self.cls_values = np.memmap(f["cls_values"], np.float16, "r", shape=(self.num_samples, self.topk))
         self.cls_indices = np.memmap(f["cls_indices"], np.int16, "r", shape=(self.num_samples, self.topk))
         self.boxes = np.memmap(f["boxes"], np.float32, "r", shape=(self.num_samples, 4))
+        self.labels = None  # older label folders hold no labels: their rows are not checked
+        if s.get("labels"):
+            require_regular([f["labels"]])
+            self.labels = np.memmap(f["labels"], np.int32, "r", shape=(self.num_samples,))
         self._keys_file = (self.root / Path(s["keys"]).name) if s.get("keys") else None
         if self._keys_file is not None and self._keys_file.name != f["keys"].name:
             raise CheckError(f"token labels at {self.root}: {self._keys_file.name} is a line-per-key file an older "
@@ -206,9 +216,33 @@ class TokenLabelStore:
     def __len__(self) -> int:
         return self.num_samples
 
-    def rows(self, index: torch.Tensor, keys: list[str] | None = None) -> torch.Tensor:
+    def rows(self, index: torch.Tensor, keys: list[str] | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
         """The label rows of a batch: by sample key when the labels and the batch have keys (shards,
-        streamed in any order), else the batch's dataset index."""
+        streamed in any order), else the batch's dataset index; each row checked against its sample's
+        class label (``labels``, host tensor) when the folder holds the labels it was made from."""
+        rows = self._rows_of(index, keys)
+        if labels is not None and self.labels is not None:
+            self.check(rows, labels, keys)
+        return rows
+
+    def check(self, rows: torch.Tensor, labels: torch.Tensor, keys: list[str] | None = None) -> None:
+        """A one-line :class:`CheckError` when a row was made from an image of another class than the
+        sample that reads it (labels made from other data, keys edited, rows shifted)."""
+        r = np.asarray(rows.detach().cpu().numpy(), dtype=np.int64)
+        if r.size and (r.min() < 0 or r.max() >= self.num_samples):
+            raise CheckError(f"token labels at {self.root}: sample row out of range for {self.num_samples} rows: made "
+                             "from other data? run `vitscale label-tokens` on this data")  # fmt: skip
+        want = np.asarray(self.labels[r])
+        got = labels.detach().cpu().numpy().astype(np.int64)
+        bad = np.flatnonzero((want >= 0) & (got >= 0) & (want != got))
+        if bad.size:
+            j = int(bad[0])
+            who = f"sample {keys[j]!r}" if keys is not None else f"sample {int(r[j])}"
+            raise CheckError(f"token labels at {self.root}: {who} (class {int(got[j])}) reads row {int(r[j])}, made from "
+                             f"an image of class {int(want[j])}: the labels are not this data's (made from other data, "
+                             "or their files edited); run `vitscale label-tokens` on this data")  # fmt: skip
+
+    def _rows_of(self, index: torch.Tensor, keys: list[str] | None) -> torch.Tensor:
         if self._keys_file is None:
             if keys is not None:
                 raise CheckError(f"token labels at {self.root} are by sample index, but the data gives sample keys "

@@ -62,7 +62,7 @@ def label_split(
             if writer is None:
                 writer = TokenLabelWriter(out, split, n, tuple(tok.shape[1:3]), min(topk, num_classes), num_classes,
                                           info, writes=writes, keys=keys)  # fmt: skip
-            writer.write(batch["index"], tok_p, cls_p, batch.get("crop"))
+            writer.write(batch["index"], tok_p, cls_p, batch.get("crop"), batch["label"])
             real = (batch["index"] >= 0).to(device)  # padding samples (index -1) do not count
             labels = batch["label"].to(device)
             tok_hit = (tok_p.argmax(-1) == labels.view(-1, 1, 1)).double().mean((1, 2))  # (B,)
