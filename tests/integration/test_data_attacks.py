@@ -620,3 +620,4 @@ def test_signal_names_and_naflex_sizes_are_one_line(tmp_path, capsys, config, ov
     capsys.readouterr()
     assert main(["train", config, "train.max_steps=1", f"train.output_dir={tmp_path / 'run'}", *QUIET, *overrides]) == 2
     assert message in _one_line(capsys.readouterr().err)
+    assert not list(tmp_path.glob("run/*"))  # refused before anything was written
