@@ -621,3 +621,36 @@ def test_signal_names_and_naflex_sizes_are_one_line(tmp_path, capsys, config, ov
     assert main(["train", config, "train.max_steps=1", f"train.output_dir={tmp_path / 'run'}", *QUIET, *overrides]) == 2
     assert message in _one_line(capsys.readouterr().err)
     assert not list(tmp_path.glob("run/*"))  # refused before anything was written
+
+
+def test_a_silent_s3_endpoint_is_one_line_at_start_up(tmp_path):
+    """An S3 endpoint that accepts connections and never answers: botocore waited 60 s a read and
+    retried on its own (46 s at data.remote_timeout_s=1 before). Now data.remote_timeout_s is its read
+    timeout, one attempt, vitscale's own retries."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held = []
+
+    def accept():
+        while True:
+            try:
+                held.append(srv.accept()[0])  # accepted, never answered
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{srv.getsockname()[1]}"}  # fmt: skip
+    try:
+        res = _cli(_stream_train(tmp_path / "run", "s3://bucket/a.tar", "data.webdataset_mode=stream", "data.remote_timeout_s=1",
+                                 "data.remote_retries=0"), timeout=30, env=env)  # fmt: skip
+    finally:
+        srv.close()
+        for c in held:
+            c.close()
+    line = res.stderr.strip().splitlines()[-1]  # after s3fs's own warnings, if any
+    assert res.returncode == 2 and line.startswith("vitscale train: ") and "Read timeout" in line, res.stderr

@@ -171,8 +171,8 @@ class RemoteFields:
     remote_backoff_s: float = 1.0
     """Seconds before the first retry (then doubled each time)."""
     remote_timeout_s: float = 60.0
-    """HTTP(S) and ``pipe:``: seconds without a byte (connecting or reading) before the attempt counts
-    as failed."""
+    """HTTP(S), S3 and ``pipe:``: seconds without a byte (connecting or reading) before the attempt
+    counts as failed."""
     remote_deadline_s: float = 1800.0
     """Seconds one remote file (a shard, a Parquet file, a ``pipe:`` command's output) may take in
     all, from opening it to its last byte: a server or command that trickles a byte now and then

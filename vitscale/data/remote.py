@@ -304,6 +304,12 @@ class _PipeStream:
 
 
 def _http_kwargs(url: str, opts: RemoteOptions) -> dict:
+    """The per-read timeout of a store: aiohttp's for http(s); botocore's for S3 (its default waits
+    60 s a read and retries on its own: a silent endpoint held start-up for minutes), one attempt each,
+    vitscale retrying (``data.remote_retries``)."""
+    if scheme(url) in ("s3", "s3a"):
+        return {"config_kwargs": {"connect_timeout": opts.timeout_s, "read_timeout": opts.timeout_s,
+                                  "retries": {"max_attempts": 1}}}  # fmt: skip
     if scheme(url) not in ("http", "https"):
         return {}
     import aiohttp
@@ -370,7 +376,7 @@ def _open_stream(url: str, opts: RemoteOptions):
     if kind in ("http", "https"):
         fs, path = fsspec.core.url_to_fs(url, **_http_kwargs(url, opts))
         return fs.open(path, "rb", block_size=0, size=1)
-    return fsspec.open(url, "rb").open()
+    return fsspec.open(url, "rb", **_http_kwargs(url, opts)).open()
 
 
 def open_random(url: str, opts: RemoteOptions):
