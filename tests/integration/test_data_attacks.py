@@ -295,6 +295,16 @@ def _cli(args: list[str], timeout: int = HANG, env: dict | None = None) -> subpr
                           env={**os.environ, "PYTHONPATH": path, **(env or {})})  # fmt: skip
 
 
+def _in_process(args: list[str], capsys) -> subprocess.CompletedProcess:
+    """``vitscale ARGS`` through ``vitscale.cli.main`` under an alarm (a hang fails the test): what
+    ``_cli`` gives, without a fresh interpreter's start-up."""
+    capsys.readouterr()
+    with _alarm(HANG):
+        rc = main(args)
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, rc, out.out, out.err)
+
+
 def _stream_train(out: Path, path: str, *extra: str) -> list[str]:
     return ["train", "digits_vit", "data.format=webdataset", f"data.train_path={path}", "data.num_classes=10",
             "train.batch_size=8", "train.max_steps=2", f"train.output_dir={out}", "checkpoint.every=0", *TINY_VIT, *QUIET,
@@ -308,12 +318,13 @@ def shards(tmp_path_factory) -> Path:
     return root
 
 
-def test_a_pipe_writing_megabytes_to_stderr_does_not_deadlock(shards, tmp_path):
+def test_a_pipe_writing_megabytes_to_stderr_does_not_deadlock(shards, tmp_path, capsys):
     """stderr was read only after stdout ended: a command writing more than a pipe holds (64 KiB)
     blocked on its next write, and the run with it. It is drained as the command runs."""
     cmd = f"pipe:head -c 1000000 /dev/zero >&2; cat {shards / 'a.tar'}"
     for mode in ("stream", "index"):
-        res = _cli(_stream_train(tmp_path / mode, cmd, f"data.webdataset_mode={mode}", f"data.shard_cache={tmp_path / 'c'}"))
+        res = _in_process(_stream_train(tmp_path / mode, cmd, f"data.webdataset_mode={mode}", f"data.shard_cache={tmp_path / 'c'}"),
+                          capsys)  # fmt: skip
         assert res.returncode == 0, res.stderr
         assert json.loads((tmp_path / mode / "summary.json").read_text())["steps"] == 2
 
@@ -322,9 +333,9 @@ def test_a_pipe_writing_megabytes_to_stderr_does_not_deadlock(shards, tmp_path):
     ("pipe:sleep 50", "sent nothing for data.remote_timeout_s=1 s"),  # a silent command
     ("pipe:while true; do printf x; sleep 0.1; done", "still sending after data.remote_deadline_s=2 s"),  # a trickle
 ])  # fmt: skip
-def test_a_silent_or_trickling_pipe_is_one_line_at_start_up(tmp_path, cmd, message):
-    res = _cli(_stream_train(tmp_path / "run", cmd, "data.webdataset_mode=stream", "data.remote_timeout_s=1",
-                             "data.remote_deadline_s=2", "data.remote_retries=0"))  # fmt: skip
+def test_a_silent_or_trickling_pipe_is_one_line_at_start_up(tmp_path, capsys, cmd, message):
+    res = _in_process(_stream_train(tmp_path / "run", cmd, "data.webdataset_mode=stream", "data.remote_timeout_s=1",
+                                    "data.remote_deadline_s=2", "data.remote_retries=0"), capsys)  # fmt: skip
     assert res.returncode == 2 and message in _one_line(res.stderr)
 
 
@@ -361,11 +372,11 @@ def trickle_server():
 
 
 @pytest.mark.parametrize("mode", ["stream", "index"])
-def test_a_server_trickling_bytes_is_cut_at_the_deadline(trickle_server, tmp_path, mode):
+def test_a_server_trickling_bytes_is_cut_at_the_deadline(trickle_server, tmp_path, capsys, mode):
     """A byte every 0.1 s kept data.remote_timeout_s (per read) from ever firing: start-up hung."""
-    res = _cli(_stream_train(tmp_path / "run", f"{trickle_server}/a.tar", f"data.webdataset_mode={mode}",
-                             "data.remote_timeout_s=1", "data.remote_deadline_s=2", "data.remote_retries=0",
-                             f"data.shard_cache={tmp_path / 'cache'}"))  # fmt: skip
+    res = _in_process(_stream_train(tmp_path / "run", f"{trickle_server}/a.tar", f"data.webdataset_mode={mode}",
+                                    "data.remote_timeout_s=1", "data.remote_deadline_s=2", "data.remote_retries=0",
+                                    f"data.shard_cache={tmp_path / 'cache'}"), capsys)  # fmt: skip
     assert res.returncode == 2 and "not read within data.remote_deadline_s=2 s" in _one_line(res.stderr)
     assert not list(tmp_path.glob("cache/*.tar"))  # nothing cached as if complete
 
@@ -379,7 +390,7 @@ def test_the_hang_watchdog_is_armed_from_the_start(tmp_path):
     assert "no step completed in this process" in (tmp_path / "run" / "hang-rank0.txt").read_text()
 
 
-def test_a_resampled_stream_of_bad_samples_stops_in_one_line(tmp_path):
+def test_a_resampled_stream_of_bad_samples_stops_in_one_line(tmp_path, capsys):
     """Every sample bad (labels outside the classes): the resampled stream drew shards without end, its
     list of bad samples growing. It stops once it has drawn every shard (at least 16) without one good."""
     bad = tmp_path / "bad"
@@ -391,8 +402,8 @@ def test_a_resampled_stream_of_bad_samples_stops_in_one_line(tmp_path):
             data = b"7" if m.name.endswith(".cls") else data
             m.size = len(data)
             tf.addfile(m, io.BytesIO(data))
-    res = _cli(_stream_train(tmp_path / "run", str(bad), "data.webdataset_mode=stream", "data.resampled=true",
-                             "data.num_classes=5", "data.samples_per_epoch=64"))  # fmt: skip
+    res = _in_process(_stream_train(tmp_path / "run", str(bad), "data.webdataset_mode=stream", "data.resampled=true",
+                                    "data.num_classes=5", "data.samples_per_epoch=64"), capsys)  # fmt: skip
     line = res.stderr.strip().splitlines()[-1]  # after the warnings naming skipped samples
     assert res.returncode == 1 and line.startswith("vitscale train: ") and "Traceback" not in res.stderr, res.stderr
     assert "no good sample in" in line and "label 7 outside [0, 5)" in line
@@ -493,7 +504,7 @@ def test_a_huge_label_member_is_never_read_whole(tmp_path, capsys):
     assert "member k3.json is 2500000000 bytes, more than the 4194304 a label, caption or JSON member may hold" in line
 
 
-def test_a_huge_member_in_a_stream_is_skipped_unread(tmp_path):
+def test_a_huge_member_in_a_stream_is_skipped_unread(tmp_path, capsys):
     """Streamed, the member's bytes are passed over, never held: its sample is skipped with the reason."""
     from vitscale.data.tar import SMALL_MEMBER_MAX, iter_samples
 
@@ -502,8 +513,8 @@ def test_a_huge_member_in_a_stream_is_skipped_unread(tmp_path):
         samples = list(iter_samples(f, str(shard)))
     assert [s["__key__"] for s in samples] == [f"k{i}" for i in range(16)]
     assert "txt" not in samples[3] and "more than the 4194304" in samples[3]["__too_large__"]
-    res = _cli(_stream_train(tmp_path / "run", str(tmp_path), "data.webdataset_mode=stream", "data.samples_per_epoch=16",
-                             "data.shuffle_buffer=0"))  # fmt: skip
+    res = _in_process(_stream_train(tmp_path / "run", str(tmp_path), "data.webdataset_mode=stream", "data.samples_per_epoch=16",
+                                    "data.shuffle_buffer=0"), capsys)  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "k3 (member k3.txt is 4194305 bytes" in (tmp_path / "run" / "train.log").read_text()
 
