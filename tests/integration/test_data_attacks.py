@@ -634,7 +634,8 @@ def test_signal_names_and_naflex_sizes_are_one_line(tmp_path, capsys, config, ov
     assert not list(tmp_path.glob("run/*"))  # refused before anything was written
 
 
-def test_a_silent_s3_endpoint_is_one_line_at_start_up(tmp_path):
+@pytest.mark.parametrize("path", ["s3://bucket/a.tar", "s3://bucket/shards/"])  # a file; a folder to list
+def test_a_silent_s3_endpoint_is_one_line_at_start_up(tmp_path, path):
     """An S3 endpoint that accepts connections and never answers: botocore waited 60 s a read and
     retried on its own (46 s at data.remote_timeout_s=1 before). Now data.remote_timeout_s is its read
     timeout, one attempt, vitscale's own retries."""
@@ -657,7 +658,7 @@ def test_a_silent_s3_endpoint_is_one_line_at_start_up(tmp_path):
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{srv.getsockname()[1]}"}  # fmt: skip
     try:
-        res = _cli(_stream_train(tmp_path / "run", "s3://bucket/a.tar", "data.webdataset_mode=stream", "data.remote_timeout_s=1",
+        res = _cli(_stream_train(tmp_path / "run", path, "data.webdataset_mode=stream", "data.remote_timeout_s=1",
                                  "data.remote_retries=0"), timeout=30, env=env)  # fmt: skip
     finally:
         srv.close()

@@ -112,7 +112,7 @@ def read_table(cfg, name: str, path: str, classes: list[str] | None, opts: Remot
     import pyarrow.parquet as pq
 
     field = "data.train_path" if name == "train" else "data.val_path"
-    urls = expand(path, EXTS, field)
+    urls = expand(path, EXTS, field, opts)
     groups, raw_labels, captions, hf_names, columns = [], [], [], None, []
     want_labels = cfg.label_column is not None
     for i, url in enumerate(urls):
@@ -349,7 +349,7 @@ def check(cfg) -> None:
     opts = RemoteOptions.of(cfg)
     for field, path in (("data.train_path", cfg.train_path), ("data.val_path", cfg.val_path)):
         if path:
-            urls = expand(path, EXTS, field)
+            urls = expand(path, EXTS, field, opts)
             if scheme(urls[0]) not in ("http", "https", "pipe"):
                 check_urls(urls, field, opts)
 

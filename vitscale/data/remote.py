@@ -95,11 +95,11 @@ def _braces(text: str) -> list[str]:
     return list(braceexpand(text))
 
 
-def _fs(url: str):
-    """(fsspec filesystem, path) of a URL."""
+def _fs(url: str, opts: RemoteOptions | None = None):
+    """(fsspec filesystem, path) of a URL; with ``opts``, its reads bounded by ``opts.timeout_s``."""
     import fsspec
 
-    return fsspec.core.url_to_fs(url)
+    return fsspec.core.url_to_fs(url, **(_http_kwargs(url, opts) if opts is not None else {}))
 
 
 def _hf_offline() -> bool:
@@ -131,9 +131,9 @@ def hf_local(url: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ lists
-def expand(spec: str, exts: tuple[str, ...], field: str = "data.train_path") -> list[str]:
+def expand(spec: str, exts: tuple[str, ...], field: str = "data.train_path", opts: RemoteOptions | None = None) -> list[str]:
     """The files of ``spec`` (see the module docstring); a ``CheckError`` naming ``field`` when it
-    expands to nothing."""
+    expands to nothing. ``opts``: a remote listing's reads bounded by ``data.remote_timeout_s``."""
     out: list[str] = []
     for part in str(spec).split("::"):
         for item in _braces(part):
@@ -146,7 +146,10 @@ def expand(spec: str, exts: tuple[str, ...], field: str = "data.train_path") -> 
                 out += _list_local(local_path(item), exts, spec)
             else:
                 check_scheme(item, field)
-                out += _list_remote(item, exts)
+                try:
+                    out += _list_remote(item, exts, opts)
+                except Exception as e:  # a store that refuses or never answers: one line naming the path
+                    raise CheckError(f"{field}={spec}: listing {item} failed: {describe_error(e)}") from None
     if not out:
         raise CheckError(f"{field}={spec}: expands to no {' / '.join(exts)} files; check the path, pattern or folder")
     return out
@@ -166,8 +169,8 @@ def _list_local(path: str, exts: tuple[str, ...], spec: str) -> list[str]:
     return [p for p in found if os.path.isfile(p)] if folder else found  # a folder's broken links: not listed
 
 
-def _list_remote(url: str, exts: tuple[str, ...]) -> list[str]:
-    fs, path = _fs(url)
+def _list_remote(url: str, exts: tuple[str, ...], opts: RemoteOptions | None = None) -> list[str]:
+    fs, path = _fs(url, opts)
     if any(c in path for c in "*?["):
         return sorted(fs.unstrip_protocol(p) for p in fs.glob(path))
     if path.endswith(exts):  # a file: its existence is checked when it is opened

@@ -71,7 +71,7 @@ def _index(cfg, name: str, path: str, classes, opts: RemoteOptions, tokenize) ->
     field = _field(name)
     images, captions, labels, keys = [], [], [], []
     missing = None  # (url, key) of the first sample without a label
-    for url in expand(path, EXTS, field):
+    for url in expand(path, EXTS, field, opts):
         try:
             local = local_copy(url, opts)
             samples = index_shard(local, _small_exts(cfg.label_key), url=url if local != url else "")
@@ -137,7 +137,7 @@ class ShardReader(UnitReader):
 
 
 def _stream(cfg, path: str, opts: RemoteOptions, tokenize) -> Split:
-    urls = expand(path, EXTS, "data.train_path")
+    urls = expand(path, EXTS, "data.train_path", opts)
     reader = ShardReader(urls, cfg.label_key, opts)
     first = _first_shard(reader, urls[0], whole=not cfg.samples_per_epoch)
     if not first:
@@ -191,7 +191,7 @@ def check(cfg) -> None:
     opts = RemoteOptions.of(cfg)
     for name, path in (("train", cfg.train_path), ("val", cfg.val_path)):
         if path:
-            check_urls(expand(path, EXTS, _field(name)), _field(name), opts)
+            check_urls(expand(path, EXTS, _field(name), opts), _field(name), opts)
 
 
 def _detect(path: str) -> bool:
