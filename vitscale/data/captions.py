@@ -25,7 +25,7 @@ from .digits import DIGIT_CAPTION_TEMPLATES
 from .files import read_regular
 from .remote import open_file
 from .sources import FileSource, Sample
-from .tar import IMAGE_EXTS, TarMember
+from .tar import IMAGE_EXTS, TarMember, split_key, too_large
 from .transforms import Augmented, SampleTransform
 
 
@@ -64,6 +64,9 @@ class CaptionSource(FileSource):
             f = self._files.get(key)
             if f is None:
                 f = self._files[key] = open_file(loc.shard)  # kept open per worker
+            problem = too_large(loc.name, loc.size, split_key(loc.name)[1])
+            if problem:  # skipped like an undecodable image, never read whole
+                raise BadImageError(problem)
             f.seek(loc.offset)
             return f.read(loc.size)
         try:

@@ -197,7 +197,13 @@ class RemoteFields:
     remote_backoff_s: float = 1.0
     """Seconds before the first retry (then doubled each time)."""
     remote_timeout_s: float = 60.0
-    """HTTP(S): seconds without a byte (connecting or reading) before the attempt counts as failed."""
+    """HTTP(S), S3 and ``pipe:``: seconds without a byte (connecting or reading) before the attempt
+    counts as failed."""
+    remote_deadline_s: float = 1800.0
+    """Seconds one remote file (a shard, a Parquet file, a ``pipe:`` command's output) may take in
+    all, from opening it to its last byte: a server or command that trickles a byte now and then
+    (never ``remote_timeout_s`` silent) is cut there and the attempt counts as a timeout (retried,
+    then skipped). Start-up reads (the first file, index mode's shards) are bounded the same way."""
     shard_cache: str | None = None
     """Folder of the local copies of remote files read at random (indexed shards, the validation
     split, Parquet over http(s)); reused by later runs. None = ``$VITSCALE_CACHE_DIR/shards``

@@ -142,12 +142,18 @@ def digits_aspect_split(cfg, name: str, *, img_size, num_channels: int, seed: in
     return Split(TensorSource(stretched(images, cfg.digits_sizes, name), labels), list(CLASS_NAMES))
 
 
+MAX_DIGITS_SIDE = 512
+
+
 def _check_aspect(cfg) -> None:
     if not cfg.digits_sizes:
         raise CheckError("data.digits_sizes is empty: give the (height, width) sizes, e.g. [[24, 40], [32, 32], [40, 24]]")
     for hw in cfg.digits_sizes:
         if len(hw) != 2 or min(hw) < 1:
             raise CheckError(f"data.digits_sizes: {list(hw)} is not a (height, width) in pixels, e.g. [24, 40]")
+        if max(hw) > MAX_DIGITS_SIDE:  # every image is held in memory at its size: 1,797 x h x w x 3 bytes
+            raise CheckError(f"data.digits_sizes: {list(hw)} is larger than the demo holds in memory: sides up to "
+                             f"{MAX_DIGITS_SIDE} px (the digits are 8x8 scans)")  # fmt: skip
     check_seq_lens(cfg, min_patches_for(cfg.digits_sizes))
 
 

@@ -50,12 +50,15 @@ PIPE = "pipe:"
 class RemoteOptions:
     """Settings of remote reading (``data.remote_retries`` ...), taken from any config with them."""
 
-    def __init__(self, retries: int = 3, backoff_s: float = 1.0, timeout_s: float = 60.0, cache: str | None = None):
+    def __init__(self, retries: int = 3, backoff_s: float = 1.0, timeout_s: float = 60.0, cache: str | None = None,
+                 deadline_s: float = 1800.0):  # fmt: skip
         self.retries, self.backoff_s, self.timeout_s, self.cache = retries, backoff_s, timeout_s, cache
+        self.deadline_s = deadline_s
 
     @classmethod
     def of(cls, cfg) -> RemoteOptions:
-        return cls(cfg.remote_retries, cfg.remote_backoff_s, cfg.remote_timeout_s, cfg.shard_cache)
+        return cls(cfg.remote_retries, cfg.remote_backoff_s, cfg.remote_timeout_s, cfg.shard_cache,
+                   getattr(cfg, "remote_deadline_s", 1800.0))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ names
@@ -92,11 +95,11 @@ def _braces(text: str) -> list[str]:
     return list(braceexpand(text))
 
 
-def _fs(url: str):
-    """(fsspec filesystem, path) of a URL."""
+def _fs(url: str, opts: RemoteOptions | None = None):
+    """(fsspec filesystem, path) of a URL; with ``opts``, its reads bounded by ``opts.timeout_s``."""
     import fsspec
 
-    return fsspec.core.url_to_fs(url)
+    return fsspec.core.url_to_fs(url, **(_http_kwargs(url, opts) if opts is not None else {}))
 
 
 def _hf_offline() -> bool:
@@ -128,9 +131,9 @@ def hf_local(url: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ lists
-def expand(spec: str, exts: tuple[str, ...], field: str = "data.train_path") -> list[str]:
+def expand(spec: str, exts: tuple[str, ...], field: str = "data.train_path", opts: RemoteOptions | None = None) -> list[str]:
     """The files of ``spec`` (see the module docstring); a ``CheckError`` naming ``field`` when it
-    expands to nothing."""
+    expands to nothing. ``opts``: a remote listing's reads bounded by ``data.remote_timeout_s``."""
     out: list[str] = []
     for part in str(spec).split("::"):
         for item in _braces(part):
@@ -143,7 +146,10 @@ def expand(spec: str, exts: tuple[str, ...], field: str = "data.train_path") -> 
                 out += _list_local(local_path(item), exts, spec)
             else:
                 check_scheme(item, field)
-                out += _list_remote(item, exts)
+                try:
+                    out += _list_remote(item, exts, opts)
+                except Exception as e:  # a store that refuses or never answers: one line naming the path
+                    raise CheckError(f"{field}={spec}: listing {item} failed: {describe_error(e)}") from None
     if not out:
         raise CheckError(f"{field}={spec}: expands to no {' / '.join(exts)} files; check the path, pattern or folder")
     return out
@@ -163,8 +169,8 @@ def _list_local(path: str, exts: tuple[str, ...], spec: str) -> list[str]:
     return [p for p in found if os.path.isfile(p)] if folder else found  # a folder's broken links: not listed
 
 
-def _list_remote(url: str, exts: tuple[str, ...]) -> list[str]:
-    fs, path = _fs(url)
+def _list_remote(url: str, exts: tuple[str, ...], opts: RemoteOptions | None = None) -> list[str]:
+    fs, path = _fs(url, opts)
     if any(c in path for c in "*?["):
         return sorted(fs.unstrip_protocol(p) for p in fs.glob(path))
     if path.endswith(exts):  # a file: its existence is checked when it is opened
@@ -214,29 +220,82 @@ def check_urls(urls: list[str], field: str, opts: RemoteOptions) -> None:
 
 
 # ------------------------------------------------------------------------------------------ opening
-class _PipeStream:
-    """The standard output of a shell command; closing it checks the command's exit status."""
+STDERR_KEPT = 1 << 16  # the tail of a command's standard error kept for its error line
 
-    def __init__(self, url: str):
+
+class _PipeStream:
+    """The standard output of a shell command; closing it checks the command's exit status.
+
+    Its standard error is drained as it runs, by a thread that keeps the last 64 KiB (read after
+    stdout ended, a command that wrote more than the pipe holds, 64 KiB on Linux, blocked forever on
+    its next write). Each read waits at most ``opts.timeout_s`` for a byte and the whole output at
+    most ``opts.deadline_s`` (a silent or trickling command is a ``TimeoutError``: retried, then
+    skipped)."""
+
+    def __init__(self, url: str, opts: RemoteOptions | None = None):
+        import threading
+
+        opts = opts or RemoteOptions()
         self.url, self.cmd = url, url[len(PIPE):]
-        self.proc = subprocess.Popen(self.cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # noqa: S602
+        self.timeout_s, self.deadline = opts.timeout_s, time.monotonic() + opts.deadline_s
+        self.deadline_s = opts.deadline_s
+        # its own process group: closing early ends the whole pipeline, not just the shell
+        self.proc = subprocess.Popen(self.cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,  # noqa: S602
+                                     start_new_session=True)  # fmt: skip
+        self._err = bytearray()
+        self._drain = threading.Thread(target=self._read_stderr, name="vitscale-pipe-stderr", daemon=True)
+        self._drain.start()
+
+    def _read_stderr(self) -> None:
+        try:
+            while chunk := os.read(self.proc.stderr.fileno(), 1 << 16):
+                self._err += chunk
+                del self._err[:-STDERR_KEPT]
+        except (OSError, ValueError):  # closed under it: the stream was closed early
+            pass
 
     def read(self, n: int = -1) -> bytes:
-        data = self.proc.stdout.read(n)
-        if not data and n != 0:
+        out = bytearray()
+        fd = self.proc.stdout.fileno()
+        while n < 0 or len(out) < n:
+            chunk = self._read_some(fd, (1 << 20) if n < 0 else min(n - len(out), 1 << 20))
+            if not chunk:
+                break
+            out += chunk
+        if not out and n != 0:
             self._finish()
-        return data
+        return bytes(out)
+
+    def _read_some(self, fd: int, n: int) -> bytes:
+        import select
+
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"command {self.cmd!r} still sending after data.remote_deadline_s={self.deadline_s:g} s")
+        ready, _, _ = select.select([fd], [], [], min(self.timeout_s, left))
+        if not ready:
+            if left <= self.timeout_s:
+                raise TimeoutError(f"command {self.cmd!r} still sending after data.remote_deadline_s={self.deadline_s:g} s")
+            raise TimeoutError(f"command {self.cmd!r} sent nothing for data.remote_timeout_s={self.timeout_s:g} s")
+        return os.read(fd, n)
 
     def _finish(self) -> None:
         status = self.proc.wait()
         if status != 0:
-            err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
+            self._drain.join(timeout=5)
+            err = bytes(self._err).decode(errors="replace").strip().splitlines()
             raise OSError(f"command {self.cmd!r} exited with status {status}" + (f": {err[-1]}" if err else ""))
 
     def close(self) -> None:
         if self.proc.poll() is None:  # stopped early: not an error
-            self.proc.kill()
+            import signal
+
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                self.proc.kill()
             self.proc.wait()
+        self._drain.join(timeout=1)
         for f in (self.proc.stdout, self.proc.stderr):
             f.close()
 
@@ -248,6 +307,12 @@ class _PipeStream:
 
 
 def _http_kwargs(url: str, opts: RemoteOptions) -> dict:
+    """The per-read timeout of a store: aiohttp's for http(s); botocore's for S3 (its default waits
+    60 s a read and retries on its own: a silent endpoint held start-up for minutes), one attempt each,
+    vitscale retrying (``data.remote_retries``)."""
+    if scheme(url) in ("s3", "s3a"):
+        return {"config_kwargs": {"connect_timeout": opts.timeout_s, "read_timeout": opts.timeout_s,
+                                  "retries": {"max_attempts": 1}}}  # fmt: skip
     if scheme(url) not in ("http", "https"):
         return {}
     import aiohttp
@@ -263,15 +328,21 @@ def open_file(path: str):
 
 
 class _Raw(io.RawIOBase):
-    """A file-like object's ``read`` as the raw stream of an ``io.BufferedReader``."""
+    """A file-like object's ``read`` as the raw stream of an ``io.BufferedReader``; with a deadline
+    (``data.remote_deadline_s``), a read that starts past it is a ``TimeoutError`` (each read itself is
+    bounded by ``data.remote_timeout_s``): a server that trickles bytes cannot hold a reader forever."""
 
-    def __init__(self, f):
-        self.f = f
+    def __init__(self, f, deadline_s: float | None = None, url: str = ""):
+        self.f, self.url = f, url
+        self.deadline_s = deadline_s
+        self.deadline = time.monotonic() + deadline_s if deadline_s is not None else None
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise TimeoutError(f"{self.url} not read within data.remote_deadline_s={self.deadline_s:g} s")
         data = self.f.read(len(b))
         b[: len(data)] = data
         return len(data)
@@ -290,13 +361,13 @@ def open_stream(url: str, opts: RemoteOptions):
     kind = scheme(url)
     if kind in ("file", "pipe") or (kind == "hf" and _hf_offline()):
         return _open_stream(url, opts)
-    return io.BufferedReader(_Raw(_open_stream(url, opts)), buffer_size=READ_SIZE)
+    return io.BufferedReader(_Raw(_open_stream(url, opts), opts.deadline_s, url), buffer_size=READ_SIZE)
 
 
 def _open_stream(url: str, opts: RemoteOptions):
     kind = scheme(url)
     if kind == "pipe":
-        return _PipeStream(url)
+        return _PipeStream(url, opts)
     if kind == "file":
         return open_file(local_path(url))
     if kind == "hf" and _hf_offline():
@@ -308,7 +379,7 @@ def _open_stream(url: str, opts: RemoteOptions):
     if kind in ("http", "https"):
         fs, path = fsspec.core.url_to_fs(url, **_http_kwargs(url, opts))
         return fs.open(path, "rb", block_size=0, size=1)
-    return fsspec.open(url, "rb").open()
+    return fsspec.open(url, "rb", **_http_kwargs(url, opts)).open()
 
 
 def open_random(url: str, opts: RemoteOptions):
@@ -354,6 +425,9 @@ def local_copy(url: str, opts: RemoteOptions) -> str:
             with open_stream(url, opts) as src, open(part, "wb") as dst:
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
+            cut = cut_short(part, name_of(url))
+            if cut:  # a server that closes early without a length looks like the end: never cached as complete
+                raise EOFError(f"{url} was cut short ({cut}): not cached")
             os.replace(part, target)  # complete files only: another process may download it too
         finally:
             if os.path.exists(part):
@@ -361,6 +435,26 @@ def local_copy(url: str, opts: RemoteOptions) -> str:
         return target
 
     return retrying(download, url, opts)
+
+
+def cut_short(path: str, name: str) -> str | None:
+    """Why a downloaded tar or Parquet file is visibly incomplete (an HTTP answer without a length
+    ends where the connection closes), else None: a tar ends with two zero blocks, a Parquet file with
+    its footer and the magic ``PAR1``."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if name.endswith(".tar"):
+            if size < 2 * tarfile.BLOCKSIZE or size % tarfile.BLOCKSIZE:
+                return f"{size} bytes, not whole tar blocks"
+            f.seek(size - 2 * tarfile.BLOCKSIZE)
+            if f.read().strip(b"\0"):
+                return f"{size} bytes, no end-of-archive blocks"
+        elif name.endswith(".parquet"):
+            head = f.read(4)
+            f.seek(max(size - 4, 0))
+            if size < 12 or head != b"PAR1" or f.read(4) != b"PAR1":
+                return f"{size} bytes, no Parquet footer"
+    return None
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -427,6 +521,6 @@ def read_retrying(read: Callable[[], Iterator], url: str, opts: RemoteOptions, s
             sleep(wait)
 
 
-__all__ = ["PIPE", "RemoteOptions", "check_scheme", "check_urls", "describe_error", "expand", "is_local",
+__all__ = ["PIPE", "RemoteOptions", "check_scheme", "check_urls", "cut_short", "describe_error", "expand", "is_local",
            "local_copy", "name_of", "open_file", "open_random", "open_stream", "read_retrying", "retrying",
            "scheme", "transient"]

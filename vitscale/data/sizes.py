@@ -134,10 +134,19 @@ def check_sizes(d, *, patch: int, batch_size: int, parts: int, min_tokens: int =
                              f"train.grad_accum = {parts}")  # fmt: skip
 
 
+MAX_SEQ_LEN = 262_144
+"""Most patches a NaFlex sequence may have: an 8192 px square (the largest image side a run may ask
+for, ``vitscale.run.checks.MAX_IMAGE_SIDE``) at patch 16; a larger value is a typo that would fail
+allocating its batch."""
+
+
 def check_seq_lens(d, min_tokens: int) -> None:
     """:class:`CheckError` when a NaFlex sequence length of ``d`` is below ``min_tokens``, the fewest
     patches the data's most elongated image keeps its aspect ratio in (:func:`min_patches_for`)."""
     for key, n in (("data.eval_seq_len", d.eval_seq_len), *((f"data.seq_lens[{i}]", s) for i, s in enumerate(d.seq_lens))):
+        if n is not None and n > MAX_SEQ_LEN:
+            raise CheckError(f"{key}={n} is not a usable sequence length: use 1 to {MAX_SEQ_LEN} patches (an 8192 px "
+                             "square at patch 16; e.g. 256)")  # fmt: skip
         if n is not None and n < min_tokens:
             raise CheckError(f"{key}={n} is below the smallest image's minimum of {min_tokens} patches (its aspect "
                              f"ratio on a grid one patch wide): use at least {min_tokens}")  # fmt: skip

@@ -37,6 +37,7 @@ Each epoch every (rank, logical worker) pair reads its own units sequentially an
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 from collections.abc import Iterator
@@ -71,6 +72,10 @@ class UnitReader:
 
     def read(self, unit) -> Iterator[dict]:
         raise NotImplementedError
+
+
+class StreamStop(Exception):
+    """A resampled stream that can never deliver (every unit unreadable, or every sample bad)."""
 
 
 def worker_units(n: int, seed: int, epoch: int, rank: int, world: int, worker: int, num_workers: int,
@@ -119,6 +124,7 @@ class StreamDataset(IterableDataset):
         self.num_classes, self.tokenize, self.remote = num_classes, tokenize, remote
         self.start, self.through = (0, 0), False  # set by the loader before each iterator is made
         self._failed: list[tuple[str, str]] = []  # units this worker could not read, not reported yet
+        self._drawn = 0  # units drawn in this epoch (resampled: how long since the last good sample)
 
     def set_position(self, epoch: int, batch_index: int, through_epochs: bool) -> None:
         self.start, self.through = (int(epoch), int(batch_index)), bool(through_epochs)
@@ -136,6 +142,7 @@ class StreamDataset(IterableDataset):
         for u in worker_units(len(units), self.transform.seed, epoch, self.rank, self.world, worker,
                               self.num_workers, self.resampled):  # fmt: skip
             unit, name = units[u], self.reader.name(units[u])
+            self._drawn += 1
             got = False
             try:
                 for n, raw in enumerate(read_retrying(lambda unit=unit: self.reader.read(unit), name, self.remote)):
@@ -144,9 +151,13 @@ class StreamDataset(IterableDataset):
             except Exception as e:  # retried already where it could help: skip this unit
                 self._failed.append((name, describe_error(e)))
             failing = 0 if got else failing + 1
-            if self.resampled and failing > max(len(units), 16):  # drawn without end: never stop otherwise
-                raise RuntimeError(f"{failing} shards in a row could not be read (the last: {name}: "
-                                   f"{self._failed[-1][1] if self._failed else 'empty'})")  # fmt: skip
+            if self.resampled and failing > self.patience():  # drawn without end: never stop otherwise
+                raise StreamStop(f"{failing} shards in a row could not be read (the last: {name}: "
+                                 f"{self._failed[-1][1] if self._failed else 'empty'})")  # fmt: skip
+
+    def patience(self) -> int:
+        """Units a resampled stream may draw in a row without a good sample before it stops."""
+        return max(len(self.reader.units), 16)
 
     def decode(self, raw: dict, epoch: int, slot: int) -> tuple[Augmented, int]:
         """One raw sample -> (augmented uint8 image, label); ``BadSample`` with the reason if bad."""
@@ -179,14 +190,32 @@ class StreamDataset(IterableDataset):
         stream = shuffled(self.raw_samples(epoch, worker), self.shuffle_buffer, rng)
         slot0 = (self.rank * self.num_workers + worker) << 40
         done, samples, bad = 0, [], []
-        for pos, (index, name, raw) in enumerate(stream):
+        self._drawn, good_at, bad_run = 0, 0, 0  # units drawn, drawn by the last good sample; bad samples since
+        stream = iter(stream)
+        for pos in itertools.count():
+            try:
+                index, name, raw = next(stream)
+            except StopIteration:
+                break
+            except StreamStop as e:  # sent as a batch: one line in the main process, from any worker
+                yield {"epoch": epoch, "empty": True, "bad": bad[-100:], "bad_shards": self._take_failed(), "stop": str(e)}
+                return
             if done >= quota:
                 return
             try:
                 aug, label = self.decode(raw, epoch, slot0 + pos)
             except BadSample as e:
                 bad.append((f"{name}:{raw.get('key')}", str(e)))
+                bad_run += 1
+                # drawn without end, every sample bad: stop once every shard could have been drawn (the
+                # shuffle buffer read ahead: it is passed too)
+                if self.resampled and bad_run > max(2 * self.shuffle_buffer, 1024) and self._drawn - good_at > self.patience():
+                    yield {"epoch": epoch, "empty": True, "bad": bad[-100:], "bad_shards": self._take_failed(),
+                           "stop": f"no good sample in {bad_run} tries over {self._drawn - good_at} shards drawn in a "
+                                   f"row (the last: {name}:{raw.get('key')}: {e})"}  # fmt: skip
+                    return
                 continue
+            good_at, bad_run = self._drawn, 0
             samples.append({"image": aug.image, "label": label, "index": index, "crop": aug.crop, "flip": aug.flip,
                             "erase": aug.erase, "bad": bad, "key": str(raw.get("key")), "text": raw.get("caption")})  # fmt: skip
             bad = []
@@ -299,6 +328,10 @@ class StreamLoader(ResumableLoader):
                 if item.pop("empty", False):
                     self.reporter.report_shards(item["bad_shards"])
                     self.reporter.report(item["bad"])
+                    if item.get("stop"):
+                        from ..errors import UserError
+
+                        raise UserError(f"data.train_path (data.resampled): {item['stop']}: check the data")
                     continue
                 delivered += 1
                 yield self.postprocess(item)

@@ -19,6 +19,23 @@ from .files import open_regular
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # image members of a sample, in preference order
 CAPTION_EXTS = ("txt", "text", "caption")
+MEMBER_MAX = 256 << 20
+"""Largest member read whole (an image: past it, decoding refuses its pixel count anyway)."""
+SMALL_MEMBER_MAX = 4 << 20
+"""Largest label, caption or JSON member read whole (a 2.5 GB ``.cls`` took 15 GB of memory)."""
+
+
+def member_limit(ext: str) -> int:
+    return MEMBER_MAX if ext in IMAGE_EXTS else SMALL_MEMBER_MAX
+
+
+def too_large(name: str, size: int, ext: str) -> str | None:
+    """Why a member is not read whole (its header's size, checked before a byte of it is read), else None."""
+    limit = member_limit(ext)
+    if size <= limit:
+        return None
+    kind = "an image" if ext in IMAGE_EXTS else "a label, caption or JSON"
+    return f"member {name} is {size} bytes, more than the {limit} {kind} member may hold"
 
 
 @dataclass(frozen=True)
@@ -79,14 +96,18 @@ def iter_samples(stream, url: str) -> Iterator[dict]:
             if not m.isfile():
                 continue
             key, ext = split_key(m.name)
-            data = tf.extractfile(m).read()
-            if len(data) != m.size:
-                raise tarfile.ReadError(f"unexpected end of data in {m.name}")
             last = m.name
             if current is None or current["__key__"] != key:
                 if current is not None:
                     yield current
                 current = {"__key__": key, "__url__": url}
+            problem = too_large(m.name, m.size, ext)
+            if problem:  # not read: the stream skips its bytes; the sample is bad, with the reason
+                current.setdefault("__too_large__", problem)
+                continue
+            data = tf.extractfile(m).read()
+            if len(data) != m.size:
+                raise tarfile.ReadError(f"unexpected end of data in {m.name}")
             current.setdefault(ext, data)
         end = tf.offset
     while stream.read(1 << 16):  # the rest: the end-of-archive blocks
@@ -157,6 +178,9 @@ def index_shard(path: str, small_exts: tuple[str, ...], url: str = "") -> list[d
             if ext in IMAGE_EXTS and IMAGE_EXTS.index(ext) < g["_rank"]:
                 g["image"], g["_rank"] = TarMember(path, m.offset_data, m.size, m.name, url), IMAGE_EXTS.index(ext)
             elif ext in small_exts and ext not in g:
+                problem = too_large(m.name, m.size, ext)
+                if problem:
+                    raise tarfile.ReadError(problem)
                 g[ext] = tf.extractfile(m).read()
         _check_end(size, tf.offset, samples[-1]["__key__"] if samples else "")
     for g in samples:
@@ -164,5 +188,5 @@ def index_shard(path: str, small_exts: tuple[str, ...], url: str = "") -> list[d
     return samples
 
 
-__all__ = ["CAPTION_EXTS", "IMAGE_EXTS", "LabelError", "TarMember", "caption_of", "image_ext", "index_shard",
-           "iter_samples", "label_of", "split_key"]
+__all__ = ["CAPTION_EXTS", "IMAGE_EXTS", "MEMBER_MAX", "SMALL_MEMBER_MAX", "LabelError", "TarMember", "caption_of", "image_ext", "index_shard",
+           "iter_samples", "label_of", "split_key", "too_large"]

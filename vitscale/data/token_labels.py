@@ -9,11 +9,17 @@ Layout of a label folder (written by ``vitscale label-tokens``)::
     train.cls_indices.i16         int16   (N, k)
     train.boxes.f32               float32 (N, 4): the part of the original image the teacher saw
                                   (top, left, h, w fractions; (0, 0, 1, 1) unless a center crop cut it)
-    train.keys.txt                (shards) the sample key of row i on line i
+    train.labels.i32              int32   (N,): the class label of the sample labelled on row i (-1: none),
+                                  checked against the batch's labels whenever a row is read
+    train.keys.json               (shards) a JSON list: the sample key of row i at position i (JSON
+                                  escapes every character, so no key -- U+2028, a line break -- can
+                                  shift a row); keys are unique across every shard of the split
 
 Row ``i`` belongs to sample ``i`` of the split (the batches' ``"index"``); for data with sample keys
-(WebDataset shards) the rows are also found by key (the batches' ``"key"``), so a run that streams
-the shards, in any order, finds each sample's labels. Raw little-endian arrays
+(WebDataset shards) the rows are found by key (the batches' ``"key"``), so a run that streams
+the shards, in any order, finds each sample's labels; a batch's sample is checked against the row it
+reads (its key is the row's key; labels keyed by sample are never read by index, nor unkeyed labels
+for keyed samples). Raw little-endian arrays
 read through ``numpy.memmap``: no pickle, random access per batch, 20 bytes per location for k=5
 (ImageNet at 14x14 and k=5: ~5 GB).
 
@@ -31,9 +37,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vitscale.errors import CheckError
+
 from .files import require_regular
 
 META_FILE = "token_labels.json"
+
+
+def unique_keys(keys: list[str], places: list[str] | None = None, what: str = "the data") -> dict[str, int]:
+    """``{key: row}``; a key held by two samples is refused in one line naming both places (the
+    shards, ``places[i]`` for sample ``i``): their labels could not be told apart."""
+    rows: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        j = rows.setdefault(k, i)
+        if j != i:
+            where = (f"{places[j]} and {places[i]}" if places is not None else f"rows {j} and {i}")
+            raise CheckError(f"{what}: sample key {k!r} is held by two samples ({where}): token labels are found "
+                             "by sample key, so keys must be unique across every shard; rename one")  # fmt: skip
+    return rows
 
 
 def _files(root: Path, split: str) -> dict[str, Path]:
@@ -43,7 +64,8 @@ def _files(root: Path, split: str) -> dict[str, Path]:
         "cls_values": root / f"{split}.cls_values.f16",
         "cls_indices": root / f"{split}.cls_indices.i16",
         "boxes": root / f"{split}.boxes.f32",
-        "keys": root / f"{split}.keys.txt",
+        "keys": root / f"{split}.keys.json",
+        "labels": root / f"{split}.labels.i32",
     }
 
 
@@ -87,12 +109,13 @@ class TokenLabelWriter:
         self.cls_values = np.memmap(f["cls_values"], np.float16, mode, shape=(self.n, self.topk))
         self.cls_indices = np.memmap(f["cls_indices"], np.int16, mode, shape=(self.n, self.topk))
         self.boxes = np.memmap(f["boxes"], np.float32, mode, shape=(self.n, 4))
+        self.labels = np.memmap(f["labels"], np.int32, mode, shape=(self.n,))
 
     def write(self, index: torch.Tensor, token_probs: torch.Tensor, cls_probs: torch.Tensor,
-              boxes: torch.Tensor | None = None) -> None:  # fmt: skip
+              boxes: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> None:  # fmt: skip
         """``index`` (B,); ``token_probs`` (B, gh, gw, C) and ``cls_probs`` (B, C) distributions;
-        ``boxes`` (B, 4) the teacher's view of each image (None = the whole image). Rows of padding
-        samples (index -1) are not written."""
+        ``boxes`` (B, 4) the teacher's view of each image (None = the whole image); ``labels`` (B,) the
+        samples' class labels (None: -1, not checked). Rows of padding samples (index -1) are not written."""
         if not self.writes:
             return
         keep = index.cpu() >= 0
@@ -102,6 +125,7 @@ class TokenLabelWriter:
         keep_d = keep.to(token_probs.device)
         token_probs, cls_probs, boxes = token_probs[keep_d], cls_probs[keep_d], boxes.cpu()[keep]
         self.boxes[idx] = boxes.float().numpy()
+        self.labels[idx] = labels.cpu()[keep].numpy().astype(np.int32) if labels is not None else -1
         v, i = token_probs.float().topk(self.topk, dim=-1)  # (B, gh, gw, k)
         self.values[idx] = v.permute(0, 3, 1, 2).cpu().numpy().astype(np.float16)
         self.indices[idx] = i.permute(0, 3, 1, 2).cpu().numpy().astype(np.int16)
@@ -111,7 +135,7 @@ class TokenLabelWriter:
         self.written[idx] = True
 
     def close(self) -> dict:
-        for a in (self.values, self.indices, self.cls_values, self.cls_indices, self.boxes):
+        for a in (self.values, self.indices, self.cls_values, self.cls_indices, self.boxes, self.labels):
             a.flush()
         done = _sum_over_ranks(int(self.written.sum()))  # the ranks' rows are disjoint
         if done != self.n:
@@ -122,10 +146,11 @@ class TokenLabelWriter:
             meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"splits": {}}
             meta["num_classes"] = self.num_classes
             meta.update({k: v for k, v in self.info.items() if k != "splits"})
-            meta["splits"][self.split] = {"num_samples": self.n, "grid": list(self.grid), "topk": self.topk}
+            meta["splits"][self.split] = {"num_samples": self.n, "grid": list(self.grid), "topk": self.topk,
+                                          "labels": _files(self.root, self.split)["labels"].name}  # fmt: skip
             if self.keys is not None:
                 keys_path = _files(self.root, self.split)["keys"]
-                keys_path.write_text("".join(f"{k}\n" for k in self.keys))
+                keys_path.write_text(json.dumps(self.keys))  # ASCII: every other character escaped
                 meta["splits"][self.split]["keys"] = keys_path.name
             meta_path.write_text(json.dumps(meta, indent=1))
         _barrier()  # the split is complete on disk before any rank goes on
@@ -177,24 +202,75 @@ class TokenLabelStore:
         self.cls_values = np.memmap(f["cls_values"], np.float16, "r", shape=(self.num_samples, self.topk))
         self.cls_indices = np.memmap(f["cls_indices"], np.int16, "r", shape=(self.num_samples, self.topk))
         self.boxes = np.memmap(f["boxes"], np.float32, "r", shape=(self.num_samples, 4))
-        self._keys_file = f["keys"] if s.get("keys") else None
+        self.labels = None  # older label folders hold no labels: their rows are not checked
+        if s.get("labels"):
+            require_regular([f["labels"]])
+            self.labels = np.memmap(f["labels"], np.int32, "r", shape=(self.num_samples,))
+        self._keys_file = (self.root / Path(s["keys"]).name) if s.get("keys") else None
+        if self._keys_file is not None and self._keys_file.name != f["keys"].name:
+            raise CheckError(f"token labels at {self.root}: {self._keys_file.name} is a line-per-key file an older "
+                             "vitscale wrote (a key holding a line break shifts every later row): run "
+                             "`vitscale label-tokens` again")  # fmt: skip
         self._rows: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return self.num_samples
 
-    def rows(self, index: torch.Tensor, keys: list[str] | None = None) -> torch.Tensor:
+    def rows(self, index: torch.Tensor, keys: list[str] | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
         """The label rows of a batch: by sample key when the labels and the batch have keys (shards,
-        streamed in any order), else the batch's dataset index."""
-        if keys is None or self._keys_file is None:
+        streamed in any order), else the batch's dataset index; each row checked against its sample's
+        class label (``labels``, host tensor) when the folder holds the labels it was made from."""
+        rows = self._rows_of(index, keys)
+        if labels is not None and self.labels is not None:
+            self.check(rows, labels, keys)
+        return rows
+
+    def check(self, rows: torch.Tensor, labels: torch.Tensor, keys: list[str] | None = None) -> None:
+        """A one-line :class:`CheckError` when a row was made from an image of another class than the
+        sample that reads it (labels made from other data, keys edited, rows shifted)."""
+        r = np.asarray(rows.detach().cpu().numpy(), dtype=np.int64)
+        if r.size and (r.min() < 0 or r.max() >= self.num_samples):
+            raise CheckError(f"token labels at {self.root}: sample row out of range for {self.num_samples} rows: made "
+                             "from other data? run `vitscale label-tokens` on this data")  # fmt: skip
+        want = np.asarray(self.labels[r])
+        got = labels.detach().cpu().numpy().astype(np.int64)
+        bad = np.flatnonzero((want >= 0) & (got >= 0) & (want != got))
+        if bad.size:
+            j = int(bad[0])
+            who = f"sample {keys[j]!r}" if keys is not None else f"sample {int(r[j])}"
+            raise CheckError(f"token labels at {self.root}: {who} (class {int(got[j])}) reads row {int(r[j])}, made from "
+                             f"an image of class {int(want[j])}: the labels are not this data's (made from other data, "
+                             "or their files edited); run `vitscale label-tokens` on this data")  # fmt: skip
+
+    def _rows_of(self, index: torch.Tensor, keys: list[str] | None) -> torch.Tensor:
+        if self._keys_file is None:
+            if keys is not None:
+                raise CheckError(f"token labels at {self.root} are by sample index, but the data gives sample keys "
+                                 "(shards streamed, in any order): label the data with `vitscale label-tokens` in "
+                                 "data.webdataset_mode=index to key them")  # fmt: skip
             return index
+        if keys is None:
+            raise CheckError(f"token labels at {self.root} are keyed by sample (shards) but the data gives no sample "
+                             "keys: train on the data they were made from")  # fmt: skip
         if self._rows is None:
-            lines = self._keys_file.read_text().splitlines()
-            self._rows = {k: i for i, k in enumerate(lines)}
+            self._rows = self._read_keys()
         try:
             return torch.tensor([self._rows[k] for k in keys], dtype=torch.long)
         except KeyError as e:
             raise KeyError(f"sample {e.args[0]!r} has no token labels in {self.root} (labelled from other data?)") from None
+
+    def _read_keys(self) -> dict[str, int]:
+        require_regular([self._keys_file])
+        where = f"token labels at {self.root}: {self._keys_file.name}"
+        try:
+            keys = json.loads(self._keys_file.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CheckError(f"{where} is not JSON ({e}): run `vitscale label-tokens` again") from None
+        if not isinstance(keys, list) or len(keys) != self.num_samples or not all(isinstance(k, str) for k in keys):
+            n = len(keys) if isinstance(keys, list) else type(keys).__name__
+            raise CheckError(f"{where} must list {self.num_samples} sample keys (strings), one per row; it holds "
+                             f"{n}: run `vitscale label-tokens` again")  # fmt: skip
+        return unique_keys(keys, what=where)
 
     def topk_maps(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k scores ``(B, k, gh, gw)`` float32 and class indices ``(B, k, gh, gw)`` int64."""
@@ -264,4 +340,4 @@ def align_dense_labels(dense: torch.Tensor, crop: torch.Tensor, flip: torch.Tens
     return out.permute(0, 2, 3, 1)  # (B, oh, ow, C)
 
 
-__all__ = ["META_FILE", "TokenLabelStore", "TokenLabelWriter", "align_dense_labels", "scatter_topk"]
+__all__ = ["META_FILE", "TokenLabelStore", "TokenLabelWriter", "align_dense_labels", "scatter_topk", "unique_keys"]

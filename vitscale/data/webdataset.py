@@ -71,7 +71,7 @@ def _index(cfg, name: str, path: str, classes, opts: RemoteOptions, tokenize) ->
     field = _field(name)
     images, captions, labels, keys = [], [], [], []
     missing = None  # (url, key) of the first sample without a label
-    for url in expand(path, EXTS, field):
+    for url in expand(path, EXTS, field, opts):
         try:
             local = local_copy(url, opts)
             samples = index_shard(local, _small_exts(cfg.label_key), url=url if local != url else "")
@@ -129,13 +129,15 @@ class ShardReader(UnitReader):
             out["label"] = _label(s, self.label_key)
         except LabelError as e:
             out["label"], out["label_error"] = None, str(e)
+        if s.get("__too_large__"):  # a member not read: the sample is bad, with the reason
+            out["label"], out["label_error"] = None, s["__too_large__"]
         if out["label"] is None:
             out["label_missing"] = f"no {_what(self.label_key)}"
         return out
 
 
 def _stream(cfg, path: str, opts: RemoteOptions, tokenize) -> Split:
-    urls = expand(path, EXTS, "data.train_path")
+    urls = expand(path, EXTS, "data.train_path", opts)
     reader = ShardReader(urls, cfg.label_key, opts)
     first = _first_shard(reader, urls[0], whole=not cfg.samples_per_epoch)
     if not first:
@@ -189,7 +191,7 @@ def check(cfg) -> None:
     opts = RemoteOptions.of(cfg)
     for name, path in (("train", cfg.train_path), ("val", cfg.val_path)):
         if path:
-            check_urls(expand(path, EXTS, _field(name)), _field(name), opts)
+            check_urls(expand(path, EXTS, _field(name), opts), _field(name), opts)
 
 
 def _detect(path: str) -> bool:

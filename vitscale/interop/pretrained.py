@@ -80,7 +80,8 @@ class Source:
     """What the source says its images were: ``mean``, ``std`` (of pixels in [0, 1]), ``img_size``
     ``(H, W)``, ``interpolation``, ``crop_pct`` — where it says (a run's config, a Hub config)."""
     label_names: list[str] | None = None
-    """The class names the source gives (a timm Hub config's ``label_names``)."""
+    """The class names the source gives, in the order of its classifier (a timm Hub config's
+    ``label_names``, a vitscale run's ``classnames.txt``)."""
 
 
 # ----------------------------------------------------------------------------------- reading
@@ -194,12 +195,38 @@ def _load_pickle(p: Path, where: str) -> dict[str, torch.Tensor]:
     tensors = {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     if not tensors:
         raise UserError(f"{where}: holds no tensors")
+    for name, t in tensors.items():
+        problem = _pickled_tensor_problem(t)
+        if problem:
+            raise UserError(f"{where}: tensor {name!r} {problem}: not plain weights, nothing of it is read")
     from ..checkpoint.state import NonFiniteWeights, nonfinite_names, some_names
 
     bad = nonfinite_names(tensors, limit=4)
     if bad:
         raise NonFiniteWeights(f"{where}: non-finite values in {some_names(bad)}: these weights are not used")
     return tensors
+
+
+def _pickled_tensor_problem(t: torch.Tensor) -> str | None:
+    """Why a tensor from a pickle is not plain weights, else None: a layout other than dense (sparse,
+    quantized), a shape past the bounds of :func:`vitscale.checkpoint.geometry.shape_problem`, or a view
+    over fewer bytes than it claims (a pickle may rebuild any strides: a stride-0 view of 8 bytes as
+    2^40 elements made the finiteness check read 2^40 numbers). Only the bytes in the file are worked on."""
+    from ..checkpoint.geometry import shape_problem
+
+    if t.layout != torch.strided or t.is_quantized:
+        return f"is a {str(t.layout).removeprefix('torch.')}{' quantized' if t.is_quantized else ''} tensor (only dense ones are read)"
+    problem = shape_problem(list(t.shape), t.element_size())
+    if problem:
+        return f"has {problem}"
+    if t.numel() == 0:
+        return None
+    have = t.untyped_storage().nbytes()
+    reach = (t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+    if t.numel() * t.element_size() > have or reach > have:
+        return (f"is a view of {t.numel()} elements (strides {list(t.stride())[:8]}) over {have} bytes of storage "
+                "(a stride-0 or overlapping view)")  # fmt: skip
+    return None
 
 
 def _tell(tensors, family: FamilySpec, *, pickle: bool, where: str, format_key: str) -> tuple[str, str]:
@@ -319,6 +346,10 @@ def _from_run_config(src: Source, folder: Path) -> None:
                 src.preprocess[k] = data[k]
         if isinstance(data.get("img_size"), int):
             src.preprocess["img_size"] = (data["img_size"], data["img_size"])
+    if src.label_names is None:  # the run's classes, by name (written at its start)
+        from ..data.classes import run_class_names
+
+        src.label_names = run_class_names(folder)
 
 
 # ----------------------------------------------------------------------------------- converting

@@ -129,7 +129,7 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
                 images = len(loaders.train.dataset)
             except (AttributeError, TypeError):  # a stream has no length
                 images = None
-            check_batches(cfg, len(loaders.train), images, dims.dp_size)
+            check_batches(cfg, len(loaders.train), images, dims.dp_size, loaders.sizes)
             if loaders.sizes is not None:  # progressive stages are fractions of the run
                 loaders.sizes.total_steps = run_length(tc, len(loaders.train))[1]
                 if compile:

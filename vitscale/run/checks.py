@@ -324,8 +324,18 @@ def check_output_folder(cfg: Config) -> None:
         )
 
 
-def check_batches(cfg: Config, batches_per_epoch: int, images: int | None, dp_size: int) -> None:
-    """An epoch of the training data holds at least one batch (else there is nothing to train on)."""
+def check_batches(cfg: Config, batches_per_epoch: int, images: int | None, dp_size: int, sizes=None) -> None:
+    """An epoch of the training data holds at least one batch (else there is nothing to train on); with
+    several sizes (``sizes``, a :class:`vitscale.data.sizes.SizePlan`) every size's batch, as the one
+    size's is (``data.tokens_per_batch`` / ``data.batch_sizes`` far beyond the data were accepted, then
+    one step gathered epochs of images and none ran)."""
+    if sizes is not None and images is not None:
+        for k, b in enumerate(sizes.batches):
+            if b > images:
+                key = (f"data.tokens_per_batch={cfg.data.tokens_per_batch} makes the batch of size {sizes.sizes[k]} "
+                       f"{b} images" if cfg.data.tokens_per_batch else f"data.batch_sizes[{k}]={b}")
+                raise CheckError(f"{key}, more than the {images} training images (an epoch has no full batch): "
+                                 "lower it, or add data")  # fmt: skip
     if batches_per_epoch > 0:
         return
     have = f"the {images} training images" if images is not None else "the training data"

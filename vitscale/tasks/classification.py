@@ -69,7 +69,8 @@ class ClassificationTask(Task):
             images, target = self.mixup(images, labels, step, grid=batch.get("grid"))  # grid: NaFlex batches
         if self.distill is not None:  # the teacher sees the mixed images too (DeiT)
             base = lambda logits, t: classification_loss(logits, t, self.kind, self.smoothing)  # noqa: E731
-            return self.distill.classification_loss(model, images, target, labels, base, self.autocast)
+            return self.distill.classification_loss(model, images, target, labels, base, self.autocast,
+                                                    step // self.cfg.train.grad_accum + 1)  # the optimizer step
         with self.autocast():
             logits = model(images)
         loss = classification_loss(logits, target, self.kind, self.smoothing)

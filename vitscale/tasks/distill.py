@@ -31,6 +31,7 @@ student's FLOPs only, and the run says so.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import Any
 
@@ -77,13 +78,15 @@ class Teacher:
     """A teacher model in inference (eval mode, ``no_grad``), with its input adapter and its timer."""
 
     def __init__(self, model: nn.Module, *, scale: torch.Tensor, shift: torch.Tensor, size: tuple[int, int] | None,
-                 interpolation: str, autocast, device: torch.device):  # fmt: skip
+                 interpolation: str, autocast, device: torch.device, class_map: list[int] | None = None):  # fmt: skip
         self.model = model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
         self.scale, self.shift = scale.view(1, -1, 1, 1).to(device), shift.view(1, -1, 1, 1).to(device)  # (1, C, 1, 1)
         self.size, self.interpolation, self.autocast = size, interpolation, autocast
+        self.class_map = torch.tensor(class_map, device=device) if class_map is not None else None
         self.timer = StepTimer(device)
+        self.watch = FiniteWatch(device)
 
     def images(self, x: torch.Tensor) -> torch.Tensor:
         """The student's normalised images ``(B, C, H, W)`` as the teacher takes them."""
@@ -96,6 +99,49 @@ class Teacher:
         with self.timer(), torch.no_grad(), self.autocast():
             return self.model(self.images(images), *args, **kwargs)
 
+    def logits(self, images: torch.Tensor, step: int) -> torch.Tensor:
+        """Classification logits ``(B, C)`` in the data's class order (``distill.class_map``), float32.
+        Their finiteness is watched (:class:`FiniteWatch`): a teacher that emits NaN or infinity
+        stops the run in one line naming the step."""
+        self.watch.check()
+        t = self(images).float()
+        if self.class_map is not None:
+            t = t[:, self.class_map]
+        self.watch.record(torch.isfinite(t).all(), step)
+        return t
+
+
+class FiniteWatch:
+    """A device flag read one call late, without making the host wait: each call copies its flag to
+    the host asynchronously (pinned memory and an event on CUDA) and reads the previous call's,
+    long done by then. A step whose teacher logits are not finite is also made non-finite itself
+    (its loss NaN: :mod:`vitscale.train.nonfinite` does not apply it), so nothing is learnt from it."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.pending: tuple[torch.Tensor, Any, int] | None = None
+
+    def record(self, ok: torch.Tensor, step: int) -> None:
+        host = torch.empty((), dtype=torch.bool, pin_memory=self.cuda)
+        host.copy_(ok, non_blocking=self.cuda)
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self.pending = (host, event, step)
+
+    def check(self) -> None:
+        if self.pending is None:
+            return
+        host, event, step = self.pending
+        self.pending = None
+        if event is not None:
+            event.synchronize()
+        if not bool(host):
+            raise UserError(f"distill: the teacher's logits at step {step} are not finite (NaN or infinity): its weights "
+                            "or its normalisation (distill.teacher_mean / teacher_std) cannot be right; the run stopped "
+                            "(nothing was learnt from that step)")  # fmt: skip
+
 
 class Distillation:
     """What a distilling task calls: ``classification_loss`` (DeiT) or ``clip_loss`` (open_clip)."""
@@ -105,15 +151,16 @@ class Distillation:
 
     # ------------------------------------------------------------------ classification (DeiT)
     def classification_loss(self, model: nn.Module, images: torch.Tensor, target: torch.Tensor, labels: torch.Tensor,
-                            base_loss, autocast) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
-        """``(1 - alpha) base_loss(class logits, target) + alpha KD(distillation logits, teacher)``."""
+                            base_loss, autocast, step: int = 0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        """``(1 - alpha) base_loss(class logits, target) + alpha KD(distillation logits, teacher)``;
+        ``step`` (the optimizer step) names the step whose teacher logits were not finite."""
         dc = self.cfg
         with autocast():
             if model.distill_head:  # DeiT's distillation token: its own head learns from the teacher
                 cls, dst = model(images, distill=True)
             else:
                 cls = dst = model(images)
-        t = self.teacher(images).float()
+        t = self.teacher.logits(images, step)
         cls, dst = cls.float(), dst.float()
         base = base_loss(cls, target)
         if dc.kind == "soft":
@@ -123,6 +170,7 @@ class Distillation:
         else:
             kd = F.cross_entropy(dst, t.argmax(dim=-1))
         loss = (1 - dc.alpha) * base + dc.alpha * kd
+        loss = torch.where(torch.isfinite(t).all(), loss, torch.nan)  # argmax of NaN is a class: learn nothing
         metrics = {"train_distill_loss": kd.detach()}
         if target.ndim == 1:
             logits = ((cls + dst) / 2).detach()  # what evaluation scores (the heads' mean)
@@ -179,6 +227,7 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
     from vitscale.distributed.parallelize import parallelize
     from vitscale.interop.pretrained import file_classes, load_pretrained, read_source, to_vitscale
     from vitscale.models.registry import create_model, get_family, get_model_config, parallel_plan
+    from vitscale.run.checks import MAX_IMAGE_SIDE
 
     where = f"distill.teacher={dc.teacher}"
     family = get_family(dc.teacher_model or run.cfg.model.name)
@@ -193,14 +242,22 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
             if name is None:
                 raise ConfigError(f"{where}: its weights do not name their model: set distill.teacher_model (a variant "
                                   "of `vitscale models`) and distill.teacher_overrides")  # fmt: skip
+            if dc.teacher_overrides and not dc.teacher_model:
+                raise ConfigError("distill.teacher_overrides change the variant named by distill.teacher_model: set it "
+                                  f"too (the weights name {name}), or leave the overrides out")  # fmt: skip
             overrides = dict(dc.teacher_overrides) if dc.teacher_model else dict(src.overrides)
+            key = "distill.teacher_overrides" if dc.teacher_model else f"{where}: its stored model overrides"
+            try:  # a misspelt field: one line naming the key (and the closest field)
+                get_model_config(name, **overrides)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"{key}: {e}") from None
             t_family = get_family(name)
             fields = {f.name for f in dataclasses.fields(get_model_config(name))}
             if "num_classes" in fields and "num_classes" not in overrides:
                 n = file_classes(t_family, to_vitscale(src, t_family, get_model_config(name, **overrides), where))
                 if n is not None:
                     overrides["num_classes"] = n
-            info = (name, overrides, dict(src.preprocess), src.format, str(src.path))
+            info = (name, overrides, dict(src.preprocess), src.format, str(src.path), src.label_names)
         except Exception as e:  # every rank must hear of it
             err = e
     if run.dims.distributed:
@@ -211,17 +268,22 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
         info = box[0]
     if err is not None:
         raise err
-    name, overrides, pre, fmt, path = info
-    side = dc.teacher_img_size or (pre.get("img_size") or (None,))[0]
+    name, overrides, pre, fmt, path, teacher_names = info
+    sides = (dc.teacher_img_size,) if dc.teacher_img_size else tuple(pre.get("img_size") or (None,))
+    for v in sides:  # a source's 20000x20000 or -32 would fail allocating, or deep in a resize
+        if v is not None and not 1 <= v <= MAX_IMAGE_SIDE:
+            said = "distill.teacher_img_size" if dc.teacher_img_size else "the teacher's source"
+            raise ConfigError(f"{where}: teacher image size {'x'.join(map(str, sides))} ({said}) is not usable: use "
+                              f"1 to {MAX_IMAGE_SIDE} pixels a side (set distill.teacher_img_size)")  # fmt: skip
+    side = sides[0]
     base = get_model_config(name, **overrides)
     if side and {"img_h", "img_w"} <= {f.name for f in dataclasses.fields(base)}:
         overrides = {**overrides, "img_h": side, "img_w": side}
     size = (side, side) if side else (base.img_h, base.img_w)
 
     model = create_model(name, device="meta", **overrides)
-    if classes and model.num_classes != run.num_classes:
-        raise ConfigError(f"{where}: the teacher ({name}) predicts {model.num_classes} classes, the data has "
-                          f"{run.num_classes}: a classification teacher must predict the data's classes, in its order")  # fmt: skip
+    class_map = (_class_map(dc, where, name, model.num_classes, teacher_names, run.class_names, run.num_classes)
+                 if classes else None)  # fmt: skip
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     layout = dc.teacher_layout
     if layout == "auto":
@@ -236,11 +298,13 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
                                 label=name, weights=dc.teacher_weights, from_rank0=True, complete=True, source=src)  # fmt: skip
     mean, std, said = _normalisation(dc, pre, run.cfg.data)
     mean, std = _channels(mean, base), _channels(std, base)
+    _check_normalisation(mean, std, said, where)
     s_mean, s_std = _channels(run.cfg.data.mean, base), _channels(run.cfg.data.std, base)
     scale = torch.tensor(s_std) / torch.tensor(std)
     shift = (torch.tensor(s_mean) - torch.tensor(mean)) / torch.tensor(std)
     interp = dc.teacher_interpolation or (pre.get("interpolation") if pre.get("interpolation") in ("bilinear", "bicubic") else "bicubic")
-    teacher = Teacher(model, scale=scale, shift=shift, size=size, interpolation=interp, autocast=autocast, device=run.device)
+    teacher = Teacher(model, scale=scale, shift=shift, size=size, interpolation=interp, autocast=autocast, device=run.device,
+                      class_map=class_map)  # fmt: skip
     n_params = sum(p.numel() for p in model.parameters())
     lines = [*loaded, f"distill: teacher {name} ({n_params / 1e6:.2f}M params, {layout}) at {size[0]}x{size[1]}, "
              f"mean {_fmt(mean)} std {_fmt(std)} ({said}), eval mode without gradients",
@@ -256,6 +320,47 @@ def _channels(values, cfg) -> list[float]:
     if len(values) == 3 and cfg.num_channels == 1:
         values = [sum(values) / 3]
     return values
+
+
+def _check_normalisation(mean: list[float], std: list[float], said: str, where: str) -> None:
+    """A teacher's mean / std that cannot be right (a zero or negative std, infinity, NaN) would feed it
+    infinite or NaN images: its logits NaN, their argmax one class. Refused in one line."""
+    if not all(math.isfinite(v) for v in (*mean, *std)) or min(std) <= 0:
+        raise ConfigError(f"{where}: the teacher's normalisation mean {list(mean)} std {list(std)} ({said}) must be "
+                          "finite with every std > 0: set distill.teacher_mean / distill.teacher_std")  # fmt: skip
+
+
+def _class_map(dc: DistillConfig, where: str, name: str, n_teacher: int, teacher_names: list[str] | None,
+               data_names: list[str], n_data: int) -> list[int] | None:
+    """The teacher's class of each data class (None: the same order). Compared by name when both the
+    teacher's source and the data name their classes: another order is refused unless
+    ``distill.class_map`` gives it (the count alone let a permuted teacher teach the wrong classes)."""
+    if dc.class_map is not None:
+        cm = list(dc.class_map)
+        if len(cm) != n_data or not all(isinstance(i, int) and 0 <= i < n_teacher for i in cm):
+            raise ConfigError(f"distill.class_map: give the teacher's class index (0 to {n_teacher - 1}) of each of the "
+                              f"data's {n_data} classes, in the data's order; got {len(cm)} entries")  # fmt: skip
+        return cm
+    if n_teacher != n_data:
+        raise ConfigError(f"{where}: the teacher ({name}) predicts {n_teacher} classes, the data has {n_data}: a "
+                          "classification teacher must predict the data's classes, in its order (or set "
+                          "distill.class_map)")  # fmt: skip
+    data_names, teacher_names = _named(data_names), _named(teacher_names)
+    if not teacher_names or len(data_names) != n_data or teacher_names == data_names:
+        return None
+    where_t = {n: i for i, n in enumerate(teacher_names)}
+    first = next(i for i, (a, b) in enumerate(zip(teacher_names, data_names)) if a != b) if len(teacher_names) == n_data else 0
+    hint = (f"; by name it is distill.class_map=[{','.join(str(where_t[n]) for n in data_names)}]"
+            if sorted(teacher_names) == sorted(data_names) and len(set(data_names)) == n_data else "")
+    raise ConfigError(f"{where}: the teacher's classes are not the data's, by name (class {first}: teacher "
+                      f"{teacher_names[first]!r}, data {data_names[first]!r}): set distill.class_map (the teacher's "
+                      f"index of each data class){hint}")  # fmt: skip
+
+
+def _named(names: list[str] | None) -> list[str]:
+    """Class names that name something: not none, and not the numbers a source without names counts with."""
+    names = list(names or [])
+    return [] if names == [str(i) for i in range(len(names))] else names
 
 
 def _normalisation(dc: DistillConfig, pre: dict, data) -> tuple[list[float], list[float], str]:

@@ -47,6 +47,11 @@ class DistillConfig:
     replicated when its parameters take at most ``replicate_max_mb`` MB, else sharded."""
     replicate_max_mb: float = 1024.0
     """``teacher_layout=auto``: the largest teacher (MB of parameters, as stored) kept whole on every rank."""
+    class_map: list[int] | None = None
+    """Classification: the teacher's class index of each of the data's classes, in the data's order
+    (the teacher's logits are taken in that order). None = the same order: when the teacher's source
+    (a run's ``classnames.txt``, a Hub config's ``label_names``) and the data both name their
+    classes, the names must match, or the run is refused with the map by name."""
     kind: Literal["soft", "hard"] = "hard"
     """Classification (DeiT): ``soft`` = KL divergence to the teacher's softmax at temperature ``tau``
     (scaled by tau^2); ``hard`` = cross-entropy to the teacher's argmax (DeiT's best, and its default

@@ -120,7 +120,8 @@ class TokenLabelingTask(Task):
         """Class targets ``(B, C)`` and aligned dense targets ``(B, gh, gw, C)`` (before MixToken)."""
         labels = batch["label"]
         # rows are read on the host (never by a device copy); by sample key for streamed shards
-        index = self.store.rows(batch.get("host", batch)["index"], batch.get("key"))
+        host = batch.get("host", batch)
+        index = self.store.rows(host["index"], batch.get("key"), host.get("label"))  # each row checked against its sample
         B, C = labels.shape[0], self.num_classes
         dense = self.store.dense(index, C, device)  # (B, C, th, tw) over the whole image
         crop = batch.get("crop")

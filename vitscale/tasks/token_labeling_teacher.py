@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vitscale.data.token_labels import TokenLabelWriter
+from vitscale.data.token_labels import TokenLabelWriter, unique_keys
 
 from .token_labeling import dense_forward
 
@@ -47,6 +47,11 @@ def label_split(
     num_classes = teacher.num_classes
     n = len(loader.dataset)
     writer = None
+    source = loader.dataset.source
+    keys = getattr(source, "keys", None)  # shards: rows also found by sample key
+    if keys is not None:  # before any work: a key two samples hold could not find its labels
+        places = [getattr(m, "url", "") or getattr(m, "shard", "?") for m in getattr(source, "images", keys)]
+        unique_keys(keys, places, what=f"label-tokens {split!r}")
     counts = torch.zeros(3, dtype=torch.float64, device=device)  # images, class top-1, token top-1
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -55,10 +60,9 @@ def label_split(
                 cls, tok = dense_forward(teacher, batch["image"])  # (B, C), (B, gh, gw, C)
             cls_p, tok_p = cls.float().softmax(-1), tok.float().softmax(-1)
             if writer is None:
-                keys = getattr(loader.dataset.source, "keys", None)  # shards: rows also found by sample key
                 writer = TokenLabelWriter(out, split, n, tuple(tok.shape[1:3]), min(topk, num_classes), num_classes,
                                           info, writes=writes, keys=keys)  # fmt: skip
-            writer.write(batch["index"], tok_p, cls_p, batch.get("crop"))
+            writer.write(batch["index"], tok_p, cls_p, batch.get("crop"), batch["label"])
             real = (batch["index"] >= 0).to(device)  # padding samples (index -1) do not count
             labels = batch["label"].to(device)
             tok_hit = (tok_p.argmax(-1) == labels.view(-1, 1, 1)).double().mean((1, 2))  # (B,)

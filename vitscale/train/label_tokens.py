@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from vitscale.config import Config
+from vitscale.interop import hub
 
 
 def teacher_config(cfg: Config, num_classes: int | None = None) -> Config:
@@ -42,14 +43,32 @@ def teacher_run(cfg: Config):
     if t.timm:
         from vitscale.interop import load_timm_checkpoint
 
-        teacher = load_timm_checkpoint(t.checkpoint, t.timm, **dict(t.overrides))
+        checkpoint, arch = _from_cache(t.checkpoint, "teacher.checkpoint"), t.timm
+        if hub.is_hub_id(arch):  # timm would fetch the architecture's config.json from the Hub: read the cached one
+            arch = f"local-dir:{hub.resolve(arch, 'teacher.timm')}"
+        teacher = load_timm_checkpoint(checkpoint, arch, **dict(t.overrides))
         return assemble(teacher_config(cfg), "label", model=teacher)
     from vitscale.checkpoint import load_model_weights, read_weights
 
-    sd = read_weights(t.checkpoint, t.weights)
+    sd = read_weights(_from_cache(t.checkpoint, "teacher.checkpoint"), t.weights)
     run = assemble(teacher_config(cfg, head_classes(sd)), "label")
     load_model_weights(run.model, sd, strict=True, source=f"teacher.checkpoint={t.checkpoint}")
     return run
+
+
+def _from_cache(source: str, setting: str) -> str:
+    """``hf-hub:org/name`` as its weights file in the local Hugging Face cache (never downloaded,
+    :mod:`vitscale.interop.hub`); any other source as given."""
+    if not hub.is_hub_id(source):
+        return source
+    from vitscale.interop.pretrained import HUB_LAYOUTS
+
+    folder = hub.resolve(source, setting)
+    for _, _, files in HUB_LAYOUTS:
+        found = next((folder / f for f in files if (folder / f).is_file()), None)
+        if found is not None:
+            return str(found)
+    return str(folder)  # a vitscale export or run folder in the cache
 
 
 def label_tokens(cfg: Config, out: str) -> dict:

@@ -41,6 +41,28 @@ class Preempted(Terminated):
         self.quiet = quiet  # said by rank 0 only (every rank stops on the same step)
 
 
+UNCATCHABLE = ("SIGKILL", "SIGSTOP")
+
+
+def signal_number(name: str) -> int:
+    """The number of a signal a run can catch, by name (``SIGTERM``); a one-line :class:`ConfigError`
+    for a name this system does not know or a signal no process can catch (SIGKILL, SIGSTOP)."""
+    from vitscale.errors import ConfigError
+
+    known = signal.Signals.__members__
+    catchable = sorted(n for n in known if n.startswith("SIG") and not n.startswith("SIG_") and n not in UNCATCHABLE)
+    if name in UNCATCHABLE:
+        raise ConfigError(f"checkpoint.save_on_signal: {name} cannot be caught by any process; use e.g. SIGTERM, "
+                          "SIGUSR1, SIGINT")  # fmt: skip
+    if name not in known or not name.startswith("SIG") or name.startswith("SIG_"):
+        import difflib
+
+        close = difflib.get_close_matches(str(name), catchable, n=1)
+        raise ConfigError(f"checkpoint.save_on_signal: {name!r} is not a signal name here"
+                          f"{f' (did you mean {close[0]}?)' if close else ''}; e.g. SIGTERM, SIGUSR1, SIGINT")  # fmt: skip
+    return int(known[name])
+
+
 class Preemption:
     """The trainer's save-on-signal component: ``names`` the signals (``checkpoint.save_on_signal``).
     Its handlers are installed while ``with preemption:`` runs (in the main thread; nested uses
@@ -49,7 +71,7 @@ class Preemption:
     (collective with several ranks)."""
 
     def __init__(self, names: tuple[str, ...] | list[str]):
-        self.signums = [int(getattr(signal, n)) for n in names]
+        self.signums = [signal_number(n) for n in names]
         self.requested = 0
         self.group = None
         self._previous: dict[int, Any] = {}

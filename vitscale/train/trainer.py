@@ -55,8 +55,9 @@ def _step_seed(seed: int, step: int, rank: int) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, preemption: Preemption | None = None):
+    def __init__(self, cfg: Config, preemption: Preemption | None = None, watchdog: Watchdog | None = None):
         self._t_created, self.started_at = time.perf_counter(), now()
+        self._watchdog = watchdog  # armed by train() before start-up, else made in _build
         self.preemption = preemption or Preemption(cfg.checkpoint.save_on_signal)  # save on a signal, all ranks agreeing
         self.run = run = assemble(cfg)  # checks, the run folder's lock, data, model
         try:
@@ -106,7 +107,8 @@ class Trainer:
         self.complete = self.checkpoints.restore(self.model, self.ema)
         self.notices += self.checkpoints.init_lines  # what checkpoint.init_from loaded, resampled, re-initialised
         self.init_report = self.checkpoints.init_report
-        self.watchdog = Watchdog(tc.hang_timeout, self.out, run.dims.rank)  # no step within train.hang_timeout: stacks, exit 124
+        # no step within train.hang_timeout: stacks, exit 124
+        self.watchdog = self._watchdog or Watchdog(tc.hang_timeout, self.out, run.dims.rank)
         self.guard = NonFiniteGuard(self.device, tc.max_nonfinite_steps, tc.max_consecutive_nonfinite, self.counters.nonfinite_steps)
         self.tensorboard = False  # whether fit() writes TensorBoard events
         self.written: dict[str, bool] = {}  # outputs this run wrote at its end ("weights", "report"): the summary lists only those
@@ -244,9 +246,11 @@ def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, 
     with the summary in the form ``summary`` names: ``human``, ``json`` or ``none``. ``notes``: lines
     from loading the config, printed with the run's opening lines."""
     main = int(os.environ.get("RANK", "0")) == 0  # the rank torchrun gave this process (0 without torchrun)
+    rank = int(os.environ.get("RANK", "0"))
     with RunLog(Path(cfg.train.output_dir) / "train.log", enabled=main, header=command_line()) as runlog, \
-            Preemption(cfg.checkpoint.save_on_signal) as preemption:  # before the loader's workers are forked
-        trainer = Trainer(cfg, preemption)  # checks the settings and claims the run folder (or refuses: no file written)
+            Preemption(cfg.checkpoint.save_on_signal) as preemption, \
+            Watchdog(cfg.train.hang_timeout, Path(cfg.train.output_dir), rank) as watchdog:  # start-up included
+        trainer = Trainer(cfg, preemption, watchdog)  # checks the settings and claims the run folder (or refuses: no file written)
         trainer.notices[:0] = list(notes)
         runlog.attach()
         result = trainer.fit()

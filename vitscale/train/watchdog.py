@@ -12,6 +12,8 @@ loader waits, which lets the thread run; ``faulthandler.dump_traceback_later`` i
 minute later, in case something holds the GIL (it writes the same file and exits with code 1).
 
 Progress is noted with one clock read per step (:meth:`Watchdog.beat`); the thread wakes once a second.
+It is armed from the start of ``vitscale train`` (:func:`vitscale.train.trainer.train`), so start-up —
+reading the data's first files, indexing shards, building the model — is bounded by the same timeout.
 """
 
 from __future__ import annotations
@@ -37,19 +39,24 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._file = None
+        self._depth = 0  # entered once for the whole run (start-up included), again around the loop
 
     def beat(self, step: int = 0) -> None:
         """The loop made progress (a step completed)."""
         self.last, self.step = time.monotonic(), step
 
     def __enter__(self) -> Watchdog:
-        if self.timeout > 0:
-            self.last = time.monotonic()
+        self._depth += 1
+        self.last = time.monotonic()  # entering again (the loop after start-up) is progress
+        if self.timeout > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="vitscale-watchdog", daemon=True)
             self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if self._depth > 0:
+            return
         self._stop.set()
         if self._file is not None:
             faulthandler.cancel_dump_traceback_later()

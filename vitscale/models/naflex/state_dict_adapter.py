@@ -207,6 +207,8 @@ def state_dict_from_vit(sd: dict[str, torch.Tensor], cfg: NaFlexConfig, prefix: 
     if pe is None or cfg.pos_embed_type != "learned":
         return
     gh, gw = cfg.pos_grid
+    if 0 in pe.shape:
+        return  # an empty grid: nothing to resample, the shape check names it
     if pe.ndim == 4:  # a NaFlex grid of another size
         if tuple(pe.shape[1:3]) != (gh, gw):
             old = tuple(pe.shape[1:3])
@@ -222,6 +224,8 @@ def state_dict_from_vit(sd: dict[str, torch.Tensor], cfg: NaFlexConfig, prefix: 
         sd[prefix + "cls_token"] = tokens + pe[:, :L]
         pe = pe[:, L:]
         n -= L
+    if n <= 0:
+        return  # no grid left once the prefix tokens are folded in: the shape check names it
     side = math.isqrt(n)
     if side * side == n:
         old = (side, side)

@@ -100,6 +100,8 @@ class ViTConfig:
     def __post_init__(self) -> None:
         if self.pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {self.pool!r}")
+        if isinstance(self.class_token_length, bool) or not isinstance(self.class_token_length, int) or self.class_token_length < 0:
+            raise ValueError(f"class_token_length must be a count of prefix tokens, 0 or more, got {self.class_token_length!r}")
         if self.pool == "token" and (self.class_token_length < 1 or not self.class_token):
             raise ValueError("pool='token' needs a class token (class_token_length >= 1, class_token=True)")
         if self.norm_type not in NORMS:

@@ -354,10 +354,10 @@ class VisionTransformer(nn.Module):
         if pe is None or pe.shape == self.pos_embed.shape:
             return
         n_prefix = self._pos_prefix()
-        n_old = pe.shape[1] - n_prefix
-        side = math.isqrt(n_old)
-        if side * side != n_old:
-            return  # not a square grid: let load_state_dict report the shape mismatch
+        n_old = pe.shape[1] - n_prefix if pe.dim() == 3 else -1
+        side = math.isqrt(max(n_old, 0))
+        if n_old <= 0 or side * side != n_old:
+            return  # no grid, or not a square one: let load_state_dict report the shape mismatch
         state_dict[key] = resample_pos_embed(pe, self.cfg.grid, (side, side), n_prefix)
 
 
