@@ -220,6 +220,11 @@ class EvalConfig:
     """Evaluate every N steps; 0 = only at the end (the task's default evaluations)."""
     batch_size: int = 256
     """Per-rank evaluation batch size (of every evaluation that sets none)."""
+    classnames: str | None = None
+    """Zero-shot evaluation (image-text models) with a set of class names and prompt templates vitscale
+    ships: ``imagenet`` = the 1,000 ImageNet classes and the 80 templates of the CLIP paper's ImageNet
+    evaluation (arXiv 2103.00020), for an ImageNet val image folder; None = the data's class names and
+    ``clip.zeroshot_templates``."""
     probe: Literal["none", "linear", "fewshot"] = "none"
     """``vitscale eval`` on frozen pre-logits features (``forward_head(forward_features(x),
     pre_logits=True)``; CLIP: the image embedding) instead of the model's own head: none | linear

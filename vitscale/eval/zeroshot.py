@@ -9,7 +9,11 @@ order, so the metrics are those of the whole split.
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
+import re
 from dataclasses import dataclass
+from importlib import resources
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +22,34 @@ from torch import nn
 from ..errors import ConfigError
 from .evaluator import Evaluator, EvaluatorConfig, register_evaluator
 from .gather import gather_ordered
+
+CLASSNAME_SETS = ("imagenet",)  # vitscale/eval/classnames/<name>.json
+_WNID = re.compile(r"^n\d{8}$")
+
+
+@functools.cache
+def classname_set(name: str) -> dict:
+    """A shipped set of class names and prompt templates (``eval.classnames``): ``{"class_names",
+    "templates", "wnids", "source"}``. ``imagenet``: the 1,000 ImageNet classes and the 80 prompt
+    templates of the CLIP paper's zero-shot ImageNet evaluation (arXiv 2103.00020), with the WordNet
+    ids in class-index order (``scripts/make_imagenet_classnames.py`` wrote the file)."""
+    if name not in CLASSNAME_SETS:
+        raise ConfigError(f"eval.classnames must be one of {', '.join(CLASSNAME_SETS)} (a set vitscale ships); got {name!r}")
+    return json.loads(resources.files("vitscale.eval").joinpath("classnames", f"{name}.json").read_text())
+
+
+def check_data_classes(name: str, data_classes: list[str]) -> None:
+    """The run's data must be the set's classes in its order: as many classes, and WordNet-id folder
+    names (an ImageNet image folder) equal to the set's in order. One line when not."""
+    want = classname_set(name)
+    if len(data_classes) != len(want["class_names"]):
+        raise ConfigError(f"eval.classnames={name}: the val data has {len(data_classes)} classes, the set "
+                          f"{len(want['class_names'])}: point data.val_path at the {name} validation images")  # fmt: skip
+    if all(_WNID.match(str(c)) for c in data_classes) and list(data_classes) != want["wnids"]:
+        i = next(i for i, (a, b) in enumerate(zip(data_classes, want["wnids"])) if a != b)
+        raise ConfigError(f"eval.classnames={name}: the val data's class {i} is {data_classes[i]}, the set's "
+                          f"{want['wnids'][i]}: the classes are not in the set's order")  # fmt: skip
+
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
@@ -116,6 +148,10 @@ class ZeroShotConfig(EvaluatorConfig):
     (the CLIP paper's default prompt, arXiv 2103.00020)."""
     class_names: tuple[str, ...] | None = None
     """Class names for the prompts, in label order; None = its data's (digits '0'..'9' become words)."""
+    classnames: str | None = None
+    """A set vitscale ships, in place of ``class_names`` and ``templates``: ``imagenet`` = the 1,000
+    ImageNet class names and the 80 templates of the CLIP paper's zero-shot ImageNet evaluation (the
+    val data must hold those 1,000 classes in ImageNet's order); None = neither."""
 
 
 class ZeroShotEvaluator(Evaluator):
@@ -127,7 +163,15 @@ class ZeroShotEvaluator(Evaluator):
         if ctx.tokenizer is None:
             raise ConfigError("evals: zeroshot needs an image-text model (a CLIP) and its tokenizer")
         self.loader = ctx.data.loader(cfg.data, cfg.split, cfg.batch_size)
-        self.names = list(cfg.class_names) if cfg.class_names else readable_class_names(ctx.data.classes(cfg.data)[1])
+        self.templates = cfg.templates
+        if cfg.classnames:
+            if cfg.class_names:
+                raise ConfigError(f"zeroshot: classnames={cfg.classnames} names the classes already: drop class_names")
+            named = classname_set(cfg.classnames)
+            check_data_classes(cfg.classnames, list(ctx.data.classes(cfg.data)[1]))
+            self.names, self.templates = list(named["class_names"]), tuple(named["templates"])
+        else:
+            self.names = list(cfg.class_names) if cfg.class_names else readable_class_names(ctx.data.classes(cfg.data)[1])
 
     @torch.no_grad()
     def __call__(self, model):
@@ -137,7 +181,7 @@ class ZeroShotEvaluator(Evaluator):
             return {}
         was_training = model.training
         model.eval()
-        clf = zeroshot_classifier(model, c.tokenizer, self.names, self.cfg.templates, c.device, c.autocast)
+        clf = zeroshot_classifier(model, c.tokenizer, self.names, self.templates, c.device, c.autocast)
         model.train(was_training)
         return {k.removeprefix("zeroshot_"): v for k, v in zeroshot_accuracy(emb["image"], emb["label"], clf).items()}
 

@@ -126,8 +126,10 @@ class ContrastiveTask(Task):
         cc, every = cfg.clip, cfg.eval.every
         out = []
         if cc.zeroshot:
+            named = cfg.eval.classnames  # a shipped set (names and templates) in place of clip.*'s
             out.append({"kind": "zeroshot", "name": "zeroshot", "every": every, "templates": list(cc.zeroshot_templates),
-                        "class_names": list(cc.class_names) if cc.class_names else None})  # fmt: skip
+                        "class_names": list(cc.class_names) if cc.class_names and not named else None,
+                        "classnames": named})  # fmt: skip
         if cc.retrieval:
             out.append({"kind": "retrieval", "name": "", "every": every})
         return out
