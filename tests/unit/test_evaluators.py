@@ -220,3 +220,20 @@ def test_class_subset_refuses_classes_that_do_not_match(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=message):
             _evaluations([{"kind": "class_subset", **entry}], tmp_path)
+
+
+@pytest.mark.slow
+def test_a_val_set_that_is_not_the_label_files_is_one_line_through_the_cli(tmp_path):
+    import subprocess
+    import sys
+
+    root = tmp_path / "val"
+    _imagenet_val_folder(root, [1, 3], lambda i: "a")  # files 1 and 3; real.json names 1 and 2
+    (tmp_path / "real.json").write_text(json.dumps([[1], [2]]))
+    entry = {"kind": "real", "labels": str(tmp_path / "real.json"), "data": _folder_data(root)}
+    run = subprocess.run([sys.executable, "-m", "vitscale", "train", "digits_vit", *FAST, "train.max_steps=1",
+                          f"train.output_dir={tmp_path / 'run'}", f"evals={json.dumps([entry])}"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vitscale train: real: the val split holds 'ILSVRC2012_val_00000003', which ")
