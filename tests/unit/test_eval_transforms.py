@@ -97,9 +97,10 @@ def test_the_vit_fine_tune_evaluates_the_whole_image_squashed(photos):
         _close(_ours(cfg, (384, 384), path)[0], np.asarray(ref_tf(Image.open(path).convert("RGB"))), path.name)
 
 
-def test_the_clip_recipe_evaluates_as_open_clip(photos):
+@pytest.mark.parametrize("recipe", ["laion400m_clip_b32", "clip_b32_locked_image"])
+def test_the_clip_recipes_evaluate_as_open_clip(recipe, photos):
     open_clip_transform = pytest.importorskip("open_clip.transform")
-    cfg = load_config("laion400m_clip_b32").data
+    cfg = load_config(recipe).data
     ref_tf = open_clip_transform.image_transform(224, is_train=False, mean=cfg.mean, std=cfg.std)
     mean, std = torch.tensor(cfg.mean).view(3, 1, 1), torch.tensor(cfg.std).view(3, 1, 1)
     for path in photos:
@@ -107,3 +108,10 @@ def test_the_clip_recipe_evaluates_as_open_clip(photos):
         ref = (ref * 255).round().clamp(0, 255).to(torch.uint8).numpy()
         for ours, how in zip(_ours(cfg, (224, 224), path), ("decode", "tensor_eval")):
             _close(ours, ref, f"{path.name} ({how})")
+
+
+def test_an_unknown_mode_is_refused_in_one_line():
+    from vitscale.config import ConfigError
+
+    with pytest.raises(ConfigError, match="data.eval_crop_mode: 'squish' is not one of center, squash, border"):
+        load_config("digits_vit", ["data.eval_crop_mode=squish"])
