@@ -16,8 +16,8 @@ from torch import nn
 
 from vitscale.config import ConfigError, load_config
 from vitscale.data.digits import load_digits_split
-from vitscale.eval.evaluator import EvalContext
 from vitscale.eval.classification import count_top1
+from vitscale.eval.evaluator import EvalContext
 from vitscale.eval.real import padded, real_hits
 from vitscale.eval.runner import Evaluations
 from vitscale.eval.subset import subset_hits
