@@ -86,6 +86,10 @@ def test_crop_pct_above_one_pads_with_zeros_as_timm(photos):
     ref_tf = timm_data.create_transform(224, is_training=False, crop_pct=cfg.crop_pct, interpolation=cfg.interpolation,
                                         use_prefetcher=True)  # fmt: skip
     _close(ours, np.asarray(ref_tf(Image.open(photos[0]).convert("RGB"))), "imagenet_volo_d4")
+    # the batch's "crop": the output's window on the 194 x 290 resized photo, as fractions: 15 rows
+    # above it (padding), the columns from round((290 - 224) / 2) = 33
+    aug = SampleTransform(cfg, (224, 224), 3, 0, train=False).decode(str(photos[0]), 0, 0, fast=False)
+    assert aug.crop == pytest.approx((-15 / 194, 33 / 290, 224 / 194, 224 / 290))
 
 
 def test_the_vit_fine_tune_evaluates_the_whole_image_squashed(photos):

@@ -260,14 +260,14 @@ def crop_or_pad(image: torch.Tensor, out_size: tuple[int, int], fill: list[int] 
     """The centre ``out_size`` of ``image`` (C, H, W), padded first with ``fill`` on the sides where it
     is smaller (torchvision's ``CenterCrop`` pads with 0, timm's ``CenterCropOrPad`` with ``fill``: half
     the missing pixels before, the rest after, then a crop at ``round((size - out) / 2)``). Returns
-    the image and the kept part of ``image`` as (top, left, h, w) in its pixels."""
+    the image and its window on ``image`` as (top, left, h, w) in ``image``'s pixels: ``out_size``
+    at its place, starting before 0 or ending past the edge where it was padded."""
     from torchvision.transforms.v2 import functional as F
 
     oh, ow = out_size
     _, h, w = image.shape
-    if oh > h or ow > w:
-        dh, dw = max(0, oh - h), max(0, ow - w)
+    dh, dw = max(0, oh - h), max(0, ow - w)
+    if dh or dw:
         image = F.pad(image, [dw // 2, dh // 2, (dw + 1) // 2, (dh + 1) // 2], fill=fill)
     top, left = int(round((image.shape[-2] - oh) / 2.0)), int(round((image.shape[-1] - ow) / 2.0))
-    kept = (top if oh <= h else 0, left if ow <= w else 0, min(oh, h), min(ow, w))
-    return image[:, top : top + oh, left : left + ow], kept
+    return image[:, top : top + oh, left : left + ow], (top - dh // 2, left - dw // 2, oh, ow)

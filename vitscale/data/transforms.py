@@ -180,8 +180,10 @@ class SampleTransform:
             mean = [sum(mean) / len(mean)] if self.num_channels == 1 and len(mean) != 1 else mean
             fill = [round(255 * m) for m in mean]
         _, h, w = image.shape
-        out, (top, left, kh, kw) = crop_or_pad(image, self.img_size, fill)
-        return Augmented(out.contiguous(), (top / h, left / w, kh / h, kw / w), False, [0] * 6)
+        out, (top, left, oh, ow) = crop_or_pad(image, self.img_size, fill)
+        # the output's window as fractions of the original (the resize scales the whole image): past
+        # [0, 1] where it was padded
+        return Augmented(out.contiguous(), (top / h, left / w, oh / h, ow / w), False, [0] * 6)
 
     # --- shared tail ------------------------------------------------------------------------------
     def decode(self, src, epoch: int, slot: int, fast: bool = True) -> Augmented:
