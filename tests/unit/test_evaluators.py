@@ -167,6 +167,25 @@ def test_real_matches_images_by_file_name_in_an_image_folder(tmp_path):
     assert old == {"top1": 40.0, "images": 10}
 
 
+def test_real_matches_a_flat_folder_listed_in_another_order(tmp_path):
+    # the 12 files in one folder, listed by a CSV from the last to the first (data.format=csv)
+    root = tmp_path / "flat"
+    _imagenet_val_folder(root, range(1, 13), lambda i: ".")
+    rows = [f"{root}/ILSVRC2012_val_{i:08d}.JPEG,a photo,{7 * i % 10}" for i in range(12, 0, -1)]
+    (tmp_path / "val.csv").write_text("filepath,title,label\n" + "\n".join(rows) + "\n")
+    c = [7 * i % 10 for i in range(1, 13)]
+    lists = [[c[i]] for i in range(8)] + [[], []] + [[(c[10] + 1) % 10], [(c[11] + 1) % 10]]
+    (tmp_path / "real.json").write_text(json.dumps(lists))
+    data = {"format": "csv", "train_path": str(tmp_path / "val.csv"), "val_path": str(tmp_path / "val.csv"), "csv_label_key": "label"}
+    evals = _evaluations([{"kind": "real", "labels": str(tmp_path / "real.json"), "data": data}], tmp_path)
+    assert evals.run(Brightness()) == {"real_top1": 80.0, "real_images": 10}
+    # by position: row p (file 12 - p) got file p+1's list; by hand, none of the 10 listed rows is right
+    ev = evals.evaluators[0]
+    positional = padded(lists, ev.ctx.device)
+    old = count_top1(Brightness(), ev.loader, ev.ctx, lambda logits, b: real_hits(logits.argmax(-1), b["index"], positional))
+    assert old == {"top1": 0.0, "images": 10}
+
+
 def test_real_refuses_a_val_set_that_is_not_the_label_files(tmp_path):
     lists = [[7 * i % 10] for i in range(1, 13)]
     (tmp_path / "real.json").write_text(json.dumps(lists))
