@@ -25,18 +25,28 @@ from PIL import Image
 RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 
 
-def centre_box(height: int, width: int, size: tuple[int, int], crop_pct: float) -> tuple[int, int, int, int]:
-    """(left, top, right, bottom) in pixels: the part of the image that resizing to
-    floor(size / crop_pct) and centre-cropping ``size`` keeps (export.json's ``recipe``)."""
+def eval_size(height: int, width: int, size: tuple[int, int], crop_pct: float, mode: str) -> tuple[int, int]:
+    """(H, W) the whole image is resized to before the centre crop (export.json's ``recipe``)."""
     oh, ow = size
-    if oh == ow:
-        rh = rw = math.floor(oh / crop_pct) / min(height, width)
-    else:
-        rh, rw = math.floor(oh / crop_pct) / height, math.floor(ow / crop_pct) / width
-    bh, bw = min(height, oh / rh), min(width, ow / rw)
-    top, left = (height - bh) / 2.0, (width - bw) / 2.0
-    y0, x0 = round(top), round(left)  # whole pixels, as vitscale's decoder cuts the box
-    return x0, y0, min(width, max(x0 + 1, round(left + bw))), min(height, max(y0 + 1, round(top + bh)))
+    sh, sw = math.floor(oh / crop_pct), math.floor(ow / crop_pct)
+    if mode == "squash":
+        return sh, sw
+    if mode == "center" and sh == sw:
+        return (int(sh * height / width), sh) if width <= height else (sh, int(sh * width / height))
+    ratio = (max if mode == "border" else min)(height / sh, width / sw)
+    return round(height / ratio), round(width / ratio)
+
+
+def centre_crop_or_pad(img: Image.Image, size: tuple[int, int], fill) -> Image.Image:
+    """The centre ``size`` of ``img``, padded first with ``fill`` where it is smaller (export.json's ``recipe``)."""
+    oh, ow = size
+    if oh > img.height or ow > img.width:
+        dh, dw = max(0, oh - img.height), max(0, ow - img.width)
+        canvas = Image.new(img.mode, (img.width + dw, img.height + dh), fill)
+        canvas.paste(img, (dw // 2, dh // 2))
+        img = canvas
+    top, left = int(round((img.height - oh) / 2.0)), int(round((img.width - ow) / 2.0))
+    return img.crop((left, top, left + ow, top + oh))
 
 
 def preprocess(path: str | Path, pre: dict) -> np.ndarray:
@@ -48,8 +58,12 @@ def preprocess(path: str | Path, pre: dict) -> np.ndarray:
         img = Image.alpha_composite(white, img.convert("RGBA"))
     img = img.convert("RGB" if pre["channels"] == 3 else "L")
     oh, ow = pre["image_size"]
-    box = centre_box(img.height, img.width, (oh, ow), pre["crop_pct"])
-    img = img.crop(box).resize((ow, oh), RESAMPLE[pre["interpolation"]])
+    mode = pre.get("eval_crop_mode", "center")
+    rh, rw = eval_size(img.height, img.width, (oh, ow), pre["crop_pct"], mode)
+    img = img.resize((rw, rh), RESAMPLE[pre["interpolation"]])
+    mean = pre["mean"] if mode == "border" else [0.0] * pre["channels"]
+    fill = tuple(round(255 * m) for m in mean) if pre["channels"] == 3 else round(255 * mean[0])
+    img = centre_crop_or_pad(img, (oh, ow), fill)
     x = np.asarray(img, dtype=np.float32).reshape(oh, ow, -1) / 255.0  # (H, W, C)
     x = (x - np.asarray(pre["mean"], np.float32)) / np.asarray(pre["std"], np.float32)
     return x.transpose(2, 0, 1)[None]  # (1, C, H, W)

@@ -51,8 +51,8 @@ def _evals(root: Path) -> str:
 
     real = root / "real.json"
     if not real.exists():  # every third list empty (left out), the others the label and its successor
-        labels = load_digits_split("val", num_channels=1)[1].tolist()
-        real.write_text(json.dumps([[] if i % 3 == 0 else [y, (y + 1) % 10] for i, y in enumerate(labels)]))
+        labels = load_digits_split("val", num_channels=1)[1].tolist()  # in-memory digits are named by their index
+        real.write_text(json.dumps({str(i): [] if i % 3 == 0 else [y, (y + 1) % 10] for i, y in enumerate(labels)}))
     return f"evals=[{{kind: class_subset, classes: [1, 3, 5]}}, {{kind: real, labels: {real}}}]"
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 TEMPLATES = ["a photo of the number {}.", "a handwritten {}.", "the number {}, written by hand."]

@@ -70,11 +70,13 @@ def _image_files(folder: Path) -> list[Path]:
 
 def _vitscale_preprocess(path: Path, pre: dict) -> torch.Tensor:
     """vitscale's own evaluation decode of an image file (PIL path), normalised."""
-    from vitscale.data.decode import center_crop_box, decode_resized_crop
+    from vitscale.data import DataConfig
+    from vitscale.data.transforms import SampleTransform
 
-    size = tuple(pre["image_size"])
-    t, _, _ = decode_resized_crop(str(path), lambda h, w: center_crop_box(h, w, size, pre["crop_pct"]), size,
-                                  num_channels=pre["channels"], interpolation=pre["interpolation"], fast=False)  # fmt: skip
+    data = DataConfig(mean=tuple(pre["mean"]), std=tuple(pre["std"]), interpolation=pre["interpolation"],
+                      crop_pct=pre["crop_pct"], eval_crop_mode=pre["eval_crop_mode"])  # fmt: skip
+    tf = SampleTransform(data, tuple(pre["image_size"]), pre["channels"], 0, train=False)
+    t = tf.decode(str(path), 0, 0, fast=False).image
     mean, std = torch.tensor(pre["mean"]).view(-1, 1, 1), torch.tensor(pre["std"]).view(-1, 1, 1)
     return ((t.float() / 255 - mean) / std)[None]
 
@@ -115,8 +117,8 @@ def test_vit_onnx_dynamic_batch_matches_eager_and_serves(vit_run, tmp_path, caps
     assert graph["sha256"] == hashlib.sha256((out / "image.onnx").read_bytes()).hexdigest()
     assert graph["input"] == {"name": "image", "dtype": "float32", "shape": ["batch", 3, 32, 32]}
     pre = info["preprocess"]
-    assert (pre["image_size"], pre["mean"], pre["std"], pre["crop_pct"], pre["interpolation"]) == (
-        [32, 32], [0.5] * 3, [0.5] * 3, 1.0, "bilinear")  # digits_vit.yaml's
+    assert (pre["image_size"], pre["mean"], pre["std"], pre["crop_pct"], pre["interpolation"], pre["eval_crop_mode"]) == (
+        [32, 32], [0.5] * 3, [0.5] * 3, 1.0, "bilinear", "center")  # digits_vit.yaml's
     assert info["labels"] == NUMBER_WORDS and info["num_classes"] == 10 and info["model"]["step"] == 2
 
     # the file itself, by ONNX Runtime, at batch sizes the check did not use

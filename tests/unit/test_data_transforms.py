@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from vitscale.data import DataConfig, build_loaders
-from vitscale.data.decode import center_crop_box
 from vitscale.data.transforms import SampleTransform, rrc_box
 
 
@@ -15,12 +14,6 @@ def test_rrc_box_in_bounds_and_keyed():
         t, lft, h, w = rrc_box(random.Random(seed), 375, 500, (0.08, 1.0), (3 / 4, 4 / 3))
         assert 0 <= t and 0 <= lft and t + h <= 375 and lft + w <= 500 and h > 0 and w > 0
     assert rrc_box(random.Random(7), 100, 100, (0.08, 1), (0.75, 1.33)) == rrc_box(random.Random(7), 100, 100, (0.08, 1), (0.75, 1.33))
-
-
-def test_center_crop_box():
-    # resize the short side 100 -> floor(87 / 0.875) = 99, cut 87: a box of 87 / 0.99 original pixels
-    assert center_crop_box(100, 200, (87, 87), 0.875) == pytest.approx((6.06, 56.06, 87.88, 87.88), abs=0.01)
-    assert center_crop_box(8, 8, (32, 32), 1.0) == (0.0, 0.0, 8, 8)
 
 
 @pytest.mark.parametrize("size,channels", [((24, 16), 3), ((16, 16), 1)])

@@ -99,7 +99,15 @@ class DataConfig:
     mixup_switch_prob: float = 0.5
     """Probability of cutmix instead of mixup when both are enabled."""
     crop_pct: float = 0.875
-    """Eval: resize to ``img_size / crop_pct`` then center-crop ``img_size`` (1.0 = resize only)."""
+    """Eval: resize to ``floor(img_size / crop_pct)`` (as ``eval_crop_mode`` says), then centre-crop
+    ``img_size``; above 1 the image is smaller than ``img_size`` and padded with zeros, as timm pads
+    (VOLO-D4/D5's 1.15)."""
+    eval_crop_mode: Literal["center", "squash", "border"] = "center"
+    """Eval resize, timm's ``crop_mode`` (``timm/data/transforms_factory.py``): ``center`` (the shorter
+    side to ``img_size / crop_pct``, the aspect ratio kept; with ``crop_pct: 1.0`` and ``bicubic``
+    open_clip's evaluation transform), ``squash`` (the whole image to the square, the aspect ratio
+    not kept: ``vit_jax``'s fine-tuning evaluation), ``border`` (the longer side, the rest padded with
+    the mean colour)."""
     val_split: float = 0.0
     """Fraction held out for validation when there is no ``val_path`` (imagefolder, by a fixed
     seed-0 stratified split) and the size of synthetic's validation set relative to ``synthetic_size``;

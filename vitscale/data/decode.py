@@ -232,18 +232,42 @@ def _crop_resize(t: torch.Tensor, box, scale: float, out_size, interpolation: st
     return F.resize(crop, list(out_size), interpolation=mode, antialias=True)
 
 
-def center_crop_box(height: int, width: int, out_size: tuple[int, int], crop_pct: float):
-    """The eval box (top, left, h, w) in original pixels equivalent to resize + center crop.
+def eval_resize_size(height: int, width: int, out_size: tuple[int, int], crop_pct: float, mode: str = "center") -> tuple[int, int]:
+    """The (H, W) an ``height x width`` image is resized to before the evaluation's centre crop or pad
+    to ``out_size``, as timm's ``transforms_imagenet_eval`` (``timm/data/transforms_factory.py``) with
+    scale size ``floor(out / crop_pct)`` per side:
 
-    Square outputs resize the shorter side to ``out / crop_pct``; other sizes resize to
-    ``(out_h / crop_pct, out_w / crop_pct)``; then the center ``out_size`` is cut out.
+    - ``center``: the shorter side to the scale size, the longer in proportion (torchvision's
+      ``Resize(int)``: ``int(scale * long / short)``); for a non-square output the image's smaller
+      ratio to the scale size decides (timm's ``ResizeKeepRatio``, ``round`` per side);
+    - ``squash``: exactly the scale size (the aspect ratio is not kept; ``vit_jax``'s whole-image resize);
+    - ``border``: the larger ratio decides, so the whole image fits (``ResizeKeepRatio(longest=1)``).
     """
     oh, ow = out_size
-    if oh == ow:
-        short = math.floor(oh / crop_pct)
-        r = short / min(height, width)
-        rh, rw = r, r
-    else:
-        rh, rw = math.floor(oh / crop_pct) / height, math.floor(ow / crop_pct) / width
-    bh, bw = min(height, oh / rh), min(width, ow / rw)
-    return (height - bh) / 2.0, (width - bw) / 2.0, bh, bw
+    sh, sw = math.floor(oh / crop_pct), math.floor(ow / crop_pct)
+    if mode == "squash":
+        return sh, sw
+    if mode == "center" and sh == sw:
+        if width <= height:
+            return int(sh * height / width), sh
+        return sh, int(sh * width / height)
+    rh, rw = height / sh, width / sw
+    ratio = max(rh, rw) if mode == "border" else min(rh, rw)
+    return round(height / ratio), round(width / ratio)
+
+
+def crop_or_pad(image: torch.Tensor, out_size: tuple[int, int], fill: list[int] | int = 0):
+    """The centre ``out_size`` of ``image`` (C, H, W), padded first with ``fill`` on the sides where it
+    is smaller (torchvision's ``CenterCrop`` pads with 0, timm's ``CenterCropOrPad`` with ``fill``: half
+    the missing pixels before, the rest after, then a crop at ``round((size - out) / 2)``). Returns
+    the image and its window on ``image`` as (top, left, h, w) in ``image``'s pixels: ``out_size``
+    at its place, starting before 0 or ending past the edge where it was padded."""
+    from torchvision.transforms.v2 import functional as F
+
+    oh, ow = out_size
+    _, h, w = image.shape
+    dh, dw = max(0, oh - h), max(0, ow - w)
+    if dh or dw:
+        image = F.pad(image, [dw // 2, dh // 2, (dw + 1) // 2, (dh + 1) // 2], fill=fill)
+    top, left = int(round((image.shape[-2] - oh) / 2.0)), int(round((image.shape[-1] - ow) / 2.0))
+    return image[:, top : top + oh, left : left + ow], (top - dh // 2, left - dw // 2, oh, ow)

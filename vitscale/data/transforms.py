@@ -3,7 +3,11 @@
 Train: RandomResizedCrop (torchvision's box sampling, drawn from a keyed ``random.Random``) ->
 horizontal flip -> ``data.auto_augment`` then ``data.color_jitter`` (:mod:`vitscale.data.auto_augment`,
 drawn from their own keyed ``random.Random``); random erasing is sampled here (box + noise seed) and
-applied after normalisation by the loader. Eval: resize to ``img_size / crop_pct`` + center crop.
+applied after normalisation by the loader. Eval (``data.eval_crop_mode``, timm's ``crop_mode``): the
+whole image resized (``center``: the shorter side to ``img_size / crop_pct``; ``squash``: both sides;
+``border``: the longer side), then the centre ``img_size`` cut out, padded where the image is smaller
+(``crop_pct`` > 1: zeros; ``border``: the mean colour) — in the order timm's and open_clip's
+evaluation transforms take, so a pixel lands where theirs does.
 Normalisation happens per batch in the loader (on the device when one is given), so workers move
 uint8 tensors only.
 """
@@ -22,10 +26,11 @@ from torchvision.transforms.v2 import functional as F
 from . import keyed
 from .auto_augment import build_augment
 from .config import DataConfig
-from .decode import center_crop_box, decode_resized_crop
+from .decode import crop_or_pad, decode_resized_crop, eval_resize_size
 from .naflex import fit_grid
 
 _INTERP = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC}
+EVAL_CROP_MODES = ("center", "squash", "border")
 
 
 def rrc_box(rng: random.Random, height: int, width: int, scale, ratio) -> tuple[int, int, int, int]:
@@ -96,6 +101,8 @@ class SampleTransform:
             raise ValueError(f"data.interpolation must be one of {sorted(_INTERP)}, got {cfg.interpolation!r}")
         self.interpolation = cfg.interpolation  # evaluation's
         self.train_interpolation = cfg.train_interpolation or cfg.interpolation  # may be "random"
+        if cfg.eval_crop_mode not in EVAL_CROP_MODES:
+            raise ValueError(f"data.eval_crop_mode must be one of {', '.join(EVAL_CROP_MODES)}, got {cfg.eval_crop_mode!r}")
         self.augment = None
         if train:  # a ConfigError naming the key for a bad policy string or jitter
             self.augment = build_augment(cfg.auto_augment, cfg.color_jitter, mean=cfg.mean, interpolation=self.train_interpolation,
@@ -150,37 +157,54 @@ class SampleTransform:
         return self.finish(out, rng, (top / h0, left / w0, h / h0, w / w0), epoch, index)
 
     def tensor_eval(self, image: torch.Tensor) -> Augmented:
-        from .decode import center_crop_box
-
         h0, w0 = image.shape[-2:]
         if self.seq_len:  # NaFlex: the whole image at its aspect ratio, fitted to the sequence length
             out = F.resize(image, list(self.out_size(h0, w0)), interpolation=_INTERP[self.interpolation], antialias=True)
             return Augmented(out, (0.0, 0.0, 1.0, 1.0), False, [0] * 6)
-        top, left, h, w = center_crop_box(h0, w0, self.img_size, self.cfg.crop_pct)
-        oh, ow = self.img_size
-        if self.cfg.crop_pct >= 1.0 and (h, w) == (h0, w0):
-            out = F.resize(image, [oh, ow], interpolation=_INTERP[self.interpolation], antialias=True)
-        else:  # resize so the box becomes img_size, then cut the box out
-            rh, rw = round(h0 * oh / h), round(w0 * ow / w)
-            out = F.resize(image, [rh, rw], interpolation=_INTERP[self.interpolation], antialias=True)
-            out = F.center_crop(out, [oh, ow])
-        return Augmented(out, (top / h0, left / w0, h / h0, w / w0), False, [0] * 6)
+        size = self.eval_size(h0, w0)
+        out = image if size == (h0, w0) else F.resize(image, list(size), interpolation=_INTERP[self.interpolation], antialias=True)
+        return self.eval_crop(out)
+
+    # --- evaluation: resize the whole image, then crop / pad the centre ----------------------------
+    def eval_size(self, height: int, width: int) -> tuple[int, int]:
+        """The size the whole image is resized to before :meth:`eval_crop` (``eval_crop_mode``, ``crop_pct``)."""
+        return eval_resize_size(height, width, self.img_size, self.cfg.crop_pct, self.cfg.eval_crop_mode)
+
+    def eval_crop(self, image: torch.Tensor) -> Augmented:
+        """The centre ``img_size`` of the resized image, padded where it is smaller: zeros (torchvision's
+        ``CenterCrop``, which timm's ``center`` / ``squash`` end with), or for ``border`` the mean colour
+        ``round(255 x mean)`` (timm's ``CenterCropOrPad(fill=...)``)."""
+        fill: list[int] | int = 0
+        if self.cfg.eval_crop_mode == "border":
+            mean = list(self.cfg.mean)
+            mean = [sum(mean) / len(mean)] if self.num_channels == 1 and len(mean) != 1 else mean
+            fill = [round(255 * m) for m in mean]
+        _, h, w = image.shape
+        out, (top, left, oh, ow) = crop_or_pad(image, self.img_size, fill)
+        # the output's window as fractions of the original (the resize scales the whole image): past
+        # [0, 1] where it was padded
+        return Augmented(out.contiguous(), (top / h, left / w, oh / h, ow / w), False, [0] * 6)
 
     # --- shared tail ------------------------------------------------------------------------------
     def decode(self, src, epoch: int, slot: int, fast: bool = True) -> Augmented:
         """Decode ``src`` (a path or the encoded bytes) straight to the crop this sample draws
-        (train: RandomResizedCrop keyed by (epoch, slot); eval: center crop), then augment it.
+        (train: RandomResizedCrop keyed by (epoch, slot), then augmented; eval: the whole image resized
+        to :meth:`eval_size`, then :meth:`eval_crop`).
         Raises ``BadImageError`` for an undecodable image."""
+        if not self.train and not self.seq_len:  # the whole image, resized as eval_size says, then cut / padded
+            t, _, _ = decode_resized_crop(
+                src, lambda h, w: (0, 0, h, w), self.eval_size, num_channels=self.num_channels,
+                interpolation=self.interpolation, fast=fast, max_pixels=self.cfg.max_image_pixels,
+            )  # fmt: skip
+            return self.eval_crop(t)
         interpolation = self.interpolation
         if self.train:
             rng = self.rng(epoch, slot)
             box_fn = self.box_fn(rng)
             interpolation = self.crop_interpolation(epoch, slot)
-        else:
+        else:  # NaFlex: the whole image
             rng = None
-            box_fn = lambda h, w: center_crop_box(h, w, self.img_size, self.cfg.crop_pct)  # noqa: E731
-            if self.seq_len:  # NaFlex: the whole image
-                box_fn = lambda h, w: (0, 0, h, w)  # noqa: E731
+            box_fn = lambda h, w: (0, 0, h, w)  # noqa: E731
         t, (top, left, h, w), (h0, w0) = decode_resized_crop(
             src, box_fn, self.out_size if self.seq_len else self.img_size, num_channels=self.num_channels, interpolation=interpolation, fast=fast,
             max_pixels=self.cfg.max_image_pixels,

@@ -2,15 +2,23 @@
 
 Beyer et al. 2020, "Are we done with ImageNet?" (arXiv 2006.07159), relabelled the ImageNet validation
 images: each image has a list of the classes that are correct for it (``real.json`` of
-github.com/google-research/reassessed-imagenet: one list of class indices per validation image, in the
-order of the images' file names). A top-1 prediction counts as correct when it is in its image's
-list; images whose list is empty (no class fits) are left out. Any split can be scored this way: the
-file holds one list per image of the split, in the split's order (the batches' ``index``).
+github.com/google-research/reassessed-imagenet: one list of class indices per validation image, the
+i-th for the file ``ILSVRC2012_val_{i+1:08d}.JPEG``). A top-1 prediction counts as correct when it is
+in its image's list; images whose list is empty (no class fits) are left out.
+
+Each sample of the split is matched to its list by its file's name, never by its position: an image
+folder's val split is ordered by class folder, not by file name (timm's ``timm/data/real_labels.py``
+keys ``real.json`` by file name the same way). A sample's name is the last part of its file path or
+shard key without the extension (``.../n01440764/ILSVRC2012_val_00000293.JPEG`` ->
+``ILSVRC2012_val_00000293``). The label file is ImageNet's list, or, for any other split, a JSON
+object ``{name: [class, ...]}``. A split that holds a file the label file does not name, or lacks
+one it names, is refused before anything is evaluated.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +36,24 @@ class RealConfig(EvaluatorConfig):
     """``kind: real``: top-1 counted correct when the prediction is in the image's list of labels."""
 
     labels: str = ""
-    """A JSON file: a list with one list of correct class indices per image of the split, in the
-    split's order (ImageNet's ``real.json``); an empty list leaves its image out."""
+    """A JSON file: ImageNet's ``real.json`` (a list, the i-th entry for ``ILSVRC2012_val_{i+1:08d}``)
+    or an object ``{file name: [class indices]}``; each sample is matched by its file name (without
+    the extension); an empty list leaves its image out."""
 
 
-def read_label_lists(path: str | Path, num_classes: int) -> list[list[int]]:
-    """The lists of ``path``, checked: a JSON list of lists of class indices below ``num_classes``."""
+def imagenet_val_name(i: int) -> str:
+    """The file name (without extension) of ImageNet validation image ``i`` (0-based): real.json's i-th entry."""
+    return f"ILSVRC2012_val_{i + 1:08d}"
+
+
+def sample_name(key: str) -> str:
+    """A sample's name: the last part of its path or key, without the extension."""
+    return os.path.splitext(os.path.basename(str(key).replace("\\", "/")))[0]
+
+
+def read_label_lists(path: str | Path, num_classes: int) -> dict[str, list[int]]:
+    """The lists of ``path`` by image name, checked: ImageNet's list of lists (named
+    :func:`imagenet_val_name`), or an object of name -> list of class indices below ``num_classes``."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"real: labels={str(path)!r} is not a file (a JSON list of label lists, as real.json)")
@@ -43,13 +63,45 @@ def read_label_lists(path: str | Path, num_classes: int) -> list[list[int]]:
         lists = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"real: {path} is not JSON ({e})") from None
-    ok = isinstance(lists, list) and all(
+    if isinstance(lists, list):
+        lists = {imagenet_val_name(i): row for i, row in enumerate(lists)}
+    elif isinstance(lists, dict):
+        lists = {sample_name(k): row for k, row in lists.items()}
+    ok = isinstance(lists, dict) and all(
         isinstance(row, list) and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < num_classes for c in row)
-        for row in lists
+        for row in lists.values()
     )
     if not ok:
-        raise ConfigError(f"real: {path} must be a list of lists of class indices (0 to {num_classes - 1}), one per image")
+        raise ConfigError(f"real: {path} must be a list of lists of class indices (0 to {num_classes - 1}), one per image "
+                          "(or an object of file name -> such a list)")  # fmt: skip
     return lists
+
+
+def split_names(loader, split: str) -> list[str]:
+    """The names of the samples of ``loader``'s split, in its order (its batches' ``index``)."""
+    source = getattr(getattr(loader, "dataset", None), "source", None)
+    if source is None or not hasattr(source, "key"):
+        raise ConfigError(f"real: the {split} split's samples have no file names to match with the label file: "
+                          "evaluate an indexed split (an image folder, indexed shards)")  # fmt: skip
+    return [sample_name(source.key(i)) for i in range(len(source))]
+
+
+def lists_by_name(lists: dict[str, list[int]], names: list[str], labels: str, split: str) -> list[list[int]]:
+    """The lists of the samples ``names`` in their order: a one-line :class:`ConfigError` naming the
+    first file the label file lacks, a file named twice, or an entry the split has no file of."""
+    seen: set[str] = set()
+    for name in names:
+        if name not in lists:
+            raise ConfigError(f"real: the {split} split holds {name!r}, which {labels} has no entry for "
+                              f"(its entries: {', '.join(list(lists)[:2])}, ...): point labels at this split's label file")  # fmt: skip
+        if name in seen:
+            raise ConfigError(f"real: the {split} split holds two files named {name!r}: each image once")
+        seen.add(name)
+    if len(seen) != len(lists):
+        missing = next(n for n in lists if n not in seen)
+        raise ConfigError(f"real: {labels} has an entry for {missing!r}, which the {split} split has no file of "
+                          f"({len(seen)} of its {len(lists)} images): evaluate the whole split the label file describes")  # fmt: skip
+    return [lists[name] for name in names]
 
 
 def padded(lists: list[list[int]], device) -> torch.Tensor:
@@ -77,15 +129,15 @@ class Real(Evaluator):
         super().__init__(cfg, ctx)
         self.loader = ctx.data.loader(cfg.data, cfg.split, cfg.batch_size)
         lists = read_label_lists(cfg.labels, max(ctx.data.classes(cfg.data)[0], len(ctx.class_names)))
-        size = len(getattr(self.loader, "dataset", lists))
-        if len(lists) != size:
-            raise ConfigError(f"real: {cfg.labels} has {len(lists)} label lists, the {cfg.split} split {size} images")
-        self.table = padded(lists, ctx.device)
+        rows = lists_by_name(lists, split_names(self.loader, cfg.split), cfg.labels, cfg.split)
+        self.table = padded(rows, ctx.device)  # row j: the list of the split's sample j, matched by name
 
     def __call__(self, model):
         return count_top1(model, self.loader, self.ctx,
                           lambda logits, b: real_hits(logits.float().argmax(-1), b["index"], self.table))  # fmt: skip
 
+
 register_evaluator("real", Real)
 
-__all__ = ["Real", "RealConfig", "padded", "read_label_lists", "real_hits"]
+__all__ = ["Real", "RealConfig", "imagenet_val_name", "lists_by_name", "padded", "read_label_lists", "real_hits", "sample_name",
+           "split_names"]

@@ -7,9 +7,13 @@ the 200 columns of the output). The subset is given as its class indices in the 
 or as class names of the run's data (the ImageNet-R authors publish the 200 WordNet ids), in the list
 or in a file (one per line).
 
-The data's labels are either indices of the model's classes (``labels: model``: images of classes
-outside the subset are left out) or positions in the subset (``labels: subset``: label i is the
-subset's i-th class, as an image folder holding only the subset's class folders, in the same order).
+Every class of the evaluation data is matched to the model's class of the same name, never by
+its position: an ImageNet-R folder's labels are the places of its 200 class folders in sorted
+order, which need not be the order the subset is listed in. ``labels`` says what the data is:
+``model`` (any of the model's classes; images of classes outside the subset are left out) or
+``subset`` (the subset's classes and only those, as an ImageNet-A/R folder). A data class the model
+does not have, or (``subset``) one outside the subset or a subset class the data lacks, is refused
+before anything is evaluated.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ class ClassSubsetConfig(EvaluatorConfig):
     classes_file: str | None = None
     """A text file listing the subset instead, one class index or name per line."""
     labels: Literal["model", "subset"] = "model"
-    """What the data's labels are: ``model`` (indices of the model's classes; images of other classes
-    are left out) or ``subset`` (label i = the subset's i-th class: an ImageNet-A/R folder)."""
+    """What the data holds (its classes matched to the model's by name): ``model`` (any of the model's
+    classes; images of classes outside the subset are left out) or ``subset`` (exactly the subset's
+    classes: an ImageNet-A/R folder; another class is refused)."""
 
 
 def subset_indices(cfg: ClassSubsetConfig, class_names: list[str], num_classes: int) -> list[int]:
@@ -65,13 +70,34 @@ def subset_indices(cfg: ClassSubsetConfig, class_names: list[str], num_classes: 
     return out
 
 
+def data_positions(cfg: ClassSubsetConfig, idx: list[int], data_names: list[str], model_names: list[str]) -> list[int]:
+    """Each class of the evaluation data (``data_names``, in label order) as its place in the subset
+    ``idx`` (model class indices), matched by name; -1 for a class outside it (``labels: model``)."""
+    where = {name: i for i, name in enumerate(model_names)}
+    place = {c: k for k, c in enumerate(idx)}
+    out = []
+    for name in data_names:
+        if name not in where:
+            raise ConfigError(f"class_subset: the evaluation data's class {name!r} is not a class of the model "
+                              f"(its classes: {', '.join(model_names[:5])}, ...): name the data's class folders as the model's classes")  # fmt: skip
+        k = place.get(where[name], -1)
+        if k < 0 and cfg.labels == "subset":
+            raise ConfigError(f"class_subset: the evaluation data's class {name!r} is not in the subset: labels: subset "
+                              "reads data of the subset's classes only (labels: model leaves other classes out)")  # fmt: skip
+        out.append(k)
+    if cfg.labels == "subset" and len(set(out)) < len(idx):
+        missing = next(model_names[c] for k, c in enumerate(idx) if k not in out)
+        raise ConfigError(f"class_subset: the subset's class {missing!r} is not a class of the evaluation data: "
+                          "labels: subset reads data of every class of the subset (labels: model for part of it)")  # fmt: skip
+    return out
+
+
 def subset_hits(logits: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor, subset: torch.Tensor,
-                position: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(images counted, correct) of one batch. ``subset`` (K,): model class indices; ``position``
-    (C,): a model class's position in the subset, -1 outside it (None: labels already are positions);
-    ``keep`` (B,): False for padding samples."""
+    (C,): a data label's place in the subset, -1 outside it; ``keep`` (B,): False for padding samples."""
     pred = logits.float().index_select(-1, subset).argmax(-1)  # (B,) a position in the subset
-    target = labels if position is None else position[labels]  # (B,) -1: a class outside the subset
+    target = position[labels]  # (B,) -1: a class outside the subset
     counted = keep & (target >= 0)
     return counted.sum(), (counted & (pred == target)).sum()
 
@@ -85,11 +111,10 @@ class ClassSubset(Evaluator):
         self.loader = ctx.data.loader(cfg.data, cfg.split, cfg.batch_size)
         num_classes = max(len(ctx.class_names), max((c for c in cfg.classes if isinstance(c, int)), default=-1) + 1)
         idx = subset_indices(cfg, ctx.class_names, num_classes)
+        model_names = list(ctx.class_names) or [str(i) for i in range(num_classes)]
+        data_names = ctx.data.classes(cfg.data)[1]
         self.subset = torch.tensor(idx, device=ctx.device)
-        self.position = None
-        if cfg.labels == "model":
-            self.position = torch.full((num_classes,), -1, dtype=torch.long, device=ctx.device)
-            self.position[self.subset] = torch.arange(len(idx), device=ctx.device)
+        self.position = torch.tensor(data_positions(cfg, idx, data_names, model_names), dtype=torch.long, device=ctx.device)
 
     def __call__(self, model):
         return count_top1(model, self.loader, self.ctx, lambda logits, b: subset_hits(
@@ -98,4 +123,4 @@ class ClassSubset(Evaluator):
 
 register_evaluator("class_subset", ClassSubset)
 
-__all__ = ["ClassSubset", "ClassSubsetConfig", "subset_hits", "subset_indices"]
+__all__ = ["ClassSubset", "ClassSubsetConfig", "data_positions", "subset_hits", "subset_indices"]

@@ -12,10 +12,12 @@ from pathlib import Path
 
 PREPROCESS_RECIPE = (
     "decode; convert to RGB (channels=3) or L (channels=1), alpha composited onto white; "
-    "take the centre box that resizing to floor(image_size / crop_pct) (the shorter side, for square "
-    "image_size; each side otherwise) and centre-cropping image_size would keep; resize that box to "
-    "image_size with `interpolation` (antialiased); scale to [0, 1] (/255); subtract mean, divide by std "
-    "per channel; NCHW float32"
+    "resize the whole image with `interpolation` (antialiased) as `eval_crop_mode` says, with scale "
+    "size floor(image_size / crop_pct) per side: center = the shorter side to it, the longer "
+    "int(scale x long / short) (non-square image_size: round(side / min ratio)), squash = exactly it, "
+    "border = round(side / max ratio); cut the centre image_size out (top round((H - h) / 2)), padding "
+    "first where the image is smaller (half before, the rest after) with 0, or for border "
+    "round(255 x mean); scale to [0, 1] (/255); subtract mean, divide by std per channel; NCHW float32"
 )
 
 
@@ -49,6 +51,7 @@ def preprocess_spec(source) -> dict:
         "std": std,
         "interpolation": data.interpolation,
         "crop_pct": float(data.crop_pct),
+        "eval_crop_mode": data.eval_crop_mode,
         "recipe": PREPROCESS_RECIPE,
         "from": source.config_from,
     }
