@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from ..commands import SHELL_FLAG
 from ..errors import ConfigError
 from ..safe_yaml import YAMLLimitError, load_yaml, read_yaml
 from .schema import Config, ModelConfig, config_class
@@ -392,23 +393,30 @@ def config_from_dict(tree: dict) -> Config:
 
 
 def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[str] | None = None,
-                notes: list[str] | None = None) -> Config:  # fmt: skip
+                notes: list[str] | None = None, *, allow_shell: bool = False) -> Config:  # fmt: skip
     """defaults <- YAML (``name_or_path``; None = defaults only) <- dotted ``overrides``.
 
     An override that changes ``model.name`` drops the YAML's own model overrides (they describe its
     model, not the new one); the overrides given on the command line stay. What was dropped is said
-    in a line appended to ``notes`` (printed on stderr when ``notes`` is None)."""
+    in a line appended to ``notes`` (printed on stderr when ``notes`` is None).
+
+    No command runs from a file (docs/trust.md, "No command runs from a file"): a value of the YAML
+    that would run a shell command (a ``pipe:`` data path, anywhere in the config) is a
+    ``ConfigError`` naming its key, unless ``overrides`` replace it or ``allow_shell`` is set
+    (:data:`SHELL_FLAG` on the command line)."""
     tree: dict = {}
+    parsed = [parse_override(text) for text in overrides or []]
+    given: dict = {}
+    for key, value in parsed:
+        _set_dotted(given, key, value)
     if name_or_path:
         path = find_config(name_or_path)
         loaded = read_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config groups")
+        if not allow_shell:
+            _refuse_shell(loaded, given, path)
         tree = loaded
-    parsed = [parse_override(text) for text in overrides or []]
-    given: dict = {}
-    for key, value in parsed:
-        _set_dotted(given, key, value)
     note = _new_model_name(tree, given, name_or_path)
     for key, value in parsed:
         _set_dotted(tree, key, value)
@@ -419,6 +427,31 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
         else:
             notes.append(note)
     return cfg
+
+
+_UNSET = object()
+
+
+def _refuse_shell(tree: Any, given: Any, path: Path, key: str = "") -> None:
+    """``ConfigError`` naming the first value of ``tree`` (a config file's) that runs a shell command
+    (``vitscale.data.remote.runs_shell``) and that ``given`` (the command line's overrides, the same
+    shape) does not replace."""
+    if key and given is not _UNSET and not isinstance(given, dict):
+        return  # the command line sets this value (or a mapping above it): the file's is not used
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            _refuse_shell(v, given.get(k, _UNSET) if isinstance(given, dict) else _UNSET, path, f"{key}.{k}" if key else str(k))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            _refuse_shell(v, _UNSET, path, f"{key}[{i}]")
+    elif isinstance(tree, str):
+        from vitscale.data.remote import runs_shell
+
+        if runs_shell(tree):
+            shown = tree if len(tree) <= 60 else tree[:57] + "..."
+            raise ConfigError(f"{path}: {key}={shown!r} runs a shell command (pipe:), and vitscale runs no command read "
+                              f"from a file: give {key}=... on the command line, or add {SHELL_FLAG} (Python: "
+                              f"allow_shell_from_config=True) if you trust {path}")  # fmt: skip
 
 
 def _new_model_name(tree: dict, given: dict, source) -> str | None:

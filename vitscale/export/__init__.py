@@ -29,9 +29,10 @@ def _io(name: str, dtype: str, shape: list) -> dict:
 
 
 def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool = False, config: str | None = None,
-           log=print) -> dict:  # fmt: skip
+           allow_shell: bool = False, log=print) -> dict:  # fmt: skip
     """Export ``src`` (run folder or ``.safetensors``) as ``fmt`` into ``out`` with a static batch
-    size ``batch`` (None = dynamic), check every file, write ``export.json``; returns its content."""
+    size ``batch`` (None = dynamic), check every file, write ``export.json``; returns its content.
+    ``allow_shell``: the config's ``pipe:`` data paths are accepted (``load_config``)."""
     import torch
 
     from vitscale.models.registry import get_family
@@ -46,7 +47,7 @@ def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool
         raise ValueError(f"unknown format {fmt!r}: choose {' or '.join(FORMATS)}")
     if batch is not None and batch < 1:
         raise ValueError(f"batch size must be positive or dynamic, got {batch}")
-    source = load_source(src, ema=ema, config=config)
+    source = load_source(src, ema=ema, config=config, allow_shell=allow_shell)
     if source.config_from == "defaults":
         log("note: no config.yaml beside the weights: the preprocessing constants in export.json are vitscale's "
             "defaults (ImageNet mean/std, crop_pct 0.875); pass --config to give the run's")  # fmt: skip

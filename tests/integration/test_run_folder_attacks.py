@@ -1,0 +1,108 @@
+"""Attacks on runs, round three (docs/trust.md, "Attacks tried"): a run folder handed over by someone
+else (its config.yaml holding shell commands, its names linked elsewhere), a setting the chosen data
+format never reads, two runs mirrored to one ``checkpoint.remote``. Each input is built here and run
+through the CLI (``vitscale.cli.main``) a user runs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+import vitscale
+from vitscale.cli import main
+from vitscale.errors import ConfigError
+
+TINY = ["model.num_layers=1", "model.hidden_size=16", "train.batch_size=16", "data.num_workers=0", "log.flops=false",
+        "eval.every=0", "log.progress=none", "log.report=false"]  # fmt: skip
+
+
+def _err_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A real run folder: a checkpoint at step 2, model.safetensors, config.yaml, metrics, summary."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    assert main(["train", "digits_vit", "train.max_steps=2", "checkpoint.every=2", f"train.output_dir={run}", *TINY]) == 0
+    return run
+
+
+def _copy(run: Path, tmp: Path) -> Path:
+    dst = tmp / "run"
+    shutil.copytree(run, dst)
+    return dst
+
+
+# ------------------------------------------------------------------------- no command runs from a file
+def _with_shell(run: Path, tmp: Path, **data) -> dict[str, Path]:
+    """Rewrite ``run/config.yaml`` as a stranger would: WebDataset paths that are shell commands, each
+    creating its canary file before reading a shard. Returns the canaries."""
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    canaries = {k: tmp / f"CANARY-{k}" for k in ("train_path", "val_path")}
+    cfg["data"].update(format="webdataset", **{k: f"pipe:touch {c}; cat {tmp}/shard.tar" for k, c in canaries.items()})
+    cfg["data"].update(data)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return canaries
+
+
+@pytest.mark.slow
+def test_a_run_folders_config_runs_no_shell_command(finished, tmp_path, capsys):
+    """A handed-over run's config.yaml with `pipe:touch CANARY; cat shard.tar` paths ran both commands three
+    times under `vitscale eval RUN/config.yaml checkpoint.path=RUN` (the command every run prints under
+    "Next:"). Now every command that loads it refuses in one line naming the key; nothing runs."""
+    run = _copy(finished, tmp_path)
+    canaries = _with_shell(run, tmp_path)
+    commands = {
+        "eval": ["eval", str(run / "config.yaml"), f"checkpoint.path={run}"],
+        "train": ["train", str(run / "config.yaml"), "train.max_steps=4", f"train.output_dir={tmp_path / 'resumed'}"],
+        "train (its own folder)": ["train", str(run / "config.yaml"), f"train.output_dir={run}"],
+        "export": ["export", str(run), "--out", str(tmp_path / "onnx")],
+        "label-tokens": ["label-tokens", str(run / "config.yaml"), f"teacher.checkpoint={run}", str(tmp_path / "labels")],
+    }
+    for name, argv in commands.items():
+        rc = main(argv)
+        err = _err_lines(capsys)
+        assert rc == 2 and len(err) == 1, (name, err)
+        assert f"{run / 'config.yaml'}: data.train_path='pipe:touch" in err[0] and "runs a shell command" in err[0], err
+        assert "--allow-shell-from-config" in err[0]
+        assert not any(c.exists() for c in canaries.values()), name
+    with pytest.raises(ConfigError, match="data.train_path=.* runs a shell command"):
+        vitscale.load_run(run)
+    assert main(["report", str(run)]) == 0  # the report shows the config; it reads no data
+    assert "pipe:touch" in (run / "report.html").read_text()
+    assert not any(c.exists() for c in canaries.values())
+    # the payload is live: opting in (the flag, or the value typed on the command line) runs it
+    main(["eval", str(run / "config.yaml"), f"checkpoint.path={run}", "--allow-shell-from-config"])
+    assert canaries["train_path"].exists()
+    canaries["train_path"].unlink()
+    typed = tmp_path / "CANARY-typed"
+    main(["eval", str(run / "config.yaml"), f"checkpoint.path={run}", f"data.train_path=pipe:touch {typed}; cat x.tar",
+          f"data.val_path=pipe:touch {typed}; cat x.tar"])  # fmt: skip
+    assert typed.exists() and not canaries["train_path"].exists()  # the file's own commands still never ran
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "where, key",
+    [
+        ({"train_path": "/data/a.tar::pipe:touch {c}; true"}, "data.train_path"),  # a second spec joined with ::
+        ({"train_path": "{pi,xx}pe:touch {c}; true"}, "data.train_path"),  # a brace pattern that expands to pipe:
+        ({"evals": [{"kind": "classification", "data": {"format": "webdataset", "val_path": "pipe:touch {c}; true"}}]},
+         "evals[0].data.val_path"),  # an evaluator's own data
+    ],
+)
+def test_every_shell_command_in_a_config_file_is_refused(tmp_path, capsys, where, key):
+    canary = tmp_path / "CANARY"
+    cfg = {"model": {"name": "vit_debug"}, "data": {"format": "webdataset", "train_path": str(tmp_path / "x.tar")}}
+    for k, v in where.items():
+        v = yaml.safe_load(yaml.safe_dump(v).replace("{c}", str(canary)))
+        cfg.setdefault("data", {}).update({k: v}) if k != "evals" else cfg.update(evals=v)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    rc = main(["train", str(tmp_path / "c.yaml"), f"train.output_dir={tmp_path / 'run'}", *TINY])
+    err = _err_lines(capsys)
+    assert rc == 2 and len(err) == 1 and f": {key}=" in err[0] and "runs a shell command" in err[0], err
+    assert not canary.exists() and not (tmp_path / "run").exists()
