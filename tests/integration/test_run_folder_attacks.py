@@ -106,3 +106,39 @@ def test_every_shell_command_in_a_config_file_is_refused(tmp_path, capsys, where
     err = _err_lines(capsys)
     assert rc == 2 and len(err) == 1 and f": {key}=" in err[0] and "runs a shell command" in err[0], err
     assert not canary.exists() and not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------- no setting silently ignored
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # the README's demo config pointed at a user's own images: trained on the built-in digits, exit 0
+        (["data.train_path=/does/not/exist"],
+         "data.train_path is read by data.format=imagefolder / webdataset / csv / parquet, not by data.format=digits"),
+        (["data.val_path=/data/val"], "data.val_path is read by data.format=imagefolder / webdataset / csv / parquet, "
+                                      "not by data.format=digits"),
+        (["data.format=synthetic", "data.train_path=/data/train"], "data.train_path is read by data.format=imagefolder"),
+        (["data.format=webdataset", "data.train_path=/data/x.tar", "data.val_split=0.2"],
+         "data.val_split is read by data.format=imagefolder / synthetic, not by data.format=webdataset"),
+        (["data.webdataset_mode=stream"], "data.webdataset_mode is read by data.format=webdataset, not by data.format=digits"),
+    ],
+)
+def test_a_data_key_the_format_does_not_read_is_refused(tmp_path, capsys, overrides, message):
+    run = tmp_path / "run"
+    rc = main(["train", "digits_vit", *overrides, f"train.output_dir={run}", *TINY, "train.max_steps=1"])
+    err = _err_lines(capsys)
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"vitscale train: {message}"), err
+    assert "set data.format to" in err[0] and not run.exists()
+
+
+def test_an_evaluators_other_format_drops_the_fields_it_does_not_read(tmp_path):
+    """An `evals:` entry switching to another format keeps none of the run's settings that format never
+    reads (an image folder's held-out fraction is no WebDataset setting), and refuses one it sets."""
+    from vitscale.config import replace_fields
+    from vitscale.data import DataConfig
+
+    run_data = DataConfig(format="imagefolder", train_path=str(tmp_path), val_split=0.25)
+    entry = replace_fields(run_data, {"format": "webdataset", "val_path": str(tmp_path / "v.tar")}, "evals.data.")
+    assert (entry.format, entry.val_split, entry.train_path, entry.val_path) == ("webdataset", 0.0, str(tmp_path), str(tmp_path / "v.tar"))
+    with pytest.raises(ConfigError, match=r"^evals.data.val_split is read by data.format=imagefolder / synthetic"):
+        replace_fields(run_data, {"format": "webdataset", "val_split": 0.5}, "evals.data.")

@@ -298,7 +298,7 @@ def _route_data_keys(tree: dict) -> None:
 def _route_data(data: dict, prefix: str) -> None:
     """``_route_data_keys`` of one ``data`` mapping; errors name ``prefix`` + the key."""
     from vitscale.data.config import DataConfig
-    from vitscale.data.formats import get_format, option_fields, owners
+    from vitscale.data.formats import PER_FORMAT, get_format, not_read, option_fields
 
     name = data.get("format", DataConfig.format)
     fmt = get_format(name)  # ConfigError naming the known formats
@@ -307,16 +307,18 @@ def _route_data(data: dict, prefix: str) -> None:
     options = data.pop("options", None) or {}
     if not isinstance(options, dict):
         raise ConfigError(f"{prefix}options: expected a mapping, got {options!r}")
+    defaults = DataConfig.__dataclass_fields__
     for key in list(data):
         if key in own:
+            if key in PER_FORMAT and key not in fmt.reads and data[key] != defaults[key].default:
+                raise ConfigError(not_read(prefix, key, name))  # a setting never silently ignored
             continue
         if key in theirs:
             options[key] = data.pop(key)
             continue
-        others = owners(key)
-        if others:
-            raise ConfigError(f"{prefix}{key} is a field of data.format={' / '.join(others)}, not of data.format={name}: "
-                              f"remove it or change data.format")  # fmt: skip
+        error = not_read(prefix, key, name)
+        if error:
+            raise ConfigError(error)
         close = difflib.get_close_matches(key, own + theirs, n=1, cutoff=0.6)
         hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
         raise ConfigError(f"unknown config key '{prefix}{key}' (data.format={name}){hint}")
@@ -328,17 +330,18 @@ def replace_fields(obj: Any, changes: dict, prefix: str = "") -> Any:
     """The config dataclass ``obj`` with ``changes`` (a mapping of its fields, nested groups as
     mappings) applied and checked as the loader checks a YAML's: unknown keys and wrong types refused,
     naming ``prefix`` + the key. A ``DataConfig`` takes the fields of its (new) format, as the
-    loader routes them; the old format's own fields the new one lacks are dropped."""
+    loader routes them; the fields of the old format the new one does not read (its options', and
+    those of ``vitscale.data.formats.PER_FORMAT``) are dropped unless ``changes`` sets them."""
     from vitscale.data.config import DataConfig
 
     tree = _merge(config_to_dict(obj), copy.deepcopy(changes))
     if not isinstance(obj, DataConfig):
         return _build(type(obj), tree, prefix)
     if tree.get("format") != obj.format:
-        from vitscale.data.formats import get_format, option_fields
+        from vitscale.data.formats import fields_read, get_format
 
-        new = set(option_fields(get_format(tree.get("format"))))
-        for key in option_fields(get_format(obj.format)):
+        new = set(fields_read(get_format(tree.get("format"))))
+        for key in fields_read(get_format(obj.format)):
             if key not in new and key not in changes:
                 tree.pop(key, None)
     _route_data(tree, prefix)
