@@ -153,6 +153,13 @@ def owners(field: str) -> list[str]:
     return [n for n, f in _FORMATS.items() if field in fields_read(f)]
 
 
+def validation_hint(name: str) -> str:
+    """How a config of ``data.format=<name>`` gets validation data, as the settings that format reads."""
+    ways = {"val_path": "data.val_path", "val_split": "data.val_split to hold out part of the training data"}
+    named = [w for k, w in ways.items() if k in get_format(name).reads]
+    return f"set {' or '.join(named)}" if named else f"data.format={name} has no validation split of its own"
+
+
 def not_read(prefix: str, field: str, name: str) -> str | None:
     """The one-line error for ``<prefix><field>`` set in a config of ``data.format=<name>``, which does
     not read it; None when no format reads it (an unknown key)."""
@@ -189,4 +196,4 @@ def resolve_options(name: str, options: Any) -> Any:
 
 
 __all__ = ["BUILTIN", "PER_FORMAT", "SPLITS", "DataFormat", "Split", "fields_read", "format_names", "get_format",
-           "not_read", "option_fields", "owners", "register_format", "resolve_options"]
+           "not_read", "option_fields", "owners", "register_format", "resolve_options", "validation_hint"]
