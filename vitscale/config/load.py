@@ -524,12 +524,7 @@ def dump_config(cfg: Config) -> str:
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
     """Write the resolved config as a run's ``config.yaml`` (:func:`dump_config`; reloadable with
     ``load_config(path)``). The one writer of config.yaml."""
+    from ..safe_write import write_atomic  # never through a link; no temporary file left on a failure
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(path) + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(dump_config(cfg))
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, an interruption: no temporary file left in the run folder
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(path, dump_config(cfg))

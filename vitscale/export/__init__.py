@@ -12,7 +12,6 @@ docs/using.md describes the layout; ``scripts/serve_onnx.py`` serves it.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 FORMATS = {"onnx": ".onnx", "torch-export": ".pt2"}
@@ -109,9 +108,9 @@ def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool
     checks = [g["check"] for g in info["graphs"].values()]
     info["check"] = {"passed": all(c["passed"] for c in checks), "max_rel_error": max(c["max_rel_error"] for c in checks),
                      "tolerance": checks[0]["tolerance"]}  # fmt: skip
-    tmp = out / ".export.json.tmp"
-    tmp.write_text(json.dumps(info, indent=1) + "\n")
-    os.replace(tmp, out / "export.json")
+    from vitscale.safe_write import write_atomic  # never through a symbolic link
+
+    write_atomic(out / "export.json", json.dumps(info, indent=1) + "\n")
     return info
 
 

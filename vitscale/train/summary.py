@@ -69,8 +69,9 @@ def run_layout(run) -> dict[str, Any]:
 
 
 def write_summary(summary: dict[str, Any], out: Path) -> None:
-    with open(out / "summary.json", "w") as f:
-        json.dump(strict_json(summary), f, indent=1, allow_nan=False)
+    from vitscale.safe_write import write_atomic  # never through a symbolic link
+
+    write_atomic(out / "summary.json", json.dumps(strict_json(summary), indent=1, allow_nan=False))
 
 
 def finished_run(out: Path, step: int, total_steps: int, resumed_from: str, key: str, show: bool) -> dict[str, Any]:

@@ -40,9 +40,9 @@ def _read_ids(out: Path) -> dict[str, Any]:
 
 
 def _write_ids(out: Path, ids: dict[str, Any]) -> None:
-    tmp = out / f".{IDS_NAME}.tmp"
-    tmp.write_text(json.dumps(ids, indent=1))
-    os.replace(tmp, out / IDS_NAME)
+    from vitscale.safe_write import write_atomic  # never through a symbolic link
+
+    write_atomic(out / IDS_NAME, json.dumps(ids, indent=1))
 
 
 class Tracker:
