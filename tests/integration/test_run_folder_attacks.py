@@ -5,7 +5,11 @@ through the CLI (``vitscale.cli.main``) a user runs."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +146,106 @@ def test_an_evaluators_other_format_drops_the_fields_it_does_not_read(tmp_path):
     assert (entry.format, entry.val_split, entry.train_path, entry.val_path) == ("webdataset", 0.0, str(tmp_path), str(tmp_path / "v.tar"))
     with pytest.raises(ConfigError, match=r"^evals.data.val_split is read by data.format=imagefolder / synthetic"):
         replace_fields(run_data, {"format": "webdataset", "val_split": 0.5}, "evals.data.")
+
+
+# ------------------------------------------------------------------------- off-node copies kept
+def _vitscale(env: dict, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vitscale", *argv], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})  # fmt: skip
+
+
+def _bucket(fs, url: str) -> dict[str, bytes]:
+    root = url[len("s3://"):]
+    return {p[len(root):]: fs.cat_file(p) for p in fs.find(root)}
+
+
+@pytest.mark.slow
+def test_a_second_run_never_overwrites_anothers_remote_copies(s3_server, tmp_path, monkeypatch):
+    """Two runs with one checkpoint.remote both exited 0 and only the second's files survived there."""
+    pytest.importorskip("s3fs")
+    _, env = s3_server
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    fs.mkdir("shared-ckpts")
+    url = "s3://shared-ckpts/team/run"
+    argv = ["train", "digits_vit", "train.max_steps=2", "checkpoint.every=2", *TINY]
+    a, b = tmp_path / "a", tmp_path / "b"
+    p = _vitscale(env, *argv, f"train.output_dir={a}", f"checkpoint.remote={url}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    fs.invalidate_cache()
+    before = _bucket(fs, url)
+    assert json.loads(before["/run-id.json"]) == json.loads((a / "run-id.json").read_text())
+    assert "/checkpoints/step_00000002/checkpoint.json" in before and before["/config.yaml"] == (a / "config.yaml").read_bytes()
+
+    # another run of its own (trained here first), then pointed at the same location: one line, nothing written
+    p = _vitscale(env, *argv, f"train.output_dir={b}", "train.seed=1")
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = _vitscale(env, *argv, f"train.output_dir={b}", "train.seed=1", "train.max_steps=4", "checkpoint.allow_changes=train.max_steps",
+                  f"checkpoint.remote={url}")  # fmt: skip
+    err = [line for line in p.stderr.splitlines() if line.startswith("vitscale ")]
+    assert p.returncode == 1 and len(err) == 1, p.stderr[-2000:]
+    assert err[0].startswith(f"vitscale train: checkpoint.remote={url} holds the files of another run (run-id.json: ")
+    assert "set a checkpoint.remote of this run's own" in err[0] and "Traceback" not in p.stderr
+    fs.invalidate_cache()
+    assert _bucket(fs, url) == before
+
+    # a new folder with another config: the location's run is restored there, and the same-run check refuses it
+    c = tmp_path / "c"
+    p = _vitscale(env, *argv, f"train.output_dir={c}", "train.seed=1", f"checkpoint.remote={url}")
+    assert p.returncode == 2 and "train.seed: 0 -> 1" in p.stderr, p.stderr[-2000:]
+    fs.invalidate_cache()
+    assert _bucket(fs, url) == before
+
+    # two runs started at once (both passed start-up before either uploaded): the later upload writes nothing
+    from vitscale.checkpoint.remote import RemoteMirror
+
+    d = tmp_path / "d"
+    shutil.copytree(b, d)
+    (d / "run-id.json").unlink()
+    mirror = RemoteMirror(url, d, keep=2)
+    mirror.upload(d / "checkpoints" / "step_00000004")
+    mirror.wait()
+    assert mirror.failed and "holds the files of another run" in mirror.failed
+    fs.invalidate_cache()
+    assert _bucket(fs, url) == before
+
+
+# ------------------------------------------------------------------------- every name a run writes: no link followed
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["model.safetensors.tmp", ".config.yaml.tmp", ".summary.json.tmp", ".metrics.jsonl.tmp",
+                                  ".classnames.txt.tmp", ".trackers.json.tmp"])  # fmt: skip
+def test_no_name_a_run_writes_is_followed(finished, tmp_path, capsys, monkeypatch, name):
+    """A link planted at a temporary name a run writes (`model.safetensors.tmp`, `.trackers.json.tmp` were
+    written through) is refused in one line; the file it points at is untouched."""
+    run = _copy(finished, tmp_path)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("someone else's file\n")
+    (run / name).symlink_to(outside)
+    extra = []
+    if name == ".trackers.json.tmp":
+        pytest.importorskip("mlflow")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # MLflow 3.x's local store
+        extra = ["log.mlflow=true"]
+    rc = main(["train", "digits_vit", "train.max_steps=3", "checkpoint.allow_changes=train.max_steps", f"train.output_dir={run}",
+               *TINY, *extra])  # fmt: skip
+    err = [line for line in _err_lines(capsys) if line.startswith("vitscale ")]
+    assert rc == 1 and len(err) == 1 and f"{run / name} is a symbolic link (to {outside}): nothing inside a run folder" in err[0], err
+    assert outside.read_text() == "someone else's file\n"
+    assert not (run / "run.lock").exists()
+
+
+def test_the_hang_report_is_not_written_through_a_link(tmp_path):
+    """`hang-rank0.txt` linked elsewhere was written through by the watchdog; now it says so and exits 124."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("someone else's file\n")
+    (tmp_path / "hang-rank0.txt").symlink_to(outside)
+    code = ("import time; from pathlib import Path; from vitscale.train.watchdog import Watchdog\n"
+            f"with Watchdog(0.5, Path({str(tmp_path)!r}), 0):\n    time.sleep(30)\n")  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])})  # fmt: skip
+    assert p.returncode == 124, p.stderr[-2000:]
+    assert f"watchdog could not write {tmp_path / 'hang-rank0.txt'}: {tmp_path / 'hang-rank0.txt'} is a symbolic link" in p.stderr
+    assert outside.read_text() == "someone else's file\n"
