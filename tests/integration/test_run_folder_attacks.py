@@ -21,6 +21,8 @@ from vitscale.errors import ConfigError
 
 TINY = ["model.num_layers=1", "model.hidden_size=16", "train.batch_size=16", "data.num_workers=0", "log.flops=false",
         "eval.every=0", "log.progress=none", "log.report=false"]  # fmt: skip
+REPO = Path(__file__).parents[2]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
 
 
 def _err_lines(capsys) -> list[str]:
@@ -151,7 +153,7 @@ def test_an_evaluators_other_format_drops_the_fields_it_does_not_read(tmp_path):
 # ------------------------------------------------------------------------- off-node copies kept
 def _vitscale(env: dict, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "vitscale", *argv], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})  # fmt: skip
+                          env={**ENV, **env, "OMP_NUM_THREADS": "1"})  # fmt: skip
 
 
 def _bucket(fs, url: str) -> dict[str, bytes]:
@@ -217,21 +219,23 @@ def test_a_second_run_never_overwrites_anothers_remote_copies(s3_server, tmp_pat
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["model.safetensors.tmp", ".config.yaml.tmp", ".summary.json.tmp", ".metrics.jsonl.tmp",
                                   ".classnames.txt.tmp", ".trackers.json.tmp"])  # fmt: skip
-def test_no_name_a_run_writes_is_followed(finished, tmp_path, capsys, monkeypatch, name):
+def test_no_name_a_run_writes_is_followed(finished, tmp_path, capsys, name):
     """A link planted at a temporary name a run writes (`model.safetensors.tmp`, `.trackers.json.tmp` were
     written through) is refused in one line; the file it points at is untouched."""
     run = _copy(finished, tmp_path)
     outside = tmp_path / "outside.txt"
     outside.write_text("someone else's file\n")
     (run / name).symlink_to(outside)
-    extra = []
-    if name == ".trackers.json.tmp":
+    argv = ["train", "digits_vit", "train.max_steps=3", "checkpoint.allow_changes=train.max_steps", f"train.output_dir={run}", *TINY]
+    if name == ".trackers.json.tmp":  # MLflow in a process of its own (it ends its runs at exit), on its SQLite store
         pytest.importorskip("mlflow")
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # MLflow 3.x's local store
-        extra = ["log.mlflow=true"]
-    rc = main(["train", "digits_vit", "train.max_steps=3", "checkpoint.allow_changes=train.max_steps", f"train.output_dir={run}",
-               *TINY, *extra])  # fmt: skip
-    err = [line for line in _err_lines(capsys) if line.startswith("vitscale ")]
+        env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+        p = subprocess.run([sys.executable, "-m", "vitscale", *argv, "log.mlflow=true"], capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path, env={**ENV, **env})  # fmt: skip
+        rc, err = p.returncode, [line for line in p.stderr.splitlines() if line.startswith("vitscale ")]
+    else:
+        rc = main(argv)
+        err = [line for line in _err_lines(capsys) if line.startswith("vitscale ")]
     assert rc == 1 and len(err) == 1 and f"{run / name} is a symbolic link (to {outside}): nothing inside a run folder" in err[0], err
     assert outside.read_text() == "someone else's file\n"
     assert not (run / "run.lock").exists()
@@ -244,8 +248,33 @@ def test_the_hang_report_is_not_written_through_a_link(tmp_path):
     (tmp_path / "hang-rank0.txt").symlink_to(outside)
     code = ("import time; from pathlib import Path; from vitscale.train.watchdog import Watchdog\n"
             f"with Watchdog(0.5, Path({str(tmp_path)!r}), 0):\n    time.sleep(30)\n")  # fmt: skip
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])})  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
     assert p.returncode == 124, p.stderr[-2000:]
     assert f"watchdog could not write {tmp_path / 'hang-rank0.txt'}: {tmp_path / 'hang-rank0.txt'} is a symbolic link" in p.stderr
     assert outside.read_text() == "someone else's file\n"
+
+
+def test_an_export_in_the_run_folder_writes_through_no_link(finished, tmp_path, capsys):
+    """`vitscale export RUN` writes into RUN/export/<format>: a linked `export/` is refused in one line, and a
+    link at a file's name there is replaced by the file (written in a new folder, then renamed), never
+    written through."""
+    pytest.importorskip("onnxruntime")
+    run = _copy(finished, tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (run / "export").symlink_to(outside)
+    assert main(["export", str(run)]) == 1
+    err = [line for line in _err_lines(capsys) if line.startswith("vitscale ")]
+    assert len(err) == 1 and f"{run / 'export'} is a symbolic link (to {outside})" in err[0], err
+    assert list(outside.iterdir()) == []
+    (run / "export").unlink()
+    (run / "export" / "onnx").mkdir(parents=True)
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"someone else's file")
+    for name in ("image.onnx", "export.json"):
+        (run / "export" / "onnx" / name).symlink_to(victim)
+    assert main(["export", str(run)]) == 0
+    assert victim.read_bytes() == b"someone else's file"
+    files = {p.name for p in (run / "export" / "onnx").iterdir()}
+    assert {"image.onnx", "export.json"} <= files and not any(p.is_symlink() for p in (run / "export" / "onnx").iterdir())
+    assert not any(n.startswith(".") for n in files)  # no staging folder or temporary file left

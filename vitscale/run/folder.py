@@ -39,6 +39,7 @@ CONFIG_NAME = "config.yaml"
 RUN_ENTRIES = (CONFIG_NAME, "metrics.jsonl", "train.log", "summary.json", "report.html", "model.safetensors",
                "model_ema.safetensors", LOCK_NAME, "checkpoints", "tb", "trackers.json",
                "run-id.json",  # the run's identity in checkpoint.remote (vitscale.checkpoint.remote)
+               "export",  # vitscale export's default output folder
                "classnames.txt")  # the run's classes (vitscale.data.classes.write_run_class_names)  # fmt: skip
 """What a run reads, writes, appends to or resumes from in its folder: none may be a symbolic link
 (docs/trust.md, "Symbolic links"; the step folders in ``checkpoints/`` are skipped as damaged). Every

@@ -159,7 +159,11 @@ class Trackers:
             self.active.append(tracker)
             if ids.get(kind) != tracker.id:
                 ids[kind] = tracker.id
-                _write_ids(self.out, ids)
+                try:
+                    _write_ids(self.out, ids)
+                except BaseException:  # a link at trackers.json's name, a full disk: the started runs are ended
+                    self.close()
+                    raise
             info(f"{kind}: run {tracker.id}" + (" (continued)" if known == tracker.id else ""))
 
     def _each(self, what: str, *args) -> None:
