@@ -90,6 +90,15 @@ def test_a_run_folders_config_runs_no_shell_command(finished, tmp_path, capsys):
           f"data.val_path=pipe:touch {typed}; cat x.tar"])  # fmt: skip
     assert typed.exists() and not canaries["train_path"].exists()  # the file's own commands still never ran
     capsys.readouterr()
+    # a run trained on pipe: paths offers the commands that load its config.yaml with the flag they need
+    from vitscale.train.summary import print_end
+
+    print_end(json.loads((run / "summary.json").read_text()), "human", run, report=False, tensorboard=False, names=())
+    printed = capsys.readouterr().out
+    assert f"vitscale eval {run / 'config.yaml'} checkpoint.path={run} --allow-shell-from-config" in printed
+    assert f"vitscale export {run} --format onnx --allow-shell-from-config" in printed
+    print_end(json.loads((finished / "summary.json").read_text()), "human", finished, report=False, tensorboard=False, names=())
+    assert "--allow-shell-from-config" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

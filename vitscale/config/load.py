@@ -435,26 +435,36 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
 _UNSET = object()
 
 
-def _refuse_shell(tree: Any, given: Any, path: Path, key: str = "") -> None:
-    """``ConfigError`` naming the first value of ``tree`` (a config file's) that runs a shell command
-    (``vitscale.data.remote.runs_shell``) and that ``given`` (the command line's overrides, the same
-    shape) does not replace."""
+def shell_value(tree: Any, given: Any = _UNSET, key: str = "") -> tuple[str, str] | None:
+    """``(dotted key, value)`` of the first value of ``tree`` (a config file's) that runs a shell
+    command (``vitscale.data.remote.runs_shell``) and that ``given`` (the command line's overrides, the
+    same shape) does not replace; None when there is none."""
     if key and given is not _UNSET and not isinstance(given, dict):
-        return  # the command line sets this value (or a mapping above it): the file's is not used
+        return None  # the command line sets this value (or a mapping above it): the file's is not used
+    found = None
     if isinstance(tree, dict):
         for k, v in tree.items():
-            _refuse_shell(v, given.get(k, _UNSET) if isinstance(given, dict) else _UNSET, path, f"{key}.{k}" if key else str(k))
+            found = found or shell_value(v, given.get(k, _UNSET) if isinstance(given, dict) else _UNSET, f"{key}.{k}" if key else str(k))
     elif isinstance(tree, list):
         for i, v in enumerate(tree):
-            _refuse_shell(v, _UNSET, path, f"{key}[{i}]")
+            found = found or shell_value(v, _UNSET, f"{key}[{i}]")
     elif isinstance(tree, str):
         from vitscale.data.remote import runs_shell
 
-        if runs_shell(tree):
-            shown = tree if len(tree) <= 60 else tree[:57] + "..."
-            raise ConfigError(f"{path}: {key}={shown!r} runs a shell command (pipe:), and vitscale runs no command read "
-                              f"from a file: give {key}=... on the command line, or add {SHELL_FLAG} (Python: "
-                              f"allow_shell_from_config=True) if you trust {path}")  # fmt: skip
+        found = (key, tree) if runs_shell(tree) else None
+    return found
+
+
+def _refuse_shell(tree: Any, given: Any, path: Path) -> None:
+    """``ConfigError`` naming the first value of ``tree`` that runs a shell command (:func:`shell_value`)."""
+    found = shell_value(tree, given)
+    if found is None:
+        return
+    key, value = found
+    shown = value if len(value) <= 60 else value[:57] + "..."
+    raise ConfigError(f"{path}: {key}={shown!r} runs a shell command (pipe:), and vitscale runs no command read from a "
+                      f"file: give {key}=... on the command line, or add {SHELL_FLAG} (Python: "
+                      f"allow_shell_from_config=True) if you trust {path}")  # fmt: skip
 
 
 def _new_model_name(tree: dict, given: dict, source) -> str | None:

@@ -150,7 +150,7 @@ def owners(field: str) -> list[str]:
     """The formats (of those loaded) that read ``data.<field>``, a field only some formats read."""
     for name in BUILTIN:
         get_format(name)
-    return [n for n, f in _FORMATS.items() if field in fields_read(f)]
+    return [n for n in format_names() if field in fields_read(_FORMATS[n])]  # the built-in ones first, in their order
 
 
 def validation_hint(name: str) -> str:
