@@ -216,6 +216,7 @@ def test_a_second_run_never_overwrites_anothers_remote_copies(s3_server, tmp_pat
     d = tmp_path / "d"
     shutil.copytree(b, d)
     (d / "run-id.json").unlink()
+    s3fs.S3FileSystem.clear_instance_cache()  # another test's file system (another server) may be cached here
     mirror = RemoteMirror(url, d, keep=2)
     mirror.upload(d / "checkpoints" / "step_00000004")
     mirror.wait()

@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import threading
 from pathlib import Path
 
@@ -238,14 +239,18 @@ class RemoteMirror:
             if bad:
                 raise RemoteError(f"checkpoint.remote={self.url}: {name} holds {bad[0][:80]!r}, not a plain file name")
             tmp = local / f"{TMP_PREFIX}{name[5:]}"
-            tmp.mkdir(parents=True, exist_ok=True)
+            if tmp.is_symlink():  # a leftover name is never followed: a new folder of this run's
+                tmp.unlink()
+            elif tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
             for f in files:
                 self.fs.get_file(f"{src}/{f}", str(tmp / f))
             os.replace(tmp, local / name)
             restored.append(name)
         for name in RUN_FILES:
-            if not (self.run_dir / name).exists() and self.fs.exists(f"{self.root}/{name}"):
-                self.fs.get_file(f"{self.root}/{name}", str(self.run_dir / name))
+            if not os.path.lexists(self.run_dir / name) and self.fs.exists(f"{self.root}/{name}"):
+                write_atomic(self.run_dir / name, self.fs.cat_file(f"{self.root}/{name}"))  # never through a link
         return restored
 
 
