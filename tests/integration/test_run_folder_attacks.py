@@ -76,6 +76,9 @@ def test_a_run_folders_config_runs_no_shell_command(finished, tmp_path, capsys):
         assert f"{run / 'config.yaml'}: data.train_path='pipe:touch" in err[0] and "runs a shell command" in err[0], err
         assert "--allow-shell-from-config" in err[0]
         assert not any(c.exists() for c in canaries.values()), name
+    # a resume with a config of one's own only compares with the stored config.yaml: refused, nothing run
+    assert main(["train", "digits_vit", "train.max_steps=2", "checkpoint.every=2", f"train.output_dir={run}", *TINY]) == 2
+    assert "data.train_path" in capsys.readouterr().err and not any(c.exists() for c in canaries.values())
     with pytest.raises(ConfigError, match="data.train_path=.* runs a shell command"):
         vitscale.load_run(run)
     assert main(["report", str(run)]) == 0  # the report shows the config; it reads no data
