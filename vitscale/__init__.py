@@ -47,14 +47,15 @@ def create_model(name: str, *, pretrained: str | None = None, pretrained_format:
     return create_pretrained(name, str(pretrained), pretrained_format, **kwargs)
 
 
-def load_run(folder, *, ema: bool = False) -> LoadedRun:
+def load_run(folder, *, ema: bool = False, allow_shell_from_config: bool = False) -> LoadedRun:
     """A trained run folder in Python: ``.model`` (eval mode, its final weights; ``ema``: the EMA
     weights), ``.transform`` (its evaluation preprocessing: an image path, PIL image or uint8 tensor ->
     the normalised tensor), ``.class_names``, ``.config``, and ``.predict(images, k)`` (top-k names and
-    probabilities). docs/using.md, "In Python"."""
+    probabilities). docs/using.md, "In Python". A ``config.yaml`` whose ``pipe:`` data paths would run
+    shell commands is refused unless ``allow_shell_from_config`` (docs/trust.md)."""
     from .export.predict import load_run as _load_run
 
-    return _load_run(folder, ema=ema)
+    return _load_run(folder, ema=ema, allow_shell_from_config=allow_shell_from_config)
 
 
 def create_tokenizer(model: str, context_length: int | None = None):

@@ -122,4 +122,4 @@ def test_a_format_declared_in_one_file_trains_inspects_and_checks(tmp_path, caps
         errors[case] = capsys.readouterr().err.strip()
     assert errors["missing"].endswith("nope.npz: no such .npz file") and len(errors["missing"].splitlines()) == 1
     assert "did you mean 'data.npz_images'" in errors["typo"]
-    assert "data.npz_images is a field of data.format=npz, not of data.format=digits" in errors["other format"]
+    assert "data.npz_images is read by data.format=npz, not by data.format=digits" in errors["other format"]

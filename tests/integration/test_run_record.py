@@ -153,7 +153,7 @@ def test_no_validation_and_no_tensorboard_package_are_said_once(tmp_path, capsys
     printed = capsys.readouterr().out
     no_val = [line for line in printed.splitlines() if line.startswith("no validation data")]
     no_tb = [line for line in printed.splitlines() if "tensorboard package is not installed" in line]
-    assert len(no_val) == 1 and "data.val_path" in no_val[0]
+    assert len(no_val) == 1 and "set data.val_split" in no_val[0] and "val_path" not in no_val[0]  # what synthetic reads
     assert len(no_tb) == 1 and no_tb[0].startswith("log.tensorboard=true")
     assert not (asked / "tb").exists()
     assert "no evaluation (the run has no validation data)" in printed  # the summary says so too

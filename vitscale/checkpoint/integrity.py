@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..safe_write import open_new
 
 HASH_NAME = "xxh3_64"
 # File names a checkpoint may list: plain names inside its own folder (no separators, no "..",
@@ -126,7 +127,7 @@ def read_sealed_json(path: Path, max_bytes: int) -> dict:
 
 def write_file(path: Path, data: bytes) -> tuple[int, str]:
     """Write ``data`` (flushed to disk); returns (size, checksum)."""
-    with naming_errors(path), open(path, "wb") as f:
+    with naming_errors(path), open_new(path, "wb") as f:  # never through a symbolic link (vitscale.safe_write)
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -19,29 +19,65 @@ again). Restore, when the run folder holds no checkpoint (a requeued job on a no
 the remote checkpoints that have an index, and the run files the folder lacks, before the resume's
 same-run check reads ``config.yaml``. Up front, a small file is written and removed there: a location
 that cannot be written stops the run in one line before it trains.
+
+One run per location: the run folder's ``run-id.json`` (a random id, made when a run first mirrors) is
+mirrored first. A location holding another run's id — or, mirrored before ids were kept, another run's
+``config.yaml`` — is refused at start-up in one line (:class:`RemoteTaken`), and an upload that finds
+another run's id there (two runs started at once) writes nothing and says so; another run's files are
+never overwritten or pruned. A requeued run on an empty disk restores the id with its checkpoints and
+goes on as the same run.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import secrets
+import shutil
 import threading
 from pathlib import Path
 
 from ..errors import UserError
+from ..safe_write import write_atomic
 from .discovery import list_checkpoints
 from .leftovers import TMP_PREFIX
 from .storage import INDEX
 
 log = logging.getLogger("vitscale.checkpoint")
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "train.log", "trackers.json")
+RUN_ID = "run-id.json"
+"""The run's identity (``{"run_id": "<32 hex digits>"}``), in its folder and at the location."""
+RUN_FILES = (RUN_ID, "config.yaml", "metrics.jsonl", "summary.json", "train.log", "trackers.json")
 """The run folder's files mirrored beside the checkpoints (and restored when the folder lacks them)."""
 
 
 class RemoteError(UserError):
     """The remote location cannot be used (a missing fsspec implementation, credentials, a bucket):
     one line, exit code 1."""
+
+
+class RemoteTaken(RemoteError):
+    """The remote location holds another run's files."""
+
+
+def _parse_id(data: bytes | None) -> str | None:
+    """The id of a ``run-id.json``'s bytes; None when absent, "" when not an id (a damaged file)."""
+    if data is None:
+        return None
+    try:
+        rid = json.loads(data.decode("utf-8")).get("run_id")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return ""
+    return rid if isinstance(rid, str) and len(rid) == 32 and all(c in "0123456789abcdef" for c in rid) else ""
+
+
+def local_run_id(run_dir: Path) -> str | None:
+    p = Path(run_dir) / RUN_ID
+    if not p.is_file() or p.is_symlink():
+        return None
+    with open(p, "rb") as f:
+        return _parse_id(f.read(4096)) or None
 
 
 def _plain(name: str) -> bool:
@@ -84,9 +120,53 @@ class RemoteMirror:
         except Exception as e:  # the run's own files are complete locally
             log.warning("checkpoint.remote: could not mirror the run files to %s: %s", self.url, _why(e))
 
+    def _remote_id(self) -> str | None:
+        """The id of the run whose files the location holds (None: no id there)."""
+        try:
+            return _parse_id(self.fs.cat_file(f"{self.root}/{RUN_ID}", start=0, end=4096))
+        except FileNotFoundError:
+            return None
+
+    def _own_id(self) -> str:
+        """This run's id (made and kept in its folder the first time)."""
+        rid = local_run_id(self.run_dir)
+        if rid is None:
+            rid = secrets.token_hex(16)
+            write_atomic(self.run_dir / RUN_ID, json.dumps({"run_id": rid}) + "\n")
+        return rid
+
+    def _taken(self, own: str, theirs: str | None) -> str | None:
+        """Why the location is another run's (None: it is this run's, or no run's)."""
+        if theirs is not None:
+            return None if theirs == own else f"holds the files of another run ({RUN_ID}: {theirs or 'not an id'}; this run: {own})"
+        try:  # mirrored before run ids were kept: its config.yaml says whose it is
+            there = self.fs.cat_file(f"{self.root}/config.yaml")
+        except FileNotFoundError:
+            return None
+        mine = self.run_dir / "config.yaml"
+        if not mine.is_file() or mine.is_symlink():
+            return None  # a folder without its config yet (a requeue): restored, then the same-run check decides
+        return None if mine.read_bytes() == there else "holds the files of another run (its config.yaml is not this run's)"
+
+    def _check(self, theirs: str | None) -> None:
+        """:class:`RemoteTaken` when the location is another run's (``theirs``: the id there)."""
+        why = self._taken(self._own_id(), theirs)
+        if why:
+            raise RemoteTaken(f"checkpoint.remote={self.url} {why}: nothing was written there; set a checkpoint.remote "
+                              f"of this run's own, or remove the other run's files there")  # fmt: skip
+
+    def _claim(self) -> None:
+        """Before writing there: the location is this run's (its id written there when none is), or
+        :class:`RemoteTaken`."""
+        theirs = self._remote_id()
+        self._check(theirs)
+        if theirs is None:
+            self.fs.put_file(str(self.run_dir / RUN_ID), f"{self.root}/{RUN_ID}")
+
     def _upload(self, step_dir: Path) -> None:
         dest = f"{self.root}/checkpoints/{step_dir.name}"
         try:
+            self._claim()
             names = sorted(p.name for p in step_dir.iterdir() if p.is_file() and not p.is_symlink())
             for name in [n for n in names if n != INDEX] + [INDEX]:  # the index last: a copy cut short is never restored
                 self.fs.put_file(str(step_dir / name), f"{dest}/{name}")
@@ -95,12 +175,16 @@ class RemoteMirror:
             for _, old in steps[: -self.keep]:
                 self.fs.rm(f"{self.root}/checkpoints/{old}", recursive=True)
             self.failed = None
+        except RemoteTaken as e:  # two runs started at once: the second to upload writes nothing
+            self.failed = str(e)
+            log.warning("checkpoint.remote: %s not mirrored: %s", step_dir.name, e)
         except Exception as e:  # the run goes on; the next save uploads again
             self.failed = _why(e)
             log.warning("checkpoint.remote: could not mirror %s to %s: %s (the local checkpoint is intact; the next "
                         "save tries again)", step_dir.name, self.url, self.failed)  # fmt: skip
 
     def _put_run_files(self) -> None:
+        self._claim()
         for name in RUN_FILES:
             p = self.run_dir / name
             if p.is_file() and not p.is_symlink():
@@ -136,6 +220,9 @@ class RemoteMirror:
         self.fs.pipe_file(probe, b"")
         self.fs.rm(probe)
         local = self.run_dir / "checkpoints"
+        theirs = self._remote_id()
+        if list_checkpoints(local) or local_run_id(self.run_dir) is not None or theirs is None:
+            self._check(theirs)  # a run of its own here (or no id there): the location must not be another's
         if list_checkpoints(local):
             return []
         try:
@@ -152,14 +239,18 @@ class RemoteMirror:
             if bad:
                 raise RemoteError(f"checkpoint.remote={self.url}: {name} holds {bad[0][:80]!r}, not a plain file name")
             tmp = local / f"{TMP_PREFIX}{name[5:]}"
-            tmp.mkdir(parents=True, exist_ok=True)
+            if tmp.is_symlink():  # a leftover name is never followed: a new folder of this run's
+                tmp.unlink()
+            elif tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
             for f in files:
                 self.fs.get_file(f"{src}/{f}", str(tmp / f))
             os.replace(tmp, local / name)
             restored.append(name)
         for name in RUN_FILES:
-            if not (self.run_dir / name).exists() and self.fs.exists(f"{self.root}/{name}"):
-                self.fs.get_file(f"{self.root}/{name}", str(self.run_dir / name))
+            if not os.path.lexists(self.run_dir / name) and self.fs.exists(f"{self.root}/{name}"):
+                write_atomic(self.run_dir / name, self.fs.cat_file(f"{self.root}/{name}"))  # never through a link
         return restored
 
 
@@ -168,4 +259,4 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:200] if text else ''}"
 
 
-__all__ = ["RUN_FILES", "RemoteError", "RemoteMirror"]
+__all__ = ["RUN_FILES", "RUN_ID", "RemoteError", "RemoteMirror", "RemoteTaken", "local_run_id"]

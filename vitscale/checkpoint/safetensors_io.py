@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..safe_write import open_new
 from .geometry import shape_problem
 from .integrity import HASH_NAME, CorruptFile, hasher, naming_errors, read_json
 
@@ -91,7 +92,7 @@ def write_safetensors(
     whole.update(prefix)
     data_start = len(prefix)
     spans = {name: (data_start + e["data_offsets"][0], e["data_offsets"][1] - e["data_offsets"][0]) for name, e in table.items()}
-    with naming_errors(path), open(path, "wb") as f:
+    with naming_errors(path), open_new(path, "wb") as f:  # never through a symbolic link (vitscale.safe_write)
         f.write(prefix)
         for name, dtype, shape, get in entries:
             t = get().detach()

@@ -26,6 +26,19 @@ def add_overrides(p: argparse.ArgumentParser, dest: str = "overrides", *, nargs:
     p.set_defaults(overrides_dest=dest)
 
 
+SHELL_FLAG = "--allow-shell-from-config"
+"""Lets the ``pipe:`` data paths of a config file run (``vitscale.config.load_config(allow_shell=True)``);
+without it such a value is refused unless given on the command line (docs/trust.md)."""
+
+
+def add_shell_flag(p: argparse.ArgumentParser) -> None:
+    """Add :data:`SHELL_FLAG` (``args.allow_shell``) to a command that loads a config file."""
+    p.add_argument(SHELL_FLAG, dest="allow_shell", action="store_true",
+                   help="run the shell commands (pipe: data paths) the config file holds; without it they are "
+                        "refused unless given on the command line (a run folder's config.yaml may come from "
+                        "anyone: docs/trust.md)")  # fmt: skip
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Plain-text help for every command: the description and epilog are wrapped to the terminal
     paragraph by paragraph, while lines that start with a space (examples, commands) are kept as

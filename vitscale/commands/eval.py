@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from . import HelpFormatter, add_overrides
+from . import HelpFormatter, add_overrides, add_shell_flag
 
 HELP = "evaluate a checkpoint on the val split (top-1 / top-5 / loss)"
 
@@ -28,6 +28,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("config", help="YAML path or built-in config name (model and data)")
     add_overrides(p)
+    add_shell_flag(p)
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     p.add_argument("--output", help="also write the metrics to this JSON file")
     p.set_defaults(func=run)
@@ -36,7 +37,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from vitscale.config import load_config
 
-    cfg = load_config(args.config, args.overrides)  # a config error: one line, exit code 2 (vitscale.cli)
+    cfg = load_config(args.config, args.overrides, allow_shell=args.allow_shell)  # a config error: one line, exit code 2 (vitscale.cli)
     if not cfg.checkpoint.path:
         print("vitscale eval: set checkpoint.path=PATH (run folder, step folder or .safetensors)", file=sys.stderr)
         return 2

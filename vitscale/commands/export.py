@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import HelpFormatter
+from . import HelpFormatter, add_shell_flag
 
 
 def _batch(text: str):
@@ -47,6 +47,7 @@ def register(subparsers) -> None:
     p.add_argument("--ema", action="store_true", help="export the run's EMA weights (model_ema.safetensors)")
     p.add_argument("--config", help="YAML path or built-in config name for the preprocessing / tokenizer "
                    "settings; default the config.yaml beside the weights")  # fmt: skip
+    add_shell_flag(p)
     p.set_defaults(func=run)
 
 
@@ -55,7 +56,8 @@ def run(args) -> int:
     from vitscale.export.graphs import MissingDependency
 
     try:  # a missing path, a bad file or a config error: one line and its exit code (vitscale.cli)
-        info = export(args.source, args.fmt, out=args.out, batch=args.batch, ema=args.ema, config=args.config)
+        info = export(args.source, args.fmt, out=args.out, batch=args.batch, ema=args.ema, config=args.config,
+                      allow_shell=args.allow_shell)
     except (MissingDependency, RuntimeError) as e:  # an optional package missing, the exporter failing
         print(f"vitscale export: {e}", file=sys.stderr)
         return 1

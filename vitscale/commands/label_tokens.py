@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 
-from . import HelpFormatter, add_overrides
+from . import HelpFormatter, add_overrides, add_shell_flag
 
 EPILOG = """\
 Examples:
@@ -46,6 +46,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("config", help="YAML path or built-in config name (data + teacher settings)")
     add_overrides(p, "args", nargs="+", metavar="key=value | OUT", help="dotted overrides, then the output folder")
+    add_shell_flag(p)
     p.set_defaults(func=run)
 
 
@@ -60,7 +61,7 @@ def run(args) -> int:
     if len(outs) != 1:
         print(f"vitscale label-tokens: give exactly one output folder (got {outs or 'none'})", file=sys.stderr)
         return 2
-    cfg = load_config(args.config, overrides)  # errors: one line and the exit code (vitscale.cli)
+    cfg = load_config(args.config, overrides, allow_shell=args.allow_shell)  # errors: one line and the exit code (vitscale.cli)
     summary = label_tokens(cfg, outs[0])
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same summary: rank 0 reports it
         print(json.dumps(summary, indent=1))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import HelpFormatter, add_overrides
+from . import HelpFormatter, add_overrides, add_shell_flag
 
 EPILOG = """\
 CONFIG is a YAML file or a built-in name (digits_vit, imagenet_vit_b16, ...). Overrides are dotted
@@ -32,6 +32,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("config", help="YAML path or built-in config name")
     add_overrides(p)
+    add_shell_flag(p)
     p.add_argument("--print-config", action="store_true", help="print the resolved config (as the run's "
                    "config.yaml will hold it) and exit")
     p.add_argument("--json", action="store_true", help="end with summary.json's contents as JSON instead of the "
@@ -43,7 +44,7 @@ def run(args) -> int:
     from vitscale.config import dump_config, load_config
 
     notes: list[str] = []  # e.g. the model overrides a new model.name dropped
-    cfg = load_config(args.config, args.overrides, notes=notes)  # a config error: one line, exit code 2 (vitscale.cli)
+    cfg = load_config(args.config, args.overrides, notes=notes, allow_shell=args.allow_shell)  # a config error: one line, exit code 2 (vitscale.cli)
     if args.print_config:
         for note in notes:
             print(f"# note: {note}")

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from ..commands import SHELL_FLAG
 from ..errors import ConfigError
 from ..safe_yaml import YAMLLimitError, load_yaml, read_yaml
 from .schema import Config, ModelConfig, config_class
@@ -297,7 +298,7 @@ def _route_data_keys(tree: dict) -> None:
 def _route_data(data: dict, prefix: str) -> None:
     """``_route_data_keys`` of one ``data`` mapping; errors name ``prefix`` + the key."""
     from vitscale.data.config import RETIRED_FIELDS, DataConfig
-    from vitscale.data.formats import get_format, option_fields, owners
+    from vitscale.data.formats import PER_FORMAT, get_format, not_read, option_fields
 
     name = data.get("format", DataConfig.format)
     fmt = get_format(name)  # ConfigError naming the known formats
@@ -306,18 +307,20 @@ def _route_data(data: dict, prefix: str) -> None:
     options = data.pop("options", None) or {}
     if not isinstance(options, dict):
         raise ConfigError(f"{prefix}options: expected a mapping, got {options!r}")
+    defaults = DataConfig.__dataclass_fields__
     for key in list(data):
         if key in own:
+            if key in PER_FORMAT and key not in fmt.reads and data[key] != defaults[key].default:
+                raise ConfigError(not_read(prefix, key, name))  # a setting never silently ignored
             continue
         if key in theirs:
             options[key] = data.pop(key)
             continue
         if key in RETIRED_FIELDS:
             raise ConfigError(RETIRED_FIELDS[key])
-        others = owners(key)
-        if others:
-            raise ConfigError(f"{prefix}{key} is a field of data.format={' / '.join(others)}, not of data.format={name}: "
-                              f"remove it or change data.format")  # fmt: skip
+        error = not_read(prefix, key, name)
+        if error:
+            raise ConfigError(error)
         close = difflib.get_close_matches(key, own + theirs, n=1, cutoff=0.6)
         hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
         raise ConfigError(f"unknown config key '{prefix}{key}' (data.format={name}){hint}")
@@ -329,17 +332,18 @@ def replace_fields(obj: Any, changes: dict, prefix: str = "") -> Any:
     """The config dataclass ``obj`` with ``changes`` (a mapping of its fields, nested groups as
     mappings) applied and checked as the loader checks a YAML's: unknown keys and wrong types refused,
     naming ``prefix`` + the key. A ``DataConfig`` takes the fields of its (new) format, as the
-    loader routes them; the old format's own fields the new one lacks are dropped."""
+    loader routes them; the fields of the old format the new one does not read (its options', and
+    those of ``vitscale.data.formats.PER_FORMAT``) are dropped unless ``changes`` sets them."""
     from vitscale.data.config import DataConfig
 
     tree = _merge(config_to_dict(obj), copy.deepcopy(changes))
     if not isinstance(obj, DataConfig):
         return _build(type(obj), tree, prefix)
     if tree.get("format") != obj.format:
-        from vitscale.data.formats import get_format, option_fields
+        from vitscale.data.formats import fields_read, get_format
 
-        new = set(option_fields(get_format(tree.get("format"))))
-        for key in option_fields(get_format(obj.format)):
+        new = set(fields_read(get_format(tree.get("format"))))
+        for key in fields_read(get_format(obj.format)):
             if key not in new and key not in changes:
                 tree.pop(key, None)
     _route_data(tree, prefix)
@@ -394,23 +398,30 @@ def config_from_dict(tree: dict) -> Config:
 
 
 def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[str] | None = None,
-                notes: list[str] | None = None) -> Config:  # fmt: skip
+                notes: list[str] | None = None, *, allow_shell: bool = False) -> Config:  # fmt: skip
     """defaults <- YAML (``name_or_path``; None = defaults only) <- dotted ``overrides``.
 
     An override that changes ``model.name`` drops the YAML's own model overrides (they describe its
     model, not the new one); the overrides given on the command line stay. What was dropped is said
-    in a line appended to ``notes`` (printed on stderr when ``notes`` is None)."""
+    in a line appended to ``notes`` (printed on stderr when ``notes`` is None).
+
+    No command runs from a file (docs/trust.md, "No command runs from a file"): a value of the YAML
+    that would run a shell command (a ``pipe:`` data path, anywhere in the config) is a
+    ``ConfigError`` naming its key, unless ``overrides`` replace it or ``allow_shell`` is set
+    (:data:`SHELL_FLAG` on the command line)."""
     tree: dict = {}
+    parsed = [parse_override(text) for text in overrides or []]
+    given: dict = {}
+    for key, value in parsed:
+        _set_dotted(given, key, value)
     if name_or_path:
         path = find_config(name_or_path)
         loaded = read_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of config groups")
+        if not allow_shell:
+            _refuse_shell(loaded, given, path)
         tree = loaded
-    parsed = [parse_override(text) for text in overrides or []]
-    given: dict = {}
-    for key, value in parsed:
-        _set_dotted(given, key, value)
     note = _new_model_name(tree, given, name_or_path)
     for key, value in parsed:
         _set_dotted(tree, key, value)
@@ -421,6 +432,41 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
         else:
             notes.append(note)
     return cfg
+
+
+_UNSET = object()
+
+
+def shell_value(tree: Any, given: Any = _UNSET, key: str = "") -> tuple[str, str] | None:
+    """``(dotted key, value)`` of the first value of ``tree`` (a config file's) that runs a shell
+    command (``vitscale.data.remote.runs_shell``) and that ``given`` (the command line's overrides, the
+    same shape) does not replace; None when there is none."""
+    if key and given is not _UNSET and not isinstance(given, dict):
+        return None  # the command line sets this value (or a mapping above it): the file's is not used
+    found = None
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            found = found or shell_value(v, given.get(k, _UNSET) if isinstance(given, dict) else _UNSET, f"{key}.{k}" if key else str(k))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            found = found or shell_value(v, _UNSET, f"{key}[{i}]")
+    elif isinstance(tree, str):
+        from vitscale.data.remote import runs_shell
+
+        found = (key, tree) if runs_shell(tree) else None
+    return found
+
+
+def _refuse_shell(tree: Any, given: Any, path: Path) -> None:
+    """``ConfigError`` naming the first value of ``tree`` that runs a shell command (:func:`shell_value`)."""
+    found = shell_value(tree, given)
+    if found is None:
+        return
+    key, value = found
+    shown = value if len(value) <= 60 else value[:57] + "..."
+    raise ConfigError(f"{path}: {key}={shown!r} runs a shell command (pipe:), and vitscale runs no command read from a "
+                      f"file: give {key}=... on the command line, or add {SHELL_FLAG} (Python: "
+                      f"allow_shell_from_config=True) if you trust {path}")  # fmt: skip
 
 
 def _new_model_name(tree: dict, given: dict, source) -> str | None:
@@ -490,12 +536,7 @@ def dump_config(cfg: Config) -> str:
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
     """Write the resolved config as a run's ``config.yaml`` (:func:`dump_config`; reloadable with
     ``load_config(path)``). The one writer of config.yaml."""
+    from ..safe_write import write_atomic  # never through a link; no temporary file left on a failure
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(path) + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(dump_config(cfg))
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, an interruption: no temporary file left in the run folder
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(path, dump_config(cfg))

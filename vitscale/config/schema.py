@@ -270,7 +270,8 @@ class LogConfig:
     WANDB_ENTITY, WANDB_API_KEY); a missing package or an unreachable server is a one-line note."""
     mlflow: bool = False
     """Also report to MLflow (rank 0), as ``log.wandb`` does; the tracking URI from MLFLOW_TRACKING_URI
-    (a server, or a file store such as ``file:/data/mlruns``)."""
+    (a server, or a local SQLite store such as ``sqlite:////data/mlflow.db``, MLflow 3.x's default; a
+    file store ``file:/data/mlruns`` only with MLFLOW_ALLOW_FILE_STORE=true, docs/distributed.md)."""
     project: str = "vitscale"
     """The W&B project and the MLflow experiment the run reports to; the run's name is its folder's."""
 

@@ -87,20 +87,12 @@ def classes_from_labels(labels: list[int], where: str, num_classes: int | None =
 def write_run_class_names(folder, names: list[str]) -> None:
     """A run's class names (class ``i`` on line ``i``) in its folder: what ``vitscale eval`` maps the
     evaluation data's labels to and ``vitscale export`` names the outputs with. Written as the run's
-    own file (docs/trust.md, "Symbolic links"): a temporary file opened with ``O_NOFOLLOW`` and renamed
-    over the name (a rename replaces a link there, never writes through it)."""
+    own file (docs/trust.md, "Symbolic links"): ``vitscale.safe_write.write_atomic``."""
     from pathlib import Path
 
-    path = Path(folder) / CLASSNAMES_FILE
-    tmp = path.with_suffix(".tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        with os.fdopen(os.open(tmp, flags, 0o644), "w", encoding="utf-8") as f:
-            f.write("".join(f"{n}\n" for n in names))
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, an interruption: no temporary file left in the run folder
-        tmp.unlink(missing_ok=True)
-        raise
+    from ..safe_write import write_atomic
+
+    write_atomic(Path(folder) / CLASSNAMES_FILE, "".join(f"{n}\n" for n in names))
 
 
 def run_class_names(path) -> list[str] | None:

@@ -71,7 +71,7 @@ def _detect(path: str) -> bool:
 
 FORMAT = register_format(DataFormat(
     "csv", csv_split, options=CsvOptions, captions=True, detect=_detect,
-    class_names=lambda cfg: read_class_names(cfg.train_path),
+    class_names=lambda cfg: read_class_names(cfg.train_path), reads=("train_path", "val_path"),
     summary="a CSV / TSV file of image paths and captions (open_clip's --csv-img-key / --csv-caption-key)",
 ))  # fmt: skip
 

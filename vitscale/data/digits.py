@@ -110,7 +110,7 @@ def digits_split(cfg, name: str, *, img_size, num_channels: int, seed: int, clas
 
 
 FORMAT = register_format(DataFormat(
-    "digits", digits_split, class_names=lambda cfg: list(CLASS_NAMES),
+    "digits", digits_split, class_names=lambda cfg: list(CLASS_NAMES), reads=(),
     summary="scikit-learn's handwritten digits (1,497 train / 300 val, 8x8), no files needed",
 ))  # fmt: skip
 
@@ -158,7 +158,7 @@ def _check_aspect(cfg) -> None:
 
 
 ASPECT = register_format(DataFormat(
-    "digits_aspect", digits_aspect_split, options=DigitsAspectOptions, check=_check_aspect,
+    "digits_aspect", digits_aspect_split, options=DigitsAspectOptions, check=_check_aspect, reads=(),
     class_names=lambda cfg: list(CLASS_NAMES),
     summary="the digits stretched to several aspect ratios (data.digits_sizes, default 24x40, 32x32, 40x24 px): NaFlex demos",
 ))  # fmt: skip

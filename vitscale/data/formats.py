@@ -10,6 +10,10 @@ registers it on import with :func:`register_format`:
   (texts -> token ids ``(N, L)``), or None when the run reads no text;
 - ``options``: a dataclass of the format's own ``data.*`` fields, each with a docstring (read as
   ``cfg.data.<field>``, written in YAML and on the command line as ``data.<field>`` like any other);
+- ``reads``: which of the fields that only some formats read (:data:`PER_FORMAT`: the paths, the
+  held-out fraction) it reads. A config setting a field its format does not read — its own options'
+  or one of these — is refused in one line naming the formats that read it (:func:`not_read`), never
+  silently ignored;
 - ``check``: cheap up-front checks of a config (a path that cannot be read, a package that is not
   installed), run before any data is read or any model is built: a one-line ``CheckError``;
 - ``detect``: whether a path holds data of this format (``vitscale data inspect PATH``);
@@ -41,6 +45,9 @@ BUILTIN = {
     "parquet": "vitscale.data.parquet",
 }
 SPLITS = ("train", "val")
+PER_FORMAT = ("train_path", "val_path", "val_split")
+"""The fields of ``DataConfig`` that only some formats read (each lists those it does in
+``DataFormat.reads``): ``data.format=digits data.train_path=...`` is refused, not trained on the digits."""
 
 
 @dataclass
@@ -87,6 +94,9 @@ class DataFormat:
     """``class_names(cfg)``: the class names without reading the whole dataset, or None if unknown."""
     summary: str = ""
     """One line for listings (``vitscale data inspect --help``, error messages)."""
+    reads: tuple[str, ...] = PER_FORMAT
+    """Which of :data:`PER_FORMAT` it reads (all of them unless said): setting another one away from
+    its default is a config error naming the formats that read it."""
 
 
 _FORMATS: dict[str, DataFormat] = {}
@@ -98,6 +108,9 @@ def register_format(fmt: DataFormat) -> DataFormat:
         raise TypeError(f"register_format takes a DataFormat, got {type(fmt).__name__}")
     if fmt.options is not None and not dataclasses.is_dataclass(fmt.options):
         raise TypeError(f"data format {fmt.name!r}: options must be a dataclass, got {fmt.options!r}")
+    if not set(fmt.reads) <= set(PER_FORMAT):
+        raise TypeError(f"data format {fmt.name!r}: reads names {sorted(set(fmt.reads) - set(PER_FORMAT))}, "
+                        f"not fields of {PER_FORMAT}")  # fmt: skip
     if fmt.captions and "caption_context_length" not in option_fields(fmt):
         raise TypeError(f"data format {fmt.name!r} has captions: its options need caption_context_length "
                         f"(compose vitscale.data.config.CaptionFields)")  # fmt: skip
@@ -127,11 +140,34 @@ def option_fields(fmt: DataFormat) -> list[str]:
     return [f.name for f in dataclasses.fields(fmt.options)] if fmt.options is not None else []
 
 
+def fields_read(fmt: DataFormat) -> list[str]:
+    """The ``data.*`` fields that only some formats read and that ``fmt`` reads: its options' and its
+    :attr:`DataFormat.reads`."""
+    return option_fields(fmt) + list(fmt.reads)
+
+
 def owners(field: str) -> list[str]:
-    """The formats (of those loaded) that declare ``data.<field>``."""
+    """The formats (of those loaded) that read ``data.<field>``, a field only some formats read."""
     for name in BUILTIN:
         get_format(name)
-    return [n for n, f in _FORMATS.items() if field in option_fields(f)]
+    return [n for n in format_names() if field in fields_read(_FORMATS[n])]  # the built-in ones first, in their order
+
+
+def validation_hint(name: str) -> str:
+    """How a config of ``data.format=<name>`` gets validation data, as the settings that format reads."""
+    ways = {"val_path": "data.val_path", "val_split": "data.val_split to hold out part of the training data"}
+    named = [w for k, w in ways.items() if k in get_format(name).reads]
+    return f"set {' or '.join(named)}" if named else f"data.format={name} has no validation split of its own"
+
+
+def not_read(prefix: str, field: str, name: str) -> str | None:
+    """The one-line error for ``<prefix><field>`` set in a config of ``data.format=<name>``, which does
+    not read it; None when no format reads it (an unknown key)."""
+    others = owners(field)
+    if not others:
+        return None
+    return (f"{prefix}{field} is read by data.format={' / '.join(others)}, not by data.format={name}: set "
+            f"data.format to {'it' if len(others) == 1 else 'one of them'}, or remove {prefix}{field}")
 
 
 def resolve_options(name: str, options: Any) -> Any:
@@ -159,5 +195,5 @@ def resolve_options(name: str, options: Any) -> Any:
     raise ConfigError(f"data options of data.format={name}: expected a mapping, got {options!r}")
 
 
-__all__ = ["BUILTIN", "SPLITS", "DataFormat", "Split", "format_names", "get_format", "option_fields", "owners",
-           "register_format", "resolve_options"]
+__all__ = ["BUILTIN", "PER_FORMAT", "SPLITS", "DataFormat", "Split", "fields_read", "format_names", "get_format",
+           "not_read", "option_fields", "owners", "register_format", "resolve_options", "validation_hint"]

@@ -367,6 +367,7 @@ def _detect(path: str) -> bool:
 
 FORMAT = register_format(DataFormat(
     "parquet", parquet_split, options=ParquetOptions, captions=True, check=check, detect=_detect, class_names=_class_names,
+    reads=("train_path", "val_path"),
     summary="Parquet files with an image column (binary or {bytes, path}) and a label or caption column",
 ))  # fmt: skip
 

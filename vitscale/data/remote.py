@@ -71,6 +71,22 @@ def scheme(url: str) -> str:
     return url.split("://", 1)[0].lower()
 
 
+def runs_shell(spec: str) -> bool:
+    """Whether reading ``spec`` (a ``data.train_path`` / ``data.val_path``) runs a shell command: one
+    of its parts (joined with ``::``, brace patterns expanded as :func:`expand` expands them) is a
+    ``pipe:`` command. ``vitscale.config.load_config`` refuses such a value read from a file."""
+    for part in str(spec).split("::"):
+        if "{" not in part:
+            if scheme(part) == "pipe":
+                return True
+            continue
+        from braceexpand import braceexpand  # lazily: a long pattern is walked, never held
+
+        if any(scheme(item) == "pipe" for item in braceexpand(part)):
+            return True
+    return False
+
+
 def is_local(url: str) -> bool:
     return scheme(url) == "file"
 

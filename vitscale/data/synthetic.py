@@ -35,7 +35,7 @@ def synthetic_split(cfg, name: str, *, img_size, num_channels: int, seed: int, c
 
 
 FORMAT = register_format(DataFormat(
-    "synthetic", synthetic_split, options=SyntheticOptions, class_names=_classes,
+    "synthetic", synthetic_split, options=SyntheticOptions, class_names=_classes, reads=("val_split",),
     summary="random images keyed by (seed, index), deterministic labels",
 ))  # fmt: skip
 

@@ -203,7 +203,7 @@ def _detect(path: str) -> bool:
 
 FORMAT = register_format(DataFormat(
     "webdataset", webdataset_split, options=WebDatasetOptions, captions=True, check=check, detect=_detect,
-    class_names=lambda cfg: read_class_names(cfg.train_path),
+    class_names=lambda cfg: read_class_names(cfg.train_path), reads=("train_path", "val_path"),
     summary="WebDataset tar shards (local, fsspec URLs, pipe:): <key>.<image ext> + .cls / .json / .txt",
 ))  # fmt: skip
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 FORMATS = {"onnx": ".onnx", "torch-export": ".pt2"}
@@ -29,9 +31,44 @@ def _io(name: str, dtype: str, shape: list) -> dict:
 
 
 def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool = False, config: str | None = None,
-           log=print) -> dict:  # fmt: skip
+           allow_shell: bool = False, log=print) -> dict:  # fmt: skip
     """Export ``src`` (run folder or ``.safetensors``) as ``fmt`` into ``out`` with a static batch
-    size ``batch`` (None = dynamic), check every file, write ``export.json``; returns its content."""
+    size ``batch`` (None = dynamic), check every file, write ``export.json``; returns its content.
+    ``allow_shell``: the config's ``pipe:`` data paths are accepted (``load_config``)."""
+    from .source import load_source
+
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}: choose {' or '.join(FORMATS)}")
+    if batch is not None and batch < 1:
+        raise ValueError(f"batch size must be positive or dynamic, got {batch}")
+    source = load_source(src, ema=ema, config=config, allow_shell=allow_shell)
+    if source.config_from == "defaults":
+        log("note: no config.yaml beside the weights: the preprocessing constants in export.json are vitscale's "
+            "defaults (ImageNet mean/std, crop_pct 0.875); pass --config to give the run's")  # fmt: skip
+    if not out and default_out_dir(src, fmt, ema).is_symlink():  # inside the run folder: nothing is followed
+        from vitscale.safe_write import FolderLink
+
+        raise FolderLink.at(default_out_dir(src, fmt, ema))
+    out = Path(out) if out else default_out_dir(src, fmt, ema)
+    out.mkdir(parents=True, exist_ok=True)
+    # Every file is written into a new folder of this process's (nothing there to follow), then
+    # renamed into ``out``: a rename replaces a link at a name there and writes nothing through it.
+    work = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        info = _export_into(work, out, source, fmt, batch, ema, log)
+        for f in work.iterdir():
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    from vitscale.safe_write import write_atomic  # never through a symbolic link
+
+    write_atomic(out / "export.json", json.dumps(info, indent=1) + "\n")
+    return info
+
+
+def _export_into(out: Path, final: Path, source, fmt: str, batch: int | None, ema: bool, log) -> dict:
+    """The graphs (and tokenizer files) of ``source`` written into the folder ``out`` (moved to ``final``
+    afterwards, the folder the log names); export.json's content."""
     import torch
 
     from vitscale.models.registry import get_family
@@ -39,19 +76,8 @@ def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool
 
     from .check import check_graph, real_captions, real_images
     from .graphs import MAX_BATCH, build_graphs, capture, write_onnx, write_pt2
-    from .source import load_source
     from .spec import class_names, context_length, preprocess_spec, run_class_names, sha256, tokenizer_spec
 
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}: choose {' or '.join(FORMATS)}")
-    if batch is not None and batch < 1:
-        raise ValueError(f"batch size must be positive or dynamic, got {batch}")
-    source = load_source(src, ema=ema, config=config)
-    if source.config_from == "defaults":
-        log("note: no config.yaml beside the weights: the preprocessing constants in export.json are vitscale's "
-            "defaults (ImageNet mean/std, crop_pct 0.875); pass --config to give the run's")  # fmt: skip
-    out = Path(out) if out else default_out_dir(src, fmt, ema)
-    out.mkdir(parents=True, exist_ok=True)
     model = source.model
     family = get_family(source.name)
     serving = family.serving_graphs(model)  # the graphs the family serves (CLIP: image and text)
@@ -82,7 +108,7 @@ def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool
         info["labels"] = class_names(source, num_classes)
     for graph in build_graphs(serving, images, tokens):
         path = out / f"{graph.name}{FORMATS[fmt]}"
-        log(f"exporting the {graph.name} graph to {path}")
+        log(f"exporting the {graph.name} graph to {final / path.name}")
         program, example = capture(graph, batch)
         if fmt == "onnx":
             write_onnx(program, example, graph, path)
@@ -108,9 +134,6 @@ def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool
     checks = [g["check"] for g in info["graphs"].values()]
     info["check"] = {"passed": all(c["passed"] for c in checks), "max_rel_error": max(c["max_rel_error"] for c in checks),
                      "tolerance": checks[0]["tolerance"]}  # fmt: skip
-    tmp = out / ".export.json.tmp"
-    tmp.write_text(json.dumps(info, indent=1) + "\n")
-    os.replace(tmp, out / "export.json")
     return info
 
 

@@ -69,16 +69,18 @@ class LoadedRun:
         return [[(names[int(i)], float(p)) for p, i in zip(ps, idx)] for ps, idx in zip(top.values, top.indices)]
 
 
-def load_run(folder: str | Path, *, ema: bool = False) -> LoadedRun:
+def load_run(folder: str | Path, *, ema: bool = False, allow_shell_from_config: bool = False) -> LoadedRun:
     """The trained model of a run folder (``model.safetensors``, else its newest checkpoint; with
-    ``ema``: ``model_ema.safetensors``), its evaluation transform and class names."""
+    ``ema``: ``model_ema.safetensors``), its evaluation transform and class names.
+    ``allow_shell_from_config``: accept a ``config.yaml`` whose ``pipe:`` data paths would run shell
+    commands (refused otherwise: ``vitscale.config.load_config``)."""
     from .source import load_source
     from .spec import class_names, preprocess_spec
 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such run folder")
-    source = load_source(folder, ema=ema)
+    source = load_source(folder, ema=ema, allow_shell=allow_shell_from_config)
     pre = preprocess_spec(source)
     transform = EvalTransform(source.cfg, tuple(pre["image_size"]), pre["channels"], pre["mean"], pre["std"])
     names = class_names(source, source.model.num_classes) if source.model.num_classes else None

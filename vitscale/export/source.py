@@ -47,11 +47,12 @@ def _safetensors_metadata(path: Path) -> dict[str, str]:
         return dict(f.metadata() or {})
 
 
-def load_source(src: str | Path, *, ema: bool = False, config: str | None = None) -> Source:
+def load_source(src: str | Path, *, ema: bool = False, config: str | None = None, allow_shell: bool = False) -> Source:
     """Build the model of ``src`` (run folder or ``.safetensors``) with its weights.
 
     ``config`` (a YAML path or built-in name) replaces the run's own ``config.yaml`` for the
-    preprocessing constants, tokenizer settings and class names.
+    preprocessing constants, tokenizer settings and class names. ``allow_shell``: a config whose
+    ``pipe:`` data paths would run is accepted (refused otherwise: ``vitscale.config.load_config``).
     """
     from vitscale.checkpoint import load_model_weights, read_weights
     from vitscale.config import config_class, load_config
@@ -72,7 +73,7 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
 
         check_links(folder)
     cfg_path = config or (str(folder / "config.yaml") if (folder / "config.yaml").is_file() else None)
-    cfg = load_config(cfg_path) if cfg_path else config_class()()
+    cfg = load_config(cfg_path, allow_shell=allow_shell) if cfg_path else config_class()()
     config_from = str(cfg_path) if cfg_path else "defaults"
 
     weights_file = p if p.is_file() else folder / ("model_ema.safetensors" if ema else "model.safetensors")

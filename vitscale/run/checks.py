@@ -28,6 +28,7 @@ from ..distributed.float8 import check_recipe, fp8_emulated, require_torchao
 from ..distributed.fsdp import fsdp_runs_on
 from ..distributed.parallel_dims import ParallelDims
 from ..errors import CheckError
+from ..safe_write import open_new
 
 log = logging.getLogger("vitscale.run")
 
@@ -310,7 +311,8 @@ def check_output_folder(cfg: Config) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test-{socket.gethostname()}-{os.getpid()}"
-        probe.write_bytes(b"vitscale")
+        with open_new(probe, "wb") as f:  # never through a symbolic link (vitscale.safe_write)
+            f.write(b"vitscale")
         probe.unlink()
     except OSError as e:
         raise CheckError(f"{key} cannot be written ({e.strerror or type(e).__name__}: {e.filename or out}): choose a folder you can write to") from None

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config import replace_fields
 from ..data import SplitLoader, build_loader, get_format
+from ..data.formats import validation_hint
 from ..eval.evaluator import MissingSplit
 from ..models.registry import get_model_config
 from .assemble import Run, data_tokenizer
@@ -75,7 +76,8 @@ class RunEvalData:
             found = built.loader if built is not None else None
         if found is None:
             whose = f"the evaluation data {json.dumps(data, default=str)}" if data else "the run's data"
-            raise MissingSplit(f"evals: {whose} has no {split} split (set data.val_path, or data.val_split to hold out part of the training data)")
+            fmt = (data or {}).get("format", self.run.cfg.data.format)
+            raise MissingSplit(f"evals: {whose} has no {split} split ({validation_hint(fmt)})")
         return found
 
     def classes(self, data: dict[str, Any]) -> tuple[int, list[str]]:

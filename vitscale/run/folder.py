@@ -32,14 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EXIT_USAGE, ConfigError, UserError
+from ..safe_write import FolderLink, open_append
 
 LOCK_NAME = "run.lock"
 CONFIG_NAME = "config.yaml"
 RUN_ENTRIES = (CONFIG_NAME, "metrics.jsonl", "train.log", "summary.json", "report.html", "model.safetensors",
                "model_ema.safetensors", LOCK_NAME, "checkpoints", "tb", "trackers.json",
+               "run-id.json",  # the run's identity in checkpoint.remote (vitscale.checkpoint.remote)
+               "export",  # vitscale export's default output folder
                "classnames.txt")  # the run's classes (vitscale.data.classes.write_run_class_names)  # fmt: skip
 """What a run reads, writes, appends to or resumes from in its folder: none may be a symbolic link
-(docs/trust.md, "Symbolic links"; the step folders in ``checkpoints/`` are skipped as damaged)."""
+(docs/trust.md, "Symbolic links"; the step folders in ``checkpoints/`` are skipped as damaged). Every
+file a run writes is also opened with ``O_NOFOLLOW`` (``vitscale.safe_write``), its temporary names
+and ``hang-rank<r>.txt`` included."""
 log = logging.getLogger("vitscale.run")
 
 # Settings that do not change what a run computes (beyond floating-point rounding for the kernel
@@ -57,10 +62,6 @@ NEUTRAL = (
 )  # fmt: skip
 
 
-class FolderLink(UserError):
-    """A file or folder of the run is a symbolic link: nothing inside a run folder is followed."""
-
-
 def check_links(folder: Path) -> None:
     """:class:`FolderLink` naming the first of :data:`RUN_ENTRIES` in ``folder`` that is a symbolic
     link. The folder itself may be one (where runs live is the user's choice); what is inside it is
@@ -68,17 +69,7 @@ def check_links(folder: Path) -> None:
     for name in RUN_ENTRIES:
         p = folder / name
         if p.is_symlink():
-            raise FolderLink(
-                f"{p} is a symbolic link (to {os.readlink(p)}): nothing inside a run folder is followed (its files are "
-                f"its own, docs/trust.md); remove the link, or set another train.output_dir"
-            )
-
-
-def open_append(path: str | os.PathLike):
-    """``open(path, "a")`` (UTF-8 text) that refuses a symbolic link in the last component
-    (``O_NOFOLLOW``): what a run appends to (metrics.jsonl, train.log) is its own file."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
-    return os.fdopen(fd, "a", encoding="utf-8", errors="replace")
+            raise FolderLink.at(p)
 
 
 class FolderInUse(UserError):

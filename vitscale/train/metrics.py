@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitscale.run.folder import open_append
+from vitscale.safe_write import open_append, write_atomic
 from vitscale.tools.units import is_percent
 
 # The keys of a training line, in order, with their format; other numbers logged by a task (e.g. CLIP's
@@ -169,14 +169,7 @@ class MetricsLogger:
                         keep.append(line if line.endswith("\n") else line + "\n")
                 except json.JSONDecodeError:
                     pass  # a line cut by a kill
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        try:
-            with open(tmp, "w") as f:
-                f.writelines(keep)
-            os.replace(tmp, self.path)
-        except BaseException:  # a full disk, an interruption: no temporary file left in the run folder
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(self.path, "".join(keep))  # never through a link; no temporary file left on a failure
 
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from vitscale.run.folder import open_append
+from vitscale.safe_write import open_append
 
 _ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

@@ -69,8 +69,9 @@ def run_layout(run) -> dict[str, Any]:
 
 
 def write_summary(summary: dict[str, Any], out: Path) -> None:
-    with open(out / "summary.json", "w") as f:
-        json.dump(strict_json(summary), f, indent=1, allow_nan=False)
+    from vitscale.safe_write import write_atomic  # never through a symbolic link
+
+    write_atomic(out / "summary.json", json.dumps(strict_json(summary), indent=1, allow_nan=False))
 
 
 def finished_run(out: Path, step: int, total_steps: int, resumed_from: str, key: str, show: bool) -> dict[str, Any]:
@@ -104,8 +105,10 @@ def final_metrics_line(summary: dict[str, Any], names: tuple[str, ...] = ()) -> 
 
 
 def human_summary(summary: dict[str, Any], out: Path, *, config: str | Path, report: bool, tensorboard: bool,
-                  weights: Path | None, names: tuple[str, ...] = ()) -> str:  # fmt: skip
-    """The lines printed at the end of ``vitscale train`` / ``vitscale demo`` (and kept in train.log)."""
+                  weights: Path | None, names: tuple[str, ...] = (), shell: bool = False) -> str:  # fmt: skip
+    """The lines printed at the end of ``vitscale train`` / ``vitscale demo`` (and kept in train.log).
+    ``shell``: the run's config.yaml holds the shell commands it was given (``pipe:`` data paths), so the
+    commands offered next that load it say they run them (``--allow-shell-from-config``)."""
     wall, total = summary.get("wall_time_s", 0.0), summary.get("total_time_s")
     head = f"{summary.get('model')}: {summary.get('steps')} steps"
     segments = summary.get("segments") or []
@@ -130,11 +133,14 @@ def human_summary(summary: dict[str, Any], out: Path, *, config: str | Path, rep
     lines.append(f"  log          {out / 'train.log'}  (also metrics.jsonl, summary.json, config.yaml)")
     if tensorboard:
         lines.append(f"  tensorboard  tensorboard --logdir {_q(out)}")
+    from vitscale.commands import SHELL_FLAG
+
+    flag = f" {SHELL_FLAG}" if shell else ""
     lines.append("Next:")
-    lines.append(f"  vitscale eval {_q(config)} checkpoint.path={_q(out)}")
+    lines.append(f"  vitscale eval {_q(config)} checkpoint.path={_q(out)}{flag}")
     lines.append(f"  vitscale report {_q(out)}")
     if weights is not None:
-        lines.append(f"  vitscale export {_q(out)} --format onnx")
+        lines.append(f"  vitscale export {_q(out)} --format onnx{flag}")
     return "\n".join(lines)
 
 
@@ -149,7 +155,20 @@ def print_end(summary: dict[str, Any], fmt: str, out: Path, *, report: bool, ten
         path = out / "model.safetensors"
         listed = path.is_file() if weights is None else weights and path.is_file()
         print(human_summary(summary, out, config=out / "config.yaml", report=report and (out / "report.html").is_file(),
-                            tensorboard=tensorboard, weights=path if listed else None, names=names), flush=True)  # fmt: skip
+                            tensorboard=tensorboard, weights=path if listed else None, names=names,
+                            shell=_runs_shell(out / "config.yaml")), flush=True)  # fmt: skip
+
+
+def _runs_shell(config: Path) -> bool:
+    """Whether the run's ``config.yaml`` holds a value that runs a shell command (``pipe:``)."""
+    from vitscale.config.load import shell_value
+    from vitscale.errors import UserError
+    from vitscale.safe_yaml import read_yaml
+
+    try:
+        return config.is_file() and not config.is_symlink() and shell_value(read_yaml(config)) is not None
+    except UserError:
+        return False
 
 
 __all__ = [

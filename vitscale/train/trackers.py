@@ -40,9 +40,9 @@ def _read_ids(out: Path) -> dict[str, Any]:
 
 
 def _write_ids(out: Path, ids: dict[str, Any]) -> None:
-    tmp = out / f".{IDS_NAME}.tmp"
-    tmp.write_text(json.dumps(ids, indent=1))
-    os.replace(tmp, out / IDS_NAME)
+    from vitscale.safe_write import write_atomic  # never through a symbolic link
+
+    write_atomic(out / IDS_NAME, json.dumps(ids, indent=1))
 
 
 class Tracker:
@@ -159,7 +159,11 @@ class Trackers:
             self.active.append(tracker)
             if ids.get(kind) != tracker.id:
                 ids[kind] = tracker.id
-                _write_ids(self.out, ids)
+                try:
+                    _write_ids(self.out, ids)
+                except BaseException:  # a link at trackers.json's name, a full disk: the started runs are ended
+                    self.close()
+                    raise
             info(f"{kind}: run {tracker.id}" + (" (continued)" if known == tracker.id else ""))
 
     def _each(self, what: str, *args) -> None:

@@ -95,8 +95,10 @@ class Trainer:
         warmup, notice = fit_warmup(warmup_steps(cfg.schedule, self.steps_per_epoch), total)
         self.notices += [notice] if notice else []
         if self.loaders.val is None and not cfg.evals:
-            self.notices.append("no validation data: this run reports training metrics only (set data.val_path, "
-                                "or data.val_split to hold out part of the training data)")  # fmt: skip
+            from vitscale.data.formats import validation_hint
+
+            self.notices.append(f"no validation data: this run reports training metrics only "
+                                f"({validation_hint(cfg.data.format)})")  # fmt: skip
         self.schedule = Schedule(self.optimizer, cfg.schedule, total, warmup, self.peak_lr)
         # FSDP modules cannot be deep-copied: a second model sharded the same way
         self.ema = EMA(self.model, tc.ema_decay, module=run.new_model() if self.world > 1 else None) if tc.ema_decay > 0 else None

@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from ..safe_write import FolderLink, open_new
+
 EXIT_HANG = 124
 
 
@@ -73,7 +75,7 @@ class Watchdog:
     def _dump(self, idle: float) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            f = open(self.path, "w")  # noqa: SIM115 - kept open for faulthandler until the process ends
+            f = open_new(self.path)  # kept open for faulthandler until the process ends; never through a link
             f.write(f"rank {self.rank} (pid {os.getpid()}): no step completed for {idle:.0f} s ({self.what}="
                     f"{self.timeout:g}); {f'last completed step {self.step}' if self.step else 'no step completed in this process'}. "
                     "Stacks of every thread:\n\n")  # fmt: skip
@@ -82,7 +84,7 @@ class Watchdog:
             faulthandler.dump_traceback_later(60, exit=True, file=f)  # the backstop, should the next lines not run
             faulthandler.dump_traceback(file=f, all_threads=True)
             f.flush()
-        except OSError as e:
+        except (OSError, FolderLink) as e:
             print(f"vitscale: watchdog could not write {self.path}: {e}", file=sys.stderr, flush=True)
         print(f"vitscale train: rank {self.rank}: no step completed for {idle:.0f} s ({self.what}={self.timeout:g}); "
               f"the stacks of its threads are in {self.path}", file=sys.stderr, flush=True)  # fmt: skip

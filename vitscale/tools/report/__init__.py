@@ -25,15 +25,10 @@ log = logging.getLogger("vitscale.report")
 def _write_atomic(path: Path, text: str) -> Path:
     """Write via a temporary file and a rename, so a browser never opens half a report; a write that
     fails (a full disk) or is interrupted removes the temporary file, and the old report stays."""
+    from vitscale.safe_write import write_atomic  # never through a symbolic link
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, text, tmp=path.with_name(f".{path.name}.tmp{os.getpid()}"))
 
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
