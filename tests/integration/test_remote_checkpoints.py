@@ -113,3 +113,102 @@ def test_an_unreachable_bucket_is_one_line(tmp_path, moto_s3, monkeypatch):
     assert p.returncode == 1 and lines[-1].startswith("vitscale train: checkpoint.remote=s3://no-such-bucket/x cannot be read or written: "), p.stderr
     assert "Traceback" not in p.stderr and time.time() - t0 < 120
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+class StallingProxy:
+    """A TCP proxy on localhost in front of moto's S3 server that relays every request until one that
+    matches ``stall_at`` (a checkpoint's upload), then holds that request and every later byte without an
+    answer: a location that stops answering mid-run."""
+
+    def __init__(self, target: str, stall_at):
+        import socket
+        import threading
+
+        self.host, self.port = target.removeprefix("http://").split(":")
+        self.stall_at, self.stalled = stall_at, threading.Event()
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.srv.getsockname()[1]}"
+        self.conns: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.srv.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection((self.host, int(self.port)))
+            self.conns += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, src, dst, requests: bool) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            if requests and self.stall_at.search(data):
+                self.stalled.set()
+            if self.stalled.is_set():
+                continue  # read and dropped: the location no longer answers
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.srv.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.slow
+def test_a_location_that_stops_answering_never_stops_the_run(tmp_path, moto_s3, monkeypatch):
+    """The location answers the start-up check and the upload of step 2, then stops answering at the next
+    checkpoint's: training goes on past the saves that follow (one warning line), and a SIGTERM then
+    ends the run as a preemption does — its checkpoint saved locally — within checkpoint.remote_wait_s."""
+    import s3fs
+
+    for k, v in moto_s3.items():
+        monkeypatch.setenv(k, v)
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir("ckpts")  # this test's server, not an earlier one's
+    import re
+
+    proxy = StallingProxy(moto_s3["AWS_ENDPOINT_URL"], re.compile(rb"PUT /\S*/checkpoints/step_(?!00000002/)\d{8}/"))
+    env = {**os.environ, **moto_s3, "AWS_ENDPOINT_URL": proxy.url, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    out_dir = tmp_path / "run"
+    cmd = _cmd(out_dir, "checkpoint.remote=s3://ckpts/runs/stall", "train.max_steps=20000", "checkpoint.remote_wait_s=3",
+               "log.tensorboard=false")  # fmt: skip
+    try:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        out, t_signal = [], None
+        for line in p.stdout:  # steps and saves go on while the upload hangs, until the warning
+            out.append(line)
+            if "has not finished after" in line:
+                t_signal = time.monotonic()
+                p.send_signal(signal.SIGTERM)
+                break
+        log = "".join(out) + p.communicate(timeout=120)[0]
+        took = time.monotonic() - t_signal if t_signal is not None else None
+    finally:
+        proxy.close()
+    assert proxy.stalled.is_set() and t_signal is not None, log[-3000:]
+    assert p.returncode == 143, log[-3000:]
+    assert took < 60, took  # the save, then at most checkpoint.remote_wait_s for the stalled upload
+    stalled = [ln for ln in log.splitlines() if "has not finished after" in ln]
+    assert len(stalled) == 1 and "to s3://ckpts/runs/stall" in stalled[0], log[-3000:]  # one line per stall
+    assert "(checkpoint.remote_wait_s); training goes on and step_" in stalled[0]
+    assert "did not finish in 3 s (checkpoint.remote_wait_s)" in log and "its local checkpoints are complete" in log
+    stopped = int(log.split("stopped by SIGTERM after step ")[1].split(";")[0])
+    local = sorted(p.name for p in (out_dir / "checkpoints").iterdir())
+    assert f"step_{stopped:08d}" in local and stopped > 4, local
+    remote = s3fs.S3FileSystem(skip_instance_cache=True)
+    assert sorted(f.rsplit("/", 1)[-1] for f in remote.ls("s3://ckpts/runs/stall/checkpoints")) >= ["step_00000002"]
+    assert remote.exists("s3://ckpts/runs/stall/checkpoints/step_00000002/checkpoint.json")
+    assert not remote.exists("s3://ckpts/runs/stall/checkpoints/step_00000004/checkpoint.json")  # never half-published

@@ -13,9 +13,13 @@ values) by the resume as any other.
 Upload, after each checkpoint is complete (rank 0, the coordinator that renamed it): the step folder's
 files, its index ``checkpoint.json`` last — a copy cut short has no index and is never restored —,
 then the run's ``config.yaml``, ``metrics.jsonl``, ``summary.json``, ``train.log`` and
-``trackers.json``; remote checkpoints beyond ``checkpoint.keep`` are deleted. The next upload waits
-for the previous one; a failed upload is one warning line and the run goes on (the next save uploads
-again). Restore, when the run folder holds no checkpoint (a requeued job on a node with an empty disk):
+``trackers.json``; remote checkpoints beyond ``checkpoint.keep`` are deleted. The step loop never
+waits for the location: a checkpoint saved while an upload is under way waits its turn (the newest
+``checkpoint.keep`` of them: older ones are pruned locally anyway), and an upload under way for longer
+than ``checkpoint.remote_wait_s`` (a location that stopped answering) is one warning line; a failed
+upload is one warning line and the run goes on (the next save uploads again). The end of a run waits at
+most ``checkpoint.remote_wait_s`` for the upload under way, in short slices so that a signal is handled
+at once, then says what was not mirrored and ends (the local checkpoints are complete either way). Restore, when the run folder holds no checkpoint (a requeued job on a node with an empty disk):
 the remote checkpoints that have an index, and the run files the folder lacks, before the resume's
 same-run check reads ``config.yaml``. Up front, a small file is written and removed there: a location
 that cannot be written stops the run in one line before it trains.
@@ -30,12 +34,14 @@ goes on as the same run.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
 import secrets
 import shutil
 import threading
+import time
 from pathlib import Path
 
 from ..errors import UserError
@@ -87,10 +93,16 @@ def _plain(name: str) -> bool:
 class RemoteMirror:
     """The mirror of run folder ``run_dir`` at ``url``, keeping the newest ``keep`` checkpoints there."""
 
-    def __init__(self, url: str, run_dir: str | os.PathLike, keep: int = 2):
+    def __init__(self, url: str, run_dir: str | os.PathLike, keep: int = 2, wait_s: float = 600.0):
         import fsspec
 
         self.url, self.run_dir, self.keep = url.rstrip("/"), Path(run_dir), max(int(keep), 1)
+        self.wait_s = float(wait_s)  # the end of the run waits at most this long for an upload under way
+        self._lock = threading.Lock()
+        self._queue: collections.deque[Path] = collections.deque()  # checkpoints saved while an upload was under way
+        self._current: Path | None = None  # the checkpoint being uploaded (None: no upload under way)
+        self._since = 0.0  # when the upload under way started (time.monotonic)
+        self._warned = False  # this stall was said (one warning line per stalled upload)
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.url)
         except (ImportError, ValueError) as e:
@@ -101,20 +113,67 @@ class RemoteMirror:
 
     # ---------------------------------------------------------------------------------- upload
     def upload(self, step_dir: Path) -> None:
-        """Mirror the complete checkpoint ``step_dir`` and the run files, in the background."""
-        self.wait()
-        self._thread = threading.Thread(target=self._upload, args=(Path(step_dir),), name="vitscale-remote", daemon=True)
-        self._thread.start()
+        """Mirror the complete checkpoint ``step_dir`` and the run files, in the background, after the
+        checkpoints already waiting; never waits for the location."""
+        with self._lock:
+            self._queue.append(Path(step_dir))
+            while len(self._queue) > self.keep:  # older ones are pruned locally (checkpoint.keep) before their turn
+                self._queue.popleft()
+            if self._current is not None:  # an upload under way: its thread takes the queue in order
+                took = time.monotonic() - self._since
+                if took >= self.wait_s and not self._warned:  # stalled: one line per stall
+                    self._warned = True
+                    log.warning("checkpoint.remote: the upload of %s to %s has not finished after %.0f s "
+                                "(checkpoint.remote_wait_s); training goes on and %s wait their turn",
+                                self._current.name, self.url, took, ", ".join(q.name for q in self._queue))  # fmt: skip
+                return
+            self._next()
+            self._thread = threading.Thread(target=self._run, name="vitscale-remote", daemon=True)
+            self._thread.start()
 
-    def wait(self) -> None:
-        """Wait for the upload under way (if any)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+    def _next(self) -> None:
+        """Under the lock: the next checkpoint of the queue becomes the current upload (None: none left)."""
+        self._current = self._queue.popleft() if self._queue else None
+        self._since = time.monotonic()
+
+    def _run(self) -> None:
+        """The background thread: the queued checkpoints in order, until none is left (``_current``
+        None again, under the lock: no save is ever lost)."""
+        while True:
+            step_dir = self._current
+            if step_dir.is_dir():
+                self._upload(step_dir)
+            else:  # pruned by checkpoint.keep while it waited: a newer one is queued
+                log.warning("checkpoint.remote: %s was removed (checkpoint.keep) before its turn to be mirrored",
+                            step_dir.name)  # fmt: skip
+            with self._lock:
+                self._warned = False  # an upload ended: a later stall is said again
+                self._next()
+                if self._current is None:
+                    return
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the uploads under way, at most ``timeout`` seconds (None: ``checkpoint.remote_wait_s``),
+        in short slices so that a signal's handler runs at once; True when none is left."""
+        deadline = time.monotonic() + (self.wait_s if timeout is None else timeout)
+        while (t := self._thread) is not None and t.is_alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            t.join(min(left, 0.5))
+        return True
 
     def sync_run_files(self) -> None:
-        """The run files once more (the end of the run: its summary, its last log lines)."""
-        self.wait()
+        """The run files once more (the end of the run: its summary, its last log lines), after the
+        uploads under way — or, when they have not ended in ``checkpoint.remote_wait_s``, not at all."""
+        if not self.wait():
+            with self._lock:
+                current, queued = self._current, [q.name for q in self._queue]
+            waiting = f" ({', '.join(queued)} not mirrored either)" if queued else ""
+            log.warning("checkpoint.remote: the upload of %s to %s did not finish in %.0f s (checkpoint.remote_wait_s)%s: "
+                        "the run ends without it; its local checkpoints are complete",
+                        current.name if current is not None else "a checkpoint", self.url, self.wait_s, waiting)  # fmt: skip
+            return
         try:
             self._put_run_files()
         except Exception as e:  # the run's own files are complete locally

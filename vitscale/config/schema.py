@@ -209,6 +209,11 @@ class CheckpointConfig:
     to this fsspec URL after each save, e.g. ``s3://bucket/runs/x`` (open_clip's remote sync): a run
     whose folder holds no checkpoint resumes from the newest one there, checked like a local one
     (``vitscale.checkpoint.remote``; s3:// needs ``pip install s3fs``)."""
+    remote_wait_s: float = 600.0
+    """With ``remote``: an upload under way for longer than this is stalled (one warning line; training
+    goes on), and the end of a run (or a signal's save) waits at most this long for the uploads under
+    way before it ends without them (a warning line; the local checkpoints are complete). The step loop
+    itself never waits for the remote location."""
 
 
 @dataclass

@@ -163,6 +163,7 @@ def _check_ranges(cfg: Config, purpose: str) -> None:
         _at_least("eval.every", cfg.eval.every, 0, "evaluate every N steps; 0 = only at the end")
         _at_least("checkpoint.every", cfg.checkpoint.every, 0, "save every N steps; 0 = only at the end")
         _at_least("checkpoint.keep", cfg.checkpoint.keep, 1, "checkpoints kept")
+        _at_least("checkpoint.remote_wait_s", cfg.checkpoint.remote_wait_s, 0, "seconds the end of a run waits for an upload")
         _at_least("train.max_nonfinite_steps", tc.max_nonfinite_steps, -1, "-1 = no limit")
         _at_least("train.max_consecutive_nonfinite", tc.max_consecutive_nonfinite, -1, "-1 = no limit")
         _at_least("train.grad_clip", tc.grad_clip, 0, "0 = no clipping")

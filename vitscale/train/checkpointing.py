@@ -58,7 +58,7 @@ class Checkpointing:
         if cc.remote and (not dist.is_initialized() or dist.get_rank() == 0):
             from vitscale.checkpoint.remote import RemoteMirror
 
-            self.remote = RemoteMirror(cc.remote, root.parent, cc.keep)
+            self.remote = RemoteMirror(cc.remote, root.parent, cc.keep, wait_s=cc.remote_wait_s)
         self.checkpointer = Checkpointer(root, keep=cc.keep, async_mode=cc.async_mode, remote=self.remote)
         self.tensors = {"model": ModelState(model), "optim": OptimizerState(model, optimizer)}
         if ema is not None:
