@@ -172,7 +172,34 @@ def test_fewer_than_one_repeat_is_refused(value):
         _train(_cfg(repeated_aug=value))
 
 
-def test_variable_resolution_is_refused():
-    with pytest.raises(CheckError, match=r"data.repeated_aug=3 is not supported with variable resolution \(data.image_sizes\)"):
-        build_loaders(_cfg(repeated_aug=3, image_sizes=(16, 32)), img_size=(16, 16), num_channels=3, seed=SEED,
-                      micro_batch_size=4, eval_batch_size=4, patch=8)  # fmt: skip
+def test_variable_resolution_repeats_the_same_way():
+    """data.image_sizes: each permutation epoch of the step stream shows its first third of images 3
+    times each (repeats 0, 1, 2), every step at one size, and 2 ranks give the one-process steps."""
+    from vitscale.data.sizes import size_plan
+    from vitscale.data.sizesampler import SizedBatchSampler
+
+    def plan(world):
+        d = DataConfig(format="digits", image_sizes=(24, 32, 40), batch_sizes=(12, 8, 4))
+        return size_plan(d, patch=4, batch_size=8, parts=world, seed=SEED, accum=1)
+
+    one = SizedBatchSampler(N, plan(1), repeats=3)
+    ranks = [SizedBatchSampler(N, plan(2), rank=r, world_size=2, repeats=3) for r in range(2)]
+    items, step = [], 0
+    while not items or items[-1][0] == 0:  # to the first item of permutation epoch 1
+        ref = one.micro_batch(step)
+        assert sorted(ranks[0].micro_batch(step) + ranks[1].micro_batch(step)) == sorted(ref)
+        assert len({size for _, _, size, _ in ref}) == 1
+        items += ref
+        step += 1
+    epoch0 = [(i, r) for e, i, _, r in items if e == 0]
+    assert len(epoch0) == N
+    assert Counter(i for i, _ in epoch0) == Counter({i: 3 for i in epoch_permutation(N, SEED, 0)[: N // 3].tolist()})
+    assert sorted(epoch0) == sorted((i, r) for i in {i for i, _ in epoch0} for r in range(3))
+    loader = build_loaders(_cfg(repeated_aug=3, image_sizes=(16, 24)), img_size=(16, 16), num_channels=3, seed=SEED,
+                           micro_batch_size=4, eval_batch_size=4, patch=8).train  # fmt: skip
+    b = next(iter(loader))
+    assert b["image"].shape[-1] in (16, 24) and len(b["index"]) > 0
+    i = int(b["index"][0])
+    reps = [loader.dataset[(0, i, 24, r)] for r in range(3)]
+    assert all(x["image"].shape[-1] == 24 for x in reps)
+    assert len({x["crop"] for x in reps}) == 3  # each repeat its own crop, at the step's size

@@ -75,10 +75,6 @@ def _check_repeated_aug(cfg_data: DataConfig, *, streamed: bool) -> None:
         fix = f"set data.{mode}=index" if mode else "use an indexed format (an image folder, indexed shards)"
         raise CheckError(f"data.repeated_aug={r}: data.format={cfg_data.format} {how}streams its training samples, "
                          f"with no index to repeat: {fix}, or data.repeated_aug=1")  # fmt: skip
-    if cfg_data.image_sizes or cfg_data.seq_lens:
-        key = "image_sizes" if cfg_data.image_sizes else "seq_lens"
-        raise CheckError(f"data.repeated_aug={r} is not supported with variable resolution (data.{key}) yet: "
-                         f"set data.repeated_aug=1, or leave data.{key} out")  # fmt: skip
 
 
 def build_loader(
@@ -150,7 +146,7 @@ def build_loader(
         loader = src.build_loader(tf, micro_batch_size=batch_size, rank=rank, world_size=world_size,
                                   drop_last=drop_last, **common)  # fmt: skip
     elif augment and sizes is not None:  # a size and a batch per step (vitscale.data.sizes)
-        sampler = SizedBatchSampler(len(src), sizes, rank=rank, world_size=world_size)
+        sampler = SizedBatchSampler(len(src), sizes, rank=rank, world_size=world_size, repeats=cfg_data.repeated_aug)
         loader = ResumableLoader(KeyedDataset(src, tf), sampler, **common, across_epochs=cfg_data.prefetch_across_epochs)
     elif augment:
         sampler = ShardedBatchSampler(len(src), batch_size, seed=seed, rank=rank, world_size=world_size,

@@ -113,7 +113,7 @@ class DataConfig:
     of an epoch is drawn this many times in a row, the repeats dealt to consecutive ranks, each with
     its own keyed augmentation, the epoch's length kept (so an epoch shows ``1 / repeated_aug`` of
     the images); docs/data.md. 1 = off. Indexed training data only (not ``webdataset_mode=stream`` /
-    ``parquet_mode=stream``, nor ``image_sizes`` / ``seq_lens``)."""
+    ``parquet_mode=stream``)."""
     val_split: float = 0.0
     """Fraction held out for validation when there is no ``val_path`` (imagefolder, by a fixed
     seed-0 stratified split) and the size of synthetic's validation set relative to ``synthetic_size``;
