@@ -61,6 +61,22 @@ def _size(cfg_data: DataConfig, img_size, augment: bool = False) -> tuple[int, i
     return int(img_size[0]), int(img_size[1])
 
 
+def _check_repeated_aug(cfg_data: DataConfig, *, streamed: bool) -> None:
+    """``data.repeated_aug``: a whole number of repeats, on a training split read by index."""
+    r = cfg_data.repeated_aug
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise CheckError(f"data.repeated_aug={r} must be a whole number of at least 1 (times each image is drawn "
+                         "per epoch; 1 = off, DeiT: 3)")  # fmt: skip
+    if r == 1:
+        return
+    if streamed:
+        mode = {"webdataset": "webdataset_mode", "parquet": "parquet_mode"}.get(cfg_data.format)
+        how = f"with data.{mode}=stream " if mode else ""
+        fix = f"set data.{mode}=index" if mode else "use an indexed format (an image folder, indexed shards)"
+        raise CheckError(f"data.repeated_aug={r}: data.format={cfg_data.format} {how}streams its training samples, "
+                         f"with no index to repeat: {fix}, or data.repeated_aug=1")  # fmt: skip
+
+
 def build_loader(
     cfg_data: DataConfig,
     split: str = "val",
@@ -124,15 +140,17 @@ def build_loader(
     if hasattr(src, "build_loader") and (cfg_data.image_sizes or cfg_data.seq_lens):
         raise CheckError(f"data.format={cfg_data.format} streams its samples, which variable resolution (data.image_sizes, "
                          "data.seq_lens) does not read yet: use an indexed source (an image folder, indexed shards)")  # fmt: skip
+    if augment:
+        _check_repeated_aug(cfg_data, streamed=hasattr(src, "build_loader"))
     if hasattr(src, "build_loader"):  # streaming sources build their own loader (in stream order)
         loader = src.build_loader(tf, micro_batch_size=batch_size, rank=rank, world_size=world_size,
                                   drop_last=drop_last, **common)  # fmt: skip
     elif augment and sizes is not None:  # a size and a batch per step (vitscale.data.sizes)
-        sampler = SizedBatchSampler(len(src), sizes, rank=rank, world_size=world_size)
+        sampler = SizedBatchSampler(len(src), sizes, rank=rank, world_size=world_size, repeats=cfg_data.repeated_aug)
         loader = ResumableLoader(KeyedDataset(src, tf), sampler, **common, across_epochs=cfg_data.prefetch_across_epochs)
     elif augment:
         sampler = ShardedBatchSampler(len(src), batch_size, seed=seed, rank=rank, world_size=world_size,
-                                      shuffle=True, drop_last=drop_last)  # fmt: skip
+                                      shuffle=True, drop_last=drop_last, repeats=cfg_data.repeated_aug)  # fmt: skip
         loader = ResumableLoader(KeyedDataset(src, tf), sampler, **common, across_epochs=cfg_data.prefetch_across_epochs)
     else:
         sampler = EvalShardSampler(len(src), batch_size, rank=rank, world_size=world_size)

@@ -108,6 +108,12 @@ class DataConfig:
     open_clip's evaluation transform), ``squash`` (the whole image to the square, the aspect ratio
     not kept: ``vit_jax``'s fine-tuning evaluation), ``border`` (the longer side, the rest padded with
     the mean colour)."""
+    repeated_aug: int = 1
+    """Repeated augmentation (DeiT's ``RASampler``, facebookresearch/deit ``samplers.py``): each image
+    of an epoch is drawn this many times in a row, the repeats dealt to consecutive ranks, each with
+    its own keyed augmentation, the epoch's length kept (so an epoch shows ``1 / repeated_aug`` of
+    the images); docs/data.md. 1 = off. Indexed training data only (not ``webdataset_mode=stream`` /
+    ``parquet_mode=stream``)."""
     val_split: float = 0.0
     """Fraction held out for validation when there is no ``val_path`` (imagefolder, by a fixed
     seed-0 stratified split) and the size of synthetic's validation set relative to ``synthetic_size``;

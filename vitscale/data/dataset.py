@@ -14,7 +14,10 @@ class KeyedDataset(Dataset):
     """``dataset[(epoch, index)]`` -> one transformed sample dict (uint8 image). Index -1 is a padding
     item (:class:`vitscale.data.sampler.EvalShardSampler`): sample 0, returned with index -1.
     ``dataset[(epoch, index, size)]``: at that step's size (an image side, or a NaFlex sequence
-    length: :class:`vitscale.data.sizesampler.SizedBatchSampler`). A NaFlex transform's sample holds
+    length: :class:`vitscale.data.sizesampler.SizedBatchSampler`; None: the transform's own), and
+    ``dataset[(epoch, index, size, repeat)]``: repeat ``repeat`` of the image, augmented with its own
+    keys (``data.repeated_aug``: :class:`vitscale.data.sampler.ShardedBatchSampler`,
+    :meth:`SampleTransform.repeated`). A NaFlex transform's sample holds
     its ``patches`` ``(N_i, P*P*C)`` uint8, its ``grid`` and the ``seq_len`` its batch pads to."""
 
     def __init__(self, source, transform: SampleTransform):
@@ -24,8 +27,11 @@ class KeyedDataset(Dataset):
         return len(self.source)
 
     def __getitem__(self, item):
-        epoch, index, *size = item if isinstance(item, tuple) else (0, item)
-        tf = self.transform.at(size[0]) if size else self.transform
+        epoch, index, *rest = item if isinstance(item, tuple) else (0, item)
+        size = rest[0] if rest else None
+        tf = self.transform.at(size) if size else self.transform
+        if len(rest) > 1 and rest[1]:
+            tf = tf.repeated(rest[1])
         pad = int(index) < 0  # an evaluation sampler's padding item: sample 0, marked by index -1
         s = self.source.sample(0 if pad else int(index), int(epoch), tf)
         image: dict | torch.Tensor = s.aug.image

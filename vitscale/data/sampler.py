@@ -8,25 +8,48 @@ whatever the number of ranks and accumulation steps. Items are ``(epoch, index)`
 their augmentation without sharing state (works with persistent workers), and one iteration may run
 on through the following epochs (``set_position(..., through_epochs=True)``) with every batch keyed
 exactly as in an iteration of its own epoch.
+
+Repeated augmentation (``repeats`` = ``data.repeated_aug`` > 1; DeiT, facebookresearch/deit
+``samplers.py`` ``RASampler``, on by default with 3 repeats in its ``main.py``): the epoch's sample
+stream is the keyed permutation with each entry repeated ``repeats`` times in a row — stream position
+``p`` is image ``perm[p // repeats]``, repeat ``p % repeats`` — and micro-batches cut that stream
+exactly as above. So consecutive repeats of an image fall on consecutive ranks of the strided slice
+(different ranks whenever ``world_size >= repeats``, as RASampler deals them), each with its own
+augmentation: items are ``(epoch, index, None, repeat)`` and the sample's keys take the repeat
+(:meth:`vitscale.data.transforms.SampleTransform.repeated`). The epoch's length is kept: it is the
+same ``n // (micro_batch_size * world_size)`` micro-batches per rank as without repeats
+(``ceil`` without ``drop_last``, a last global batch that does not split evenly over the ranks
+wrapping round to the stream's start), so an epoch of ``S`` stream positions over all ranks
+(``S = len x micro_batch_size x world_size`` with ``drop_last``, else ``n``) shows the first
+``ceil(S / repeats)`` images of its permutation, ``repeats`` times each (the last one fewer times when
+``S`` ends inside its repeats); the next epoch's permutation picks another subset. RASampler keeps
+the length the same way and differs only in rounding: ``floor(n // 256 * 256 / world_size)``
+samples per rank (the dataset size rounded down to a multiple of 256, shared by the ranks).
 """
 
 from __future__ import annotations
 
 import math
 
+import torch
+
 from .keyed import epoch_permutation
 
 
 class ShardedBatchSampler:
-    """Yields this rank's micro-batches of ``(epoch, index)`` from ``start`` onward in ``epoch``."""
+    """Yields this rank's micro-batches of ``(epoch, index)`` (with ``repeats`` > 1:
+    ``(epoch, index, None, repeat)``) from ``start`` onward in ``epoch``."""
 
     def __init__(self, n: int, micro_batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1,
-                 shuffle: bool = True, drop_last: bool = True):
+                 shuffle: bool = True, drop_last: bool = True, repeats: int = 1):
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+        if repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {repeats}")
         self.n, self.micro, self.seed = n, micro_batch_size, seed
+        self.repeats = int(repeats)
         self.rank, self.world = rank, world_size
         self.shuffle, self.drop_last = shuffle, drop_last
         self.global_batch = micro_batch_size * world_size
@@ -52,10 +75,24 @@ class ShardedBatchSampler:
 
     def indices(self, epoch: int, b: int) -> list[int]:
         """Dataset indices of this rank's micro-batch ``b`` of ``epoch``."""
-        perm = epoch_permutation(self.n, self.seed, epoch, self.shuffle)
-        return self._chunk(perm, b)
+        return [item[1] for item in self.items(epoch, b)]
+
+    def items(self, epoch: int, b: int, perm=None) -> list[tuple]:
+        """This rank's items of micro-batch ``b`` of ``epoch``: ``(epoch, index)``, or with repeats
+        ``(epoch, index, None, repeat)`` (``None``: the transform's own size)."""
+        if perm is None:
+            perm = epoch_permutation(self.n, self.seed, epoch, self.shuffle)
+        if self.repeats == 1:
+            return [(epoch, i) for i in self._chunk(perm, b)]
+        pos = self._chunk(perm, b)
+        images = perm[torch.tensor(pos, dtype=torch.long) // self.repeats].tolist()
+        return [(epoch, i, None, p % self.repeats) for i, p in zip(images, pos)]
 
     def _chunk(self, perm, b: int) -> list[int]:
+        """This rank's share of global micro-batch ``b``: dataset indices, or with repeats the
+        positions in the epoch's stream (``perm[p // repeats]`` is the image)."""
+        if self.repeats > 1:
+            perm = torch.arange(self.n)  # stream positions: the epoch holds n of them, as without repeats
         chunk = perm[b * self.global_batch:(b + 1) * self.global_batch].tolist()
         if len(chunk) % self.world:  # last, partial global batch: wrap around so every rank gets some
             chunk += perm[: self.world - len(chunk) % self.world].tolist()
@@ -66,7 +103,7 @@ class ShardedBatchSampler:
         while True:
             perm = epoch_permutation(self.n, self.seed, epoch, self.shuffle)
             for b in range(start, len(self)):
-                yield [(epoch, i) for i in self._chunk(perm, b)]
+                yield self.items(epoch, b, perm)
             if not through or len(self) == 0:
                 return
             epoch, start = epoch + 1, 0

@@ -8,6 +8,12 @@ the strided slice ``[r::world]`` of each. So the union over ranks of a step's mi
 one-process batch of that step whatever the layout, and a resume at any step finds the same images at
 the same size. An "epoch" of this loader is :meth:`SizePlan.steps_per_epoch` steps (about one pass);
 items are ``(permutation epoch, index, size)``, the augmentation keyed by the permutation's epoch.
+
+With ``repeats`` > 1 (``data.repeated_aug``, DeiT's RASampler; :mod:`vitscale.data.sampler`) position
+``i`` of a permutation epoch is image ``perm[i // repeats]``, repeat ``i % repeats``, as in
+:class:`~vitscale.data.sampler.ShardedBatchSampler`: a permutation epoch keeps its ``n`` positions
+and shows its first ``ceil(n / repeats)`` images, each ``repeats`` times on consecutive ranks; items
+are ``(permutation epoch, index, size, repeat)``.
 """
 
 from __future__ import annotations
@@ -17,12 +23,16 @@ from .sizes import SizePlan
 
 
 class SizedBatchSampler:
-    """Yields this rank's micro-batches of ``(epoch, index, size)`` from ``start`` onward in ``epoch``."""
+    """Yields this rank's micro-batches of ``(epoch, index, size)`` (with ``repeats`` > 1:
+    ``(epoch, index, size, repeat)``) from ``start`` onward in ``epoch``."""
 
-    def __init__(self, n: int, plan: SizePlan, *, rank: int = 0, world_size: int = 1):
+    def __init__(self, n: int, plan: SizePlan, *, rank: int = 0, world_size: int = 1, repeats: int = 1):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+        if repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {repeats}")
         self.n, self.plan, self.rank, self.world = n, plan, rank, world_size
+        self.repeats = int(repeats)
         self.epoch, self.start, self.through = 0, 0, False
         self._offsets: list[int] = [0]  # stream position of each step's first image
         self._cached_total = plan.total_steps
@@ -59,7 +69,10 @@ class SizedBatchSampler:
         items = []
         for p in range(first + self.rank, first + size, self.world):
             e, i = divmod(p, self.n)
-            items.append((e, self._perm(e)[i], plan.sizes[k]))
+            if self.repeats == 1:
+                items.append((e, self._perm(e)[i], plan.sizes[k]))
+            else:
+                items.append((e, self._perm(e)[i // self.repeats], plan.sizes[k], i % self.repeats))
         return items
 
     def __iter__(self):

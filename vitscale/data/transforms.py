@@ -1,4 +1,5 @@
-"""Per-sample train / eval transforms, keyed by (seed, epoch, index).
+"""Per-sample train / eval transforms, keyed by (seed, epoch, index) — and the repeat, for the second
+and later repeats of an image in an epoch (``data.repeated_aug``; :meth:`SampleTransform.repeated`).
 
 Train: RandomResizedCrop (torchvision's box sampling, drawn from a keyed ``random.Random``) ->
 horizontal flip -> ``data.auto_augment`` then ``data.color_jitter`` (:mod:`vitscale.data.auto_augment`,
@@ -97,6 +98,7 @@ class SampleTransform:
         self.num_channels = num_channels
         self.seed = int(seed)
         self.train = train
+        self.repeat = 0  # which repeat of its image in the epoch a sample is (data.repeated_aug)
         if cfg.interpolation not in _INTERP:
             raise ValueError(f"data.interpolation must be one of {sorted(_INTERP)}, got {cfg.interpolation!r}")
         self.interpolation = cfg.interpolation  # evaluation's
@@ -132,16 +134,28 @@ class SampleTransform:
         lo, hi = self.cfg.rrc_ratio
         return (lo * w0 / h0, hi * w0 / h0) if self.seq_len else (lo, hi)
 
+    def repeated(self, repeat: int) -> SampleTransform:
+        """This transform for repeat ``repeat`` of an image in its epoch (``data.repeated_aug``): every
+        draw keyed by ``(seed, epoch, index, stream, repeat)``, so each repeat gets its own crop, flip,
+        policy and erasing; repeat 0 keeps the keys without it, the same draws as without repeats."""
+        other = copy.copy(self)
+        other.repeat = int(repeat)
+        return other
+
     # --- randomness -------------------------------------------------------------------------------
+    def _key(self, epoch: int, index: int, stream: int) -> tuple[int, ...]:
+        parts = (self.seed, epoch, index, stream)
+        return parts + (self.repeat,) if self.repeat else parts
+
     def rng(self, epoch: int, index: int) -> random.Random:
-        return keyed.py_rng(self.seed, epoch, index, keyed.STREAM_SAMPLE)
+        return keyed.py_rng(*self._key(epoch, index, keyed.STREAM_SAMPLE))
 
     def crop_interpolation(self, epoch: int, index: int) -> str:
         """The training crop's resampling: ``train_interpolation``, or for ``random`` bilinear or bicubic
         drawn from its own key (so the crop box is the same as with a fixed filter)."""
         if self.train_interpolation != "random":
             return self.train_interpolation
-        return keyed.py_rng(self.seed, epoch, index, keyed.STREAM_INTERPOLATION).choice(("bilinear", "bicubic"))
+        return keyed.py_rng(*self._key(epoch, index, keyed.STREAM_INTERPOLATION)).choice(("bilinear", "bicubic"))
 
     def box_fn(self, rng: random.Random):
         """``(H, W) -> (top, left, h, w)`` drawing the RandomResizedCrop box from ``rng``."""
@@ -220,6 +234,6 @@ class SampleTransform:
         if flip:
             image = image.flip(-1)
         if self.augment is not None:
-            image = self.augment(image, keyed.py_rng(self.seed, epoch, index, keyed.STREAM_AUGMENT))
+            image = self.augment(image, keyed.py_rng(*self._key(epoch, index, keyed.STREAM_AUGMENT)))
         erase = erase_params(rng, self.cfg.random_erasing, image.shape[-2], image.shape[-1])
         return Augmented(image.contiguous(), tuple(float(c) for c in crop), bool(flip), erase)
