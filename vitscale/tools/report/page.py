@@ -208,7 +208,16 @@ def _summary(run: Run) -> str:
     if run.summary is None:
         return "<p>No summary.json yet: it is written when the run ends.</p>"
     flat = flatten({k: v for k, v in run.summary.items() if k not in ("env", "environment")})
-    return _table([(k, _fmt(v)) for k, v in flat.items()])
+    return _table([(k, _summary_value(k, v, run)) for k, v in flat.items()])
+
+
+def _summary_value(key: str, v: Any, run: Run) -> str:
+    """A summary.json entry for people: its ratios (accuracies, MFU, data_wait) in percent with a % sign,
+    as in the headline and on the plots; everything else as written."""
+    leaf = key.rsplit(".", 1)[-1]
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and full_scale(leaf, run) is not None:
+        return _display(leaf, float(v), run)
+    return _fmt(v)
 
 
 def _environment(run: Run) -> str:
@@ -219,9 +228,11 @@ def _environment(run: Run) -> str:
 
 
 def _files(run: Run) -> str:
+    from vitscale.run.folder import LOCK_NAME  # the training's lock: removed when the run ends
+
     rows = []
     for p in sorted(run.path.iterdir()):
-        if p.name.startswith(".") or p.name == "report.html":
+        if p.name.startswith(".") or p.name in ("report.html", LOCK_NAME):
             continue
         if p.is_dir():
             n = sum(1 for _ in p.iterdir())
