@@ -284,5 +284,8 @@ def test_naflex_report_draws_accuracy_per_sequence_length(tmp_path):
     assert _has_colour(figs["eval-sizes-loss"], blue) and not _has_colour(figs["eval-sizes-loss"], red)
     summary = json.loads((out / "summary.json").read_text())
     table = _summary_table(page)
+    headline = re.search(r'<div class="headline">.*?</div></div></div>', page).group(0)
     for n in (36, 64, 100):
         assert f'<td>sizes_seq{n}_top1</td><td class="num">{summary[f"sizes_seq{n}_top1"]:.2f}%</td>' in table
+        assert f'<div class="k">sizes_seq{n}_top1</div>' in headline  # the top-1 per length at a glance
+        assert f"sizes_seq{n}_top5" not in headline and f"sizes_seq{n}_loss" not in headline  # those: table, plot

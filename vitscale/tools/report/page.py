@@ -10,7 +10,7 @@ import html
 import math
 from typing import Any
 
-from .plots import draw, full_scale, plan, resume_steps
+from .plots import draw, full_scale, plan, resume_steps, size_of
 from .run import Run, flatten
 
 # Keys of summary.json / metrics.jsonl that are evaluation results (the report's headline): those of the
@@ -163,8 +163,10 @@ def _table(rows: list[tuple[str, str]], head: tuple[str, str] | None = None) -> 
 
 
 def _headline(run: Run) -> str:
-    # recall@K beyond K=1 stays in the summary table: the headline is what a person checks first
-    items = [(k, _display(k, v, run)) for k, v in final_metrics(run).items() if "_recall@" not in k or k.endswith("@1")]
+    # recall@K beyond K=1 and a sizes evaluation's top-5 and losses stay in the summary table and on its
+    # plot: the headline is what a person checks first
+    items = [(k, _display(k, v, run)) for k, v in final_metrics(run).items()
+             if ("_recall@" not in k or k.endswith("@1")) and (size_of(k) or ("", 0, "top1"))[2] == "top1"]  # fmt: skip
     s = run.summary if run.finished and run.summary else {}
     if isinstance(s.get("img_per_s"), (int, float)):
         items.append(("img/s (whole run)", f"{s['img_per_s']:.0f}"))

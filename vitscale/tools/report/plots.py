@@ -372,7 +372,7 @@ def draw(panel: Panel, keys: list[str], runs: list[Run], labels: list[str], *, d
     fig.subplots_adjust(left=0.12, right=0.97, bottom=0.14, top=0.88)
     if max((c[0][-1] for c in curves), default=0) >= 10000:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k" if v else "0"))
-    if curves or bad_steps:
+    if (curves or bad_steps) and not (panel.points and len(curves) == 1 and not bad_steps and not resumes):  # one series of points: the title names it
         n = len(curves) + bool(bad_steps) + bool(resumes)
         ax.legend(fontsize=9 if n <= 4 else 8, frameon=False, loc="best", ncol=1 if n <= 4 else 2)
     buf = io.BytesIO()
