@@ -259,10 +259,12 @@ def test_naflex_report_draws_accuracy_per_sequence_length(tmp_path):
     from vitscale.tools.report import read_run
     from vitscale.tools.report.plots import COLORS, legend_name, plan
 
-    out = tmp_path / "naflex"
-    assert main(["train", "digits_naflex", f"train.output_dir={out}", "train.epochs=0", "train.max_steps=6",
-                 "train.log_every=1", "model.num_layers=1", "schedule.warmup_steps=2", "log.progress=none",
-                 "data.tokens_per_batch=1600", "checkpoint.every=0", "log.tensorboard=false"]) == 0  # fmt: skip
+    out, other = tmp_path / "naflex", tmp_path / "naflex_seed1"
+    for folder, seed in ((out, 0), (other, 1)):
+        assert main(["train", "digits_naflex", f"train.output_dir={folder}", f"train.seed={seed}", "train.epochs=0",
+                     "train.max_steps=6", "train.log_every=1", "model.num_layers=1", "schedule.warmup_steps=2",
+                     "log.progress=none", "data.tokens_per_batch=1600", "checkpoint.every=0",
+                     "log.tensorboard=false"]) == 0  # fmt: skip
     run = read_run(out)
     panels = {p.id: (p, keys) for p, keys in plan([run], compare=False)}
     sizes, keys = panels["eval-sizes"]
@@ -289,3 +291,11 @@ def test_naflex_report_draws_accuracy_per_sequence_length(tmp_path):
         assert f'<td>sizes_seq{n}_top1</td><td class="num">{summary[f"sizes_seq{n}_top1"]:.2f}%</td>' in table
         assert f'<div class="k">sizes_seq{n}_top1</div>' in headline  # the top-1 per length at a glance
         assert f"sizes_seq{n}_top5" not in headline and f"sizes_seq{n}_loss" not in headline  # those: table, plot
+
+    # two runs overlaid: the sizes plot stays one panel (each run's final evaluation against the size, a
+    # colour per run), not a panel per key over steps
+    assert main(["report", str(out), str(other), "--out", str(tmp_path / "cmp.html")]) == 0
+    figs = _figures((tmp_path / "cmp.html").read_text())
+    assert {"eval-sizes", "eval-sizes-loss"} <= set(figs) and not [f for f in figs if f.startswith("sizes-")], sorted(figs)
+    for pid in ("eval-sizes", "eval-sizes-loss"):
+        assert _has_colour(figs[pid], blue) and _has_colour(figs[pid], red), pid

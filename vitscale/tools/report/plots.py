@@ -39,7 +39,7 @@ class Panel:
     sci_y: bool = False
     alt: str = ""
     pair_style: bool = False  # colour by the trailing number (@K), line style by what comes before it
-    size_style: bool = False  # colour by the size in the key (seq<N>, px<S>), line style by the metric
+    size_style: bool = False  # a sizes evaluation (seq<N>, px<S> in its keys): drawn against the size
     points: bool = False  # markers only, no line: a value drawn at each logged step (the step's size)
     zero_y: bool = False  # the y axis starts at 0 (a share of the time)
 
@@ -152,8 +152,9 @@ def _by_unit(p: Panel, keys: list[str]) -> list[tuple[Panel, list[str]]]:
             continue
         pid, title = (p.id, p.title) if not out else (f"{p.id}-{suffix}", f"{p.title}, {suffix}")
         sized = all(size_of(k) for k in ks)
-        what = ("accuracy" if percent else suffix) + (" per size" if sized else "")
-        out.append((Panel(pid, title, ylabel, p.patterns, percent=percent, alt=f"{p.alt}: {what}", size_style=sized), ks))
+        what = "accuracy" if percent else suffix
+        alt = p.alt.replace(" over steps", f": {what} against the size") if sized else f"{p.alt}: {what}"
+        out.append((Panel(pid, title, ylabel, p.patterns, percent=percent, alt=alt, size_style=sized), ks))
     return out
 
 
@@ -187,14 +188,15 @@ def plan(runs: list[Run], compare: bool) -> list[tuple[Panel, list[str]]]:
 
 
 def _compared(p: Panel, ks: list[str], compare: bool) -> list[tuple[Panel, list[str]]]:
-    """The panel as it is drawn: in a comparison of runs one key per panel, a colour per run."""
-    if not compare or len(ks) == 1:
+    """The panel as it is drawn: in a comparison of runs one key per panel, a colour per run (a sizes
+    evaluation stays one panel: each run's final evaluation against the size)."""
+    if not compare or len(ks) == 1 or p.size_style:
         return [(p, ks)]
     out = []
     for k in ks:
         title = f"{KEY_TITLES[k]} ({k})" if k in KEY_TITLES else f"{p.title}: {k}"
         out.append((replace(p, id=_slug(k), title=title, patterns=(k,), alt=f"{k} of each run over steps",
-                            pair_style=False, size_style=False), [k]))  # fmt: skip
+                            pair_style=False), [k]))  # fmt: skip
     return out
 
 
@@ -272,10 +274,6 @@ def _styles(panel: Panel, keys: list[str], compare: bool) -> list[tuple[int, str
     """(colour index, line style) per key: in a comparison the colour is the run's, keys differ by style."""
     if compare:
         return [(0, STYLES[i % len(STYLES)]) for i in range(len(keys))]
-    if panel.size_style:  # a colour per size, a line style per metric (top-1 solid, top-5 dashed)
-        sizes = sorted({size_of(k)[1] for k in keys})
-        metrics = sorted({size_of(k)[2] for k in keys}, key=lambda m: (m == "loss", m))
-        return [(sizes.index(size_of(k)[1]), STYLES[metrics.index(size_of(k)[2]) % len(STYLES)]) for k in keys]
     if not panel.pair_style:
         return [(i, "-") for i in range(len(keys))]
     nums = sorted({_num_suffix(k) for k in keys})
@@ -300,8 +298,8 @@ def draw(panel: Panel, keys: list[str], runs: list[Run], labels: list[str], *, d
     fig = Figure(figsize=(6.4, 3.6), dpi=dpi)  # fixed margins: a constrained layout draws everything twice
     ax = fig.add_subplot()
     compare = len(runs) > 1
-    if panel.size_style and not compare:
-        return _draw_sizes(fig, ax, panel, keys, runs[0])
+    if panel.size_style:
+        return _draw_sizes(fig, ax, panel, keys, runs, labels)
     styles = _styles(panel, keys, compare)
     curves = []  # (xs, ys, colour, style, label, sparse)
     bad_steps: list[float] = []
@@ -384,38 +382,47 @@ SIZE_AXIS = {"seq": "sequence length (patches per image)", "px": "image side (px
 SIZE_EVALS = 4  # the evaluations a sizes plot draws: the last ones, the final one in full colour
 
 
-def _draw_sizes(fig, ax, panel: Panel, keys: list[str], run: Run) -> bytes:
-    """A ``sizes`` evaluation against the size (the x axis: sequence length or image side), a colour per
-    metric (top-1, top-5; or the loss), the run's last evaluations drawn, the earlier ones fainter: how
-    accuracy falls with fewer patches reads at a glance, where a curve over steps is a few stacked dots."""
+def _draw_sizes(fig, ax, panel: Panel, keys: list[str], runs: list[Run], labels: list[str]) -> bytes:
+    """A ``sizes`` evaluation against the size (the x axis: sequence length or image side): how accuracy
+    falls with fewer patches reads at a glance, where a curve over steps is a few stacked dots. One run: a
+    colour per metric (top-1, top-5; or the loss), its last evaluations, the earlier ones fainter, the
+    final values written on the points. Several runs: each run's final evaluation, a colour per run, a
+    line style per metric."""
     from matplotlib.ticker import FuncFormatter
 
     parsed = {k: size_of(k) for k in keys}
     sizes = sorted({p[1] for p in parsed.values()})
     metrics = sorted({p[2] for p in parsed.values()}, key=lambda m: (m == "loss", m))
-    at: dict[tuple[float, int, str], float] = {}  # (step, size, metric) -> value
-    for k, (_, n, m) in parsed.items():
-        s = run.series.get(k)
-        if s is None:
-            continue
-        scale = full_scale(k, run) if panel.percent else None
-        for x, y in zip(*s.finite()):
-            at[(x, n, m)] = y * 100.0 / scale if scale else y
-    steps = sorted({x for x, _, _ in at})[-SIZE_EVALS:]
-    for mi, m in enumerate(metrics):
-        for si, step in enumerate(steps):
-            pts = [(n, at[(step, n, m)]) for n in sizes if (step, n, m) in at]
-            if not pts:
+    compare = len(runs) > 1
+    lines = 0
+    for ri, run in enumerate(runs):
+        at: dict[tuple[float, int, str], float] = {}  # (step, size, metric) -> value
+        for k, (_, n, m) in parsed.items():
+            s = run.series.get(k)
+            if s is None:
                 continue
-            final = si == len(steps) - 1
+            scale = full_scale(k, run) if panel.percent else None
+            for x, y in zip(*s.finite()):
+                at[(x, n, m)] = y * 100.0 / scale if scale else y
+        steps = sorted({x for x, _, _ in at})[-(1 if compare else SIZE_EVALS) :]
+        for mi, m in enumerate(metrics):
             name = _METRIC.get(m, m.replace("top", "top-"))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=COLORS[mi % len(COLORS)],
-                    alpha=1.0 if final else 0.25 + 0.5 * si / max(len(steps) - 1, 1), linewidth=1.8 if final else 1.0,
-                    markersize=5 if final else 3, label=f"{name}, step {step:g}")  # fmt: skip
-            if final:
-                for n, y in pts:
-                    ax.annotate(f"{y:.1f}%" if panel.percent else f"{y:.3g}", (n, y), textcoords="offset points",
-                                xytext=(0, 6), ha="center", fontsize=8, color=COLORS[mi % len(COLORS)])  # fmt: skip
+            for si, step in enumerate(steps):
+                pts = [(n, at[(step, n, m)]) for n in sizes if (step, n, m) in at]
+                if not pts:
+                    continue
+                final = si == len(steps) - 1
+                color = COLORS[(ri if compare else mi) % len(COLORS)]
+                style = STYLES[mi % len(STYLES)] if compare else "-"
+                label = f"{labels[ri]}: {name}" if compare else f"{name}, step {step:g}"
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=color,
+                        alpha=1.0 if final else 0.25 + 0.5 * si / max(len(steps) - 1, 1), linewidth=1.8 if final else 1.0,
+                        markersize=5 if final else 3, label=label)  # fmt: skip
+                lines += 1
+                if final and not compare:
+                    for n, y in pts:
+                        ax.annotate(f"{y:.1f}%" if panel.percent else f"{y:.3g}", (n, y), textcoords="offset points",
+                                    xytext=(0, 6), ha="center", fontsize=8, color=color)  # fmt: skip
     fig.text(0.012, 0.975, panel.title, fontsize=12, va="top", ha="left")
     ax.set_xlabel(SIZE_AXIS[next(iter(parsed.values()))[0]])
     ax.set_xticks(sizes)
@@ -429,8 +436,8 @@ def _draw_sizes(fig, ax, panel: Panel, keys: list[str], run: Run) -> bytes:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.subplots_adjust(left=0.12, right=0.97, bottom=0.14, top=0.88)
-    if at:
-        ax.legend(fontsize=8, frameon=False, loc="best", ncol=1 if len(metrics) * len(steps) <= 4 else 2)
+    if lines:
+        ax.legend(fontsize=8, frameon=False, loc="best", ncol=1 if lines <= 4 else 2)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
     return buf.getvalue()
