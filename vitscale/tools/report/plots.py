@@ -139,8 +139,8 @@ def _is_loss(key: str) -> bool:
 
 def _by_unit(p: Panel, keys: list[str]) -> list[tuple[Panel, list[str]]]:
     """An evaluation's panel split so that each axis has one unit: its percentages (accuracy), its
-    losses, then anything else it logs; the first keeps the panel's id. A ``sizes`` evaluation's curves
-    are coloured by size."""
+    losses, then anything else it logs; the first keeps the panel's id. A ``sizes`` evaluation's panels
+    are drawn against the size (:func:`_draw_sizes`)."""
     groups = (
         ("", "accuracy (%)", True, [k for k in keys if is_percent(k)]),
         ("loss", "loss (mean per image)", False, [k for k in keys if not is_percent(k) and _is_loss(k)]),
@@ -251,7 +251,7 @@ _METRIC = {"loss": "loss"}
 
 def legend_name(key: str) -> str:
     """``text_retrieval_recall@5`` -> ``image → text, R@5``; ``sizes_seq64_top1`` -> ``64 patches, top-1``;
-    ``data_wait`` -> ``waiting for data``; other keys as logged."""
+    ``data_wait`` -> ``waiting for data (data_wait)``; other keys as logged."""
     head, sep, k = key.partition("_retrieval_recall@")
     if sep and head in _DIRECTION:
         return f"{_DIRECTION[head]}, R@{k}"
@@ -390,9 +390,9 @@ def _draw_sizes(fig, ax, panel: Panel, keys: list[str], runs: list[Run], labels:
     line style per metric."""
     from matplotlib.ticker import FuncFormatter
 
-    parsed = {k: size_of(k) for k in keys}
+    parsed = {k: (kind, n, m + ("_ema" if k.endswith("_ema") else "")) for k in keys for kind, n, m in [size_of(k)]}
     sizes = sorted({p[1] for p in parsed.values()})
-    metrics = sorted({p[2] for p in parsed.values()}, key=lambda m: (m == "loss", m))
+    metrics = sorted({p[2] for p in parsed.values()}, key=lambda m: (m.startswith("loss"), m.endswith("_ema"), m))
     compare = len(runs) > 1
     lines = 0
     for ri, run in enumerate(runs):
@@ -406,7 +406,8 @@ def _draw_sizes(fig, ax, panel: Panel, keys: list[str], runs: list[Run], labels:
                 at[(x, n, m)] = y * 100.0 / scale if scale else y
         steps = sorted({x for x, _, _ in at})[-(1 if compare else SIZE_EVALS) :]
         for mi, m in enumerate(metrics):
-            name = _METRIC.get(m, m.replace("top", "top-"))
+            base = m.removesuffix("_ema")
+            name = _METRIC.get(base, base.replace("top", "top-")) + (" (EMA)" if m != base else "")
             for si, step in enumerate(steps):
                 pts = [(n, at[(step, n, m)]) for n in sizes if (step, n, m) in at]
                 if not pts:
