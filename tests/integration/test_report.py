@@ -210,3 +210,92 @@ def test_report_reads_each_run_in_the_units_it_was_written_in(runs, tmp_path):
         assert '<div class="v">95.70%</div><div class="k">zeroshot_top1</div>' in page, name
         assert '<div class="v">25.00%</div><div class="k">text_retrieval_recall@1</div>' in page, name
         assert {"mfu", "zeroshot"} <= set(_figures(page))
+
+
+def _summary_table(page: str) -> str:
+    return re.search(r'<h2 id="summary-h">Summary</h2>\s*(<table>.*?</table>)', page).group(1)
+
+
+def _files_table(page: str) -> str:
+    return re.search(r'<h2 id="files">Files in the run folder</h2>\s*(<table>.*?</table>)', page).group(1)
+
+
+def test_report_reads_as_the_project_units_percent_and_files(runs):
+    """Every axis has a unit (data_wait in %, on its own panel, not a bare key), the summary table writes
+    its ratios with a % sign as the headline does, and the files listed are those the run keeps: the
+    training's run.lock, there while the run trains, is never listed."""
+    from vitscale.tools.report import read_run
+    from vitscale.tools.report.plots import plan
+
+    root, seen = runs
+    run = read_run(root / "a")
+    panels = [p.id for p, _ in plan([run], compare=False)]
+    assert not [pid for pid in panels if pid.startswith("other-")], panels  # no key drawn under its bare name
+    share, keys = next((p, keys) for p, keys in plan([run], compare=False) if p.id == "time_shares")
+    assert share.percent and share.ylabel == "share of wall time (%)" and keys == ["data_wait"]
+    page = (root / "a" / "report.html").read_text()
+    assert "time_shares" in _figures(page)
+
+    summary = json.loads((root / "a" / "summary.json").read_text())
+    table = _summary_table(page)
+    for key in ("val_top1", "val_top5"):
+        assert f'<td>{key}</td><td class="num">{summary[key]:.2f}%</td>' in table, key
+    assert f'<td>val_loss</td><td class="num">{summary["val_loss"]:.6g}</td>' in table  # a loss is no ratio
+    assert '<td>steps</td><td class="num">40</td>' in table
+
+    mid = [p for p in seen if "in progress (or stopped)" in p]
+    assert mid and not (root / "a" / "run.lock").exists()  # the run held it while it trained, and removed it
+    for p in (*mid, page):
+        files = _files_table(p)
+        assert "<td>config.yaml</td>" in files and "<td>metrics.jsonl</td>" in files
+        assert "run.lock" not in files
+
+
+def test_naflex_report_draws_accuracy_per_sequence_length(tmp_path):
+    """A NaFlex run of digits_naflex as it ships (its sizes evaluation at 36, 64 and 100 patches): the
+    sizes plot holds the accuracies only, in %, against the sequence length (top-1 and top-5 a colour
+    each); the losses have their own panel; each logged step's sequence length is drawn as points on a
+    patches axis."""
+    from vitscale.tools.report import read_run
+    from vitscale.tools.report.plots import COLORS, legend_name, plan
+
+    out, other = tmp_path / "naflex", tmp_path / "naflex_seed1"
+    for folder, seed in ((out, 0), (other, 1)):
+        assert main(["train", "digits_naflex", f"train.output_dir={folder}", f"train.seed={seed}", "train.epochs=0",
+                     "train.max_steps=6", "train.log_every=1", "model.num_layers=1", "schedule.warmup_steps=2",
+                     "log.progress=none", "data.tokens_per_batch=1600", "checkpoint.every=0",
+                     "log.tensorboard=false"]) == 0  # fmt: skip
+    run = read_run(out)
+    panels = {p.id: (p, keys) for p, keys in plan([run], compare=False)}
+    sizes, keys = panels["eval-sizes"]
+    assert sizes.percent and sizes.ylabel == "accuracy (%)"
+    assert keys == [f"sizes_seq{n}_top{k}" for n in (36, 64, 100) for k in (1, 5)]  # by length, top-1 before top-5
+    assert [legend_name(k) for k in keys[:2]] == ["36 patches, top-1", "36 patches, top-5"]
+    loss, loss_keys = panels["eval-sizes-loss"]
+    assert not loss.percent and loss.ylabel == "loss (mean per image)"
+    assert loss_keys == [f"sizes_seq{n}_loss" for n in (36, 64, 100)]
+    seq, seq_keys = panels["seq_len"]
+    assert seq.points and seq.ylabel == "patches per image" and seq_keys == ["seq_len"]
+    assert not [pid for pid in panels if pid.startswith("other-")], sorted(panels)
+
+    page = (out / "report.html").read_text()
+    figs = _figures(page)
+    assert {"eval-sizes", "eval-sizes-loss", "seq_len", "time_shares"} <= set(figs), sorted(figs)
+    blue, red = (tuple(int(c[i : i + 2], 16) for i in (1, 3, 5)) for c in COLORS[:2])
+    assert _has_colour(figs["eval-sizes"], blue) and _has_colour(figs["eval-sizes"], red)  # top-1 and top-5
+    assert _has_colour(figs["eval-sizes-loss"], blue) and not _has_colour(figs["eval-sizes-loss"], red)
+    summary = json.loads((out / "summary.json").read_text())
+    table = _summary_table(page)
+    headline = re.search(r'<div class="headline">.*?</div></div></div>', page).group(0)
+    for n in (36, 64, 100):
+        assert f'<td>sizes_seq{n}_top1</td><td class="num">{summary[f"sizes_seq{n}_top1"]:.2f}%</td>' in table
+        assert f'<div class="k">sizes_seq{n}_top1</div>' in headline  # the top-1 per length at a glance
+        assert f"sizes_seq{n}_top5" not in headline and f"sizes_seq{n}_loss" not in headline  # those: table, plot
+
+    # two runs overlaid: the sizes plot stays one panel (each run's final evaluation against the size, a
+    # colour per run), not a panel per key over steps
+    assert main(["report", str(out), str(other), "--out", str(tmp_path / "cmp.html")]) == 0
+    figs = _figures((tmp_path / "cmp.html").read_text())
+    assert {"eval-sizes", "eval-sizes-loss"} <= set(figs) and not [f for f in figs if f.startswith("sizes-")], sorted(figs)
+    for pid in ("eval-sizes", "eval-sizes-loss"):
+        assert _has_colour(figs[pid], blue) and _has_colour(figs[pid], red), pid

@@ -10,7 +10,7 @@ import html
 import math
 from typing import Any
 
-from .plots import draw, full_scale, plan, resume_steps
+from .plots import draw, full_scale, plan, resume_steps, size_of
 from .run import Run, flatten
 
 # Keys of summary.json / metrics.jsonl that are evaluation results (the report's headline): those of the
@@ -163,8 +163,10 @@ def _table(rows: list[tuple[str, str]], head: tuple[str, str] | None = None) -> 
 
 
 def _headline(run: Run) -> str:
-    # recall@K beyond K=1 stays in the summary table: the headline is what a person checks first
-    items = [(k, _display(k, v, run)) for k, v in final_metrics(run).items() if "_recall@" not in k or k.endswith("@1")]
+    # recall@K beyond K=1 and a sizes evaluation's top-5 and losses stay in the summary table and on its
+    # plot: the headline is what a person checks first
+    items = [(k, _display(k, v, run)) for k, v in final_metrics(run).items()
+             if ("_recall@" not in k or k.endswith("@1")) and (size_of(k) or ("", 0, "top1"))[2] == "top1"]  # fmt: skip
     s = run.summary if run.finished and run.summary else {}
     if isinstance(s.get("img_per_s"), (int, float)):
         items.append(("img/s (whole run)", f"{s['img_per_s']:.0f}"))
@@ -208,7 +210,16 @@ def _summary(run: Run) -> str:
     if run.summary is None:
         return "<p>No summary.json yet: it is written when the run ends.</p>"
     flat = flatten({k: v for k, v in run.summary.items() if k not in ("env", "environment")})
-    return _table([(k, _fmt(v)) for k, v in flat.items()])
+    return _table([(k, _summary_value(k, v, run)) for k, v in flat.items()])
+
+
+def _summary_value(key: str, v: Any, run: Run) -> str:
+    """A summary.json entry for people: its ratios (accuracies, MFU, data_wait) in percent with a % sign,
+    as in the headline and on the plots; everything else as written."""
+    leaf = key.rsplit(".", 1)[-1]
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and full_scale(leaf, run) is not None:
+        return _display(leaf, float(v), run)
+    return _fmt(v)
 
 
 def _environment(run: Run) -> str:
@@ -219,9 +230,11 @@ def _environment(run: Run) -> str:
 
 
 def _files(run: Run) -> str:
+    from vitscale.run.folder import LOCK_NAME  # the training's lock: removed when the run ends
+
     rows = []
     for p in sorted(run.path.iterdir()):
-        if p.name.startswith(".") or p.name == "report.html":
+        if p.name.startswith(".") or p.name in ("report.html", LOCK_NAME):
             continue
         if p.is_dir():
             n = sum(1 for _ in p.iterdir())
