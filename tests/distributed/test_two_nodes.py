@@ -124,8 +124,8 @@ def test_hsdp_and_tp_across_two_nodes_restarts_resume(tmp_path):
 
 def test_a_signal_to_one_rank_and_a_lost_node_then_resume(tmp_path):
     out = tmp_path / "fsdp"
+    ref = _reference(tmp_path / "one")  # first: trained beside the job, it let the job finish before the signal
     job = Job(out, 1, "checkpoint.every=0")
-    ref = _reference(tmp_path / "one")
     job.wait_for(out / "metrics.jsonl")
     (rank, pid), = job.workers(1).items()
     os.kill(pid, signal.SIGUSR1)  # the signal reaches one rank only

@@ -140,12 +140,7 @@ class RemoteMirror:
         """The background thread: the queued checkpoints in order, until none is left (``_current``
         None again, under the lock: no save is ever lost)."""
         while True:
-            step_dir = self._current
-            if step_dir.is_dir():
-                self._upload(step_dir)
-            else:  # pruned by checkpoint.keep while it waited: a newer one is queued
-                log.warning("checkpoint.remote: %s was removed (checkpoint.keep) before its turn to be mirrored",
-                            step_dir.name)  # fmt: skip
+            self._upload(self._current)
             with self._lock:
                 self._warned = False  # an upload ended: a later stall is said again
                 self._next()
@@ -226,6 +221,10 @@ class RemoteMirror:
         dest = f"{self.root}/checkpoints/{step_dir.name}"
         try:
             self._claim()
+            if not step_dir.is_dir():  # pruned (checkpoint.keep) while it waited its turn: a newer one is queued
+                log.warning("checkpoint.remote: %s was removed (checkpoint.keep) before its turn to be mirrored",
+                            step_dir.name)  # fmt: skip
+                return
             names = sorted(p.name for p in step_dir.iterdir() if p.is_file() and not p.is_symlink())
             for name in [n for n in names if n != INDEX] + [INDEX]:  # the index last: a copy cut short is never restored
                 self.fs.put_file(str(step_dir / name), f"{dest}/{name}")
