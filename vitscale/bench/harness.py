@@ -212,7 +212,7 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
     if settings.compare is not None and settings.compare not in COMPARES:
         raise ValueError(f"--compare must be one of {COMPARES}, got {settings.compare!r}")
     run = assemble(run_config(settings), "bench")  # ours: fp8 and per-block compile by the parallelize tail
-    task = run.task  # --task, else the family's
+    task = settings.task or run.family.task
     loss_fn = get_task(task).bench_loss
     adapter = run.family.adapter(settings.compare) if settings.compare else None  # one line if the family has none
     device, ours, compile_on = run.device, run.model, run.cfg.train.compile

@@ -1,10 +1,11 @@
 """Assemble a run: one function turns a config into everything a job needs, a :class:`Run`.
 
 ``vitscale train``, ``eval``, ``label-tokens`` and ``bench`` all start here. In this order, each once:
-the device and the parallel layout, the up-front checks (:mod:`vitscale.run.checks`), for training
-the run folder (writable, locked, a resume with the same config: :mod:`vitscale.run.folder`), the
-data (loaders, class count — checked against the model's —, class names, image size), the model config with its data-derived fields
-filled in, then the model — built on the meta device, parallelized, materialised and initialised
+the device and the parallel layout, the model resolved (its family and config:
+:class:`vitscale.models.registry.ResolvedModel`, handed to every step below), the up-front checks
+(:mod:`vitscale.run.checks`), for training the run folder (writable, locked, a resume with the same
+config: :mod:`vitscale.run.folder`), the data (loaders, class count — checked against the model's —,
+class names, image size), the model config with its data-derived fields filled in, then the model — built on the meta device, parallelized, materialised and initialised
 (:func:`vitscale.run.build_model`). The job then adds its own part: the training loop
 (:class:`vitscale.train.trainer.Trainer`), the weights to evaluate, the teacher's labels, the timing.
 """
@@ -175,7 +176,8 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     return Run(
         cfg=cfg, purpose=purpose, device=device, dims=dims, precision=resolve_precision(cfg.precision, device),
         resolved=resolved, task=tc.task or family.task, img_size=img_size, loaders=loaders, num_classes=num_classes,
-        class_names=list(loaders.class_names) if loaders is not None else [], model=model, micro_batch=micro_batch, float8=float8, claim=held,
+        class_names=list(loaders.class_names) if loaders is not None else [], model=model, micro_batch=micro_batch,
+        float8=float8, claim=held,
     )  # fmt: skip
 
 
