@@ -194,6 +194,7 @@ def forward_flops(model: Any, img_size: int | tuple[int, int] | None = None, *, 
     the TFLOP/s and MFU of training runs and ``vitscale bench`` (``training`` as the step runs). See
     :meth:`FamilySpec.forward_flops` for what is counted."""
     if isinstance(model, str):
-        return get_family(model).forward_flops(get_model_config(model), img_size, training=training)
+        resolved = resolve_model(model)
+        return resolved.family.forward_flops(resolved.cfg, img_size, training=training)
     cfg = model.cfg if isinstance(model, nn.Module) else model
     return family_of(model).forward_flops(cfg, img_size, training=training)
