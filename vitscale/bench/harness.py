@@ -31,7 +31,6 @@ from ..distributed.compile import mark_step, uses_cudagraphs
 from ..distributed.config import PrecisionConfig
 from ..distributed.fsdp import resolve_precision
 from ..distributed.parallel_dims import resolve_device
-from ..models.registry import forward_flops, get_family, get_model_config
 from ..run import assemble
 from ..tasks import get_task
 from ..tools import mfu as mfu_tools
@@ -210,14 +209,12 @@ def with_defaults(settings: BenchSettings, device_type: str) -> BenchSettings:
 
 # ---------------------------------------------------------------------------------- run
 def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
-    family = get_family(settings.model)
-    task = settings.task or family.task
-    loss_fn = get_task(task).bench_loss
     if settings.compare is not None and settings.compare not in COMPARES:
         raise ValueError(f"--compare must be one of {COMPARES}, got {settings.compare!r}")
-    adapter = family.adapter(settings.compare) if settings.compare else None  # one line if the family has none
-
     run = assemble(run_config(settings), "bench")  # ours: fp8 and per-block compile by the parallelize tail
+    task = settings.task or run.family.task
+    loss_fn = get_task(task).bench_loss
+    adapter = run.family.adapter(settings.compare) if settings.compare else None  # one line if the family has none
     device, ours, compile_on = run.device, run.model, run.cfg.train.compile
     compare_compiled = compile_on if settings.compare_compiled is None else settings.compare_compiled
     autocast = run.precision.autocast
@@ -260,6 +257,8 @@ def build_impls(settings: BenchSettings) -> tuple[list[_Impl], dict]:
             ref, label = reference_model(adapter, ours, settings.model, device)
             impls.append(finish(key, label + (" (torch.compile)" if comp else ""), ref, whole_compile=comp))
     info = dict(
+        # the family's count of one sample's forward, as this mode runs it (training: patch dropout applies)
+        flops_img=run.family.forward_flops(run.model_cfg, None, training=settings.mode == "train"),
         task=task, compile=compile_on, compare_compiled=compare_compiled if settings.compare else None,
         device=device, precision="bf16" if run.precision.autocast == torch.bfloat16 else "fp32", fp8=fp8_lines,
     )  # fmt: skip
@@ -300,9 +299,7 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = _print) -> d
     if settings.batch_size < 1 or settings.steps < 1 or settings.rounds < 1 or settings.warmup < 0:
         raise ValueError("batch_size, steps and rounds must be >= 1 and warmup >= 0")
     impls, info = build_impls(settings)
-    device, precision = info.pop("device"), info.pop("precision")
-    # the family's count of one sample's forward, as this mode runs it (training: patch dropout applies)
-    flops_img = forward_flops(get_model_config(settings.model, **settings.overrides), training=settings.mode == "train")
+    device, precision, flops_img = info.pop("device"), info.pop("precision"), info.pop("flops_img")
     peak, peak_source = mfu_tools.peak_tflops(device, precision, refresh=device.type == "cpu")
 
     rounds = min(settings.rounds, settings.steps)

@@ -128,7 +128,7 @@ def run(args) -> int:
     import torch
 
     from ..bench.harness import BenchSettings, run_bench
-    from ..models.registry import get_family, get_model_config
+    from ..models.registry import resolve_model
 
     settings = BenchSettings(
         model=args.model, mode=args.mode, device=args.device, batch_size=args.batch_size, steps=args.steps,
@@ -140,10 +140,11 @@ def run(args) -> int:
     from ..bench.harness import baseline_settings, with_defaults
     from ..errors import CheckError
 
-    family = get_family(args.model)  # unknown names fail here, naming the closest
+    variant = resolve_model(args.model)  # unknown names fail here, naming the closest
+    family = variant.family
     try:  # misspelt --set / --baseline fields fail here, naming the closest, before anything is built
-        get_model_config(args.model, **settings.overrides)
-        get_model_config(args.model, **baseline_settings(settings).overrides)
+        variant.with_overrides(settings.overrides)
+        variant.with_overrides(baseline_settings(settings).overrides)
     except (TypeError, ValueError) as e:
         raise CheckError(f"--set / --baseline: {e}") from None
     if args.dry_run:

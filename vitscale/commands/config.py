@@ -120,11 +120,12 @@ def run(args) -> int:
         return 0
     _print_fields(fields_of(group_defaults(args.group), f"{args.group}."), width)
     if args.group == "model":
-        from vitscale.models.registry import get_family, get_model_config
+        from vitscale.models.registry import resolve_model
 
         name = args.model or config_class()().model.name
-        family = get_family(name).name  # an unknown name fails here, naming the closest
+        variant = resolve_model(name)  # an unknown name fails here, naming the closest
+        family = variant.family.name
         print(f"\nThe fields of {name}'s config ({family} family), set as model.<field> (short for "
               f"model.overrides.<field>); the defaults are {name}'s:")  # fmt: skip
-        _print_fields(fields_of(get_model_config(name), "model."), width)
+        _print_fields(fields_of(variant.cfg, "model."), width)
     return 0

@@ -71,7 +71,6 @@ def _export_into(out: Path, final: Path, source, fmt: str, batch: int | None, em
     afterwards, the folder the log names); export.json's content."""
     import torch
 
-    from vitscale.models.registry import get_family
     from vitscale.version import __version__
 
     from .check import check_graph, real_captions, real_images
@@ -79,7 +78,7 @@ def _export_into(out: Path, final: Path, source, fmt: str, batch: int | None, em
     from .spec import class_names, context_length, preprocess_spec, run_class_names, sha256, tokenizer_spec
 
     model = source.model
-    family = get_family(source.name)
+    family = source.family
     serving = family.serving_graphs(model)  # the graphs the family serves (CLIP: image and text)
     texts = serving.text_length is not None
     images = real_images(source)

@@ -30,6 +30,8 @@ class Source:
     """Registered variant name, e.g. ``vit_debug``."""
     overrides: dict
     """The variant overrides the weights were trained with."""
+    family: object
+    """The variant's family (:class:`vitscale.models.spec.FamilySpec`), resolved once with the model."""
     task: str
     """``classification`` / ``token_labeling`` (one image graph) or ``contrastive`` (CLIP: two graphs)."""
     weights: str
@@ -57,7 +59,7 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     from vitscale.checkpoint import load_model_weights, read_weights
     from vitscale.config import config_class, load_config
     from vitscale.distributed.parallel_dims import ParallelDims
-    from vitscale.models.registry import get_family
+    from vitscale.models.registry import resolve_model
     from vitscale.run import build_model, head_classes, model_overrides
 
     p = Path(src)
@@ -80,14 +82,17 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     meta = _safetensors_metadata(weights_file) if weights_file.is_file() else {}
     sd = read_weights(weights_file if weights_file.is_file() else p, "ema" if ema else "model")
     if "model" in meta:  # the header names the model and its resolved overrides
-        name, over = meta["model"], json.loads(meta.get("overrides") or "{}")
+        resolved = resolve_model(meta["model"], **json.loads(meta.get("overrides") or "{}"))
     elif cfg_path:  # a DCP checkpoint: the run config says, the class count is the head's
-        name, over = cfg.model.name, model_overrides(cfg, head_classes(sd))
+        run_model = resolve_model(cfg.model.name, **cfg.model.overrides)
+        resolved = run_model.with_overrides(model_overrides(cfg, head_classes(sd), run_model))
     else:
         raise ValueError(f"{src}: the weights do not name their model and there is no config.yaml (pass --config)")
-    model = build_model(name, ParallelDims(device=torch.device("cpu")), overrides=over)  # as train, eval, label-tokens
+    name, over = resolved.name, resolved.overrides
+    model = build_model(resolved, ParallelDims(device=torch.device("cpu")))  # as train, eval, label-tokens
     load_model_weights(model, {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, strict=True, source=src)
     model = model.float().eval()
-    task = cfg.train.task if cfg_path and cfg.train.task else get_family(name).task
+    task = cfg.train.task if cfg_path and cfg.train.task else resolved.family.task
     step = int(meta["step"]) if meta.get("step", "").isdigit() else None
-    return Source(model, cfg, name, over, task, str(weights_file if weights_file.is_file() else p), config_from, step)
+    return Source(model, cfg, name, over, resolved.family, task, str(weights_file if weights_file.is_file() else p),
+                  config_from, step)  # fmt: skip

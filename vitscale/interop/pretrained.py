@@ -44,7 +44,7 @@ from torch import nn
 from ..checkpoint import CheckpointError, read_weights
 from ..checkpoint.safetensors_io import CHECKSUM_KEY, read_metadata
 from ..errors import UserError
-from ..models.registry import FamilySpec, family_of, get_family, get_model_config
+from ..models.registry import FamilySpec, family_of
 from . import hub
 
 FORMATS = ("vitscale", "timm", "open_clip")
@@ -502,26 +502,25 @@ def create_pretrained(name: str, pretrained: str, fmt: str | None = None, **over
     position embeddings resampled to the configured image size."""
     import warnings
 
-    from ..models.registry import create_model
+    from ..models.registry import resolve_model
 
     device, dtype = overrides.pop("device", None), overrides.pop("dtype", None)
     overrides.pop("init", None)  # every weight is loaded (a re-initialised classifier is initialised anyway)
-    family = get_family(name)
+    variant = resolve_model(name)  # the registry asked once: the overrides below apply to it
+    family = variant.family
     where = f"pretrained={pretrained}"
     src = read_source(pretrained, family, fmt, setting="pretrained", format_key="pretrained_format")
     if not overrides and src.model == name:  # a vitscale run or export of this variant: its own overrides
         overrides = dict(src.overrides)
-    cfg = get_model_config(name, **overrides)
-    sd = to_vitscale(src, family, cfg, where)
-    fields = set(cfg.__dataclass_fields__)
+    resolved = variant.with_overrides(overrides)
+    sd = to_vitscale(src, family, resolved.cfg, where)
     classes = file_classes(family, sd)
-    if "num_classes" in fields and "num_classes" not in overrides and classes is not None:
-        overrides = {**overrides, "num_classes": classes}
-        cfg = get_model_config(name, **overrides)
-    check_architecture(family, cfg, sd, where, name, key_prefix="")
+    if "num_classes" in resolved.fields and "num_classes" not in overrides and classes is not None:
+        resolved = variant.with_overrides({**overrides, "num_classes": classes})
+    check_architecture(family, resolved.cfg, sd, where, name, key_prefix="")
     from ..checkpoint import load_model_weights
 
-    model = create_model(name, **overrides)
+    model = resolved.create()
     report = load_model_weights(model, sd, source=where)
     model = model.to(device=device, dtype=dtype) if device is not None or dtype is not None else model
     for line in describe(src, report, "pretrained", model, len(sd))[1:]:

@@ -101,9 +101,51 @@ def library_adapter(library: str, foreign: nn.Module) -> StateDictAdapter:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class ResolvedModel:
+    """A variant resolved once: its name, its family (registry entry), the overrides and the variant's
+    config with them applied. A run resolves its model at the top of :func:`vitscale.run.assemble` and
+    hands this record on (to its checks, its data, its model builder), so nothing asks the registry
+    for the same config again."""
+
+    name: str
+    """The variant's name (``model.name``)."""
+    family: FamilySpec
+    """Its family."""
+    overrides: dict[str, Any]
+    """The overrides applied to the variant's config."""
+    cfg: Any
+    """The variant's config with :attr:`overrides` applied."""
+
+    @property
+    def fields(self) -> frozenset[str]:
+        """The names of the config's fields (``num_classes``, ``img_h``, ...: a headless or
+        fixed-size variant lacks some)."""
+        return frozenset(f.name for f in dataclasses.fields(self.cfg))
+
+    def with_overrides(self, overrides: dict[str, Any]) -> ResolvedModel:
+        """The same variant with ``overrides`` instead of :attr:`overrides` (e.g. the data's class
+        count filled in); the family is not looked up again."""
+        return ResolvedModel(self.name, self.family, dict(overrides), replace_config(self.family.variants[self.name], overrides))
+
+    def create(self, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None, init: bool = True) -> nn.Module:
+        """The model of :attr:`cfg` (see :func:`create_model`)."""
+        model = self.family.model_cls(self.cfg, device=device, dtype=dtype)
+        if init and torch.device(device or "cpu").type != "meta":
+            model.init_weights()
+        return model
+
+
+def resolve_model(name: str, **overrides: Any) -> ResolvedModel:
+    """Variant ``name`` resolved with ``overrides``: KeyError naming the closest variant for an unknown
+    name, TypeError naming the closest field for a misspelt override."""
+    family = get_family(name)
+    return ResolvedModel(name, family, dict(overrides), replace_config(family.variants[name], overrides))
+
+
 def get_model_config(name: str, **overrides: Any) -> Any:
     """The variant's config with ``overrides`` applied (nested dicts for nested configs)."""
-    return replace_config(get_family(name).variants[name], overrides)
+    return resolve_model(name, **overrides).cfg
 
 
 def replace_config(cfg: Any, overrides: dict[str, Any]) -> Any:
@@ -138,12 +180,7 @@ def create_model(
     On ``device="meta"`` nothing is allocated or initialised: parallelize the model, ``to_empty()``
     it, then call ``init_weights()``. Elsewhere the weights are initialised unless ``init=False``.
     """
-    family = get_family(name)
-    cfg = replace_config(family.variants[name], overrides)
-    model = family.model_cls(cfg, device=device, dtype=dtype)
-    if init and torch.device(device or "cpu").type != "meta":
-        model.init_weights()
-    return model
+    return resolve_model(name, **overrides).create(device=device, dtype=dtype, init=init)
 
 
 def parallel_plan(family: str | FamilySpec) -> Any:
@@ -157,6 +194,7 @@ def forward_flops(model: Any, img_size: int | tuple[int, int] | None = None, *, 
     the TFLOP/s and MFU of training runs and ``vitscale bench`` (``training`` as the step runs). See
     :meth:`FamilySpec.forward_flops` for what is counted."""
     if isinstance(model, str):
-        return get_family(model).forward_flops(get_model_config(model), img_size, training=training)
+        resolved = resolve_model(model)
+        return resolved.family.forward_flops(resolved.cfg, img_size, training=training)
     cfg = model.cfg if isinstance(model, nn.Module) else model
     return family_of(model).forward_flops(cfg, img_size, training=training)

@@ -1,10 +1,11 @@
 """Assemble a run: one function turns a config into everything a job needs, a :class:`Run`.
 
 ``vitscale train``, ``eval``, ``label-tokens`` and ``bench`` all start here. In this order, each once:
-the device and the parallel layout, the up-front checks (:mod:`vitscale.run.checks`), for training
-the run folder (writable, locked, a resume with the same config: :mod:`vitscale.run.folder`), the
-data (loaders, class count — checked against the model's —, class names, image size), the model config with its data-derived fields
-filled in, then the model — built on the meta device, parallelized, materialised and initialised
+the device and the parallel layout, the model resolved (its family and config:
+:class:`vitscale.models.registry.ResolvedModel`, handed to every step below), the up-front checks
+(:mod:`vitscale.run.checks`), for training the run folder (writable, locked, a resume with the same
+config: :mod:`vitscale.run.folder`), the data (loaders, class count — checked against the model's —,
+class names, image size), the model config with its data-derived fields filled in, then the model — built on the meta device, parallelized, materialised and initialised
 (:func:`vitscale.run.build_model`). The job then adds its own part: the training loop
 (:class:`vitscale.train.trainer.Trainer`), the weights to evaluate, the teacher's labels, the timing.
 """
@@ -28,7 +29,7 @@ from ..distributed.float8 import Float8Report, float8_report
 from ..distributed.fsdp import Precision, resolve_precision
 from ..distributed.parallel_dims import ParallelDims, init_distributed, resolve_device, world_info
 from ..distributed.parallelize import parallelize
-from ..models.registry import FamilySpec, family_of, get_family, get_model_config, parallel_plan
+from ..models.registry import FamilySpec, ResolvedModel, family_of, resolve_model
 from .build import build_model
 from .checks import check_batches, check_classes, check_output_folder, check_run
 from .folder import Claim, claim
@@ -54,8 +55,10 @@ class Run:
     """The parallel layout (a world of one without torchrun, and for the bench)."""
     precision: Precision
     """The numerics on this device: FSDP2 compute / reduce dtypes and the autocast dtype."""
-    family: FamilySpec
-    """The model's family (registry entry)."""
+    resolved: ResolvedModel
+    """The model resolved once, at the top of :func:`assemble`: its name, family, overrides (with the
+    data-derived fields filled in: class count, image size) and config; every part of the run takes
+    the model's config and family from here."""
     task: str
     """``train.task``, else the family's default task."""
     img_size: tuple[int, int]
@@ -67,9 +70,6 @@ class Run:
     """Classes of the data (``data.num_classes``, else the dataset's); None without data."""
     class_names: list[str]
     """The dataset's class names (empty without data)."""
-    model_overrides: dict[str, Any]
-    """``model.overrides`` with the data-derived fields filled in (class count, image size): the
-    model is ``create_model(cfg.model.name, **model_overrides)``."""
     model: nn.Module
     """The model (a :class:`vitscale.models.contract.Model`), parallelized and initialised."""
     micro_batch: int
@@ -80,13 +80,29 @@ class Run:
     """Training: the run folder's lock (rank 0) and the config changes a resume accepted
     (:mod:`vitscale.run.folder`); release it when the run ends. None for other purposes."""
 
+    @property
+    def family(self) -> FamilySpec:
+        """The model's family (registry entry)."""
+        return self.resolved.family
+
+    @property
+    def model_cfg(self) -> Any:
+        """The model's config: the variant's with :attr:`model_overrides` applied."""
+        return self.resolved.cfg
+
+    @property
+    def model_overrides(self) -> dict[str, Any]:
+        """``model.overrides`` with the data-derived fields filled in (class count, image size): the
+        model is ``create_model(cfg.model.name, **model_overrides)``."""
+        return dict(self.resolved.overrides)
+
     def new_model(self) -> nn.Module:
         """Another model parallelized exactly like :attr:`model`, on the device, uninitialised (the
         EMA copy of a sharded model, which cannot be deep-copied)."""
         cfg = self.cfg
         return build_model(
-            cfg.model.name, self.dims, overrides=self.model_overrides, parallel=cfg.parallel,
-            precision=cfg.precision, compile=bool(cfg.train.compile), compile_mode=cfg.train.compile_mode, init=None,
+            self.resolved, self.dims, parallel=cfg.parallel, precision=cfg.precision,
+            compile=bool(cfg.train.compile), compile_mode=cfg.train.compile_mode, init=None,
         )  # fmt: skip
 
 
@@ -107,20 +123,22 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(tc, compile=compile))
     if purpose not in ("train", "bench"):  # fp8 is a training recipe: evaluation and labeling run the plain model
         cfg = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, fp8="none"))
-    check_run(cfg, dims, purpose)
+    # The model, resolved once: the checks, the data and the model builder all take it from here.
+    resolved = resolve_model(cfg.model.name, **cfg.model.overrides) if model is None else _given_model(cfg, model)
+    check_run(cfg, dims, purpose, resolved)
     # Training: the run folder is writable and has room, nobody else trains in it, and a resume
     # continues the same run; decided on rank 0, and every rank stops together on a refusal.
     held = None
     if purpose == "train":
-        held = claim(cfg, dims.is_main, share=_share if dims.distributed else None, before=check_output_folder,
+        held = claim(cfg, dims.is_main, share=_share if dims.distributed else None,
+                     before=lambda c: check_output_folder(c, resolved),
                      restore=_restore_remote if cfg.checkpoint.remote else None)  # fmt: skip
     try:
         micro_batch = tc.batch_size // (dims.dp_size * tc.grad_accum)
-        base = model.cfg if model is not None else get_model_config(cfg.model.name, **cfg.model.overrides)
-        spec = family_of(model) if model is not None else get_family(cfg.model.name)
+        base = resolved.cfg
         side = cfg.teacher.img_size if purpose == "label" else cfg.data.img_size
         img_size = (side, side) if side else (base.img_h, base.img_w)
-        loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, base.num_channels, micro_batch, spec)
+        loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, micro_batch, resolved)
         num_classes = (cfg.data.num_classes or loaders.num_classes) if loaders is not None else None
         if purpose == "train" and dims.is_main and loaders.class_names:  # for vitscale eval and export
             write_run_class_names(cfg.train.output_dir, loaders.class_names)
@@ -135,19 +153,21 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
                 if compile:
                     bound_recompiles(len(loaders.sizes.sizes))
         if loaders is not None and model is None:
-            check_classes(cfg, num_classes, _data_name(cfg))
-        overrides = model_overrides(cfg, num_classes)
+            check_classes(cfg, num_classes, _data_name(cfg), resolved)
+        overrides = model_overrides(cfg, num_classes, resolved)
         if model is None:
+            resolved = resolved.with_overrides(overrides)
             model = build_model(
-                cfg.model.name, dims, overrides=overrides, parallel=cfg.parallel, precision=cfg.precision,
+                resolved, dims, parallel=cfg.parallel, precision=cfg.precision,
                 compile=compile, compile_mode=tc.compile_mode, seed=tc.seed,
             )  # fmt: skip
         else:  # built elsewhere (a timm teacher): on the device, then laid out like a built one
+            resolved = dataclasses.replace(resolved, overrides=overrides)
             model = model.to(device)
             if dims.distributed:
-                parallelize(model, parallel_plan(family_of(model)), dims, cfg.parallel, cfg.precision, compile, tc.compile_mode)
-        family = family_of(model)
-        blocks = [block for stack in parallel_plan(family).blocks(model) for block in stack]
+                parallelize(model, resolved.family.plan(), dims, cfg.parallel, cfg.precision, compile, tc.compile_mode)
+        family = resolved.family
+        blocks = [block for stack in family.plan().blocks(model) for block in stack]
         float8 = float8_report(model, blocks, cfg.precision.fp8, cfg.precision.fp8_filter)
     except BaseException:
         if held is not None:
@@ -155,9 +175,9 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         raise
     return Run(
         cfg=cfg, purpose=purpose, device=device, dims=dims, precision=resolve_precision(cfg.precision, device),
-        family=family, task=tc.task or family.task, img_size=img_size, loaders=loaders, num_classes=num_classes,
-        class_names=list(loaders.class_names) if loaders is not None else [], model_overrides=overrides,
-        model=model, micro_batch=micro_batch, float8=float8, claim=held,
+        resolved=resolved, task=tc.task or family.task, img_size=img_size, loaders=loaders, num_classes=num_classes,
+        class_names=list(loaders.class_names) if loaders is not None else [], model=model, micro_batch=micro_batch,
+        float8=float8, claim=held,
     )  # fmt: skip
 
 
@@ -188,10 +208,17 @@ def _share(outcome):
     return box[0]
 
 
-def model_overrides(cfg: Config, num_classes: int | None) -> dict[str, Any]:
+def _given_model(cfg: Config, model: nn.Module) -> ResolvedModel:
+    """A model built elsewhere (a timm teacher) as a resolved one: its own family and config under
+    ``model.name`` and ``model.overrides``."""
+    return ResolvedModel(cfg.model.name, family_of(model), dict(cfg.model.overrides), model.cfg)
+
+
+def model_overrides(cfg: Config, num_classes: int | None, model: ResolvedModel | None = None) -> dict[str, Any]:
     """``model.overrides`` plus the data's class count and ``data.img_size`` for the fields the
-    variant's config has and the overrides do not set."""
-    fields = {f.name for f in dataclasses.fields(get_model_config(cfg.model.name, **cfg.model.overrides))}
+    variant's config has and the overrides do not set; ``model``: ``cfg.model`` resolved (None:
+    resolved here)."""
+    fields = (model or resolve_model(cfg.model.name, **cfg.model.overrides)).fields
     over = dict(cfg.model.overrides)
     if num_classes and "num_classes" in fields and "num_classes" not in over:
         over["num_classes"] = num_classes
@@ -237,12 +264,12 @@ def data_tokenizer(family: FamilySpec, data: DataConfig):
     return family.create_tokenizer(data.caption_context_length)
 
 
-def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, num_channels: int, micro_batch: int,
-             family: FamilySpec) -> Loaders:  # fmt: skip
-    tokenize = data_tokenizer(family, cfg.data)  # a family that reads text hands the data its tokenizer
+def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, micro_batch: int,
+             model: ResolvedModel) -> Loaders:  # fmt: skip
+    tokenize = data_tokenizer(model.family, cfg.data)  # a family that reads text hands the data its tokenizer
     # this data-parallel rank's shard; TP ranks of one replica read the same
-    patch = get_model_config(cfg.model.name, **cfg.model.overrides).patch_dim  # NaFlex patches, token budgets
-    common = dict(img_size=img_size, num_channels=num_channels, seed=cfg.train.seed, device=dims.device,
+    patch = model.cfg.patch_dim  # NaFlex patches, token budgets
+    common = dict(img_size=img_size, num_channels=model.cfg.num_channels, seed=cfg.train.seed, device=dims.device,
                   rank=dims.dp_rank, world_size=dims.dp_size, tokenize=tokenize, patch=patch)  # fmt: skip
     if purpose == "train":
         return build_loaders(cfg.data, micro_batch_size=micro_batch, eval_batch_size=cfg.eval.batch_size,

@@ -18,11 +18,11 @@ from ..distributed.config import ParallelConfig, PrecisionConfig
 from ..distributed.init import init_weights
 from ..distributed.parallel_dims import ParallelDims
 from ..distributed.parallelize import parallelize
-from ..models.registry import create_model, get_family, parallel_plan
+from ..models.registry import ResolvedModel, resolve_model
 
 
 def build_model(
-    name: str,
+    model: str | ResolvedModel,
     dims: ParallelDims,
     *,
     overrides: dict[str, Any] | None = None,
@@ -34,20 +34,27 @@ def build_model(
     init: str | None = "auto",
     dtype: torch.dtype | None = None,
 ) -> nn.Module:
-    """Registered model ``name`` (its config with ``overrides``) on ``dims.device``, parallelized with
-    ``parallel`` / ``precision`` / per-block ``compile`` (in ``compile_mode``), initialised from ``seed`` by ``init``
-    (``auto`` | ``reference`` | ``sharded``, see :mod:`vitscale.distributed.init`; None = left
-    uninitialised, e.g. an EMA copy that is filled from the model)."""
-    overrides = dict(overrides or {})
-    model = create_model(name, device="meta", dtype=dtype, **overrides)
+    """Registered model ``model`` (a variant name, its config with ``overrides``; or a model resolved
+    already, :class:`vitscale.models.registry.ResolvedModel`, e.g. :attr:`vitscale.run.Run.resolved`)
+    on ``dims.device``, parallelized with ``parallel`` / ``precision`` / per-block ``compile`` (in
+    ``compile_mode``), initialised from ``seed`` by ``init`` (``auto`` | ``reference`` | ``sharded``,
+    see :mod:`vitscale.distributed.init`; None = left uninitialised, e.g. an EMA copy that is filled
+    from the model)."""
+    if isinstance(model, ResolvedModel):
+        if overrides:
+            raise TypeError("build_model: a resolved model carries its overrides; pass none beside it")
+        resolved = model
+    else:
+        resolved = resolve_model(model, **(overrides or {}))
+    built = resolved.create(device="meta", dtype=dtype)
     parallelize(
-        model, parallel_plan(get_family(name)), dims, parallel or ParallelConfig(), precision or PrecisionConfig(),
+        built, resolved.family.plan(), dims, parallel or ParallelConfig(), precision or PrecisionConfig(),
         compile, compile_mode,
     )  # fmt: skip
-    model.to_empty(device=dims.device)
+    built.to_empty(device=dims.device)
     if init is not None:
-        init_weights(model, dims, seed, lambda: create_model(name, device="meta", dtype=dtype, **overrides), init)
-    return model
+        init_weights(built, dims, seed, lambda: resolved.create(device="meta", dtype=dtype), init)
+    return built
 
 
 __all__ = ["build_model"]

@@ -10,7 +10,6 @@ the fix; the CLI exits with code 2.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -28,6 +27,7 @@ from ..distributed.float8 import check_recipe, fp8_emulated, require_torchao
 from ..distributed.fsdp import fsdp_runs_on
 from ..distributed.parallel_dims import ParallelDims
 from ..errors import CheckError
+from ..models.registry import ResolvedModel, resolve_model
 from ..safe_write import open_new
 
 log = logging.getLogger("vitscale.run")
@@ -191,13 +191,17 @@ def _check_ranges(cfg: Config, purpose: str) -> None:
         _at_least("teacher.batch_size", cfg.teacher.batch_size, 1, "images per teacher batch")
 
 
-def _check_image_size(cfg: Config, purpose: str) -> None:
-    """The image side the model will see: within :data:`MAX_IMAGE_SIDE` and a multiple of its patch."""
-    from ..models.registry import get_model_config
+def _resolved(cfg: Config, model: ResolvedModel | None) -> ResolvedModel:
+    """``model``, the run's model as :func:`vitscale.run.assemble` resolved it; None (a check called
+    on a config alone): ``cfg.model`` resolved here."""
+    return model if model is not None else resolve_model(cfg.model.name, **cfg.model.overrides)
 
+
+def _check_image_size(cfg: Config, purpose: str, model: ResolvedModel) -> None:
+    """The image side the model will see: within :data:`MAX_IMAGE_SIDE` and a multiple of its patch."""
     key, side = ("teacher.img_size", cfg.teacher.img_size) if purpose == "label" else ("data.img_size", cfg.data.img_size)
     _side(key, side)
-    base = get_model_config(cfg.model.name, **cfg.model.overrides)
+    base = model.cfg
     for name in ("img_h", "img_w"):
         _side(f"model.{name}", getattr(base, name))
     if side:
@@ -207,51 +211,46 @@ def _check_image_size(cfg: Config, purpose: str) -> None:
             raise CheckError(f"{key}={side} does not fit {cfg.model.name}: {e}; use a multiple of {base.patch_dim}") from None
 
 
-def _check_sizes(cfg: Config, dims: ParallelDims, purpose: str) -> None:
+def _check_sizes(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel) -> None:
     """Variable resolution (``data.image_sizes``, ``data.seq_lens``): a model that takes it (its
     ``input_modes``), sizes the patch divides, a batch of at least one image per rank at every size."""
     from ..models.contract import check_input_mode
-    from ..models.registry import get_family, get_model_config
 
     d, name = cfg.data, cfg.model.name
     if purpose == "bench" or not (d.image_sizes or d.seq_lens or d.img_size or d.eval_image_size or d.eval_seq_len):
         return
-    cls = get_family(name).model_cls
+    cls = model.family.model_cls
     if d.image_sizes:
         check_input_mode(cls, "multi", f"data.image_sizes={list(d.image_sizes)}", name)
     if d.seq_lens:
         check_input_mode(cls, "naflex", f"data.seq_lens={list(d.seq_lens)}", name)
-    base = get_model_config(name, **cfg.model.overrides)
-    check_sizes(d, patch=base.patch_dim, batch_size=cfg.train.batch_size, parts=dims.dp_size * cfg.train.grad_accum)
+    check_sizes(d, patch=model.cfg.patch_dim, batch_size=cfg.train.batch_size, parts=dims.dp_size * cfg.train.grad_accum)
 
 
-def _check_tp(cfg: Config, dims: ParallelDims) -> None:
+def _check_tp(cfg: Config, dims: ParallelDims, model: ResolvedModel) -> None:
     """The model's family says whether its TP plan splits this config over ``parallel.tp`` ranks."""
     if dims.tp > 1:
         from ..distributed.parallelize import check_layout
-        from ..models.registry import get_family, get_model_config
 
-        name = cfg.model.name
-        check_layout(get_family(name).plan(), get_model_config(name, **cfg.model.overrides), dims.tp, name)
+        check_layout(model.family.plan(), model.cfg, dims.tp, cfg.model.name)
 
 
-def _check_distill_task(cfg: Config) -> None:
+def _check_distill_task(cfg: Config, model: ResolvedModel) -> None:
     """``distill.teacher`` with a task that does not distill is refused rather than ignored."""
     if not cfg.distill.teacher:
         return
-    from ..models.registry import get_family
     from ..tasks import task_groups
 
-    task = cfg.train.task or get_family(cfg.model.name).task
+    task = cfg.train.task or model.family.task
     able = task_groups().get("distill", (None, ()))[1]
     if task not in able:
         raise CheckError(f"distill.teacher is set but the {task} task does not distill (tasks that do: {', '.join(able)}); "
                          "unset distill.teacher or set train.task")  # fmt: skip
 
 
-def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
+def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel | None = None) -> None:
     """:class:`CheckError` (or RuntimeError for the machine) naming the setting to change, for a run
-    of ``purpose``."""
+    of ``purpose`` whose model ``model`` resolved (None: ``cfg.model``)."""
     if dims.distributed and not fsdp_runs_on(dims.device.type):  # not an AttributeError in the first step
         raise RuntimeError(
             f"multi-process training wraps the model in FSDP2, which cannot train on CPU with torch "
@@ -261,14 +260,15 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
     _check_finite(cfg)
     _check_ranges(cfg, purpose)
     _check_degenerate(cfg, purpose)
-    _check_sizes(cfg, dims, purpose)
-    _check_image_size(cfg, purpose)
-    _check_tp(cfg, dims)
+    model = _resolved(cfg, model)
+    _check_sizes(cfg, dims, purpose, model)
+    _check_image_size(cfg, purpose, model)
+    _check_tp(cfg, dims, model)
     if purpose == "train":
         d = cfg.data  # a ConfigError naming data.auto_augment / data.color_jitter and what to write
         build_augment(d.auto_augment, d.color_jitter, mean=d.mean, interpolation=d.train_interpolation or d.interpolation,
                       force_color_jitter=d.force_color_jitter)  # fmt: skip
-        _check_distill_task(cfg)
+        _check_distill_task(cfg, model)
     if purpose in ("train", "bench"):
         check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
                            world_size=dims.world_size)  # fmt: skip
@@ -286,14 +286,12 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str) -> None:
 
 
 # ------------------------------------------------------------------------------------- the folder
-def checkpoint_bytes(cfg: Config) -> tuple[int, int]:
-    """(parameters, bytes of one checkpoint) of the run: fp32 weights, the optimizer's fp32 states
-    (Adam/AdamW: 2 per parameter, SGD with momentum: 1) and the EMA copy; the model is built on the
-    meta device (nothing allocated) to count its parameters."""
-    from ..models.registry import create_model
-
-    model = create_model(cfg.model.name, device="meta", **cfg.model.overrides)
-    params = sum(p.numel() for p in model.parameters())
+def checkpoint_bytes(cfg: Config, model: ResolvedModel | None = None) -> tuple[int, int]:
+    """(parameters, bytes of one checkpoint) of the run (its model ``model`` resolved; None:
+    ``cfg.model``): fp32 weights, the optimizer's fp32 states (Adam/AdamW: 2 per parameter, SGD with
+    momentum: 1) and the EMA copy; the model is built on the meta device (nothing allocated) to count
+    its parameters."""
+    params = sum(p.numel() for p in _resolved(cfg, model).create(device="meta").parameters())
     states = {"adamw": 2, "adam": 2, "sgd": 1 if cfg.optim.momentum else 0}[cfg.optim.name]
     copies = 1 + states + (1 if cfg.train.ema_decay > 0 else 0)
     return params, params * 4 * copies
@@ -303,8 +301,9 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def check_output_folder(cfg: Config) -> None:
-    """``train.output_dir`` can be created and written, and its disk has room for one checkpoint."""
+def check_output_folder(cfg: Config, model: ResolvedModel | None = None) -> None:
+    """``train.output_dir`` can be created and written, and its disk has room for one checkpoint (of
+    ``model``, the run's model resolved; None: ``cfg.model``)."""
     out = Path(cfg.train.output_dir)
     key = f"train.output_dir={cfg.train.output_dir}"
     if out.exists() and not out.is_dir():
@@ -317,7 +316,7 @@ def check_output_folder(cfg: Config) -> None:
         probe.unlink()
     except OSError as e:
         raise CheckError(f"{key} cannot be written ({e.strerror or type(e).__name__}: {e.filename or out}): choose a folder you can write to") from None
-    params, need = checkpoint_bytes(cfg)
+    params, need = checkpoint_bytes(cfg, model)
     free = shutil.disk_usage(out).free
     if free < need:
         raise CheckError(
@@ -349,14 +348,12 @@ def check_batches(cfg: Config, batches_per_epoch: int, images: int | None, dp_si
     )
 
 
-def check_classes(cfg: Config, data_classes: int, where: str) -> None:
+def check_classes(cfg: Config, data_classes: int, where: str, model: ResolvedModel | None = None) -> None:
     """The model's class count against the data's: a count set smaller than the data's classes is an
-    error naming both; a larger one, a warning (outputs no image is labelled with)."""
-    from ..models.registry import get_model_config
-
-    fields = {f.name for f in dataclasses.fields(get_model_config(cfg.model.name, **cfg.model.overrides))}
+    error naming both; a larger one, a warning (outputs no image is labelled with). ``model``: the
+    run's model resolved (None: ``cfg.model``)."""
     model_classes = cfg.model.overrides.get("num_classes")
-    if "num_classes" not in fields or model_classes is None or not data_classes:
+    if "num_classes" not in _resolved(cfg, model).fields or model_classes is None or not data_classes:
         return
     if model_classes < data_classes:
         raise CheckError(

@@ -19,7 +19,6 @@ from ..config import replace_fields
 from ..data import SplitLoader, build_loader, get_format
 from ..data.formats import validation_hint
 from ..eval.evaluator import MissingSplit
-from ..models.registry import get_model_config
 from .assemble import Run, data_tokenizer
 
 OWN_DATASET = ("format", "train_path")
@@ -54,7 +53,7 @@ class RunEvalData:
         key = (json.dumps(data, sort_keys=True, default=str), split, batch)
         if key not in self._built:
             data_cfg = replace_fields(cfg.data, data, "evals.data.") if data else cfg.data
-            model_cfg = get_model_config(cfg.model.name, **run.model_overrides)
+            model_cfg = run.model_cfg
             self._built[key] = build_loader(
                 data_cfg, split, img_size=run.img_size, num_channels=model_cfg.num_channels, seed=cfg.train.seed,
                 batch_size=batch, patch=model_cfg.patch_dim,

@@ -226,11 +226,11 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.distributed.parallelize import parallelize
     from vitscale.interop.pretrained import file_classes, load_pretrained, read_source, to_vitscale
-    from vitscale.models.registry import create_model, get_family, get_model_config, parallel_plan
+    from vitscale.models.registry import get_family, resolve_model
     from vitscale.run.checks import MAX_IMAGE_SIDE
 
     where = f"distill.teacher={dc.teacher}"
-    family = get_family(dc.teacher_model or run.cfg.model.name)
+    family = get_family(dc.teacher_model) if dc.teacher_model else run.family
     # rank 0 reads the source once to name the teacher's model, preprocessing and class count (the
     # weights themselves are read again, by rank 0, when loaded)
     info, err, src = None, None, None
@@ -248,13 +248,11 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
             overrides = dict(dc.teacher_overrides) if dc.teacher_model else dict(src.overrides)
             key = "distill.teacher_overrides" if dc.teacher_model else f"{where}: its stored model overrides"
             try:  # a misspelt field: one line naming the key (and the closest field)
-                get_model_config(name, **overrides)
+                teacher = resolve_model(name, **overrides)
             except (TypeError, ValueError) as e:
                 raise ConfigError(f"{key}: {e}") from None
-            t_family = get_family(name)
-            fields = {f.name for f in dataclasses.fields(get_model_config(name))}
-            if "num_classes" in fields and "num_classes" not in overrides:
-                n = file_classes(t_family, to_vitscale(src, t_family, get_model_config(name, **overrides), where))
+            if "num_classes" in teacher.fields and "num_classes" not in overrides:
+                n = file_classes(teacher.family, to_vitscale(src, teacher.family, teacher.cfg, where))
                 if n is not None:
                     overrides["num_classes"] = n
             info = (name, overrides, dict(src.preprocess), src.format, str(src.path), src.label_names)
@@ -276,12 +274,13 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
             raise ConfigError(f"{where}: teacher image size {'x'.join(map(str, sides))} ({said}) is not usable: use "
                               f"1 to {MAX_IMAGE_SIDE} pixels a side (set distill.teacher_img_size)")  # fmt: skip
     side = sides[0]
-    base = get_model_config(name, **overrides)
-    if side and {"img_h", "img_w"} <= {f.name for f in dataclasses.fields(base)}:
-        overrides = {**overrides, "img_h": side, "img_w": side}
+    teacher = resolve_model(name, **overrides)  # every rank: rank 0 sent the name and overrides
+    base = teacher.cfg
+    if side and {"img_h", "img_w"} <= teacher.fields:
+        teacher = teacher.with_overrides({**overrides, "img_h": side, "img_w": side})
     size = (side, side) if side else (base.img_h, base.img_w)
 
-    model = create_model(name, device="meta", **overrides)
+    model = teacher.create(device="meta")
     class_map = (_class_map(dc, where, name, model.num_classes, teacher_names, run.class_names, run.num_classes)
                  if classes else None)  # fmt: skip
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -291,7 +290,7 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
     dims = run.dims if layout == "sharded" and run.dims.distributed else ParallelDims(device=run.device)
     no_fp8 = dataclasses.replace(run.cfg.precision, fp8="none")
     no_ac = dataclasses.replace(run.cfg.parallel, activation_checkpointing="none")
-    parallelize(model, parallel_plan(get_family(name)), dims, no_ac, no_fp8, bool(run.cfg.train.compile), run.cfg.train.compile_mode)
+    parallelize(model, teacher.family.plan(), dims, no_ac, no_fp8, bool(run.cfg.train.compile), run.cfg.train.compile_mode)
     model.to_empty(device=run.device)
     init_weights(model, dims, 0, None, "sharded")  # non-persistent buffers; every weight is then loaded
     _, loaded, _ = load_pretrained(model, dc.teacher, fmt, setting="distill.teacher", format_key="distill.teacher_format",

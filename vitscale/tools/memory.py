@@ -83,10 +83,11 @@ class MemoryEstimate:
 
 def _family_cfg(model: Any, overrides: dict | None = None):
     """(label, family, variant config) of a registered name, a variant config or a model."""
-    from vitscale.models.registry import family_of, get_family, get_model_config
+    from vitscale.models.registry import family_of, resolve_model
 
     if isinstance(model, str):
-        return model, get_family(model), get_model_config(model, **(overrides or {}))
+        resolved = resolve_model(model, **(overrides or {}))
+        return model, resolved.family, resolved.cfg
     cfg = model if dataclasses.is_dataclass(model) else model.cfg
     return type(model).__name__, family_of(model), cfg
 
