@@ -7,8 +7,12 @@ relative difference, for short sequences such as loss curves). All compute in fl
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
-from collections.abc import Iterable
+import os
+import signal
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +51,65 @@ def randomize(model: torch.nn.Module, seed: int = 0, scale: float = 0.2) -> None
             p.copy_(torch.randn(p.shape, generator=g) * scale)
 
 
+def assert_curves_close(got: dict[int, float], ref: dict[int, float], steps, label: str, tol: float) -> None:
+    """``got`` logged exactly ``steps`` and follows ``ref`` (the one-process curve) within ``tol``
+    relative at each of them."""
+    assert sorted(got) == list(steps), f"{label}: logged steps {sorted(got)}"
+    for s in steps:
+        assert abs(got[s] - ref[s]) / abs(ref[s]) <= tol, f"{label} step {s}: {got[s]} vs one process {ref[s]}"
+
+
+def take(loader: Iterable, n: int) -> list:
+    """The first ``n`` batches of ``loader`` (fewer if it ends)."""
+    out = []
+    for b in loader:
+        out.append(b)
+        if len(out) == n:
+            break
+    return out
+
+
+def assert_same_batch(a: dict, b: dict, keys=("image", "label", "index", "crop", "flip")) -> None:
+    """Two loader batches hold equal tensors under ``keys``."""
+    for k in keys:
+        assert torch.equal(a[k], b[k]), k
+
+
+@contextlib.contextmanager
+def no_hang(seconds: float) -> Iterator[None]:
+    """Fail (``TimeoutError``, which the CLI reports as one line and a non-zero exit) instead of hanging:
+    SIGALRM interrupts Python code and a blocking call alike (PEP 475). Main thread only."""
+
+    def fail(*_):
+        raise TimeoutError(f"hung: still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, fail)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def hub_cache(root: Path, repo: str, files: Path) -> Path:
+    """The Hugging Face cache layout (https://huggingface.co/docs/huggingface_hub/guides/manage-cache):
+    ``models--org--name/blobs/<sha256>``, ``snapshots/<commit>/<file>`` linked to its blob, ``refs/main``."""
+    folder = root / ("models--" + repo.replace("/", "--"))
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    snap = folder / "snapshots" / commit
+    (folder / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in files.iterdir():
+        data = f.read_bytes()
+        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit)
+    return root
+
+
 def read_metrics(run: Path | str) -> list[dict]:
     """Every record of a run folder's ``metrics.jsonl``, in order."""
     lines = (Path(run) / "metrics.jsonl").read_text().splitlines()
@@ -58,4 +121,4 @@ def read_losses(run: Path | str) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run) if "loss" in r}
 
 
-__all__ = ["randomize", "read_losses", "read_metrics", "rel_each", "rel_l2", "rel_max"]
+__all__ = ["assert_curves_close", "assert_same_batch", "hub_cache", "no_hang", "randomize", "take", "read_losses", "read_metrics", "rel_each", "rel_l2", "rel_max"]

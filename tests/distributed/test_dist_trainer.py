@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from _launch import free_port, needs_cpu_fsdp, run_distributed
-from helpers import read_losses
+from helpers import assert_curves_close, read_losses
 
 pytestmark = pytest.mark.multiprocess
 
@@ -49,12 +49,6 @@ def _seed_resume(src: Path, dst: Path) -> None:
     shutil.copytree(src / "checkpoints" / f"step_{CKPT_AT:08d}", dst / "checkpoints" / f"step_{CKPT_AT:08d}")
 
 
-def _close(got: dict[int, float], ref: dict[int, float], steps, label: str) -> None:
-    assert sorted(got) == list(steps), f"{label}: logged steps {sorted(got)}"
-    for s in steps:
-        assert abs(got[s] - ref[s]) / abs(ref[s]) <= TOL, f"{label} step {s}: {got[s]} vs one process {ref[s]}"
-
-
 @needs_cpu_fsdp
 @pytest.mark.slow
 def test_trainer_layouts_and_resharded_resume(tmp_path):
@@ -70,7 +64,7 @@ def test_trainer_layouts_and_resharded_resume(tmp_path):
     assert fsdp.returncode == 0, log[-4000:]
     ref = read_losses(tmp_path / "single")
     assert max(ref.values()) - min(ref.values()) > 0.02, "the curve must move for the comparison to mean something"
-    _close(read_losses(tmp_path / "fsdp"), ref, range(1, STEPS + 1), "fsdp (torchrun)")
+    assert_curves_close(read_losses(tmp_path / "fsdp"), ref, range(1, STEPS + 1), "fsdp (torchrun)", TOL)
     assert (tmp_path / "fsdp" / "checkpoints" / f"step_{CKPT_AT:08d}" / "model-rank00001.safetensors").is_file()  # rank 1's shard
     # the run folder records how it ran: the layout under torchrun, and rank 0's output in train.log
     env_ = json.loads((tmp_path / "fsdp" / "summary.json").read_text())["env"]
@@ -84,13 +78,13 @@ def test_trainer_layouts_and_resharded_resume(tmp_path):
 
     _seed_resume(tmp_path / "fsdp", tmp_path / "fsdp_to_tp")
     run_distributed(_layouts, 2, str(tmp_path))
-    _close(read_losses(tmp_path / "dp"), ref, range(1, STEPS + 1), "data parallel")
-    _close(read_losses(tmp_path / "tp"), ref, range(1, STEPS + 1), "tensor parallel")
-    _close(read_losses(tmp_path / "fsdp_to_tp"), ref, range(CKPT_AT + 1, STEPS + 1), "FSDP checkpoint -> TP")
+    assert_curves_close(read_losses(tmp_path / "dp"), ref, range(1, STEPS + 1), "data parallel", TOL)
+    assert_curves_close(read_losses(tmp_path / "tp"), ref, range(1, STEPS + 1), "tensor parallel", TOL)
+    assert_curves_close(read_losses(tmp_path / "fsdp_to_tp"), ref, range(CKPT_AT + 1, STEPS + 1), "FSDP checkpoint -> TP", TOL)
 
     _seed_resume(tmp_path / "fsdp", tmp_path / "fsdp_to_one")  # 2 ranks -> 1
     _train(tmp_path / "fsdp_to_one")
-    _close(read_losses(tmp_path / "fsdp_to_one"), ref, range(CKPT_AT + 1, STEPS + 1), "FSDP checkpoint -> 1 process")
+    assert_curves_close(read_losses(tmp_path / "fsdp_to_one"), ref, range(CKPT_AT + 1, STEPS + 1), "FSDP checkpoint -> 1 process", TOL)
 
     # `vitscale convert`: the 2-rank FSDP checkpoint consolidates into one safetensors file holding
     # exactly the weights the FSDP run gathered and exported at its last step (and, up to the

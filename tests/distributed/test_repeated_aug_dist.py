@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from _launch import needs_cpu_fsdp, run_distributed
-from helpers import read_losses
+from helpers import assert_curves_close, read_losses
 
 pytestmark = pytest.mark.multiprocess
 
@@ -33,12 +33,6 @@ def _data_parallel(root: str) -> None:
     _train(Path(root) / "dp", "parallel.dp_replicate=2", "parallel.dp_shard=1")
 
 
-def _close(got: dict[int, float], ref: dict[int, float], steps, label: str) -> None:
-    assert sorted(got) == list(steps), f"{label}: logged steps {sorted(got)}"
-    for s in steps:
-        assert abs(got[s] - ref[s]) / abs(ref[s]) <= TOL, f"{label} step {s}: {got[s]} vs one process {ref[s]}"
-
-
 @needs_cpu_fsdp
 @pytest.mark.slow
 def test_repeated_aug_two_ranks_and_resume_follow_one_process(tmp_path):
@@ -48,10 +42,10 @@ def test_repeated_aug_two_ranks_and_resume_follow_one_process(tmp_path):
     _train(tmp_path / "plain", "data.repeated_aug=1")
     assert read_losses(tmp_path / "plain") != ref  # the repeats change the batches: the comparison sees them
     run_distributed(_data_parallel, 2, str(tmp_path))
-    _close(read_losses(tmp_path / "dp"), ref, range(1, STEPS + 1), "2 ranks, data parallel")
+    assert_curves_close(read_losses(tmp_path / "dp"), ref, range(1, STEPS + 1), "2 ranks, data parallel", TOL)
     resumed = tmp_path / "dp_to_one"
     (resumed / "checkpoints").mkdir(parents=True)
     step = f"step_{CKPT_AT:08d}"
     shutil.copytree(tmp_path / "dp" / "checkpoints" / step, resumed / "checkpoints" / step)
     _train(resumed)  # mid-epoch (digits: 187 steps an epoch), on 1 process
-    _close(read_losses(resumed), ref, range(CKPT_AT + 1, STEPS + 1), "2-rank checkpoint -> 1 process")
+    assert_curves_close(read_losses(resumed), ref, range(CKPT_AT + 1, STEPS + 1), "2-rank checkpoint -> 1 process", TOL)

@@ -6,11 +6,9 @@ deadline, so a hang is a failure, never a stuck suite."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import tarfile
@@ -18,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import hub_cache, no_hang
 from PIL import Image
 
 from vitscale.cli import main
@@ -25,22 +24,6 @@ from vitscale.cli import main
 REPO = Path(__file__).parents[2]
 QUIET = ["data.num_workers=0", "log.flops=false", "eval.every=0", "log.progress=plain", "log.report=false"]
 TINY_VIT = ["model.num_layers=1", "model.hidden_size=16", "model.ffn_hidden_size=32"]
-
-
-@contextlib.contextmanager
-def _alarm(seconds: int):
-    """A hang in this process fails the test: SIGALRM interrupts Python code and blocking calls alike."""
-
-    def fail(*_):
-        raise TimeoutError(f"hung: still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, fail)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _one_line(err: str) -> str:
@@ -299,7 +282,7 @@ def _in_process(args: list[str], capsys) -> subprocess.CompletedProcess:
     """``vitscale ARGS`` through ``vitscale.cli.main`` under an alarm (a hang fails the test): what
     ``_cli`` gives, without a fresh interpreter's start-up."""
     capsys.readouterr()
-    with _alarm(HANG):
+    with no_hang(HANG):
         rc = main(args)
     out = capsys.readouterr()
     return subprocess.CompletedProcess(args, rc, out.out, out.err)
@@ -443,7 +426,7 @@ def test_a_pth_tensor_that_is_not_plain_weights_is_one_line(hub_teacher, tmp_pat
     name = "pos_embed" if tensor.dim() == 3 else "head.weight" if tensor.is_sparse else "cls_token"
     pth = _timm_pth(hub_teacher, tmp_path / "w.pth", **{name: tensor})
     capsys.readouterr()
-    with _alarm(HANG):
+    with no_hang(HANG):
         rc = main(["train", "digits_vit", f"checkpoint.init_from={pth}", "checkpoint.init_format=timm", "train.max_steps=1",
                    f"train.output_dir={tmp_path / 'run'}", *TINY_VIT, *QUIET])  # fmt: skip
     assert rc in (1, 2)
@@ -464,7 +447,7 @@ def test_a_parquet_file_declaring_more_rows_than_bytes_is_refused_before_reading
     size = (data / "x.parquet").stat().st_size
     assert size < n
     capsys.readouterr()
-    with _alarm(HANG):
+    with no_hang(HANG):
         rc = main(["train", "digits_vit", "data.format=parquet", f"data.train_path={data}", "train.max_steps=1",
                    f"train.output_dir={tmp_path / 'run'}", *TINY_VIT, *QUIET])  # fmt: skip
     assert rc == 2
@@ -495,7 +478,7 @@ def test_a_huge_label_member_is_never_read_whole(tmp_path, capsys):
     data = tmp_path / "data"
     _shard_with_a_huge_member(data / "a.tar", "json", 2_500_000_000)
     capsys.readouterr()
-    with _alarm(HANG):
+    with no_hang(HANG):
         rc = main(["train", "digits_vit", "data.format=webdataset", f"data.train_path={data}", "train.max_steps=1",
                    "data.label_key=json.label", "data.num_classes=10", f"train.output_dir={tmp_path / 'run'}", *TINY_VIT,
                    *QUIET])  # fmt: skip
@@ -546,13 +529,13 @@ def test_a_cut_http_shard_is_named_and_never_cached_as_complete(shards, tmp_path
     args = ["data.webdataset_mode=index", "data.remote_retries=0", f"data.shard_cache={cache}"]
     try:
         capsys.readouterr()
-        with _alarm(HANG):
+        with no_hang(HANG):
             assert main(_stream_train(tmp_path / "cut", url, *args)) == 2
         line = _one_line(capsys.readouterr().err)
         assert f"{url} was cut short" in line and "no end-of-archive blocks" in line
         assert not list(cache.glob("*.tar"))
         state["cut"] = False
-        with _alarm(HANG):
+        with no_hang(HANG):
             assert main(_stream_train(tmp_path / "whole", url, *args)) == 0
         assert len(list(cache.glob("*.tar"))) == 1
     finally:
@@ -561,26 +544,6 @@ def test_a_cut_http_shard_is_named_and_never_cached_as_complete(shards, tmp_path
 
 
 # ------------------------------------------------------------------------------------- the Hub: the cache only
-def _hub_cache(root: Path, repo: str, files: Path) -> Path:
-    """The Hugging Face cache layout (https://huggingface.co/docs/huggingface_hub/guides/manage-cache):
-    ``models--org--name/blobs/<sha256>``, ``snapshots/<commit>/<file>`` linked to its blob, ``refs/main``."""
-    import hashlib
-
-    folder = root / ("models--" + repo.replace("/", "--"))
-    commit = hashlib.sha1(repo.encode()).hexdigest()
-    snap = folder / "snapshots" / commit
-    (folder / "blobs").mkdir(parents=True)
-    snap.mkdir(parents=True)
-    for f in files.iterdir():
-        data = f.read_bytes()
-        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
-    (folder / "refs").mkdir()
-    (folder / "refs" / "main").write_text(commit)
-    return root
-
-
 def test_label_tokens_reads_an_hf_hub_teacher_from_the_cache_only(hub_teacher, tmp_path):
     """``teacher.timm=hf-hub:…``: timm fetched the architecture's config from the Hub (docs/trust.md:
     the cache only). HF_ENDPOINT points at a server the test starts, which counts every request: none."""
@@ -602,7 +565,7 @@ def test_label_tokens_reads_an_hf_hub_teacher_from_the_cache_only(hub_teacher, t
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    cache = _hub_cache(tmp_path / "hub", "acme/tiny-vit", hub_teacher[0])
+    cache = hub_cache(tmp_path / "hub", "acme/tiny-vit", hub_teacher[0])
     env = {"HF_HUB_CACHE": str(cache), "HF_ENDPOINT": f"http://127.0.0.1:{srv.server_address[1]}", "HF_HUB_OFFLINE": "0"}
     try:
         args = ["label-tokens", "digits_vit", "teacher.timm=hf-hub:acme/tiny-vit", "teacher.batch_size=500",

@@ -7,7 +7,6 @@ docs/using.md run as written."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import hub_cache
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -38,24 +38,6 @@ DIGITS_OC = dict(embed_dim=64, vision_cfg=dict(image_size=16, layers=4, width=96
 def vitscale(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "vitscale", *args], capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})}, cwd=cwd)  # fmt: skip
-
-
-def hub_cache(root: Path, repo: str, files: Path) -> Path:
-    """The Hugging Face cache layout (https://huggingface.co/docs/huggingface_hub/guides/manage-cache):
-    ``models--org--name/blobs/<sha256>``, ``snapshots/<commit>/<file>`` linked to its blob, ``refs/main``."""
-    folder = root / ("models--" + repo.replace("/", "--"))
-    commit = hashlib.sha1(repo.encode()).hexdigest()
-    snap = folder / "snapshots" / commit
-    (folder / "blobs").mkdir(parents=True)
-    snap.mkdir(parents=True)
-    for f in files.iterdir():
-        data = f.read_bytes()
-        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
-    (folder / "refs").mkdir()
-    (folder / "refs" / "main").write_text(commit)
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ a subprocess under a timeout."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import no_hang
 from PIL import Image
 
 from vitscale.cli import main
@@ -29,23 +29,6 @@ TINY = ["model.num_layers=1", "train.batch_size=16", "data.num_workers=0", "log.
 REPO = Path(__file__).parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
 CANARY_CODE = "import pathlib; pathlib.Path({!r}).write_text('ran')"
-
-
-@contextlib.contextmanager
-def _no_hang(seconds: int = 120):
-    """Fail (``TimeoutError``, which the CLI reports as one line and a non-zero exit) instead of
-    hanging: SIGALRM interrupts Python code and a blocking open() alike (PEP 475)."""
-
-    def fail(*_):
-        raise TimeoutError(f"hung: still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, fail)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _last_lines(text: str) -> list[str]:
@@ -92,7 +75,7 @@ def test_config_bombs_and_tags_are_one_line(tmp_path, capsys, yaml_text, reason)
     canary = tmp_path / "canary"
     text = (_bomb() if "*a9" in yaml_text else "") + yaml_text.replace("{code!r}", repr(CANARY_CODE.format(str(canary))))
     (tmp_path / "attack.yaml").write_text(text)
-    with _no_hang():
+    with no_hang(120):
         rc = main(["train", str(tmp_path / "attack.yaml"), f"train.output_dir={tmp_path / 'run'}"])
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line.strip()]
     assert rc == 2 and len(err) == 1 and reason in err[0] and "attack.yaml" in err[0], err
@@ -104,7 +87,7 @@ def test_override_alias_bomb_is_one_line(tmp_path, capsys):
     value = inner
     for i in range(8):  # 10^9 values in a few hundred bytes of command line
         value = f"&b{i} [" + ", ".join([value] + [f"*{'a' if i == 0 else f'b{i - 1}'}"] * 9) + "]"
-    with _no_hang():
+    with no_hang(120):
         assert main(["train", "digits_vit", f"data.mean={value}", f"train.output_dir={tmp_path / 'run'}"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "override data.mean" in err[0] and "more than 200,000 values" in err[0]
@@ -141,7 +124,7 @@ def test_fifo_and_socket_in_an_image_folder_are_skipped(tmp_path, workers):
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(data / "c1" / "y.png"))
     try:
-        with _no_hang():
+        with no_hang(120):
             rc = main(["train", "digits_vit", "data.format=imagefolder", f"data.train_path={data}", "data.img_size=8", "model.patch_dim=4",
                        f"train.output_dir={tmp_path / 'run'}", "train.max_steps=4", "train.batch_size=8", f"data.num_workers={workers}", *TINY[3:]])  # fmt: skip
     finally:
@@ -158,7 +141,7 @@ def test_fifo_listed_in_a_csv_is_skipped_and_counted(tmp_path):
     os.mkfifo(data / "c0" / "x.png")
     rows = [f"{p.relative_to(data)},a photo of {p.parent.name}" for p in sorted(data.rglob("*.png"))]
     (data / "pairs.csv").write_text("filepath,title\n" + "\n".join(rows) + "\n")
-    with _no_hang():
+    with no_hang(120):
         rc = main(["train", "digits_clip", "data.format=csv", f"data.train_path={data / 'pairs.csv'}", "train.batch_size=16", "train.max_steps=2",
                    f"train.output_dir={tmp_path / 'run'}", "model.vision.num_layers=1", "model.text.num_layers=1", "clip.zeroshot=false",
                    "clip.retrieval=false", *TINY[2:]])  # fmt: skip

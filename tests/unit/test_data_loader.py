@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import assert_same_batch, take
 
 from vitscale.data import DataConfig, build_loaders
 
@@ -16,20 +17,6 @@ def _cfg(**kw):
 def _loaders(cfg, micro=8, rank=0, world=1, seed=3):
     return build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=seed, micro_batch_size=micro,
                          eval_batch_size=10, rank=rank, world_size=world)
-
-
-def _take(loader, n):
-    out = []
-    for b in loader:
-        out.append(b)
-        if len(out) == n:
-            break
-    return out
-
-
-def _same(a, b):
-    for k in ("image", "label", "index", "crop", "flip"):
-        assert torch.equal(a[k], b[k]), k
 
 
 def test_batch_contract():
@@ -59,10 +46,10 @@ def test_epoch_is_a_permutation_and_epochs_differ():
 
 
 def test_same_batches_with_0_or_2_workers():
-    a = _take(_loaders(_cfg(num_workers=0)).train, 4)
-    b = _take(_loaders(_cfg(num_workers=2, persistent_workers=True)).train, 4)
+    a = take(_loaders(_cfg(num_workers=0)).train, 4)
+    b = take(_loaders(_cfg(num_workers=2, persistent_workers=True)).train, 4)
     for x, y in zip(a, b):
-        _same(x, y)
+        assert_same_batch(x, y)
         assert torch.allclose(x["image"], y["image"])
         for k in ("label", "index", "crop", "flip"):  # sent by value from a worker, tensors again
             assert isinstance(y[k], torch.Tensor) and y[k].dtype == x[k].dtype, k
@@ -87,14 +74,14 @@ def test_worker_sends_small_tensors_by_value(side):
     back = from_transfer(raw)
     assert back["flip"].dtype == torch.bool and back["label"].dtype == torch.long and back["crop"].dtype == torch.float32
     assert back["image"].dtype == torch.uint8 and back["image"].shape == (8, 3, side, side)
-    ref = _take(build_loaders(_cfg(), img_size=(side, side), num_channels=3, seed=3, micro_batch_size=8,
+    ref = take(build_loaders(_cfg(), img_size=(side, side), num_channels=3, seed=3, micro_batch_size=8,
                               eval_batch_size=10).train, 1)[0]  # fmt: skip
     assert torch.equal(back["label"], ref["label"]) and torch.equal(back["index"], ref["index"])
 
 
 def test_ranks_shard_the_global_batch_strided():
-    one = _take(_loaders(_cfg(), micro=8).train, 3)
-    shards = [_take(_loaders(_cfg(), micro=4, rank=r, world=2).train, 3) for r in range(2)]
+    one = take(_loaders(_cfg(), micro=8).train, 3)
+    shards = [take(_loaders(_cfg(), micro=4, rank=r, world=2).train, 3) for r in range(2)]
     for step in range(3):
         for r in range(2):
             for k in ("image", "label", "index", "crop", "flip"):
@@ -120,9 +107,9 @@ def test_val_ranks_take_whole_batches_of_one_process_and_pad():
 
 def test_resume_continues_at_next_unseen_batch():
     L = _loaders(_cfg())
-    ref = _take(L.train, 12 + 3)  # full epoch 0 then 3 batches of epoch 1
+    ref = take(L.train, 12 + 3)  # full epoch 0 then 3 batches of epoch 1
     L2 = _loaders(_cfg())
-    _take(L2.train, 5)
+    take(L2.train, 5)
     state = L2.train.state_dict()
     assert state == {"epoch": 0, "batch_index": 5}
     L3 = _loaders(_cfg())
@@ -131,10 +118,10 @@ def test_resume_continues_at_next_unseen_batch():
     rest = list(L3.train)
     assert len(rest) == 12 - 5
     for x, y in zip(rest, ref[5:12]):
-        _same(x, y)
-    nxt = _take(L3.train, 3)  # rolled over to epoch 1
+        assert_same_batch(x, y)
+    nxt = take(L3.train, 3)  # rolled over to epoch 1
     for x, y in zip(nxt, ref[12:]):
-        _same(x, y)
+        assert_same_batch(x, y)
     L3.train.set_epoch(4)
     assert L3.train.state_dict() == {"epoch": 4, "batch_index": 0}
 
@@ -172,13 +159,13 @@ def test_drop_last_false_and_too_small():
 
 
 def test_break_and_continue_with_persistent_workers():
-    ref = _take(_loaders(_cfg(num_workers=0)).train, 7)
+    ref = take(_loaders(_cfg(num_workers=0)).train, 7)
     L = _loaders(_cfg(num_workers=2, persistent_workers=True))
-    first = _take(L.train, 3)
+    first = take(L.train, 3)
     assert L.train.state_dict() == {"epoch": 0, "batch_index": 3}
-    rest = _take(L.train, 4)  # a new iteration continues at the next unseen batch
+    rest = take(L.train, 4)  # a new iteration continues at the next unseen batch
     for x, y in zip(first + rest, ref):
-        _same(x, y)
+        assert_same_batch(x, y)
 
 
 def test_plugin_format_with_extra_fields(monkeypatch):

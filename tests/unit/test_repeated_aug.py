@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import assert_same_batch, take
 
 from vitscale.data import DataConfig, build_loaders
 from vitscale.data.keyed import epoch_permutation
@@ -98,20 +99,6 @@ def _train(cfg, micro=6, rank=0, world=1):
                          eval_batch_size=10, rank=rank, world_size=world).train  # fmt: skip
 
 
-def _take(loader, n):
-    out = []
-    for b in loader:
-        out.append(b)
-        if len(out) == n:
-            break
-    return out
-
-
-def _same(a, b):
-    for k in ("image", "label", "index", "crop", "flip"):
-        assert torch.equal(a[k], b[k]), k
-
-
 def test_repeats_get_different_augmentations_and_repeat_0_keeps_todays():
     """Over an epoch, the 3 repeats of an image have 3 different crops and pixels; repeat 0 is the
     sample repeated_aug=1 gives the same (epoch, index) (its keys are unchanged)."""
@@ -137,8 +124,8 @@ def test_repeats_get_different_augmentations_and_repeat_0_keeps_todays():
 
 
 def test_one_and_two_ranks_give_the_same_samples_and_augmentations():
-    one = _take(_train(_cfg(repeated_aug=3), micro=8), 5)
-    two = [_take(_train(_cfg(repeated_aug=3), micro=4, rank=r, world=2), 5) for r in range(2)]
+    one = take(_train(_cfg(repeated_aug=3), micro=8), 5)
+    two = [take(_train(_cfg(repeated_aug=3), micro=4, rank=r, world=2), 5) for r in range(2)]
     for step in range(5):
         for r in range(2):
             for k in ("image", "label", "index", "crop", "flip"):
@@ -147,23 +134,23 @@ def test_one_and_two_ranks_give_the_same_samples_and_augmentations():
 
 def test_resume_mid_epoch_continues_exactly():
     cfg = _cfg(repeated_aug=3)
-    ref = _take(_train(cfg), 16 + 3)  # epoch 0 (16 batches of 6) and 3 of epoch 1
+    ref = take(_train(cfg), 16 + 3)  # epoch 0 (16 batches of 6) and 3 of epoch 1
     first = _train(cfg)
-    _take(first, 7)
+    take(first, 7)
     state = first.state_dict()
     assert state == {"epoch": 0, "batch_index": 7}
     resumed = _train(cfg)
     resumed.load_state_dict(state)
-    rest = _take(resumed, 16 - 7 + 3)
+    rest = take(resumed, 16 - 7 + 3)
     for x, y in zip(rest, ref[7:], strict=True):
-        _same(x, y)
+        assert_same_batch(x, y)
 
 
 def test_workers_give_the_same_batches():
-    a = _take(_train(_cfg(repeated_aug=3)), 3)
-    b = _take(_train(_cfg(repeated_aug=3, num_workers=2, persistent_workers=True)), 3)
+    a = take(_train(_cfg(repeated_aug=3)), 3)
+    b = take(_train(_cfg(repeated_aug=3, num_workers=2, persistent_workers=True)), 3)
     for x, y in zip(a, b):
-        _same(x, y)
+        assert_same_batch(x, y)
 
 
 @pytest.mark.parametrize("value", [0, -2])
