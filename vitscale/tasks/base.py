@@ -4,6 +4,8 @@ it needs and registers itself (after torchtitan's ``protocols/train_spec.py``):
 - its config groups (``config_groups``: name -> dataclass; each becomes a group of the run config,
   ``vitscale.config.config_class``, and is left out of the config.yaml of runs of other tasks);
 - its loss per micro-batch and the training metrics beside it (:meth:`Task.loss`);
+- its own up-front checks (:meth:`Task.check`, beside the run's: what needs more than one group;
+  a group checks its own fields in its ``__post_init__``);
 - its default evaluations (:meth:`Task.default_evals`: the entries a run gets when its config sets
   no ``evals:``, built from the ``eval.*`` keys);
 - the loss ``vitscale bench`` times (:meth:`Task.bench_loss`, on the output of our model and of the
@@ -69,6 +71,23 @@ class Task:
         """The task that evaluates trained weights (``vitscale eval``): this one, unless training it
         needs more than the model and the data (token labeling evaluates as classification)."""
         return cls(cfg, model, num_classes, dp_group, class_names)
+
+    @classmethod
+    def check(cls, cfg: Any, model: Any, dims: Any, purpose: str) -> None:
+        """The task's own up-front checks of a run (:func:`vitscale.run.checks.check_run` calls it, before
+        any data is read or model built), raising :class:`vitscale.errors.CheckError` in one line that
+        names the setting: what needs more than one config group (the resolved model ``model``, a
+        :class:`vitscale.models.registry.ResolvedModel`; the layout ``dims``; ``purpose``: ``train``,
+        ``eval``, ``label`` or ``bench``). A check of one group's own fields lives in that group's
+        ``__post_init__``. Default: for training, the groups of other tasks that this one would
+        ignore are refused (each group's ``refuse_unread``, e.g. ``distill.teacher``). An override
+        calls ``super().check``."""
+        if purpose != "train":
+            return
+        for group, (_, readers) in task_groups().items():
+            refuse = getattr(getattr(cfg, group, None), "refuse_unread", None)
+            if cls.name not in readers and refuse is not None:
+                refuse(cls.name, readers)
 
     def setup(self, run: Any) -> list[str]:
         """Called once by the trainer with the assembled run (:class:`vitscale.run.Run`: layout, device,
