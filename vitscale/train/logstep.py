@@ -18,6 +18,7 @@ replays use without allocating; a host-side counter, no synchronisation) and, wh
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -28,6 +29,8 @@ from vitscale.distributed.compile import uses_cudagraphs
 from vitscale.tools.device_memory import read_peak
 from vitscale.tools.mfu import achieved_tflops, mfu_percent, peak_tflops
 from vitscale.tools.units import count
+
+from .schedules import run_length
 
 
 def reduce_mean(t: torch.Tensor, world: int) -> torch.Tensor:
@@ -75,10 +78,13 @@ def device_peak(device: torch.device, autocast) -> float | None:
         return None
 
 
-def opening_lines(run, total_steps: int, peak_lr: float, warmup: int, step: int, resumed_from: str | None) -> list[str]:
-    """What a run says before its first step: accepted config changes, fp8, where it resumed, the
-    model, steps, device, batch layout and learning rate."""
+def opening_lines(run, schedule, checkpoints) -> list[str]:
+    """What a run says before its first step: accepted config changes, fp8, where it resumed
+    (``checkpoints``: the trainer's :class:`~vitscale.train.checkpointing.Checkpointing`), the model,
+    steps, device, batch layout and learning rate (``schedule``: its peak and warmup)."""
     cfg, tc, claim = run.cfg, run.cfg.train, run.claim
+    total_steps, step, resumed_from = checkpoints.counters.total_steps, checkpoints.counters.step, checkpoints.resumed_from
+    peak_lr, warmup = schedule.peak, schedule.warmup
     lines = []
     if claim is not None and claim.accepted:
         changed = ", ".join(f"{k}: {a} -> {b}" for k, a, b in claim.accepted)
@@ -123,6 +129,20 @@ class LogStep:
         self.cuda = device if device is not None and device.type == "cuda" else None
         self.cudagraphs = bool(tc.compile) and uses_cudagraphs(tc.compile_mode)  # mem_peak_gib counts their pools
         self.restart()
+
+    @classmethod
+    def of_run(cls, run, schedule, guard, task, info) -> LogStep:
+        """The log step of the assembled ``run`` (:class:`vitscale.run.Run`): its layout, epoch length
+        and image sizes; with ``log.flops`` the FLOPs of its model's family at each step's size and the
+        device's peak (MFU); ``task``'s parts' times (:meth:`vitscale.tasks.Task.step_times`);
+        ``info``: where its notes go."""
+        tc = run.cfg.train
+        flops = model_flops(run.family, run.model, run.img_size) if run.cfg.log.flops else None
+        return cls(tc, world=run.dims.world_size, steps_per_epoch=run_length(tc, len(run.loaders.train))[0],
+                   schedule=schedule, guard=guard, flops_per_image=flops, info=info,
+                   peak=device_peak(run.device, run.precision.autocast) if flops else None,
+                   part_times=task.step_times, device=run.device, dp_size=run.dims.dp_size,
+                   flops_at=functools.partial(model_flops, run.family, run.model), varying=run.loaders.sizes is not None)  # fmt: skip
 
     def restart(self) -> None:
         """Start counting images and time afresh (after a record, an evaluation or a checkpoint)."""
