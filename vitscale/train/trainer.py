@@ -2,9 +2,11 @@
 
 :func:`vitscale.run.assemble` builds the run (device, layout, data, the model on the meta device ->
 its family's plan through the parallelize tail -> ``to_empty`` -> ``init_weights()`` under the run's
-seed); the trainer declares its components — optimizer, schedule, EMA, task, the checkpoint
-component (:mod:`.checkpointing`: the run's state as DCP ``Stateful`` parts, resume, schedule), the
-evaluations (:mod:`.evaluation`) and the log step (:mod:`.logstep`) — and holds the loop. It never
+seed); the trainer builds its components from that run — task, optimizer, schedule, EMA, the
+checkpoint component (:mod:`.checkpointing`: the run's state as DCP ``Stateful`` parts, resume,
+schedule), the evaluations (:mod:`.evaluation`), the log step and logger (:mod:`.logstep`,
+:mod:`.metrics`: ``of_run``) and the run's end (:mod:`.finish`) — and holds the loop, which calls each
+with the step. No component reads the trainer's state: each is handed what it uses. It never
 branches on a model's name: the task (``train.task`` or the family's default) computes the loss.
 
 Steps count from 1 (step N = the N-th optimizer update). The host syncs with the device only at log,
@@ -137,9 +139,7 @@ class Trainer:
         try:
             if self.complete:
                 return self.end.finished(self.run, self.checkpoints)
-            log = MetricsLogger(self.out, enabled=self.run.dims.is_main, total_steps=self.counters.total_steps, start_step=self.step,
-                                config=self.cfg, progress=self.cfg.log.progress, tensorboard=self.cfg.log.tensorboard,
-                                eval_names=tuple(self.evals.names))  # fmt: skip
+            log = MetricsLogger.of_run(self.run, self.counters, self.evals.names)
             try:
                 self.end.tensorboard = log.tb is not None
                 for line in opening_lines(self.run, self.schedule, self.checkpoints) + self.notices:
@@ -241,11 +241,11 @@ def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, 
     Rank 0 keeps what it prints in ``<output_dir>/train.log`` (``vitscale.train.runlog``) and ends
     with the summary in the form ``summary`` names: ``human``, ``json`` or ``none``. ``notes``: lines
     from loading the config, printed with the run's opening lines."""
-    main = int(os.environ.get("RANK", "0")) == 0  # the rank torchrun gave this process (0 without torchrun)
-    rank = int(os.environ.get("RANK", "0"))
-    with RunLog(Path(cfg.train.output_dir) / "train.log", enabled=main, header=command_line()) as runlog, \
+    rank = int(os.environ.get("RANK", "0"))  # the rank torchrun gave this process (0 without torchrun)
+    out = Path(cfg.train.output_dir)
+    with RunLog(out / "train.log", enabled=rank == 0, header=command_line()) as runlog, \
             Preemption(cfg.checkpoint.save_on_signal) as preemption, \
-            Watchdog(cfg.train.hang_timeout, Path(cfg.train.output_dir), rank) as watchdog:  # start-up included
+            Watchdog(cfg.train.hang_timeout, out, rank) as watchdog:  # start-up included
         trainer = Trainer(cfg, preemption, watchdog)  # checks the settings and claims the run folder (or refuses: no file written)
         trainer.notices[:0] = list(notes)
         runlog.attach()
