@@ -195,39 +195,52 @@ class Trainer:
 
     def train_step(self, batches) -> tuple[torch.Tensor, dict, torch.Tensor]:
         """One optimizer update (``grad_accum`` micro-batches). Returns device tensors, no sync."""
-        tc, model, n, world = self.cfg.train, self.model, self.cfg.train.grad_accum, self.run.dims.world_size
+        n = self.cfg.train.grad_accum
         loss_sum = torch.zeros((), device=self.device)
         metric_sums: dict[str, torch.Tensor] = {}
         if self.static_shapes is not None:
             mark_step()  # the CUDA graphs' outputs of the last step may be overwritten from here on
         for micro in range(n):
-            if world > 1 and n > 1:  # every model is an FSDP2 module on several ranks
-                model.set_requires_gradient_sync(micro == n - 1)  # reduce gradients on the last micro-step only
-            batch = self._to_device(next(batches))
-            self.step_shape = batch_shape(batch)  # img/s and MFU count each step at its own size
-            if self.static_shapes is not None:
-                self.static_shapes.check(batch)
-            self.counters.skipped += int(batch.get("skipped", 0))
-            # Dropout / drop-path draw from a stream keyed by (seed, micro-step, data-parallel rank): a
-            # resume continues exactly whatever else touched the global RNG (e.g. DataLoader iterators).
-            torch.manual_seed(_step_seed(tc.seed, (self.step - 1) * n + micro, self.run.dims.dp_rank))
-            loss, metrics = self.task.loss(model, batch, (self.step - 1) * n + micro)
-            (loss / n).backward()
-            loss_sum += loss.detach()
+            if self.run.dims.world_size > 1 and n > 1:  # every model is an FSDP2 module on several ranks
+                self.model.set_requires_gradient_sync(micro == n - 1)  # reduce gradients on the last micro-step only
+            loss, metrics = self.forward_backward(self._to_device(next(batches)), (self.step - 1) * n + micro)
+            loss_sum += loss
             for k, v in metrics.items():
-                metric_sums[k] = metric_sums.get(k, 0) + v.detach()
-        params = [p for p in model.parameters() if p.grad is not None]
+                metric_sums[k] = metric_sums.get(k, 0) + v
+        loss = loss_sum / n
+        grad_norm = self.optimizer_step(loss)
+        return loss, {k: v / n for k, v in metric_sums.items()}, grad_norm
+
+    def forward_backward(self, batch: dict, micro_step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The task's loss of one micro-batch (``micro_step``: its number in the run), its gradients
+        accumulated (scaled by ``1 / grad_accum``); returns the loss and the metrics, detached."""
+        self.step_shape = batch_shape(batch)  # img/s and MFU count each step at its own size
+        if self.static_shapes is not None:
+            self.static_shapes.check(batch)
+        self.counters.skipped += int(batch.get("skipped", 0))
+        # Dropout / drop-path draw from a stream keyed by (seed, micro-step, data-parallel rank): a
+        # resume continues exactly whatever else touched the global RNG (e.g. DataLoader iterators).
+        torch.manual_seed(_step_seed(self.cfg.train.seed, micro_step, self.run.dims.dp_rank))
+        loss, metrics = self.task.loss(self.model, batch, micro_step)
+        (loss / self.cfg.train.grad_accum).backward()
+        return loss.detach(), {k: v.detach() for k, v in metrics.items()}
+
+    def optimizer_step(self, loss: torch.Tensor) -> torch.Tensor:
+        """Clip the gradients (``train.grad_clip``), apply the update at this step's learning rate unless
+        the loss or the gradient norm is non-finite on any rank (:mod:`vitscale.train.nonfinite`), and
+        clear the gradients; returns the gradient norm (a device tensor)."""
+        world, tc = self.run.dims.world_size, self.cfg.train
+        params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
         # fused kernels clip as they read the gradients (grad_scale); else in place, as PyTorch does
         grad_norm, unscale = clip_gradients(params, max_norm, world=world, fold=self.skip_on_device)
-        loss = loss_sum / n
         ok = self.guard.flag(loss, grad_norm, world)  # a non-finite step on any rank is not applied
         self.schedule.apply(self.step)
-        apply_update(self.optimizer, ok, on_device=self.skip_on_device, ema=self.ema, model=model, grad_scale=unscale,
+        apply_update(self.optimizer, ok, on_device=self.skip_on_device, ema=self.ema, model=self.model, grad_scale=unscale,
                      on_skip=lambda: self.guard.check(self.step, self.checkpoints.last))  # stop once the budget is spent
-        precompute_float8_scales(model, self.run.float8)  # tensorwise fp8 + FSDP2: all scales in one all-reduce
+        precompute_float8_scales(self.model, self.run.float8)  # tensorwise fp8 + FSDP2: all scales in one all-reduce
         self.optimizer.zero_grad(set_to_none=True)
-        return loss, {k: v / n for k, v in metric_sums.items()}, grad_norm
+        return grad_norm
 
     def print_summary(self, summary: dict[str, Any], fmt: str = "human") -> None:
         """Print the end of the run on rank 0: ``human`` (what the run gave and where its outputs are),
