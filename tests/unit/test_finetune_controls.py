@@ -165,8 +165,14 @@ def test_distillation_settings_are_checked_up_front():
     assert load_config("digits_vit", ["distill.alpha=1.5"]).distill.alpha == 1.5  # no teacher: not read, not checked
     # what needs more than one group: the run's checks, the task's (Task.check) among them
     for overrides, message in (
-        (["train.task=token_labeling", "distill.teacher=t.pth"], "the token_labeling task does not distill"),
+        (["train.task=token_labeling", "token_label.path=labels", "distill.teacher=t.pth"], "the token_labeling task does not distill"),
+        (["train.task=token_labeling"], "train.task=token_labeling needs token_label.path"),
         (["optim.layer_decay=0"], "optim.layer_decay=0.0 must be in (0, 1]"),
     ):
         with pytest.raises(CheckError, match=re.escape(message)):
             check_run(load_config("digits_vit", overrides), dims, "train")
+    clip = load_config("digits_clip", ["train.task=token_labeling", "token_label.path=labels"])
+    with pytest.raises(CheckError, match=re.escape("needs a model with per-token class logits (a ViT or VOLO): clip_debug")):
+        check_run(clip, dims, "train")
+    check_run(load_config("digits_vit", ["train.task=token_labeling", "token_label.path=labels"]), dims, "train")
+    check_run(load_config("digits_vit", ["train.task=token_labeling"]), dims, "eval")  # evaluates as a classifier
