@@ -137,6 +137,14 @@ def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys, mon
     assert ev.returncode == 0, ev.stderr
     assert json.loads(ev.stdout)["val_mse"] == summary["val_mse"]
 
+    # its check runs with the run's own, before any data is read or model built: one line, exit code 2
+    fresh = tmp_path / "mixed"
+    refused = vitscale("train", str(config), "data.mixup_alpha=0.8", f"train.output_dir={fresh}")
+    err = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(err) == 1, refused.stderr
+    assert "data.mixup_alpha=0.8, data.cutmix_alpha=0.0: the digit_value task does not mix" in err[0]
+    assert not fresh.exists()
+
     # vitscale bench times the task's own loss (in this process, the task registered for this test only)
     from vitscale.cli import main
     from vitscale.eval import evaluator
@@ -145,13 +153,6 @@ def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys, mon
     monkeypatch.setattr(base, "_TASKS", dict(base._TASKS))
     monkeypatch.setattr(evaluator, "_EVALUATORS", dict(evaluator._EVALUATORS))
     register()
-
-    # its check runs with the run's own, before any data is read or model built: one line, exit code 2
-    fresh = tmp_path / "mixed"
-    assert main(["train", str(config), "data.mixup_alpha=0.8", f"train.output_dir={fresh}"]) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and "data.mixup_alpha=0.8, data.cutmix_alpha=0.0: the digit_value task does not mix" in err[0], err
-    assert not fresh.exists()
 
     out = tmp_path / "bench.json"
     argv = ["bench", "vit_debug", "--task", "digit_value", "--device", "cpu", "--batch-size", "4", "--steps", "1",
