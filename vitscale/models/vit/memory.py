@@ -66,7 +66,7 @@ class ViTMemory:
                 tp += n - _norm_params(m)  # everything but the norms / LayerScale of a block is sharded by TP
         pool = model.attn_pool if isinstance(model, VisionTransformer) else None  # (a CLIP's stays in its root)
         if pool is not None:
-            for lin in (pool.q, pool.kv, pool.proj, pool.mlp.fc1, pool.mlp.fc2):
+            for lin in (pool.q, pool.kv_per_head, pool.proj, pool.mlp.fc1, pool.mlp.fc2):
                 tp += sum(p.numel() for p in lin.parameters())
             biggest = max(biggest, sum(p.numel() for p in pool.parameters()))
         return total, tp, biggest
