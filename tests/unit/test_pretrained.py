@@ -231,7 +231,7 @@ def test_weights_written_before_the_rename_still_load(tmp_path):
     """Run folders, checkpoints and exports written under the former names (``attn.qkv``, ...) are
     vitscale's by their kind or metadata and load renamed; a bare file of them is timm's by its names
     unless told (``init_format=vitscale``), or vitscale's where timm never writes such names."""
-    from vitscale.checkpoint import write_weights
+    from vitscale.checkpoint import load_model_weights, write_weights
 
     torch.manual_seed(0)
     x = _images()
@@ -248,6 +248,10 @@ def test_weights_written_before_the_rename_still_load(tmp_path):
         assert src.format == "vitscale" and "4 tensors under their names before the *_per_head rename" in lines[0], lines
         with torch.no_grad():
             torch.testing.assert_close(model(x), want, rtol=0, atol=0)
+    model = _vit()  # what vitscale eval / export / a teacher load: straight into the model
+    load_model_weights(model, sd, strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), want, rtol=0, atol=0)
     # no metadata: timm's names, so timm's layout, unless the format is named
     safetensors.torch.save_file(sd, str(tmp_path / "bare.safetensors"))
     assert read_source(str(tmp_path / "bare.safetensors"), get_family("vit")).format == "timm"
