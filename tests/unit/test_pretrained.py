@@ -245,7 +245,7 @@ def test_weights_written_before_the_rename_still_load(tmp_path):
     for given in (tmp_path / "run", tmp_path / "export.safetensors"):
         model = _vit()
         src, lines, _ = load_pretrained(model, str(given))
-        assert src.format == "vitscale" and "4 tensors under their names before the *_per_head rename" in lines[0], lines
+        assert src.format == "vitscale" and "4 tensors under their former names (before the *_per_head rename: blocks.0.attn.qkv.bias, ...) renamed" in lines[0], lines
         with torch.no_grad():
             torch.testing.assert_close(model(x), want, rtol=0, atol=0)
     model = _vit()  # what vitscale eval / export / a teacher load: straight into the model

@@ -368,8 +368,8 @@ def to_vitscale(src: Source, family: FamilySpec, cfg: Any, where: str) -> dict[s
     if src.format == "vitscale":
         wanted = family.model_cls(cfg, device="meta").state_dict()
         sd, former = with_current_names(src.tensors, wanted)
-        if former and "former names" not in src.why:
-            src.why += f"; {len(former)} tensors under their names before the *_per_head rename ({former[0]}, ...) mapped"
+        if former and "former names" not in src.why:  # (said once: a source may be converted twice)
+            src.why += f"; {len(former)} tensors under their former names (before the *_per_head rename: {former[0]}, ...) renamed"
         return sd
     try:
         adapter = family.adapter(src.format)
