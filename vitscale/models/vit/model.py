@@ -62,7 +62,7 @@ class Block(nn.Module):
 
 
 class ParallelBlock(nn.Module):
-    """ViT-22B block: x + out_proj([attn(norm(x)), mlp_act(norm(x))]) with fused in/out projections.
+    """ViT-22B block: x + out_proj_per_head([attn(norm(x)), mlp_act(norm(x))]) with fused in/out projections.
 
     ``in_proj_per_head`` computes Q, K, V and the MLP's first layer in one matmul. Its output rows are grouped
     per head, ``(H, 3*Dh + F/H)`` — head h's q, k, v, then its 1/H share of the MLP hidden units —
