@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
-import shutil
 
 import pytest
 import safetensors.torch
