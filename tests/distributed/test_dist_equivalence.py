@@ -65,5 +65,5 @@ def test_layouts_follow_single_process_curve():
     for name, (sharded, total) in a.items():
         if not sharded:
             assert total == b[name][1], name
-        elif name.endswith("qkv.weight") or name.endswith("fc1.weight"):
+        elif name.endswith("qkv_per_head.weight") or name.endswith("fc1.weight"):
             assert total != b[name][1], name

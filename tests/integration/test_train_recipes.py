@@ -36,7 +36,7 @@ def test_pretrain_then_finetune_at_higher_resolution(tmp_path):
     from safetensors.torch import load_file
 
     w224 = load_file(tmp_path / "pre" / "model.safetensors")
-    torch.testing.assert_close(trainer.model.blocks[0].attn.qkv.weight.detach(), w224["blocks.0.attn.qkv.weight"])
+    torch.testing.assert_close(trainer.model.blocks[0].attn.qkv_per_head.weight.detach(), w224["blocks.0.attn.qkv_per_head.weight"])
     s2 = trainer.fit()
     assert s2["steps"] == 2
     rows = [json.loads(line) for line in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]

@@ -59,5 +59,5 @@ def test_token_labeling_pipeline_and_high_res_finetune(tmp_path, capsys):
     w_low, w_high = load_file(str(low / "model.safetensors")), load_file(str(high / "model.safetensors"))
     assert w_high["pos_embed"].shape == (1, 8, 8, 64)
     torch.testing.assert_close(w_high["pos_embed"], _resample_grid_pos(w_low["pos_embed"], (8, 8)))
-    for k in ("blocks.0.attn.qkv.weight", "outlookers.0.attn.attn.weight", "aux_head.weight", "head.bias"):
+    for k in ("blocks.0.attn.qkv_per_head.weight", "outlookers.0.attn.attn.weight", "aux_head.weight", "head.bias"):
         torch.testing.assert_close(w_high[k], w_low[k])

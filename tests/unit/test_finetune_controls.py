@@ -64,7 +64,7 @@ def test_clip_layer_decay_is_per_tower():
     assert scale[id(named["visual.patch_embed.proj.weight"])] == 0.125  # 2 image blocks: 0.5^3
     assert scale[id(named["text.token_embedding.weight"])] == 0.125
     assert scale[id(named["visual.blocks.1.mlp.fc1.weight"])] == 0.5
-    assert scale[id(named["text.blocks.0.attn.qkv.weight"])] == 0.25
+    assert scale[id(named["text.blocks.0.attn.qkv_per_head.weight"])] == 0.25
     assert scale[id(named["logit_scale"])] == scale[id(named["image_proj.weight"])] == 1.0
 
 

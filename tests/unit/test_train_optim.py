@@ -26,8 +26,8 @@ def test_weight_decay_groups_and_head_decay():
     assert groups["decay"]["weight_decay"] == 0.3 and groups["head"]["weight_decay"] == 0.01
     assert groups["no_decay"]["weight_decay"] == 0.0
     no_decay, decay, head = (_names(model, groups[k]) for k in ("no_decay", "decay", "head"))
-    assert {"pos_embed", "cls_token", "norm.weight", "norm.bias", "blocks.0.attn.qkv.bias"} <= no_decay
-    assert "blocks.0.attn.qkv.weight" in decay and "patch_embed.proj.weight" in decay
+    assert {"pos_embed", "cls_token", "norm.weight", "norm.bias", "blocks.0.attn.qkv_per_head.bias"} <= no_decay
+    assert "blocks.0.attn.qkv_per_head.weight" in decay and "patch_embed.proj.weight" in decay
     assert head == {"head.weight"}  # the head's bias takes no decay
     assert not decay & no_decay and len(decay | no_decay | head) == len(list(model.parameters()))
     # head_weight_decay None = the body's decay

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..param_names import with_current_names
 from .collective import all_ok, cause, rank_world
 from .discovery import find_checkpoint, is_step_folder, list_checkpoints
 from .integrity import CheckpointError, naming_errors
@@ -116,10 +117,11 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor] | Non
 def _fit(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool, source) -> tuple[dict, dict]:
     """``sd`` ready for ``model`` (hooks applied, the classifier's misfits dropped) and the report;
     :class:`CheckpointError` when anything else does not fit."""
+    current = model.state_dict()
+    sd = with_current_names(sd, current)[0]  # weights written before the per-head projections were renamed
     before = {k: tuple(v.shape) for k, v in sd.items()}
     _run_load_pre_hooks(model, sd)
     resized = [(k, before[k], tuple(v.shape)) for k, v in sd.items() if k in before and before[k] != tuple(v.shape)]
-    current = model.state_dict()
     skipped = [k for k, v in sd.items() if k in current and tuple(current[k].shape) != tuple(v.shape)]
     unexpected = [k for k in sd if k not in current]
     missing = [k for k in current if k not in sd]

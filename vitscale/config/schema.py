@@ -181,9 +181,11 @@ class CheckpointConfig:
     adapter; position embeddings resampled, a classifier of another class count re-initialised,
     each said in a line (docs/finetuning.md)."""
     init_format: Literal["vitscale", "timm", "open_clip"] | None = None
-    """The format of ``init_from`` when it cannot be told from the file (a ``.safetensors`` whose
-    names are both vitscale's and timm's and that carries no vitscale metadata: the fused QKV rows
-    differ in order, so it is refused rather than guessed); None = told from the file."""
+    """The format of ``init_from``, overriding what the file tells; None = told from the file (its kind,
+    vitscale's metadata, its names: vitscale names its per-head projections ``*_per_head``, timm's
+    are ``attn.qkv``, ...). Needed only where the names cannot tell: a ViT state dict that
+    ``save_file`` wrote from a vitscale model before that rename has timm's names (set ``vitscale``),
+    and a plug-in family whose namings overlap is refused until told (docs/finetuning.md)."""
     resume: bool = True
     """Resume from the newest checkpoint in output_dir/checkpoints when there is one (with the same
     config: see ``allow_changes``); false = start over."""

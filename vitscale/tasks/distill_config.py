@@ -23,7 +23,7 @@ class DistillConfig:
     or ``.safetensors``; a timm / open_clip ``.safetensors`` or ``.pth`` / ``.bin``; a Hub snapshot
     folder; ``hf-hub:org/name`` from the local cache. None = no distillation."""
     teacher_format: Literal["vitscale", "timm", "open_clip"] | None = None
-    """The format of ``teacher`` when the file cannot tell (as ``checkpoint.init_format``)."""
+    """The format of ``teacher``, overriding what the file tells (as ``checkpoint.init_format``)."""
     teacher_model: str | None = None
     """The teacher's registered variant (any family: ``vitscale models``); None = the one its weights
     name (a vitscale run folder or ``.safetensors`` export names its model)."""

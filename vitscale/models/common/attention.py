@@ -1,9 +1,10 @@
 """Multi-head self-attention through ``F.scaled_dot_product_attention``.
 
-The fused QKV projection stores its output rows per head, ``(H, 3, D)`` — Megatron's layout — rather
+The fused QKV projection, ``qkv_per_head``, stores its output rows per head, ``(H, 3, D)`` — Megatron's layout — rather
 than timm's ``(3, H, D)``. Splitting the rows into contiguous chunks (column-parallel tensor
 parallelism) then hands every rank whole heads with their q, k and v; the converters in
-``state_dict_adapter.py`` permute rows to and from the timm / open_clip layouts.
+``state_dict_adapter.py`` permute rows to and from the timm / open_clip layouts. Its name is not
+timm's ``qkv``: a state dict's names alone say whose row order it holds (docs/finetuning.md).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.attn_drop = attn_drop
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
+        self.qkv_per_head = nn.Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
         self.q_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
         self.k_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
@@ -60,7 +61,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False):
         B, N, _ = x.shape
         # -1 heads: under tensor parallelism this rank holds only its share of the heads.
-        qkv = self.qkv(x).reshape(B, N, -1, 3, self.head_dim)  # (B, N, H, 3, D)
+        qkv = self.qkv_per_head(x).reshape(B, N, -1, 3, self.head_dim)  # (B, N, H, 3, D)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # 3 x (B, H, N, D)
         q, k = self.q_norm(q), self.k_norm(k)
         drop = self.attn_drop if self.training else 0.0

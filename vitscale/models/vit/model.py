@@ -62,11 +62,11 @@ class Block(nn.Module):
 
 
 class ParallelBlock(nn.Module):
-    """ViT-22B block: x + out_proj([attn(norm(x)), mlp_act(norm(x))]) with fused in/out projections.
+    """ViT-22B block: x + out_proj_per_head([attn(norm(x)), mlp_act(norm(x))]) with fused in/out projections.
 
-    ``in_proj`` computes Q, K, V and the MLP's first layer in one matmul. Its output rows are grouped
+    ``in_proj_per_head`` computes Q, K, V and the MLP's first layer in one matmul. Its output rows are grouped
     per head, ``(H, 3*Dh + F/H)`` — head h's q, k, v, then its 1/H share of the MLP hidden units —
-    and ``out_proj`` reads its input in the matching ``(H, Dh + F/H)`` order, so contiguous row /
+    and ``out_proj_per_head`` reads its input in the matching ``(H, Dh + F/H)`` order, so contiguous row /
     column sharding (Megatron column / row parallel) gives every rank whole heads and an equal
     slice of the MLP. The MLP hidden units keep their natural order (unit j sits in group j // (F/H)).
     """
@@ -80,17 +80,17 @@ class ParallelBlock(nn.Module):
         self.mlp_per_head = F_ // H
         self.attn_drop = cfg.attention_dropout
         self.norm = make_norm(D, eps, nb, device, dtype, nt)
-        self.in_proj = nn.Linear(D, H * (3 * self.head_dim + self.mlp_per_head), bias=cfg.qkv_bias, device=device, dtype=dtype)
-        # Without a QKV bias the MLP keeps its own bias, laid out per head like the in_proj rows.
+        self.in_proj_per_head = nn.Linear(D, H * (3 * self.head_dim + self.mlp_per_head), bias=cfg.qkv_bias, device=device, dtype=dtype)
+        # Without a QKV bias the MLP keeps its own bias, laid out per head like the in_proj_per_head rows.
         if cfg.mlp_bias and not cfg.qkv_bias:
-            self.mlp_bias = nn.Parameter(torch.empty(H, self.mlp_per_head, device=device, dtype=dtype))
+            self.mlp_bias_per_head = nn.Parameter(torch.empty(H, self.mlp_per_head, device=device, dtype=dtype))
         else:
-            self.register_parameter("mlp_bias", None)
+            self.register_parameter("mlp_bias_per_head", None)
         self.q_norm = make_norm(self.head_dim, eps, nb, device, dtype, nt) if cfg.qk_norm else nn.Identity()
         self.k_norm = make_norm(self.head_dim, eps, nb, device, dtype, nt) if cfg.qk_norm else nn.Identity()
         self.act = make_activation(cfg.activation)
         self.mlp_drop = nn.Dropout(cfg.hidden_dropout)
-        self.out_proj = nn.Linear(
+        self.out_proj_per_head = nn.Linear(
             H * (self.head_dim + self.mlp_per_head), D, bias=cfg.proj_bias or cfg.mlp_bias, device=device, dtype=dtype
         )
         self.out_drop = nn.Dropout(cfg.hidden_dropout)
@@ -99,24 +99,24 @@ class ParallelBlock(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def init_weights(self) -> None:
-        if self.mlp_bias is not None:
-            nn.init.zeros_(self.mlp_bias)
+        if self.mlp_bias_per_head is not None:
+            nn.init.zeros_(self.mlp_bias_per_head)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, N, _ = x.shape
         Dh, Fh = self.head_dim, self.mlp_per_head
-        y = self.in_proj(self.norm(x)).reshape(B, N, -1, 3 * Dh + Fh)  # (B, N, H, 3*Dh + F/H)
+        y = self.in_proj_per_head(self.norm(x)).reshape(B, N, -1, 3 * Dh + Fh)  # (B, N, H, 3*Dh + F/H)
         # One split into q, k, v and the MLP part: its backward writes the four gradients straight into
-        # in_proj's output gradient (one cat), where splitting off QKV and unbinding it stacked dq, dk,
+        # in_proj_per_head's output gradient (one cat), where splitting off QKV and unbinding it stacked dq, dk,
         # dv first and copied the stack again.
         q, k, v, h = y.split([Dh, Dh, Dh, Fh], dim=-1)  # 3 x (B, N, H, Dh), (B, N, H, F/H)
-        if self.mlp_bias is not None:
-            h = h + self.mlp_bias
+        if self.mlp_bias_per_head is not None:
+            h = h + self.mlp_bias_per_head
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # 3 x (B, H, N, Dh)
         q, k = self.q_norm(q), self.k_norm(k)
         a = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop if self.training else 0.0).transpose(1, 2)  # (B, N, H, Dh)
         h = self.mlp_drop(self.act(h))
-        y = self.out_proj(torch.cat([a, h], dim=-1).reshape(B, N, -1))  # (B, N, D)
+        y = self.out_proj_per_head(torch.cat([a, h], dim=-1).reshape(B, N, -1))  # (B, N, D)
         return x + self.drop_path(self.ls(self.out_drop(y)))
 
 
