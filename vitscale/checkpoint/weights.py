@@ -154,11 +154,16 @@ def _fit(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool, sour
 # ------------------------------------------------------------------------------------- writing
 def export_safetensors(model: torch.nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
     """Gather the full weights (rank 0 writes) into a ``.safetensors`` file, atomically, with a
-    content checksum in its metadata (``vitscale.checksum``, verified by :func:`read_weights`)."""
+    content checksum in its metadata (``vitscale.checksum``, verified by :func:`read_weights`).
+    Submodules a task attached for training only (``task_only = True``: MAE's decoder) are left out:
+    the file holds the family's own model."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     distributed = dist.is_available() and dist.is_initialized()
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=distributed))
+    task_only = tuple(f"{name}." for name, m in model.named_modules() if name and getattr(m, "task_only", False))
+    if task_only:
+        sd = {k: v for k, v in sd.items() if not k.startswith(task_only)}
     err = None
     if rank_world()[0] == 0:
         try:

@@ -204,7 +204,7 @@ class Trainer:
         cfg, start_step, t_start, last_eval = self.cfg, self.counters.segments.start(self.step), time.perf_counter(), {}
         logstep = LogStep(cfg.train, world=self.world, steps_per_epoch=self.steps_per_epoch, schedule=self.schedule, guard=self.guard,
                           flops_per_image=self.flops_per_image, peak=self.peak_tflops, info=log.info,
-                          part_times=self.task.step_times, device=self.device, dp_size=self.pd.dp_size,
+                          part_times=self.task.step_times, task_metrics=self.task.log_metrics, device=self.device, dp_size=self.pd.dp_size,
                           flops_at=lambda size: model_flops(self.run.family, self.model, size),
                           varying=self.loaders.sizes is not None)  # fmt: skip
         batches = logstep.timed(self._batches())  # the data-wait share of the log line
