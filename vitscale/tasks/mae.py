@@ -13,11 +13,11 @@ line numbers below). Labels are ignored: any image data trains (digits, imagefol
   the shared learnt mask token in every removed place, the tokens put back in grid order, fixed 2-D
   sin-cos position embeddings (``util/pos_embed.py``; the prefix tokens get none, as MAE's class
   token gets its zero row), ``mae.decoder_depth`` pre-norm blocks (the ViT family's ``Block``), a
-  LayerNorm and a linear prediction of each patch's pixels. It is attached to the model
-  (``model.mae_decoder``) before the optimizer is built, so it trains, is checkpointed and resumes with
-  the model; the exported weights (``model.safetensors``) leave it out (:data:`MaeDecoder.task_only`),
-  so they are the family's own model, which ``checkpoint.init_from``, ``vitscale eval`` and
-  ``vitscale export`` take.
+  LayerNorm and a linear prediction of each patch's pixels. It is attached to the model as a
+  training-only part (``model.task_parts.mae_decoder``, :mod:`vitscale.tasks.parts`) before the
+  optimizer is built, so it trains, is checkpointed and resumes with the model; the exported weights
+  (``model.safetensors``) and the weights another run reads from the run folder leave it out: they are
+  the family's own model, which ``checkpoint.init_from``, ``vitscale eval`` and ``vitscale export`` take.
 - **Loss** (``forward_loss``, lines 198-214): the mean squared error per patch against its pixels
   (``(ph, pw, C)`` order, ``patchify`` line 105), each patch normalised by its own mean and variance
   with ``mae.norm_pix_loss``, averaged over the removed patches only.
@@ -40,6 +40,7 @@ from vitscale.patch_layout import patchify
 from .base import Task, register_task
 from .health import RankWatch
 from .mae_config import MaeConfig
+from .parts import attach_part
 
 STREAM_MAE_MASK = 12  # keyed-randomness stream tag (vitscale.data.keyed uses 1-9, token labeling 11)
 STREAM_MAE_INIT = 13
@@ -97,9 +98,6 @@ class MaeDecoder(nn.Module):
     """MAE's light decoder (module docstring). ``forward(tokens, ids_restore, prefix)``: the encoder's
     tokens ``(B, prefix + K, D)`` -> predicted pixels of every patch ``(B, N, P*P*C)``."""
 
-    task_only = True
-    """A training-only part of the model: left out of the exported weights (``model.safetensors``)."""
-
     def __init__(self, enc_width: int, patch_pixels: int, mc: MaeConfig, norm_eps: float = 1e-6):
         super().__init__()
         from vitscale.models.vit.configs import ViTConfig
@@ -153,7 +151,7 @@ class MaeDecoder(nn.Module):
 # ------------------------------------------------------------------------------------------ task
 class MaeTask(Task):
     """Its evaluations (when the run sets no ``evals:``): ``knn`` every ``eval.every`` steps and at the
-    end, ``linear_probe`` at the end; its log-step metric: ``train_rankme`` (module docstring)."""
+    end, ``linear_probe`` (``eval.probe_*``) at the end; its log-step metric: ``train_rankme``."""
 
     name = "mae"
     config_groups = {"mae": MaeConfig}
@@ -192,14 +190,40 @@ class MaeTask(Task):
             torch.manual_seed(keyed.key(self.seed, STREAM_MAE_INIT))
             decoder = MaeDecoder(model.num_features, mcfg.patch_dim**2 * mcfg.num_channels, mc, mcfg.norm_eps)
             decoder.init_weights()
-        model.add_module("mae_decoder", decoder.to(device))
-        self.decoder = model.mae_decoder
+        self.decoder = attach_part(model, "mae_decoder", decoder.to(device))
         n_dec = sum(p.numel() for p in decoder.parameters())
-        return [f"mae: mask ratio {mc.mask_ratio} ({keep_count(n, mc.mask_ratio)} of {n} patches seen), decoder "
+        unreached = self._freeze_unreached(mcfg, device)
+        frozen = ([f"mae: {len(unreached)} tensors the objective does not reach are frozen (no gradient, not in the "
+                   f"optimizer): {', '.join(unreached[:3])}{', ...' if len(unreached) > 3 else ''}"]
+                  if unreached else [])  # fmt: skip
+        return [*frozen, f"mae: mask ratio {mc.mask_ratio} ({keep_count(n, mc.mask_ratio)} of {n} patches seen), decoder "
                 f"{mc.decoder_depth} x {mc.decoder_width} ({mc.decoder_heads} heads, {n_dec / 1e6:.2f}M params, not "
                 f"exported), {'per-patch normalised' if mc.norm_pix_loss else 'raw'} pixel targets",
                 "mae: TFLOP/s and MFU count the encoder on every patch (the family's count), not the visible patches "
                 "and the decoder"]  # fmt: skip
+
+    def _freeze_unreached(self, mcfg, device) -> list[str]:
+        """Freeze the model's parameters that MAE's loss does not reach (the classifier, a pooling
+        head's norm or attention pool: MAE reads the tokens before pooling), found by one backward pass
+        of a blank image in eval mode (no dropout draws): they would get no gradient and no optimizer
+        state, and the checkpointed optimizer would not match a resumed one. Returns their names."""
+        model, n = self.model, mcfg.num_patches
+        k = keep_count(n, self.mc.mask_ratio)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.enable_grad():
+                x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
+                tokens = model(x, keep=torch.arange(k, device=device)[None])
+                self.decoder(tokens, torch.arange(n, device=device)[None], self.prefix, mcfg.grid).float().sum().backward()
+            unreached = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        finally:
+            model.zero_grad(set_to_none=True)
+            model.train(was_training)
+        params = dict(model.named_parameters())
+        for name in unreached:
+            params[name].requires_grad_(False)
+        return unreached
 
     def loss(self, model, batch, step):
         images = batch["image"]
@@ -223,9 +247,10 @@ class MaeTask(Task):
 
     @classmethod
     def default_evals(cls, cfg):
-        every = cfg.eval.every
-        return [{"kind": "knn", "name": "knn", "every": every},
-                {"kind": "linear_probe", "name": "linear_probe", "every": 0}]  # fmt: skip
+        ec = cfg.eval
+        return [{"kind": "knn", "name": "knn", "every": ec.every},
+                {"kind": "linear_probe", "name": "linear_probe", "every": 0, "l2": list(ec.probe_l2),
+                 "holdout": ec.probe_holdout, "max_iter": ec.probe_max_iter}]  # fmt: skip
 
 
 register_task(MaeTask)
