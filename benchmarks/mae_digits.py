@@ -77,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         doc["stdev"] = {name: {k: statistics.stdev(r[k] for r in runs) if len(runs) > 1 else 0.0
                                for k in ("knn_top1", "linear_probe_top1")} for name, runs in doc["runs"].items()}  # fmt: skip
         cost = {"digits_vit": [], "digits_mae": []}
-        steps = [f"train.max_steps={args.cost_steps}", "train.log_every=5", "eval.every=0", "checkpoint.every=0"]
+        steps = [
+            f"train.max_steps={args.cost_steps}",
+            "train.log_every=5",
+            "eval.every=0",
+            "checkpoint.every=0",
+        ]
         doc["cost_commands"] = {k: f"vitscale train {k} " + " ".join(steps) for k in cost}
         for r in range(args.cost_rounds):
             for name in cost:
@@ -94,8 +99,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{m['linear_probe_top1']:.2f} +- {s['linear_probe_top1']:.2f}% over seeds {args.seeds}")  # fmt: skip
     for name in ("digits_vit", "digits_mae"):
         c = doc["step_cost"][name]
-        print(f"{name}: {c['ms_per_step_batch64']:.1f} ms per step of 64 images (median {c['median_img_per_s']:.0f} img/s)")
-    print(f"an MAE step costs {doc['step_cost']['mae_over_supervised']:.2f}x a supervised step of the same backbone")
+        print(
+            f"{name}: {c['ms_per_step_batch64']:.1f} ms per step of 64 images (median {c['median_img_per_s']:.0f} img/s)"
+        )
+    print(
+        f"an MAE step costs {doc['step_cost']['mae_over_supervised']:.2f}x a supervised step of the same backbone"
+    )
     if args.json:
         write_json(doc, args.json)
     return 0

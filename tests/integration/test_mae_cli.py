@@ -11,22 +11,27 @@ import math
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import read_metrics
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from helpers import read_metrics
-
-BACKBONE = ["model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=1", "model.num_attention_heads=2"]
+BACKBONE = [
+    "model.hidden_size=32",
+    "model.ffn_hidden_size=64",
+    "model.num_layers=1",
+    "model.num_attention_heads=2",
+]
 TINY = [*BACKBONE, "mae.decoder_width=16", "mae.decoder_depth=1", "mae.decoder_heads=2", "train.max_steps=4",
         "train.log_every=1", "schedule.warmup_steps=1", "checkpoint.every=2", "checkpoint.keep=5", "eval.probe_l2=[1e-3]",
         "log.progress=plain"]  # fmt: skip
 
 
 def vitscale(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vitscale", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "vitscale", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -37,7 +42,9 @@ def test_digits_mae_pretrains_reports_knn_and_rank_resumes_and_hands_over(tmp_pa
     rows = read_metrics(run)
     train_rows = [r for r in rows if "loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
-    assert all(math.isfinite(r["loss"]) and 1.0 <= r["train_rankme"] <= 32 for r in train_rows)  # at every log step
+    assert all(
+        math.isfinite(r["loss"]) and 1.0 <= r["train_rankme"] <= 32 for r in train_rows
+    )  # at every log step
     assert 0 <= rows[-1]["knn_top1"] <= rows[-1]["knn_top5"] <= 100 and "linear_probe_top1" in rows[-1]
     assert "val_top1" not in rows[-1]  # labels are not trained on: no classification evaluation
     assert "mae: mask ratio 0.75 (16 of 64 patches seen)" in p.stdout
@@ -73,10 +80,14 @@ def test_digits_mae_pretrains_reports_knn_and_rank_resumes_and_hands_over(tmp_pa
     mae, tuned = load_file(run / "model.safetensors"), load_file(ft / "model.safetensors")
     assert mae.keys() == tuned.keys() and all(mae[k].equal(tuned[k]) for k in mae)
 
+
 def test_a_mask_ratio_outside_zero_one_is_one_line_before_training(tmp_path, capsys):
     from vitscale.cli import main
 
     assert main(["train", "digits_mae", "mae.mask_ratio=1.0", f"train.output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
-    assert err == "vitscale train: mae: mask_ratio=1.0 must lie in (0, 1): the fraction of patches removed (MAE: 0.75)\n"
+    assert (
+        err
+        == "vitscale train: mae: mask_ratio=1.0 must lie in (0, 1): the fraction of patches removed (MAE: 0.75)\n"
+    )
     assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -21,13 +21,17 @@ def test_masks_keep_the_ratio_and_are_keyed_by_sample_and_step():
     assert k == 16 and keep_count(49, 0.75) == 12  # int(N * (1 - ratio)), as MAE
     index = torch.tensor([5, 17, 3, 900])
     a = draw_shuffle(index, step=7, seed=0, num_patches=n)
-    assert a.shape == (4, n) and all(sorted(r.tolist()) == list(range(n)) for r in a)  # a permutation per sample
+    assert a.shape == (4, n) and all(
+        sorted(r.tolist()) == list(range(n)) for r in a
+    )  # a permutation per sample
     assert len({tuple(r[:k].tolist()) for r in a}) == 4  # different samples, different masks
     # the same (seed, step, sample) draws the same mask: a resumed run; split over two ranks, any order
     assert torch.equal(draw_shuffle(index, 7, 0, n), a)
     halves = torch.cat([draw_shuffle(index[2:], 7, 0, n), draw_shuffle(index[:2], 7, 0, n)])
     assert torch.equal(halves, a[[2, 3, 0, 1]])
-    assert not torch.equal(draw_shuffle(index, 8, 0, n), a) and not torch.equal(draw_shuffle(index, 7, 1, n), a)
+    assert not torch.equal(draw_shuffle(index, 8, 0, n), a) and not torch.equal(
+        draw_shuffle(index, 7, 1, n), a
+    )
 
 
 def test_a_mask_ratio_outside_zero_one_is_refused():
@@ -49,7 +53,9 @@ def test_the_loss_is_maes_formula_in_float64():
         target = np.stack([np.stack([x[b, :, r * p:(r + 1) * p, c * p:(c + 1) * p].transpose(1, 2, 0).reshape(-1)
                                      for r in range(H // p) for c in range(H // p)]) for b in range(B)])  # fmt: skip
         if norm_pix:
-            target = (target - target.mean(-1, keepdims=True)) / np.sqrt(target.var(-1, ddof=1, keepdims=True) + 1e-6)
+            target = (target - target.mean(-1, keepdims=True)) / np.sqrt(
+                target.var(-1, ddof=1, keepdims=True) + 1e-6
+            )
         want = (((pr - target) ** 2).mean(-1) * m).sum() / m.sum()
         got = mae_loss(pred, images, removed.bool(), p, norm_pix)
         assert got.dtype == torch.float32 and abs(float(got) - want) < 1e-5 * max(1.0, abs(want))
@@ -57,8 +63,14 @@ def test_the_loss_is_maes_formula_in_float64():
 
 def test_the_encoder_on_the_visible_patches_is_the_blocks_on_the_gathered_sequence():
     torch.manual_seed(0)
-    model = resolve_model("vit_debug", hidden_size=32, ffn_hidden_size=64, num_layers=2, num_attention_heads=2,
-                          class_token_length=2).create()  # fmt: skip  (a class token and a register)
+    model = resolve_model(
+        "vit_debug",
+        hidden_size=32,
+        ffn_hidden_size=64,
+        num_layers=2,
+        num_attention_heads=2,
+        class_token_length=2,
+    ).create()  # fmt: skip  (a class token and a register)
     model.eval()
     x = torch.randn(3, 3, 32, 32)
     keep = draw_shuffle(torch.arange(3), 0, 0, model.cfg.num_patches)[:, :5]
@@ -107,7 +119,9 @@ def test_knn_is_the_brute_force_weighted_vote_on_the_digits():
         hit5 += label in order[:5]
     got = knn_classify(torch.tensor(bank, dtype=torch.float32), torch.tensor(bank_y), torch.tensor(q, dtype=torch.float32),
                        torch.tensor(q_y), 10, k, T)  # fmt: skip
-    assert got["top1"] == pytest.approx(100 * hit1 / len(q_y)) and got["top5"] == pytest.approx(100 * hit5 / len(q_y))
+    assert got["top1"] == pytest.approx(100 * hit1 / len(q_y)) and got["top5"] == pytest.approx(
+        100 * hit5 / len(q_y)
+    )
     assert got["top1"] > 90  # the digits' neighbours mostly share their class
 
 
@@ -117,8 +131,12 @@ def test_rankme_is_the_entropy_of_numpys_singular_values():
     s = np.linalg.svd(z.double().numpy(), compute_uv=False)
     p = s / s.sum() + 1e-7
     assert float(effective_rank(z)) == pytest.approx(float(np.exp(-(p * np.log(p)).sum())), rel=1e-4)
-    assert float(effective_rank(torch.ones(8, 4))) == pytest.approx(1.0, abs=1e-3)  # complete collapse: rank 1
-    assert float(effective_rank(torch.eye(6))) == pytest.approx(6.0, rel=1e-5)  # equal singular values: full rank
+    assert float(effective_rank(torch.ones(8, 4))) == pytest.approx(
+        1.0, abs=1e-3
+    )  # complete collapse: rank 1
+    assert float(effective_rank(torch.eye(6))) == pytest.approx(
+        6.0, rel=1e-5
+    )  # equal singular values: full rank
     assert rank_floor(64, 96) == 2.0 and rank_floor(4096, 1024) == pytest.approx(10.24)
 
 
@@ -131,4 +149,8 @@ def test_the_rank_warning_is_one_line_per_fall():
         metrics, lines = watch.read(step)
         assert set(metrics) == {"train_rankme"}
         said += lines
-    assert len(said) == 2 and said[0].startswith("warning: step 2: the effective rank (RankMe)") and "step 5" in said[1]
+    assert (
+        len(said) == 2
+        and said[0].startswith("warning: step 2: the effective rank (RankMe)")
+        and "step 5" in said[1]
+    )

@@ -56,12 +56,17 @@ def draw_shuffle(index: torch.Tensor, step: int, seed: int, num_patches: int) ->
     """``(B, N)`` int64: each sample's patches in ascending order of its noise (MAE's ``ids_shuffle``: the
     first ``keep_count`` are kept). Sample ``i``'s noise is keyed by ``(seed, step, index[i])``: the
     same for that sample whichever rank or batch position holds it. ``index``: dataset indices (CPU)."""
-    rows = [torch.rand(num_patches, generator=keyed.torch_gen(seed, step, int(i), STREAM_MAE_MASK)) for i in index.tolist()]
+    rows = [
+        torch.rand(num_patches, generator=keyed.torch_gen(seed, step, int(i), STREAM_MAE_MASK))
+        for i in index.tolist()
+    ]
     return torch.stack(rows).argsort(dim=1)
 
 
 # ------------------------------------------------------------------------------------------ loss
-def mae_loss(pred: torch.Tensor, images: torch.Tensor, removed: torch.Tensor, patch: int, norm_pix: bool) -> torch.Tensor:
+def mae_loss(
+    pred: torch.Tensor, images: torch.Tensor, removed: torch.Tensor, patch: int, norm_pix: bool
+) -> torch.Tensor:
     """MAE's ``forward_loss``: ``pred`` ``(B, N, P*P*C)``, ``images`` ``(B, C, H, W)``, ``removed``
     ``(B, N)`` (1 = removed). The mean over the removed patches of each patch's mean squared error
     against its pixels, normalised per patch (``(x - mean) / sqrt(var + 1e-6)``, the unbiased
@@ -132,14 +137,20 @@ class MaeDecoder(nn.Module):
     def pos_embed(self, gh: int, gw: int, like: torch.Tensor) -> torch.Tensor:
         key = (gh, gw, like.device, like.dtype)
         if key not in self._pos:
-            self._pos[key] = sincos_2d(self.mask_token.shape[-1], gh, gw).to(device=like.device, dtype=like.dtype)[None]
+            self._pos[key] = sincos_2d(self.mask_token.shape[-1], gh, gw).to(
+                device=like.device, dtype=like.dtype
+            )[None]
         return self._pos[key]
 
-    def forward(self, tokens: torch.Tensor, ids_restore: torch.Tensor, prefix: int, grid: tuple[int, int]) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, ids_restore: torch.Tensor, prefix: int, grid: tuple[int, int]
+    ) -> torch.Tensor:
         x = self.embed(tokens)  # (B, P + K, W)
         B, N = ids_restore.shape
         W = x.shape[-1]
-        patches = torch.cat([x[:, prefix:], self.mask_token.to(x.dtype).expand(B, N - (x.shape[1] - prefix), W)], dim=1)
+        patches = torch.cat(
+            [x[:, prefix:], self.mask_token.to(x.dtype).expand(B, N - (x.shape[1] - prefix), W)], dim=1
+        )
         patches = patches.gather(1, ids_restore[..., None].expand(-1, -1, W))  # grid order (MAE's unshuffle)
         patches = patches + self.pos_embed(*grid, patches)
         x = torch.cat([x[:, :prefix], patches], dim=1)
@@ -169,7 +180,9 @@ class MaeTask(Task):
         ``train.seed``, the same on every rank) and attach it to the model before the optimizer."""
         model, mc = self.model, self.mc
         name = run.cfg.model.name
-        if "keep" not in inspect.signature(model.forward).parameters or not hasattr(model, "num_prefix_tokens"):
+        if "keep" not in inspect.signature(model.forward).parameters or not hasattr(
+            model, "num_prefix_tokens"
+        ):
             raise ConfigError(f"train.task=mae: model {name} cannot run its encoder on the visible patches only "
                               "(forward(images, keep=...)): use a ViT (`vitscale models`)")  # fmt: skip
         if run.dims.world_size > 1:
@@ -215,7 +228,9 @@ class MaeTask(Task):
             with torch.enable_grad():
                 x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
                 tokens = model(x, keep=torch.arange(k, device=device)[None])
-                self.decoder(tokens, torch.arange(n, device=device)[None], self.prefix, mcfg.grid).float().sum().backward()
+                self.decoder(
+                    tokens, torch.arange(n, device=device)[None], self.prefix, mcfg.grid
+                ).float().sum().backward()
             unreached = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
         finally:
             model.zero_grad(set_to_none=True)

@@ -42,6 +42,8 @@ class MaeConfig:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
         if self.decoder_width % self.decoder_heads:
-            raise ValueError(f"decoder_width={self.decoder_width} must be divisible by decoder_heads={self.decoder_heads}")
+            raise ValueError(
+                f"decoder_width={self.decoder_width} must be divisible by decoder_heads={self.decoder_heads}"
+            )
         if self.decoder_mlp_ratio <= 0:
             raise ValueError(f"decoder_mlp_ratio={self.decoder_mlp_ratio} must be > 0")
