@@ -248,7 +248,10 @@ class MaeTask(Task):
         k = keep_count(n, self.mc.mask_ratio)
         host = batch.get("host", batch)
         index = host["index"] if "index" in host else torch.arange(B)  # a stream without indices: by position
-        shuffle = draw_shuffle(index, step, self.seed, n).to(images.device, non_blocking=True)
+        shuffle = draw_shuffle(index, step, self.seed, n)
+        if images.device.type == "cuda":  # a copy from pinned memory: the host does not wait for the GPU
+            shuffle = shuffle.pin_memory()
+        shuffle = shuffle.to(images.device, non_blocking=True)
         ids_restore = shuffle.argsort(dim=1)
         with self.autocast():
             tokens = model(images, keep=shuffle[:, :k])  # (B, prefix + k, D)
