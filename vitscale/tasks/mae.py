@@ -81,16 +81,18 @@ def mae_loss(
 
 
 # ------------------------------------------------------------------------------------------ decoder
-def sincos_2d(width: int, gh: int, gw: int) -> torch.Tensor:
-    """Fixed 2-D sin-cos position embeddings ``(gh * gw, width)`` of a row-major patch grid: the first
-    half encodes the column, the second the row, each as ``[sin(pos * w_k), cos(pos * w_k)]`` with
-    ``w_k = 10000^(-k / (width / 4))`` (MAE's ``util/pos_embed.py``, after Vaswani et al. 2017)."""
+def sincos_2d(width: int, gh: int, gw: int, device=None) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embeddings ``(gh * gw, width)`` float32 of a row-major patch grid: the
+    first half encodes the column, the second the row, each as ``[sin(pos * w_k), cos(pos * w_k)]`` with
+    ``w_k = 10000^(-k / (width / 4))`` (MAE's ``util/pos_embed.py``, after Vaswani et al. 2017).
+    Computed on ``device`` (no host-to-device copy)."""
     if width % 4:
         raise ValueError(f"sin-cos position embeddings need a width divisible by 4, got {width}")
     q = width // 4
-    omega = 1.0 / 10000 ** (torch.arange(q, dtype=torch.float64) / q)  # (W/4,)
-    rows = torch.arange(gh, dtype=torch.float64).repeat_interleave(gw)
-    cols = torch.arange(gw, dtype=torch.float64).repeat(gh)
+    f64 = dict(dtype=torch.float64, device=device)
+    omega = 1.0 / 10000 ** (torch.arange(q, **f64) / q)  # (W/4,)
+    rows = torch.arange(gh, **f64).repeat_interleave(gw)
+    cols = torch.arange(gw, **f64).repeat(gh)
 
     def one(pos):
         out = pos[:, None] * omega[None]  # (N, W/4)
@@ -137,9 +139,7 @@ class MaeDecoder(nn.Module):
     def pos_embed(self, gh: int, gw: int, like: torch.Tensor) -> torch.Tensor:
         key = (gh, gw, like.device, like.dtype)
         if key not in self._pos:
-            self._pos[key] = sincos_2d(self.mask_token.shape[-1], gh, gw).to(
-                device=like.device, dtype=like.dtype
-            )[None]
+            self._pos[key] = sincos_2d(self.mask_token.shape[-1], gh, gw, like.device).to(like.dtype)[None]
         return self._pos[key]
 
     def forward(
