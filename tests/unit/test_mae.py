@@ -154,3 +154,15 @@ def test_the_rank_warning_is_one_line_per_fall():
         and said[0].startswith("warning: step 2: the effective rank (RankMe)")
         and "step 5" in said[1]
     )
+
+
+def test_knn_is_an_entry_of_evals_beside_the_linear_probe():
+    from vitscale.config import load_config
+    from vitscale.errors import ConfigError
+
+    cfg = load_config("digits_vit", ["evals=[{kind: knn, k: 5, temperature: 0.1}, {kind: linear_probe}]"])
+    knn, probe = cfg.evals
+    assert (knn.kind, knn.k, knn.temperature, knn.fit_split, knn.split) == ("knn", 5, 0.1, "train", "val")
+    assert probe.kind == "linear_probe"
+    with pytest.raises(ConfigError, match="k=0 must be >= 1"):
+        load_config("digits_vit", ["evals=[{kind: knn, k: 0}]"])
