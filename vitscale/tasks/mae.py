@@ -263,6 +263,14 @@ class MaeTask(Task):
     def log_metrics(self, step):
         return self.rank.read(step)
 
+    @staticmethod
+    def bench_loss(out, labels):
+        """Not timed by ``vitscale bench`` (whose step is the model's forward on whole images, then a loss
+        of its output): refused in one line rather than timing another task's loss."""
+        raise ConfigError("--task mae: the bench times a loss of the model's output on whole images, "
+                          "not MAE's masked encoder and decoder; time an MAE step with `vitscale train` "
+                          "(benchmarks/mae_digits.py)")  # fmt: skip
+
     @classmethod
     def default_evals(cls, cfg):
         ec = cfg.eval
