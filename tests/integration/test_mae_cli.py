@@ -48,7 +48,8 @@ def test_digits_mae_pretrains_reports_knn_and_rank_resumes_and_hands_over(tmp_pa
     assert 0 <= rows[-1]["knn_top1"] <= rows[-1]["knn_top5"] <= 100 and "linear_probe_top1" in rows[-1]
     assert "val_top1" not in rows[-1]  # labels are not trained on: no classification evaluation
     assert "mae: mask ratio 0.75 (16 of 64 patches seen)" in p.stdout
-    assert '<figure id="plot-collapse">' in (run / "report.html").read_text()
+    page = (run / "report.html").read_text()
+    assert '<figure id="plot-collapse">' in page and '<figure id="plot-knn">' in page
     with safe_open(run / "model.safetensors", "pt") as f:  # the backbone alone: no decoder
         keys = list(f.keys())
     assert "pos_embed" in keys and not any(k.startswith("task_parts.") for k in keys)

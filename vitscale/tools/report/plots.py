@@ -55,6 +55,8 @@ PANELS = (
           alt="CLIP zero-shot top-1 and top-5 accuracy over steps"),
     Panel("retrieval", "Image-text retrieval", "recall@K (%)", ("*retrieval_recall@*",), percent=True,
           alt="CLIP image-to-text and text-to-image retrieval recall@K over steps", pair_style=True),
+    Panel("knn", "k-NN classification", "top-k accuracy (%)", ("knn_top*",), percent=True,
+          alt="weighted k-NN top-1 and top-5 accuracy of frozen features over steps"),
     Panel("collapse", "Collapse signals", "effective rank (RankMe)", ("train_rankme",), zero_y=True,
           alt="effective rank of the batch's embeddings over steps (RankMe; a collapsing representation falls to 1)"),
     Panel("lr", "Learning rate", "learning rate", ("lr",), sci_y=True, alt="learning rate over steps"),
