@@ -18,6 +18,8 @@ line numbers below). Labels are ignored: any image data trains (digits, imagefol
   optimizer is built, so it trains, is checkpointed and resumes with the model; the exported weights
   (``model.safetensors``) and the weights another run reads from the run folder leave it out: they are
   the family's own model, which ``checkpoint.init_from``, ``vitscale eval`` and ``vitscale export`` take.
+  Under ``torchrun`` the decoder is its own FSDP2 unit on the data-parallel mesh (tensor parallelism,
+  and EMA on several processes, are refused in one line).
 - **Loss** (``forward_loss``, lines 198-214): the mean squared error per patch against its pixels
   (``(ph, pw, C)`` order, ``patchify`` line 105), each patch normalised by its own mean and variance
   with ``mae.norm_pix_loss``, averaged over the removed patches only.
@@ -177,7 +179,8 @@ class MaeTask(Task):
 
     def setup(self, run):
         """Check the backbone can run on the visible patches, then build the decoder (weights keyed by
-        ``train.seed``, the same on every rank) and attach it to the model before the optimizer."""
+        ``train.seed``, the same on every rank; sharded by FSDP2 under torchrun) and attach it to the
+        model before the optimizer."""
         model, mc = self.model, self.mc
         name = run.cfg.model.name
         if "keep" not in inspect.signature(model.forward).parameters or not hasattr(
@@ -185,9 +188,13 @@ class MaeTask(Task):
         ):
             raise ConfigError(f"train.task=mae: model {name} cannot run its encoder on the visible patches only "
                               "(forward(images, keep=...)): use a ViT (`vitscale models`)")  # fmt: skip
-        if run.dims.world_size > 1:
-            raise ConfigError("train.task=mae trains in one process for now (its decoder is not laid out for FSDP2 / "
-                              "tensor parallelism yet): run it without torchrun")  # fmt: skip
+        dims = run.dims
+        if dims.distributed and dims.tp_enabled:
+            raise ConfigError("train.task=mae with parallel.tp > 1: its decoder has no tensor-parallel plan yet; "
+                              "use FSDP2 (parallel.tp=1)")  # fmt: skip
+        if dims.distributed and run.cfg.train.ema_decay > 0:
+            raise ConfigError("train.task=mae with train.ema_decay under torchrun: the EMA copy is built without the "
+                              "decoder; set train.ema_decay=0 (or train in one process)")  # fmt: skip
         mcfg = model.cfg
         n = mcfg.num_patches
         if keep_count(n, mc.mask_ratio) < 1:
@@ -203,7 +210,18 @@ class MaeTask(Task):
             torch.manual_seed(keyed.key(self.seed, STREAM_MAE_INIT))
             decoder = MaeDecoder(model.num_features, mcfg.patch_dim**2 * mcfg.num_channels, mc, mcfg.norm_eps)
             decoder.init_weights()
-        self.decoder = attach_part(model, "mae_decoder", decoder.to(device))
+        decoder = decoder.to(device)
+        if dims.distributed:  # its own FSDP2 unit on the data-parallel mesh, as the model's blocks
+            from vitscale.distributed.fsdp import (
+                dp_mesh_for,
+                fully_shard,
+                mixed_precision_policy,
+                resolve_precision,
+            )
+
+            prec = resolve_precision(run.cfg.precision, run.device)
+            fully_shard(decoder, mesh=dp_mesh_for(dims), mp_policy=mixed_precision_policy(prec.param_dtype, prec.reduce_dtype))
+        self.decoder = attach_part(model, "mae_decoder", decoder)
         n_dec = sum(p.numel() for p in decoder.parameters())
         unreached = self._freeze_unreached(mcfg, device)
         frozen = ([f"mae: {len(unreached)} tensors the objective does not reach are frozen (no gradient, not in the "
