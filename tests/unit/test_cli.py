@@ -83,7 +83,7 @@ def test_overrides_may_follow_an_option(capsys):
     [
         ("data.format=nope", "unknown data.format 'nope'; choose one of csv, digits, digits_aspect, imagefolder, parquet, synthetic, "
          "webdataset"),
-        ("train.task=nope", "train.task: unknown task 'nope'; choose one of classification, contrastive, token_labeling"),
+        ("train.task=nope", "train.task: unknown task 'nope'; choose one of classification, contrastive, mae, token_labeling"),
         ("data.interpolation=cubic", "data.interpolation: 'cubic' is not one of bilinear, bicubic"),
         ("token_label.cls_target=label", "token_label.cls_target: 'label' is not one of ground_truth, teacher"),
         ("teacher.weights=best", "teacher.weights: 'best' is not one of model, ema"),
@@ -126,7 +126,7 @@ def test_config_lists_every_group_of_the_schema(capsys):
     out = capsys.readouterr().out.splitlines()
     listed = [line.split()[0] for line in out[1:-1]]
     schema = [f.name for f in dataclasses.fields(Config)]  # the root's groups, then the tasks' groups
-    assert listed == [*schema, "distill", "clip", "token_label", "teacher"]
+    assert listed == [*schema, "distill", "clip", "token_label", "teacher", "mae"]
     assert "evals" in listed and "  evals        The run's evaluations" in "\n".join(out)
     assert "  optim        The optimizer." in out
 
@@ -137,7 +137,7 @@ def test_config_lists_a_tasks_group_and_every_evaluator(capsys):
     assert main(["config", "evals"]) == 0
     out = capsys.readouterr().out
     kinds = [line.split()[1] for line in out.splitlines() if line.startswith("kind: ")]
-    assert kinds == sorted(["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot", "sizes"])
+    assert kinds == sorted(["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot", "knn", "sizes"])
     assert "  every = 0  (int)\n    Evaluate every N training steps" in out
     assert "  shots = [1, 5, 10, 25]  (list of int)" in out  # a kind's own field
 

@@ -23,12 +23,24 @@ class SaveError(CheckpointError):
 
 
 # ------------------------------------------------------------------------------------- reading
+TASK_PARTS = "task_parts"
+"""The submodule under which a task attaches training-only parts of the model (MAE's decoder:
+:mod:`vitscale.tasks.parts`): checkpointed and resumed with the model, left out of its exported
+weights and of the weights :func:`read_weights` gives another run."""
+
+
+def without_task_parts(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` without the tensors of :data:`TASK_PARTS`."""
+    return {k: v for k, v in sd.items() if not k.startswith(TASK_PARTS + ".")}
+
+
 def read_weights(path: str | os.PathLike, key: str = "model") -> dict[str, torch.Tensor]:
     """Full (unsharded) CPU weights from a ``.safetensors`` file or a checkpoint / run folder,
     verified (checksums; the newest intact checkpoint of a run folder).
 
     ``key`` selects the checkpoint subtree: ``model`` or ``ema``; for a run folder holding only
-    exported weights, ``model.safetensors`` / ``model_ema.safetensors``.
+    exported weights, ``model.safetensors`` / ``model_ema.safetensors``. A task's training-only parts
+    (:data:`TASK_PARTS`) are left out: these are the weights of the family's model.
     """
     p = Path(path)
     if p.is_dir() and not is_step_folder(p) and not list_checkpoints(p) and not list_checkpoints(p / "checkpoints"):
@@ -38,10 +50,10 @@ def read_weights(path: str | os.PathLike, key: str = "model") -> dict[str, torch
     if p.suffix == ".safetensors":
         if not p.is_file():
             raise FileNotFoundError(f"no weights file at {str(p)!r}")
-        return _finite(read_safetensors(p)[0], p)
+        return _finite(without_task_parts(read_safetensors(p)[0]), p)
     ckpt, idx = find_checkpoint(p, keys={key})
     prefix = key + "."
-    fqns = [k for k in idx["tensors"] if k.startswith(prefix)]
+    fqns = [k for k in idx["tensors"] if k.startswith(prefix) and not k.startswith(prefix + TASK_PARTS + ".")]
     if not fqns:
         raise KeyError(f"checkpoint {ckpt} holds no {key!r} weights")
     return _finite({k[len(prefix) :]: v for k, v in read_full(ckpt, idx, fqns).items()}, ckpt)
@@ -156,11 +168,14 @@ def _fit(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool, sour
 # ------------------------------------------------------------------------------------- writing
 def export_safetensors(model: torch.nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
     """Gather the full weights (rank 0 writes) into a ``.safetensors`` file, atomically, with a
-    content checksum in its metadata (``vitscale.checksum``, verified by :func:`read_weights`)."""
+    content checksum in its metadata (``vitscale.checksum``, verified by :func:`read_weights`).
+    The parts a task attached for training only (:data:`TASK_PARTS`) are left out: the file holds the
+    family's own model."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     distributed = dist.is_available() and dist.is_initialized()
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=distributed))
+    sd = without_task_parts(sd)
     err = None
     if rank_world()[0] == 0:
         try:

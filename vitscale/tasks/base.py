@@ -37,6 +37,7 @@ _TASK_MODULES = {
     "classification": "vitscale.tasks.classification",
     "contrastive": "vitscale.tasks.contrastive",
     "token_labeling": "vitscale.tasks.token_labeling",
+    "mae": "vitscale.tasks.mae",
 }
 
 
@@ -100,6 +101,14 @@ class Task:
         """Seconds the task's named parts took since the last call (``{"teacher": s}``), read at log
         steps only; logged as ``<part>_time_pct`` of the step time. Default: none."""
         return {}
+
+    def log_metrics(self, step: int) -> tuple[dict[str, float], list[str]]:
+        """Metrics computed at log steps only, from what the task kept of the step just done — work
+        that reads the device on the host (an SVD), which a step must not do — and lines to print (a
+        warning). Called on every rank (it may combine over :attr:`dp_group`); logged beside the
+        ``train_*`` metrics of :meth:`loss` (e.g. ``train_rankme``: :mod:`vitscale.tasks.health`).
+        Default: none."""
+        return {}, []
 
     def loss(self, model: nn.Module, batch: dict, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Mean loss of the (already on-device) micro-batch and detached metric tensors (``train_*``).

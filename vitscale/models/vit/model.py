@@ -273,12 +273,22 @@ class VisionTransformer(nn.Module):
             x = torch.cat([*prefix, x + pos], dim=1)  # (B, P+N, D)
         return self.pos_drop(x)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images ``(B, C, H, W)`` -> normalised tokens ``(B, prefix + patches, D)``."""
+    def forward_features(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Images ``(B, C, H, W)`` -> normalised tokens ``(B, prefix + patches, D)``.
+
+        ``keep``: ``(B, K)`` indices of the patches (row-major in the patch grid) that go through the
+        blocks, after their position embeddings (MAE's encoder on the visible patches, He et al. 2021,
+        arXiv 2111.06377, section 3; facebookresearch/mae ``models_mae.py`` ``forward_encoder``): the
+        tokens are then ``(B, prefix + K, D)``, the prefix tokens first, patch dropout not applied."""
         grid = (x.shape[-2] // self.cfg.patch_dim, x.shape[-1] // self.cfg.patch_dim)
         x = self.patch_embed(x)  # (B, N, D)
         x = self._pos_embed(x, grid)
-        x = self.patch_drop(x)
+        if keep is not None:
+            P = self.num_prefix_tokens
+            kept = x[:, P:].gather(1, keep[..., None].expand(-1, -1, x.shape[-1]))  # (B, K, D)
+            x = torch.cat([x[:, :P], kept], dim=1)
+        else:
+            x = self.patch_drop(x)
         x = self.norm_pre(x)
         x = run_blocks(self.blocks, x, self.grad_checkpointing)
         return self.norm(x)
@@ -330,9 +340,12 @@ class VisionTransformer(nn.Module):
         return cls, tok
 
     def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None, pre_logits: bool = False,
-                distill: bool = False):  # fmt: skip
+                distill: bool = False, keep: torch.Tensor | None = None):  # fmt: skip
         """Class logits; ``dense``: and per-token logits; ``pre_logits``: the pooled features;
-        ``distill``: ``(class logits, distillation-token logits)`` (DeiT; see :meth:`forward_head`)."""
+        ``distill``: ``(class logits, distillation-token logits)`` (DeiT; see :meth:`forward_head`);
+        ``keep``: the normalised tokens of the kept patches only (:meth:`forward_features`; MAE)."""
+        if keep is not None:  # through forward() so FSDP's hooks gather the parameters
+            return self.forward_features(x, keep)
         if dense:  # through forward() so FSDP's hooks gather the parameters
             return self.forward_dense(x, mix)
         if pre_logits:  # the pooled features (probes), also through forward()
