@@ -106,6 +106,17 @@ class Run:
         )  # fmt: skip
 
 
+def resolve_run_model(cfg: Config) -> ResolvedModel:
+    """``cfg.model`` resolved, with the changes its task implies (``Task.model_defaults``, e.g.
+    SigLIP's initial temperature) under the user's own overrides."""
+    from vitscale.tasks import get_task
+
+    plain = resolve_model(cfg.model.name, **cfg.model.overrides)
+    implied = get_task(cfg.train.task or plain.family.task).model_defaults(cfg, plain.cfg)
+    implied = {k: v for k, v in implied.items() if k not in cfg.model.overrides}
+    return plain.with_overrides({**implied, **cfg.model.overrides}) if implied else plain
+
+
 def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None = None,
              side: tuple[str, int | None] | None = None, batch_size: int | None = None) -> Run:  # fmt: skip
     """The :class:`Run` of ``cfg`` for ``purpose``; ``model``: a model built elsewhere (e.g. converted
@@ -128,7 +139,7 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     if purpose not in ("train", "bench"):  # fp8 is a training recipe: evaluation and labeling run the plain model
         cfg = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, fp8="none"))
     # The model, resolved once: the checks, the data and the model builder all take it from here.
-    resolved = resolve_model(cfg.model.name, **cfg.model.overrides) if model is None else _given_model(cfg, model)
+    resolved = resolve_run_model(cfg) if model is None else _given_model(cfg, model)
     check_run(cfg, dims, purpose, resolved, side)
     # Training: the run folder is writable and has room, nobody else trains in it, and a resume
     # continues the same run; decided on rank 0, and every rank stops together on a refusal.
@@ -219,11 +230,12 @@ def _given_model(cfg: Config, model: nn.Module) -> ResolvedModel:
 
 
 def model_overrides(cfg: Config, num_classes: int | None, model: ResolvedModel | None = None) -> dict[str, Any]:
-    """``model.overrides`` plus the data's class count and ``data.img_size`` for the fields the
-    variant's config has and the overrides do not set; ``model``: ``cfg.model`` resolved (None:
-    resolved here)."""
-    fields = (model or resolve_model(cfg.model.name, **cfg.model.overrides)).fields
-    over = dict(cfg.model.overrides)
+    """The resolved model's overrides (``model.overrides`` and what the task implies) plus the data's
+    class count and ``data.img_size`` for the fields the variant's config has and the overrides do not
+    set; ``model``: ``cfg.model`` resolved (None: resolved here)."""
+    model = model or resolve_run_model(cfg)
+    fields = model.fields
+    over = dict(model.overrides)
     if num_classes and "num_classes" in fields and "num_classes" not in over:
         over["num_classes"] = num_classes
     if cfg.data.img_size and {"img_h", "img_w"} <= fields:

@@ -135,6 +135,11 @@ def _check_ranges(cfg: Config, purpose: str) -> None:
         _check_signals(cfg.checkpoint.save_on_signal)
         _fraction("train.ema_decay", tc.ema_decay, "0 = no EMA, e.g. 0.9999")
         _fraction("train.label_smoothing", tc.label_smoothing, "0 = none, e.g. 0.1")
+        if cfg.optim.name == "lamb" and cfg.optim.fused in ("fused", "foreach"):
+            raise CheckError(f"optim.fused={cfg.optim.fused}: vitscale's LAMB has one implementation (a loop over the "
+                             "parameters); leave optim.fused at auto with optim.name=lamb")  # fmt: skip
+        if tc.bce_target_thresh is not None:
+            _fraction("train.bce_target_thresh", tc.bce_target_thresh, "targets above it become 1; DeiT III: 0")
         if not (math.isfinite(cfg.optim.lr) and cfg.optim.lr >= 0):
             raise CheckError(f"optim.lr={cfg.optim.lr} must be a finite number >= 0 (e.g. optim.lr=1e-3)")
     if purpose != "bench":
@@ -239,11 +244,11 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
 # ------------------------------------------------------------------------------------- the folder
 def checkpoint_bytes(cfg: Config, model: ResolvedModel | None = None) -> tuple[int, int]:
     """(parameters, bytes of one checkpoint) of the run (its model ``model`` resolved; None:
-    ``cfg.model``): fp32 weights, the optimizer's fp32 states (Adam/AdamW: 2 per parameter, SGD with
+    ``cfg.model``): fp32 weights, the optimizer's fp32 states (Adam/AdamW/LAMB: 2 per parameter, SGD with
     momentum: 1) and the EMA copy; the model is built on the meta device (nothing allocated) to count
     its parameters."""
     params = sum(p.numel() for p in _resolved(cfg, model).create(device="meta").parameters())
-    states = {"adamw": 2, "adam": 2, "sgd": 1 if cfg.optim.momentum else 0}[cfg.optim.name]
+    states = {"adamw": 2, "adam": 2, "lamb": 2, "sgd": 1 if cfg.optim.momentum else 0}[cfg.optim.name]
     copies = 1 + states + (1 if cfg.train.ema_decay > 0 else 0)
     return params, params * 4 * copies
 

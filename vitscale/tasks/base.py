@@ -90,6 +90,14 @@ class Task:
             if cls.name not in readers and refuse is not None:
                 refuse(cls.name, readers)
 
+    @classmethod
+    def model_defaults(cls, cfg: Any, model_cfg: Any) -> dict[str, Any]:
+        """Changes to the model's config that this task's settings imply (SigLIP's temperature and bias
+        under ``train.loss=sigmoid``), applied when the run resolves its model, under the user's own
+        ``model.*`` overrides (a key the user sets is theirs). ``model_cfg``: the variant's config.
+        Default: none."""
+        return {}
+
     def setup(self, run: Any) -> list[str]:
         """Called once by the trainer with the assembled run (:class:`vitscale.run.Run`: layout, device,
         data settings) after :attr:`autocast` and :attr:`device` are set and before the optimizer is

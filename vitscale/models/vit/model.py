@@ -130,7 +130,8 @@ def build_trunk(model: nn.Module, cfg, device=None, dtype=None) -> None:
     model.norm_pre = make_norm(D, eps, nb, device, dtype, nt) if cfg.pre_norm else nn.Identity()
     block_cls = ParallelBlock if cfg.parallel_block else Block
     n = cfg.num_layers
-    dpr = [cfg.drop_path_rate * i / max(n - 1, 1) for i in range(n)]  # linear stochastic-depth rule
+    # linear stochastic-depth rule (timm), or one rate for every block (DeiT III)
+    dpr = [cfg.drop_path_rate if cfg.drop_path_constant else cfg.drop_path_rate * i / max(n - 1, 1) for i in range(n)]
     model.blocks = nn.ModuleList([block_cls(cfg, dpr[i], device, dtype) for i in range(n)])
     use_fc_norm = cfg.use_fc_norm
     model.norm = make_norm(D, eps, nb, device, dtype, nt) if cfg.final_norm and not use_fc_norm else nn.Identity()
