@@ -90,7 +90,7 @@ def test_overrides_may_follow_an_option(capsys):
         ("data.randaugment=m9-n2", "data.randaugment (torchvision's RandAugment) is replaced by data.auto_augment with timm's "
          "strings: write data.auto_augment=rand-m9-n2 for 'm9-n2' (DeiT's and VOLO's: rand-m9-mstd0.5-inc1); docs/data.md"),
         ("data.auto_augment=rand-m9-x2", "data.auto_augment: unknown section 'x2' in 'rand-m9-x2' (this policy takes m, n, p, "
-         "mstd, mmax, inc; e.g. rand-m9-mstd0.5-inc1, original, 3a or ta_wide (docs/data.md))"),
+         "mstd, mmax, inc; e.g. rand-m9-mstd0.5-inc1, original, 3a, ta_wide or nemo (docs/data.md))"),
         ("data.color_jitter=[0.4,0.4]", "data.color_jitter=[0.4, 0.4]: give 1, 3 or 4 values (brightness, contrast, "
          "saturation[, hue]), e.g. 0.4 or [0.4,0.4,0.4,0.1]"),
         ("optim.lrr=1", "unknown config key 'optim.lrr'; did you mean 'optim.lr'?"),
@@ -146,7 +146,7 @@ def test_config_group_shows_defaults_types_and_docstrings(capsys):
     assert main(["config", "optim"]) == 0
     out = capsys.readouterr().out
     assert "optim.lr = 0.001  (float)\n    Base learning rate (before the batch-size scaling rule).\n" in out
-    assert "optim.name = adamw  (adamw | adam | sgd)\n" in out
+    assert "optim.name = adamw  (adamw | adam | sgd | lamb)\n" in out
     assert "optim.head_weight_decay = null  (float | None)\n" in out
     assert "optim.betas = [0.9, 0.999]  (2 values)\n" in out
     assert main(["config", "train"]) == 0
