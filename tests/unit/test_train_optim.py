@@ -64,6 +64,19 @@ def test_cosine_with_warmup():
     assert all(a >= b for a, b in zip(f[9:], f[10:]))
 
 
+def test_cosine_cooldown_holds_min_lr_as_timm():
+    """timm's --cooldown-epochs (the VOLO code's 10): the cosine ends ``cooldown`` steps before the run,
+    whose last steps stay at min_lr; ``cooldown_epochs`` converts by the epoch's length."""
+    from vitscale.train.schedules import in_steps
+
+    s = in_steps(ScheduleConfig(name="cosine", min_lr=0.1, cooldown_epochs=2.5), steps_per_epoch=4)
+    assert s.cooldown_steps == 10
+    f = [lr_factor(s, t, total_steps=110, warmup_steps=10, peak_lr=1.0) for t in range(1, 111)]
+    assert f[9] == pytest.approx(1.0) and f[54] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # 90-step cosine
+    assert f[99:] == [pytest.approx(0.1)] * 11 and f[98] > 0.1  # the cosine reaches min_lr at step 100 and stays
+    assert in_steps(ScheduleConfig(cooldown_steps=3, cooldown_epochs=2.0), 4).cooldown_steps == 3  # steps win
+
+
 def test_rsqrt_with_warmup_and_linear_cooldown():
     s = ScheduleConfig(name="rsqrt", rsqrt_timescale=100, cooldown_steps=50)
     f = lambda t: lr_factor(s, t, total_steps=1000, warmup_steps=10, peak_lr=1.0)  # noqa: E731

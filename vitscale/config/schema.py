@@ -92,7 +92,11 @@ class ScheduleConfig:
     warmup_epochs: float = 0.0
     """Warmup in epochs (converted to steps; used when warmup_steps is 0)."""
     cooldown_steps: int = 0
-    """rsqrt/constant: linear cooldown to 0 over the last steps."""
+    """rsqrt / constant: linear cooldown to 0 over the last steps. cosine: the last steps at ``min_lr``,
+    the cosine ending that many steps before the run does (timm's ``--cooldown-epochs``)."""
+    cooldown_epochs: float = 0.0
+    """``cooldown_steps`` in epochs (used when ``cooldown_steps`` is 0), e.g. the VOLO code's 10
+    (sail-sg/volo ``main.py --cooldown-epochs 10``: its 300 epochs are followed by 10 at ``min_lr``)."""
     min_lr: float = 0.0
     """Cosine: the final learning rate."""
     rsqrt_timescale: int = 10000

@@ -105,6 +105,7 @@ def _check_degenerate(cfg: Config, purpose: str) -> None:
     sc = cfg.schedule
     _at_least("schedule.warmup_epochs", sc.warmup_epochs, 0, "used when schedule.warmup_steps is 0")
     _at_least("schedule.cooldown_steps", sc.cooldown_steps, 0, "0 = no cooldown")
+    _at_least("schedule.cooldown_epochs", sc.cooldown_epochs, 0, "0 = no cooldown")
     _at_least("schedule.min_lr", sc.min_lr, 0, "the cosine's final learning rate")
     _at_least("schedule.rsqrt_timescale", sc.rsqrt_timescale, 1, "steps")
     if o.layer_decay is not None and not 0 < o.layer_decay <= 1:

@@ -46,7 +46,7 @@ from .nonfinite import NonFiniteGuard, apply_update, clip_gradients, prepare_opt
 from .optim import build_optimizer, scaled_lr
 from .preemption import Preemption
 from .runlog import RunLog
-from .schedules import Schedule, fit_warmup, run_length, warmup_steps
+from .schedules import Schedule, fit_warmup, in_steps, run_length, warmup_steps
 from .watchdog import Watchdog
 
 
@@ -104,7 +104,7 @@ class Trainer:
         if self.loaders.val is None and not cfg.evals:
             self.notices.append(f"no validation data: this run reports training metrics only "
                                 f"({validation_hint(cfg.data.format)})")  # fmt: skip
-        self.schedule = Schedule(self.optimizer, cfg.schedule, total, warmup, peak_lr)
+        self.schedule = Schedule(self.optimizer, in_steps(cfg.schedule, steps_per_epoch), total, warmup, peak_lr)
         # FSDP modules cannot be deep-copied: a second model sharded the same way
         self.ema = EMA(self.model, tc.ema_decay, module=run.new_model() if run.dims.world_size > 1 else None) if tc.ema_decay > 0 else None
 
