@@ -85,7 +85,7 @@ def test_a_format_declared_in_one_file_trains_inspects_and_checks(tmp_path, caps
     from vitscale.data import formats
     from vitscale.data.digits import load_digits_split
 
-    monkeypatch.setitem(formats._FORMATS, "npz", None)  # the test's format is unregistered when it ends
+    monkeypatch.setitem(formats.FORMATS.entries, "npz", None)  # the test's format is unregistered when it ends
     register()
 
     for split in ("train", "val"):

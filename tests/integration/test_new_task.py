@@ -90,14 +90,16 @@ def register() -> None:
 
 
 HERE = Path(__file__).resolve().parent
-# The CLI in a fresh process that has imported this file and registered the task.
-CLI = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import test_new_task; test_new_task.register(); "
-       "from vitscale.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
+PLUGIN = "import test_new_task\n\ntest_new_task.register()\n"
+"""A user's plug-in module: it registers the task (and its evaluator) when imported."""
 
 
-def vitscale(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CLI, str(HERE), *argv], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=300)  # fmt: skip
+def vitscale(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    """The real command line, loading the plug-in with ``vitscale --import``."""
+    (tmp_path / "digit_value_plugin.py").write_text(PLUGIN)
+    path = os.pathsep.join([str(tmp_path), str(HERE), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "vitscale", "--import", "digit_value_plugin", *argv], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=path), timeout=300)  # fmt: skip
 
 
 def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys, monkeypatch):
@@ -112,7 +114,7 @@ def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys, mon
         "eval": {"batch_size": 100},
         "log": {"progress": "none", "report": False},
     }))  # fmt: skip
-    train = vitscale("train", str(config))
+    train = vitscale(tmp_path, "train", str(config))
     assert train.returncode == 0, train.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and all(math.isfinite(r["train_mae"]) for r in rows)
@@ -123,17 +125,22 @@ def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys, mon
     assert saved["regress"] == {"scale": 0.5} and "clip" not in saved  # its group, and only its task's groups
 
     # vitscale eval rebuilds the run, loads the weights and evaluates with the task's evaluation
-    ev = vitscale("eval", str(run / "config.yaml"), f"checkpoint.path={run}")
+    ev = vitscale(tmp_path, "eval", str(run / "config.yaml"), f"checkpoint.path={run}")
     assert ev.returncode == 0, ev.stderr
     assert json.loads(ev.stdout)["val_mse"] == summary["val_mse"]
+    # without the plug-in its task is unknown: one line that says how to load it
+    bare = subprocess.run([sys.executable, "-m", "vitscale", "eval", str(run / "config.yaml"), f"checkpoint.path={run}"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bare.returncode == 2 and bare.stderr.count("\n") == 1, bare.stderr
+    assert "train.task: unknown task 'digit_value'" in bare.stderr and "vitscale --import MODULE" in bare.stderr
 
     # vitscale bench times the task's own loss (in this process, the task registered for this test only)
     from vitscale.cli import main
     from vitscale.eval import evaluator
     from vitscale.tasks import base
 
-    monkeypatch.setattr(base, "_TASKS", dict(base._TASKS))
-    monkeypatch.setattr(evaluator, "_EVALUATORS", dict(evaluator._EVALUATORS))
+    monkeypatch.setattr(base.TASKS, "entries", dict(base.TASKS.entries))
+    monkeypatch.setattr(evaluator.EVALUATORS, "entries", dict(evaluator.EVALUATORS.entries))
     register()
 
     out = tmp_path / "bench.json"

@@ -172,7 +172,7 @@ def test_plugin_format_with_extra_fields(monkeypatch):
     from vitscale.data import DataFormat, Split, formats, register_format
     from vitscale.data.sources import SyntheticSource
 
-    monkeypatch.setitem(formats._FORMATS, "captioned_test", None)  # the test's format is unregistered when it ends
+    monkeypatch.setitem(formats.FORMATS.entries, "captioned_test", None)  # the test's format is unregistered when it ends
 
     class Captioned(SyntheticSource):
         def sample(self, index, epoch, tf):
@@ -187,5 +187,5 @@ def test_plugin_format_with_extra_fields(monkeypatch):
     b = next(iter(L.train))
     assert b["text"].shape == (4, 5) and torch.equal(b["text"][:, 0], b["index"])
     assert b["caption"] == [f"image {i}" for i in b["index"].tolist()]
-    with pytest.raises(ValueError, match="unknown data.format 'nope'"):
+    with pytest.raises(ValueError, match="data.format: unknown data format 'nope'"):
         _loaders(DataConfig(format="nope"))

@@ -63,7 +63,7 @@ def _trainer_batches(loader):
 
 @pytest.mark.parametrize("across, persistent", [(True, True), (True, False), (False, True)])
 def test_next_epoch_is_loaded_before_the_last_batch_is_handed_out(tmp_path, monkeypatch, across, persistent):
-    monkeypatch.setitem(formats._FORMATS, "holding_test", None)  # the test's format is unregistered when it ends
+    monkeypatch.setitem(formats.FORMATS.entries, "holding_test", None)  # the test's format is unregistered when it ends
     sampler = ShardedBatchSampler(N, MICRO, seed=SEED)
     last = len(sampler) - 1
     first_of_next = {f"1_{i}" for i in sampler.indices(1, 0)}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import textwrap
 
+from ..cli import COMMANDS
 from . import HelpFormatter
 
 HELP = "list the config groups, or a group's fields with their defaults and what they do"
@@ -66,7 +68,7 @@ def _print_evaluators(width: int) -> None:
     """``evals:`` is a list: the fields every entry has, then each registered evaluator kind with the
     fields of its own."""
     from vitscale.config.fields import fields_of
-    from vitscale.eval.evaluator import EvaluatorConfig, evaluator_class, evaluator_kinds
+    from vitscale.eval.evaluator import EVALUATORS, EvaluatorConfig
 
     print("evals: a list of evaluations, each entry a mapping with `kind` and the fields of its kind, e.g.\n"
           "  evals: [{kind: classification, name: val, every: 100}, {kind: fewshot, name: probe5, shots: [5]}]\n\n"
@@ -74,8 +76,7 @@ def _print_evaluators(width: int) -> None:
     common = fields_of(EvaluatorConfig(), "  ")
     _print_fields(common, width)
     shared = {f.key for f in common}
-    for kind in evaluator_kinds():
-        cls = evaluator_class(kind)
+    for kind, cls in EVALUATORS.items():
         doc = (cls.config.__doc__ or "").strip().split("\n\n")[0]
         doc = " ".join(re.sub(rf"^``kind: {re.escape(kind)}``:\s*", "", doc).split())
         print(f"\nkind: {kind} — {_plain(doc)}")
@@ -88,12 +89,11 @@ def _print_data(width: int) -> None:
     ``options``), which are written as ``data.<field>`` like the others."""
     from vitscale.config.fields import fields_of
     from vitscale.data.config import DataConfig
-    from vitscale.data.formats import format_names, get_format
+    from vitscale.data.formats import FORMATS
 
     print("The fields of every data format:")
     _print_fields([f for f in fields_of(DataConfig(), "data.") if f.key != "data.options"], width)
-    for name in format_names():
-        fmt = get_format(name)
+    for name, fmt in FORMATS.items():
         print(f"\ndata.format={name} — {_plain(fmt.summary)}" if fmt.summary else f"\ndata.format={name}")
         own = fields_of(fmt.options(), "data.") if fmt.options is not None else []
         _print_fields(own, width) if own else print("  (no fields of its own)")
@@ -129,3 +129,6 @@ def run(args) -> int:
               f"model.overrides.<field>); the defaults are {name}'s:")  # fmt: skip
         _print_fields(fields_of(variant.cfg, "model."), width)
     return 0
+
+
+COMMANDS.register("config", sys.modules[__name__])

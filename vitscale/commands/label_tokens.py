@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..cli import COMMANDS
 from . import HelpFormatter, add_overrides, add_shell_flag
 
 EPILOG = """\
@@ -66,3 +67,6 @@ def run(args) -> int:
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same summary: rank 0 reports it
         print(json.dumps(summary, indent=1))
     return 0
+
+
+COMMANDS.register("label-tokens", sys.modules[__name__])

@@ -253,10 +253,10 @@ def _route_model_keys(tree: dict) -> None:
     from vitscale.models.registry import get_family
 
     name = model.get("name", "vit_debug")
-    try:
-        variant_cfg = get_family(name).variants[name]
-    except KeyError as e:
-        raise ConfigError(f"model.name: {e.args[0]}") from None
+    family = get_family(name)  # ConfigError naming the closest variant
+    if name not in family.variants:
+        raise ConfigError(f"model.name: {name!r} is a model family, not a variant: choose one of {', '.join(family.variants)}")
+    variant_cfg = family.variants[name]
     variant_fields = [f.name for f in dataclasses.fields(variant_cfg)]
     own = [f.name for f in dataclasses.fields(Config().model)]
     overrides = model.get("overrides") or {}
@@ -377,6 +377,11 @@ def _check_evals(cfg: Config) -> None:
 
 def config_from_dict(tree: dict) -> Config:
     tree = copy.deepcopy(tree)  # the routing below moves keys: the caller's tree stays as it was
+    task = (tree.get("train") or {}).get("task") if isinstance(tree.get("train"), dict) else None
+    if isinstance(task, str):  # an unknown task (a plug-in's not loaded) before its groups read as unknown keys
+        from vitscale.tasks import get_task
+
+        get_task(task)
     _route_model_keys(tree)
     _route_data_keys(tree)
     cfg = _build(config_class(), tree)

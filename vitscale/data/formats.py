@@ -26,16 +26,14 @@ format by being imported before the config is loaded (see ``tests/integration/te
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from ..registry import Registry
 
-# Built-in formats: name -> the module whose import registers it.
-BUILTIN = {
+FORMATS: Registry[DataFormat] = Registry("data format", "data.format", {
     "digits": "vitscale.data.digits",
     "digits_aspect": "vitscale.data.digits",
     "imagefolder": "vitscale.data.imagefolder",
@@ -43,7 +41,8 @@ BUILTIN = {
     "webdataset": "vitscale.data.webdataset",
     "csv": "vitscale.data.csv",
     "parquet": "vitscale.data.parquet",
-}
+})
+"""The data formats (``data.format``): the built-in ones imported on first use."""
 SPLITS = ("train", "val")
 PER_FORMAT = ("train_path", "val_path", "val_split")
 """The fields of ``DataConfig`` that only some formats read (each lists those it does in
@@ -99,9 +98,6 @@ class DataFormat:
     its default is a config error naming the formats that read it."""
 
 
-_FORMATS: dict[str, DataFormat] = {}
-
-
 def register_format(fmt: DataFormat) -> DataFormat:
     """Make ``data.format=<fmt.name>`` known (a format module calls this when imported)."""
     if not isinstance(fmt, DataFormat):
@@ -114,25 +110,12 @@ def register_format(fmt: DataFormat) -> DataFormat:
     if fmt.captions and "caption_context_length" not in option_fields(fmt):
         raise TypeError(f"data format {fmt.name!r} has captions: its options need caption_context_length "
                         f"(compose vitscale.data.config.CaptionFields)")  # fmt: skip
-    _FORMATS[fmt.name] = fmt
-    return fmt
-
-
-def format_names() -> list[str]:
-    """Every known format: the built-in ones, then those registered by other modules."""
-    return list(BUILTIN) + [n for n in _FORMATS if n not in BUILTIN]
+    return FORMATS.register(fmt.name, fmt)
 
 
 def get_format(name: str) -> DataFormat:
-    """The registered format ``name`` (a built-in one is imported on first use); ``ConfigError`` naming
-    the known formats otherwise."""
-    if name not in _FORMATS and name in BUILTIN:
-        importlib.import_module(BUILTIN[name])
-    if name in _FORMATS:
-        return _FORMATS[name]
-    close = difflib.get_close_matches(str(name), format_names(), n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ConfigError(f"unknown data.format {name!r}; {hint}choose one of {', '.join(sorted(format_names()))}")
+    """The registered format ``name``; ``ConfigError`` naming the closest format otherwise."""
+    return FORMATS.get(name)
 
 
 def option_fields(fmt: DataFormat) -> list[str]:
@@ -148,9 +131,7 @@ def fields_read(fmt: DataFormat) -> list[str]:
 
 def owners(field: str) -> list[str]:
     """The formats (of those loaded) that read ``data.<field>``, a field only some formats read."""
-    for name in BUILTIN:
-        get_format(name)
-    return [n for n in format_names() if field in fields_read(_FORMATS[n])]  # the built-in ones first, in their order
+    return [n for n, fmt in FORMATS.items() if field in fields_read(fmt)]  # the built-in ones first, in their order
 
 
 def validation_hint(name: str) -> str:
@@ -195,5 +176,5 @@ def resolve_options(name: str, options: Any) -> Any:
     raise ConfigError(f"data options of data.format={name}: expected a mapping, got {options!r}")
 
 
-__all__ = ["BUILTIN", "PER_FORMAT", "SPLITS", "DataFormat", "Split", "fields_read", "format_names", "get_format",
+__all__ = ["FORMATS", "PER_FORMAT", "SPLITS", "DataFormat", "Split", "fields_read", "get_format",
            "not_read", "option_fields", "owners", "register_format", "resolve_options", "validation_hint"]

@@ -14,7 +14,7 @@ import time
 
 from ..errors import UserError
 from .config import DataConfig
-from .formats import format_names, get_format
+from .formats import FORMATS, get_format
 
 SHOWN_KEYS = 5
 SHOWN_CLASSES = 20
@@ -22,11 +22,10 @@ SHOWN_CLASSES = 20
 
 def detect_format(path: str) -> str:
     """The first format (built-in ones first) that recognises ``path``."""
-    for name in format_names():
-        fmt = get_format(name)
+    for name, fmt in FORMATS.items():
         if fmt.detect is not None and fmt.detect(path):
             return name
-    raise UserError(f"{path}: no data format recognises it; give one with --format ({', '.join(format_names())})")
+    raise UserError(f"{path}: no data format recognises it; give one with --format ({', '.join(FORMATS.names())})")
 
 
 def inspect_data(cfg: DataConfig, *, samples: int = 64, img_size: int = 224, batch_size: int = 16) -> dict:

@@ -35,8 +35,6 @@ of the whole split.
 from __future__ import annotations
 
 import contextlib
-import difflib
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -45,6 +43,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, UserError
+from ..registry import Registry
 
 
 class MissingSplit(UserError):
@@ -142,9 +141,7 @@ class Evaluator:
         raise NotImplementedError
 
 
-_EVALUATORS: dict[str, type[Evaluator]] = {}
-# Built-in evaluators, imported on first use of their kind.
-_MODULES = {
+EVALUATORS: Registry[type[Evaluator]] = Registry("evaluator", "kind", {
     "classification": "vitscale.eval.classification",
     "class_subset": "vitscale.eval.subset",
     "real": "vitscale.eval.real",
@@ -153,7 +150,8 @@ _MODULES = {
     "linear_probe": "vitscale.eval.probe",
     "fewshot": "vitscale.eval.probe",
     "sizes": "vitscale.eval.sizes",
-}
+})
+"""The evaluators (``kind`` of an ``evals:`` entry): the built-in ones imported on first use."""
 
 
 def metric_prefix(entry: EvaluatorConfig) -> str:
@@ -176,26 +174,15 @@ def check_entries(entries, key: str = "evals") -> None:
 
 def register_evaluator(kind: str, cls: type[Evaluator]) -> None:
     """Make ``kind: <kind>`` an entry of ``evals:``."""
-    _EVALUATORS[kind] = cls
-
-
-def evaluator_kinds() -> list[str]:
-    """Every evaluator kind: the built-in ones and those registered so far."""
-    return sorted(set(_EVALUATORS) | set(_MODULES))
+    EVALUATORS.register(kind, cls)
 
 
 def evaluator_class(kind: Any) -> type[Evaluator]:
-    if kind not in _EVALUATORS and kind in _MODULES:
-        importlib.import_module(_MODULES[kind])
-    if kind not in _EVALUATORS:
-        known = evaluator_kinds()
-        close = difflib.get_close_matches(str(kind), known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"kind: {kind!r} is not an evaluator; {hint}choose one of {', '.join(known)}")
-    return _EVALUATORS[kind]
+    """The evaluator of ``kind`` (ConfigError naming the closest kind otherwise)."""
+    return EVALUATORS.get(kind)
 
 
 __all__ = [
-    "EvalContext", "EvalData", "Evaluator", "EvaluatorConfig", "MissingSplit", "check_entries", "evaluator_class", "evaluator_kinds", "metric_prefix",
+    "EvalContext", "EvalData", "Evaluator", "EvaluatorConfig", "MissingSplit", "check_entries", "EVALUATORS", "evaluator_class", "metric_prefix",
     "register_evaluator",
 ]  # fmt: skip

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-import importlib
 import pkgutil
 from pathlib import Path
 from typing import Any
@@ -20,63 +19,52 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ConfigError
+from ..registry import Registry
 from .spec import FamilySpec, StateDictAdapter
 
-# Modules whose import registers a family, first and in this order (the order of `vitscale models`);
-# every other package under vitscale/models/ is imported after them, so a new family's package
-# registers itself with no edit here.
-FAMILY_MODULES = ("vitscale.models.vit", "vitscale.models.clip", "vitscale.models.volo", "vitscale.models.naflex")
+# The families' packages, first and in this order (the order of `vitscale models`); every other package
+# under vitscale/models/ follows them, so a new family's package registers itself with no edit here.
+FAMILY_ORDER = ("vit", "clip", "volo", "naflex")
 NOT_FAMILIES = ("common",)
-_FAMILIES: dict[str, FamilySpec] = {}
-_loaded = False
+_found = sorted({m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.ispkg} - set(NOT_FAMILIES) - set(FAMILY_ORDER))
+FAMILIES: Registry[FamilySpec] = Registry("model", "model.name", {n: f"{__package__}.{n}" for n in (*FAMILY_ORDER, *_found)},
+                                          listed_by="`vitscale models`")  # fmt: skip
+"""The model families by name (a family's package registers it on import); :func:`get_family` also
+finds a family by the name of one of its variants."""
 
 
 def register_family(spec: FamilySpec) -> None:
-    clash = set(spec.variants) & {v for f in _FAMILIES.values() if f.name != spec.name for v in f.variants}
+    clash = set(spec.variants) & {v for n, f in FAMILIES.entries.items() if n != spec.name for v in f.variants}
     if clash:
         raise ValueError(f"variant names already registered by another family: {sorted(clash)}")
-    _FAMILIES[spec.name] = spec
-
-
-def _load_families() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        here = [str(Path(__file__).parent)]
-        found = [f"{__package__}.{m.name}" for m in pkgutil.iter_modules(here) if m.ispkg and m.name not in NOT_FAMILIES]
-        for mod in [*FAMILY_MODULES, *sorted(set(found) - set(FAMILY_MODULES))]:
-            importlib.import_module(mod)
+    FAMILIES.register(spec.name, spec)
 
 
 def families() -> dict[str, FamilySpec]:
-    _load_families()
-    return dict(_FAMILIES)
+    return dict(FAMILIES.items())
 
 
 def list_models(pattern: str | None = None, family: str | None = None) -> list[str]:
     """Registered variant names, optionally filtered by a glob ``pattern`` or a ``family``."""
-    _load_families()
-    names = [n for f in _FAMILIES.values() if family in (None, f.name) for n in f.variants]
+    names = [n for _, f in FAMILIES.items() if family in (None, f.name) for n in f.variants]
     return [n for n in names if pattern is None or fnmatch.fnmatch(n, pattern)]
 
 
 def get_family(name: str) -> FamilySpec:
-    """The family of a variant name, or of a family name."""
-    _load_families()
-    if name in _FAMILIES:
-        return _FAMILIES[name]
-    for f in _FAMILIES.values():
+    """The family of a variant name, or of a family name; ConfigError naming the closest variant."""
+    found = FAMILIES.find(name)
+    if found is not None:
+        return found
+    for _, f in FAMILIES.items():
         if name in f.variants:
             return f
-    close = difflib.get_close_matches(name, list_models(), n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else " See `vitscale models`."
-    raise KeyError(f"unknown model {name!r}.{hint}")
+    raise ConfigError(FAMILIES.unknown(name, list_models()))
 
 
 def family_of(model_or_cfg: Any) -> FamilySpec:
     """The family of a model instance (also under FSDP / compile wrappers) or of a variant config."""
-    _load_families()
-    for f in _FAMILIES.values():
+    for _, f in FAMILIES.items():
         if isinstance(model_or_cfg, f.model_cls) or any(type(v) is type(model_or_cfg) for v in f.variants.values()):
             return f
     raise KeyError(f"{type(model_or_cfg).__name__} belongs to no registered model family")
@@ -86,9 +74,8 @@ def library_adapter(library: str, foreign: nn.Module) -> StateDictAdapter:
     """The state-dict adapter (of the registered family whose counterpart it is) that converts
     ``foreign``, a model of ``library`` (``timm``, ``open_clip``); TypeError naming the families
     with an adapter to that library when none accepts it."""
-    _load_families()
     known = []
-    for f in _FAMILIES.values():
+    for _, f in FAMILIES.items():
         if library in f.adapters:
             adapter = f.adapter(library)
             if adapter.accepts(foreign):
@@ -137,7 +124,7 @@ class ResolvedModel:
 
 
 def resolve_model(name: str, **overrides: Any) -> ResolvedModel:
-    """Variant ``name`` resolved with ``overrides``: KeyError naming the closest variant for an unknown
+    """Variant ``name`` resolved with ``overrides``: ConfigError naming the closest variant for an unknown
     name, TypeError naming the closest field for a misspelt override."""
     family = get_family(name)
     return ResolvedModel(name, family, dict(overrides), replace_config(family.variants[name], overrides))

@@ -20,22 +20,20 @@ from its test file alone.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from vitscale.errors import ConfigError
+from vitscale.registry import Registry
 
-_TASKS: dict[str, type[Task]] = {}
-# The built-in tasks' modules, imported on first use of a task name or of the config groups.
-_TASK_MODULES = {
+TASKS: Registry[type[Task]] = Registry("task", "train.task", {
     "classification": "vitscale.tasks.classification",
     "contrastive": "vitscale.tasks.contrastive",
     "token_labeling": "vitscale.tasks.token_labeling",
-}
+})
+"""The tasks (``train.task``): the built-in ones imported on first use."""
 
 
 class Task:
@@ -116,29 +114,19 @@ def first_output(out: Any) -> torch.Tensor:
 
 def register_task(cls: type[Task]) -> type[Task]:
     """Make ``train.task=<cls.name>`` train with ``cls`` (its config groups join the run config)."""
-    _TASKS[cls.name] = cls
-    return cls
+    return TASKS.register(cls.name, cls)
 
 
 def get_task(name: str) -> type[Task]:
-    if name not in _TASKS and name in _TASK_MODULES:
-        importlib.import_module(_TASK_MODULES[name])
-    if name not in _TASKS:
-        known = ", ".join(sorted(set(_TASKS) | set(_TASK_MODULES)))
-        raise ConfigError(f"train.task: unknown task {name!r}; choose one of {known}")
-    return _TASKS[name]
+    """The task ``train.task=<name>`` trains with (ConfigError naming the closest task otherwise)."""
+    return TASKS.get(name)
 
 
 def task_groups() -> dict[str, tuple[type, tuple[str, ...]]]:
     """Every registered task's config groups: ``{group: (dataclass, names of the tasks that read it)}``
     (the built-in tasks' modules imported first)."""
-    for module in _TASK_MODULES.values():
-        importlib.import_module(module)
     out: dict[str, tuple[type, tuple[str, ...]]] = {}
-    # the built-in tasks in their table's order, then plug-ins as registered: one order, whichever
-    # module a process happened to import first
-    order = [n for n in _TASK_MODULES if n in _TASKS] + [n for n in _TASKS if n not in _TASK_MODULES]
-    for name, cls in ((n, _TASKS[n]) for n in order):
+    for name, cls in TASKS.items():  # one order, whichever module a process happened to import first
         for group, group_cls in cls.config_groups.items():
             if group in out and out[group][0] is not group_cls:
                 raise TypeError(f"config group {group!r} of task {name!r} is another task's ({', '.join(out[group][1])})")
