@@ -18,16 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .registry import Registry
-
-COMMANDS: Registry = Registry("command", "vitscale", {
-    name.replace("_", "-"): f"vitscale.commands.{name}"
-    for name in ("demo", "train", "config", "eval", "export", "report", "data", "models", "bench", "bench_data",
-                 "label_tokens", "convert", "memory")
-})  # fmt: skip
-"""The commands, in the order `vitscale --help` lists them: each an object with ``HELP`` (its line in
-``vitscale --help``) and ``register(subparsers)`` — a built-in one is its module under
-``vitscale.commands``, which registers itself (``COMMANDS.register(name, sys.modules[__name__])``)."""
+from .registry import COMMANDS
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

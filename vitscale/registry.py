@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import pkgutil
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from .errors import ConfigError
@@ -49,20 +51,21 @@ class Registry(Generic[T]):
             importlib.import_module(self.builtin[name])
         return self.entries.get(name)
 
-    def get(self, name: Any) -> T:
+    def get(self, name: Any, key: str | None = None) -> T:
         """The object registered as ``name``; :class:`ConfigError` (:meth:`unknown`) when there is none."""
         found = self.find(name)
         if found is None:
-            raise ConfigError(self.unknown(name))
+            raise ConfigError(self.unknown(name, key=key))
         return found
 
-    def unknown(self, name: Any, choices: list[str] | None = None) -> str:
-        """The one-line error for an unknown ``name``: the key, the closest name, the choices."""
+    def unknown(self, name: Any, choices: list[str] | None = None, key: str | None = None) -> str:
+        """The one-line error for an unknown ``name``: the key (:attr:`key` unless given), the closest
+        name, the choices."""
         known = sorted(self.names() if choices is None else choices)
         close = difflib.get_close_matches(str(name), known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         choices = f"{self.listed_by} lists them" if self.listed_by else f"choose one of {', '.join(known)}"
-        return f"{self.key}: unknown {self.what} {name!r}{hint} ({choices}; a plug-in's: load it with vitscale --import MODULE)"
+        return f"{key or self.key}: unknown {self.what} {name!r}{hint} ({choices}; a plug-in's: load it with vitscale --import MODULE)"
 
     def names(self) -> list[str]:
         """Every known name: the built-in ones in their order, then those registered by other modules."""
@@ -95,4 +98,67 @@ def import_plugins(modules: list[str]) -> None:
             raise ConfigError(f"--import {module}: {type(e).__name__}: {e}") from None
 
 
-__all__ = ["Registry", "import_plugins"]
+# ------------------------------------------------------------------------------ vitscale's registries
+# Each kind's built-in names and the modules that register them: only strings here, so any layer (the
+# config loader included) looks a name up without importing the packages that hold the objects.
+_MODELS = Path(__file__).parent / "models"
+_FAMILY_ORDER = ("vit", "clip", "volo", "naflex")  # the order of `vitscale models`; other packages follow
+_OTHER_FAMILIES = sorted({m.name for m in pkgutil.iter_modules([str(_MODELS)]) if m.ispkg} - {"common", *_FAMILY_ORDER})
+
+FAMILIES: Registry[Any] = Registry("model", "model.name", {n: f"vitscale.models.{n}" for n in (*_FAMILY_ORDER, *_OTHER_FAMILIES)},
+                                   listed_by="`vitscale models`")  # fmt: skip
+"""Model families (:class:`vitscale.models.spec.FamilySpec`) by family name; a new package under
+``vitscale/models/`` registers its family with no edit here. :func:`model_family` also takes a variant name."""
+
+TASKS: Registry[Any] = Registry("task", "train.task", {
+    "classification": "vitscale.tasks.classification",
+    "contrastive": "vitscale.tasks.contrastive",
+    "token_labeling": "vitscale.tasks.token_labeling",
+})  # fmt: skip
+"""Tasks (:class:`vitscale.tasks.Task` subclasses), ``train.task``."""
+
+FORMATS: Registry[Any] = Registry("data format", "data.format", {
+    "digits": "vitscale.data.digits",
+    "digits_aspect": "vitscale.data.digits",
+    "imagefolder": "vitscale.data.imagefolder",
+    "synthetic": "vitscale.data.synthetic",
+    "webdataset": "vitscale.data.webdataset",
+    "csv": "vitscale.data.csv",
+    "parquet": "vitscale.data.parquet",
+})  # fmt: skip
+"""Data formats (:class:`vitscale.data.formats.DataFormat`), ``data.format``."""
+
+EVALUATORS: Registry[Any] = Registry("evaluator", "kind", {
+    "classification": "vitscale.eval.classification",
+    "class_subset": "vitscale.eval.subset",
+    "real": "vitscale.eval.real",
+    "zeroshot": "vitscale.eval.zeroshot",
+    "retrieval": "vitscale.eval.retrieval",
+    "linear_probe": "vitscale.eval.probe",
+    "fewshot": "vitscale.eval.probe",
+    "sizes": "vitscale.eval.sizes",
+})  # fmt: skip
+"""Evaluators (:class:`vitscale.eval.evaluator.Evaluator` subclasses), the ``kind`` of an ``evals:`` entry."""
+
+COMMANDS: Registry[Any] = Registry("command", "vitscale", {
+    name.replace("_", "-"): f"vitscale.commands.{name}"
+    for name in ("demo", "train", "config", "eval", "export", "report", "data", "models", "bench", "bench_data",
+                 "label_tokens", "convert", "memory")
+})  # fmt: skip
+"""Commands, in the order ``vitscale --help`` lists them: objects with ``HELP`` (their line there) and
+``register(subparsers)``; a built-in one is its module under ``vitscale.commands``."""
+
+
+def model_family(name: str) -> Any:
+    """The family of a variant name, or of a family name; ConfigError naming the closest variant."""
+    found = FAMILIES.find(name)
+    if found is not None:
+        return found
+    families = [f for _, f in FAMILIES.items()]
+    for f in families:
+        if name in f.variants:
+            return f
+    raise ConfigError(FAMILIES.unknown(name, [v for f in families for v in f.variants]))
+
+
+__all__ = ["COMMANDS", "EVALUATORS", "FAMILIES", "FORMATS", "TASKS", "Registry", "import_plugins", "model_family"]

@@ -1,7 +1,7 @@
 """A toy model family, written as docs/architecture.md says a new family is added: ``model.py``,
 ``configs.py``, ``parallelize.py`` (TP plan and blocks only) and this one registry entry. Importing
 the package registers it (an in-tree family's module is listed in
-``vitscale.models.registry.FAMILY_ORDER`` instead)."""
+the built-in table of ``vitscale.registry.FAMILIES`` instead)."""
 
 from vitscale.models.registry import FamilySpec, register_family
 

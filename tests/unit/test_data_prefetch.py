@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitscale.data import DataConfig, DataFormat, Split, build_loaders, formats, register_format
+from vitscale.data import DataConfig, DataFormat, Split, build_loaders, data_config, formats, register_format
 from vitscale.data.sampler import ShardedBatchSampler
 from vitscale.data.sources import SyntheticSource
 
@@ -48,7 +48,7 @@ def _cfg(**kw) -> DataConfig:
     base = dict(format="synthetic", num_classes=3, num_workers=0, random_erasing=0.5, hflip=0.5, rrc_scale=(0.3, 1.0))
     if kw.get("format", "synthetic") == "synthetic":
         base["synthetic_size"] = N
-    return DataConfig(**{**base, **kw})
+    return data_config(**{**base, **kw})
 
 
 def _loaders(cfg: DataConfig):

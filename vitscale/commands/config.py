@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import sys
@@ -85,17 +86,20 @@ def _print_evaluators(width: int) -> None:
 
 
 def _print_data(width: int) -> None:
-    """``data``: the fields every format has, then each data format with the fields of its own (its
-    ``options``), which are written as ``data.<field>`` like the others."""
+    """``data``: the fields every format has, then each data format with the fields its class adds,
+    which are written as ``data.<field>`` like the others."""
+    from vitscale.config.data import DataConfig, data_config
     from vitscale.config.fields import fields_of
-    from vitscale.data.config import DataConfig
     from vitscale.data.formats import FORMATS
 
     print("The fields of every data format:")
-    _print_fields([f for f in fields_of(DataConfig(), "data.") if f.key != "data.options"], width)
+    names = {f"data.{f.name}" for f in dataclasses.fields(DataConfig)}
+    common = [f for f in fields_of(data_config(), "data.") if f.key in names]  # the default format's values
+    _print_fields(common, width)
+    shared = {f.key for f in common}
     for name, fmt in FORMATS.items():
         print(f"\ndata.format={name} — {_plain(fmt.summary)}" if fmt.summary else f"\ndata.format={name}")
-        own = fields_of(fmt.options(), "data.") if fmt.options is not None else []
+        own = [f for f in fields_of((fmt.config or DataConfig)(format=name), "data.") if f.key not in shared]
         _print_fields(own, width) if own else print("  (no fields of its own)")
 
 

@@ -24,6 +24,8 @@ import yaml
 from ..commands import SHELL_FLAG
 from ..errors import ConfigError
 from ..safe_yaml import YAMLLimitError, load_yaml, read_yaml
+from .data import DataConfig
+from .evals import EvaluatorConfig, check_entries, metric_prefix
 from .schema import Config, ModelConfig, config_class
 
 
@@ -179,11 +181,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             return value
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping of {tp.__name__} fields, got {value!r}")
-        if hasattr(tp, "kind_config"):  # an entry whose fields depend on its kind (an evaluator of ``evals``)
-            try:
-                tp = tp.kind_config(value.get("kind"))
-            except ConfigError as e:
-                raise ConfigError(f"{path}.{e}") from None
+        if hasattr(tp, "kind_config"):  # a group whose class its kind chooses (``data.format``, an entry's ``kind``)
+            tp, value = _kind_class(tp, value, path)
         return _build(tp, value, path + ".")
     if origin in (tuple, list):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and args and args[-1] is Ellipsis:
@@ -229,6 +228,53 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     return value
 
 
+def _kind_class(base: type, value: dict, path: str) -> tuple[type, dict]:
+    """The class ``base.kind_config`` chooses for the mapping ``value`` by its kind field (``base.KIND``:
+    ``format`` of ``data``, ``kind`` of an ``evals:`` entry), and ``value`` without the keys that class
+    lacks but other kinds' classes have at their default there (a setting that changes nothing, such as
+    the ``train_path: null`` of a run folder's config.yaml written before the data group was typed);
+    such a key at another value is a :class:`ConfigError` naming the kinds that have it."""
+    kind_key = base.KIND
+    kind = value.get(kind_key, base.__dataclass_fields__[kind_key].default)
+    cls = base.kind_config(kind, key=f"{path}.{kind_key}")
+    own = {f.name for f in dataclasses.fields(cls)}
+    kept = dict(value)
+    for key in [k for k in value if k not in own and k not in getattr(base, "RETIRED", {})]:
+        owners = _kind_owners(base, key)
+        if owners and all(_equal(value[key], default) for _, default in owners):
+            del kept[key]
+        elif owners:
+            raise ConfigError(unknown_kind_field(base, cls, path, key, owners))
+    return cls, kept
+
+
+def _kind_owners(base: type, key: str) -> list[tuple[str, Any]]:
+    """``(kind, default)`` of every kind of ``base`` whose class has the field ``key``."""
+    out = []
+    for kind, cls in base.kinds():
+        f = next((f for f in dataclasses.fields(cls) if f.name == key), None)
+        if f is not None:
+            out.append((kind, f.default if f.default is not dataclasses.MISSING else f.default_factory()))  # type: ignore[misc]
+    return out
+
+
+def _equal(value: Any, default: Any) -> bool:
+    plain = config_to_dict(default) if isinstance(default, tuple) else default
+    return value == plain or value == default
+
+
+def unknown_kind_field(base: type, cls: type, path: str, key: str, owners: list | None = None) -> str | None:
+    """The one-line error for ``<path>.<key>`` in a group of class ``cls`` (chosen by its kind), which
+    lacks it: the kinds whose classes have it; None when none has it (an unknown key)."""
+    owners = _kind_owners(base, key) if owners is None else owners
+    if not owners:
+        return None
+    kind_key, names = f"{path}.{base.KIND}", [k for k, _ in owners]
+    kind = cls.__dataclass_fields__[base.KIND].default
+    return (f"{path}.{key} is read by {kind_key}={' / '.join(names)}, not by {kind_key}={kind}: set {kind_key} to "
+            f"{'it' if len(names) == 1 else 'one of them'}, or remove {path}.{key}")  # fmt: skip
+
+
 def _build(cls: type, values: dict, prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -236,6 +282,9 @@ def _build(cls: type, values: dict, prefix: str = "") -> Any:
     for key, value in values.items():
         path = prefix + key
         if key not in hints or key not in names:
+            retired = getattr(cls, "RETIRED", {})
+            if key in retired:
+                raise ConfigError(retired[key])
             raise ConfigError(f"unknown config key {path!r}{_suggest(path, names, prefix)}")
         kwargs[key] = _coerce(value, hints[key], path)
     try:
@@ -285,82 +334,31 @@ def _route_model_keys(tree: dict) -> None:
     model["overrides"] = overrides
 
 
-def _route_data_keys(tree: dict) -> None:
-    """Build ``data.options`` from the ``data.<field>`` keys of the format's own fields
-    (``vitscale.data.formats``: a format declares them in its module), checked like any other key."""
-    data = tree.get("data")
-    if data is None:
-        data = tree["data"] = {}
-    if isinstance(data, dict):  # else _build names the wrong type
-        _route_data(data, "data.")
-
-
-def _route_data(data: dict, prefix: str) -> None:
-    """``_route_data_keys`` of one ``data`` mapping; errors name ``prefix`` + the key."""
-    from vitscale.data.config import RETIRED_FIELDS, DataConfig
-    from vitscale.data.formats import PER_FORMAT, get_format, not_read, option_fields
-
-    name = data.get("format", DataConfig.format)
-    fmt = get_format(name)  # ConfigError naming the known formats
-    own = [f.name for f in dataclasses.fields(DataConfig) if f.name != "options"]
-    theirs = option_fields(fmt)
-    options = data.pop("options", None) or {}
-    if not isinstance(options, dict):
-        raise ConfigError(f"{prefix}options: expected a mapping, got {options!r}")
-    defaults = DataConfig.__dataclass_fields__
-    for key in list(data):
-        if key in own:
-            if key in PER_FORMAT and key not in fmt.reads and data[key] != defaults[key].default:
-                raise ConfigError(not_read(prefix, key, name))  # a setting never silently ignored
-            continue
-        if key in theirs:
-            options[key] = data.pop(key)
-            continue
-        if key in RETIRED_FIELDS:
-            raise ConfigError(RETIRED_FIELDS[key])
-        error = not_read(prefix, key, name)
-        if error:
-            raise ConfigError(error)
-        close = difflib.get_close_matches(key, own + theirs, n=1, cutoff=0.6)
-        hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
-        raise ConfigError(f"unknown config key '{prefix}{key}' (data.format={name}){hint}")
-    data["options"] = _build(fmt.options, options, prefix) if fmt.options is not None else None
-
-
 # ---------------------------------------------------------------------------------------- public
 def replace_fields(obj: Any, changes: dict, prefix: str = "") -> Any:
     """The config dataclass ``obj`` with ``changes`` (a mapping of its fields, nested groups as
     mappings) applied and checked as the loader checks a YAML's: unknown keys and wrong types refused,
-    naming ``prefix`` + the key. A ``DataConfig`` takes the fields of its (new) format, as the
-    loader routes them; the fields of the old format the new one does not read (its options', and
-    those of ``vitscale.data.formats.PER_FORMAT``) are dropped unless ``changes`` sets them."""
-    from vitscale.data.config import DataConfig
-
+    naming ``prefix`` + the key. A group typed by its kind (``data``) that ``changes`` gives another
+    kind (``format``) becomes that kind's class: ``obj``'s fields the new class lacks are dropped
+    unless ``changes`` sets them."""
     tree = _merge(config_to_dict(obj), copy.deepcopy(changes))
-    if not isinstance(obj, DataConfig):
+    base = next((c for c in type(obj).__mro__ if "kind_config" in vars(c)), None)
+    if base is None:
         return _build(type(obj), tree, prefix)
-    if tree.get("format") != obj.format:
-        from vitscale.data.formats import fields_read, get_format
-
-        new = set(fields_read(get_format(tree.get("format"))))
-        for key in fields_read(get_format(obj.format)):
-            if key not in new and key not in changes:
-                tree.pop(key, None)
-    _route_data(tree, prefix)
-    return _build(DataConfig, tree, prefix)
+    kind_key = base.KIND
+    if tree.get(kind_key) != getattr(obj, kind_key):
+        new = {f.name for f in dataclasses.fields(base.kind_config(tree.get(kind_key), key=prefix + kind_key))}
+        tree = {k: v for k, v in tree.items() if k in new or k in changes}
+    return _coerce(tree, base, prefix.rstrip("."))
 
 
 def eval_entries(items: list[dict], key: str = "evals") -> tuple:
     """``evals:`` entries (mappings, as in a YAML) as their evaluators' typed configs, checked: each
     named (``name`` left out: its evaluator's default prefix), no two under one name."""
-    from vitscale.eval.evaluator import EvaluatorConfig
-
     return _named(_coerce(list(items), tuple[EvaluatorConfig, ...], key), key)
 
 
 def _named(entries: tuple, key: str) -> tuple:
-    from vitscale.eval.evaluator import check_entries, metric_prefix
-
     entries = tuple(dataclasses.replace(e, name=metric_prefix(e)) for e in entries)
     check_entries(entries, key)
     return entries
@@ -383,7 +381,6 @@ def config_from_dict(tree: dict) -> Config:
 
         get_task(task)
     _route_model_keys(tree)
-    _route_data_keys(tree)
     cfg = _build(config_class(), tree)
     _check_evals(cfg)
     # Validates the model overrides' values (types and the variant's own checks) before anything runs.
@@ -393,8 +390,8 @@ def config_from_dict(tree: dict) -> Config:
         get_model_config(cfg.model.name, **cfg.model.overrides)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from e
-    # Formats and tasks register themselves (the schema's str cannot list them): asked here (the format
-    # by _route_data_keys, through its registry), so an unknown one is a config error before anything runs.
+    # Tasks register themselves (the schema's str cannot list them): asked here, so an unknown one is a
+    # config error before anything runs (a format and an evaluator: by choosing their classes).
     from vitscale.tasks import get_task
 
     if cfg.train.task is not None:
@@ -427,11 +424,11 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
         if not allow_shell:
             _refuse_shell(loaded, given, path)
         tree = loaded
-    note = _new_model_name(tree, given, name_or_path)
+    said = [n for n in (_new_model_name(tree, given, name_or_path), _new_data_format(tree, given, name_or_path)) if n]
     for key, value in parsed:
         _set_dotted(tree, key, value)
     cfg = config_from_dict(tree)
-    if note:
+    for note in said:
         if notes is None:
             print(f"note: {note}", file=sys.stderr)
         else:
@@ -497,15 +494,30 @@ def _new_model_name(tree: dict, given: dict, source) -> str | None:
             f"are dropped{also}; set any back as model.<field>=VALUE")  # fmt: skip
 
 
+def _new_data_format(tree: dict, given: dict, source) -> str | None:
+    """Drop from ``tree`` (a YAML's) the ``data`` keys that the class of the ``data.format`` given on the
+    command line lacks (the YAML's paths under ``data.format=synthetic``); the line saying which (None
+    when nothing was dropped)."""
+    data, new = tree.get("data"), given.get("data")
+    if not isinstance(data, dict) or not isinstance(new, dict) or "format" not in new:
+        return None
+    old_format = data.get("format", DataConfig.format)
+    if new["format"] == old_format:
+        return None
+    own = {f.name for f in dataclasses.fields(DataConfig.kind_config(new["format"]))}
+    dropped = [k for k in data if k not in own and k not in new and k not in DataConfig.RETIRED]
+    for key in dropped:
+        del data[key]
+    if not dropped:
+        return None
+    return (f"data.format={new['format']} replaces {source or 'the config'}'s {old_format}: its data settings that "
+            f"{new['format']} does not have are dropped ({', '.join(f'data.{k}' for k in dropped)})")
+
+
 def config_to_dict(cfg: Any) -> dict:
-    """The config as plain YAML-able data (tuples become lists; a data format's own fields beside the
-    other ``data`` fields, as they are written)."""
-    from vitscale.data.config import DataConfig
+    """The config as plain YAML-able data (tuples become lists)."""
 
     def plain(v: Any) -> Any:
-        if isinstance(v, DataConfig):
-            tree = {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v) if f.name != "options"}
-            return tree | (plain(v.options) if v.options is not None else {})
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
         if isinstance(v, (list, tuple)):

@@ -16,9 +16,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vitscale.data.config import DataConfig
 from vitscale.distributed.config import CompileMode, ParallelConfig, PrecisionConfig
-from vitscale.eval.evaluator import EvaluatorConfig
+
+from .data import DataConfig, data_config
+from .evals import EvaluatorConfig
 
 SdpaChoice = Literal["auto", "flash", "cudnn", "efficient", "math", "default"]
 """``train.sdpa`` / ``vitscale bench --sdpa``: the attention backends (``vitscale.train.fastpath``)."""
@@ -287,8 +288,8 @@ class Config:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model."""
-    data: DataConfig = field(default_factory=DataConfig)
-    """Data, augmentation and loading (vitscale.data.config)."""
+    data: DataConfig = field(default_factory=data_config)
+    """Data, augmentation and loading: the class of its ``data.format`` (``vitscale.config.data``)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The optimizer."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

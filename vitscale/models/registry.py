@@ -12,26 +12,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-import pkgutil
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from ..registry import Registry
+from ..registry import FAMILIES, model_family
 from .spec import FamilySpec, StateDictAdapter
-
-# The families' packages, first and in this order (the order of `vitscale models`); every other package
-# under vitscale/models/ follows them, so a new family's package registers itself with no edit here.
-FAMILY_ORDER = ("vit", "clip", "volo", "naflex")
-NOT_FAMILIES = ("common",)
-_found = sorted({m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.ispkg} - set(NOT_FAMILIES) - set(FAMILY_ORDER))
-FAMILIES: Registry[FamilySpec] = Registry("model", "model.name", {n: f"{__package__}.{n}" for n in (*FAMILY_ORDER, *_found)},
-                                          listed_by="`vitscale models`")  # fmt: skip
-"""The model families by name (a family's package registers it on import); :func:`get_family` also
-finds a family by the name of one of its variants."""
 
 
 def register_family(spec: FamilySpec) -> None:
@@ -53,13 +40,7 @@ def list_models(pattern: str | None = None, family: str | None = None) -> list[s
 
 def get_family(name: str) -> FamilySpec:
     """The family of a variant name, or of a family name; ConfigError naming the closest variant."""
-    found = FAMILIES.find(name)
-    if found is not None:
-        return found
-    for _, f in FAMILIES.items():
-        if name in f.variants:
-            return f
-    raise ConfigError(FAMILIES.unknown(name, list_models()))
+    return model_family(name)
 
 
 def family_of(model_or_cfg: Any) -> FamilySpec:

@@ -182,7 +182,8 @@ def _check_ranges(cfg: Config, purpose: str) -> None:
         _at_least("data.num_workers", d.num_workers, 0, "loader processes; 0 = load in the main process")
         _at_least("data.prefetch_factor", d.prefetch_factor, 1, "batches each worker prepares ahead")
         _at_least("data.max_image_pixels", d.max_image_pixels, 0, "0 = no limit")
-        _fraction("data.val_split", d.val_split, "0 = no held-out validation")
+        if hasattr(d, "val_split"):
+            _fraction("data.val_split", d.val_split, "0 = no held-out validation")
         if not (math.isfinite(d.crop_pct) and d.crop_pct > 0):
             raise CheckError(f"data.crop_pct={d.crop_pct} must be positive (1 = resize only, e.g. 0.875)")
         if d.num_classes is not None:

@@ -26,14 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitscale.registry import Registry
-
-TASKS: Registry[type[Task]] = Registry("task", "train.task", {
-    "classification": "vitscale.tasks.classification",
-    "contrastive": "vitscale.tasks.contrastive",
-    "token_labeling": "vitscale.tasks.token_labeling",
-})
-"""The tasks (``train.task``): the built-in ones imported on first use."""
+from vitscale.registry import TASKS
 
 
 class Task:
