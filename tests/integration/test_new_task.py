@@ -11,13 +11,14 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import yaml
 
+from vitscale.config import Config
 from vitscale.eval.classification import all_sum
 from vitscale.eval.evaluator import Evaluator, EvaluatorConfig, register_evaluator
 from vitscale.tasks import Task, register_task
@@ -32,11 +33,19 @@ class RegressConfig:
     """The target of an image of digit d is ``scale * d``."""
 
 
+@dataclass
+class DigitValueConfig(Config):
+    """A run of ``train.task=digit_value``: the common groups and ``regress``."""
+
+    regress: RegressConfig = field(default_factory=RegressConfig)
+    """How the digit value is scaled into the target."""
+
+
 class DigitValue(Task):
     """The digit's value, regressed from the model's first output."""
 
     name = "digit_value"
-    config_groups = {"regress": RegressConfig}
+    config = DigitValueConfig
     bench_calls = 0  # how often the bench's step called bench_loss (in this process)
 
     def loss(self, model, batch, step):

@@ -86,8 +86,9 @@ def test_overrides_may_follow_an_option(capsys):
         ("train.task=clasification", "train.task: unknown task 'clasification'; did you mean 'classification'? (choose one of "
          "classification, contrastive, token_labeling; a plug-in's: load it with vitscale --import MODULE)"),
         ("data.interpolation=cubic", "data.interpolation: 'cubic' is not one of bilinear, bicubic"),
-        ("token_label.cls_target=label", "token_label.cls_target: 'label' is not one of ground_truth, teacher"),
-        ("teacher.weights=best", "teacher.weights: 'best' is not one of model, ema"),
+        ("token_label.cls_target=teacher", "token_label is a group of train.task=token_labeling, not of "
+         "train.task=classification (this run's): set train.task to it, or remove token_label"),
+        ("distill.teacher_weights=best", "distill.teacher_weights: 'best' is not one of model, ema"),
         ("data.randaugment=m9-n2", "data.randaugment (torchvision's RandAugment) is replaced by data.auto_augment with timm's "
          "strings: write data.auto_augment=rand-m9-n2 for 'm9-n2' (DeiT's and VOLO's: rand-m9-mstd0.5-inc1); docs/data.md"),
         ("data.auto_augment=rand-m9-x2", "data.auto_augment: unknown section 'x2' in 'rand-m9-x2' (this policy takes m, n, p, "
@@ -189,13 +190,18 @@ class _ToyGroup:
     """How wide the toy is."""
 
 
+@dataclass
+class _ToyConfig(Config):
+    toy: _ToyGroup = dataclasses.field(default_factory=_ToyGroup)
+
+
 def test_a_group_a_plugin_task_adds_is_listed_with_its_docstrings(monkeypatch, capsys):
     """Groups are read from the run config's fields: a group a plug-in task declares needs no edit here."""
     from vitscale.tasks import base
 
     class ToyTask(base.Task):
         name = "toy_task"
-        config_groups = {"toy": _ToyGroup}
+        config = _ToyConfig
 
     monkeypatch.setitem(base.TASKS.entries, "toy_task", ToyTask)  # registered for this test only
     assert main(["config"]) == 0

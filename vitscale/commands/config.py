@@ -104,8 +104,8 @@ def _print_data(width: int) -> None:
 
 
 def run(args) -> int:
-    from vitscale.config import config_class
     from vitscale.config.fields import fields_of, group_defaults, groups
+    from vitscale.config.schema import ModelConfig
 
     width = min(shutil.get_terminal_size().columns, 100)
     if args.group is None:
@@ -126,7 +126,7 @@ def run(args) -> int:
     if args.group == "model":
         from vitscale.models.registry import resolve_model
 
-        name = args.model or config_class()().model.name
+        name = args.model or ModelConfig.name
         variant = resolve_model(name)  # an unknown name fails here, naming the closest
         family = variant.family.name
         print(f"\nThe fields of {name}'s config ({family} family), set as model.<field> (short for "

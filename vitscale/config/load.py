@@ -21,12 +21,13 @@ from typing import Any
 
 import yaml
 
-from ..commands import SHELL_FLAG
 from ..errors import ConfigError
+from ..registry import TASKS, model_family
 from ..safe_yaml import YAMLLimitError, load_yaml, read_yaml
+from ..shell import SHELL_FLAG, runs_shell
 from .data import DataConfig
 from .evals import EvaluatorConfig, check_entries, metric_prefix
-from .schema import Config, ModelConfig, config_class
+from .schema import Config, ModelConfig, config_class, config_classes
 
 
 # ---------------------------------------------------------------------------------------- finding
@@ -120,7 +121,7 @@ def _suggest(path: str, valid_here: list[str], prefix: str) -> str:
     close = difflib.get_close_matches(leaf, valid_here, n=1, cutoff=0.6)
     if close:
         return f"; did you mean {prefix + close[0]!r}?"
-    everything = _all_keys(config_class())
+    everything = list(dict.fromkeys(k for root in config_classes() for k in _all_keys(root)))
     by_leaf = [k for k in everything if k.rsplit(".", 1)[-1] == leaf]
     if by_leaf:
         return f"; did you mean {by_leaf[0]!r}?"
@@ -132,7 +133,7 @@ def option_hint(args: list[str]) -> str | None:
     """For command-line options that name a config field — ``--lr 1e-3``, ``--optim.lr=1e-3``,
     ``--max-steps 5`` (by the field's dotted key or its last part) — the override to write instead
     (``"--lr 1e-3 is not an option: write optim.lr=1e-3"``); None when no option names a field."""
-    keys = _all_keys(config_class())  # the tasks' groups included
+    keys = list(dict.fromkeys(k for root in config_classes() for k in _all_keys(root)))  # every task's groups
     fields = [k for k in keys if not any(o.startswith(k + ".") for o in keys)]  # not the groups
     i = 0
     while i < len(args):
@@ -294,20 +295,19 @@ def _build(cls: type, values: dict, prefix: str = "") -> Any:
     return obj
 
 
-def _route_model_keys(tree: dict) -> None:
-    """Move ``model.<field of the variant config>`` into ``model.overrides`` (the shorthand)."""
+def _route_model_keys(tree: dict) -> Any:
+    """Move ``model.<field of the variant config>`` into ``model.overrides`` (the shorthand); the model's
+    family (its registry entry: ``variants``, ``task``, ``variant_config``)."""
     model = tree.get("model")
+    name = model.get("name", ModelConfig.name) if isinstance(model, dict) else ModelConfig.name
+    family = model_family(name)  # ConfigError naming the closest variant
     if not isinstance(model, dict):
-        return
-    from vitscale.models.registry import get_family
-
-    name = model.get("name", "vit_debug")
-    family = get_family(name)  # ConfigError naming the closest variant
+        return family
     if name not in family.variants:
         raise ConfigError(f"model.name: {name!r} is a model family, not a variant: choose one of {', '.join(family.variants)}")
     variant_cfg = family.variants[name]
     variant_fields = [f.name for f in dataclasses.fields(variant_cfg)]
-    own = [f.name for f in dataclasses.fields(Config().model)]
+    own = [f.name for f in dataclasses.fields(ModelConfig)]
     overrides = model.get("overrides") or {}
     if not isinstance(overrides, dict):
         raise ConfigError(f"model.overrides: expected a mapping, got {overrides!r}")
@@ -332,6 +332,7 @@ def _route_model_keys(tree: dict) -> None:
             hint = f"; did you mean 'model.{close[0]}'?" if close else ""
             raise ConfigError(f"unknown config key 'model.overrides.{key}' (not a field of {name}'s config){hint}")
     model["overrides"] = overrides
+    return family
 
 
 # ---------------------------------------------------------------------------------------- public
@@ -373,29 +374,43 @@ def _check_evals(cfg: Config) -> None:
             replace_fields(cfg.data, entry.data, f"evals[{i}].data.")
 
 
-def config_from_dict(tree: dict) -> Config:
-    tree = copy.deepcopy(tree)  # the routing below moves keys: the caller's tree stays as it was
-    task = (tree.get("train") or {}).get("task") if isinstance(tree.get("train"), dict) else None
-    if isinstance(task, str):  # an unknown task (a plug-in's not loaded) before its groups read as unknown keys
-        from vitscale.tasks import get_task
+def root_class(tree: dict) -> type[Config]:
+    """The root class of the config ``tree`` (a YAML's mapping): its ``train.task``'s, else the default
+    task of its ``model.name``'s family (:func:`~vitscale.config.schema.config_class`): a task's groups
+    are fields of its class, unknown keys in a run of another task. Found through ``vitscale.registry``:
+    an unknown task or model is a one-line ConfigError naming the closest."""
+    train, model = tree.get("train"), tree.get("model")
+    task = train.get("task") if isinstance(train, dict) else None
+    name = model.get("name") if isinstance(model, dict) else None
+    return config_class(task if isinstance(task, str) else None, name if isinstance(name, str) else None)
 
-        get_task(task)
-    _route_model_keys(tree)
-    cfg = _build(config_class(), tree)
+
+def _other_tasks_groups(root: type[Config], tree: dict) -> None:
+    """ConfigError for a top-level key of ``tree`` that is no field of ``root`` but a group of other
+    tasks' classes (``token_label`` in a classification run), naming those tasks."""
+    own = {f.name for f in dataclasses.fields(root)}
+    for key in [k for k in tree if k not in own]:
+        tasks = [name for name, cls in TASKS.items() if key in {f.name for f in dataclasses.fields(cls.config)}]
+        if tasks:
+            task = next(name for name, cls in TASKS.items() if cls.config is root)
+            raise ConfigError(f"{key} is a group of train.task={' / '.join(tasks)}, not of train.task={task} (this run's): set "
+                              f"train.task to {'it' if len(tasks) == 1 else 'one of them'}, or remove {key}")  # fmt: skip
+
+
+def config_from_dict(tree: dict) -> Config:
+    """The typed config of ``tree``: its classes chosen by its task (:func:`root_class`), its data's
+    format and its evaluations' kinds, every key and value checked."""
+    tree = copy.deepcopy(tree)  # the routing below moves keys: the caller's tree stays as it was
+    family = _route_model_keys(tree)
+    root = root_class(tree)
+    _other_tasks_groups(root, tree)
+    cfg = _build(root, tree)
     _check_evals(cfg)
     # Validates the model overrides' values (types and the variant's own checks) before anything runs.
-    from vitscale.models.registry import get_model_config
-
     try:
-        get_model_config(cfg.model.name, **cfg.model.overrides)
+        family.variant_config(cfg.model.name, cfg.model.overrides)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from e
-    # Tasks register themselves (the schema's str cannot list them): asked here, so an unknown one is a
-    # config error before anything runs (a format and an evaluator: by choosing their classes).
-    from vitscale.tasks import get_task
-
-    if cfg.train.task is not None:
-        get_task(cfg.train.task)
     return cfg
 
 
@@ -441,7 +456,7 @@ _UNSET = object()
 
 def shell_value(tree: Any, given: Any = _UNSET, key: str = "") -> tuple[str, str] | None:
     """``(dotted key, value)`` of the first value of ``tree`` (a config file's) that runs a shell
-    command (``vitscale.data.remote.runs_shell``) and that ``given`` (the command line's overrides, the
+    command (``vitscale.shell.runs_shell``) and that ``given`` (the command line's overrides, the
     same shape) does not replace; None when there is none."""
     if key and given is not _UNSET and not isinstance(given, dict):
         return None  # the command line sets this value (or a mapping above it): the file's is not used
@@ -453,8 +468,6 @@ def shell_value(tree: Any, given: Any = _UNSET, key: str = "") -> tuple[str, str
         for i, v in enumerate(tree):
             found = found or shell_value(v, _UNSET, f"{key}[{i}]")
     elif isinstance(tree, str):
-        from vitscale.data.remote import runs_shell
-
         found = (key, tree) if runs_shell(tree) else None
     return found
 
@@ -529,25 +542,10 @@ def config_to_dict(cfg: Any) -> dict:
     return plain(cfg)
 
 
-def run_config_dict(cfg: Config) -> dict:
-    """The config as a run's ``config.yaml`` holds it: :func:`config_to_dict` without the groups its
-    task does not read (the other tasks' ``config_groups``: no ``clip`` group in a ViT classification
-    run); its ``data`` group holds the fields of its format only. Loading it back gives the defaults
-    there, which the run never read: the same run."""
-    from vitscale.models.registry import get_family
-    from vitscale.tasks import task_groups
-
-    tree = config_to_dict(cfg)
-    task = cfg.train.task or get_family(cfg.model.name).task
-    for group, (_, tasks) in task_groups().items():
-        if task not in tasks:
-            tree.pop(group, None)
-    return tree
-
-
 def dump_config(cfg: Config) -> str:
-    """``run_config_dict(cfg)`` as YAML, in one style (block mappings and lists), in schema order."""
-    return yaml.safe_dump(run_config_dict(cfg), sort_keys=False, default_flow_style=False)
+    """``config_to_dict(cfg)`` as YAML, in one style (block mappings and lists), in schema order: the
+    fields of its classes (its task's groups, its data format's fields) and nothing else."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:

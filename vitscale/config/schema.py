@@ -2,22 +2,23 @@
 
 The dataclasses are the truth: ``vitscale.config.load`` merges defaults <- YAML <- dotted overrides
 into them, refusing unknown keys (with the closest valid key) and wrong types (naming the field).
-Groups that belong to one part of vitscale live beside it and are fields of ``Config`` here: ``data``
-(``vitscale/data/config.py``), ``parallel`` and ``precision`` (``vitscale/distributed/config.py``).
-The groups of the tasks (``clip``, ``token_label``, ``teacher``, a plug-in's) are declared by each
-task (``Task.config_groups``) and join the root in :func:`config_class`; the entries of ``evals`` are
-each evaluator's own config (``vitscale.eval.evaluator``).
+Groups that belong to one part of vitscale are fields of ``Config`` here: ``data`` (``config/data.py``:
+typed by ``data.format``, each format's class declared in its module), ``parallel`` and ``precision``
+(``vitscale/distributed/config.py``). Each task declares its root class, a subclass of ``Config`` with
+its own groups as fields (``ContrastiveConfig``: ``clip``, ``distill``; ``Task.config``), and the
+loader builds a run as the class of its task (:func:`config_class`); the entries of ``evals`` are each
+evaluator's own config (``config/evals.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vitscale.distributed.config import CompileMode, ParallelConfig, PrecisionConfig
 
+from ..registry import TASKS, model_family
 from .data import DataConfig, data_config
 from .evals import EvaluatorConfig
 
@@ -312,20 +313,15 @@ class Config:
     """Logging."""
 
 
-_CLASSES: dict[tuple, type] = {}
+def config_class(task: str | None = None, model: str | None = None) -> type[Config]:
+    """The root config class of a run of ``task`` (None: the default task of ``model``'s family; no
+    model: ``model.name``'s default): the task's ``config`` (``ContrastiveConfig``, ...), looked up
+    through ``vitscale.registry`` (the task's module is imported then, not by this one)."""
+    if task is None:
+        task = model_family(model or ModelConfig.name).task
+    return TASKS.get(task).config
 
 
-def config_class() -> type[Config]:
-    """The root config with every registered task's config groups as fields (a subclass of
-    :class:`Config`, rebuilt when a plug-in task registers a new group), as torchtitan's
-    ``ConfigManager`` merges a custom job config into its own. ``config_class()()`` is the defaults."""
-    from vitscale.tasks import task_groups
-
-    groups = task_groups()
-    key = tuple((name, cls) for name, (cls, _) in groups.items())
-    if key not in _CLASSES:
-        fields = [(name, cls, field(default_factory=cls)) for name, (cls, _) in groups.items()]
-        merged = dataclasses.make_dataclass("Config", fields, bases=(Config,))
-        merged.__doc__, merged.__module__ = Config.__doc__, __name__
-        _CLASSES[key] = merged
-    return _CLASSES[key]
+def config_classes() -> list[type[Config]]:
+    """The root config class of every known task, each once (to list every key and group)."""
+    return list(dict.fromkeys(cls.config for _, cls in TASKS.items()))

@@ -3,14 +3,13 @@
 A family (vit, clip, volo, naflex) registers a :class:`~vitscale.models.spec.FamilySpec`, as torchtitan's
 ``TrainSpec`` does: its model class (which implements :class:`vitscale.models.contract.Model`), its
 variant table of frozen config dataclasses, the task it trains with by default, its parallel plan,
-state-dict adapters, tokenizer, FLOP count, memory model and serving graphs (``spec.py``; the slots
-are imported on demand, so ``vitscale.models`` never imports distributed or training code).
+state-dict adapters, tokenizer, FLOP count, memory model and serving graphs (``spec.py``). A family's
+package is imported when the family is first asked for (``vitscale.registry.FAMILIES``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import fnmatch
 from typing import Any
 
@@ -18,7 +17,7 @@ import torch
 from torch import nn
 
 from ..registry import FAMILIES, model_family
-from .spec import FamilySpec, StateDictAdapter
+from .spec import FamilySpec, StateDictAdapter, replace_config
 
 
 def register_family(spec: FamilySpec) -> None:
@@ -114,25 +113,6 @@ def resolve_model(name: str, **overrides: Any) -> ResolvedModel:
 def get_model_config(name: str, **overrides: Any) -> Any:
     """The variant's config with ``overrides`` applied (nested dicts for nested configs)."""
     return resolve_model(name, **overrides).cfg
-
-
-def replace_config(cfg: Any, overrides: dict[str, Any]) -> Any:
-    """``dataclasses.replace`` that recurses into nested dataclass fields given as dicts and names
-    the closest valid field when a key is misspelt."""
-    if not overrides:
-        return cfg
-    valid = {f.name for f in dataclasses.fields(cfg)}
-    changes = {}
-    for key, value in overrides.items():
-        if key not in valid:
-            close = difflib.get_close_matches(key, sorted(valid), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise TypeError(f"{type(cfg).__name__} has no field {key!r}{hint}")
-        current = getattr(cfg, key)
-        if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            value = replace_config(current, value)
-        changes[key] = value
-    return dataclasses.replace(cfg, **changes)
 
 
 def create_model(

@@ -16,6 +16,8 @@ and no slot's module imports timm or open_clip.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,25 @@ def is_library_model(model: Any, library: str, *class_names: str) -> bool:
     ``open_clip``), by its class alone: nothing of the library is imported."""
     cls = type(model)
     return cls.__name__ in class_names and cls.__module__.split(".")[0] == library
+
+
+def replace_config(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """``dataclasses.replace`` that recurses into nested dataclass fields given as dicts and names
+    the closest valid field when a key is misspelt."""
+    if not overrides:
+        return cfg
+    valid = {f.name for f in dataclasses.fields(cfg)}
+    changes = {}
+    for key, value in overrides.items():
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{type(cfg).__name__} has no field {key!r}{hint}")
+        current = getattr(cfg, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            value = replace_config(current, value)
+        changes[key] = value
+    return dataclasses.replace(cfg, **changes)
 
 
 # ----------------------------------------------------------------------------- slots
@@ -204,6 +225,11 @@ class FamilySpec:
     ``i`` ``L - i``; a name matched by no prefix: 0, the head). None: the family refuses
     ``optim.layer_decay``."""
 
+    def variant_config(self, name: str, overrides: Mapping[str, Any] | None = None) -> Any:
+        """Variant ``name``'s config with ``overrides`` applied (:func:`replace_config`: TypeError naming
+        the closest field for a misspelt one; the config's own checks raise ValueError)."""
+        return replace_config(self.variants[name], dict(overrides or {}))
+
     def plan(self) -> Any:
         """The family's :class:`vitscale.distributed.parallelize.ParallelPlan`."""
         return self.parallel_plan
@@ -265,5 +291,5 @@ class FamilySpec:
 
 __all__ = [
     "FamilySpec", "MemoryModel", "Serving", "ServingGraph", "StateDictAdapter", "Tokenizer", "classifier_serving",
-    "is_library_model", "keys_have",
+    "is_library_model", "keys_have", "replace_config",
 ]  # fmt: skip

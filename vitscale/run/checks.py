@@ -133,21 +133,23 @@ def _check_degenerate(cfg: Config, purpose: str) -> None:
     if o.layer_decay is not None and not 0 < o.layer_decay <= 1:
         raise CheckError(f"optim.layer_decay={o.layer_decay} must be in (0, 1] (each layer's LR factor towards the input, "
                          "e.g. 0.65 or 0.75; unset = off)")  # fmt: skip
-    dc = cfg.distill
-    if dc.teacher:
+    dc = getattr(cfg, "distill", None)  # the groups of the tasks that have them
+    if dc is not None and dc.teacher:
         _fraction("distill.alpha", dc.alpha, "the distillation loss's share, DeiT: 0.5", closed_high=True)
         _positive("distill.tau", dc.tau, "the softmax temperature of soft distillation, DeiT: 1.0")
         _at_least("distill.clip_weight", dc.clip_weight, 0, "the weight of CLIP's distillation loss, open_clip: 1")
         _side("distill.teacher_img_size", dc.teacher_img_size)
         for i, s in enumerate(dc.teacher_std or ()):
             _positive(f"distill.teacher_std[{i}]", s, "the teacher's images are divided by it")
-    cc = cfg.clip
-    _at_least("clip.lock_image_unlocked_groups", cc.lock_image_unlocked_groups, 0, "0 = the whole tower locked")
-    _at_least("clip.lock_text_unlocked_layers", cc.lock_text_unlocked_layers, 0, "0 = the whole tower locked")
-    tl = cfg.token_label
-    for key in ("beta", "cls_weight", "mix_token_alpha"):
-        _at_least(f"token_label.{key}", getattr(tl, key), 0, "a weight")
-    _fraction("token_label.mix_token_prob", tl.mix_token_prob, "a probability", closed_high=True)
+    cc = getattr(cfg, "clip", None)
+    if cc is not None:
+        _at_least("clip.lock_image_unlocked_groups", cc.lock_image_unlocked_groups, 0, "0 = the whole tower locked")
+        _at_least("clip.lock_text_unlocked_layers", cc.lock_text_unlocked_layers, 0, "0 = the whole tower locked")
+    tl = getattr(cfg, "token_label", None)
+    if tl is not None:
+        for key in ("beta", "cls_weight", "mix_token_alpha"):
+            _at_least(f"token_label.{key}", getattr(tl, key), 0, "a weight")
+        _fraction("token_label.mix_token_prob", tl.mix_token_prob, "a probability", closed_high=True)
 
 
 def _check_ranges(cfg: Config, purpose: str) -> None:
@@ -238,12 +240,12 @@ def _check_tp(cfg: Config, dims: ParallelDims, model: ResolvedModel) -> None:
 
 def _check_distill_task(cfg: Config, model: ResolvedModel) -> None:
     """``distill.teacher`` with a task that does not distill is refused rather than ignored."""
-    if not cfg.distill.teacher:
+    if not getattr(getattr(cfg, "distill", None), "teacher", None):
         return
-    from ..tasks import task_groups
+    from ..registry import TASKS
 
     task = cfg.train.task or model.family.task
-    able = task_groups().get("distill", (None, ()))[1]
+    able = [name for name, cls in TASKS.items() if "distill" in cls.config.__dataclass_fields__]
     if task not in able:
         raise CheckError(f"distill.teacher is set but the {task} task does not distill (tasks that do: {', '.join(able)}); "
                          "unset distill.teacher or set train.task")  # fmt: skip

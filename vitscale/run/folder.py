@@ -343,7 +343,7 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
     """The accepted changes of a resume in ``folder``; :class:`ConfigChanged` for refused ones. Only
     when the folder has a checkpoint to resume and a ``config.yaml`` describing it."""
     from ..checkpoint import list_checkpoints
-    from ..config import config_class, config_to_dict
+    from ..config import config_to_dict
     from ..safe_yaml import read_yaml
 
     found = list_checkpoints(folder / "checkpoints")
@@ -364,7 +364,9 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
         raise ConfigChanged(f"{e}, so this resume cannot be checked: restore it, or set another train.output_dir") from None
     if not isinstance(stored, dict):
         raise ConfigChanged(f"{stored_path} is not a config, so this resume cannot be checked: restore it, or set another train.output_dir")
-    changes = config_changes(stored, config_to_dict(cfg), config_to_dict(config_class()()))
+    defaults = type(cfg)()  # the defaults of its classes: its task's, and its data format's
+    defaults.data = type(cfg.data)()
+    changes = config_changes(stored, config_to_dict(cfg), config_to_dict(defaults))
     allowed = tuple(cfg.checkpoint.allow_changes)
     refused = [c for c in changes if not _accepted(c[0], allowed)]
     if refused:

@@ -1,8 +1,9 @@
 """What a task is, and the registry of tasks: a task is one module that declares everything a run of
 it needs and registers itself (after torchtitan's ``protocols/train_spec.py``):
 
-- its config groups (``config_groups``: name -> dataclass; each becomes a group of the run config,
-  ``vitscale.config.config_class``, and is left out of the config.yaml of runs of other tasks);
+- its run config (``config``: a subclass of :class:`vitscale.config.Config` with the task's groups as
+  ordinary fields, e.g. ``ContrastiveConfig`` with ``clip`` and ``distill``; the config loader builds a
+  run of the task as this class, so ``config.yaml`` holds its groups only);
 - its loss per micro-batch and the training metrics beside it (:meth:`Task.loss`);
 - its default evaluations (:meth:`Task.default_evals`: the entries a run gets when its config sets
   no ``evals:``, built from the ``eval.*`` keys);
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitscale.config.schema import Config
 from vitscale.registry import TASKS
 
 
@@ -40,8 +42,9 @@ class Task:
     """
 
     name = "task"
-    config_groups: dict[str, type] = {}
-    """Config groups this task reads beyond the common ones: ``{"clip": ClipConfig}``."""
+    config: type[Config] = Config
+    """The root config of a run of this task: :class:`Config`, or a subclass with the task's own groups
+    as fields (``ContrastiveConfig``: ``clip``, ``distill``)."""
     tokenizer: Any = None
     """The text tokenizer of an image-text task (zero-shot prompts), else None."""
 
@@ -106,22 +109,10 @@ def first_output(out: Any) -> torch.Tensor:
 
 
 def register_task(cls: type[Task]) -> type[Task]:
-    """Make ``train.task=<cls.name>`` train with ``cls`` (its config groups join the run config)."""
+    """Make ``train.task=<cls.name>`` train with ``cls`` (a run of it is configured by ``cls.config``)."""
     return TASKS.register(cls.name, cls)
 
 
 def get_task(name: str) -> type[Task]:
     """The task ``train.task=<name>`` trains with (ConfigError naming the closest task otherwise)."""
     return TASKS.get(name)
-
-
-def task_groups() -> dict[str, tuple[type, tuple[str, ...]]]:
-    """Every registered task's config groups: ``{group: (dataclass, names of the tasks that read it)}``
-    (the built-in tasks' modules imported first)."""
-    out: dict[str, tuple[type, tuple[str, ...]]] = {}
-    for name, cls in TASKS.items():  # one order, whichever module a process happened to import first
-        for group, group_cls in cls.config_groups.items():
-            if group in out and out[group][0] is not group_cls:
-                raise TypeError(f"config group {group!r} of task {name!r} is another task's ({', '.join(out[group][1])})")
-            out[group] = (group_cls, (*out.get(group, (None, ()))[1], name))
-    return out

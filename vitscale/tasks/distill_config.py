@@ -1,7 +1,7 @@
 """Config group ``distill``: online distillation from a teacher that runs in the training process.
 
-Declared by the tasks that distill (classification: DeiT's losses; contrastive: open_clip's
-``--distill-model``), which makes it a group of the run config; :mod:`vitscale.tasks.distill` is the
+A group of the run configs of the tasks that distill (classification: DeiT's losses; contrastive: open_clip's
+``--distill-model``: their ``config`` classes); :mod:`vitscale.tasks.distill` is the
 component those tasks call. Off unless ``distill.teacher`` is set.
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from vitscale.config.schema import Config
 
 
 @dataclass
@@ -64,3 +66,11 @@ class DistillConfig:
     clip_weight: float = 1.0
     """Contrastive (open_clip ``DistillClipLoss``): loss = contrastive + clip_weight x the cross-entropy
     of the student's image-text logits to the teacher's softmax, both directions (open_clip: 1)."""
+
+
+@dataclass
+class ClassificationConfig(Config):
+    """A whole run of ``train.task=classification``: the common groups and ``distill``."""
+
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """Online distillation from a teacher (off unless ``distill.teacher`` is set)."""

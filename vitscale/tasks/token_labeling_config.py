@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from vitscale.config.schema import Config
+
 
 @dataclass
 class TokenLabelConfig:
@@ -59,3 +61,13 @@ class TeacherConfig:
     """Dataset splits to label (``train``, ``val``)."""
     img_size: int | None = None
     """Teacher input size; None = the teacher model's img_h/img_w."""
+
+
+@dataclass
+class TokenLabelingConfig(Config):
+    """A whole run of ``train.task=token_labeling``: the common groups, ``token_label`` and ``teacher``."""
+
+    token_label: TokenLabelConfig = field(default_factory=TokenLabelConfig)
+    """Token labeling's loss and its stored labels (VOLO / LV-ViT)."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """The teacher whose dense top-k token labels ``vitscale label-tokens`` writes."""
