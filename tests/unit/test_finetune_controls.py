@@ -152,12 +152,15 @@ def test_distillation_settings_are_checked_up_front():
     from vitscale.run.checks import check_run
 
     dims = ParallelDims(device=torch.device("cpu"))
-    for overrides, message in (
-        (["train.task=token_labeling", "distill.teacher=t.pth"], "the token_labeling task does not distill"),
-        (["distill.teacher=t.pth", "distill.alpha=1.5"], "distill.alpha=1.5 must be in [0, 1]"),
-        (["distill.teacher=t.pth", "distill.tau=0"], "distill.tau=0.0 must be"),
-        (["optim.layer_decay=0"], "optim.layer_decay=0.0 must be in (0, 1]"),
-        (["clip.lock_image_unlocked_groups=-1"], "clip.lock_image_unlocked_groups=-1 must be at least 0"),
+    # a task without distillation has no distill group: refused as the config loads
+    with pytest.raises(ConfigError, match=re.escape("distill is a group of train.task=classification / contrastive, "
+                                                    "not of train.task=token_labeling (this run's)")):
+        load_config("digits_vit", ["train.task=token_labeling", "distill.teacher=t.pth"])
+    for config, overrides, message in (
+        ("digits_vit", ["distill.teacher=t.pth", "distill.alpha=1.5"], "distill.alpha=1.5 must be in [0, 1]"),
+        ("digits_vit", ["distill.teacher=t.pth", "distill.tau=0"], "distill.tau=0.0 must be"),
+        ("digits_vit", ["optim.layer_decay=0"], "optim.layer_decay=0.0 must be in (0, 1]"),
+        ("digits_clip", ["clip.lock_image_unlocked_groups=-1"], "clip.lock_image_unlocked_groups=-1 must be at least 0"),
     ):
         with pytest.raises(CheckError, match=re.escape(message)):
-            check_run(load_config("digits_vit", overrides), dims, "train")
+            check_run(load_config(config, overrides), dims, "train")
