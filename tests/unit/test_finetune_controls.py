@@ -156,10 +156,11 @@ def test_distillation_settings_are_checked_up_front():
     with pytest.raises(ConfigError, match=re.escape("distill is a group of train.task=classification / contrastive, "
                                                     "not of train.task=token_labeling (this run's)")):
         load_config("digits_vit", ["train.task=token_labeling", "distill.teacher=t.pth"])
+    with pytest.raises(ConfigError, match=re.escape("optim.layer_decay=0.0 must be in (0, 1]")):  # its group's own range
+        load_config("digits_vit", ["optim.layer_decay=0"])
     for config, overrides, message in (
         ("digits_vit", ["distill.teacher=t.pth", "distill.alpha=1.5"], "distill.alpha=1.5 must be in [0, 1]"),
         ("digits_vit", ["distill.teacher=t.pth", "distill.tau=0"], "distill.tau=0.0 must be"),
-        ("digits_vit", ["optim.layer_decay=0"], "optim.layer_decay=0.0 must be in (0, 1]"),
         ("digits_clip", ["clip.lock_image_unlocked_groups=-1"], "clip.lock_image_unlocked_groups=-1 must be at least 0"),
     ):
         with pytest.raises(CheckError, match=re.escape(message)):

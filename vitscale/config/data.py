@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from ..errors import ConfigError
 from ..registry import FORMATS
+from .ranges import at_least, finite, fraction, positive
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -160,6 +161,27 @@ class DataConfig:
     eval_seq_len: int | None = None
     """NaFlex evaluation sequence length; None = the largest of ``seq_lens``."""
     def __post_init__(self) -> None:
+        finite(self, "data")
+        for i, s in enumerate(self.std):
+            positive(f"data.std[{i}]", s, "images are divided by it: a zero std makes every input infinite")
+        lo, hi = self.rrc_scale
+        if not 0 < lo <= hi <= 1:
+            raise ConfigError(f"data.rrc_scale={list(self.rrc_scale)} must be 0 < low <= high <= 1 (fractions of the image "
+                              "area, e.g. 0.08,1.0)")  # fmt: skip
+        lo, hi = self.rrc_ratio
+        if not 0 < lo <= hi:
+            raise ConfigError(f"data.rrc_ratio={list(self.rrc_ratio)} must be 0 < low <= high (width / height, e.g. 0.75,1.333)")
+        for key in ("hflip", "random_erasing", "mixup_prob", "mixup_switch_prob"):
+            fraction(f"data.{key}", getattr(self, key), "a probability", closed_high=True)
+        for key in ("mixup_alpha", "cutmix_alpha"):
+            at_least(f"data.{key}", getattr(self, key), 0, "0 = off")
+        at_least("data.num_workers", self.num_workers, 0, "loader processes; 0 = load in the main process")
+        at_least("data.prefetch_factor", self.prefetch_factor, 1, "batches each worker prepares ahead")
+        at_least("data.max_image_pixels", self.max_image_pixels, 0, "0 = no limit")
+        if not self.crop_pct > 0:
+            raise ConfigError(f"data.crop_pct={self.crop_pct} must be positive (1 = resize only, e.g. 0.875)")
+        if self.num_classes is not None:
+            at_least("data.num_classes", self.num_classes, 1, "None = from the dataset")
         cls = self.kind_config(self.format)
         if type(self) is not cls:
             raise ConfigError(f"data.format={self.format} is configured by {cls.__name__}, not {type(self).__name__} "
@@ -209,6 +231,10 @@ class ValSplitField:
     """Fraction held out for validation when there is no ``val_path`` (imagefolder, by a fixed
     seed-0 stratified split) and the size of synthetic's validation set relative to ``synthetic_size``;
     0 = no validation set."""
+
+    def __post_init__(self) -> None:
+        fraction("data.val_split", self.val_split, "0 = no held-out validation")
+        super().__post_init__()  # type: ignore[misc]  # composed before DataConfig, whose checks follow
 
 
 @dataclass

@@ -290,6 +290,8 @@ def _build(cls: type, values: dict, prefix: str = "") -> Any:
         kwargs[key] = _coerce(value, hints[key], path)
     try:
         obj = cls(**kwargs)
+    except ConfigError:  # a field's range (its group's __post_init__): one line naming the key already
+        raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from e
     return obj

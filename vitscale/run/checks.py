@@ -10,8 +10,8 @@ the fix; the CLI exits with code 2.
 
 from __future__ import annotations
 
+import functools
 import logging
-import math
 import os
 import shutil
 import socket
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config
+from ..config.ranges import at_least, fraction, nonfinite, not_finite_message, positive
 from ..data.auto_augment import build_augment
 from ..data.sizes import check_sizes
 from ..distributed.compile import check_compile_mode
@@ -37,24 +38,18 @@ MAX_IMAGE_SIDE = 8192
 attention fits; a larger value is a typo (``data.img_size=22400``) that would fail allocating."""
 
 
-def _at_least(key: str, value, low, meaning: str) -> None:
-    if value is None or value < low:
-        raise CheckError(f"{key}={value} must be at least {low} ({meaning})")
+_at_least = functools.partial(at_least, error=CheckError)
+_fraction = functools.partial(fraction, error=CheckError)
+_positive = functools.partial(positive, error=CheckError)
 
 
 def _check_signals(names) -> None:
     import signal
 
-    for name in names:
-        if name not in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT") or not hasattr(signal, name):
+    for name in names:  # the names are checked as the config loads; what this machine has, here
+        if not hasattr(signal, name):
             raise CheckError(f"checkpoint.save_on_signal: {name!r} is not a signal a run can save on: use SIGTERM, "
                              "SIGUSR1, SIGUSR2, SIGINT, SIGHUP or SIGQUIT (or [] for none)")  # fmt: skip
-
-
-def _fraction(key: str, value: float, meaning: str, *, closed_high: bool = False) -> None:
-    ok = 0.0 <= value <= 1.0 if closed_high else 0.0 <= value < 1.0
-    if not ok or not math.isfinite(value):
-        raise CheckError(f"{key}={value} must be in [0, 1{']' if closed_high else ')'} ({meaning})")
 
 
 def _side(key: str, value: int | None) -> None:
@@ -64,75 +59,19 @@ def _side(key: str, value: int | None) -> None:
         raise CheckError(f"{key}={value} is not a usable image side: use 1 to {MAX_IMAGE_SIDE} pixels (e.g. 224)")
 
 
-def _nonfinite(tree, prefix: str = ""):
-    """(dotted key, value) of the first float at any depth of ``tree`` that is NaN or infinite."""
-    if isinstance(tree, dict):
-        items = tree.items()
-    elif isinstance(tree, (list, tuple)):
-        items = ((f"[{i}]", v) for i, v in enumerate(tree))
-    else:
-        return (prefix, tree) if isinstance(tree, float) and not math.isfinite(tree) else None
-    for k, v in items:
-        key = f"{prefix}{k}" if str(k).startswith("[") or not prefix else f"{prefix}.{k}"
-        found = _nonfinite(v, key)
-        if found:
-            return found
-    return None
-
-
 def _check_finite(cfg: Config) -> None:
-    """No setting of the run, the model's overrides included, is NaN or infinite (a NaN passes every
-    ``<`` comparison: ``train.grad_clip=.nan`` was "no clipping", a NaN in ``data.mean`` made every
-    step non-finite)."""
+    """No setting of the groups that do not check their own (the model's overrides, the tasks' groups,
+    the layout) is NaN or infinite: a NaN passes every ``<`` comparison. The common groups refuse theirs
+    as they are built (``vitscale.config.ranges.finite``)."""
     from ..config import config_to_dict
 
-    found = _nonfinite(config_to_dict(cfg))
+    found = nonfinite(config_to_dict(cfg))
     if found:
-        key, value = found
-        raise CheckError(f"{key.replace('model.overrides.', 'model.')}={value} is not a finite number: set a number, or leave the key out for its default")
+        raise CheckError(not_finite_message(*found))
 
 
-def _positive(key: str, value, meaning: str) -> None:
-    if not value > 0:
-        raise CheckError(f"{key}={value} must be greater than 0 ({meaning})")
-
-
-def _check_degenerate(cfg: Config, purpose: str) -> None:
-    """Values a field cannot take whatever the rest of the config says: zero or negative where it
-    divides or scales, probabilities outside [0, 1]."""
-    d, o = cfg.data, cfg.optim
-    if purpose == "bench":  # no data, no optimizer state
-        return
-    for i, s in enumerate(d.std):
-        _positive(f"data.std[{i}]", s, "images are divided by it: a zero std makes every input infinite")
-    lo, hi = d.rrc_scale
-    if not 0 < lo <= hi <= 1:
-        raise CheckError(f"data.rrc_scale={list(d.rrc_scale)} must be 0 < low <= high <= 1 (fractions of the image area, e.g. 0.08,1.0)")
-    lo, hi = d.rrc_ratio
-    if not 0 < lo <= hi:
-        raise CheckError(f"data.rrc_ratio={list(d.rrc_ratio)} must be 0 < low <= high (width / height, e.g. 0.75,1.333)")
-    for key in ("hflip", "random_erasing", "mixup_prob", "mixup_switch_prob"):
-        _fraction(f"data.{key}", getattr(d, key), "a probability", closed_high=True)
-    for key in ("mixup_alpha", "cutmix_alpha"):
-        _at_least(f"data.{key}", getattr(d, key), 0, "0 = off")
-    if purpose != "train":
-        return
-    _at_least("optim.weight_decay", o.weight_decay, 0, "0 = no weight decay")
-    if o.head_weight_decay is not None:
-        _at_least("optim.head_weight_decay", o.head_weight_decay, 0, "None = optim.weight_decay")
-    _positive("optim.eps", o.eps, "Adam's epsilon, added to a denominator, e.g. 1e-8")
-    for i, b in enumerate(o.betas):
-        _fraction(f"optim.betas[{i}]", b, "Adam's moment decay, e.g. 0.9,0.999")
-    _at_least("optim.momentum", o.momentum, 0, "SGD momentum, 0 = none")
-    _at_least("optim.lr_scale_batch", o.lr_scale_batch, 0, "0 = no scaling")
-    sc = cfg.schedule
-    _at_least("schedule.warmup_epochs", sc.warmup_epochs, 0, "used when schedule.warmup_steps is 0")
-    _at_least("schedule.cooldown_steps", sc.cooldown_steps, 0, "0 = no cooldown")
-    _at_least("schedule.min_lr", sc.min_lr, 0, "the cosine's final learning rate")
-    _at_least("schedule.rsqrt_timescale", sc.rsqrt_timescale, 1, "steps")
-    if o.layer_decay is not None and not 0 < o.layer_decay <= 1:
-        raise CheckError(f"optim.layer_decay={o.layer_decay} must be in (0, 1] (each layer's LR factor towards the input, "
-                         "e.g. 0.65 or 0.75; unset = off)")  # fmt: skip
+def _check_task_groups(cfg: Config) -> None:
+    """The ranges of the tasks' groups (the common groups check theirs as they are built)."""
     dc = getattr(cfg, "distill", None)  # the groups of the tasks that have them
     if dc is not None and dc.teacher:
         _fraction("distill.alpha", dc.alpha, "the distillation loss's share, DeiT: 0.5", closed_high=True)
@@ -153,43 +92,14 @@ def _check_degenerate(cfg: Config, purpose: str) -> None:
 
 
 def _check_ranges(cfg: Config, purpose: str) -> None:
-    tc, d = cfg.train, cfg.data
+    """What one field's range cannot say: settings that only matter for some purposes, or together."""
+    tc = cfg.train
     if purpose == "train":
-        _at_least("train.batch_size", tc.batch_size, 1, "images per optimizer step over all ranks")
-        _at_least("train.grad_accum", tc.grad_accum, 1, "micro-steps per optimizer step; 1 = no accumulation")
-        _at_least("train.log_every", tc.log_every, 1, "log every N steps")
-        _at_least("train.max_steps", tc.max_steps, 0, "0 = train for train.epochs")
-        _at_least("train.epochs", tc.epochs, 0, "used when train.max_steps is 0")
         if tc.max_steps == 0 and tc.epochs == 0:
             raise CheckError("train.max_steps and train.epochs are both 0: set one, e.g. train.max_steps=1000 or train.epochs=10")
-        _at_least("eval.every", cfg.eval.every, 0, "evaluate every N steps; 0 = only at the end")
-        _at_least("checkpoint.every", cfg.checkpoint.every, 0, "save every N steps; 0 = only at the end")
-        _at_least("checkpoint.keep", cfg.checkpoint.keep, 1, "checkpoints kept")
-        _at_least("checkpoint.remote_wait_s", cfg.checkpoint.remote_wait_s, 0, "seconds the end of a run waits for an upload")
-        _at_least("train.max_nonfinite_steps", tc.max_nonfinite_steps, -1, "-1 = no limit")
-        _at_least("train.max_consecutive_nonfinite", tc.max_consecutive_nonfinite, -1, "-1 = no limit")
-        _at_least("train.grad_clip", tc.grad_clip, 0, "0 = no clipping")
-        _at_least("train.cpu_threads", tc.cpu_threads, 0, "0 = PyTorch's default")
-        _at_least("schedule.warmup_steps", cfg.schedule.warmup_steps, 0, "linear warmup steps")
-        _at_least("train.hang_timeout", tc.hang_timeout, 0, "seconds without a step before the stacks are dumped; 0 = off")
         _check_signals(cfg.checkpoint.save_on_signal)
-        _fraction("train.ema_decay", tc.ema_decay, "0 = no EMA, e.g. 0.9999")
-        _fraction("train.label_smoothing", tc.label_smoothing, "0 = none, e.g. 0.1")
-        if not (math.isfinite(cfg.optim.lr) and cfg.optim.lr >= 0):
-            raise CheckError(f"optim.lr={cfg.optim.lr} must be a finite number >= 0 (e.g. optim.lr=1e-3)")
-    if purpose != "bench":
-        _at_least("eval.batch_size", cfg.eval.batch_size, 1, "images per evaluation batch")
-        if not cfg.parallel.timeout > 0:
-            raise CheckError(f"parallel.timeout={cfg.parallel.timeout} must be greater than 0 (seconds a collective may wait)")
-        _at_least("data.num_workers", d.num_workers, 0, "loader processes; 0 = load in the main process")
-        _at_least("data.prefetch_factor", d.prefetch_factor, 1, "batches each worker prepares ahead")
-        _at_least("data.max_image_pixels", d.max_image_pixels, 0, "0 = no limit")
-        if hasattr(d, "val_split"):
-            _fraction("data.val_split", d.val_split, "0 = no held-out validation")
-        if not (math.isfinite(d.crop_pct) and d.crop_pct > 0):
-            raise CheckError(f"data.crop_pct={d.crop_pct} must be positive (1 = resize only, e.g. 0.875)")
-        if d.num_classes is not None:
-            _at_least("data.num_classes", d.num_classes, 1, "None = from the dataset")
+    if purpose != "bench" and not cfg.parallel.timeout > 0:
+        raise CheckError(f"parallel.timeout={cfg.parallel.timeout} must be greater than 0 (seconds a collective may wait)")
     if purpose == "label":
         _at_least("teacher.batch_size", cfg.teacher.batch_size, 1, "images per teacher batch")
 
@@ -262,7 +172,7 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
         )
     _check_finite(cfg)
     _check_ranges(cfg, purpose)
-    _check_degenerate(cfg, purpose)
+    _check_task_groups(cfg)
     model = _resolved(cfg, model)
     _check_sizes(cfg, dims, purpose, model)
     _check_image_size(cfg, purpose, model)
