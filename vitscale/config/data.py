@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from ..errors import ConfigError
 from ..registry import FORMATS
+from .kinds import unknown_kind_field
 from .ranges import at_least, finite, fraction, positive
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -208,8 +209,6 @@ def data_config(format: str = "digits", **fields: Any) -> DataConfig:
         if key in RETIRED_FIELDS:
             raise ConfigError(RETIRED_FIELDS[key])
         if key not in own:
-            from .load import unknown_kind_field
-
             raise ConfigError(unknown_kind_field(DataConfig, cls, "data", key) or f"data.{key} is no field of {cls.__name__}")
     return cls(format=format, **fields)
 

@@ -27,6 +27,7 @@ from ..safe_yaml import YAMLLimitError, load_yaml, read_yaml
 from ..shell import SHELL_FLAG, runs_shell
 from .data import DataConfig
 from .evals import EvaluatorConfig, check_entries, metric_prefix
+from .kinds import kind_owners, unknown_kind_field
 from .schema import Config, ModelConfig, config_class, config_classes
 
 
@@ -241,7 +242,7 @@ def _kind_class(base: type, value: dict, path: str) -> tuple[type, dict]:
     own = {f.name for f in dataclasses.fields(cls)}
     kept = dict(value)
     for key in [k for k in value if k not in own and k not in getattr(base, "RETIRED", {})]:
-        owners = _kind_owners(base, key)
+        owners = kind_owners(base, key)
         if owners and all(_equal(value[key], default) for _, default in owners):
             del kept[key]
         elif owners:
@@ -249,31 +250,9 @@ def _kind_class(base: type, value: dict, path: str) -> tuple[type, dict]:
     return cls, kept
 
 
-def _kind_owners(base: type, key: str) -> list[tuple[str, Any]]:
-    """``(kind, default)`` of every kind of ``base`` whose class has the field ``key``."""
-    out = []
-    for kind, cls in base.kinds():
-        f = next((f for f in dataclasses.fields(cls) if f.name == key), None)
-        if f is not None:
-            out.append((kind, f.default if f.default is not dataclasses.MISSING else f.default_factory()))  # type: ignore[misc]
-    return out
-
-
 def _equal(value: Any, default: Any) -> bool:
     plain = config_to_dict(default) if isinstance(default, tuple) else default
     return value == plain or value == default
-
-
-def unknown_kind_field(base: type, cls: type, path: str, key: str, owners: list | None = None) -> str | None:
-    """The one-line error for ``<path>.<key>`` in a group of class ``cls`` (chosen by its kind), which
-    lacks it: the kinds whose classes have it; None when none has it (an unknown key)."""
-    owners = _kind_owners(base, key) if owners is None else owners
-    if not owners:
-        return None
-    kind_key, names = f"{path}.{base.KIND}", [k for k, _ in owners]
-    kind = cls.__dataclass_fields__[base.KIND].default
-    return (f"{path}.{key} is read by {kind_key}={' / '.join(names)}, not by {kind_key}={kind}: set {kind_key} to "
-            f"{'it' if len(names) == 1 else 'one of them'}, or remove {path}.{key}")  # fmt: skip
 
 
 def _build(cls: type, values: dict, prefix: str = "") -> Any:

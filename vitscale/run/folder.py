@@ -291,6 +291,7 @@ def config_changes(stored: dict, new: dict, defaults: dict) -> list[tuple[str, A
     left out). A key the stored config lacks (a newer vitscale) counts as its default; a key only
     the stored config has (an older one) is ignored."""
     old_f, new_f, def_f = flatten(stored), flatten(new), flatten(defaults)
+    other_format = old_f.get("data.format", def_f.get("data.format")) != new_f.get("data.format")
     missing = object()
     changes = []
     for key in sorted(set(old_f) | set(new_f)):
@@ -301,8 +302,8 @@ def config_changes(stored: dict, new: dict, defaults: dict) -> list[tuple[str, A
         if a is missing:
             a = def_f.get(key, missing)
         if b is missing:
-            if key.startswith("model.overrides."):
-                b = None  # an override the new config leaves out
+            if key.startswith("model.overrides.") or (key.startswith("data.") and other_format):
+                b = None  # an override the new config leaves out; a field of the stored data format, not the new one's
             else:
                 continue  # a key this vitscale does not know
         if a is missing:
