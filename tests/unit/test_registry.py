@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from vitscale.cli import COMMANDS, main
+from vitscale.cli import main
 from vitscale.data.formats import FORMATS
 from vitscale.errors import ConfigError
 from vitscale.eval.evaluator import EVALUATORS
 from vitscale.models.registry import get_family
-from vitscale.registry import Registry
+from vitscale.registry import COMMANDS, Registry
 from vitscale.tasks.base import TASKS
 
 

@@ -20,7 +20,7 @@ import ast
 import json
 import sys
 
-from ..cli import COMMANDS
+from ..registry import COMMANDS
 from . import HelpFormatter
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..cli import COMMANDS
+from ..registry import COMMANDS
 from . import DefaultsHelpFormatter
 
 HELP = "benchmark JPEG decode + RandomResizedCrop + flip against torchvision (per core)"

@@ -8,7 +8,7 @@ import shutil
 import sys
 import textwrap
 
-from ..cli import COMMANDS
+from ..registry import COMMANDS
 from . import HelpFormatter
 
 HELP = "list the config groups, or a group's fields with their defaults and what they do"

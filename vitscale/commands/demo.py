@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..cli import COMMANDS
+from ..registry import COMMANDS
 from . import HelpFormatter, add_overrides
 
 HELP = "train the built-in digits ViT and print its val top-1 (what `make demo` runs)"

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ..cli import COMMANDS
+from ..registry import COMMANDS
 from . import HelpFormatter, add_overrides, add_shell_flag
 
 HELP = "evaluate a checkpoint on the val split (top-1 / top-5 / loss)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli import COMMANDS
+from ..registry import COMMANDS
 from . import HelpFormatter, add_shell_flag
 
 

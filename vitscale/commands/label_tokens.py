@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..cli import COMMANDS
+from ..registry import COMMANDS
 from . import HelpFormatter, add_overrides, add_shell_flag
 
 EPILOG = """\

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..cli import COMMANDS
+from ..registry import COMMANDS
 from . import HelpFormatter
 
 EPILOG = """\

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..cli import COMMANDS
+from ..registry import COMMANDS
 
 HELP = "list the model zoo"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..cli import COMMANDS
+from ..registry import COMMANDS
 from . import HelpFormatter
 
 DEFAULT_COMPARISON = "report.html"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..cli import COMMANDS
+from ..registry import COMMANDS
 from . import HelpFormatter, add_overrides, add_shell_flag
 
 EPILOG = """\
