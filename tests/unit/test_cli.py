@@ -169,7 +169,7 @@ def test_config_data_lists_each_formats_own_fields(capsys):
     (read from its options dataclass: a format's module adds them with no other change)."""
     assert main(["config", "data"]) == 0
     out = capsys.readouterr().out
-    assert "data.train_path = null  (str | None)" in out and "data.options" not in out
+    assert "data.train_path = null  (str | None)" in out and "data.options" not in out and "data.webdataset_mode = index" in out
     assert "\ndata.format=webdataset — WebDataset tar shards" in out
     assert "data.webdataset_mode = index  (index | stream)" in out and "data.label_key = cls  (str)" in out
     assert out.index("\ndata.format=csv") < out.index("data.csv_img_key = filepath") < out.index("\ndata.format=parquet")
