@@ -41,7 +41,7 @@ from PIL import Image
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from vitscale.data import DataConfig  # noqa: E402
+from vitscale.data import data_config  # noqa: E402
 from vitscale.data.auto_augment import build_augment  # noqa: E402
 from vitscale.data.transforms import SampleTransform  # noqa: E402
 
@@ -144,7 +144,7 @@ def _measure(aa: str, jitter, files, crops, tensors, items, rounds: int) -> dict
         counter = iter(range(10**9))
         theirs = _timm_stage(aa, jitter)
         row["stage"] = _pair(lambda k: ours(tensors[k], random.Random(next(counter))), lambda k: theirs(crops[k]), items, rounds)
-    cfg = DataConfig(format="imagefolder", auto_augment=aa, color_jitter=jitter, interpolation="bicubic", mean=MEAN)
+    cfg = data_config(format="imagefolder", auto_augment=aa, color_jitter=jitter, interpolation="bicubic", mean=MEAN)
     tf = SampleTransform(cfg, (SIZE, SIZE), 3, seed=0, train=True)
     ref = _timm_sample(aa, jitter)
     epoch = iter(range(10**9))

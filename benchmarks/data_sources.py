@@ -37,7 +37,7 @@ import torch
 from vitscale.bench.data_pipeline import make_jpegs
 from vitscale.bench.report import git_commit, write_json
 from vitscale.cli import main as cli
-from vitscale.data import DataConfig, build_loaders
+from vitscale.data import build_loaders, data_config
 
 
 def _free_port() -> int:
@@ -65,7 +65,7 @@ def _sources(root: str, base: str, n_shards: int) -> dict[str, dict]:
 
 
 def _measure(fields: dict, workers: int, args) -> dict:
-    cfg = DataConfig(**fields, num_workers=workers, pin_memory=False)
+    cfg = data_config(**fields, num_workers=workers, pin_memory=False)
     load0 = os.getloadavg()
     cpu0 = _cpu_seconds()
     loader = build_loaders(cfg, img_size=(args.img_size, args.img_size), num_channels=3, seed=0,

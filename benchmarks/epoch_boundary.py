@@ -29,11 +29,11 @@ import torch
 
 from vitscale.bench.data_pipeline import make_jpegs
 from vitscale.bench.report import git_commit, write_json
-from vitscale.data import DataConfig, build_loaders
+from vitscale.data import build_loaders, data_config
 
 
 def _loader(root: str, args, across: bool):
-    cfg = DataConfig(format="imagefolder", train_path=root, num_workers=args.workers, pin_memory=False,
+    cfg = data_config(format="imagefolder", train_path=root, num_workers=args.workers, pin_memory=False,
                      persistent_workers=True, prefetch_factor=args.prefetch_factor, prefetch_across_epochs=across)  # fmt: skip
     return build_loaders(cfg, img_size=(args.img_size, args.img_size), num_channels=3, seed=0,
                          micro_batch_size=args.batch_size, eval_batch_size=args.batch_size).train  # fmt: skip

@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     model_args = timm_model_args(kwargs)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    from vitscale.config import load_config, run_config_dict
+    from vitscale.config import config_to_dict, load_config
 
     jobs = []
     for seed in args.seeds:
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             out = out_dir / f"{side}_seed{seed}"
             if side == "vitscale":
                 cmd = vitscale_command(args, data, out, seed, steps_per_epoch)
-                expected = run_config_dict(load_config(cmd[4], cmd[5:]))
+                expected = config_to_dict(load_config(cmd[4], cmd[5:]))
             else:
                 cmd, expected = timm_command(args, data, out, seed, steps_per_epoch, model_args, img), None
             jobs.append({"side": side, "seed": seed, "command": cmd, "out": str(out), "log": str(out_dir / f"{side}_seed{seed}.log"),

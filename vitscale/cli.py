@@ -8,31 +8,17 @@ so what a command's ``register`` imports (torch, for some) loads only when that 
 lines and an exit code (:func:`vitscale.errors.describe`); ``--debug`` (before or after the command,
 or ``VITSCALE_DEBUG=1``) shows the traceback instead. A command that takes dotted config overrides
 (``commands.add_overrides``) also takes them after its options, and answers an option that names a
-config field (``--lr 1e-3``) with the key=value to write instead.
+config field (``--lr 1e-3``) with the key=value to write instead. ``vitscale --import MODULE``
+(repeatable, before the command) imports a user's module first, so that it can register a model
+family, task, data format, evaluator or command (``vitscale.registry``).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# Command modules, in the order `vitscale --help` lists them.
-COMMAND_MODULES = (
-    "demo",
-    "train",
-    "config",
-    "eval",
-    "export",
-    "report",
-    "data",
-    "models",
-    "bench",
-    "bench_data",
-    "label_tokens",
-    "convert",
-    "memory",
-)
+from .registry import COMMANDS
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -46,10 +32,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"vitscale {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE", help=IMPORT_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMAND_MODULES:
-        cmd = importlib.import_module(f"vitscale.commands.{module}")
-        name = module.replace("_", "-")
+    for name, cmd in COMMANDS.items():
         if command is None or command == name:
             cmd.register(sub)
         else:
@@ -60,18 +45,45 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _command_in(argv: list[str]) -> str | None:
-    """The command ``argv`` runs: its first word that is not an option (``vitscale``'s own options take
-    no value)."""
-    return next((a for a in argv if not a.startswith("-")), None)
+    """The command ``argv`` runs: its first word that is not an option or the value of ``--import``."""
+    after_import = False
+    for a in argv:
+        if not a.startswith("-") and not after_import:
+            return a
+        after_import = a == "--import"
+    return None
+
+
+def _imports_in(argv: list[str]) -> list[str]:
+    """The modules of the ``--import MODULE`` / ``--import=MODULE`` options before the command."""
+    out, i = [], 0
+    while i < len(argv) and argv[i].startswith("-"):
+        if argv[i] == "--import" and i + 1 < len(argv):
+            out.append(argv[i + 1])
+            i += 1
+        elif argv[i].startswith("--import="):
+            out.append(argv[i].split("=", 1)[1])
+        i += 1
+    return out
 
 
 DEBUG_HELP = "show the full traceback of an error (also: VITSCALE_DEBUG=1)"
+IMPORT_HELP = ("import a Python module first (repeatable), so that it registers its model family, task, data format, "
+               "evaluator or command (a plug-in)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     from .errors import debug_enabled, describe
 
     given = sys.argv[1:] if argv is None else list(argv)
+    from .errors import ConfigError
+    from .registry import import_plugins
+
+    try:
+        import_plugins(_imports_in(given))  # before the parser: a plug-in may add a command
+    except ConfigError as e:
+        print(f"vitscale: {e}", file=sys.stderr)
+        return e.exit_code
     parser = build_parser(_command_in(given) or "")
     args, extra = parser.parse_known_args(given)
     if extra:

@@ -70,10 +70,10 @@ def _image_files(folder: Path) -> list[Path]:
 
 def _vitscale_preprocess(path: Path, pre: dict) -> torch.Tensor:
     """vitscale's own evaluation decode of an image file (PIL path), normalised."""
-    from vitscale.data import DataConfig
+    from vitscale.data import data_config
     from vitscale.data.transforms import SampleTransform
 
-    data = DataConfig(mean=tuple(pre["mean"]), std=tuple(pre["std"]), interpolation=pre["interpolation"],
+    data = data_config(mean=tuple(pre["mean"]), std=tuple(pre["std"]), interpolation=pre["interpolation"],
                       crop_pct=pre["crop_pct"], eval_crop_mode=pre["eval_crop_mode"])  # fmt: skip
     tf = SampleTransform(data, tuple(pre["image_size"]), pre["channels"], 0, train=False)
     t = tf.decode(str(path), 0, 0, fast=False).image

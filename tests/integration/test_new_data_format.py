@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from vitscale.cli import main
+from vitscale.config.data import DataConfig, PathFields
 from vitscale.data import DataFormat, Split, register_format
 from vitscale.data.sources import TensorSource
 from vitscale.errors import CheckError
@@ -25,7 +26,10 @@ from vitscale.errors import CheckError
 
 # ------------------------------------------------------------------------------------ the format
 @dataclass
-class NpzOptions:
+class NpzData(PathFields, DataConfig):
+    """``data.format=npz``: the paths, and the names of the arrays."""
+
+    format: str = "npz"
     npz_images: str = "images"
     """The array of uint8 images, (N, H, W) or (N, C, H, W)."""
     npz_labels: str = "labels"
@@ -61,7 +65,7 @@ def register() -> None:
     the test call it, so the format does not leak into the registry of pytest's own process, which
     imports every test file)."""
     register_format(DataFormat(
-        "npz", npz_split, options=NpzOptions, check=npz_check, detect=lambda path: path.endswith(".npz"),
+        "npz", npz_split, config=NpzData, check=npz_check, detect=lambda path: path.endswith(".npz"),
         summary="arrays of uint8 images and labels in a .npz file",
     ))  # fmt: skip
 
@@ -85,7 +89,7 @@ def test_a_format_declared_in_one_file_trains_inspects_and_checks(tmp_path, caps
     from vitscale.data import formats
     from vitscale.data.digits import load_digits_split
 
-    monkeypatch.setitem(formats._FORMATS, "npz", None)  # the test's format is unregistered when it ends
+    monkeypatch.setitem(formats.FORMATS.entries, "npz", None)  # the test's format is unregistered when it ends
     register()
 
     for split in ("train", "val"):
@@ -122,4 +126,5 @@ def test_a_format_declared_in_one_file_trains_inspects_and_checks(tmp_path, caps
         errors[case] = capsys.readouterr().err.strip()
     assert errors["missing"].endswith("nope.npz: no such .npz file") and len(errors["missing"].splitlines()) == 1
     assert "did you mean 'data.npz_images'" in errors["typo"]
-    assert "data.npz_images is read by data.format=npz, not by data.format=digits" in errors["other format"]
+    assert errors["other format"].endswith("data.npz_images is read by data.format=npz, not by data.format=digits: set "
+                                           "data.format to it, or remove data.npz_images")

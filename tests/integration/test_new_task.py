@@ -11,13 +11,14 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import yaml
 
+from vitscale.config import Config
 from vitscale.errors import CheckError
 from vitscale.eval.classification import all_sum
 from vitscale.eval.evaluator import Evaluator, EvaluatorConfig, register_evaluator
@@ -33,11 +34,19 @@ class RegressConfig:
     """The target of an image of digit d is ``scale * d``."""
 
 
+@dataclass
+class DigitValueConfig(Config):
+    """A run of ``train.task=digit_value``: the common groups and ``regress``."""
+
+    regress: RegressConfig = field(default_factory=RegressConfig)
+    """How the digit value is scaled into the target."""
+
+
 class DigitValue(Task):
     """The digit's value, regressed from the model's first output."""
 
     name = "digit_value"
-    config_groups = {"regress": RegressConfig}
+    config = DigitValueConfig
     bench_calls = 0  # how often the bench's step called bench_loss (in this process)
 
     @classmethod
@@ -100,14 +109,16 @@ def register() -> None:
 
 
 HERE = Path(__file__).resolve().parent
-# The CLI in a fresh process that has imported this file and registered the task.
-CLI = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import test_new_task; test_new_task.register(); "
-       "from vitscale.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
+PLUGIN = "import test_new_task\n\ntest_new_task.register()\n"
+"""A user's plug-in module: it registers the task (and its evaluator) when imported."""
 
 
-def vitscale(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CLI, str(HERE), *argv], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=300)  # fmt: skip
+def vitscale(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    """The real command line, loading the plug-in with ``vitscale --import``."""
+    (tmp_path / "digit_value_plugin.py").write_text(PLUGIN)
+    path = os.pathsep.join([str(tmp_path), str(HERE), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "vitscale", "--import", "digit_value_plugin", *argv], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=path), timeout=300)  # fmt: skip
 
 
 def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys, monkeypatch):
@@ -122,7 +133,7 @@ def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys, mon
         "eval": {"batch_size": 100},
         "log": {"progress": "none", "report": False},
     }))  # fmt: skip
-    train = vitscale("train", str(config))
+    train = vitscale(tmp_path, "train", str(config))
     assert train.returncode == 0, train.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and all(math.isfinite(r["train_mae"]) for r in rows)
@@ -133,13 +144,18 @@ def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys, mon
     assert saved["regress"] == {"scale": 0.5} and "clip" not in saved  # its group, and only its task's groups
 
     # vitscale eval rebuilds the run, loads the weights and evaluates with the task's evaluation
-    ev = vitscale("eval", str(run / "config.yaml"), f"checkpoint.path={run}")
+    ev = vitscale(tmp_path, "eval", str(run / "config.yaml"), f"checkpoint.path={run}")
     assert ev.returncode == 0, ev.stderr
     assert json.loads(ev.stdout)["val_mse"] == summary["val_mse"]
+    # without the plug-in its task is unknown: one line that says how to load it
+    bare = subprocess.run([sys.executable, "-m", "vitscale", "eval", str(run / "config.yaml"), f"checkpoint.path={run}"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bare.returncode == 2 and bare.stderr.count("\n") == 1, bare.stderr
+    assert "train.task: unknown task 'digit_value'" in bare.stderr and "vitscale --import MODULE" in bare.stderr
 
     # its check runs with the run's own, before any data is read or model built: one line, exit code 2
     fresh = tmp_path / "mixed"
-    refused = vitscale("train", str(config), "data.mixup_alpha=0.8", f"train.output_dir={fresh}")
+    refused = vitscale(tmp_path, "train", str(config), "data.mixup_alpha=0.8", f"train.output_dir={fresh}")
     err = [line for line in refused.stderr.splitlines() if line.strip()]
     assert refused.returncode == 2 and len(err) == 1, refused.stderr
     assert "data.mixup_alpha=0.8, data.cutmix_alpha=0.0: the digit_value task does not mix" in err[0]
@@ -150,8 +166,8 @@ def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys, mon
     from vitscale.eval import evaluator
     from vitscale.tasks import base
 
-    monkeypatch.setattr(base, "_TASKS", dict(base._TASKS))
-    monkeypatch.setattr(evaluator, "_EVALUATORS", dict(evaluator._EVALUATORS))
+    monkeypatch.setattr(base.TASKS, "entries", dict(base.TASKS.entries))
+    monkeypatch.setattr(evaluator.EVALUATORS, "entries", dict(evaluator.EVALUATORS.entries))
     register()
 
     out = tmp_path / "bench.json"

@@ -153,12 +153,13 @@ def test_an_evaluators_other_format_drops_the_fields_it_does_not_read(tmp_path):
     """An `evals:` entry switching to another format keeps none of the run's settings that format never
     reads (an image folder's held-out fraction is no WebDataset setting), and refuses one it sets."""
     from vitscale.config import replace_fields
-    from vitscale.data import DataConfig
+    from vitscale.data import data_config
 
-    run_data = DataConfig(format="imagefolder", train_path=str(tmp_path), val_split=0.25)
+    run_data = data_config(format="imagefolder", train_path=str(tmp_path), val_split=0.25)
     entry = replace_fields(run_data, {"format": "webdataset", "val_path": str(tmp_path / "v.tar")}, "evals.data.")
-    assert (entry.format, entry.val_split, entry.train_path, entry.val_path) == ("webdataset", 0.0, str(tmp_path), str(tmp_path / "v.tar"))
-    with pytest.raises(ConfigError, match=r"^evals.data.val_split is read by data.format=imagefolder / synthetic"):
+    assert (entry.format, entry.train_path, entry.val_path) == ("webdataset", str(tmp_path), str(tmp_path / "v.tar"))
+    assert type(entry).__name__ == "WebDatasetData" and not hasattr(entry, "val_split")
+    with pytest.raises(ConfigError, match=r"^evals.data.val_split is read by evals.data.format=imagefolder / synthetic"):
         replace_fields(run_data, {"format": "webdataset", "val_split": 0.5}, "evals.data.")
 
 

@@ -19,7 +19,7 @@ import yaml
 
 from vitscale import __version__
 from vitscale.cli import main
-from vitscale.config import load_config, run_config_dict
+from vitscale.config import config_to_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["train.epochs=0", "train.max_steps=20", "train.batch_size=32", "model.num_layers=1", "model.hidden_size=32",
@@ -176,7 +176,7 @@ def test_config_yaml_holds_the_groups_of_the_task_in_one_style(run, capsys):
     flow = text.replace("overrides: {}", "").replace(": []", "")  # an empty mapping or list has no block form
     assert "[" not in flow and "{" not in flow  # block style only
     cfg = load_config(out / "config.yaml")
-    assert run_config_dict(cfg) == tree  # reloads to the same run
+    assert config_to_dict(cfg) == tree  # reloads to the same run
     assert cfg.model.overrides["hidden_size"] == 32 and cfg.train.max_steps == 20
     # --print-config shows what a run's config.yaml holds: each task with its own groups
     groups = {}

@@ -12,7 +12,7 @@ from vitscale.train import train
 
 TINY_MODEL = [
     "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=1", "model.num_attention_heads=2",
-    "model.patch_dim=8", "data.format=synthetic", "data.train_path=null", "data.val_path=null",  # the paths replaced
+    "model.patch_dim=8", "data.format=synthetic",  # the recipe's paths dropped (a note says so)
     "data.num_classes=10", "data.synthetic_size=32",
     "data.val_split=0.5", "data.num_workers=0", "train.batch_size=8", "train.log_every=1", "eval.batch_size=16",
     "log.progress=none", "schedule.warmup_steps=1", "train.cpu_threads=1", "log.report=false",

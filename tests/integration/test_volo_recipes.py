@@ -25,7 +25,7 @@ SEED = {
 TINY = [
     "model.layers=[1,1]", "model.outlook_dim=32", "model.outlook_heads=2", "model.hidden_size=64",
     "model.num_heads=4", "model.stem_hidden=8", "model.img_h=32", "model.img_w=32",
-    "data.format=synthetic", "data.train_path=null", "data.val_path=null",  # the recipe's paths replaced
+    "data.format=synthetic",  # the recipe's paths dropped (a note says so)
     "data.synthetic_size=24", "data.val_split=0.5", "data.num_classes=10",
     "data.num_workers=0", "train.batch_size=8", "train.max_steps=1", "train.epochs=0", "eval.batch_size=8",
     "precision.autocast=none", "log.flops=false", "checkpoint.every=0", "checkpoint.init_from=null",

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitscale.data import DataConfig
+from vitscale.data import data_config
 from vitscale.data.auto_augment import (
     TA_BINS,
     AutoAugment,
@@ -184,7 +184,7 @@ def test_bad_strings_are_one_line_errors():
     forced = build_augment("original", (0.4, 0.4, 0.4, 0.1), mean=MEAN, interpolation="bicubic", force_color_jitter=True)
     assert [type(p).__name__ for p in forced.policies] == ["AutoAugment", "ColorJitter"]  # timm's order
     with pytest.raises(ConfigError, match="data.auto_augment=rand-m9-n2 for 'm9-n2'"):
-        DataConfig(randaugment="m9-n2")
+        data_config(randaugment="m9-n2")
 
 
 def _photo_jpeg(tmp_path, k=0):
@@ -202,9 +202,9 @@ def test_a_samples_augmentation_is_keyed(spec, tmp_path):
     from vitscale.data.transforms import SampleTransform
 
     photo = _photo_jpeg(tmp_path)
-    cfg = DataConfig(format="imagefolder", auto_augment=spec, color_jitter=(0.3,) if spec == "3a" else (),
+    cfg = data_config(format="imagefolder", auto_augment=spec, color_jitter=(0.3,) if spec == "3a" else (),
                      interpolation="bicubic", hflip=0.0)  # fmt: skip
-    plain = SampleTransform(DataConfig(format="imagefolder", interpolation="bicubic", hflip=0.0), (96, 96), 3, seed=7, train=True)
+    plain = SampleTransform(data_config(format="imagefolder", interpolation="bicubic", hflip=0.0), (96, 96), 3, seed=7, train=True)
 
     def run(epoch, index):
         return SampleTransform(cfg, (96, 96), 3, seed=7, train=True).decode(str(photo), epoch, index).image
@@ -222,10 +222,10 @@ def test_loader_batches_with_auto_augment_are_the_same_on_any_worker_count():
 
     cfg = dict(format="synthetic", synthetic_size=24, num_classes=3, val_split=0.0, auto_augment="rand-m9-mstd0.5-inc1")
     kw = dict(img_size=(32, 32), num_channels=3, seed=1, micro_batch_size=6, eval_batch_size=6)
-    a = [b["image"] for b in build_loaders(DataConfig(**cfg, num_workers=0), **kw).train]
-    b = [b["image"] for b in build_loaders(DataConfig(**cfg, num_workers=2, persistent_workers=False), **kw).train]
+    a = [b["image"] for b in build_loaders(data_config(**cfg, num_workers=0), **kw).train]
+    b = [b["image"] for b in build_loaders(data_config(**cfg, num_workers=2, persistent_workers=False), **kw).train]
     assert len(a) == len(b) == 4 and all(torch.equal(x, y) for x, y in zip(a, b))
-    plain = [b["image"] for b in build_loaders(DataConfig(**{**cfg, "auto_augment": ""}, num_workers=0), **kw).train]
+    plain = [b["image"] for b in build_loaders(data_config(**{**cfg, "auto_augment": ""}, num_workers=0), **kw).train]
     assert not all(torch.equal(x, y) for x, y in zip(a, plain))
 
 
@@ -261,7 +261,7 @@ def test_random_train_interpolation_keeps_the_crop_and_picks_a_filter_per_image(
     photo = _photo_jpeg(tmp_path, 1)
 
     def tf(**kw):
-        return SampleTransform(DataConfig(format="imagefolder", hflip=0.0, **kw), (64, 64), 3, seed=2, train=True)
+        return SampleTransform(data_config(format="imagefolder", hflip=0.0, **kw), (64, 64), 3, seed=2, train=True)
 
     rand, bil, bic = tf(train_interpolation="random"), tf(interpolation="bilinear"), tf(interpolation="bicubic")
     picked = []

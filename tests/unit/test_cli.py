@@ -33,14 +33,14 @@ def test_help_starts_without_torch(argv):
 
 
 def test_top_level_help_lists_every_command(capsys):
-    from vitscale.cli import COMMAND_MODULES
+    from vitscale.cli import COMMANDS
 
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
     listed = [line.split()[0] for line in out.split("COMMAND\n", 1)[1].split("\noptions:")[0].splitlines()
               if line.startswith("    ") and not line.startswith("     ")]  # fmt: skip
-    assert listed == [module.replace("_", "-") for module in COMMAND_MODULES]
+    assert listed == COMMANDS.names() == list(COMMANDS.builtin)
 
 
 @pytest.mark.parametrize(
@@ -81,12 +81,14 @@ def test_overrides_may_follow_an_option(capsys):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("data.format=nope", "unknown data.format 'nope'; choose one of csv, digits, digits_aspect, imagefolder, parquet, synthetic, "
-         "webdataset"),
-        ("train.task=nope", "train.task: unknown task 'nope'; choose one of classification, contrastive, mae, token_labeling"),
+        ("data.format=nope", "data.format: unknown data format 'nope' (choose one of csv, digits, digits_aspect, imagefolder, "
+         "parquet, synthetic, webdataset; a plug-in's: load it with vitscale --import MODULE)"),
+        ("train.task=clasification", "train.task: unknown task 'clasification'; did you mean 'classification'? (choose one of "
+         "classification, contrastive, token_labeling; a plug-in's: load it with vitscale --import MODULE)"),
         ("data.interpolation=cubic", "data.interpolation: 'cubic' is not one of bilinear, bicubic"),
-        ("token_label.cls_target=label", "token_label.cls_target: 'label' is not one of ground_truth, teacher"),
-        ("teacher.weights=best", "teacher.weights: 'best' is not one of model, ema"),
+        ("token_label.cls_target=teacher", "token_label is a group of train.task=token_labeling, not of "
+         "train.task=classification (this run's): set train.task to it, or remove token_label"),
+        ("distill.teacher_weights=best", "distill.teacher_weights: 'best' is not one of model, ema"),
         ("data.randaugment=m9-n2", "data.randaugment (torchvision's RandAugment) is replaced by data.auto_augment with timm's "
          "strings: write data.auto_augment=rand-m9-n2 for 'm9-n2' (DeiT's and VOLO's: rand-m9-mstd0.5-inc1); docs/data.md"),
         ("data.auto_augment=rand-m9-x2", "data.auto_augment: unknown section 'x2' in 'rand-m9-x2' (this policy takes m, n, p, "
@@ -108,15 +110,16 @@ def test_a_config_error_is_one_line_exit_code_2_and_no_run_folder(override, mess
 def test_every_command_reports_a_config_error_the_same_way(command, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # `vitscale demo` would train into ./runs/demo
     assert main([*command, "data.format=nope"]) == 2
-    assert _err_lines(capsys) == [f"vitscale {command[0]}: unknown data.format 'nope'; choose one of csv, digits, "
-                                  "digits_aspect, imagefolder, parquet, synthetic, webdataset"]  # fmt: skip
+    assert _err_lines(capsys) == [f"vitscale {command[0]}: data.format: unknown data format 'nope' (choose one of csv, digits, "
+                                  "digits_aspect, imagefolder, parquet, synthetic, webdataset; a plug-in's: load it with "
+                                  "vitscale --import MODULE)"]  # fmt: skip
     assert list(tmp_path.iterdir()) == []
 
 
 def test_the_real_command_line_exits_2_on_an_unknown_data_format(tmp_path):
     res = subprocess.run([sys.executable, "-m", "vitscale", "train", "digits_vit", "data.format=nope",
                           f"train.output_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "unknown data.format 'nope'" in res.stderr
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "data.format: unknown data format 'nope'" in res.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -137,7 +140,7 @@ def test_config_lists_a_tasks_group_and_every_evaluator(capsys):
     assert main(["config", "evals"]) == 0
     out = capsys.readouterr().out
     kinds = [line.split()[1] for line in out.splitlines() if line.startswith("kind: ")]
-    assert kinds == sorted(["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot", "knn", "sizes"])
+    assert kinds == ["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot", "knn", "sizes"]
     assert "  every = 0  (int)\n    Evaluate every N training steps" in out
     assert "  shots = [1, 5, 10, 25]  (list of int)" in out  # a kind's own field
 
@@ -166,7 +169,7 @@ def test_config_data_lists_each_formats_own_fields(capsys):
     (read from its options dataclass: a format's module adds them with no other change)."""
     assert main(["config", "data"]) == 0
     out = capsys.readouterr().out
-    assert "data.train_path = null  (str | None)" in out and "data.options" not in out
+    assert "data.train_path = null  (str | None)" in out and "data.options" not in out and "data.webdataset_mode = index" in out
     assert "\ndata.format=webdataset — WebDataset tar shards" in out
     assert "data.webdataset_mode = index  (index | stream)" in out and "data.label_key = cls  (str)" in out
     assert out.index("\ndata.format=csv") < out.index("data.csv_img_key = filepath") < out.index("\ndata.format=parquet")
@@ -187,15 +190,20 @@ class _ToyGroup:
     """How wide the toy is."""
 
 
+@dataclass
+class _ToyConfig(Config):
+    toy: _ToyGroup = dataclasses.field(default_factory=_ToyGroup)
+
+
 def test_a_group_a_plugin_task_adds_is_listed_with_its_docstrings(monkeypatch, capsys):
     """Groups are read from the run config's fields: a group a plug-in task declares needs no edit here."""
     from vitscale.tasks import base
 
     class ToyTask(base.Task):
         name = "toy_task"
-        config_groups = {"toy": _ToyGroup}
+        config = _ToyConfig
 
-    monkeypatch.setitem(base._TASKS, "toy_task", ToyTask)  # registered for this test only
+    monkeypatch.setitem(base.TASKS.entries, "toy_task", ToyTask)  # registered for this test only
     assert main(["config"]) == 0
     assert "  toy          A plug-in's config group." in capsys.readouterr().out
     assert main(["config", "toy"]) == 0

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 import vitscale
-from vitscale.data import DataConfig, build_loaders
+from vitscale.data import build_loaders, data_config
 
 
 def _png(value: int, size: int = 12) -> bytes:
@@ -44,7 +44,7 @@ def _write_shards(folder, n=20, per_shard=8, bad=()):
 def _cfg(**kw):
     base = dict(num_workers=0, caption_context_length=77, rrc_scale=(0.5, 1.0))
     base.update(kw)
-    return DataConfig(**base)
+    return data_config(**base)
 
 
 def _loaders(cfg, micro=4, rank=0, world=1):

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
+from vitscale.config.data import data_config
 from vitscale.data.build import build_loaders
 from vitscale.data.captions import write_digits_captions
-from vitscale.data.config import DataConfig
 from vitscale.models.registry import get_family
 
 
@@ -22,7 +22,7 @@ def shards(tmp_path_factory):
 
 
 def _loader(shards, *, rank=0, world=1, workers=0, micro=32, drop_last=True, path=None, **kw):
-    cfg = DataConfig(format="webdataset", train_path=str(path or shards / "train"), webdataset_mode="stream",
+    cfg = data_config(format="webdataset", train_path=str(path or shards / "train"), webdataset_mode="stream",
                      num_workers=workers, shuffle_buffer=64, **kw)  # fmt: skip
     return build_loaders(cfg, img_size=(16, 16), num_channels=1, seed=3, micro_batch_size=micro, eval_batch_size=64,
                          rank=rank, world_size=world, drop_last=drop_last,

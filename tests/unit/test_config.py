@@ -118,9 +118,10 @@ def _dataclasses_in(module):
 
 
 def test_every_field_has_a_docstring():
-    import vitscale.data.config as data_config
+    import vitscale.config.data as data_config
+    import vitscale.config.evals as evals_config
 
-    for module in (schema, data_config):
+    for module in (schema, data_config, evals_config):
         for cls in _dataclasses_in(module):
             tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
             body = tree.body[0].body

@@ -5,7 +5,7 @@ import torch
 from PIL import Image
 
 from vitscale.cli import main
-from vitscale.data import DataConfig, build_loaders
+from vitscale.data import build_loaders, data_config
 from vitscale.data.digits import CLASS_NAMES, load_digits_split
 
 DIGITS = dict(format="digits", num_workers=0, rrc_scale=(0.6, 1.0), hflip=0.0, crop_pct=1.0,
@@ -30,7 +30,7 @@ def test_split_sizes_disjoint_stratified_and_fixed():
 
 
 def test_digits_loaders_upsample_and_range():
-    L = build_loaders(DataConfig(**DIGITS), img_size=(32, 32), num_channels=3, seed=0,
+    L = build_loaders(data_config(**DIGITS), img_size=(32, 32), num_channels=3, seed=0,
                       micro_batch_size=100, eval_batch_size=150)
     assert L.num_classes == 10 and L.class_names == list(CLASS_NAMES)
     assert len(L.train) == 14 and len(L.val) == 2
@@ -40,7 +40,7 @@ def test_digits_loaders_upsample_and_range():
     v = next(iter(L.val))
     assert v["image"].shape == (150, 3, 32, 32)
     assert (v["crop"] == torch.tensor([0.0, 0.0, 1.0, 1.0])).all()
-    one = build_loaders(DataConfig(**{**DIGITS, "mean": (0.5,), "std": (0.5,)}), img_size=(16, 16), num_channels=1,
+    one = build_loaders(data_config(**{**DIGITS, "mean": (0.5,), "std": (0.5,)}), img_size=(16, 16), num_channels=1,
                         seed=0, micro_batch_size=10, eval_batch_size=10)
     assert next(iter(one.train))["image"].shape == (10, 1, 16, 16)
 
@@ -52,7 +52,7 @@ def test_cli_writes_digits_image_folder(tmp_path, capsys):
     assert counts == {"train": 1497, "val": 300}
     img = Image.open(next((tmp_path / "val" / "three").glob("*.png")))
     assert img.size == (16, 16)
-    cfg = DataConfig(format="imagefolder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"),
+    cfg = data_config(format="imagefolder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"),
                      num_workers=0, crop_pct=1.0)
     L = build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=32, eval_batch_size=300)
     # the built-in digits' class names, in digit order (classnames.txt), so the same class indices

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitscale.data import DataConfig, build_loaders
+from vitscale.data import build_loaders, data_config
 from vitscale.data.decode import BadImageError, convert_mode, decode_resized_crop, draft_factor, open_image
 
 
@@ -99,7 +99,7 @@ def test_each_kind_of_bad_file_raises_bad_image(tmp_path):
 def test_bad_files_skipped_counted_once_and_warned(tmp_path, caplog, workers):
     _make_folder(tmp_path)
     bad = _add_bad_files(tmp_path)
-    cfg = DataConfig(format="imagefolder", train_path=str(tmp_path), num_workers=workers, hflip=0.5)
+    cfg = data_config(format="imagefolder", train_path=str(tmp_path), num_workers=workers, hflip=0.5)
     L = build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=5, eval_batch_size=5)
     assert L.class_names == ["cat", "dog"] and L.num_classes == 2 and L.val is None
     assert len(L.train) == 15 // 5
@@ -132,7 +132,7 @@ def test_validation_leaves_bad_files_out_and_counts_them(tmp_path, caplog):
     _make_folder(tmp_path / "train")
     _make_folder(tmp_path / "val", n_per_class=3)
     bad = _add_bad_files(tmp_path / "val")
-    cfg = DataConfig(format="imagefolder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"),
+    cfg = data_config(format="imagefolder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"),
                      num_workers=0)  # fmt: skip
     L = build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=4, eval_batch_size=4)
     with caplog.at_level(logging.WARNING, logger="vitscale.data"):
@@ -150,7 +150,7 @@ def test_validation_leaves_bad_files_out_and_counts_them(tmp_path, caplog):
 def test_replacement_is_deterministic(tmp_path):
     _make_folder(tmp_path)
     _add_bad_files(tmp_path)
-    cfg = DataConfig(format="imagefolder", train_path=str(tmp_path), num_workers=0)
+    cfg = data_config(format="imagefolder", train_path=str(tmp_path), num_workers=0)
     runs = [list(build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=5,
                                eval_batch_size=5).train) for _ in range(2)]
     for a, b in zip(*runs):
@@ -160,14 +160,14 @@ def test_replacement_is_deterministic(tmp_path):
 def test_imagefolder_val_path_and_split(tmp_path):
     _make_folder(tmp_path / "train")
     _make_folder(tmp_path / "val", n_per_class=2)
-    cfg = DataConfig(format="imagefolder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"),
+    cfg = data_config(format="imagefolder", train_path=str(tmp_path / "train"), val_path=str(tmp_path / "val"),
                      num_workers=0, crop_pct=0.875)
     L = build_loaders(cfg, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=4, eval_batch_size=3)
     v = list(L.val)
     assert [b["image"].shape[0] for b in v] == [3, 1]
     assert torch.cat([b["label"] for b in v]).tolist() == [0, 0, 1, 1]
     assert torch.equal(list(L.val)[0]["image"], v[0]["image"])  # eval is deterministic
-    split = DataConfig(format="imagefolder", train_path=str(tmp_path / "train"), val_split=0.5, num_workers=0)
+    split = data_config(format="imagefolder", train_path=str(tmp_path / "train"), val_split=0.5, num_workers=0)
     S = build_loaders(split, img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=2, eval_batch_size=8)
     val_paths = set(S.val.dataset.source.paths)
     assert len(val_paths) == 6 and not val_paths & set(S.train.dataset.source.paths)
@@ -207,9 +207,9 @@ def test_fast_decode_uses_reduced_jpeg_and_matches_full_decode(tmp_path, monkeyp
 def test_fast_and_full_decode_same_keyed_boxes(tmp_path):
     _make_folder(tmp_path, size=(300, 400))
     kw = dict(img_size=(32, 32), num_channels=3, seed=0, micro_batch_size=4, eval_batch_size=4)
-    a = next(iter(build_loaders(DataConfig(format="imagefolder", train_path=str(tmp_path), num_workers=0,
+    a = next(iter(build_loaders(data_config(format="imagefolder", train_path=str(tmp_path), num_workers=0,
                                            fast_decode=True), **kw).train))
-    b = next(iter(build_loaders(DataConfig(format="imagefolder", train_path=str(tmp_path), num_workers=0,
+    b = next(iter(build_loaders(data_config(format="imagefolder", train_path=str(tmp_path), num_workers=0,
                                            fast_decode=False), **kw).train))
     for k in ("index", "crop", "flip", "label"):
         assert torch.equal(a[k], b[k])

@@ -4,14 +4,14 @@ import pytest
 import torch
 from helpers import assert_same_batch, take
 
-from vitscale.data import DataConfig, build_loaders
+from vitscale.data import build_loaders, data_config
 
 
 def _cfg(**kw):
     base = dict(format="synthetic", synthetic_size=96, num_classes=7, num_workers=0, val_split=0.25,
                 auto_augment="rand-m9-mstd0.5-inc1", random_erasing=0.5, hflip=0.5, rrc_scale=(0.3, 1.0))
     base.update(kw)
-    return DataConfig(**base)
+    return data_config(**base)
 
 
 def _loaders(cfg, micro=8, rank=0, world=1, seed=3):
@@ -172,7 +172,7 @@ def test_plugin_format_with_extra_fields(monkeypatch):
     from vitscale.data import DataFormat, Split, formats, register_format
     from vitscale.data.sources import SyntheticSource
 
-    monkeypatch.setitem(formats._FORMATS, "captioned_test", None)  # the test's format is unregistered when it ends
+    monkeypatch.setitem(formats.FORMATS.entries, "captioned_test", None)  # the test's format is unregistered when it ends
 
     class Captioned(SyntheticSource):
         def sample(self, index, epoch, tf):
@@ -182,10 +182,10 @@ def test_plugin_format_with_extra_fields(monkeypatch):
 
     register_format(DataFormat("captioned_test", lambda cfg, name, img_size, num_channels, seed, classes: (
         Split(Captioned(16, 3, img_size, num_channels, seed), ["a", "b", "c"]) if name == "train" else None)))
-    L = build_loaders(DataConfig(format="captioned_test", num_workers=0), img_size=(16, 16), num_channels=3, seed=0,
+    L = build_loaders(data_config(format="captioned_test", num_workers=0), img_size=(16, 16), num_channels=3, seed=0,
                       micro_batch_size=4, eval_batch_size=4, device="cpu")
     b = next(iter(L.train))
     assert b["text"].shape == (4, 5) and torch.equal(b["text"][:, 0], b["index"])
     assert b["caption"] == [f"image {i}" for i in b["index"].tolist()]
-    with pytest.raises(ValueError, match="unknown data.format 'nope'"):
-        _loaders(DataConfig(format="nope"))
+    with pytest.raises(ValueError, match="data.format: unknown data format 'nope'"):
+        _loaders(data_config(format="nope"))

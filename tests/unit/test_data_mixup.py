@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vitscale.data import DataConfig
+from vitscale.data import data_config
 from vitscale.data.mixup import Mixup, build_mixup, smooth_one_hot
 
 
@@ -42,5 +42,5 @@ def test_prob_zero_and_build_mixup():
     x = torch.randn(2, 3, 4, 4)
     xm, t = m(x, torch.tensor([1, 4]), 0)
     assert xm is x and torch.equal(t, torch.eye(5)[[1, 4]])
-    assert build_mixup(DataConfig(), 0.1, 10, 0) is None
-    assert isinstance(build_mixup(DataConfig(mixup_alpha=0.2), 0.1, 10, 0), Mixup)
+    assert build_mixup(data_config(), 0.1, 10, 0) is None
+    assert isinstance(build_mixup(data_config(mixup_alpha=0.2), 0.1, 10, 0), Mixup)

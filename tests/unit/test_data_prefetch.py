@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitscale.data import DataConfig, DataFormat, Split, build_loaders, formats, register_format
+from vitscale.data import DataConfig, DataFormat, Split, build_loaders, data_config, formats, register_format
 from vitscale.data.sampler import ShardedBatchSampler
 from vitscale.data.sources import SyntheticSource
 
@@ -48,7 +48,7 @@ def _cfg(**kw) -> DataConfig:
     base = dict(format="synthetic", num_classes=3, num_workers=0, random_erasing=0.5, hflip=0.5, rrc_scale=(0.3, 1.0))
     if kw.get("format", "synthetic") == "synthetic":
         base["synthetic_size"] = N
-    return DataConfig(**{**base, **kw})
+    return data_config(**{**base, **kw})
 
 
 def _loaders(cfg: DataConfig):
@@ -63,7 +63,7 @@ def _trainer_batches(loader):
 
 @pytest.mark.parametrize("across, persistent", [(True, True), (True, False), (False, True)])
 def test_next_epoch_is_loaded_before_the_last_batch_is_handed_out(tmp_path, monkeypatch, across, persistent):
-    monkeypatch.setitem(formats._FORMATS, "holding_test", None)  # the test's format is unregistered when it ends
+    monkeypatch.setitem(formats.FORMATS.entries, "holding_test", None)  # the test's format is unregistered when it ends
     sampler = ShardedBatchSampler(N, MICRO, seed=SEED)
     last = len(sampler) - 1
     first_of_next = {f"1_{i}" for i in sampler.indices(1, 0)}

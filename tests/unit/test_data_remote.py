@@ -15,7 +15,7 @@ import tarfile
 import pytest
 import torch
 
-from vitscale.data import DataConfig, build_loaders
+from vitscale.data import build_loaders, data_config
 from vitscale.data.loader import skip_summary
 from vitscale.errors import CheckError
 
@@ -29,7 +29,7 @@ def _loaders(cfg, micro=64, workers=0, world=1, rank=0, drop_last=True):
 
 
 def _cfg(fmt, train, val=None, **kw):
-    return DataConfig(format=fmt, train_path=str(train), val_path=str(val) if val else None, num_workers=0,
+    return data_config(format=fmt, train_path=str(train), val_path=str(val) if val else None, num_workers=0,
                       rrc_scale=(0.5, 1.0), hflip=0.5, mean=(0.5,), std=(0.5,), **kw)  # fmt: skip
 
 

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from vitscale.data import DataConfig, build_loaders
+from vitscale.data import build_loaders, data_config
 from vitscale.data.transforms import SampleTransform, rrc_box
 
 
@@ -18,7 +18,7 @@ def test_rrc_box_in_bounds_and_keyed():
 
 @pytest.mark.parametrize("size,channels", [((24, 16), 3), ((16, 16), 1)])
 def test_shapes_non_square_and_one_channel(size, channels):
-    cfg = DataConfig(format="synthetic", synthetic_size=16, num_workers=0, val_split=0.5, num_classes=3,
+    cfg = data_config(format="synthetic", synthetic_size=16, num_workers=0, val_split=0.5, num_classes=3,
                      auto_augment="3a", color_jitter=0.4, random_erasing=0.5, mean=(0.5,) * channels,
                      std=(0.5,) * channels)
     L = build_loaders(cfg, img_size=size, num_channels=channels, seed=0, micro_batch_size=4, eval_batch_size=4)
@@ -29,8 +29,8 @@ def test_shapes_non_square_and_one_channel(size, channels):
 def test_flip_flag_matches_pixels():
     base = dict(format="synthetic", synthetic_size=32, num_workers=0, num_classes=3, rrc_scale=(0.5, 1.0))
     kw = dict(img_size=(16, 16), num_channels=3, seed=0, micro_batch_size=32, eval_batch_size=4)
-    never = next(iter(build_loaders(DataConfig(**base, hflip=0.0), **kw).train))
-    some = next(iter(build_loaders(DataConfig(**base, hflip=0.5), **kw).train))
+    never = next(iter(build_loaders(data_config(**base, hflip=0.0), **kw).train))
+    some = next(iter(build_loaders(data_config(**base, hflip=0.5), **kw).train))
     assert torch.equal(never["index"], some["index"]) and torch.equal(never["crop"], some["crop"])
     assert not never["flip"].any() and 0 < some["flip"].sum() < 32
     f = some["flip"]
@@ -39,7 +39,7 @@ def test_flip_flag_matches_pixels():
 
 
 def test_crop_fractions_describe_the_crop():
-    cfg = DataConfig(format="synthetic", synthetic_size=8, num_workers=0, num_classes=3, hflip=0.0)
+    cfg = data_config(format="synthetic", synthetic_size=8, num_workers=0, num_classes=3, hflip=0.0)
     tf = SampleTransform(cfg, (16, 16), 3, seed=0, train=True)
     img = torch.arange(64 * 64, dtype=torch.int32).view(1, 64, 64)
     img = torch.stack([(img // 64) * 4, (img % 64) * 4, torch.zeros_like(img)], 1)[0].to(torch.uint8)  # row/col ramps

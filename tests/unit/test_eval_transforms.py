@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from vitscale.config import load_config
-from vitscale.data import DataConfig
+from vitscale.data import DataConfig, data_config
 from vitscale.data.decode import eval_resize_size, pil_to_uint8_tensor
 from vitscale.data.transforms import SampleTransform
 
@@ -67,7 +67,7 @@ def test_eval_resize_size_by_hand():
 @pytest.mark.parametrize("crop_pct,interpolation,size", [(0.875, "bilinear", (224, 224)), (1.0, "bicubic", (224, 224)),
                                                          (1.15, "bicubic", (224, 224)), (0.9, "bilinear", (160, 200))])  # fmt: skip
 def test_eval_transform_matches_timm(mode, crop_pct, interpolation, size, photos):
-    cfg = DataConfig(crop_pct=crop_pct, interpolation=interpolation, eval_crop_mode=mode)
+    cfg = data_config(crop_pct=crop_pct, interpolation=interpolation, eval_crop_mode=mode)
     ref_tf = timm_data.create_transform((3, *size), is_training=False, crop_pct=crop_pct, crop_mode=mode,
                                         interpolation=interpolation, use_prefetcher=True)  # uint8, unnormalised  # fmt: skip
     for path in photos:

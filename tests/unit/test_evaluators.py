@@ -95,7 +95,7 @@ def test_a_bad_entry_is_refused_before_anything_runs(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps([[1, 11]] * 300))
     (tmp_path / "imagenet.json").write_text(json.dumps([[1]] * 300))
     for entry, message in [
-        ({"kind": "clasification"}, "evals[0].kind: 'clasification' is not an evaluator; did you mean 'classification'?"),
+        ({"kind": "clasification"}, "evals[0].kind: unknown evaluator 'clasification'; did you mean 'classification'?"),
         ({"kind": "classification", "every": -1}, "evals[0]: every=-1 must be >= 0"),
         ({"kind": "fewshot", "shots": [5], "data": {"formt": "digits"}}, "unknown config key 'evals[0].data.formt'"),
         ({"kind": "classification", "split": "test"}, "evals[0].split: 'test' is not one of train, val"),

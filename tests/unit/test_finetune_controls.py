@@ -152,25 +152,25 @@ def test_distillation_settings_are_checked_up_front():
     from vitscale.run.checks import check_run
 
     dims = ParallelDims(device=torch.device("cpu"))
-    # a task's group checks its own fields as it is built: the config does not load
-    for overrides, message in (
-        (["distill.teacher=t.pth", "distill.alpha=1.5"], "distill.alpha=1.5 must be in [0, 1]"),
-        (["distill.teacher=t.pth", "distill.tau=0"], "distill.tau=0.0 must be"),
-        (["clip.lock_image_unlocked_groups=-1"], "clip.lock_image_unlocked_groups=-1 must be at least 0"),
-        (["token_label.mix_token_prob=2"], "token_label.mix_token_prob=2.0 must be in [0, 1]"),
-        (["teacher.batch_size=0"], "teacher.batch_size=0 must be at least 1"),
+    # a task without distillation has no distill group: refused as the config loads
+    with pytest.raises(ConfigError, match=re.escape("distill is a group of train.task=classification / contrastive, "
+                                                    "not of train.task=token_labeling (this run's)")):
+        load_config("digits_vit", ["train.task=token_labeling", "distill.teacher=t.pth"])
+    # a group checks its own fields as it is built: the config does not load
+    for config, overrides, message in (
+        ("digits_vit", ["optim.layer_decay=0"], "optim.layer_decay=0.0 must be in (0, 1]"),
+        ("digits_vit", ["distill.teacher=t.pth", "distill.alpha=1.5"], "distill.alpha=1.5 must be in [0, 1]"),
+        ("digits_vit", ["distill.teacher=t.pth", "distill.tau=0"], "distill.tau=0.0 must be"),
+        ("digits_clip", ["clip.lock_image_unlocked_groups=-1"], "clip.lock_image_unlocked_groups=-1 must be at least 0"),
+        ("digits_vit", ["train.task=token_labeling", "token_label.mix_token_prob=2"], "token_label.mix_token_prob=2.0 must be in [0, 1]"),
+        ("digits_vit", ["train.task=token_labeling", "teacher.batch_size=0"], "teacher.batch_size=0 must be at least 1"),
     ):
         with pytest.raises(ConfigError, match=re.escape(message)):
-            load_config("digits_vit", overrides)
+            load_config(config, overrides)
     assert load_config("digits_vit", ["distill.alpha=1.5"]).distill.alpha == 1.5  # no teacher: not read, not checked
     # what needs more than one group: the run's checks, the task's (Task.check) among them
-    for overrides, message in (
-        (["train.task=token_labeling", "token_label.path=labels", "distill.teacher=t.pth"], "the token_labeling task does not distill"),
-        (["train.task=token_labeling"], "train.task=token_labeling needs token_label.path"),
-        (["optim.layer_decay=0"], "optim.layer_decay=0.0 must be in (0, 1]"),
-    ):
-        with pytest.raises(CheckError, match=re.escape(message)):
-            check_run(load_config("digits_vit", overrides), dims, "train")
+    with pytest.raises(CheckError, match=re.escape("train.task=token_labeling needs token_label.path")):
+        check_run(load_config("digits_vit", ["train.task=token_labeling"]), dims, "train")
     clip = load_config("digits_clip", ["train.task=token_labeling", "token_label.path=labels"])
     with pytest.raises(CheckError, match=re.escape("needs a model with per-token class logits (a ViT or VOLO): clip_debug")):
         check_run(clip, dims, "train")

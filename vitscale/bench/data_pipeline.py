@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 import numpy as np
 import torch
 
-from ..data.config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
+from ..config.data import IMAGENET_MEAN, IMAGENET_STD, data_config
 from .report import git_commit
 
 
@@ -63,7 +63,7 @@ def _torchvision_loader(root: str, out: int, batch_size: int, normalize: bool):
 def _vitscale_loader(root: str, out: int, batch_size: int, fast: bool, normalize: bool):
     from ..data.build import build_loaders
 
-    cfg = DataConfig(format="imagefolder", train_path=root, num_workers=0, fast_decode=fast, pin_memory=False)
+    cfg = data_config(format="imagefolder", train_path=root, num_workers=0, fast_decode=fast, pin_memory=False)
     train = build_loaders(cfg, img_size=(out, out), num_channels=3, seed=0, micro_batch_size=batch_size,
                           eval_batch_size=batch_size).train
     return train if normalize else train._dl  # the raw DataLoader yields the uint8 batches

@@ -8,6 +8,8 @@ import argparse
 import textwrap
 import typing
 
+from ..shell import SHELL_FLAG
+
 
 def field_choices(cls: type, name: str) -> tuple[str, ...]:
     """The choices of a config field (its ``Literal[...]`` type), for an option that mirrors it."""
@@ -26,9 +28,6 @@ def add_overrides(p: argparse.ArgumentParser, dest: str = "overrides", *, nargs:
     p.set_defaults(overrides_dest=dest)
 
 
-SHELL_FLAG = "--allow-shell-from-config"
-"""Lets the ``pipe:`` data paths of a config file run (``vitscale.config.load_config(allow_shell=True)``);
-without it such a value is refused unless given on the command line (docs/trust.md)."""
 
 
 def add_shell_flag(p: argparse.ArgumentParser) -> None:

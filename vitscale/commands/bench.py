@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import sys
 
+from ..registry import COMMANDS
 from . import HelpFormatter
 
 
@@ -166,3 +168,6 @@ def run(args) -> int:
 
         print(f"wrote {write_json(result, args.json)}")
     return 0
+
+
+COMMANDS.register("bench", sys.modules[__name__])

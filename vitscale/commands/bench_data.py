@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..registry import COMMANDS
 from . import DefaultsHelpFormatter
 
 HELP = "benchmark JPEG decode + RandomResizedCrop + flip against torchvision (per core)"
@@ -46,3 +47,6 @@ def run(args) -> int:
         js, lg = write_results(result, lines, args.out_dir)
         print(f"wrote {js} and {lg}")
     return 0
+
+
+COMMANDS.register("bench-data", sys.modules[__name__])

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
+import sys
 import textwrap
 
+from ..registry import COMMANDS
 from . import HelpFormatter
 
 HELP = "list the config groups, or a group's fields with their defaults and what they do"
@@ -66,7 +69,7 @@ def _print_evaluators(width: int) -> None:
     """``evals:`` is a list: the fields every entry has, then each registered evaluator kind with the
     fields of its own."""
     from vitscale.config.fields import fields_of
-    from vitscale.eval.evaluator import EvaluatorConfig, evaluator_class, evaluator_kinds
+    from vitscale.eval.evaluator import EVALUATORS, EvaluatorConfig
 
     print("evals: a list of evaluations, each entry a mapping with `kind` and the fields of its kind, e.g.\n"
           "  evals: [{kind: classification, name: val, every: 100}, {kind: fewshot, name: probe5, shots: [5]}]\n\n"
@@ -74,8 +77,7 @@ def _print_evaluators(width: int) -> None:
     common = fields_of(EvaluatorConfig(), "  ")
     _print_fields(common, width)
     shared = {f.key for f in common}
-    for kind in evaluator_kinds():
-        cls = evaluator_class(kind)
+    for kind, cls in EVALUATORS.items():
         doc = (cls.config.__doc__ or "").strip().split("\n\n")[0]
         doc = " ".join(re.sub(rf"^``kind: {re.escape(kind)}``:\s*", "", doc).split())
         print(f"\nkind: {kind} — {_plain(doc)}")
@@ -84,24 +86,26 @@ def _print_evaluators(width: int) -> None:
 
 
 def _print_data(width: int) -> None:
-    """``data``: the fields every format has, then each data format with the fields of its own (its
-    ``options``), which are written as ``data.<field>`` like the others."""
+    """``data``: the fields every format has, then each data format with the fields its class adds,
+    which are written as ``data.<field>`` like the others."""
+    from vitscale.config.data import DataConfig, data_config
     from vitscale.config.fields import fields_of
-    from vitscale.data.config import DataConfig
-    from vitscale.data.formats import format_names, get_format
+    from vitscale.data.formats import FORMATS
 
     print("The fields of every data format:")
-    _print_fields([f for f in fields_of(DataConfig(), "data.") if f.key != "data.options"], width)
-    for name in format_names():
-        fmt = get_format(name)
+    names = {f"data.{f.name}" for f in dataclasses.fields(DataConfig)}
+    common = [f for f in fields_of(data_config(), "data.") if f.key in names]  # the default format's values
+    _print_fields(common, width)
+    shared = {f.key for f in common}
+    for name, fmt in FORMATS.items():
         print(f"\ndata.format={name} — {_plain(fmt.summary)}" if fmt.summary else f"\ndata.format={name}")
-        own = fields_of(fmt.options(), "data.") if fmt.options is not None else []
+        own = [f for f in fields_of((fmt.config or DataConfig)(format=name), "data.") if f.key not in shared]
         _print_fields(own, width) if own else print("  (no fields of its own)")
 
 
 def run(args) -> int:
-    from vitscale.config import config_class
     from vitscale.config.fields import fields_of, group_defaults, groups
+    from vitscale.config.schema import ModelConfig
 
     width = min(shutil.get_terminal_size().columns, 100)
     if args.group is None:
@@ -122,10 +126,13 @@ def run(args) -> int:
     if args.group == "model":
         from vitscale.models.registry import resolve_model
 
-        name = args.model or config_class()().model.name
+        name = args.model or ModelConfig.name
         variant = resolve_model(name)  # an unknown name fails here, naming the closest
         family = variant.family.name
         print(f"\nThe fields of {name}'s config ({family} family), set as model.<field> (short for "
               f"model.overrides.<field>); the defaults are {name}'s:")  # fmt: skip
         _print_fields(fields_of(variant.cfg, "model."), width)
     return 0
+
+
+COMMANDS.register("config", sys.modules[__name__])

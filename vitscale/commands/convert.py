@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+from ..registry import COMMANDS
 from . import HelpFormatter
 
 EPILOG = """\
@@ -46,3 +49,6 @@ def run(args) -> int:
     for f in files:
         print(f)
     return 0
+
+
+COMMANDS.register("convert", sys.modules[__name__])

@@ -10,7 +10,9 @@ image folder: ``OUT_DIR/train/<class>/<n>.png`` and ``OUT_DIR/val/<class>/<n>.pn
 from __future__ import annotations
 
 import argparse
+import sys
 
+from ..registry import COMMANDS
 from . import DefaultsHelpFormatter
 
 
@@ -150,3 +152,6 @@ def register(subparsers) -> None:
     v.add_argument("--json", action="store_true", help="print the summary as JSON")
     v.set_defaults(func=_convert)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+COMMANDS.register("data", sys.modules[__name__])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+from ..registry import COMMANDS
 from . import HelpFormatter, add_overrides
 
 HELP = "train the built-in digits ViT and print its val top-1 (what `make demo` runs)"
@@ -48,3 +50,6 @@ def run(args) -> int:
                 (out / name).unlink(missing_ok=True)
         train(cfg)  # ends with the summary: val top-1, time, where the report, weights and log are
     return 0
+
+
+COMMANDS.register("demo", sys.modules[__name__])

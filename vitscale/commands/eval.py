@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+from ..registry import COMMANDS
 from . import HelpFormatter, add_overrides, add_shell_flag
 
 HELP = "evaluate a checkpoint on the val split (top-1 / top-5 / loss)"
@@ -54,3 +55,6 @@ def run(args) -> int:
         with open(args.output, "w") as f:
             f.write(text + "\n")
     return 0
+
+
+COMMANDS.register("eval", sys.modules[__name__])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..registry import COMMANDS
 from . import HelpFormatter, add_shell_flag
 
 
@@ -69,3 +70,6 @@ def run(args) -> int:
         return 1
     print(f"wrote {files} and export.json to {out}")
     return 0
+
+
+COMMANDS.register("export", sys.modules[__name__])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..registry import COMMANDS
 from . import HelpFormatter, add_overrides, add_shell_flag
 
 EPILOG = """\
@@ -61,8 +62,12 @@ def run(args) -> int:
     if len(outs) != 1:
         print(f"vitscale label-tokens: give exactly one output folder (got {outs or 'none'})", file=sys.stderr)
         return 2
-    cfg = load_config(args.config, overrides, allow_shell=args.allow_shell)  # errors: one line and the exit code (vitscale.cli)
+    # the teacher group is token labeling's: its labels are written for a token-labeling run
+    cfg = load_config(args.config, ["train.task=token_labeling", *overrides], allow_shell=args.allow_shell)  # errors: one line and the exit code (vitscale.cli)
     summary = label_tokens(cfg, outs[0])
     if int(os.environ.get("RANK", "0")) == 0:  # every rank holds the same summary: rank 0 reports it
         print(json.dumps(summary, indent=1))
     return 0
+
+
+COMMANDS.register("label-tokens", sys.modules[__name__])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..registry import COMMANDS
 from . import HelpFormatter
 
 EPILOG = """\
@@ -89,3 +90,6 @@ def run(args) -> int:
         print(f"vitscale memory: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+COMMANDS.register("memory", sys.modules[__name__])

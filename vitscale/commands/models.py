@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+
+from ..registry import COMMANDS
 
 HELP = "list the model zoo"
 
@@ -52,3 +55,6 @@ def run(args: argparse.Namespace) -> int:
         gf = f"{r['gflops']:.2f}" if r["gflops"] is not None else "-"
         print(f"{r['name']:<{w}}{r['family']:<8}{r['params_m']:>12.2f}{gf:>11}{r['img_size']!s:>8}{r['patch']!s:>7}")
     return 0
+
+
+COMMANDS.register("models", sys.modules[__name__])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..registry import COMMANDS
 from . import HelpFormatter
 
 DEFAULT_COMPARISON = "report.html"
@@ -59,3 +60,6 @@ def run(args) -> int:
         return 2
     print(f"report: {path}  (open {Path(path).resolve().as_uri()} in a browser)")
     return 0
+
+
+COMMANDS.register("report", sys.modules[__name__])

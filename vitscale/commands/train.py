@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+from ..registry import COMMANDS
 from . import HelpFormatter, add_overrides, add_shell_flag
 
 EPILOG = """\
@@ -56,3 +59,6 @@ def run(args) -> int:
     # such as precision.fp8 without torchao) ends as one or two lines: vitscale.cli
     train(cfg, summary="json" if args.json else "human", notes=notes)  # printed by rank 0, also into train.log
     return 0
+
+
+COMMANDS.register("train", sys.modules[__name__])

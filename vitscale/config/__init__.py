@@ -9,12 +9,11 @@ from .load import (
     find_config,
     load_config,
     replace_fields,
-    run_config_dict,
     save_config,
 )
-from .schema import Config, config_class
+from .schema import Config, config_class, config_classes
 
 __all__ = [
-    "Config", "ConfigError", "config_class", "config_from_dict", "config_to_dict", "dump_config", "eval_entries", "find_config",
-    "load_config", "replace_fields", "run_config_dict", "save_config",
+    "Config", "ConfigError", "config_class", "config_classes", "config_from_dict", "config_to_dict", "dump_config", "eval_entries", "find_config",
+    "load_config", "replace_fields", "save_config",
 ]  # fmt: skip

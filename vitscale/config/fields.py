@@ -1,8 +1,8 @@
 """The run config as a person reads it (``vitscale config [GROUP]``): its groups and each group's fields
 with their types, defaults and docstrings, read from the dataclasses of the schema.
 
-The schema is the truth: the groups are the fields of the root config (``config_class()``)
-(whoever added them: a task's or a data format's group shows up as any other), a field's docstring
+The schema is the truth: the groups are the fields of the root config classes (``Config`` and each
+task's subclass: a task's group shows up as any other), a field's docstring
 is the string literal under it in its dataclass, its choices are its ``Literal[...]`` type.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from .schema import config_class
+from .schema import config_classes
 
 
 @dataclass(frozen=True)
@@ -72,31 +72,37 @@ def type_text(tp: Any) -> str:
 
 
 def groups() -> list[tuple[str, str]]:
-    """``(group, first line of its docstring)`` for every group of the run config (the schema's and
-    the registered tasks' groups: :func:`~vitscale.config.schema.config_class`), in schema order,
-    and ``evals`` (the list of evaluations)."""
-    root = config_class()
-    docs = field_docs(root)
-    hints = typing.get_type_hints(root)
-    out = []
-    for f in dataclasses.fields(root):
-        if f.name == "evals" or dataclasses.is_dataclass(hints[f.name]):
-            doc = docs.get(f.name) or inspect.getdoc(hints[f.name]) or ""  # a task's group: its class's docstring
-            out.append((f.name, doc.split("\n", 1)[0]))
+    """``(group, first line of its docstring)`` for every group of the run config — the common ones and
+    every known task's (the fields of each task's root class: :func:`~vitscale.config.schema.config_classes`)
+    — in schema order, and ``evals`` (the list of evaluations)."""
+    return [(name, doc) for name, (doc, _) in _groups().items()]
+
+
+def _groups() -> dict[str, tuple[str, type]]:
+    """``{group: (first line of its docstring, the root class that has it)}``."""
+    out: dict[str, tuple[str, type]] = {}
+    for root in config_classes():
+        docs = field_docs(root)
+        hints = typing.get_type_hints(root)
+        for f in dataclasses.fields(root):
+            if f.name not in out and (f.name == "evals" or dataclasses.is_dataclass(hints[f.name])):
+                doc = docs.get(f.name) or inspect.getdoc(hints[f.name]) or ""
+                out[f.name] = (doc.split("\n", 1)[0], root)
     return out
 
 
 def group_defaults(group: str) -> Any:
-    """The default value of ``group`` (``Config().optim``); a :class:`~vitscale.errors.ConfigError`
-    naming the groups when there is no such group."""
-    names = [name for name, _ in groups()]
-    if group not in names:
+    """The default value of ``group`` (``Config().optim``; a task's group: its root class's); a
+    :class:`~vitscale.errors.ConfigError` naming the groups when there is no such group."""
+    found = _groups()
+    if group not in found:
         import difflib
 
+        names = list(found)
         close = difflib.get_close_matches(group, names, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(f"no config group {group!r}; {hint}the groups: {', '.join(names)}")
-    return getattr(config_class()(), group)
+    return getattr(found[group][1](), group)
 
 
 def fields_of(obj: Any, prefix: str) -> list[Field]:

@@ -21,10 +21,14 @@ from typing import Any
 
 import yaml
 
-from ..commands import SHELL_FLAG
 from ..errors import ConfigError
+from ..registry import TASKS, model_family
 from ..safe_yaml import YAMLLimitError, load_yaml, read_yaml
-from .schema import Config, ModelConfig, config_class
+from ..shell import SHELL_FLAG, runs_shell
+from .data import DataConfig
+from .evals import EvaluatorConfig, check_entries, metric_prefix
+from .kinds import kind_owners, unknown_kind_field
+from .schema import Config, ModelConfig, config_class, config_classes
 
 
 # ---------------------------------------------------------------------------------------- finding
@@ -118,7 +122,7 @@ def _suggest(path: str, valid_here: list[str], prefix: str) -> str:
     close = difflib.get_close_matches(leaf, valid_here, n=1, cutoff=0.6)
     if close:
         return f"; did you mean {prefix + close[0]!r}?"
-    everything = _all_keys(config_class())
+    everything = list(dict.fromkeys(k for root in config_classes() for k in _all_keys(root)))
     by_leaf = [k for k in everything if k.rsplit(".", 1)[-1] == leaf]
     if by_leaf:
         return f"; did you mean {by_leaf[0]!r}?"
@@ -130,7 +134,7 @@ def option_hint(args: list[str]) -> str | None:
     """For command-line options that name a config field — ``--lr 1e-3``, ``--optim.lr=1e-3``,
     ``--max-steps 5`` (by the field's dotted key or its last part) — the override to write instead
     (``"--lr 1e-3 is not an option: write optim.lr=1e-3"``); None when no option names a field."""
-    keys = _all_keys(config_class())  # the tasks' groups included
+    keys = list(dict.fromkeys(k for root in config_classes() for k in _all_keys(root)))  # every task's groups
     fields = [k for k in keys if not any(o.startswith(k + ".") for o in keys)]  # not the groups
     i = 0
     while i < len(args):
@@ -179,11 +183,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             return value
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping of {tp.__name__} fields, got {value!r}")
-        if hasattr(tp, "kind_config"):  # an entry whose fields depend on its kind (an evaluator of ``evals``)
-            try:
-                tp = tp.kind_config(value.get("kind"))
-            except ConfigError as e:
-                raise ConfigError(f"{path}.{e}") from None
+        if hasattr(tp, "kind_config"):  # a group whose class its kind chooses (``data.format``, an entry's ``kind``)
+            tp, value = _kind_class(tp, value, path)
         return _build(tp, value, path + ".")
     if origin in (tuple, list):
         if isinstance(value, (int, float)) and not isinstance(value, bool) and args and args[-1] is Ellipsis:
@@ -229,6 +230,31 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     return value
 
 
+def _kind_class(base: type, value: dict, path: str) -> tuple[type, dict]:
+    """The class ``base.kind_config`` chooses for the mapping ``value`` by its kind field (``base.KIND``:
+    ``format`` of ``data``, ``kind`` of an ``evals:`` entry), and ``value`` without the keys that class
+    lacks but other kinds' classes have at their default there (a setting that changes nothing, such as
+    the ``train_path: null`` of a run folder's config.yaml written before the data group was typed);
+    such a key at another value is a :class:`ConfigError` naming the kinds that have it."""
+    kind_key = base.KIND
+    kind = value.get(kind_key, base.__dataclass_fields__[kind_key].default)
+    cls = base.kind_config(kind, key=f"{path}.{kind_key}")
+    own = {f.name for f in dataclasses.fields(cls)}
+    kept = dict(value)
+    for key in [k for k in value if k not in own and k not in getattr(base, "RETIRED", {})]:
+        owners = kind_owners(base, key)
+        if owners and all(_equal(value[key], default) for _, default in owners):
+            del kept[key]
+        elif owners:
+            raise ConfigError(unknown_kind_field(base, cls, path, key, owners))
+    return cls, kept
+
+
+def _equal(value: Any, default: Any) -> bool:
+    plain = config_to_dict(default) if isinstance(default, tuple) else default
+    return value == plain or value == default
+
+
 def _build(cls: type, values: dict, prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -236,29 +262,33 @@ def _build(cls: type, values: dict, prefix: str = "") -> Any:
     for key, value in values.items():
         path = prefix + key
         if key not in hints or key not in names:
+            retired = getattr(cls, "RETIRED", {})
+            if key in retired:
+                raise ConfigError(retired[key])
             raise ConfigError(f"unknown config key {path!r}{_suggest(path, names, prefix)}")
         kwargs[key] = _coerce(value, hints[key], path)
     try:
         obj = cls(**kwargs)
+    except ConfigError:  # a field's range (its group's __post_init__): one line naming the key already
+        raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from e
     return obj
 
 
-def _route_model_keys(tree: dict) -> None:
-    """Move ``model.<field of the variant config>`` into ``model.overrides`` (the shorthand)."""
+def _route_model_keys(tree: dict) -> Any:
+    """Move ``model.<field of the variant config>`` into ``model.overrides`` (the shorthand); the model's
+    family (its registry entry: ``variants``, ``task``, ``variant_config``)."""
     model = tree.get("model")
+    name = model.get("name", ModelConfig.name) if isinstance(model, dict) else ModelConfig.name
+    family = model_family(name)  # ConfigError naming the closest variant
     if not isinstance(model, dict):
-        return
-    from vitscale.models.registry import get_family
-
-    name = model.get("name", "vit_debug")
-    try:
-        variant_cfg = get_family(name).variants[name]
-    except KeyError as e:
-        raise ConfigError(f"model.name: {e.args[0]}") from None
+        return family
+    if name not in family.variants:
+        raise ConfigError(f"model.name: {name!r} is a model family, not a variant: choose one of {', '.join(family.variants)}")
+    variant_cfg = family.variants[name]
     variant_fields = [f.name for f in dataclasses.fields(variant_cfg)]
-    own = [f.name for f in dataclasses.fields(Config().model)]
+    own = [f.name for f in dataclasses.fields(ModelConfig)]
     overrides = model.get("overrides") or {}
     if not isinstance(overrides, dict):
         raise ConfigError(f"model.overrides: expected a mapping, got {overrides!r}")
@@ -283,84 +313,34 @@ def _route_model_keys(tree: dict) -> None:
             hint = f"; did you mean 'model.{close[0]}'?" if close else ""
             raise ConfigError(f"unknown config key 'model.overrides.{key}' (not a field of {name}'s config){hint}")
     model["overrides"] = overrides
-
-
-def _route_data_keys(tree: dict) -> None:
-    """Build ``data.options`` from the ``data.<field>`` keys of the format's own fields
-    (``vitscale.data.formats``: a format declares them in its module), checked like any other key."""
-    data = tree.get("data")
-    if data is None:
-        data = tree["data"] = {}
-    if isinstance(data, dict):  # else _build names the wrong type
-        _route_data(data, "data.")
-
-
-def _route_data(data: dict, prefix: str) -> None:
-    """``_route_data_keys`` of one ``data`` mapping; errors name ``prefix`` + the key."""
-    from vitscale.data.config import RETIRED_FIELDS, DataConfig
-    from vitscale.data.formats import PER_FORMAT, get_format, not_read, option_fields
-
-    name = data.get("format", DataConfig.format)
-    fmt = get_format(name)  # ConfigError naming the known formats
-    own = [f.name for f in dataclasses.fields(DataConfig) if f.name != "options"]
-    theirs = option_fields(fmt)
-    options = data.pop("options", None) or {}
-    if not isinstance(options, dict):
-        raise ConfigError(f"{prefix}options: expected a mapping, got {options!r}")
-    defaults = DataConfig.__dataclass_fields__
-    for key in list(data):
-        if key in own:
-            if key in PER_FORMAT and key not in fmt.reads and data[key] != defaults[key].default:
-                raise ConfigError(not_read(prefix, key, name))  # a setting never silently ignored
-            continue
-        if key in theirs:
-            options[key] = data.pop(key)
-            continue
-        if key in RETIRED_FIELDS:
-            raise ConfigError(RETIRED_FIELDS[key])
-        error = not_read(prefix, key, name)
-        if error:
-            raise ConfigError(error)
-        close = difflib.get_close_matches(key, own + theirs, n=1, cutoff=0.6)
-        hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
-        raise ConfigError(f"unknown config key '{prefix}{key}' (data.format={name}){hint}")
-    data["options"] = _build(fmt.options, options, prefix) if fmt.options is not None else None
+    return family
 
 
 # ---------------------------------------------------------------------------------------- public
 def replace_fields(obj: Any, changes: dict, prefix: str = "") -> Any:
     """The config dataclass ``obj`` with ``changes`` (a mapping of its fields, nested groups as
     mappings) applied and checked as the loader checks a YAML's: unknown keys and wrong types refused,
-    naming ``prefix`` + the key. A ``DataConfig`` takes the fields of its (new) format, as the
-    loader routes them; the fields of the old format the new one does not read (its options', and
-    those of ``vitscale.data.formats.PER_FORMAT``) are dropped unless ``changes`` sets them."""
-    from vitscale.data.config import DataConfig
-
+    naming ``prefix`` + the key. A group typed by its kind (``data``) that ``changes`` gives another
+    kind (``format``) becomes that kind's class: ``obj``'s fields the new class lacks are dropped
+    unless ``changes`` sets them."""
     tree = _merge(config_to_dict(obj), copy.deepcopy(changes))
-    if not isinstance(obj, DataConfig):
+    base = next((c for c in type(obj).__mro__ if "kind_config" in vars(c)), None)
+    if base is None:
         return _build(type(obj), tree, prefix)
-    if tree.get("format") != obj.format:
-        from vitscale.data.formats import fields_read, get_format
-
-        new = set(fields_read(get_format(tree.get("format"))))
-        for key in fields_read(get_format(obj.format)):
-            if key not in new and key not in changes:
-                tree.pop(key, None)
-    _route_data(tree, prefix)
-    return _build(DataConfig, tree, prefix)
+    kind_key = base.KIND
+    if tree.get(kind_key) != getattr(obj, kind_key):
+        new = {f.name for f in dataclasses.fields(base.kind_config(tree.get(kind_key), key=prefix + kind_key))}
+        tree = {k: v for k, v in tree.items() if k in new or k in changes}
+    return _coerce(tree, base, prefix.rstrip("."))
 
 
 def eval_entries(items: list[dict], key: str = "evals") -> tuple:
     """``evals:`` entries (mappings, as in a YAML) as their evaluators' typed configs, checked: each
     named (``name`` left out: its evaluator's default prefix), no two under one name."""
-    from vitscale.eval.evaluator import EvaluatorConfig
-
     return _named(_coerce(list(items), tuple[EvaluatorConfig, ...], key), key)
 
 
 def _named(entries: tuple, key: str) -> tuple:
-    from vitscale.eval.evaluator import check_entries, metric_prefix
-
     entries = tuple(dataclasses.replace(e, name=metric_prefix(e)) for e in entries)
     check_entries(entries, key)
     return entries
@@ -375,25 +355,43 @@ def _check_evals(cfg: Config) -> None:
             replace_fields(cfg.data, entry.data, f"evals[{i}].data.")
 
 
+def root_class(tree: dict) -> type[Config]:
+    """The root class of the config ``tree`` (a YAML's mapping): its ``train.task``'s, else the default
+    task of its ``model.name``'s family (:func:`~vitscale.config.schema.config_class`): a task's groups
+    are fields of its class, unknown keys in a run of another task. Found through ``vitscale.registry``:
+    an unknown task or model is a one-line ConfigError naming the closest."""
+    train, model = tree.get("train"), tree.get("model")
+    task = train.get("task") if isinstance(train, dict) else None
+    name = model.get("name") if isinstance(model, dict) else None
+    return config_class(task if isinstance(task, str) else None, name if isinstance(name, str) else None)
+
+
+def _other_tasks_groups(root: type[Config], tree: dict) -> None:
+    """ConfigError for a top-level key of ``tree`` that is no field of ``root`` but a group of other
+    tasks' classes (``token_label`` in a classification run), naming those tasks."""
+    own = {f.name for f in dataclasses.fields(root)}
+    for key in [k for k in tree if k not in own]:
+        tasks = [name for name, cls in TASKS.items() if key in {f.name for f in dataclasses.fields(cls.config)}]
+        if tasks:
+            task = next(name for name, cls in TASKS.items() if cls.config is root)
+            raise ConfigError(f"{key} is a group of train.task={' / '.join(tasks)}, not of train.task={task} (this run's): set "
+                              f"train.task to {'it' if len(tasks) == 1 else 'one of them'}, or remove {key}")  # fmt: skip
+
+
 def config_from_dict(tree: dict) -> Config:
+    """The typed config of ``tree``: its classes chosen by its task (:func:`root_class`), its data's
+    format and its evaluations' kinds, every key and value checked."""
     tree = copy.deepcopy(tree)  # the routing below moves keys: the caller's tree stays as it was
-    _route_model_keys(tree)
-    _route_data_keys(tree)
-    cfg = _build(config_class(), tree)
+    family = _route_model_keys(tree)
+    root = root_class(tree)
+    _other_tasks_groups(root, tree)
+    cfg = _build(root, tree)
     _check_evals(cfg)
     # Validates the model overrides' values (types and the variant's own checks) before anything runs.
-    from vitscale.models.registry import get_model_config
-
     try:
-        get_model_config(cfg.model.name, **cfg.model.overrides)
+        family.variant_config(cfg.model.name, cfg.model.overrides)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model: {e}") from e
-    # Formats and tasks register themselves (the schema's str cannot list them): asked here (the format
-    # by _route_data_keys, through its registry), so an unknown one is a config error before anything runs.
-    from vitscale.tasks import get_task
-
-    if cfg.train.task is not None:
-        get_task(cfg.train.task)
     return cfg
 
 
@@ -422,11 +420,11 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
         if not allow_shell:
             _refuse_shell(loaded, given, path)
         tree = loaded
-    note = _new_model_name(tree, given, name_or_path)
+    said = [n for n in (_new_model_name(tree, given, name_or_path), _new_data_format(tree, given, name_or_path)) if n]
     for key, value in parsed:
         _set_dotted(tree, key, value)
     cfg = config_from_dict(tree)
-    if note:
+    for note in said:
         if notes is None:
             print(f"note: {note}", file=sys.stderr)
         else:
@@ -439,7 +437,7 @@ _UNSET = object()
 
 def shell_value(tree: Any, given: Any = _UNSET, key: str = "") -> tuple[str, str] | None:
     """``(dotted key, value)`` of the first value of ``tree`` (a config file's) that runs a shell
-    command (``vitscale.data.remote.runs_shell``) and that ``given`` (the command line's overrides, the
+    command (``vitscale.shell.runs_shell``) and that ``given`` (the command line's overrides, the
     same shape) does not replace; None when there is none."""
     if key and given is not _UNSET and not isinstance(given, dict):
         return None  # the command line sets this value (or a mapping above it): the file's is not used
@@ -451,8 +449,6 @@ def shell_value(tree: Any, given: Any = _UNSET, key: str = "") -> tuple[str, str
         for i, v in enumerate(tree):
             found = found or shell_value(v, _UNSET, f"{key}[{i}]")
     elif isinstance(tree, str):
-        from vitscale.data.remote import runs_shell
-
         found = (key, tree) if runs_shell(tree) else None
     return found
 
@@ -492,15 +488,30 @@ def _new_model_name(tree: dict, given: dict, source) -> str | None:
             f"are dropped{also}; set any back as model.<field>=VALUE")  # fmt: skip
 
 
+def _new_data_format(tree: dict, given: dict, source) -> str | None:
+    """Drop from ``tree`` (a YAML's) the ``data`` keys that the class of the ``data.format`` given on the
+    command line lacks (the YAML's paths under ``data.format=synthetic``); the line saying which (None
+    when nothing was dropped)."""
+    data, new = tree.get("data"), given.get("data")
+    if not isinstance(data, dict) or not isinstance(new, dict) or "format" not in new:
+        return None
+    old_format = data.get("format", DataConfig.format)
+    if new["format"] == old_format:
+        return None
+    own = {f.name for f in dataclasses.fields(DataConfig.kind_config(new["format"]))}
+    dropped = [k for k in data if k not in own and k not in new and k not in DataConfig.RETIRED]
+    for key in dropped:
+        del data[key]
+    if not dropped:
+        return None
+    return (f"data.format={new['format']} replaces {source or 'the config'}'s {old_format}: its data settings that "
+            f"{new['format']} does not have are dropped ({', '.join(f'data.{k}' for k in dropped)})")
+
+
 def config_to_dict(cfg: Any) -> dict:
-    """The config as plain YAML-able data (tuples become lists; a data format's own fields beside the
-    other ``data`` fields, as they are written)."""
-    from vitscale.data.config import DataConfig
+    """The config as plain YAML-able data (tuples become lists)."""
 
     def plain(v: Any) -> Any:
-        if isinstance(v, DataConfig):
-            tree = {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v) if f.name != "options"}
-            return tree | (plain(v.options) if v.options is not None else {})
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
         if isinstance(v, (list, tuple)):
@@ -512,25 +523,10 @@ def config_to_dict(cfg: Any) -> dict:
     return plain(cfg)
 
 
-def run_config_dict(cfg: Config) -> dict:
-    """The config as a run's ``config.yaml`` holds it: :func:`config_to_dict` without the groups its
-    task does not read (the other tasks' ``config_groups``: no ``clip`` group in a ViT classification
-    run); its ``data`` group holds the fields of its format only. Loading it back gives the defaults
-    there, which the run never read: the same run."""
-    from vitscale.models.registry import get_family
-    from vitscale.tasks import task_groups
-
-    tree = config_to_dict(cfg)
-    task = cfg.train.task or get_family(cfg.model.name).task
-    for group, (_, tasks) in task_groups().items():
-        if task not in tasks:
-            tree.pop(group, None)
-    return tree
-
-
 def dump_config(cfg: Config) -> str:
-    """``run_config_dict(cfg)`` as YAML, in one style (block mappings and lists), in schema order."""
-    return yaml.safe_dump(run_config_dict(cfg), sort_keys=False, default_flow_style=False)
+    """``config_to_dict(cfg)`` as YAML, in one style (block mappings and lists), in schema order: the
+    fields of its classes (its task's groups, its data format's fields) and nothing else."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:

@@ -2,23 +2,30 @@
 
 The dataclasses are the truth: ``vitscale.config.load`` merges defaults <- YAML <- dotted overrides
 into them, refusing unknown keys (with the closest valid key) and wrong types (naming the field).
-Groups that belong to one part of vitscale live beside it and are fields of ``Config`` here: ``data``
-(``vitscale/data/config.py``), ``parallel`` and ``precision`` (``vitscale/distributed/config.py``).
-The groups of the tasks (``clip``, ``token_label``, ``teacher``, a plug-in's) are declared by each
-task (``Task.config_groups``) and join the root in :func:`config_class`; the entries of ``evals`` are
-each evaluator's own config (``vitscale.eval.evaluator``).
+Groups that belong to one part of vitscale are fields of ``Config`` here: ``data`` (``config/data.py``:
+typed by ``data.format``, each format's class declared in its module), ``parallel`` and ``precision``
+(``vitscale/distributed/config.py``). Each task declares its root class, a subclass of ``Config`` with
+its own groups as fields (``ContrastiveConfig``: ``clip``, ``distill``; ``Task.config``), and the
+loader builds a run as the class of its task (:func:`config_class`); the entries of ``evals`` are each
+evaluator's own config (``config/evals.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vitscale.data.config import DataConfig
 from vitscale.distributed.config import CompileMode, ParallelConfig, PrecisionConfig
-from vitscale.eval.evaluator import EvaluatorConfig
+
+from ..errors import ConfigError
+from ..registry import TASKS, model_family
+from .data import DataConfig, data_config
+from .evals import EvaluatorConfig
+from .ranges import at_least, finite, fraction, positive
+
+SAVE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT")
+"""The signals ``checkpoint.save_on_signal`` may name."""
 
 SdpaChoice = Literal["auto", "flash", "cudnn", "efficient", "math", "default"]
 """``train.sdpa`` / ``vitscale bench --sdpa``: the attention backends (``vitscale.train.fastpath``)."""
@@ -79,6 +86,22 @@ class OptimConfig:
     fused | foreach | none (plain for-loop). Fused kernels skip a non-finite step on the device
     (``found_inf``); foreach / none read one flag per step on the host."""
 
+    def __post_init__(self) -> None:
+        finite(self, "optim")
+        if not self.lr >= 0:
+            raise ConfigError(f"optim.lr={self.lr} must be a finite number >= 0 (e.g. optim.lr=1e-3)")
+        at_least("optim.weight_decay", self.weight_decay, 0, "0 = no weight decay")
+        if self.head_weight_decay is not None:
+            at_least("optim.head_weight_decay", self.head_weight_decay, 0, "None = optim.weight_decay")
+        positive("optim.eps", self.eps, "Adam's epsilon, added to a denominator, e.g. 1e-8")
+        for i, b in enumerate(self.betas):
+            fraction(f"optim.betas[{i}]", b, "Adam's moment decay, e.g. 0.9,0.999")
+        at_least("optim.momentum", self.momentum, 0, "SGD momentum, 0 = none")
+        at_least("optim.lr_scale_batch", self.lr_scale_batch, 0, "0 = no scaling")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            raise ConfigError(f"optim.layer_decay={self.layer_decay} must be in (0, 1] (each layer's LR factor towards the "
+                              "input, e.g. 0.65 or 0.75; unset = off)")  # fmt: skip
+
 
 @dataclass
 class ScheduleConfig:
@@ -101,6 +124,15 @@ class ScheduleConfig:
     """Cosine: the final learning rate."""
     rsqrt_timescale: int = 10000
     """rsqrt: lr = peak * sqrt(timescale / max(step, timescale)) after warmup."""
+
+    def __post_init__(self) -> None:
+        finite(self, "schedule")
+        at_least("schedule.warmup_steps", self.warmup_steps, 0, "linear warmup steps")
+        at_least("schedule.warmup_epochs", self.warmup_epochs, 0, "used when schedule.warmup_steps is 0")
+        at_least("schedule.cooldown_steps", self.cooldown_steps, 0, "0 = no cooldown")
+        at_least("schedule.cooldown_epochs", self.cooldown_epochs, 0, "0 = no cooldown")
+        at_least("schedule.min_lr", self.min_lr, 0, "the cosine's final learning rate")
+        at_least("schedule.rsqrt_timescale", self.rsqrt_timescale, 1, "steps")
 
 
 def run_length(tc: TrainConfig, batches_per_epoch: int) -> tuple[int, int]:
@@ -179,6 +211,23 @@ class TrainConfig:
     ``output_dir/hang-rank<r>.txt`` and the job exits with code 124, naming the file
     (``vitscale.train.watchdog``); 0 = off. Set it above the longest step + evaluation + save."""
 
+    def __post_init__(self) -> None:
+        finite(self, "train")
+        at_least("train.batch_size", self.batch_size, 1, "images per optimizer step over all ranks")
+        at_least("train.grad_accum", self.grad_accum, 1, "micro-steps per optimizer step; 1 = no accumulation")
+        at_least("train.log_every", self.log_every, 1, "log every N steps")
+        at_least("train.max_steps", self.max_steps, 0, "0 = train for train.epochs")
+        at_least("train.epochs", self.epochs, 0, "used when train.max_steps is 0")
+        at_least("train.max_nonfinite_steps", self.max_nonfinite_steps, -1, "-1 = no limit")
+        at_least("train.max_consecutive_nonfinite", self.max_consecutive_nonfinite, -1, "-1 = no limit")
+        at_least("train.grad_clip", self.grad_clip, 0, "0 = no clipping")
+        at_least("train.cpu_threads", self.cpu_threads, 0, "0 = PyTorch's default")
+        at_least("train.hang_timeout", self.hang_timeout, 0, "seconds without a step before the stacks are dumped; 0 = off")
+        fraction("train.ema_decay", self.ema_decay, "0 = no EMA, e.g. 0.9999")
+        fraction("train.label_smoothing", self.label_smoothing, "0 = none, e.g. 0.1")
+        if self.bce_target_thresh is not None:
+            fraction("train.bce_target_thresh", self.bce_target_thresh, "targets above it become 1; DeiT III: 0")
+
 
 @dataclass
 class CheckpointConfig:
@@ -234,6 +283,16 @@ class CheckpointConfig:
     way before it ends without them (a warning line; the local checkpoints are complete). The step loop
     itself never waits for the remote location."""
 
+    def __post_init__(self) -> None:
+        finite(self, "checkpoint")
+        at_least("checkpoint.every", self.every, 0, "save every N steps; 0 = only at the end")
+        at_least("checkpoint.keep", self.keep, 1, "checkpoints kept")
+        at_least("checkpoint.remote_wait_s", self.remote_wait_s, 0, "seconds the end of a run waits for an upload")
+        for name in self.save_on_signal:
+            if name not in SAVE_SIGNALS:
+                raise ConfigError(f"checkpoint.save_on_signal: {name!r} is not a signal a run can save on: use SIGTERM, "
+                                  "SIGUSR1, SIGUSR2, SIGINT, SIGHUP or SIGQUIT (or [] for none)")  # fmt: skip
+
 
 @dataclass
 class EvalConfig:
@@ -271,6 +330,11 @@ class EvalConfig:
     fewshot_l2: float = 1024.0
     """Few-shot: ridge penalty on whitened features (big_vision: 2 ** 10)."""
 
+    def __post_init__(self) -> None:
+        finite(self, "eval")
+        at_least("eval.every", self.every, 0, "evaluate every N steps; 0 = only at the end")
+        at_least("eval.batch_size", self.batch_size, 1, "images per evaluation batch")
+
 
 @dataclass
 class LogConfig:
@@ -306,8 +370,8 @@ class Config:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model."""
-    data: DataConfig = field(default_factory=DataConfig)
-    """Data, augmentation and loading (vitscale.data.config)."""
+    data: DataConfig = field(default_factory=data_config)
+    """Data, augmentation and loading: the class of its ``data.format`` (``vitscale.config.data``)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The optimizer."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -330,20 +394,15 @@ class Config:
     """Logging."""
 
 
-_CLASSES: dict[tuple, type] = {}
+def config_class(task: str | None = None, model: str | None = None) -> type[Config]:
+    """The root config class of a run of ``task`` (None: the default task of ``model``'s family; no
+    model: ``model.name``'s default): the task's ``config`` (``ContrastiveConfig``, ...), looked up
+    through ``vitscale.registry`` (the task's module is imported then, not by this one)."""
+    if task is None:
+        task = model_family(model or ModelConfig.name).task
+    return TASKS.get(task).config
 
 
-def config_class() -> type[Config]:
-    """The root config with every registered task's config groups as fields (a subclass of
-    :class:`Config`, rebuilt when a plug-in task registers a new group), as torchtitan's
-    ``ConfigManager`` merges a custom job config into its own. ``config_class()()`` is the defaults."""
-    from vitscale.tasks import task_groups
-
-    groups = task_groups()
-    key = tuple((name, cls) for name, (cls, _) in groups.items())
-    if key not in _CLASSES:
-        fields = [(name, cls, field(default_factory=cls)) for name, (cls, _) in groups.items()]
-        merged = dataclasses.make_dataclass("Config", fields, bases=(Config,))
-        merged.__doc__, merged.__module__ = Config.__doc__, __name__
-        _CLASSES[key] = merged
-    return _CLASSES[key]
+def config_classes() -> list[type[Config]]:
+    """The root config class of every known task, each once (to list every key and group)."""
+    return list(dict.fromkeys(cls.config for _, cls in TASKS.items()))

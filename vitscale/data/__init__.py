@@ -5,9 +5,9 @@ eval_batch_size=..., rank=..., world_size=...) -> Loaders``; ``build_loader(cfg.
 one split of any format; a format is a plug-in (``vitscale.data.formats``). See ``docs/data.md``.
 """
 
+from ..config.data import IMAGENET_MEAN, IMAGENET_STD, DataConfig, data_config
 from .build import Loaders, SplitLoader, build_loader, build_loaders
-from .config import IMAGENET_MEAN, IMAGENET_STD, DataConfig
 from .formats import DataFormat, Split, get_format, register_format
 
 __all__ = ["DataConfig", "DataFormat", "Loaders", "Split", "SplitLoader", "build_loader", "build_loaders",
-           "get_format", "register_format", "IMAGENET_MEAN", "IMAGENET_STD"]
+           "data_config", "get_format", "register_format", "IMAGENET_MEAN", "IMAGENET_STD"]

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..config.data import DataConfig
 from ..errors import CheckError
-from .config import DataConfig
 from .dataset import KeyedDataset
 from .formats import SPLITS, get_format
 from .loader import BadFileReporter, ResumableLoader, skip_summary
@@ -200,7 +200,7 @@ def build_loaders(
                          classes=classes, sizes=sizes, **common)  # fmt: skip
     if train is None:
         raise CheckError(f"data.format={cfg_data.format}: the training split has no samples "
-                         f"(data.train_path={cfg_data.train_path})")  # fmt: skip
+                         f"(data.train_path={getattr(cfg_data, 'train_path', None)})")  # fmt: skip
     val = build_loader(cfg_data, "val", batch_size=eval_batch_size, classes=train.class_names, **common)
     num_classes = train.num_classes
     if cfg_data.num_classes:

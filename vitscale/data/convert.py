@@ -100,7 +100,7 @@ def convert(cfg, out: str, to: Target, *, prefix: str | None = None, max_count: 
     """Write the training split of ``cfg`` (``data.train_path`` = SRC) to ``out``; returns a summary."""
     if to not in ("webdataset", "parquet"):
         raise ValueError(f"--to must be webdataset or parquet, got {to!r}")
-    prefix = prefix or os.path.basename(str(cfg.train_path or cfg.format).rstrip("/")).split(".")[0] or "data"
+    prefix = prefix or os.path.basename(str(getattr(cfg, "train_path", None) or cfg.format).rstrip("/")).split(".")[0] or "data"
     os.makedirs(out, exist_ok=True)
     samples, names, bad = _samples(cfg, shuffle, seed)
     write = _write_webdataset if to == "webdataset" else _write_parquet

@@ -11,8 +11,8 @@ import csv as _csv
 import os
 from dataclasses import dataclass
 
+from ..config.data import CaptionFields, DataConfig, PathFields
 from .captions import CaptionSource, read_class_names
-from .config import CaptionFields
 from .formats import DataFormat, Split, register_format
 
 
@@ -40,7 +40,10 @@ def read_pairs(
 
 
 @dataclass
-class CsvOptions(CaptionFields):
+class CsvData(CaptionFields, PathFields, DataConfig):
+    """``data.format=csv``."""
+
+    format: str = "csv"
     csv_img_key: str = "filepath"
     """The column of image paths (relative paths are relative to the CSV file's folder)."""
     csv_caption_key: str = "title"
@@ -70,9 +73,9 @@ def _detect(path: str) -> bool:
 
 
 FORMAT = register_format(DataFormat(
-    "csv", csv_split, options=CsvOptions, captions=True, detect=_detect,
-    class_names=lambda cfg: read_class_names(cfg.train_path), reads=("train_path", "val_path"),
+    "csv", csv_split, config=CsvData, captions=True, detect=_detect,
+    class_names=lambda cfg: read_class_names(cfg.train_path),
     summary="a CSV / TSV file of image paths and captions (open_clip's --csv-img-key / --csv-caption-key)",
 ))  # fmt: skip
 
-__all__ = ["FORMAT", "CsvOptions", "csv_split", "read_pairs"]
+__all__ = ["FORMAT", "CsvData", "csv_split", "read_pairs"]

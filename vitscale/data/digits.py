@@ -14,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from ..config.data import DataConfig
 from ..errors import CheckError
 from . import keyed
 from .formats import SPLITS, DataFormat, Split, register_format
@@ -109,15 +110,25 @@ def digits_split(cfg, name: str, *, img_size, num_channels: int, seed: int, clas
     return Split(TensorSource(*load_digits_split(name, num_channels)), list(CLASS_NAMES))
 
 
+@dataclass
+class DigitsData(DataConfig):
+    """``data.format=digits``: the common fields only (the digits have their fixed 1,497 / 300 split)."""
+
+    format: str = "digits"
+
+
 FORMAT = register_format(DataFormat(
-    "digits", digits_split, class_names=lambda cfg: list(CLASS_NAMES), reads=(),
+    "digits", digits_split, config=DigitsData, class_names=lambda cfg: list(CLASS_NAMES),
     summary="scikit-learn's handwritten digits (1,497 train / 300 val, 8x8), no files needed",
 ))  # fmt: skip
 
 
 # ---------------------------------------------------------------------- data.format=digits_aspect
 @dataclass
-class DigitsAspectOptions:
+class DigitsAspectData(DataConfig):
+    """``data.format=digits_aspect``."""
+
+    format: str = "digits_aspect"
     digits_sizes: tuple[tuple[int, int], ...] = ((24, 40), (32, 32), (40, 24))
     """The ``(height, width)`` sizes in pixels the images are stored at, one drawn per image (keyed by
     its split and index, the same in every run), stretched from 8x8 with bicubic resampling."""
@@ -158,7 +169,7 @@ def _check_aspect(cfg) -> None:
 
 
 ASPECT = register_format(DataFormat(
-    "digits_aspect", digits_aspect_split, options=DigitsAspectOptions, check=_check_aspect, reads=(),
+    "digits_aspect", digits_aspect_split, config=DigitsAspectData, check=_check_aspect,
     class_names=lambda cfg: list(CLASS_NAMES),
     summary="the digits stretched to several aspect ratios (data.digits_sizes, default 24x40, 32x32, 40x24 px): NaFlex demos",
 ))  # fmt: skip

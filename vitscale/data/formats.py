@@ -8,46 +8,31 @@ registers it on import with :func:`register_format`:
   for ``name`` in ``train`` / ``val`` (None: the dataset has no such split); a format whose samples
   may carry captions (``captions=True``) also takes ``tokenize=``: the model family's tokenizer
   (texts -> token ids ``(N, L)``), or None when the run reads no text;
-- ``options``: a dataclass of the format's own ``data.*`` fields, each with a docstring (read as
-  ``cfg.data.<field>``, written in YAML and on the command line as ``data.<field>`` like any other);
-- ``reads``: which of the fields that only some formats read (:data:`PER_FORMAT`: the paths, the
-  held-out fraction) it reads. A config setting a field its format does not read — its own options'
-  or one of these — is refused in one line naming the formats that read it (:func:`not_read`), never
-  silently ignored;
+- ``config``: its ``data`` group, a subclass of :class:`vitscale.config.data.DataConfig` composing the
+  shared field groups it reads (``PathFields``: the paths, ``ValSplitField``, ``CaptionFields``, ...)
+  and its own fields, each with a docstring (read as ``cfg.data.<field>``, written in YAML and on the
+  command line as ``data.<field>`` like any other). A config setting a field its format's class lacks
+  is refused in one line naming the formats that have it, never silently ignored;
 - ``check``: cheap up-front checks of a config (a path that cannot be read, a package that is not
   installed), run before any data is read or any model is built: a one-line ``CheckError``;
 - ``detect``: whether a path holds data of this format (``vitscale data inspect PATH``);
 - ``class_names``: the classes of a config without reading the data (export, zero-shot prompts).
 
-The built-in formats are imported on first use (``BUILTIN``); any other module registers its own
+The built-in formats are imported on first use (``vitscale.registry.FORMATS``); any other module registers its own
 format by being imported before the config is loaded (see ``tests/integration/test_new_data_format.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ..config.data import DataConfig
+from ..registry import FORMATS
 
-# Built-in formats: name -> the module whose import registers it.
-BUILTIN = {
-    "digits": "vitscale.data.digits",
-    "digits_aspect": "vitscale.data.digits",
-    "imagefolder": "vitscale.data.imagefolder",
-    "synthetic": "vitscale.data.synthetic",
-    "webdataset": "vitscale.data.webdataset",
-    "csv": "vitscale.data.csv",
-    "parquet": "vitscale.data.parquet",
-}
 SPLITS = ("train", "val")
-PER_FORMAT = ("train_path", "val_path", "val_split")
-"""The fields of ``DataConfig`` that only some formats read (each lists those it does in
-``DataFormat.reads``): ``data.format=digits data.train_path=...`` is refused, not trained on the digits."""
 
 
 @dataclass
@@ -80,12 +65,13 @@ class DataFormat:
     the dataset ``cfg`` (a :class:`vitscale.data.DataConfig`) points at, or None when it has none.
     ``classes``: the class names labels must be mapped to (the training split's, or a trained model's),
     None for the training split itself."""
-    options: type | None = None
-    """A dataclass of the format's own ``data.*`` fields (defaults and a docstring under each)."""
+    config: type | None = None
+    """Its ``data`` group: a subclass of :class:`vitscale.config.data.DataConfig` with ``format`` defaulting
+    to :attr:`name` (None: the common fields only)."""
     captions: bool = False
     """Its samples may carry captions: ``split`` also takes ``tokenize=`` (texts -> token ids, the model
-    family's tokenizer handed to ``build_loader``; None = no caption tokens), and its options have
-    ``caption_context_length`` (compose :class:`vitscale.data.config.CaptionFields`)."""
+    family's tokenizer handed to ``build_loader``; None = no caption tokens), and its config has
+    ``caption_context_length`` (compose :class:`vitscale.config.data.CaptionFields`)."""
     check: Callable[[Any], None] | None = None
     """``check(cfg)``: up-front checks before any data is read; raise ``CheckError`` (one line)."""
     detect: Callable[[str], bool] | None = None
@@ -94,106 +80,38 @@ class DataFormat:
     """``class_names(cfg)``: the class names without reading the whole dataset, or None if unknown."""
     summary: str = ""
     """One line for listings (``vitscale data inspect --help``, error messages)."""
-    reads: tuple[str, ...] = PER_FORMAT
-    """Which of :data:`PER_FORMAT` it reads (all of them unless said): setting another one away from
-    its default is a config error naming the formats that read it."""
-
-
-_FORMATS: dict[str, DataFormat] = {}
 
 
 def register_format(fmt: DataFormat) -> DataFormat:
     """Make ``data.format=<fmt.name>`` known (a format module calls this when imported)."""
     if not isinstance(fmt, DataFormat):
         raise TypeError(f"register_format takes a DataFormat, got {type(fmt).__name__}")
-    if fmt.options is not None and not dataclasses.is_dataclass(fmt.options):
-        raise TypeError(f"data format {fmt.name!r}: options must be a dataclass, got {fmt.options!r}")
-    if not set(fmt.reads) <= set(PER_FORMAT):
-        raise TypeError(f"data format {fmt.name!r}: reads names {sorted(set(fmt.reads) - set(PER_FORMAT))}, "
-                        f"not fields of {PER_FORMAT}")  # fmt: skip
-    if fmt.captions and "caption_context_length" not in option_fields(fmt):
-        raise TypeError(f"data format {fmt.name!r} has captions: its options need caption_context_length "
-                        f"(compose vitscale.data.config.CaptionFields)")  # fmt: skip
-    _FORMATS[fmt.name] = fmt
-    return fmt
-
-
-def format_names() -> list[str]:
-    """Every known format: the built-in ones, then those registered by other modules."""
-    return list(BUILTIN) + [n for n in _FORMATS if n not in BUILTIN]
+    if fmt.config is not None:
+        if not (isinstance(fmt.config, type) and issubclass(fmt.config, DataConfig)):
+            raise TypeError(f"data format {fmt.name!r}: config must be a subclass of DataConfig, got {fmt.config!r}")
+        if fmt.config.__dataclass_fields__["format"].default != fmt.name:
+            raise TypeError(f"data format {fmt.name!r}: its config {fmt.config.__name__} must declare format: str = {fmt.name!r}")
+    if fmt.captions and "caption_context_length" not in fields_of(fmt):
+        raise TypeError(f"data format {fmt.name!r} has captions: its config needs caption_context_length "
+                        f"(compose vitscale.config.data.CaptionFields)")  # fmt: skip
+    return FORMATS.register(fmt.name, fmt)
 
 
 def get_format(name: str) -> DataFormat:
-    """The registered format ``name`` (a built-in one is imported on first use); ``ConfigError`` naming
-    the known formats otherwise."""
-    if name not in _FORMATS and name in BUILTIN:
-        importlib.import_module(BUILTIN[name])
-    if name in _FORMATS:
-        return _FORMATS[name]
-    close = difflib.get_close_matches(str(name), format_names(), n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ConfigError(f"unknown data.format {name!r}; {hint}choose one of {', '.join(sorted(format_names()))}")
+    """The registered format ``name``; ``ConfigError`` naming the closest format otherwise."""
+    return FORMATS.get(name)
 
 
-def option_fields(fmt: DataFormat) -> list[str]:
-    """Names of the format's own ``data.*`` fields."""
-    return [f.name for f in dataclasses.fields(fmt.options)] if fmt.options is not None else []
-
-
-def fields_read(fmt: DataFormat) -> list[str]:
-    """The ``data.*`` fields that only some formats read and that ``fmt`` reads: its options' and its
-    :attr:`DataFormat.reads`."""
-    return option_fields(fmt) + list(fmt.reads)
-
-
-def owners(field: str) -> list[str]:
-    """The formats (of those loaded) that read ``data.<field>``, a field only some formats read."""
-    for name in BUILTIN:
-        get_format(name)
-    return [n for n in format_names() if field in fields_read(_FORMATS[n])]  # the built-in ones first, in their order
+def fields_of(fmt: DataFormat) -> list[str]:
+    """Names of the ``data.*`` fields of the format's config."""
+    return [f.name for f in dataclasses.fields(fmt.config or DataConfig)]
 
 
 def validation_hint(name: str) -> str:
     """How a config of ``data.format=<name>`` gets validation data, as the settings that format reads."""
     ways = {"val_path": "data.val_path", "val_split": "data.val_split to hold out part of the training data"}
-    named = [w for k, w in ways.items() if k in get_format(name).reads]
+    named = [w for k, w in ways.items() if k in fields_of(get_format(name))]
     return f"set {' or '.join(named)}" if named else f"data.format={name} has no validation split of its own"
 
 
-def not_read(prefix: str, field: str, name: str) -> str | None:
-    """The one-line error for ``<prefix><field>`` set in a config of ``data.format=<name>``, which does
-    not read it; None when no format reads it (an unknown key)."""
-    others = owners(field)
-    if not others:
-        return None
-    return (f"{prefix}{field} is read by data.format={' / '.join(others)}, not by data.format={name}: set "
-            f"data.format to {'it' if len(others) == 1 else 'one of them'}, or remove {prefix}{field}")
-
-
-def resolve_options(name: str, options: Any) -> Any:
-    """The options object of format ``name``: its defaults (``options`` None), built from a mapping of
-    its fields, or carried over by field name from another format's options (``dataclasses.replace``
-    of a ``DataConfig`` with another ``format``)."""
-    fmt = get_format(name)
-    if fmt.options is None:
-        if isinstance(options, dict) and options:
-            raise ConfigError(f"data.{sorted(options)[0]} is not a field of data.format={name} (it has no fields of its own)")
-        return None
-    if isinstance(options, fmt.options):
-        return options
-    if options is None:
-        return fmt.options()
-    own = set(option_fields(fmt))
-    if isinstance(options, dict):
-        unknown = sorted(set(options) - own)
-        if unknown:
-            raise ConfigError(f"data.{unknown[0]} is not a field of data.format={name} (its fields: {', '.join(sorted(own))})")
-        return fmt.options(**options)
-    if dataclasses.is_dataclass(options):  # another format's options: keep the fields both have
-        same = {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name in own}
-        return fmt.options(**same)
-    raise ConfigError(f"data options of data.format={name}: expected a mapping, got {options!r}")
-
-
-__all__ = ["BUILTIN", "PER_FORMAT", "SPLITS", "DataFormat", "Split", "fields_read", "format_names", "get_format",
-           "not_read", "option_fields", "owners", "register_format", "resolve_options", "validation_hint"]
+__all__ = ["FORMATS", "SPLITS", "DataFormat", "Split", "fields_of", "get_format", "register_format", "validation_hint"]

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
+from ..config.data import DataConfig, PathFields, ValSplitField
 from ..errors import CheckError
 from .classes import CLASSNAMES_FILE, read_class_names
-from .config import DataConfig
 from .files import describe_skipped, special_kind
 from .formats import DataFormat, Split, register_format
 from .keyed import STREAM_SPLIT, epoch_permutation
@@ -173,9 +174,16 @@ def _detect(path: str) -> bool:
         return False
 
 
+@dataclass
+class ImageFolderData(ValSplitField, PathFields, DataConfig):
+    """``data.format=imagefolder``."""
+
+    format: str = "imagefolder"
+
+
 FORMAT = register_format(DataFormat(
-    "imagefolder", imagefolder_split, class_names=_class_names, detect=_detect,
+    "imagefolder", imagefolder_split, config=ImageFolderData, class_names=_class_names, detect=_detect,
     summary="<root>/<class>/**/<image> folders (torchvision's layout)",
 ))  # fmt: skip
 
-__all__ = ["FORMAT", "IMG_EXTENSIONS", "find_classes", "imagefolder_split", "scan"]
+__all__ = ["FORMAT", "IMG_EXTENSIONS", "ImageFolderData", "find_classes", "imagefolder_split", "scan"]

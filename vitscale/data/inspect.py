@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from ..config.data import DataConfig
 from ..errors import UserError
-from .config import DataConfig
-from .formats import format_names, get_format
+from .formats import FORMATS, get_format
 
 SHOWN_KEYS = 5
 SHOWN_CLASSES = 20
@@ -22,11 +22,10 @@ SHOWN_CLASSES = 20
 
 def detect_format(path: str) -> str:
     """The first format (built-in ones first) that recognises ``path``."""
-    for name in format_names():
-        fmt = get_format(name)
+    for name, fmt in FORMATS.items():
         if fmt.detect is not None and fmt.detect(path):
             return name
-    raise UserError(f"{path}: no data format recognises it; give one with --format ({', '.join(format_names())})")
+    raise UserError(f"{path}: no data format recognises it; give one with --format ({', '.join(FORMATS.names())})")
 
 
 def inspect_data(cfg: DataConfig, *, samples: int = 64, img_size: int = 224, batch_size: int = 16) -> dict:
@@ -39,11 +38,11 @@ def inspect_data(cfg: DataConfig, *, samples: int = 64, img_size: int = 224, bat
     cfg = dataclasses.replace(cfg, num_workers=0, pin_memory=False)
     data = fmt.split(cfg, "train", img_size=(img_size, img_size), num_channels=3, seed=0, classes=None)
     if data is None:
-        raise UserError(f"{cfg.train_path}: no samples")
+        raise UserError(f"{getattr(cfg, 'train_path', cfg.format)}: no samples")
     src = data.source
     streamed = hasattr(src, "build_loader")
     exact = not streamed or getattr(src, "exact", False)
-    report: dict = {"format": cfg.format, "path": cfg.train_path, "samples": len(src) if exact else None,
+    report: dict = {"format": cfg.format, "path": getattr(cfg, "train_path", None), "samples": len(src) if exact else None,
                     "streamed": streamed,
                     "classes": int(data.num_classes), "class_names": list(data.class_names[:SHOWN_CLASSES])}  # fmt: skip
     report.update(data.info)

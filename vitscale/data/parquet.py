@@ -32,9 +32,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
+from ..config.data import CaptionFields, DataConfig, PathFields, RemoteFields, StreamFields
 from ..errors import CheckError
 from .classes import classes_from_labels, read_class_names
-from .config import CaptionFields, RemoteFields, StreamFields
 from .decode import BadImageError
 from .formats import DataFormat, Split, register_format
 from .remote import (
@@ -57,7 +57,10 @@ CACHE_BYTES = 256 << 20  # row groups of images kept per worker process (index m
 
 
 @dataclass
-class ParquetOptions(CaptionFields, StreamFields, RemoteFields):
+class ParquetData(RemoteFields, StreamFields, CaptionFields, PathFields, DataConfig):
+    """``data.format=parquet``."""
+
+    format: str = "parquet"
     parquet_mode: Literal["index", "stream"] = "stream"
     """Training: ``stream`` (row groups dealt to ranks and workers, read front to back through a shuffle
     buffer: any size, remote) or ``index`` (rows read by index through a cache of row groups: exact
@@ -366,9 +369,8 @@ def _detect(path: str) -> bool:
 
 
 FORMAT = register_format(DataFormat(
-    "parquet", parquet_split, options=ParquetOptions, captions=True, check=check, detect=_detect, class_names=_class_names,
-    reads=("train_path", "val_path"),
+    "parquet", parquet_split, config=ParquetData, captions=True, check=check, detect=_detect, class_names=_class_names,
     summary="Parquet files with an image column (binary or {bytes, path}) and a label or caption column",
 ))  # fmt: skip
 
-__all__ = ["FORMAT", "ParquetOptions", "ParquetSource", "RowGroupReader", "check", "parquet_split", "read_table"]
+__all__ = ["FORMAT", "ParquetData", "ParquetSource", "RowGroupReader", "check", "parquet_split", "read_table"]

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from ..errors import CheckError
+from ..shell import PIPE, scheme
 from .files import describe_skipped, open_regular, split_regular
 
 log = logging.getLogger("vitscale.data")
@@ -44,7 +45,6 @@ SCHEME_PACKAGES = {
 }  # fmt: skip
 INSTALL = {"s3fs": "pip install 'vitscale[s3]'", "gcsfs": "pip install 'vitscale[gcs]'",
            "adlfs": "pip install adlfs", "aiohttp": "pip install aiohttp", "huggingface_hub": "pip install huggingface_hub"}  # fmt: skip
-PIPE = "pipe:"
 
 
 class RemoteOptions:
@@ -62,31 +62,6 @@ class RemoteOptions:
 
 
 # ------------------------------------------------------------------------------------------ names
-def scheme(url: str) -> str:
-    """``pipe``, ``file`` (a local path or ``file://``) or the fsspec protocol (``s3``, ``https``, ...)."""
-    if url.startswith(PIPE):
-        return "pipe"
-    if "://" not in url:
-        return "file"
-    return url.split("://", 1)[0].lower()
-
-
-def runs_shell(spec: str) -> bool:
-    """Whether reading ``spec`` (a ``data.train_path`` / ``data.val_path``) runs a shell command: one
-    of its parts (joined with ``::``, brace patterns expanded as :func:`expand` expands them) is a
-    ``pipe:`` command. ``vitscale.config.load_config`` refuses such a value read from a file."""
-    for part in str(spec).split("::"):
-        if "{" not in part:
-            if scheme(part) == "pipe":
-                return True
-            continue
-        from braceexpand import braceexpand  # lazily: a long pattern is walked, never held
-
-        if any(scheme(item) == "pipe" for item in braceexpand(part)):
-            return True
-    return False
-
-
 def is_local(url: str) -> bool:
     return scheme(url) == "file"
 

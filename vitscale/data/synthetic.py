@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config.data import DataConfig, ValSplitField
 from .formats import DataFormat, Split, register_format
 from .sources import SyntheticSource
 
@@ -15,7 +16,10 @@ VAL_KEY = 1_000_003  # the val set is keyed apart, so its images differ from the
 
 
 @dataclass
-class SyntheticOptions:
+class SyntheticData(ValSplitField, DataConfig):
+    """``data.format=synthetic``."""
+
+    format: str = "synthetic"
     synthetic_size: int = 1024
     """Number of training images (the validation set has ``round(synthetic_size * data.val_split)``)."""
 
@@ -35,8 +39,8 @@ def synthetic_split(cfg, name: str, *, img_size, num_channels: int, seed: int, c
 
 
 FORMAT = register_format(DataFormat(
-    "synthetic", synthetic_split, options=SyntheticOptions, class_names=_classes, reads=("val_split",),
+    "synthetic", synthetic_split, config=SyntheticData, class_names=_classes,
     summary="random images keyed by (seed, index), deterministic labels",
 ))  # fmt: skip
 
-__all__ = ["FORMAT", "SyntheticOptions", "synthetic_split"]
+__all__ = ["FORMAT", "SyntheticData", "synthetic_split"]

@@ -24,9 +24,9 @@ import torch
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
+from ..config.data import DataConfig
 from . import keyed
 from .auto_augment import build_augment
-from .config import DataConfig
 from .decode import crop_or_pad, decode_resized_crop, eval_resize_size
 from .naflex import fit_grid
 

@@ -28,10 +28,10 @@ import tarfile
 from dataclasses import dataclass
 from typing import Literal
 
+from ..config.data import CaptionFields, DataConfig, PathFields, RemoteFields, StreamFields
 from ..errors import CheckError
 from .captions import CaptionSource
 from .classes import classes_from_labels, read_class_names
-from .config import CaptionFields, RemoteFields, StreamFields
 from .formats import DataFormat, Split, register_format
 from .remote import RemoteOptions, check_urls, describe_error, expand, local_copy, open_stream, read_retrying
 from .stream import StreamSource, UnitReader
@@ -43,7 +43,10 @@ EXTS = (".tar",)
 
 
 @dataclass
-class WebDatasetOptions(CaptionFields, StreamFields, RemoteFields):
+class WebDatasetData(RemoteFields, StreamFields, CaptionFields, PathFields, DataConfig):
+    """``data.format=webdataset``."""
+
+    format: str = "webdataset"
     webdataset_mode: Literal["index", "stream"] = "index"
     """``index`` (read every shard's tar headers at start-up, then seek samples: exact keyed epochs, the
     same batches for any rank / worker count, everything checked before the run; remote shards are
@@ -202,9 +205,9 @@ def _detect(path: str) -> bool:
 
 
 FORMAT = register_format(DataFormat(
-    "webdataset", webdataset_split, options=WebDatasetOptions, captions=True, check=check, detect=_detect,
-    class_names=lambda cfg: read_class_names(cfg.train_path), reads=("train_path", "val_path"),
+    "webdataset", webdataset_split, config=WebDatasetData, captions=True, check=check, detect=_detect,
+    class_names=lambda cfg: read_class_names(cfg.train_path),
     summary="WebDataset tar shards (local, fsspec URLs, pipe:): <key>.<image ext> + .cls / .json / .txt",
 ))  # fmt: skip
 
-__all__ = ["FORMAT", "ShardReader", "WebDatasetOptions", "check", "webdataset_split"]
+__all__ = ["FORMAT", "ShardReader", "WebDatasetData", "check", "webdataset_split"]

@@ -1,7 +1,7 @@
 """The ``parallel`` and ``precision`` groups of the run config (fields of ``vitscale.config.Config``).
 
 They live here, beside the code that applies them (:mod:`vitscale.distributed.parallelize`), as the
-``data`` group lives in ``vitscale.data.config``.
+``data`` group's formats declare their classes beside their readers (``vitscale/data/*.py``).
 """
 
 from __future__ import annotations

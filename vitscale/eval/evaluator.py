@@ -35,52 +35,20 @@ of the whole split.
 from __future__ import annotations
 
 import contextlib
-import difflib
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from ..errors import ConfigError, UserError
+from ..config.evals import EvaluatorConfig, check_entries, metric_prefix
+from ..errors import UserError
+from ..registry import EVALUATORS
 
 
 class MissingSplit(UserError):
     """An evaluator's data has no such split (no validation data, say)."""
-
-
-@dataclass
-class EvaluatorConfig:
-    """One entry of ``evals:``: which evaluator, the prefix of its metrics, when, and on what data."""
-
-    kind: str = ""
-    """The registered evaluator: classification | class_subset | real | zeroshot | retrieval |
-    linear_probe | fewshot | knn | sizes (or one a plug-in registers)."""
-    name: str | None = None
-    """Prefix of its metrics: ``val`` logs ``val_top1``; None = the evaluator's default (classification:
-    ``val``, zeroshot: ``zeroshot``, ...); "" = its metric names as they are."""
-    every: int = 0
-    """Evaluate every N training steps and at the end; 0 = at the end only."""
-    data: dict[str, Any] = field(default_factory=dict)
-    """Its own data: ``data.*`` settings that differ from the run's, e.g. ``{format: imagefolder,
-    val_path: /data/imagenetv2}``; {} = the run's own data."""
-    split: Literal["train", "val"] = "val"
-    """The split of that data it evaluates on, read in order and unaugmented."""
-    batch_size: int | None = None
-    """Images per rank per batch; None = ``eval.batch_size``."""
-
-    def __post_init__(self):
-        if self.every < 0:
-            raise ValueError(f"every={self.every} must be >= 0 (evaluate every N steps; 0 = at the end only)")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size={self.batch_size} must be >= 1 (None = eval.batch_size)")
-
-    @staticmethod
-    def kind_config(kind: Any) -> type[EvaluatorConfig]:
-        """The config class of the evaluator ``kind`` (the config loader builds an entry as this)."""
-        return evaluator_class(kind).config
 
 
 class EvalData(Protocol):
@@ -142,61 +110,17 @@ class Evaluator:
         raise NotImplementedError
 
 
-_EVALUATORS: dict[str, type[Evaluator]] = {}
-# Built-in evaluators, imported on first use of their kind.
-_MODULES = {
-    "classification": "vitscale.eval.classification",
-    "class_subset": "vitscale.eval.subset",
-    "real": "vitscale.eval.real",
-    "zeroshot": "vitscale.eval.zeroshot",
-    "retrieval": "vitscale.eval.retrieval",
-    "linear_probe": "vitscale.eval.probe",
-    "fewshot": "vitscale.eval.probe",
-    "knn": "vitscale.eval.knn",
-    "sizes": "vitscale.eval.sizes",
-}
-
-
-def metric_prefix(entry: EvaluatorConfig) -> str:
-    """The prefix of an entry's metrics: its ``name``, else its evaluator's default name."""
-    return evaluator_class(entry.kind).default_name if entry.name is None else entry.name
-
-
-def check_entries(entries, key: str = "evals") -> None:
-    """:class:`ConfigError` when two entries would log their metrics under the same prefix."""
-    seen: dict[str, int] = {}
-    for i, e in enumerate(entries):
-        prefix = metric_prefix(e)
-        if prefix in seen:
-            raise ConfigError(
-                f"{key}[{i}] ({e.kind}) and {key}[{seen[prefix]}] both log their metrics as {prefix or '(no prefix)'}_*: "
-                f"give each its own name, e.g. name: {e.kind}{i}"
-            )
-        seen[prefix] = i
-
-
 def register_evaluator(kind: str, cls: type[Evaluator]) -> None:
     """Make ``kind: <kind>`` an entry of ``evals:``."""
-    _EVALUATORS[kind] = cls
-
-
-def evaluator_kinds() -> list[str]:
-    """Every evaluator kind: the built-in ones and those registered so far."""
-    return sorted(set(_EVALUATORS) | set(_MODULES))
+    EVALUATORS.register(kind, cls)
 
 
 def evaluator_class(kind: Any) -> type[Evaluator]:
-    if kind not in _EVALUATORS and kind in _MODULES:
-        importlib.import_module(_MODULES[kind])
-    if kind not in _EVALUATORS:
-        known = evaluator_kinds()
-        close = difflib.get_close_matches(str(kind), known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"kind: {kind!r} is not an evaluator; {hint}choose one of {', '.join(known)}")
-    return _EVALUATORS[kind]
+    """The evaluator of ``kind`` (ConfigError naming the closest kind otherwise)."""
+    return EVALUATORS.get(kind)
 
 
 __all__ = [
-    "EvalContext", "EvalData", "Evaluator", "EvaluatorConfig", "MissingSplit", "check_entries", "evaluator_class", "evaluator_kinds", "metric_prefix",
+    "EvalContext", "EvalData", "Evaluator", "EvaluatorConfig", "MissingSplit", "check_entries", "EVALUATORS", "evaluator_class", "metric_prefix",
     "register_evaluator",
 ]  # fmt: skip

@@ -76,11 +76,11 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
 
         check_links(folder)
     cfg_path = config or (str(folder / "config.yaml") if (folder / "config.yaml").is_file() else None)
-    cfg = load_config(cfg_path, allow_shell=allow_shell) if cfg_path else config_class()()
-    config_from = str(cfg_path) if cfg_path else "defaults"
-
     weights_file = p if p.is_file() else folder / ("model_ema.safetensors" if ema else "model.safetensors")
     meta = _safetensors_metadata(weights_file) if weights_file.is_file() else {}
+    # no config: the defaults of a run of the weights' model (its family's task's groups: CLIP's ``clip``)
+    cfg = load_config(cfg_path, allow_shell=allow_shell) if cfg_path else config_class(model=meta.get("model"))()
+    config_from = str(cfg_path) if cfg_path else "defaults"
     sd = read_weights(weights_file if weights_file.is_file() else p, "ema" if ema else "model")
     if "model" in meta:  # the header names the model and its resolved overrides
         resolved = resolve_model(meta["model"], **json.loads(meta.get("overrides") or "{}"))

@@ -74,8 +74,9 @@ def run_class_names(source) -> list[str] | None:
 
     if source.config_from == "defaults":
         return None
-    if source.cfg.clip.class_names:
-        return list(source.cfg.clip.class_names)
+    clip = getattr(source.cfg, "clip", None)  # the contrastive task's group
+    if clip is not None and clip.class_names:
+        return list(clip.class_names)
     names = saved(source.weights)
     if names:
         return readable_class_names(names)

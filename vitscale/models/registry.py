@@ -3,80 +3,48 @@
 A family (vit, clip, volo, naflex) registers a :class:`~vitscale.models.spec.FamilySpec`, as torchtitan's
 ``TrainSpec`` does: its model class (which implements :class:`vitscale.models.contract.Model`), its
 variant table of frozen config dataclasses, the task it trains with by default, its parallel plan,
-state-dict adapters, tokenizer, FLOP count, memory model and serving graphs (``spec.py``; the slots
-are imported on demand, so ``vitscale.models`` never imports distributed or training code).
+state-dict adapters, tokenizer, FLOP count, memory model and serving graphs (``spec.py``). A family's
+package is imported when the family is first asked for (``vitscale.registry.FAMILIES``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import fnmatch
-import importlib
-import pkgutil
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .spec import FamilySpec, StateDictAdapter
-
-# Modules whose import registers a family, first and in this order (the order of `vitscale models`);
-# every other package under vitscale/models/ is imported after them, so a new family's package
-# registers itself with no edit here.
-FAMILY_MODULES = ("vitscale.models.vit", "vitscale.models.clip", "vitscale.models.volo", "vitscale.models.naflex")
-NOT_FAMILIES = ("common",)
-_FAMILIES: dict[str, FamilySpec] = {}
-_loaded = False
+from ..registry import FAMILIES, model_family
+from .spec import FamilySpec, StateDictAdapter, replace_config
 
 
 def register_family(spec: FamilySpec) -> None:
-    clash = set(spec.variants) & {v for f in _FAMILIES.values() if f.name != spec.name for v in f.variants}
+    clash = set(spec.variants) & {v for n, f in FAMILIES.entries.items() if n != spec.name for v in f.variants}
     if clash:
         raise ValueError(f"variant names already registered by another family: {sorted(clash)}")
-    _FAMILIES[spec.name] = spec
-
-
-def _load_families() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        here = [str(Path(__file__).parent)]
-        found = [f"{__package__}.{m.name}" for m in pkgutil.iter_modules(here) if m.ispkg and m.name not in NOT_FAMILIES]
-        for mod in [*FAMILY_MODULES, *sorted(set(found) - set(FAMILY_MODULES))]:
-            importlib.import_module(mod)
+    FAMILIES.register(spec.name, spec)
 
 
 def families() -> dict[str, FamilySpec]:
-    _load_families()
-    return dict(_FAMILIES)
+    return dict(FAMILIES.items())
 
 
 def list_models(pattern: str | None = None, family: str | None = None) -> list[str]:
     """Registered variant names, optionally filtered by a glob ``pattern`` or a ``family``."""
-    _load_families()
-    names = [n for f in _FAMILIES.values() if family in (None, f.name) for n in f.variants]
+    names = [n for _, f in FAMILIES.items() if family in (None, f.name) for n in f.variants]
     return [n for n in names if pattern is None or fnmatch.fnmatch(n, pattern)]
 
 
 def get_family(name: str) -> FamilySpec:
-    """The family of a variant name, or of a family name."""
-    _load_families()
-    if name in _FAMILIES:
-        return _FAMILIES[name]
-    for f in _FAMILIES.values():
-        if name in f.variants:
-            return f
-    close = difflib.get_close_matches(name, list_models(), n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else " See `vitscale models`."
-    raise KeyError(f"unknown model {name!r}.{hint}")
+    """The family of a variant name, or of a family name; ConfigError naming the closest variant."""
+    return model_family(name)
 
 
 def family_of(model_or_cfg: Any) -> FamilySpec:
     """The family of a model instance (also under FSDP / compile wrappers) or of a variant config."""
-    _load_families()
-    for f in _FAMILIES.values():
+    for _, f in FAMILIES.items():
         if isinstance(model_or_cfg, f.model_cls) or any(type(v) is type(model_or_cfg) for v in f.variants.values()):
             return f
     raise KeyError(f"{type(model_or_cfg).__name__} belongs to no registered model family")
@@ -86,9 +54,8 @@ def library_adapter(library: str, foreign: nn.Module) -> StateDictAdapter:
     """The state-dict adapter (of the registered family whose counterpart it is) that converts
     ``foreign``, a model of ``library`` (``timm``, ``open_clip``); TypeError naming the families
     with an adapter to that library when none accepts it."""
-    _load_families()
     known = []
-    for f in _FAMILIES.values():
+    for _, f in FAMILIES.items():
         if library in f.adapters:
             adapter = f.adapter(library)
             if adapter.accepts(foreign):
@@ -137,7 +104,7 @@ class ResolvedModel:
 
 
 def resolve_model(name: str, **overrides: Any) -> ResolvedModel:
-    """Variant ``name`` resolved with ``overrides``: KeyError naming the closest variant for an unknown
+    """Variant ``name`` resolved with ``overrides``: ConfigError naming the closest variant for an unknown
     name, TypeError naming the closest field for a misspelt override."""
     family = get_family(name)
     return ResolvedModel(name, family, dict(overrides), replace_config(family.variants[name], overrides))
@@ -146,25 +113,6 @@ def resolve_model(name: str, **overrides: Any) -> ResolvedModel:
 def get_model_config(name: str, **overrides: Any) -> Any:
     """The variant's config with ``overrides`` applied (nested dicts for nested configs)."""
     return resolve_model(name, **overrides).cfg
-
-
-def replace_config(cfg: Any, overrides: dict[str, Any]) -> Any:
-    """``dataclasses.replace`` that recurses into nested dataclass fields given as dicts and names
-    the closest valid field when a key is misspelt."""
-    if not overrides:
-        return cfg
-    valid = {f.name for f in dataclasses.fields(cfg)}
-    changes = {}
-    for key, value in overrides.items():
-        if key not in valid:
-            close = difflib.get_close_matches(key, sorted(valid), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise TypeError(f"{type(cfg).__name__} has no field {key!r}{hint}")
-        current = getattr(cfg, key)
-        if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            value = replace_config(current, value)
-        changes[key] = value
-    return dataclasses.replace(cfg, **changes)
 
 
 def create_model(

@@ -9,13 +9,15 @@ trainer ask the spec; none of them branches on a model class.
 
 Every slot but the first four is optional, with a default that serves any family: FLOPs traced on
 the meta device, a memory model measured on the meta device, one image graph of class logits, no
-adapter, no tokenizer. Slots name their object as ``"module:NAME"`` and are imported on first use,
-so ``import vitscale`` stays light (no timm, open_clip or distributed code).
+adapter, no tokenizer. Slots hold their objects themselves (the family's package imports them): a
+family's package is imported only when the family is first asked for (``vitscale.models.registry``),
+and no slot's module imports timm or open_clip.
 """
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
+import difflib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,14 +27,6 @@ import torch
 from torch import nn
 
 from .common.flops import image_hw, traced_flops
-
-
-def load_ref(ref: str) -> Any:
-    """The object a ``"module:NAME"`` reference names (the module is imported on first use)."""
-    module, _, name = ref.partition(":")
-    if not name:
-        raise ValueError(f"{ref!r} is not a 'module:NAME' reference")
-    return getattr(importlib.import_module(module), name)
 
 
 def keys_have(*any_of: str) -> Callable[[Collection[str]], bool]:
@@ -46,6 +40,25 @@ def is_library_model(model: Any, library: str, *class_names: str) -> bool:
     ``open_clip``), by its class alone: nothing of the library is imported."""
     cls = type(model)
     return cls.__name__ in class_names and cls.__module__.split(".")[0] == library
+
+
+def replace_config(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """``dataclasses.replace`` that recurses into nested dataclass fields given as dicts and names
+    the closest valid field when a key is misspelt."""
+    if not overrides:
+        return cfg
+    valid = {f.name for f in dataclasses.fields(cfg)}
+    changes = {}
+    for key, value in overrides.items():
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"{type(cfg).__name__} has no field {key!r}{hint}")
+        current = getattr(cfg, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            value = replace_config(current, value)
+        changes[key] = value
+    return dataclasses.replace(cfg, **changes)
 
 
 # ----------------------------------------------------------------------------- slots
@@ -177,58 +190,64 @@ class FamilySpec:
     ``init_weights()`` initialises it."""
     variants: dict[str, Any]
     """Variant name -> frozen config dataclass."""
-    parallel_plan: str
-    """``"module:NAME"`` of the family's :class:`vitscale.distributed.parallelize.ParallelPlan`: its TP
+    parallel_plan: Any
+    """The family's :class:`vitscale.distributed.parallelize.ParallelPlan`: its TP
     plan, the checks a layout must pass (``check_tp``), its blocks."""
     task: str = "classification"
     """The task this family trains with by default (classification, contrastive, ...)."""
-    adapters: Mapping[str, str] = field(default_factory=dict)
-    """Library (``timm``, ``open_clip``) -> ``"module:NAME"`` of the family's :class:`StateDictAdapter`."""
-    tokenizer: str | None = None
-    """``"module:NAME"`` of ``create(context_length=None) -> Tokenizer`` for families that read text
+    adapters: Mapping[str, StateDictAdapter] = field(default_factory=dict)
+    """Library (``timm``, ``open_clip``) -> the family's :class:`StateDictAdapter` to it."""
+    tokenizer: Callable[..., Tokenizer] | None = None
+    """``create(context_length=None) -> Tokenizer`` for families that read text
     (None: no text). The run hands it to the data layer; export describes it."""
-    flops: str | None = None
-    """``"module:NAME"`` of ``flops(cfg, (h, w), training) -> int``: the family's own count of
+    flops: Callable[[Any, tuple[int, int], bool], int] | None = None
+    """``flops(cfg, (h, w), training) -> int``: the family's own count of
     :meth:`forward_flops` (e.g. analytic); None = traced by PyTorch's FlopCounterMode on the meta device."""
-    memory: str | None = None
-    """``"module:NAME"`` of the family's :class:`MemoryModel`; None = measured on the meta device
+    memory: MemoryModel | None = None
+    """The family's :class:`MemoryModel`; None = measured on the meta device
     (:class:`vitscale.models.memory.MeasuredMemory`)."""
-    serving: str | None = None
-    """``"module:NAME"`` of ``serving(model) -> Serving``: the graphs ``vitscale export`` writes; None =
+    serving: Callable[[nn.Module], Serving] | None = None
+    """``serving(model) -> Serving``: the graphs ``vitscale export`` writes; None =
     one image graph of class logits (:func:`classifier_serving`)."""
-    recognizes: str | None = None
-    """``"module:NAME"`` of ``recognizes(state_dict) -> bool``: whether a state dict's names (as for
-    :attr:`StateDictAdapter.recognizes`) are this family's own (vitscale's) naming — how the format of a file without vitscale metadata is told
+    recognizes: Callable[[Mapping[str, Any]], bool] | None = None
+    """``recognizes(state_dict) -> bool``: whether a state dict's names (as for
+    :attr:`StateDictAdapter.recognizes`; a predicate may read the shapes too) are this family's own
+    (vitscale's) naming — how the format of a file without vitscale metadata is told
     (with the adapters' ``recognizes``). None: never recognised by its names."""
-    architecture: str | None = None
-    """``"module:NAME"`` of ``architecture(state_dict) -> {field: value}``: the config fields a state
+    architecture: Callable[[Mapping[str, torch.Tensor]], Mapping[str, Any]] | None = None
+    """``architecture(state_dict) -> {field: value}``: the config fields a state
     dict in our naming shows (``hidden_size``, ``num_layers``, nested ones as ``vision.hidden_size``),
     in the order they are compared with the run's model config (``checkpoint.init_from``; the first
     that differs is named). ``num_classes`` and the image size are read but never compared (the
     classifier is re-initialised, position embeddings resampled). None: only the shapes are checked."""
-    layer_decay: str | None = None
-    """``"module:NAME"`` of ``exponents(model) -> {parameter name or prefix: k}``: how many times
+    layer_decay: Callable[[nn.Module], Mapping[str, int]] | None = None
+    """``exponents(model) -> {parameter name or prefix: k}``: how many times
     ``optim.layer_decay`` multiplies each parameter's LR (BEiT / timm: the embeddings ``L + 1``, block
     ``i`` ``L - i``; a name matched by no prefix: 0, the head). None: the family refuses
     ``optim.layer_decay``."""
 
+    def variant_config(self, name: str, overrides: Mapping[str, Any] | None = None) -> Any:
+        """Variant ``name``'s config with ``overrides`` applied (:func:`replace_config`: TypeError naming
+        the closest field for a misspelt one; the config's own checks raise ValueError)."""
+        return replace_config(self.variants[name], dict(overrides or {}))
+
     def plan(self) -> Any:
         """The family's :class:`vitscale.distributed.parallelize.ParallelPlan`."""
-        return load_ref(self.parallel_plan)
+        return self.parallel_plan
 
     def adapter(self, library: str) -> StateDictAdapter:
         """The family's adapter to ``library``; NotImplementedError (one line) if it has none."""
-        ref = self.adapters.get(library)
-        if ref is None:
+        adapter = self.adapters.get(library)
+        if adapter is None:
             others = ", ".join(sorted(self.adapters)) or "none"
             raise NotImplementedError(f"no {library} adapter for family {self.name} (its adapters: {others})")
-        return load_ref(ref)
+        return adapter
 
     def create_tokenizer(self, context_length: int | None = None) -> Tokenizer:
         """The family's text tokenizer (``context_length`` tokens per text; None: its default)."""
         if self.tokenizer is None:
             raise NotImplementedError(f"family {self.name} reads no text: it has no tokenizer")
-        return load_ref(self.tokenizer)(context_length=context_length)
+        return self.tokenizer(context_length=context_length)
 
     def forward_flops(self, cfg: Any, img_size: int | tuple[int, int] | None = None, *, training: bool = False) -> int:
         """Forward FLOPs of one sample of the variant config ``cfg`` at ``img_size`` (None = the
@@ -238,7 +257,7 @@ class FamilySpec:
         patch). One sample of a CLIP is one image and one caption."""
         hw = (cfg.img_h, cfg.img_w) if img_size is None else image_hw(img_size)
         if self.flops is not None:
-            return int(load_ref(self.flops)(cfg, hw, training))
+            return int(self.flops(cfg, hw, training))
         if hw != (cfg.img_h, cfg.img_w):
             cfg = cfg.with_image_size(*hw)
         return traced_flops(self.model_cls, cfg, training=training)
@@ -249,35 +268,29 @@ class FamilySpec:
             from .memory import MeasuredMemory
 
             return MeasuredMemory()
-        return load_ref(self.memory)
+        return self.memory
 
     def serving_graphs(self, model: nn.Module) -> Serving:
         """The graphs ``vitscale export`` writes of ``model`` (in eval mode, with its weights)."""
-        return classifier_serving(model) if self.serving is None else load_ref(self.serving)(model)
+        return classifier_serving(model) if self.serving is None else self.serving(model)
 
     def recognizes_own(self, keys: Collection[str]) -> bool:
         """Whether ``keys`` are this family's own naming (False for a family that declares none)."""
-        return self.recognizes is not None and bool(load_ref(self.recognizes)(keys))
+        return self.recognizes is not None and bool(self.recognizes(keys))
 
     def architecture_of(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """The config fields ``state_dict`` (our naming) shows (empty for a family that declares none)."""
-        return {} if self.architecture is None else dict(load_ref(self.architecture)(state_dict))
+        return {} if self.architecture is None else dict(self.architecture(state_dict))
 
     def layer_decay_exponents(self, model: nn.Module) -> dict[str, int]:
         """``{name or prefix: exponent}`` of ``optim.layer_decay`` (NotImplementedError, one line, for a
         family that declares none)."""
         if self.layer_decay is None:
             raise NotImplementedError(f"family {self.name} declares no layers for optim.layer_decay")
-        return dict(load_ref(self.layer_decay)(model))
-
-    def references(self) -> list[str]:
-        """Every ``"module:NAME"`` this spec names (``tests/unit/test_model_contract.py`` resolves them)."""
-        refs = [self.parallel_plan, *self.adapters.values(), self.tokenizer, self.flops, self.memory, self.serving,
-                self.recognizes, self.architecture, self.layer_decay]
-        return [r for r in refs if r is not None]
+        return dict(self.layer_decay(model))
 
 
 __all__ = [
     "FamilySpec", "MemoryModel", "Serving", "ServingGraph", "StateDictAdapter", "Tokenizer", "classifier_serving",
-    "is_library_model", "keys_have", "load_ref",
+    "is_library_model", "keys_have", "replace_config",
 ]  # fmt: skip

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from ..config import Config
+from ..config.data import DataConfig
 from ..config.schema import run_length
 from ..data import Loaders, build_loaders
 from ..data.classes import run_class_names, write_run_class_names
-from ..data.config import DataConfig
 from ..data.formats import get_format
 from ..distributed.float8 import Float8Report, float8_report
 from ..distributed.fsdp import Precision, resolve_precision
@@ -211,7 +211,8 @@ def bound_recompiles(shapes: int) -> None:
 
 def _data_name(cfg: Config) -> str:
     d = cfg.data
-    return f"data.train_path={d.train_path}" if d.train_path else f"data.format={d.format}"
+    path = getattr(d, "train_path", None)  # the formats that read files have it
+    return f"data.train_path={path}" if path else f"data.format={d.format}"
 
 
 def _share(outcome):

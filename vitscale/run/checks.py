@@ -10,8 +10,8 @@ the fix; the CLI exits with code 2.
 
 from __future__ import annotations
 
+import functools
 import logging
-import math
 import os
 import shutil
 import socket
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config
+from ..config.ranges import MAX_IMAGE_SIDE, at_least, fraction, image_side, nonfinite, not_finite_message, positive
 from ..data.auto_augment import build_augment
 from ..data.sizes import check_sizes
 from ..distributed.compile import check_compile_mode
@@ -28,133 +29,46 @@ from ..distributed.fsdp import fsdp_runs_on
 from ..distributed.parallel_dims import ParallelDims
 from ..errors import CheckError
 from ..models.registry import ResolvedModel, resolve_model
-from ..ranges import at_least as _at_least
-from ..ranges import fraction as _fraction
-from ..ranges import image_side as _side
-from ..ranges import positive as _positive
 from ..safe_write import open_new
 from ..tasks import get_task
 
 log = logging.getLogger("vitscale.run")
 
+_at_least = functools.partial(at_least, error=CheckError)
+_fraction = functools.partial(fraction, error=CheckError)
+_positive = functools.partial(positive, error=CheckError)
+_side = functools.partial(image_side, error=CheckError)
+
+
 def _check_signals(names) -> None:
     import signal
 
-    for name in names:
-        if name not in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT") or not hasattr(signal, name):
+    for name in names:  # the names are checked as the config loads; what this machine has, here
+        if not hasattr(signal, name):
             raise CheckError(f"checkpoint.save_on_signal: {name!r} is not a signal a run can save on: use SIGTERM, "
                              "SIGUSR1, SIGUSR2, SIGINT, SIGHUP or SIGQUIT (or [] for none)")  # fmt: skip
 
 
-def _nonfinite(tree, prefix: str = ""):
-    """(dotted key, value) of the first float at any depth of ``tree`` that is NaN or infinite."""
-    if isinstance(tree, dict):
-        items = tree.items()
-    elif isinstance(tree, (list, tuple)):
-        items = ((f"[{i}]", v) for i, v in enumerate(tree))
-    else:
-        return (prefix, tree) if isinstance(tree, float) and not math.isfinite(tree) else None
-    for k, v in items:
-        key = f"{prefix}{k}" if str(k).startswith("[") or not prefix else f"{prefix}.{k}"
-        found = _nonfinite(v, key)
-        if found:
-            return found
-    return None
-
-
 def _check_finite(cfg: Config) -> None:
-    """No setting of the run, the model's overrides included, is NaN or infinite (a NaN passes every
-    ``<`` comparison: ``train.grad_clip=.nan`` was "no clipping", a NaN in ``data.mean`` made every
-    step non-finite)."""
+    """No setting of the groups that do not check their own (the model's overrides, the tasks' groups,
+    the layout) is NaN or infinite: a NaN passes every ``<`` comparison. The common groups refuse theirs
+    as they are built (``vitscale.config.ranges.finite``)."""
     from ..config import config_to_dict
 
-    found = _nonfinite(config_to_dict(cfg))
+    found = nonfinite(config_to_dict(cfg))
     if found:
-        key, value = found
-        raise CheckError(f"{key.replace('model.overrides.', 'model.')}={value} is not a finite number: set a number, or leave the key out for its default")
-
-
-def _check_degenerate(cfg: Config, purpose: str) -> None:
-    """Values a field cannot take whatever the rest of the config says: zero or negative where it
-    divides or scales, probabilities outside [0, 1]."""
-    d, o = cfg.data, cfg.optim
-    if purpose == "bench":  # no data, no optimizer state
-        return
-    for i, s in enumerate(d.std):
-        _positive(f"data.std[{i}]", s, "images are divided by it: a zero std makes every input infinite")
-    lo, hi = d.rrc_scale
-    if not 0 < lo <= hi <= 1:
-        raise CheckError(f"data.rrc_scale={list(d.rrc_scale)} must be 0 < low <= high <= 1 (fractions of the image area, e.g. 0.08,1.0)")
-    lo, hi = d.rrc_ratio
-    if not 0 < lo <= hi:
-        raise CheckError(f"data.rrc_ratio={list(d.rrc_ratio)} must be 0 < low <= high (width / height, e.g. 0.75,1.333)")
-    for key in ("hflip", "random_erasing", "mixup_prob", "mixup_switch_prob"):
-        _fraction(f"data.{key}", getattr(d, key), "a probability", closed_high=True)
-    for key in ("mixup_alpha", "cutmix_alpha"):
-        _at_least(f"data.{key}", getattr(d, key), 0, "0 = off")
-    if purpose != "train":
-        return
-    _at_least("optim.weight_decay", o.weight_decay, 0, "0 = no weight decay")
-    if o.head_weight_decay is not None:
-        _at_least("optim.head_weight_decay", o.head_weight_decay, 0, "None = optim.weight_decay")
-    _positive("optim.eps", o.eps, "Adam's epsilon, added to a denominator, e.g. 1e-8")
-    for i, b in enumerate(o.betas):
-        _fraction(f"optim.betas[{i}]", b, "Adam's moment decay, e.g. 0.9,0.999")
-    _at_least("optim.momentum", o.momentum, 0, "SGD momentum, 0 = none")
-    _at_least("optim.lr_scale_batch", o.lr_scale_batch, 0, "0 = no scaling")
-    sc = cfg.schedule
-    _at_least("schedule.warmup_epochs", sc.warmup_epochs, 0, "used when schedule.warmup_steps is 0")
-    _at_least("schedule.cooldown_steps", sc.cooldown_steps, 0, "0 = no cooldown")
-    _at_least("schedule.cooldown_epochs", sc.cooldown_epochs, 0, "0 = no cooldown")
-    _at_least("schedule.min_lr", sc.min_lr, 0, "the cosine's final learning rate")
-    _at_least("schedule.rsqrt_timescale", sc.rsqrt_timescale, 1, "steps")
-    if o.layer_decay is not None and not 0 < o.layer_decay <= 1:
-        raise CheckError(f"optim.layer_decay={o.layer_decay} must be in (0, 1] (each layer's LR factor towards the input, "
-                         "e.g. 0.65 or 0.75; unset = off)")  # fmt: skip
+        raise CheckError(not_finite_message(*found))
 
 
 def _check_ranges(cfg: Config, purpose: str) -> None:
-    tc, d = cfg.train, cfg.data
+    """What one field's range cannot say: settings that only matter for some purposes, or together."""
+    tc = cfg.train
     if purpose == "train":
-        _at_least("train.batch_size", tc.batch_size, 1, "images per optimizer step over all ranks")
-        _at_least("train.grad_accum", tc.grad_accum, 1, "micro-steps per optimizer step; 1 = no accumulation")
-        _at_least("train.log_every", tc.log_every, 1, "log every N steps")
-        _at_least("train.max_steps", tc.max_steps, 0, "0 = train for train.epochs")
-        _at_least("train.epochs", tc.epochs, 0, "used when train.max_steps is 0")
         if tc.max_steps == 0 and tc.epochs == 0:
             raise CheckError("train.max_steps and train.epochs are both 0: set one, e.g. train.max_steps=1000 or train.epochs=10")
-        _at_least("eval.every", cfg.eval.every, 0, "evaluate every N steps; 0 = only at the end")
-        _at_least("checkpoint.every", cfg.checkpoint.every, 0, "save every N steps; 0 = only at the end")
-        _at_least("checkpoint.keep", cfg.checkpoint.keep, 1, "checkpoints kept")
-        _at_least("checkpoint.remote_wait_s", cfg.checkpoint.remote_wait_s, 0, "seconds the end of a run waits for an upload")
-        _at_least("train.max_nonfinite_steps", tc.max_nonfinite_steps, -1, "-1 = no limit")
-        _at_least("train.max_consecutive_nonfinite", tc.max_consecutive_nonfinite, -1, "-1 = no limit")
-        _at_least("train.grad_clip", tc.grad_clip, 0, "0 = no clipping")
-        _at_least("train.cpu_threads", tc.cpu_threads, 0, "0 = PyTorch's default")
-        _at_least("schedule.warmup_steps", cfg.schedule.warmup_steps, 0, "linear warmup steps")
-        _at_least("train.hang_timeout", tc.hang_timeout, 0, "seconds without a step before the stacks are dumped; 0 = off")
         _check_signals(cfg.checkpoint.save_on_signal)
-        _fraction("train.ema_decay", tc.ema_decay, "0 = no EMA, e.g. 0.9999")
-        _fraction("train.label_smoothing", tc.label_smoothing, "0 = none, e.g. 0.1")
-        if cfg.optim.name == "lamb" and cfg.optim.fused in ("fused", "foreach"):
-            raise CheckError(f"optim.fused={cfg.optim.fused}: vitscale's LAMB has one implementation (a loop over the "
-                             "parameters); leave optim.fused at auto with optim.name=lamb")  # fmt: skip
-        if tc.bce_target_thresh is not None:
-            _fraction("train.bce_target_thresh", tc.bce_target_thresh, "targets above it become 1; DeiT III: 0")
-        if not (math.isfinite(cfg.optim.lr) and cfg.optim.lr >= 0):
-            raise CheckError(f"optim.lr={cfg.optim.lr} must be a finite number >= 0 (e.g. optim.lr=1e-3)")
-    if purpose != "bench":
-        _at_least("eval.batch_size", cfg.eval.batch_size, 1, "images per evaluation batch")
-        if not cfg.parallel.timeout > 0:
-            raise CheckError(f"parallel.timeout={cfg.parallel.timeout} must be greater than 0 (seconds a collective may wait)")
-        _at_least("data.num_workers", d.num_workers, 0, "loader processes; 0 = load in the main process")
-        _at_least("data.prefetch_factor", d.prefetch_factor, 1, "batches each worker prepares ahead")
-        _at_least("data.max_image_pixels", d.max_image_pixels, 0, "0 = no limit")
-        _fraction("data.val_split", d.val_split, "0 = no held-out validation")
-        if not (math.isfinite(d.crop_pct) and d.crop_pct > 0):
-            raise CheckError(f"data.crop_pct={d.crop_pct} must be positive (1 = resize only, e.g. 0.875)")
-        if d.num_classes is not None:
-            _at_least("data.num_classes", d.num_classes, 1, "None = from the dataset")
+    if purpose != "bench" and not cfg.parallel.timeout > 0:
+        raise CheckError(f"parallel.timeout={cfg.parallel.timeout} must be greater than 0 (seconds a collective may wait)")
 
 
 def _resolved(cfg: Config, model: ResolvedModel | None) -> ResolvedModel:
@@ -165,7 +79,7 @@ def _resolved(cfg: Config, model: ResolvedModel | None) -> ResolvedModel:
 
 def _check_image_size(cfg: Config, model: ResolvedModel, side: tuple[str, int | None] | None) -> None:
     """The image side the model will see (``side``: the job's own setting and its value; None:
-    ``data.img_size``): within :data:`vitscale.ranges.MAX_IMAGE_SIDE` and a multiple of its patch."""
+    ``data.img_size``): within :data:`vitscale.config.ranges.MAX_IMAGE_SIDE` and a multiple of its patch."""
     key, side = side or ("data.img_size", cfg.data.img_size)
     _side(key, side)
     base = model.cfg
@@ -216,7 +130,6 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
         )
     _check_finite(cfg)
     _check_ranges(cfg, purpose)
-    _check_degenerate(cfg, purpose)
     model = _resolved(cfg, model)
     _check_sizes(cfg, dims, purpose, model)
     _check_image_size(cfg, model, side)
@@ -226,6 +139,9 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
         d = cfg.data  # a ConfigError naming data.auto_augment / data.color_jitter and what to write
         build_augment(d.auto_augment, d.color_jitter, mean=d.mean, interpolation=d.train_interpolation or d.interpolation,
                       force_color_jitter=d.force_color_jitter)  # fmt: skip
+        if cfg.optim.name == "lamb" and cfg.optim.fused in ("fused", "foreach"):
+            raise CheckError(f"optim.fused={cfg.optim.fused}: vitscale's LAMB has one implementation (a loop over the "
+                             "parameters); leave optim.fused at auto with optim.name=lamb")  # fmt: skip
     if purpose in ("train", "bench"):
         check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
                            world_size=dims.world_size)  # fmt: skip
@@ -325,4 +241,4 @@ def check_classes(cfg: Config, data_classes: int, where: str, model: ResolvedMod
         )  # fmt: skip
 
 
-__all__ = ["check_batches", "check_classes", "check_output_folder", "check_run", "checkpoint_bytes"]
+__all__ = ["MAX_IMAGE_SIDE", "check_batches", "check_classes", "check_output_folder", "check_run", "checkpoint_bytes"]

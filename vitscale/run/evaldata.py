@@ -44,7 +44,7 @@ class RunEvalData:
         if not self._own(data):
             return list(self.run.class_names) or None
         fmt = get_format(data_cfg.format)
-        if not data_cfg.train_path or fmt.class_names is None:
+        if not getattr(data_cfg, "train_path", None) or fmt.class_names is None:
             return None
         return fmt.class_names(data_cfg)
 

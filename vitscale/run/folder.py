@@ -276,9 +276,13 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def neutral_keys() -> tuple[str, ...]:
     """:data:`NEUTRAL`, and the tasks' config groups that declare themselves so (``resume_neutral``: a
     group only another job reads, such as label-tokens')."""
-    from ..tasks import task_groups
+    import dataclasses
 
-    return NEUTRAL + tuple(g for g, (cls, _) in task_groups().items() if getattr(cls, "resume_neutral", False))
+    from ..config.schema import config_classes
+
+    groups = {f.name for cls in config_classes() for f in dataclasses.fields(cls)
+              if getattr(f.default_factory, "resume_neutral", False)}  # fmt: skip
+    return NEUTRAL + tuple(sorted(groups))
 
 
 def _neutral(key: str, neutral: tuple[str, ...]) -> bool:
@@ -300,6 +304,7 @@ def config_changes(stored: dict, new: dict, defaults: dict) -> list[tuple[str, A
     left out). A key the stored config lacks (a newer vitscale) counts as its default; a key only
     the stored config has (an older one) is ignored."""
     old_f, new_f, def_f = flatten(stored), flatten(new), flatten(defaults)
+    other_format = old_f.get("data.format", def_f.get("data.format")) != new_f.get("data.format")
     missing = object()
     changes = []
     neutral = neutral_keys()
@@ -311,8 +316,8 @@ def config_changes(stored: dict, new: dict, defaults: dict) -> list[tuple[str, A
         if a is missing:
             a = def_f.get(key, missing)
         if b is missing:
-            if key.startswith("model.overrides."):
-                b = None  # an override the new config leaves out
+            if key.startswith("model.overrides.") or (key.startswith("data.") and other_format):
+                b = None  # an override the new config leaves out; a field of the stored data format, not the new one's
             else:
                 continue  # a key this vitscale does not know
         if a is missing:
@@ -353,7 +358,7 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
     """The accepted changes of a resume in ``folder``; :class:`ConfigChanged` for refused ones. Only
     when the folder has a checkpoint to resume and a ``config.yaml`` describing it."""
     from ..checkpoint import list_checkpoints
-    from ..config import config_class, config_to_dict
+    from ..config import config_to_dict
     from ..safe_yaml import read_yaml
 
     found = list_checkpoints(folder / "checkpoints")
@@ -374,7 +379,9 @@ def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
         raise ConfigChanged(f"{e}, so this resume cannot be checked: restore it, or set another train.output_dir") from None
     if not isinstance(stored, dict):
         raise ConfigChanged(f"{stored_path} is not a config, so this resume cannot be checked: restore it, or set another train.output_dir")
-    changes = config_changes(stored, config_to_dict(cfg), config_to_dict(config_class()()))
+    defaults = type(cfg)()  # the defaults of its classes: its task's, and its data format's
+    defaults.data = type(cfg.data)()
+    changes = config_changes(stored, config_to_dict(cfg), config_to_dict(defaults))
     allowed = tuple(cfg.checkpoint.allow_changes)
     refused = [c for c in changes if not _accepted(c[0], allowed)]
     if refused:

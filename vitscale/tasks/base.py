@@ -1,8 +1,9 @@
 """What a task is, and the registry of tasks: a task is one module that declares everything a run of
 it needs and registers itself (after torchtitan's ``protocols/train_spec.py``):
 
-- its config groups (``config_groups``: name -> dataclass; each becomes a group of the run config,
-  ``vitscale.config.config_class``, and is left out of the config.yaml of runs of other tasks);
+- its run config (``config``: a subclass of :class:`vitscale.config.Config` with the task's groups as
+  ordinary fields, e.g. ``ContrastiveConfig`` with ``clip`` and ``distill``; the config loader builds a
+  run of the task as this class, so ``config.yaml`` holds its groups only);
 - its loss per micro-batch and the training metrics beside it (:meth:`Task.loss`);
 - its own up-front checks (:meth:`Task.check`, beside the run's: what needs more than one group;
   a group checks its own fields in its ``__post_init__``);
@@ -22,23 +23,14 @@ from its test file alone.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from vitscale.errors import ConfigError
-
-_TASKS: dict[str, type[Task]] = {}
-# The built-in tasks' modules, imported on first use of a task name or of the config groups.
-_TASK_MODULES = {
-    "classification": "vitscale.tasks.classification",
-    "contrastive": "vitscale.tasks.contrastive",
-    "token_labeling": "vitscale.tasks.token_labeling",
-    "mae": "vitscale.tasks.mae",
-}
+from vitscale.config.schema import Config
+from vitscale.registry import TASKS
 
 
 class Task:
@@ -52,8 +44,9 @@ class Task:
     """
 
     name = "task"
-    config_groups: dict[str, type] = {}
-    """Config groups this task reads beyond the common ones: ``{"clip": ClipConfig}``."""
+    config: type[Config] = Config
+    """The root config of a run of this task: :class:`Config`, or a subclass with the task's own groups
+    as fields (``ContrastiveConfig``: ``clip``, ``distill``)."""
     tokenizer: Any = None
     """The text tokenizer of an image-text task (zero-shot prompts), else None."""
 
@@ -80,15 +73,9 @@ class Task:
         names the setting: what needs more than one config group (the resolved model ``model``, a
         :class:`vitscale.models.registry.ResolvedModel`; the layout ``dims``; ``purpose``: ``train``,
         ``eval``, ``label`` or ``bench``). A check of one group's own fields lives in that group's
-        ``__post_init__``. Default: for training, the groups of other tasks that this one would
-        ignore are refused (each group's ``refuse_unread``, e.g. ``distill.teacher``). An override
-        calls ``super().check``."""
-        if purpose != "train":
-            return
-        for group, (_, readers) in task_groups().items():
-            refuse = getattr(getattr(cfg, group, None), "refuse_unread", None)
-            if cls.name not in readers and refuse is not None:
-                refuse(cls.name, readers)
+        ``__post_init__``; a group of another task is refused as the config loads (each task's run
+        config, :attr:`config`, holds its own groups only). Default: nothing. An override calls
+        ``super().check``."""
 
     @classmethod
     def model_defaults(cls, cfg: Any, model_cfg: Any) -> dict[str, Any]:
@@ -151,32 +138,10 @@ def first_output(out: Any) -> torch.Tensor:
 
 
 def register_task(cls: type[Task]) -> type[Task]:
-    """Make ``train.task=<cls.name>`` train with ``cls`` (its config groups join the run config)."""
-    _TASKS[cls.name] = cls
-    return cls
+    """Make ``train.task=<cls.name>`` train with ``cls`` (a run of it is configured by ``cls.config``)."""
+    return TASKS.register(cls.name, cls)
 
 
 def get_task(name: str) -> type[Task]:
-    if name not in _TASKS and name in _TASK_MODULES:
-        importlib.import_module(_TASK_MODULES[name])
-    if name not in _TASKS:
-        known = ", ".join(sorted(set(_TASKS) | set(_TASK_MODULES)))
-        raise ConfigError(f"train.task: unknown task {name!r}; choose one of {known}")
-    return _TASKS[name]
-
-
-def task_groups() -> dict[str, tuple[type, tuple[str, ...]]]:
-    """Every registered task's config groups: ``{group: (dataclass, names of the tasks that read it)}``
-    (the built-in tasks' modules imported first)."""
-    for module in _TASK_MODULES.values():
-        importlib.import_module(module)
-    out: dict[str, tuple[type, tuple[str, ...]]] = {}
-    # the built-in tasks in their table's order, then plug-ins as registered: one order, whichever
-    # module a process happened to import first
-    order = [n for n in _TASK_MODULES if n in _TASKS] + [n for n in _TASKS if n not in _TASK_MODULES]
-    for name, cls in ((n, _TASKS[n]) for n in order):
-        for group, group_cls in cls.config_groups.items():
-            if group in out and out[group][0] is not group_cls:
-                raise TypeError(f"config group {group!r} of task {name!r} is another task's ({', '.join(out[group][1])})")
-            out[group] = (group_cls, (*out.get(group, (None, ()))[1], name))
-    return out
+    """The task ``train.task=<name>`` trains with (ConfigError naming the closest task otherwise)."""
+    return TASKS.get(name)

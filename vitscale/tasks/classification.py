@@ -11,7 +11,7 @@ from torch import nn
 from vitscale.data.mixup import Mixup, smooth_one_hot
 
 from .base import Task, register_task
-from .distill_config import DistillConfig
+from .distill_config import ClassificationConfig
 
 
 def classification_loss(logits: torch.Tensor, target: torch.Tensor, kind: str, smoothing: float, *,
@@ -40,7 +40,7 @@ class ClassificationTask(Task):
     loss of ``train.loss``); the bench times softmax cross-entropy (:meth:`Task.bench_loss`)."""
 
     name = "classification"
-    config_groups = {"distill": DistillConfig}
+    config = ClassificationConfig
 
     def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None):
         super().__init__(cfg, model, num_classes, dp_group, class_names)

@@ -28,13 +28,12 @@ from vitscale.models.registry import family_of
 from vitscale.tasks.contrastive_loss import build_contrastive_loss
 
 from .base import Task, register_task
-from .contrastive_config import ClipConfig
-from .distill_config import DistillConfig
+from .contrastive_config import ContrastiveConfig
 
 
 class ContrastiveTask(Task):
     name = "contrastive"
-    config_groups = {"clip": ClipConfig, "distill": DistillConfig}
+    config = ContrastiveConfig
 
     def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None):
         super().__init__(cfg, model, num_classes, dp_group, class_names)

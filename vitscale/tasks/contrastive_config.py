@@ -1,16 +1,18 @@
 """Config group ``clip`` of contrastive image-text training (``train.task=contrastive``).
 
-Declared by the contrastive task (``ContrastiveTask.config_groups``), which makes it a group of the
-run config. The loss kind itself is ``train.loss`` (``softmax`` = CLIP InfoNCE, ``sigmoid`` = SigLIP).
+A group of the contrastive task's run config (:class:`ContrastiveConfig`, ``ContrastiveTask.config``). The loss kind itself is ``train.loss`` (``softmax`` = CLIP InfoNCE, ``sigmoid`` = SigLIP).
 The default prompt is the CLIP paper's ("A photo of a {label}.", Radford et al. 2021, arXiv
 2103.00020, section 3.1.4); a recipe sets its dataset's own (``configs/digits_clip.yaml``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from vitscale.ranges import at_least
+from vitscale.config.ranges import at_least
+from vitscale.config.schema import Config
+
+from .distill_config import DistillConfig
 
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 
@@ -58,3 +60,12 @@ class ClipConfig:
     def __post_init__(self):
         at_least("clip.lock_image_unlocked_groups", self.lock_image_unlocked_groups, 0, "0 = the whole tower locked")
         at_least("clip.lock_text_unlocked_layers", self.lock_text_unlocked_layers, 0, "0 = the whole tower locked")
+
+@dataclass
+class ContrastiveConfig(Config):
+    """A whole run of ``train.task=contrastive``: the common groups, ``clip`` and ``distill``."""
+
+    clip: ClipConfig = field(default_factory=ClipConfig)
+    """CLIP / SigLIP training and evaluation (the contrastive task)."""
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """Online distillation from a teacher (off unless ``distill.teacher`` is set)."""

@@ -1,7 +1,7 @@
 """Config group ``distill``: online distillation from a teacher that runs in the training process.
 
-Declared by the tasks that distill (classification: DeiT's losses; contrastive: open_clip's
-``--distill-model``), which makes it a group of the run config; :mod:`vitscale.tasks.distill` is the
+A group of the run configs of the tasks that distill (classification: DeiT's losses; contrastive: open_clip's
+``--distill-model``: their ``config`` classes); :mod:`vitscale.tasks.distill` is the
 component those tasks call. Off unless ``distill.teacher`` is set.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from vitscale.errors import CheckError
-from vitscale.ranges import at_least, fraction, image_side, positive
+from vitscale.config.ranges import at_least, fraction, image_side, positive
+from vitscale.config.schema import Config
 
 
 @dataclass
@@ -78,9 +78,9 @@ class DistillConfig:
         for i, s in enumerate(self.teacher_std or ()):
             positive(f"distill.teacher_std[{i}]", s, "the teacher's images are divided by it")
 
-    def refuse_unread(self, task: str, readers: tuple[str, ...]) -> None:
-        """A run of ``task``, which does not read this group (``readers`` do), with ``distill.teacher``
-        set is refused rather than trained without its teacher (:meth:`vitscale.tasks.Task.check`)."""
-        if self.teacher:
-            raise CheckError(f"distill.teacher is set but the {task} task does not distill (tasks that do: {', '.join(readers)}); "
-                             "unset distill.teacher or set train.task")  # fmt: skip
+@dataclass
+class ClassificationConfig(Config):
+    """A whole run of ``train.task=classification``: the common groups and ``distill``."""
+
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """Online distillation from a teacher (off unless ``distill.teacher`` is set)."""

@@ -41,7 +41,7 @@ from vitscale.patch_layout import patchify
 
 from .base import Task, register_task
 from .health import RankWatch
-from .mae_config import MaeConfig
+from .mae_config import MaeConfig, MaePretrainingConfig
 from .parts import attach_part
 
 STREAM_MAE_MASK = 12  # keyed-randomness stream tag (vitscale.data.keyed uses 1-9, token labeling 11)
@@ -167,7 +167,7 @@ class MaeTask(Task):
     end, ``linear_probe`` (``eval.probe_*``) at the end; its log-step metric: ``train_rankme``."""
 
     name = "mae"
-    config_groups = {"mae": MaeConfig}
+    config = MaePretrainingConfig
 
     def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None):
         super().__init__(cfg, model, num_classes, dp_group, class_names)

@@ -1,6 +1,6 @@
 """Config group ``mae`` of masked-autoencoder pretraining (``train.task=mae``, :mod:`vitscale.tasks.mae`).
 
-Declared by the MAE task (``MaeTask.config_groups``), which makes it a group of the run config. The
+A field of the MAE task's run config (:class:`MaePretrainingConfig`, ``MaeTask.config``). The
 defaults are the paper's (He et al. 2021, arXiv 2111.06377) as its reference code sets them
 (facebookresearch/mae at efb2a80: ``main_pretrain.py``, ``models_mae.py``, ``PRETRAIN.md``); a small
 recipe sets its own decoder (``configs/digits_mae.yaml``).
@@ -8,7 +8,9 @@ recipe sets its own decoder (``configs/digits_mae.yaml``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from vitscale.config.schema import Config
 
 
 @dataclass
@@ -47,3 +49,11 @@ class MaeConfig:
             )
         if self.decoder_mlp_ratio <= 0:
             raise ValueError(f"decoder_mlp_ratio={self.decoder_mlp_ratio} must be > 0")
+
+
+@dataclass
+class MaePretrainingConfig(Config):
+    """A whole run of ``train.task=mae``: the common groups and ``mae``."""
+
+    mae: MaeConfig = field(default_factory=MaeConfig)
+    """Masked-autoencoder pretraining: mask ratio, pixel-loss normalisation, the decoder."""

@@ -30,7 +30,7 @@ from vitscale.errors import CheckError
 from vitscale.models.common.token_mix import TokenMix, apply_token_mix
 
 from .base import Task, register_task
-from .token_labeling_config import TeacherConfig, TokenLabelConfig
+from .token_labeling_config import TokenLabelingConfig
 
 STREAM_MIX_TOKEN = 11  # keyed-randomness stream tag (vitscale.data.keyed uses 1-7)
 NEEDS_LABELS = "train.task=token_labeling needs token_label.path (a folder from `vitscale label-tokens`)"
@@ -90,7 +90,7 @@ class TokenLabelingTask(Task):
     cross-entropy. ``teacher`` is the group of ``vitscale label-tokens``, which writes its labels."""
 
     name = "token_labeling"
-    config_groups = {"token_label": TokenLabelConfig, "teacher": TeacherConfig}
+    config = TokenLabelingConfig
 
     def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None):
         super().__init__(cfg, model, num_classes, dp_group, class_names)

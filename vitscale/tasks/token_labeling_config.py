@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from vitscale.ranges import at_least, fraction, image_side
+from vitscale.config.ranges import at_least, fraction, image_side
+from vitscale.config.schema import Config
 
 
 @dataclass
@@ -74,3 +75,12 @@ class TeacherConfig:
     def __post_init__(self):
         at_least("teacher.batch_size", self.batch_size, 1, "images per teacher batch")
         image_side("teacher.img_size", self.img_size)
+
+@dataclass
+class TokenLabelingConfig(Config):
+    """A whole run of ``train.task=token_labeling``: the common groups, ``token_label`` and ``teacher``."""
+
+    token_label: TokenLabelConfig = field(default_factory=TokenLabelConfig)
+    """Token labeling's loss and its stored labels (VOLO / LV-ViT)."""
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """The teacher whose dense top-k token labels ``vitscale label-tokens`` writes."""

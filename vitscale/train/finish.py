@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vitscale.config import run_config_dict
+from vitscale.config import config_to_dict
 from vitscale.tools.env import environment
 from vitscale.tools.report import try_write_report
 from vitscale.tools.report.run import flatten
@@ -49,7 +49,7 @@ class RunEnd:
             if skips["skipped_files"] or skips["skipped_shards"]:
                 log.info(f"skipped {skips['skipped_files']} bad files and {len(skips['skipped_shards'])} unreadable "
                          f"shards (see the warnings above)")  # fmt: skip
-            log.log_hparams(flatten(run_config_dict(cfg)), dict(last_eval), summary)  # TensorBoard, trackers
+            log.log_hparams(flatten(config_to_dict(cfg)), dict(last_eval), summary)  # TensorBoard, trackers
             self.written["report"] = bool(cfg.log.report) and try_write_report(out) is not None
         return summary
 

@@ -150,12 +150,12 @@ class MetricsLogger:
             self.info("log.tensorboard=true, but the tensorboard package is not installed (pip install "
                       "tensorboard): no TensorBoard events for this run")  # fmt: skip
         if config is not None and (config.log.wandb or config.log.mlflow):
-            from vitscale.config import run_config_dict
+            from vitscale.config import config_to_dict
             from vitscale.tools.report.run import flatten
 
             from .trackers import Trackers
 
-            self.trackers = Trackers(self.path.parent, config, flatten(run_config_dict(config)), self.info)
+            self.trackers = Trackers(self.path.parent, config, flatten(config_to_dict(config)), self.info)
 
     @classmethod
     def of_run(cls, run, counters, eval_names) -> MetricsLogger:

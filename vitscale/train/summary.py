@@ -133,7 +133,7 @@ def human_summary(summary: dict[str, Any], out: Path, *, config: str | Path, rep
     lines.append(f"  log          {out / 'train.log'}  (also metrics.jsonl, summary.json, config.yaml)")
     if tensorboard:
         lines.append(f"  tensorboard  tensorboard --logdir {_q(out)}")
-    from vitscale.commands import SHELL_FLAG
+    from vitscale.shell import SHELL_FLAG
 
     flag = f" {SHELL_FLAG}" if shell else ""
     lines.append("Next:")

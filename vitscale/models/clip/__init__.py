@@ -1,8 +1,14 @@
 """CLIP family (image-text contrastive): NeMo / open_clip sizes B/32 … e/14 and a tiny debug variant."""
 
 from ..registry import FamilySpec, register_family
+from ..vit.memory import MEMORY_IMAGE_TOWER
+from . import finetune
 from .configs import VARIANTS, CLIPConfig, CLIPTextConfig
 from .model import CLIP, CausalBlock, TextTransformer
+from .parallelize import PLAN
+from .serving import serving
+from .state_dict_adapter import OPEN_CLIP
+from .tokenizer import create_tokenizer
 
 register_family(
     FamilySpec(
@@ -10,14 +16,14 @@ register_family(
         model_cls=CLIP,
         variants=VARIANTS,
         task="contrastive",
-        parallel_plan="vitscale.models.clip.parallelize:PLAN",
-        adapters={"open_clip": "vitscale.models.clip.state_dict_adapter:OPEN_CLIP"},
-        tokenizer="vitscale.models.clip.tokenizer:create_tokenizer",
-        memory="vitscale.models.vit.memory:MEMORY_IMAGE_TOWER",
-        serving="vitscale.models.clip.serving:serving",
-        recognizes="vitscale.models.clip.finetune:RECOGNIZES",
-        architecture="vitscale.models.clip.finetune:architecture",
-        layer_decay="vitscale.models.clip.finetune:layer_decay",
+        parallel_plan=PLAN,
+        adapters={"open_clip": OPEN_CLIP},
+        tokenizer=create_tokenizer,
+        memory=MEMORY_IMAGE_TOWER,
+        serving=serving,
+        recognizes=finetune.RECOGNIZES,
+        architecture=finetune.architecture,
+        layer_decay=finetune.layer_decay,
     )
 )
 

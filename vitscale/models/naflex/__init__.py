@@ -4,9 +4,14 @@
 model class; its blocks, heads and parallel plans are the ViT's."""
 
 from ..registry import FamilySpec, register_family
+from ..vit.finetune import layer_decay
+from ..vit.flops import vit_flops
 from .configs import VARIANTS, NaFlexConfig
 from .model import NaFlexViT
+from .parallelize import PLAN
 from .patches import PATCH_KEYS, is_patch_batch, patchify, to_patch_batch
+from .state_dict_adapter import RECOGNIZES
+from .timm_adapter import TIMM
 
 register_family(
     FamilySpec(
@@ -14,14 +19,14 @@ register_family(
         model_cls=NaFlexViT,
         variants=VARIANTS,
         task="classification",
-        parallel_plan="vitscale.models.naflex.parallelize:PLAN",
-        adapters={"timm": "vitscale.models.naflex.timm_adapter:TIMM"},
+        parallel_plan=PLAN,
+        adapters={"timm": TIMM},
         # its own naming, or a classic ViT's (converted by the model's load hook)
-        recognizes="vitscale.models.naflex.state_dict_adapter:RECOGNIZES",
-        layer_decay="vitscale.models.vit.finetune:layer_decay",
+        recognizes=RECOGNIZES,
+        layer_decay=layer_decay,
         # a NaFlex image of N patches costs what an image of N patches costs a ViT (padding tokens
         # cost as much as real ones)
-        flops="vitscale.models.vit.flops:vit_flops",
+        flops=vit_flops,
     )
 )
 

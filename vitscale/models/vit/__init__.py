@@ -1,8 +1,13 @@
 """The ViT family: NeMo sizes B/16 … G/14, ViT-22B options, and a tiny debug variant."""
 
 from ..registry import FamilySpec, register_family
+from . import finetune
 from .configs import VARIANTS, ViTConfig
+from .flops import vit_flops
+from .memory import MEMORY
 from .model import Block, ParallelBlock, VisionTransformer
+from .parallelize import PLAN
+from .timm_registry import TIMM
 
 register_family(
     FamilySpec(
@@ -10,13 +15,13 @@ register_family(
         model_cls=VisionTransformer,
         variants=VARIANTS,
         task="classification",
-        parallel_plan="vitscale.models.vit.parallelize:PLAN",
-        adapters={"timm": "vitscale.models.vit.timm_registry:TIMM"},
-        flops="vitscale.models.vit.flops:vit_flops",
-        memory="vitscale.models.vit.memory:MEMORY",
-        recognizes="vitscale.models.vit.finetune:RECOGNIZES",
-        architecture="vitscale.models.vit.finetune:architecture",
-        layer_decay="vitscale.models.vit.finetune:layer_decay",
+        parallel_plan=PLAN,
+        adapters={"timm": TIMM},
+        flops=vit_flops,
+        memory=MEMORY,
+        recognizes=finetune.RECOGNIZES,
+        architecture=finetune.architecture,
+        layer_decay=finetune.layer_decay,
     )
 )
 

@@ -3,6 +3,8 @@
 from ..registry import FamilySpec, register_family
 from .configs import VARIANTS, VOLOConfig
 from .model import VOLO, OutlookAttention, TokenMix
+from .parallelize import PLAN
+from .state_dict_adapter import RECOGNIZES, TIMM
 
 register_family(
     FamilySpec(
@@ -10,9 +12,9 @@ register_family(
         model_cls=VOLO,
         variants=VARIANTS,
         task="classification",
-        parallel_plan="vitscale.models.volo.parallelize:PLAN",
-        adapters={"timm": "vitscale.models.volo.state_dict_adapter:TIMM"},
-        recognizes="vitscale.models.volo.state_dict_adapter:RECOGNIZES",
+        parallel_plan=PLAN,
+        adapters={"timm": TIMM},
+        recognizes=RECOGNIZES,
     )
 )
 

@@ -1,35 +1,52 @@
-"""``DataConfig``: the ``data`` group of the run config (imported by ``vitscale.config.schema``).
+"""The ``data`` group of the run config, typed by ``data.format``.
 
-The fields here are read by every format; each format adds its own (``data.<field>`` like these)
-through the options dataclass of its module (``vitscale.data.formats``), held in ``options`` and read
-as ``cfg.data.<field>``. Field groups that several formats share are declared once below
-(``CaptionFields``) and composed into those formats' options.
+:class:`DataConfig` holds the fields every format has. Each format declares its own class in its
+module (``vitscale/data/digits.py``: ``DigitsData``, ``webdataset.py``: ``WebDatasetData``, ...), a
+subclass of it that composes the field groups below it reads (``PathFields``, ``ValSplitField``,
+``CaptionFields``, ``RemoteFields``, ``StreamFields``) and adds its own fields, and registers it as
+``DataFormat.config``. The config loader builds the ``data`` mapping as the class of its ``format``
+(:meth:`DataConfig.kind_config`), as it builds each ``evals:`` entry as the class of its ``kind``: a key
+that format's class lacks is unknown (the error names the formats that have it). In Python,
+:func:`data_config` builds the class of a format: ``data_config(format="webdataset", train_path=...)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from ..errors import ConfigError
+from ..registry import FORMATS
+from .kinds import unknown_kind_field
+from .ranges import at_least, finite, fraction, positive
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+# Fields that were replaced: the key is refused with a line saying what to write instead.
+RETIRED_FIELDS = {
+    "randaugment": "data.randaugment (torchvision's RandAugment) is replaced by data.auto_augment with timm's "
+    "strings: write data.auto_augment=rand-m9-n2 for 'm9-n2' (DeiT's and VOLO's: rand-m9-mstd0.5-inc1); docs/data.md",
+}
+
+
 @dataclass
 class DataConfig:
+    """Data, augmentation and loading: the fields of every format (a format's class adds its own)."""
+
+    KIND: ClassVar[str] = "format"
+    """The field whose value chooses the class (the config loader's kind mechanism)."""
+    RETIRED: ClassVar[dict[str, str]] = RETIRED_FIELDS
+    """Keys that were replaced, and what to write instead."""
+
     format: str = "digits"
     """Dataset format, one registered in ``vitscale.data.formats``: ``digits`` (scikit-learn's
     handwritten digits, no files needed), ``digits_aspect`` (the same, stretched to several aspect
     ratios: NaFlex demos), ``imagefolder`` (``<path>/<class>/<image>`` trees),
     ``synthetic`` (random images, deterministic labels), ``webdataset`` (tar shards, local or remote),
     ``csv`` (image paths + captions), ``parquet`` (image + label / caption columns); see docs/data.md."""
-    train_path: str | None = None
-    """Training data: the image folder's root (``imagefolder``), the shards (``webdataset``), the file
-    (``csv``), the ``.parquet`` files (``parquet``)."""
-    val_path: str | None = None
-    """Validation data, as ``train_path``; None = hold out ``val_split`` of train (or no validation)."""
     img_size: int | None = None
     """Square input size in pixels; None = the model's ``img_h`` x ``img_w``."""
     num_classes: int | None = None
@@ -114,10 +131,6 @@ class DataConfig:
     its own keyed augmentation, the epoch's length kept (so an epoch shows ``1 / repeated_aug`` of
     the images); docs/data.md. 1 = off. Indexed training data only (not ``webdataset_mode=stream`` /
     ``parquet_mode=stream``)."""
-    val_split: float = 0.0
-    """Fraction held out for validation when there is no ``val_path`` (imagefolder, by a fixed
-    seed-0 stratified split) and the size of synthetic's validation set relative to ``synthetic_size``;
-    0 = no validation set. Digits always use their fixed 1,497 / 300 split."""
     image_sizes: tuple[int, ...] = ()
     """Multi-resolution training (docs/data.md, "Variable resolution"): square image sides in pixels,
     each a multiple of the model's patch, e.g. ``[160, 192, 224, 256]``; every optimizer step trains at
@@ -148,53 +161,81 @@ class DataConfig:
     ``patch_coord``, ``patch_valid``: timm's layout). () = image batches."""
     eval_seq_len: int | None = None
     """NaFlex evaluation sequence length; None = the largest of ``seq_lens``."""
-    options: Any = None
-    """The fields of ``format`` (its options dataclass; None = its defaults). Set them as
-    ``data.<field>`` (``data.webdataset_mode=stream``, or ``DataConfig(webdataset_mode="stream")``);
-    read them as ``cfg.data.<field>``."""
-
     def __post_init__(self) -> None:
-        from .formats import resolve_options
+        finite(self, "data")
+        for i, s in enumerate(self.std):
+            positive(f"data.std[{i}]", s, "images are divided by it: a zero std makes every input infinite")
+        lo, hi = self.rrc_scale
+        if not 0 < lo <= hi <= 1:
+            raise ConfigError(f"data.rrc_scale={list(self.rrc_scale)} must be 0 < low <= high <= 1 (fractions of the image "
+                              "area, e.g. 0.08,1.0)")  # fmt: skip
+        lo, hi = self.rrc_ratio
+        if not 0 < lo <= hi:
+            raise ConfigError(f"data.rrc_ratio={list(self.rrc_ratio)} must be 0 < low <= high (width / height, e.g. 0.75,1.333)")
+        for key in ("hflip", "random_erasing", "mixup_prob", "mixup_switch_prob"):
+            fraction(f"data.{key}", getattr(self, key), "a probability", closed_high=True)
+        for key in ("mixup_alpha", "cutmix_alpha"):
+            at_least(f"data.{key}", getattr(self, key), 0, "0 = off")
+        at_least("data.num_workers", self.num_workers, 0, "loader processes; 0 = load in the main process")
+        at_least("data.prefetch_factor", self.prefetch_factor, 1, "batches each worker prepares ahead")
+        at_least("data.max_image_pixels", self.max_image_pixels, 0, "0 = no limit")
+        if not self.crop_pct > 0:
+            raise ConfigError(f"data.crop_pct={self.crop_pct} must be positive (1 = resize only, e.g. 0.875)")
+        if self.num_classes is not None:
+            at_least("data.num_classes", self.num_classes, 1, "None = from the dataset")
+        cls = self.kind_config(self.format)
+        if type(self) is not cls:
+            raise ConfigError(f"data.format={self.format} is configured by {cls.__name__}, not {type(self).__name__} "
+                              f"(vitscale.config.data_config(format=...) builds the right one)")  # fmt: skip
 
-        self.options = resolve_options(self.format, self.options)
+    @staticmethod
+    def kind_config(name: Any, key: str = "data.format") -> type[DataConfig]:
+        """The config class of data format ``name`` (its module imported on first use)."""
+        return FORMATS.get(name, key=key).config or DataConfig
 
-    def __getattr__(self, name: str) -> Any:
-        """A field of the format's options (only called for names that are not fields here)."""
-        opts = self.__dict__.get("options")
-        if not name.startswith("__") and opts is not None and hasattr(opts, name):
-            return getattr(opts, name)
-        raise AttributeError(f"data.{name} is not a field of data.format={self.__dict__.get('format')!r}")
-
-
-_dataclass_init = DataConfig.__init__
+    @staticmethod
+    def kinds() -> list[tuple[str, type[DataConfig]]]:
+        """``(format, its config class)`` of every known format."""
+        return [(name, fmt.config or DataConfig) for name, fmt in FORMATS.items()]
 
 
-# Fields that were replaced: the key is refused with a line saying what to write instead.
-RETIRED_FIELDS = {
-    "randaugment": "data.randaugment (torchvision's RandAugment) is replaced by data.auto_augment with timm's "
-    "strings: write data.auto_augment=rand-m9-n2 for 'm9-n2' (DeiT's and VOLO's: rand-m9-mstd0.5-inc1); docs/data.md",
-}
-
-
-def _init(self, *args, options: Any = None, **fields: Any) -> None:
-    """``DataConfig(format=..., <field of the format>=...)``: the format's own fields are keywords too."""
+def data_config(format: str = "digits", **fields: Any) -> DataConfig:
+    """The ``data`` group of ``format`` with ``fields`` set: its format's class (``DigitsData``,
+    ``WebDatasetData``, ...); a field that format lacks is a :class:`ConfigError` naming the formats that
+    have it."""
+    cls = DataConfig.kind_config(format)
+    own = {f.name for f in dataclasses.fields(cls)}
     for key in fields:
         if key in RETIRED_FIELDS:
             raise ConfigError(RETIRED_FIELDS[key])
-    own = DataConfig.__dataclass_fields__
-    extra = {k: fields.pop(k) for k in list(fields) if k not in own}
-    if extra:
-        import dataclasses
-
-        base = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options or {})
-        options = base | extra
-    _dataclass_init(self, *args, options=options, **fields)
-
-
-DataConfig.__init__ = _init  # type: ignore[method-assign]
+        if key not in own:
+            raise ConfigError(unknown_kind_field(DataConfig, cls, "data", key) or f"data.{key} is no field of {cls.__name__}")
+    return cls(format=format, **fields)
 
 
 # ------------------------------------------------------------------- fields shared by some formats
+@dataclass
+class PathFields:
+    train_path: str | None = None
+    """Training data: the image folder's root (``imagefolder``), the shards (``webdataset``), the file
+    (``csv``), the ``.parquet`` files (``parquet``)."""
+    val_path: str | None = None
+    """Validation data, as ``train_path``; None = no validation data (``imagefolder``: hold out
+    ``val_split`` of train)."""
+
+
+@dataclass
+class ValSplitField:
+    val_split: float = 0.0
+    """Fraction held out for validation when there is no ``val_path`` (imagefolder, by a fixed
+    seed-0 stratified split) and the size of synthetic's validation set relative to ``synthetic_size``;
+    0 = no validation set."""
+
+    def __post_init__(self) -> None:
+        fraction("data.val_split", self.val_split, "0 = no held-out validation")
+        super().__post_init__()  # type: ignore[misc]  # composed before DataConfig, whose checks follow
+
+
 @dataclass
 class CaptionFields:
     caption_context_length: int = 77
@@ -239,4 +280,5 @@ class StreamFields:
     file order."""
 
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "RETIRED_FIELDS", "CaptionFields", "DataConfig", "RemoteFields", "StreamFields"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "RETIRED_FIELDS", "CaptionFields", "DataConfig", "PathFields", "RemoteFields",
+           "StreamFields", "ValSplitField", "data_config"]
