@@ -374,7 +374,7 @@ def parse_auto_augment(spec: str, *, mean=(0.5, 0.5, 0.5), interpolation: str = 
 def jitter_factors(values) -> tuple[float, float, float, float]:
     """``data.color_jitter`` -> (brightness, contrast, saturation, hue): () or [x] (x for the first three, as
     timm's scalar), [b, c, s] or [b, c, s, h]; a ConfigError for another length or a bad value."""
-    if isinstance(values, (int, float)):  # DataConfig(color_jitter=0.4), as timm's scalar
+    if isinstance(values, (int, float)):  # data_config(color_jitter=0.4), as timm's scalar
         values = (values,)
     v = tuple(float(x) for x in (values or ()))
     if len(v) == 0:
