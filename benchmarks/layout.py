@@ -38,7 +38,7 @@ class BatchSecondBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, attn = self.b, self.b.attn
         N, B, _ = x.shape
-        qkv = attn.qkv(b.norm1(x)).view(N, B, -1, 3, attn.head_dim)  # (N, B, H, 3, Dh)
+        qkv = attn.qkv_per_head(b.norm1(x)).view(N, B, -1, 3, attn.head_dim)  # (N, B, H, 3, Dh)
         q, k, v = qkv.permute(3, 1, 2, 0, 4).unbind(0)  # 3 x (B, H, N, Dh)
         a = sdpa(q, k, v)  # (B, H, N, Dh)
         a = a.permute(2, 0, 1, 3).reshape(N, B, -1)  # (N, B, H*Dh)
