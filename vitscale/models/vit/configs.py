@@ -7,6 +7,8 @@ from dataclasses import dataclass, replace
 POOLS = ("token", "avg", "map", "none")
 NORMS = ("layernorm", "rmsnorm")
 PATCH_INITS = ("normal", "fan_in")
+POS_EMBEDS = ("learned", "rope", "none")
+ROPE_TYPES = ("axial", "dinov3")  # vitscale.models.common.rope
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,47 @@ class ViTConfig:
     trains (``distill.*``); at evaluation (and in any plain forward call) the logits are the mean of
     the class and distillation heads, as DeiT and timm's ``VisionTransformerDistilled``."""
 
+    pos_embed: str = "learned"
+    """Position information: ``learned`` (a learned table added to the tokens, resampled for other
+    image sizes), ``rope`` (2D rotary embeddings of the patch tokens' queries and keys in every
+    attention layer, nothing learned: timm's EVA family, DINOv3) or ``none``."""
+    rope_type: str = "axial"
+    """With ``pos_embed='rope'``, the positions: ``axial`` (patch indices, timm's ``RotaryEmbeddingCat``
+    as EVA-02 and ``vit_*_rope_*`` use it) or ``dinov3`` (patch centres normalised to [-1, 1] per axis,
+    angles 2 pi coord / period: DINOv3, arXiv 2508.10104). See ``vitscale/models/common/rope.py``."""
+    rope_temperature: float = 10000.0
+    """RoPE frequency base: frequency f of Dh/4 is temperature^(-f/(Dh/4)) (``dinov3``: the periods
+    are temperature^(f/(Dh/4)); DINOv3 uses 100)."""
+    rope_rotate_half: bool = False
+    """RoPE channel pairs: False = neighbours (x0, x1), (x2, x3)...; True = x_i with x_(i+Dh/2)
+    (DINOv3's layout)."""
+    rope_grid_offset: float = 0.0
+    """Added to every RoPE patch position (timm ``rope_grid_offset``)."""
+    rope_ref_grid: tuple[int, int] | None = None
+    """``axial`` only: patch indices rescaled onto this (height, width) grid, index * ref / side, so
+    other image sizes span the same positions (EVA's ``ref_feat_shape``); None = raw indices."""
+    key_bias: bool = True
+    """With ``qkv_bias``: whether the keys get a bias too. False: only queries and values do, as
+    separate ``attn.q_bias`` / ``attn.v_bias`` parameters (timm's EVA, DINOv3's masked key bias). Without
+    RoPE a key bias cannot change attention; with it, it can."""
+
     def __post_init__(self) -> None:
+        if self.rope_ref_grid is not None and not isinstance(self.rope_ref_grid, tuple):
+            object.__setattr__(self, "rope_ref_grid", tuple(self.rope_ref_grid))  # a YAML list
+        if self.pos_embed not in POS_EMBEDS:
+            raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
+        if self.pos_embed == "rope":
+            if (self.hidden_size // self.num_attention_heads) % 4:
+                raise ValueError(
+                    f"pos_embed='rope' needs a head dimension (hidden_size / num_attention_heads = "
+                    f"{self.hidden_size // self.num_attention_heads}) divisible by 4"
+                )
+            if self.drop_patch_rate > 0:
+                raise ValueError("pos_embed='rope' with drop_patch_rate > 0 is not supported: set drop_patch_rate=0")
+            if self.rope_ref_grid is not None and (len(self.rope_ref_grid) != 2 or self.rope_type != "axial"):
+                raise ValueError("rope_ref_grid is a (height, width) pair, for rope_type='axial' only")
         if self.pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {self.pool!r}")
         if isinstance(self.class_token_length, bool) or not isinstance(self.class_token_length, int) or self.class_token_length < 0:
@@ -120,6 +162,8 @@ class ViTConfig:
             raise ValueError("distill_token needs a class token (class_token_length >= 1, class_token=True), as DeiT")
         if self.distill_token and self.pool == "none":
             raise ValueError("distill_token needs pooled logits (pool token, avg or map), not pool='none'")
+        if self.parallel_block and not self.key_bias:
+            raise ValueError("key_bias=False is not supported with parallel_block")
         if self.parallel_block and self.qkv_bias and not self.mlp_bias:
             raise ValueError("parallel_block with qkv_bias=True needs mlp_bias=True (one fused bias)")
 
