@@ -194,6 +194,11 @@ def _vit(hidden, ffn, heads, layers, patch, **kw) -> ViTConfig:
     )
 
 
+_DINOV3 = dict(
+    img_h=256, img_w=256, num_classes=0, class_token_length=5, pool="avg", fc_norm=False, qkv_bias=False, layer_scale_init=1e-5, norm_eps=1e-5,
+    pos_embed="rope", rope_type="dinov3", rope_temperature=100.0, rope_rotate_half=True,
+)
+
 # Sizes. B/16 … G/14: the model table of NeMo's ViT documentation ("Model size (M) / Hidden size /
 # FFN_dim / Attention heads / Number of layers / PatchDim";
 # docs.nvidia.com/nemo-framework/user-guide/latest/nemotoolkit/vision/vit.html). Ti, S, B/32: the
@@ -223,5 +228,20 @@ VARIANTS: dict[str, ViTConfig] = {
         6144, 24576, 48, 48, 14,
         class_token_length=0, pool="map", parallel_block=True, qk_norm=True, qkv_bias=False,
         norm_bias=False,
+    ),
+    # DINOv3 (Siméoni et al. 2025, arXiv 2508.10104) as timm registers it (timm/models/eva.py,
+    # vit_{small,base,large}_patch16_dinov3): 1 class + 4 register tokens, LayerScale 1e-5, no QKV bias,
+    # LayerNorm eps 1e-5, RoPE on patch centres in [-1, 1] with periods 100^(f/(Dh/4)), half-split pairs;
+    # timm's default head: mean of the patch tokens after the final norm (DINOv3 itself: the class token).
+    "vit_s16_dinov3": _vit(384, 1536, 6, 12, 16, **_DINOV3),
+    "vit_b16_dinov3": _vit(768, 3072, 12, 12, 16, **_DINOV3),
+    "vit_l16_dinov3": _vit(1024, 4096, 16, 24, 16, **_DINOV3),
+    # timm's SBB ViT-B/16 with RoPE (timm/models/eva.py, vit_base_patch16_rope_reg1_gap_256): 256 px, one
+    # register and no class token, mean pooling with fc norm, LayerScale 1e-5, q/v biases, axial RoPE on
+    # patch indices rescaled to a 16 x 16 grid, base 10000.
+    "vit_b16_rope_reg1_gap_256": _vit(
+        768, 3072, 12, 12, 16,
+        img_h=256, img_w=256, class_token=False, class_token_length=1, pool="avg", layer_scale_init=1e-5,
+        key_bias=False, pos_embed="rope", rope_ref_grid=(16, 16),
     ),
 }  # fmt: skip

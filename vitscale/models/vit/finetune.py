@@ -55,7 +55,12 @@ def vit_architecture(sd: Mapping[str, torch.Tensor], prefix: str = "") -> dict[s
     if q_norm is not None and "hidden_size" in out:  # (Dh,): the heads show
         out["num_attention_heads"] = out["hidden_size"] // int(q_norm.shape[0])
     if not parallel and layers:
-        out["qkv_bias"] = get("blocks.0.attn.qkv.bias") is not None
+        qv_only = get("blocks.0.attn.q_bias") is not None  # biases on queries and values only (key_bias=False)
+        out["qkv_bias"] = get("blocks.0.attn.qkv.bias") is not None or qv_only
+        if qv_only:
+            out["key_bias"] = False
+    if get("pos_embed") is not None:  # RoPE and no position embedding leave nothing to see
+        out["pos_embed"] = "learned"
     cls = get("cls_token")
     out["class_token_length"] = int(cls.shape[1]) if cls is not None else 0
     out["distill_token"] = get("dist_token") is not None
