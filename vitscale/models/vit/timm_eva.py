@@ -49,6 +49,8 @@ def unsupported_eva_options(tm: Any) -> list[str]:
         why.append(f"a {type(blk.mlp).__name__} MLP (SwiGLU)")
     if tm.global_pool not in ("token", "avg", "map", ""):
         why.append(f"global_pool={tm.global_pool!r}")
+    if tm.global_pool == "map" and tm.num_prefix_tokens:
+        why.append("MAP pooling over the prefix tokens too (vitscale's MAP head pools the patch tokens)")
     if tm.patch_drop is not None:
         why.append("patch dropout with RoPE")
     norm = getattr(blk, "norm1", None)
@@ -115,6 +117,8 @@ def eva_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         why.append("a key bias (timm's EVA has q and v biases only: key_bias=False)")
     if cfg.activation != "gelu" or not (cfg.proj_bias and cfg.mlp_bias) or cfg.parallel_block or cfg.pre_logits:
         why.append("activation, biases or blocks other than EVA's (gelu, biased projections, standard blocks)")
+    if cfg.pool == "map" and cfg.num_prefix_tokens:
+        why.append("MAP pooling with prefix tokens (timm's Eva pools them too)")
     if cfg.distill_token:
         why.append("a distillation token")
     if cfg.norm_type == "layernorm" and not cfg.norm_bias:
