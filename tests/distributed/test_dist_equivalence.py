@@ -21,6 +21,8 @@ MINI_22B = dict(
 )  # fmt: skip
 # A standard block with QK-norm and LayerScale (sequence-parallel LayerScale / head-sharded norms).
 DEBUG_QK_LS = dict(qk_norm=True, layer_scale_init=0.1, num_layers=3)
+# timm's SBB RoPE ViT at debug width: axial RoPE on the patch tokens, q / v biases sharded per head.
+MINI_ROPE = dict(MINI_22B, layer_scale_init=0.1)
 
 CASES = [
     ("fsdp", dict(dp_shard=2), "vit_debug", DEBUG, STEPS),
@@ -31,6 +33,7 @@ CASES = [
     ("tp_qk_ls", dict(dp_shard=1, tp=2), "vit_debug", DEBUG_QK_LS, 4),
     ("tp_22b", dict(dp_shard=1, tp=2), "vit_22b", MINI_22B, 4),
     ("fsdp_22b", dict(dp_shard=2), "vit_22b", MINI_22B, 4),
+    ("tp_rope", dict(dp_shard=1, tp=2), "vit_b16_rope_reg1_gap_256", MINI_ROPE, 4),
 ]
 
 
