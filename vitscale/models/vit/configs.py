@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..common.rope import ROPE_TYPES
+
 POOLS = ("token", "avg", "map", "none")
 NORMS = ("layernorm", "rmsnorm")
 PATCH_INITS = ("normal", "fan_in")
 POS_EMBEDS = ("learned", "rope", "none")
-ROPE_TYPES = ("axial", "dinov3")  # vitscale.models.common.rope
 
 
 @dataclass(frozen=True)

@@ -59,8 +59,7 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
         """``attn_mask``: None, or which keys each query may attend to (NaFlex padding; see ``sdpa``);
         ``rope``: None, or the patch tokens' rotary ``(sin, cos)`` (``pos_embed='rope'``)."""
-        a = self.attn(self.norm1(x), attn_mask=attn_mask) if rope is None else self.attn(self.norm1(x), attn_mask=attn_mask, rope=rope)
-        x = x + self.drop_path1(self.ls1(a))
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, rope=rope)))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
 
@@ -303,8 +302,7 @@ class VisionTransformer(nn.Module):
         x = self._pos_embed(x, grid)
         x = self.patch_drop(x)
         x = self.norm_pre(x)
-        rope = self.rope(grid, x.device)
-        x = run_blocks(self.blocks, x, self.grad_checkpointing, **({} if rope is None else {"rope": rope}))
+        x = run_blocks(self.blocks, x, self.grad_checkpointing, rope=self.rope(grid, x.device))
         return self.norm(x)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
