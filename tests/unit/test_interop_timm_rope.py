@@ -28,9 +28,11 @@ TIMM_MODELS = {
     "dinov3": ("vit_small_patch16_dinov3", {}),
     "dinov3_qkvb_token": ("vit_small_patch16_dinov3_qkvb", dict(global_pool="token")),
     "rope_reg1_gap": ("vit_base_patch16_rope_reg1_gap_256", {}),
+    "dinov3_plus_swiglu": ("vit_small_plus_patch16_dinov3", {}),
     "rope_map_qk_norm": ("vit_base_patch16_rope_reg1_gap_256", dict(global_pool="map", num_reg_tokens=0, qk_norm=True)),
 }
-ROPE_VARIANTS = ["vit_s16_dinov3", "vit_b16_dinov3", "vit_l16_dinov3", "vit_b16_rope_reg1_gap_256"]
+ROPE_VARIANTS = ["vit_s16_dinov3", "vit_b16_dinov3", "vit_l16_dinov3", "vit_splus16_dinov3", "vit_hplus16_dinov3",
+                 "vit_7b16_dinov3", "vit_b16_rope_reg1_gap_256"]
 
 
 @pytest.mark.parametrize("case", list(TIMM_MODELS))
@@ -53,7 +55,7 @@ def test_timm_eva_to_vitscale_and_back(case):
             assert rel_l2(tm2(x), ref) < 1e-5
 
 
-@pytest.mark.parametrize("variant", ["vit_s16_dinov3", "vit_b16_rope_reg1_gap_256"])
+@pytest.mark.parametrize("variant", ["vit_s16_dinov3", "vit_splus16_dinov3", "vit_b16_rope_reg1_gap_256"])
 def test_vitscale_rope_variant_to_timm_and_back(variant):
     torch.manual_seed(1)
     small = dict(hidden_size=64, ffn_hidden_size=256, num_attention_heads=4, num_layers=2, patch_dim=8, img_h=32, img_w=32, num_classes=7)
@@ -100,9 +102,9 @@ def test_rope_scores_depend_on_relative_position_only(rope_type, rotate_half):
 
 
 def test_what_timm_eva_or_rope_cannot_be_is_refused(capsys):
-    plus = timm.create_model("vit_small_plus_patch16_dinov3", pretrained=False, **TINY)
-    with pytest.raises(ValueError, match="SwiGLU"):
-        from_timm(plus)
+    eva02 = timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=28, depth=1)
+    with pytest.raises(ValueError, match="learned and rotary"):
+        from_timm(eva02)
     with pytest.raises(ValueError, match="key_bias=False"):
         create_timm_model(create_model("vit_debug", pos_embed="rope", qkv_bias=True))
     with pytest.raises(ValueError, match="divisible by 4"):

@@ -10,6 +10,7 @@ POOLS = ("token", "avg", "map", "none")
 NORMS = ("layernorm", "rmsnorm")
 PATCH_INITS = ("normal", "fan_in")
 POS_EMBEDS = ("learned", "rope", "none")
+MLP_TYPES = ("mlp", "swiglu")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,9 @@ class ViTConfig:
     rope_ref_grid: tuple[int, int] | None = None
     """``axial`` only: patch indices rescaled onto this (height, width) grid, index * ref / side, so
     other image sizes span the same positions (EVA's ``ref_feat_shape``); None = raw indices."""
+    mlp_type: str = "mlp"
+    """The blocks' MLP: ``mlp`` (fc1 -> ``activation`` -> fc2) or ``swiglu`` (fc2(silu(fc1_g x) * fc1_x x),
+    ``ffn_hidden_size`` units in each of its two input projections: DINOv3's S+/H+/7B)."""
     key_bias: bool = True
     """With ``qkv_bias``: whether the keys get a bias too. False: only queries and values do, as
     separate ``attn.q_bias`` / ``attn.v_bias`` parameters (timm's EVA, DINOv3's masked key bias). Without
@@ -163,6 +167,10 @@ class ViTConfig:
             raise ValueError("distill_token needs a class token (class_token_length >= 1, class_token=True), as DeiT")
         if self.distill_token and self.pool == "none":
             raise ValueError("distill_token needs pooled logits (pool token, avg or map), not pool='none'")
+        if self.mlp_type not in MLP_TYPES:
+            raise ValueError(f"mlp_type must be one of {MLP_TYPES}, got {self.mlp_type!r}")
+        if self.parallel_block and self.mlp_type != "mlp":
+            raise ValueError("mlp_type='swiglu' is not supported with parallel_block")
         if self.parallel_block and not self.key_bias:
             raise ValueError("key_bias=False is not supported with parallel_block")
         if self.parallel_block and self.qkv_bias and not self.mlp_bias:
@@ -237,6 +245,11 @@ VARIANTS: dict[str, ViTConfig] = {
     "vit_s16_dinov3": _vit(384, 1536, 6, 12, 16, **_DINOV3),
     "vit_b16_dinov3": _vit(768, 3072, 12, 12, 16, **_DINOV3),
     "vit_l16_dinov3": _vit(1024, 4096, 16, 24, 16, **_DINOV3),
+    # ... and the SwiGLU ones (vit_small_plus / huge_plus / 7b_patch16_dinov3): MLP width int(D * ratio)
+    # rounded up to a multiple of 8 (S+, H+: ratio 4) or 64 (7B: ratio 2)
+    "vit_splus16_dinov3": _vit(384, 1536, 6, 12, 16, mlp_type="swiglu", **_DINOV3),
+    "vit_hplus16_dinov3": _vit(1280, 5120, 20, 32, 16, mlp_type="swiglu", **_DINOV3),
+    "vit_7b16_dinov3": _vit(4096, 8192, 32, 40, 16, mlp_type="swiglu", **_DINOV3),
     # timm's SBB ViT-B/16 with RoPE (timm/models/eva.py, vit_base_patch16_rope_reg1_gap_256): 256 px, one
     # register and no class token, mean pooling with fc norm, LayerScale 1e-5, q/v biases, axial RoPE on
     # patch indices rescaled to a 16 x 16 grid, base 10000.

@@ -45,6 +45,10 @@ def vit_architecture(sd: Mapping[str, torch.Tensor], prefix: str = "") -> dict[s
     out["parallel_block"] = parallel
     fc1 = get("blocks.0.mlp.fc1.weight")
     if fc1 is not None:
+        out["mlp_type"] = "mlp"
+    elif get("blocks.0.mlp.fc1_x.weight") is not None:
+        fc1, out["mlp_type"] = get("blocks.0.mlp.fc1_x.weight"), "swiglu"
+    if fc1 is not None:
         out["ffn_hidden_size"] = int(fc1.shape[0])
     elif parallel and "hidden_size" in out:  # in_proj rows: per head (3 Dh + F / H)
         out["ffn_hidden_size"] = int(get("blocks.0.in_proj.weight").shape[0]) - 3 * out["hidden_size"]

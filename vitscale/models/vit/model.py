@@ -20,6 +20,7 @@ from ..common import (
     Mlp,
     PatchDropout,
     PatchEmbed,
+    SwiGLU,
     make_activation,
     make_norm,
     resample_pos_embed,
@@ -49,10 +50,13 @@ class Block(nn.Module):
         self.ls1 = LayerScale(D, ls, device, dtype) if ls is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = make_norm(D, eps, nb, device, dtype, nt)
-        self.mlp = Mlp(
-            D, cfg.ffn_hidden_size, bias=cfg.mlp_bias, activation=cfg.activation, dropout=cfg.hidden_dropout,
-            device=device, dtype=dtype,
-        )  # fmt: skip
+        if cfg.mlp_type == "swiglu":
+            self.mlp = SwiGLU(D, cfg.ffn_hidden_size, bias=cfg.mlp_bias, dropout=cfg.hidden_dropout, device=device, dtype=dtype)
+        else:
+            self.mlp = Mlp(
+                D, cfg.ffn_hidden_size, bias=cfg.mlp_bias, activation=cfg.activation, dropout=cfg.hidden_dropout,
+                device=device, dtype=dtype,
+            )  # fmt: skip
         self.ls2 = LayerScale(D, ls, device, dtype) if ls is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 

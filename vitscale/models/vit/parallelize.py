@@ -56,6 +56,8 @@ def block_plan() -> dict[str, Any]:
         "norm2": sequence_parallel(),
         "mlp": gather_sequence_input(),
         "mlp.fc1": colwise(),
+        "mlp.fc1_g": colwise(),  # SwiGLU: gate and value columns alike, the product stays local
+        "mlp.fc1_x": colwise(),
         "mlp.fc2": rowwise(),
         "ls2": sequence_parallel(),
     }

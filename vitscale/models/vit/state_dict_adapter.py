@@ -408,6 +408,9 @@ TIMM_NAMES = {
     "vit_s16_dinov3": "vit_small_patch16_dinov3",
     "vit_b16_dinov3": "vit_base_patch16_dinov3",
     "vit_l16_dinov3": "vit_large_patch16_dinov3",
+    "vit_splus16_dinov3": "vit_small_plus_patch16_dinov3",
+    "vit_hplus16_dinov3": "vit_huge_plus_patch16_dinov3",
+    "vit_7b16_dinov3": "vit_7b_patch16_dinov3",
     "vit_b16_rope_reg1_gap_256": "vit_base_patch16_rope_reg1_gap_256",
 }
 

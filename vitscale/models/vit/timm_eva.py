@@ -8,6 +8,7 @@ and keys (``pos_embed='rope'`` here). What differs from timm's ``VisionTransform
 - QKV bias: timm's EVA has none on the keys, ``attn.q_bias`` and ``attn.v_bias`` (the same names
   here, ``key_bias=False``); the fused ``attn.qkv`` rows are permuted per head as for the ViT.
 - Prefix tokens: ``cls_token`` and ``reg_token``, joined as for the ViT.
+- SwiGLU MLP (DINOv3 S+/H+/7B): timm's two-layer ``SwiGLU``, the same names (``fc1_g``, ``fc1_x``, ``fc2``).
 - RoPE: timm's ``RotaryEmbeddingCat`` (index grid) -> ``rope_type='axial'``, its
   ``RotaryEmbeddingDinoV3`` -> ``rope_type='dinov3'``; neither stores anything in the state dict.
 
@@ -45,8 +46,10 @@ def unsupported_eva_options(tm: Any) -> list[str]:
         why.append(f"{type(blk).__name__} blocks")
     elif not _is(blk.attn, "EvaAttention") or blk.attn.qkv is None:
         why.append("attention other than EVA's fused-QKV attention")
-    elif not _is(blk.mlp, "Mlp"):
-        why.append(f"a {type(blk.mlp).__name__} MLP (SwiGLU)")
+    elif not _is(blk.mlp, "Mlp", "SwiGLU"):
+        why.append(f"a {type(blk.mlp).__name__} MLP (packed gate and value: timm's GluMlp)")
+    elif _is(blk.mlp, "SwiGLU") and not isinstance(blk.mlp.norm, nn.Identity):
+        why.append("a norm inside the SwiGLU MLP (timm scale_mlp)")
     if tm.global_pool not in ("token", "avg", "map", ""):
         why.append(f"global_pool={tm.global_pool!r}")
     if tm.global_pool == "map" and tm.num_prefix_tokens:
@@ -71,6 +74,7 @@ def config_from_eva(tm: Any) -> ViTConfig:
     grid, patch = tm.patch_embed.grid_size, tm.patch_embed.patch_size[0]
     last = tm.blocks[-1]
     qkv_bias = attn.q_bias is not None
+    swiglu = _is(blk.mlp, "SwiGLU")
     return ViTConfig(
         img_h=grid[0] * patch,
         img_w=grid[1] * patch,
@@ -78,7 +82,7 @@ def config_from_eva(tm: Any) -> ViTConfig:
         num_channels=tm.patch_embed.proj.in_channels,
         num_layers=len(tm.blocks),
         hidden_size=tm.embed_dim,
-        ffn_hidden_size=blk.mlp.fc1.out_features,
+        ffn_hidden_size=(blk.mlp.fc1_x if swiglu else blk.mlp.fc1).out_features,
         num_attention_heads=attn.num_heads,
         hidden_dropout=attn.proj_drop.p,
         attention_dropout=attn.attn_drop.p,
@@ -98,6 +102,7 @@ def config_from_eva(tm: Any) -> ViTConfig:
         patch_bias=tm.patch_embed.proj.bias is not None,
         norm_eps=blk.norm1.eps,
         activation="gelu",
+        mlp_type="swiglu" if swiglu else "mlp",
         layer_scale_init=blk.init_values,
         pos_embed="rope",
         rope_type=kind,
@@ -143,6 +148,9 @@ def eva_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         qkv_bias=cfg.qkv_bias,
         qk_norm=cfg.qk_norm,
         mlp_ratio=_mlp_ratio(cfg.ffn_hidden_size, cfg.hidden_size),
+        # SwiGLU: timm's two-layer SwiGLU is built only with an alignment (1: the width as it is)
+        swiglu_mlp=cfg.mlp_type == "swiglu",
+        swiglu_align_to=1 if cfg.mlp_type == "swiglu" else 0,
         drop_rate=cfg.head_dropout,
         pos_drop_rate=cfg.hidden_dropout,
         proj_drop_rate=cfg.hidden_dropout,
