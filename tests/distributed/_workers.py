@@ -28,8 +28,10 @@ def batches(model_cfg, steps: int, seed: int = 1):
         yield x, y
 
 
-def train_curve(layout: dict, name: str, overrides: dict, steps: int, ac: str = "none", lr: float = 2e-3):
-    """Train ``steps`` AdamW steps on fixed random batches; returns the global-mean loss per step.
+def train_curve(layout: dict, name: str, overrides: dict, steps: int, ac: str = "none", lr: float = 2e-3,
+                optimizer: str = "adamw"):  # fmt: skip
+    """Train ``steps`` AdamW (or ``lamb``: vitscale's LAMB, whose trust ratio needs whole-tensor norms
+    of sharded parameters) steps on fixed random batches; returns the global-mean loss per step.
 
     Each data-parallel rank takes its slice of the global batch (TP ranks share one slice), so the
     mean of the local losses over data-parallel ranks is the one-process loss of the full batch.
@@ -41,7 +43,12 @@ def train_curve(layout: dict, name: str, overrides: dict, steps: int, ac: str = 
 
     dims = init_distributed(NS(**layout), "cpu")
     model = build_model(name, dims, **make_cfg(ac), seed=0, init="reference", overrides=overrides)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
+    if optimizer == "lamb":
+        from vitscale.train.lamb import Lamb
+
+        opt = Lamb(model.parameters(), lr=lr, weight_decay=0.05)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
     losses = []
     n = GLOBAL_BATCH // dims.dp_size
     for x, y in batches(model.cfg, steps):
@@ -59,11 +66,12 @@ def train_curve(layout: dict, name: str, overrides: dict, steps: int, ac: str = 
 
 
 def curves_for_layouts(cases: list[tuple[str, dict, str, dict, int]]):
-    """Run several (label, layout, name, overrides, steps[, ac]) cases in one process group."""
+    """Run several (label, layout, name, overrides, steps[, ac[, optimizer]]) cases in one process group."""
     out = {}
     for case in cases:
         label, layout, name, overrides, steps, *rest = case
-        out[label] = train_curve(layout, name, overrides, steps, ac=rest[0] if rest else "none")
+        out[label] = train_curve(layout, name, overrides, steps, ac=rest[0] if rest else "none",
+                                 optimizer=rest[1] if len(rest) > 1 else "adamw")  # fmt: skip
     return out
 
 

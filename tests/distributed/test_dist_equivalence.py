@@ -34,6 +34,9 @@ CASES = [
     ("tp_qk_ls", dict(dp_shard=1, tp=2), "vit_debug", DEBUG_QK_LS, 4),
     ("tp_22b", dict(dp_shard=1, tp=2), "vit_22b", MINI_22B, 4),
     ("fsdp_22b", dict(dp_shard=2), "vit_22b", MINI_22B, 4),
+    # LAMB's trust ratio takes whole-tensor norms of FSDP / TP shards (vitscale.train.lamb)
+    ("fsdp_lamb", dict(dp_shard=2), "vit_debug", DEBUG, 4, "none", "lamb"),
+    ("tp_lamb", dict(dp_shard=1, tp=2), "vit_debug", DEBUG_QK_LS, 4, "none", "lamb"),
     ("tp_rope", dict(dp_shard=1, tp=2), "vit_b16_rope_reg1_gap_256", MINI_ROPE, 4),
 ]
 
@@ -46,21 +49,24 @@ def _all(cases):
 @pytest.mark.slow
 def test_layouts_follow_single_process_curve():
     refs = {}
-    for _label, _, name, ov, steps, *_rest in CASES:
-        key = (name, tuple(sorted(ov.items())), steps)
+    for _label, _, name, ov, steps, *rest in CASES:
+        opt = rest[1] if len(rest) > 1 else "adamw"
+        key = (name, tuple(sorted(ov.items())), steps, opt)
         if key not in refs:
-            refs[key] = train_curve({}, name, ov, steps)
+            refs[key] = train_curve({}, name, ov, steps, optimizer=opt)
     out = run_distributed(_all, 2, CASES)
     results = [o["curves"] for o in out]
     assert results[0] == results[1], "both ranks must log the same global-mean loss"
-    for label, _, name, ov, steps, *_rest in CASES:
-        ref = refs[(name, tuple(sorted(ov.items())), steps)]
+    for label, _, name, ov, steps, *rest in CASES:
+        ref = refs[(name, tuple(sorted(ov.items())), steps, rest[1] if len(rest) > 1 else "adamw")]
         got = results[0][label]
         assert len(got) == steps
         assert rel_each(got, ref) <= TOL, f"{label}: {got} vs one process {ref}"
     # the curves move (training happens), so agreement is not trivial
-    ref = refs[("vit_debug", (), STEPS)]
+    ref = refs[("vit_debug", (), STEPS, "adamw")]
     assert abs(ref[-1] - ref[0]) > 1e-3
+    lamb = refs[("vit_debug", (), 4, "lamb")]
+    assert abs(lamb[-1] - lamb[0]) > 1e-3 and lamb != ref[:4]  # LAMB trains, and not as AdamW
 
     # Sharded initialisation under TP (the path of models too big for a full CPU copy): parameters
     # replicated over the TP group are identical on both ranks, TP shards are different draws.
@@ -69,5 +75,5 @@ def test_layouts_follow_single_process_curve():
     for name, (sharded, total) in a.items():
         if not sharded:
             assert total == b[name][1], name
-        elif name.endswith("qkv.weight") or name.endswith("fc1.weight"):
+        elif name.endswith("qkv_per_head.weight") or name.endswith("fc1.weight"):
             assert total != b[name][1], name

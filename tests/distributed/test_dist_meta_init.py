@@ -36,7 +36,7 @@ def _build_22b():
     model = build_model("vit_22b", dims, seed=0, init="sharded", overrides=dict(num_layers=LAYERS), dtype=torch.bfloat16)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     params = list(model.parameters())
-    w = model.blocks[0].in_proj.weight.to_local().float()
+    w = model.blocks[0].in_proj_per_head.weight.to_local().float()
     return dict(
         all_dtensor=all(isinstance(p, DTensor) for p in params),
         local_bytes=sum(p.to_local().numel() * p.element_size() for p in params),

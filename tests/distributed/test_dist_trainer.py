@@ -99,7 +99,7 @@ def test_trainer_layouts_and_resharded_resume(tmp_path):
     got = load_consolidated(out)
     exported = load_file(str(tmp_path / "fsdp" / "model.safetensors"))
     single = load_consolidated(consolidate(tmp_path / "single", tmp_path / "single.safetensors")[0])
-    assert set(got) == set(exported) == set(single) and "blocks.0.attn.qkv.weight" in got
+    assert set(got) == set(exported) == set(single) and "blocks.0.attn.qkv_per_head.weight" in got
     for k in exported:
         assert torch.equal(got[k], exported[k]), k
         torch.testing.assert_close(got[k], single[k], atol=2e-3, rtol=0)

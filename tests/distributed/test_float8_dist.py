@@ -47,7 +47,7 @@ def _two_ranks(root: str) -> dict:
 
     root = Path(root)
     fsdp = _trainer(root / "fsdp", "parallel.dp_shard=2")
-    weight = fsdp.model.blocks[0].attn.qkv.weight
+    weight = fsdp.model.blocks[0].attn.qkv_per_head.weight
     local_kind = type(weight.to_local()).__name__
     before = fsdp.run.float8.precompute_scales
     fsdp.fit()
@@ -98,7 +98,7 @@ def test_fp8_fsdp_all_gather_and_tp_follow_one_process(tmp_path):
 
 def _fsdp_x_tp(root: str) -> str:
     trainer = _trainer(Path(root) / "fsdp_tp", "parallel.dp_shard=2", "parallel.tp=2", "train.max_steps=4")
-    kind = type(trainer.model.blocks[0].attn.qkv.weight.to_local()).__name__
+    kind = type(trainer.model.blocks[0].attn.qkv_per_head.weight.to_local()).__name__
     trainer.fit()
     return kind
 

@@ -338,7 +338,7 @@ def _rechunk_rows(idx: dict, fqn: str) -> list[dict]:
              "length": row_bytes} for i in range(rows)]  # fmt: skip
 
 
-QKV = "model.blocks.0.attn.qkv.weight"  # (288, 96)
+QKV = "model.blocks.0.attn.qkv_per_head.weight"  # (288, 96)
 
 
 def test_index_tiling_exactly_loads_the_same_weights(genuine, tmp_path):
@@ -387,7 +387,7 @@ def _nan_into(step: Path, fqn: str) -> None:
 def test_nan_in_optimizer_state_falls_back_to_the_older_checkpoint(two_steps, tmp_path, capsys, caplog):
     """Was loaded unchecked: the first step after the resume made the weights NaN, and every resume repeated it."""
     run = _copy2(two_steps, tmp_path)
-    fqn = "optim.state.blocks.0.attn.qkv.weight.exp_avg"
+    fqn = "optim.state.blocks.0.attn.qkv_per_head.weight.exp_avg"
     _nan_into(run / "checkpoints" / STEP, fqn)
     # convert and eval read the model's files only, which are intact: they use step 2
     _falls_back(run, tmp_path, f"non-finite values (NaN or infinity) in {fqn}", capsys, caplog, commands=("resume",))

@@ -1,6 +1,7 @@
 """Fine-tuning and distillation through the real command line, on real files: a timm ViT saved by timm
 itself into a Hugging Face cache built here (``HF_HUB_CACHE``, ``HF_HUB_OFFLINE=1``) and read as
-``hf-hub:org/name``; a ViT distilled from it with DeiT's token; a CLIP fine-tuned from an open_clip
+``hf-hub:org/name``, and the same model as a plain ``.safetensors`` fine-tuned with no format flag; a
+ViT distilled from it with DeiT's token; a CLIP fine-tuned from an open_clip
 file with its image tower locked and distilled from an open_clip Hub folder; every bad input of
 issue 22 a one-line error before training starts; the ``vitscale.load_run`` example of
 docs/using.md run as written."""
@@ -73,6 +74,30 @@ def test_hf_hub_from_the_local_cache_only(timm_digits, tmp_path):
     assert "no snapshot of acme/missing in the local Hugging Face cache" in res.stderr and "`hf download acme/missing`" in res.stderr
 
 
+def test_a_plain_timm_safetensors_fine_tunes_with_no_format_flag(timm_digits, tmp_path):
+    """What ``save_file(timm_model.state_dict())`` writes, the commonest file there is: no metadata, no
+    config beside it, told to be timm's by its names alone (``attn.qkv``; vitscale's is ``attn.qkv_per_head``)."""
+    from safetensors.torch import save_file
+
+    from vitscale import load_run
+    from vitscale.interop import from_timm
+
+    tm, _, _ = timm_digits
+    plain = tmp_path / "vit.safetensors"
+    save_file(tm.state_dict(), str(plain))
+    out = tmp_path / "run"
+    res = vitscale("train", "digits_vit", *FAST, "optim.lr=0", f"train.output_dir={out}", f"checkpoint.init_from={plain}")
+    assert res.returncode == 0, res.stderr
+    assert f"checkpoint.init_from: 56 tensors from {plain} (timm: timm's naming)" in (out / "train.log").read_text()
+    assert len([line for line in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]) == 2
+    # lr 0: the run's weights are timm's through the adapter, number for number, and so are its logits
+    want, got = from_timm(tm).state_dict(), load_file(out / "model.safetensors")
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(load_run(out).model(x), tm(x), rtol=0, atol=1e-5)
+
+
 def _code_pickle(path: Path, marker: Path) -> None:
     class Payload:
         def __reduce__(self):
@@ -96,7 +121,7 @@ def test_bad_inputs_are_one_line_before_training(timm_digits, tmp_path):
     cases = {
         "another architecture": ([f"checkpoint.init_from={saved}", "model.hidden_size=64"],
                                  "holds a vit with hidden_size=96; the model (model.name with model.overrides) has hidden_size=64"),
-        "a truncated file": ([f"checkpoint.init_from={cut}", "checkpoint.init_format=timm"], "truncated"),
+        "a truncated file": ([f"checkpoint.init_from={cut}"], "truncated"),
         "a pickle holding code": ([f"checkpoint.init_from={tmp_path / 'code.pth'}"],
                                   "refused by torch.load(weights_only=True): the pickle holds more than tensors"),
         "a teacher of other classes": ([f"distill.teacher={teacher7}"], "predicts 7 classes, the data has 10"),

@@ -1,6 +1,6 @@
 """A new task plugs in from one file: this one. It declares its config group, loss and training metric,
-its default evaluation (an evaluator it registers here too) and the loss the bench times, registers
-itself, and then trains, evaluates and benches through the CLI like the built-in tasks
+its own up-front check, its default evaluation (an evaluator it registers here too) and the loss the
+bench times, registers itself, and then trains, evaluates and benches through the CLI like the built-in tasks
 (docs/architecture.md, "A task"). The task: read the digit's value off the model's first output
 (regression with the mean squared error) — nothing in vitscale knows it."""
 
@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from vitscale.errors import CheckError
 from vitscale.eval.classification import all_sum
 from vitscale.eval.evaluator import Evaluator, EvaluatorConfig, register_evaluator
 from vitscale.tasks import Task, register_task
@@ -38,6 +39,15 @@ class DigitValue(Task):
     name = "digit_value"
     config_groups = {"regress": RegressConfig}
     bench_calls = 0  # how often the bench's step called bench_loss (in this process)
+
+    @classmethod
+    def check(cls, cfg, model, dims, purpose):
+        """Its own up-front check (``vitscale.run.checks.check_run`` calls it): the targets are the
+        batch's labels as they are, so mixed images would be trained against unmixed values."""
+        super().check(cfg, model, dims, purpose)
+        if purpose == "train" and (cfg.data.mixup_alpha > 0 or cfg.data.cutmix_alpha > 0):
+            raise CheckError(f"data.mixup_alpha={cfg.data.mixup_alpha}, data.cutmix_alpha={cfg.data.cutmix_alpha}: the "
+                             f"{cls.name} task does not mix its targets; set both to 0")  # fmt: skip
 
     def loss(self, model, batch, step):
         with self.autocast():
@@ -126,6 +136,14 @@ def test_a_task_from_one_file_trains_evaluates_and_benches(tmp_path, capsys, mon
     ev = vitscale("eval", str(run / "config.yaml"), f"checkpoint.path={run}")
     assert ev.returncode == 0, ev.stderr
     assert json.loads(ev.stdout)["val_mse"] == summary["val_mse"]
+
+    # its check runs with the run's own, before any data is read or model built: one line, exit code 2
+    fresh = tmp_path / "mixed"
+    refused = vitscale("train", str(config), "data.mixup_alpha=0.8", f"train.output_dir={fresh}")
+    err = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(err) == 1, refused.stderr
+    assert "data.mixup_alpha=0.8, data.cutmix_alpha=0.0: the digit_value task does not mix" in err[0]
+    assert not fresh.exists()
 
     # vitscale bench times the task's own loss (in this process, the task registered for this test only)
     from vitscale.cli import main

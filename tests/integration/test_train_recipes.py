@@ -32,11 +32,11 @@ def test_pretrain_then_finetune_at_higher_resolution(tmp_path):
     trainer = Trainer(ft)
     assert isinstance(trainer.optimizer, torch.optim.SGD) and trainer.optimizer.defaults["momentum"] == 0.9
     assert trainer.model.pos_embed.shape[1] == 1 + 8 * 8  # 64px / patch 8, resampled from 4x4
-    assert not trainer.init_report["missing"] and not trainer.init_report["skipped"]
+    assert not trainer.checkpoints.init_report["missing"] and not trainer.checkpoints.init_report["skipped"]
     from safetensors.torch import load_file
 
     w224 = load_file(tmp_path / "pre" / "model.safetensors")
-    torch.testing.assert_close(trainer.model.blocks[0].attn.qkv.weight.detach(), w224["blocks.0.attn.qkv.weight"])
+    torch.testing.assert_close(trainer.model.blocks[0].attn.qkv_per_head.weight.detach(), w224["blocks.0.attn.qkv_per_head.weight"])
     s2 = trainer.fit()
     assert s2["steps"] == 2
     rows = [json.loads(line) for line in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]

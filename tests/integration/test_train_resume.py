@@ -54,6 +54,36 @@ def test_resume_from_checkpoint_is_bit_exact(tmp_path):
 
     a, b = load_file(full / "model.safetensors"), load_file(part / "model.safetensors")
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)  # identical final weights
+    # the same checkpoint as vitscale wrote it before its per-head projections had names of their own
+    old = tmp_path / "old"
+    idx = _write_with_former_names(full / "checkpoints" / "step_00000004", old / "checkpoints")
+    assert "model.blocks.0.attn.qkv.weight" in idx and "optim.state.blocks.0.attn.qkv.weight.exp_avg" in idx
+    assert not any("per_head" in k for k in idx)
+    (old / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    resumed = train(_tiny(old, 10, 4, AUG))
+    assert resumed["resumed_from"].endswith("step_00000004") and _curve(old) == ref
+    c = load_file(old / "model.safetensors")
+    assert c.keys() == a.keys() and all(a[k].equal(c[k]) for k in a)
+
+
+def _write_with_former_names(step: Path, root: Path) -> dict:
+    """The checkpoint ``step`` written again under ``root``, every tensor (weights, optimizer states,
+    EMA) under its name before the per-head rename; returns the new checkpoint's tensor names."""
+    from vitscale.checkpoint import Checkpointer
+    from vitscale.checkpoint.discovery import find_checkpoint
+    from vitscale.checkpoint.storage import read_full
+    from vitscale.param_names import former_name
+
+    ckpt, idx = find_checkpoint(step)
+    state: dict = {}
+    for fqn, t in read_full(ckpt, idx, list(idx["tensors"])).items():
+        top, rest = former_name(fqn).split(".", 1)  # DCP joins nested keys with dots: the same names
+        state.setdefault(top, {})[rest] = t
+    ts = json.loads((step / "trainer_state.json").read_text())
+    ts.pop("world_size")
+    rng = json.loads((step / "rng_rank0.json").read_text())
+    Checkpointer(root, keep=5).save(int(ts["step"]), state, ts, rng)
+    return json.loads((root / step.name / "checkpoint.json").read_text())["tensors"]
 
 
 def test_sigkill_mid_training_then_resume(tmp_path):

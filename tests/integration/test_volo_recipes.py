@@ -46,8 +46,10 @@ def test_recipe_settings(recipe):
         assert cfg.model.overrides["img_h"] == 512 and cfg.checkpoint.init_from
     else:
         assert (cfg.optim.weight_decay, cfg.train.epochs, cfg.optim.lr_scale_batch, cfg.train.batch_size) == (
-            0.05, 300, 1024, 1024,
+            0.05, 310, 1024, 1024,
         )  # fmt: skip
+        # sail-sg/volo main.py: 20 warm-up epochs, 300 cosine epochs, then 10 at min_lr
+        assert (cfg.schedule.warmup_epochs, cfg.schedule.cooldown_epochs, cfg.schedule.min_lr) == (20, 10, 1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,12 @@ def test_token_labeling_pipeline_and_high_res_finetune(tmp_path, capsys):
     assert main(["train", "digits_vit", "train.max_steps=2", f"train.output_dir={teacher}", *tiny_vit, *FAST]) == 0
     capsys.readouterr()
 
+    # the teacher's own image side is checked against the teacher, before any data is read
+    assert main(["label-tokens", "digits_vit", f"teacher.checkpoint={teacher}", *tiny_vit, "teacher.img_size=30",
+                 str(labels)]) == 2  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "teacher.img_size=30 does not fit vit_debug" in err[0] and "multiple of 4" in err[0], err
+    assert not labels.exists()
     assert main(["label-tokens", "digits_vit", f"teacher.checkpoint={teacher}", *tiny_vit,
                  "teacher.batch_size=500", "teacher.topk=3", str(labels)]) == 0  # fmt: skip
     summary = json.loads(capsys.readouterr().out)
@@ -53,5 +59,5 @@ def test_token_labeling_pipeline_and_high_res_finetune(tmp_path, capsys):
     w_low, w_high = load_file(str(low / "model.safetensors")), load_file(str(high / "model.safetensors"))
     assert w_high["pos_embed"].shape == (1, 8, 8, 64)
     torch.testing.assert_close(w_high["pos_embed"], _resample_grid_pos(w_low["pos_embed"], (8, 8)))
-    for k in ("blocks.0.attn.qkv.weight", "outlookers.0.attn.attn.weight", "aux_head.weight", "head.bias"):
+    for k in ("blocks.0.attn.qkv_per_head.weight", "outlookers.0.attn.attn.weight", "aux_head.weight", "head.bias"):
         torch.testing.assert_close(w_high[k], w_low[k])

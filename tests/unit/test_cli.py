@@ -83,14 +83,14 @@ def test_overrides_may_follow_an_option(capsys):
     [
         ("data.format=nope", "unknown data.format 'nope'; choose one of csv, digits, digits_aspect, imagefolder, parquet, synthetic, "
          "webdataset"),
-        ("train.task=nope", "train.task: unknown task 'nope'; choose one of classification, contrastive, token_labeling"),
+        ("train.task=nope", "train.task: unknown task 'nope'; choose one of classification, contrastive, mae, token_labeling"),
         ("data.interpolation=cubic", "data.interpolation: 'cubic' is not one of bilinear, bicubic"),
         ("token_label.cls_target=label", "token_label.cls_target: 'label' is not one of ground_truth, teacher"),
         ("teacher.weights=best", "teacher.weights: 'best' is not one of model, ema"),
         ("data.randaugment=m9-n2", "data.randaugment (torchvision's RandAugment) is replaced by data.auto_augment with timm's "
          "strings: write data.auto_augment=rand-m9-n2 for 'm9-n2' (DeiT's and VOLO's: rand-m9-mstd0.5-inc1); docs/data.md"),
         ("data.auto_augment=rand-m9-x2", "data.auto_augment: unknown section 'x2' in 'rand-m9-x2' (this policy takes m, n, p, "
-         "mstd, mmax, inc; e.g. rand-m9-mstd0.5-inc1, original, 3a or ta_wide (docs/data.md))"),
+         "mstd, mmax, inc; e.g. rand-m9-mstd0.5-inc1, original, 3a, ta_wide or nemo (docs/data.md))"),
         ("data.color_jitter=[0.4,0.4]", "data.color_jitter=[0.4, 0.4]: give 1, 3 or 4 values (brightness, contrast, "
          "saturation[, hue]), e.g. 0.4 or [0.4,0.4,0.4,0.1]"),
         ("optim.lrr=1", "unknown config key 'optim.lrr'; did you mean 'optim.lr'?"),
@@ -126,7 +126,7 @@ def test_config_lists_every_group_of_the_schema(capsys):
     out = capsys.readouterr().out.splitlines()
     listed = [line.split()[0] for line in out[1:-1]]
     schema = [f.name for f in dataclasses.fields(Config)]  # the root's groups, then the tasks' groups
-    assert listed == [*schema, "distill", "clip", "token_label", "teacher"]
+    assert listed == [*schema, "distill", "clip", "token_label", "teacher", "mae"]
     assert "evals" in listed and "  evals        The run's evaluations" in "\n".join(out)
     assert "  optim        The optimizer." in out
 
@@ -137,7 +137,7 @@ def test_config_lists_a_tasks_group_and_every_evaluator(capsys):
     assert main(["config", "evals"]) == 0
     out = capsys.readouterr().out
     kinds = [line.split()[1] for line in out.splitlines() if line.startswith("kind: ")]
-    assert kinds == sorted(["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot", "sizes"])
+    assert kinds == sorted(["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot", "knn", "sizes"])
     assert "  every = 0  (int)\n    Evaluate every N training steps" in out
     assert "  shots = [1, 5, 10, 25]  (list of int)" in out  # a kind's own field
 
@@ -146,7 +146,7 @@ def test_config_group_shows_defaults_types_and_docstrings(capsys):
     assert main(["config", "optim"]) == 0
     out = capsys.readouterr().out
     assert "optim.lr = 0.001  (float)\n    Base learning rate (before the batch-size scaling rule).\n" in out
-    assert "optim.name = adamw  (adamw | adam | sgd)\n" in out
+    assert "optim.name = adamw  (adamw | adam | sgd | lamb)\n" in out
     assert "optim.head_weight_decay = null  (float | None)\n" in out
     assert "optim.betas = [0.9, 0.999]  (2 values)\n" in out
     assert main(["config", "train"]) == 0

@@ -64,7 +64,7 @@ def test_clip_layer_decay_is_per_tower():
     assert scale[id(named["visual.patch_embed.proj.weight"])] == 0.125  # 2 image blocks: 0.5^3
     assert scale[id(named["text.token_embedding.weight"])] == 0.125
     assert scale[id(named["visual.blocks.1.mlp.fc1.weight"])] == 0.5
-    assert scale[id(named["text.blocks.0.attn.qkv.weight"])] == 0.25
+    assert scale[id(named["text.blocks.0.attn.qkv_per_head.weight"])] == 0.25
     assert scale[id(named["logit_scale"])] == scale[id(named["image_proj.weight"])] == 1.0
 
 
@@ -148,16 +148,31 @@ def test_a_new_model_name_drops_the_yamls_model_overrides():
 
 def test_distillation_settings_are_checked_up_front():
     from vitscale.distributed.parallel_dims import ParallelDims
-    from vitscale.errors import CheckError
+    from vitscale.errors import CheckError, ConfigError
     from vitscale.run.checks import check_run
 
     dims = ParallelDims(device=torch.device("cpu"))
+    # a task's group checks its own fields as it is built: the config does not load
     for overrides, message in (
-        (["train.task=token_labeling", "distill.teacher=t.pth"], "the token_labeling task does not distill"),
         (["distill.teacher=t.pth", "distill.alpha=1.5"], "distill.alpha=1.5 must be in [0, 1]"),
         (["distill.teacher=t.pth", "distill.tau=0"], "distill.tau=0.0 must be"),
-        (["optim.layer_decay=0"], "optim.layer_decay=0.0 must be in (0, 1]"),
         (["clip.lock_image_unlocked_groups=-1"], "clip.lock_image_unlocked_groups=-1 must be at least 0"),
+        (["token_label.mix_token_prob=2"], "token_label.mix_token_prob=2.0 must be in [0, 1]"),
+        (["teacher.batch_size=0"], "teacher.batch_size=0 must be at least 1"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config("digits_vit", overrides)
+    assert load_config("digits_vit", ["distill.alpha=1.5"]).distill.alpha == 1.5  # no teacher: not read, not checked
+    # what needs more than one group: the run's checks, the task's (Task.check) among them
+    for overrides, message in (
+        (["train.task=token_labeling", "token_label.path=labels", "distill.teacher=t.pth"], "the token_labeling task does not distill"),
+        (["train.task=token_labeling"], "train.task=token_labeling needs token_label.path"),
+        (["optim.layer_decay=0"], "optim.layer_decay=0.0 must be in (0, 1]"),
     ):
         with pytest.raises(CheckError, match=re.escape(message)):
             check_run(load_config("digits_vit", overrides), dims, "train")
+    clip = load_config("digits_clip", ["train.task=token_labeling", "token_label.path=labels"])
+    with pytest.raises(CheckError, match=re.escape("needs a model with per-token class logits (a ViT or VOLO): clip_debug")):
+        check_run(clip, dims, "train")
+    check_run(load_config("digits_vit", ["train.task=token_labeling", "token_label.path=labels"]), dims, "train")
+    check_run(load_config("digits_vit", ["train.task=token_labeling"]), dims, "eval")  # evaluates as a classifier

@@ -48,9 +48,9 @@ def _linear_names(model: nn.Module, under: str = "") -> set[str]:
 def test_only_block_linears_convert_in_every_family():
     vit = create_model("vit_debug", pool="map", device="meta")
     report = apply_float8(vit, vit.blocks, "tensorwise", device="cpu", fp8_filter="all")
-    want = {f"blocks.{i}.{n}" for i in range(2) for n in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")}
+    want = {f"blocks.{i}.{n}" for i in range(2) for n in ("attn.qkv_per_head", "attn.proj", "mlp.fc1", "mlp.fc2")}
     assert _float8_names(vit) == set(report.converted) == want and not report.kept
-    assert {"head", "attn_pool.q", "attn_pool.kv", "attn_pool.mlp.fc1"} <= _linear_names(vit) - want
+    assert {"head", "attn_pool.q", "attn_pool.kv_per_head", "attn_pool.mlp.fc1"} <= _linear_names(vit) - want
     assert type(vit.patch_embed.proj) is nn.Conv2d and type(vit.head) is nn.Linear
     assert report.emulate and "emulated on CPU" in report.summary()
 
@@ -82,14 +82,14 @@ def test_size_filter_on_full_sizes():
         return {n.split(".", 2)[2] for n in r.converted}, r
 
     kinds, r = run("vit_l16", "tensorwise")
-    assert kinds == {"attn.qkv", "mlp.fc1"} and len(r.converted) == 48 and len(r.kept) == 48
+    assert kinds == {"attn.qkv_per_head", "mlp.fc1"} and len(r.converted) == 48 and len(r.kept) == 48
     assert set(r.kept.values()) == {"too small for tensorwise to pay (needs out > 1024 or in > 4096)"}
     assert run("vit_l16", "tensorwise", "all")[1].converted.__len__() == 96
     kinds, r = run("vit_l16", "rowwise")
     assert kinds == set() and len(r.kept) == 96
-    assert run("vit_h14", "tensorwise")[0] == {"attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"}
-    assert run("vit_g14", "rowwise")[0] == {"attn.qkv", "mlp.fc1"}  # 1408 -> 4224 and 1408 -> 6144
-    assert run("vit_22b", "tensorwise")[0] == {"in_proj", "out_proj"}
+    assert run("vit_h14", "tensorwise")[0] == {"attn.qkv_per_head", "attn.proj", "mlp.fc1", "mlp.fc2"}
+    assert run("vit_g14", "rowwise")[0] == {"attn.qkv_per_head", "mlp.fc1"}  # 1408 -> 4224 and 1408 -> 6144
+    assert run("vit_22b", "tensorwise")[0] == {"in_proj_per_head", "out_proj_per_head"}
     assert float8_decision(nn.Linear(1280, 1290, device="meta"), "tensorwise", "all") == "features not multiples of 16"
     none = create_model("vit_debug", device="meta")
     assert apply_float8(none, none.blocks, "none").converted == [] and not _float8_names(none)

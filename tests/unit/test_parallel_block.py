@@ -1,7 +1,7 @@
 """The ViT-22B parallel block's hot path, as torch.compile captures it (AOT forward and backward
 graphs): one GEMM in (QKV + fc1 fused), one GEMM out, one LayerNorm, and no copy beyond the two the
-fusion needs — the concatenation feeding out_proj, and in backward the one gathering dq, dk, dv and
-the MLP gradient into in_proj's output gradient (no stack of dq, dk, dv first, no clone). Outputs
+fusion needs — the concatenation feeding out_proj_per_head, and in backward the one gathering dq, dk, dv and
+the MLP gradient into in_proj_per_head's output gradient (no stack of dq, dk, dv first, no clone). Outputs
 are guarded by the timm parity tests (tests/unit/test_interop_timm.py)."""
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ def test_parallel_block_graph_has_two_gemms_and_only_the_fusion_copies():
                     img_h=32, img_w=32, parallel_block=True, qkv_bias=False, mlp_bias=True)  # fmt: skip
     g = _graphs(ParallelBlock(cfg), torch.randn(2, 17, 64, requires_grad=True))
     fw, bw = g["fw"], g["bw"]
-    assert fw["aten.mm"] + fw["aten.addmm"] == 2, fw  # in_proj, out_proj
+    assert fw["aten.mm"] + fw["aten.addmm"] == 2, fw  # in_proj_per_head, out_proj_per_head
     assert fw["aten.native_layer_norm"] == 1
     # [attention, MLP] -> out_proj; torch 2.11 also traces the blocks' nn.Dropout(p=0) as clones (that
     # inductor fuses away), torch 2.14 does not: forward clones are not counted
     assert {k: fw[k] for k in COPIES if fw[k] and k != "aten.clone"} == {"aten.cat": 1}, fw
-    assert {k: bw[k] for k in COPIES if bw[k]} == {"aten.cat": 1}, bw  # [dq, dk, dv, dMLP] -> d in_proj
+    assert {k: bw[k] for k in COPIES if bw[k]} == {"aten.cat": 1}, bw  # [dq, dk, dv, dMLP] -> d in_proj_per_head
     assert bw["aten.mm"] == 4, bw  # input and weight gradients of the two GEMMs

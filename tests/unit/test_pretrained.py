@@ -2,7 +2,8 @@
 ``checkpoint.init_from``, ``distill.teacher`` and ``vitscale.create_model(pretrained=...)`` use):
 files written by timm and open_clip themselves from randomly initialised models, in every form they
 take — Hub snapshot folders, ``.safetensors``, ``.bin`` / ``.pth`` pickles — and vitscale's own
-files, each loaded and checked against the library model's outputs; the format told or refused,
+files, each loaded and checked against the library model's outputs; the format told by the files'
+kind, metadata or names (also of files written before vitscale's per-head projections were renamed),
 never guessed; the architecture compared field by field; bad files one line each."""
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
-import shutil
 
 import pytest
 import safetensors.torch
@@ -87,7 +87,7 @@ def test_timm_hub_folder_loads_exactly(timm_files):
     assert lines[0].startswith("checkpoint.init_from: ") and "timm" in lines[0] and len(lines) == 1
 
 
-def test_timm_pickle_is_the_librarys_and_the_bare_safetensors_is_refused(timm_files, tmp_path):
+def test_timm_pickle_and_bare_safetensors_are_told_by_their_names(timm_files, tmp_path):
     tm, hub = timm_files
     x = _images()
     # pytorch_model.bin, written by timm with torch.save: a pickle is never vitscale's (vitscale writes none)
@@ -98,13 +98,14 @@ def test_timm_pickle_is_the_librarys_and_the_bare_safetensors_is_refused(timm_fi
     # a training checkpoint's layout (timm train.py: {"state_dict": ..., "arch": ...}) as .pth.tar
     torch.save({"state_dict": tm.state_dict(), "arch": "vit_tiny_patch16_224", "epoch": 3}, tmp_path / "ckpt.pth.tar")
     assert read_source(str(tmp_path / "ckpt.pth.tar"), get_family("vit")).format == "timm"
-    # model.safetensors alone: the same names as vitscale's, no vitscale metadata -> refused, never guessed
+    # model.safetensors alone, no metadata: timm's names (attn.qkv, not vitscale's attn.qkv_per_head) say timm
     bare = tmp_path / "model.safetensors"
-    shutil.copy(hub / "model.safetensors", bare)
-    with pytest.raises(UserError, match=r"cannot tell timm's layout from vitscale's .* checkpoint.init_format=timm"):
-        load_pretrained(_vit(), str(bare))
+    safetensors.torch.save_file(tm.state_dict(), str(bare))
+    src = read_source(str(bare), get_family("vit"))
+    assert (src.format, src.why) == ("timm", "timm's naming")
     model = _vit()
-    load_pretrained(model, str(bare), "timm")  # named: converted
+    _, lines, _ = load_pretrained(model, str(bare))
+    assert "(timm: timm's naming)" in lines[0]
     with torch.no_grad():
         torch.testing.assert_close(model(x), tm(x), rtol=1e-5, atol=1e-5)
 
@@ -208,10 +209,67 @@ def test_vitscale_files_and_folders(tmp_path):
     # its own metadata says vitscale: a contradicting format is refused
     with pytest.raises(UserError, match="carries vitscale's metadata"):
         read_source(str(tmp_path / "model.safetensors"), get_family("vit"), "timm")
-    # the trap of the issue: vitscale's tensors as a bare .safetensors (no metadata) cannot be told from timm's
+    # vitscale's tensors as a bare .safetensors (no metadata): its names (attn.qkv_per_head) say vitscale
     safetensors.torch.save_file(src_model.state_dict(), str(tmp_path / "bare.safetensors"))
-    with pytest.raises(UserError, match="checkpoint.init_format=vitscale"):
-        read_source(str(tmp_path / "bare.safetensors"), get_family("vit"))
+    src = read_source(str(tmp_path / "bare.safetensors"), get_family("vit"))
+    assert (src.format, src.why) == ("vitscale", "vitscale's naming")
+    model = _vit()
+    load_pretrained(model, str(tmp_path / "bare.safetensors"))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), want, rtol=0, atol=0)
+
+
+def _former(sd: dict) -> dict:
+    """A state dict as vitscale wrote it before its per-head projections had names of their own."""
+    from vitscale.param_names import former_name
+
+    return {former_name(k): v for k, v in sd.items()}
+
+
+def test_weights_written_before_the_rename_still_load(tmp_path):
+    """Run folders, checkpoints and exports written under the former names (``attn.qkv``, ...) are
+    vitscale's by their kind or metadata and load renamed; a bare file of them is timm's by its names
+    unless told (``init_format=vitscale``), or vitscale's where timm never writes such names."""
+    from vitscale.checkpoint import load_model_weights, write_weights
+
+    torch.manual_seed(0)
+    x = _images()
+    old = _vit()
+    with torch.no_grad():
+        want = old(x)
+    sd = _former(old.state_dict())
+    assert "blocks.0.attn.qkv.weight" in sd and not any("per_head" in k for k in sd)
+    Checkpointer(tmp_path / "run" / "checkpoints", keep=1).save(4, {"model": sd}, {"step": 4, "data": {}})
+    write_weights(sd, tmp_path / "export.safetensors", {"model": "vit_debug", "overrides": "{}"})
+    for given in (tmp_path / "run", tmp_path / "export.safetensors"):
+        model = _vit()
+        src, lines, _ = load_pretrained(model, str(given))
+        assert src.format == "vitscale" and "4 tensors under their former names (before the *_per_head rename: blocks.0.attn.qkv.bias, ...) renamed" in lines[0], lines
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), want, rtol=0, atol=0)
+    model = _vit()  # what vitscale eval / export / a teacher load: straight into the model
+    load_model_weights(model, sd, strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), want, rtol=0, atol=0)
+    # no metadata: timm's names, so timm's layout, unless the format is named
+    safetensors.torch.save_file(sd, str(tmp_path / "bare.safetensors"))
+    assert read_source(str(tmp_path / "bare.safetensors"), get_family("vit")).format == "timm"
+    model = _vit()
+    load_pretrained(model, str(tmp_path / "bare.safetensors"), "vitscale")
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), want, rtol=0, atol=0)
+    # names timm never writes tell a bare file: a ViT-22B block's norm beside in_proj (timm: in_norm),
+    # registers inside cls_token (timm: reg_token), a CLIP in vitscale's naming
+    for name, kw in (("vit_debug", {"parallel_block": True}), ("vit_debug", {"class_token_length": 3}), ("clip_debug", {})):
+        old = vitscale.create_model(name, **kw).eval()
+        path = tmp_path / f"{name}_{len(kw)}_{'_'.join(kw)}.safetensors"
+        safetensors.torch.save_file(_former(old.state_dict()), str(path))
+        model = vitscale.create_model(name, pretrained=str(path), **kw)
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), old.state_dict().values())), (name, kw)
+    # only names the model asks for are mapped: a module of its own called qkv keeps its name
+    from vitscale.param_names import with_current_names
+
+    assert with_current_names({"attn.qkv.weight": 1}, {"attn.qkv.weight"}) == ({"attn.qkv.weight": 1}, [])
 
 
 def test_create_model_pretrained_takes_the_weights_classes(timm_files):
@@ -237,7 +295,7 @@ def test_another_architecture_names_the_first_field(timm_files, tmp_path):
         read_source(str(tmp_path / "clip.safetensors"), get_family("vit"))
     # a timm ViT's for a CLIP
     torch.save(to_timm(_vit()), tmp_path / "vit.pth")
-    with pytest.raises(UserError, match="they look like a timm or vitscale vit"):
+    with pytest.raises(UserError, match="they look like a timm vit"):
         read_source(str(tmp_path / "vit.pth"), get_family("clip"))
 
 

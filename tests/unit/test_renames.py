@@ -26,7 +26,7 @@ def _table(*extra: Rename, catch_all: bool = True) -> RenameTable:
         unsupported="only tiny models are supported",
         entries=(
             Rename(None, "**.mask"),  # a buffer the library stored: dropped on the way in
-            Rename("blocks.*.attn.qkv.*", "layers.*.in_proj_*", *per_head(3, H)),
+            Rename("blocks.*.attn.qkv_per_head.*", "layers.*.in_proj_*", *per_head(3, H)),
             Rename("blocks.*.norm1.**", "layers.*.ln_1.**"),
             Rename("proj.weight", "proj", transposed, transposed),
             *extra,
@@ -51,11 +51,11 @@ def test_round_trip_renames_relays_and_passes_the_rest_through():
     theirs = _theirs()
     ours = convert(theirs, _table(), to="ours")
     assert sorted(ours) == [
-        "blocks.0.attn.qkv.bias", "blocks.0.attn.qkv.weight", "blocks.1.norm1.weight", "pos_embed", "proj.weight",
+        "blocks.0.attn.qkv_per_head.bias", "blocks.0.attn.qkv_per_head.weight", "blocks.1.norm1.weight", "pos_embed", "proj.weight",
     ]  # fmt: skip
     assert ours["proj.weight"].shape == (7, D) and ours["proj.weight"].is_contiguous()
     assert torch.equal(ours["proj.weight"], theirs["proj"].T)
-    assert torch.equal(ours["blocks.0.attn.qkv.weight"], heads_first(theirs["layers.0.in_proj_weight"], 3, H))
+    assert torch.equal(ours["blocks.0.attn.qkv_per_head.weight"], heads_first(theirs["layers.0.in_proj_weight"], 3, H))
     assert ours["pos_embed"] is theirs["pos_embed"]  # no layout change: the same tensor
     back = convert(ours, _table(), to="theirs")
     want = {k: v for k, v in theirs.items() if k != "layers.1.mask"}
@@ -80,7 +80,7 @@ def test_the_first_matching_entry_wins_in_both_directions():
     table = _table(Rename("blocks.*.**", "layers.*.**"))
     sd = {"layers.0.in_proj_weight": _theirs()["layers.0.in_proj_weight"], "layers.0.out.bias": torch.ones(D)}
     ours = convert(sd, table, to="ours")
-    assert sorted(ours) == ["blocks.0.attn.qkv.weight", "blocks.0.out.bias"]
+    assert sorted(ours) == ["blocks.0.attn.qkv_per_head.weight", "blocks.0.out.bias"]
     assert sorted(convert(ours, table, to="theirs")) == sorted(sd)
 
 

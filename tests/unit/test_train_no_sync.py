@@ -122,6 +122,9 @@ def _run_steps(t: Trainer, steps: int = 2) -> tuple[torch.Tensor, dict, torch.Te
         ("digits_clip", ["train.batch_size=8", "optim.name=sgd"]),
         # SigLIP
         ("digits_clip", ["train.batch_size=8", "train.loss=sigmoid"]),
+        # MAE: keyed masks drawn on the host, the encoder on the visible patches, the decoder, 2 micro-batches
+        ("digits_mae", ["model.num_layers=1", "train.batch_size=8", "train.grad_accum=2", "mae.decoder_depth=1",
+                        "mae.decoder_width=16", "mae.decoder_heads=2"]),
     ],
 )  # fmt: skip
 def test_train_step_reads_nothing_back(config, overrides, tmp_path):

@@ -26,8 +26,8 @@ def test_weight_decay_groups_and_head_decay():
     assert groups["decay"]["weight_decay"] == 0.3 and groups["head"]["weight_decay"] == 0.01
     assert groups["no_decay"]["weight_decay"] == 0.0
     no_decay, decay, head = (_names(model, groups[k]) for k in ("no_decay", "decay", "head"))
-    assert {"pos_embed", "cls_token", "norm.weight", "norm.bias", "blocks.0.attn.qkv.bias"} <= no_decay
-    assert "blocks.0.attn.qkv.weight" in decay and "patch_embed.proj.weight" in decay
+    assert {"pos_embed", "cls_token", "norm.weight", "norm.bias", "blocks.0.attn.qkv_per_head.bias"} <= no_decay
+    assert "blocks.0.attn.qkv_per_head.weight" in decay and "patch_embed.proj.weight" in decay
     assert head == {"head.weight"}  # the head's bias takes no decay
     assert not decay & no_decay and len(decay | no_decay | head) == len(list(model.parameters()))
     # head_weight_decay None = the body's decay
@@ -62,6 +62,19 @@ def test_cosine_with_warmup():
     assert f[59] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert f[-1] == pytest.approx(0.1)  # ends at min_lr
     assert all(a >= b for a, b in zip(f[9:], f[10:]))
+
+
+def test_cosine_cooldown_holds_min_lr_as_timm():
+    """timm's --cooldown-epochs (the VOLO code's 10): the cosine ends ``cooldown`` steps before the run,
+    whose last steps stay at min_lr; ``cooldown_epochs`` converts by the epoch's length."""
+    from vitscale.train.schedules import in_steps
+
+    s = in_steps(ScheduleConfig(name="cosine", min_lr=0.1, cooldown_epochs=2.5), steps_per_epoch=4)
+    assert s.cooldown_steps == 10
+    f = [lr_factor(s, t, total_steps=110, warmup_steps=10, peak_lr=1.0) for t in range(1, 111)]
+    assert f[9] == pytest.approx(1.0) and f[54] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # 90-step cosine
+    assert f[99:] == [pytest.approx(0.1)] * 11 and f[98] > 0.1  # the cosine reaches min_lr at step 100 and stays
+    assert in_steps(ScheduleConfig(cooldown_steps=3, cooldown_epochs=2.0), 4).cooldown_steps == 3  # steps win
 
 
 def test_rsqrt_with_warmup_and_linear_cooldown():

@@ -85,7 +85,7 @@ def test_vit_22b_parameter_count():
     assert abs(blocks - 21.743e9) / 21.743e9 < 0.001, blocks
     assert 21.7e9 < total < 22.3e9
     blk = model.blocks[0]
-    assert blk.in_proj.bias is None and blk.norm.bias is None and blk.mlp_bias is not None
+    assert blk.in_proj_per_head.bias is None and blk.norm.bias is None and blk.mlp_bias_per_head is not None
     assert model.cls_token is None and model.attn_pool is not None
 
 
@@ -97,7 +97,7 @@ def test_meta_build_then_to_empty_and_init():
     assert all(torch.isfinite(p).all() for p in model.parameters())
     ref = vitscale.create_model("vit_debug")
     # same initialisation statistics as a normally built model
-    assert abs(model.blocks[0].attn.qkv.weight.std() - ref.blocks[0].attn.qkv.weight.std()) < 0.005
+    assert abs(model.blocks[0].attn.qkv_per_head.weight.std() - ref.blocks[0].attn.qkv_per_head.weight.std()) < 0.005
     assert torch.isfinite(model(torch.randn(1, 3, 32, 32))).all()
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ..param_names import with_former_names
 from .async_save import Pending, StagingBuffers, StagingWriter, nonfinite_failure
 from .collective import all_lines, all_ok, barrier, cause, interruption, quiet, rank_world
 from .discovery import damaged, is_legacy, legacy_error, list_checkpoints, newest_intact
@@ -177,7 +178,10 @@ class Checkpointer:
         """Load the tensors of ``state`` (as for :meth:`save`) in place, resharded to this run's
         layout, then hand each ``Stateful`` its state; restore this rank's RNG (``rng``, default
         :class:`RNGState`) when the checkpoint has as many ranks; give ``trainer_state`` (a Stateful)
-        its state. Returns trainer_state's JSON. Verifies the files first unless :meth:`latest` just did."""
+        its state. Returns trainer_state's JSON. Verifies the files first unless :meth:`latest` just did.
+        A checkpoint written before the per-head projections were renamed (``attn.qkv`` for
+        ``attn.qkv_per_head``, ...) loads too: its tensors are read under their former names
+        (:func:`vitscale.param_names.with_former_names`)."""
         path = Path(path)
         parts = {k: resolve(v) for k, v in state.items()}
         rank, world = rank_world()
@@ -191,9 +195,11 @@ class Checkpointer:
             if problems:
                 raise damaged(problems)
         files = read_manifests(path, idx)
+        # a checkpoint written before the per-head projections were renamed: read under their former names
+        wanted = with_former_names(tensors_only(parts), idx["tensors"])
         try:
             with quiet():
-                dcp.load(tensors_only(parts), storage_reader=SafetensorsReader(path, idx))
+                dcp.load(wanted, storage_reader=SafetensorsReader(path, idx))
         except (Exception, CheckpointException) as e:
             if interruption(e) is not None:  # DCP wrapped a Ctrl-C / SIGTERM: go on up as that
                 raise interruption(e) from None

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..param_names import with_current_names
 from .collective import all_ok, cause, rank_world
 from .discovery import find_checkpoint, is_step_folder, list_checkpoints
 from .integrity import CheckpointError, naming_errors
@@ -22,12 +23,24 @@ class SaveError(CheckpointError):
 
 
 # ------------------------------------------------------------------------------------- reading
+TASK_PARTS = "task_parts"
+"""The submodule under which a task attaches training-only parts of the model (MAE's decoder:
+:mod:`vitscale.tasks.parts`): checkpointed and resumed with the model, left out of its exported
+weights and of the weights :func:`read_weights` gives another run."""
+
+
+def without_task_parts(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` without the tensors of :data:`TASK_PARTS`."""
+    return {k: v for k, v in sd.items() if not k.startswith(TASK_PARTS + ".")}
+
+
 def read_weights(path: str | os.PathLike, key: str = "model") -> dict[str, torch.Tensor]:
     """Full (unsharded) CPU weights from a ``.safetensors`` file or a checkpoint / run folder,
     verified (checksums; the newest intact checkpoint of a run folder).
 
     ``key`` selects the checkpoint subtree: ``model`` or ``ema``; for a run folder holding only
-    exported weights, ``model.safetensors`` / ``model_ema.safetensors``.
+    exported weights, ``model.safetensors`` / ``model_ema.safetensors``. A task's training-only parts
+    (:data:`TASK_PARTS`) are left out: these are the weights of the family's model.
     """
     p = Path(path)
     if p.is_dir() and not is_step_folder(p) and not list_checkpoints(p) and not list_checkpoints(p / "checkpoints"):
@@ -37,10 +50,10 @@ def read_weights(path: str | os.PathLike, key: str = "model") -> dict[str, torch
     if p.suffix == ".safetensors":
         if not p.is_file():
             raise FileNotFoundError(f"no weights file at {str(p)!r}")
-        return _finite(read_safetensors(p)[0], p)
+        return _finite(without_task_parts(read_safetensors(p)[0]), p)
     ckpt, idx = find_checkpoint(p, keys={key})
     prefix = key + "."
-    fqns = [k for k in idx["tensors"] if k.startswith(prefix)]
+    fqns = [k for k in idx["tensors"] if k.startswith(prefix) and not k.startswith(prefix + TASK_PARTS + ".")]
     if not fqns:
         raise KeyError(f"checkpoint {ckpt} holds no {key!r} weights")
     return _finite({k[len(prefix) :]: v for k, v in read_full(ckpt, idx, fqns).items()}, ckpt)
@@ -116,10 +129,11 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor] | Non
 def _fit(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool, source) -> tuple[dict, dict]:
     """``sd`` ready for ``model`` (hooks applied, the classifier's misfits dropped) and the report;
     :class:`CheckpointError` when anything else does not fit."""
+    current = model.state_dict()
+    sd = with_current_names(sd, current)[0]  # weights written before the per-head projections were renamed
     before = {k: tuple(v.shape) for k, v in sd.items()}
     _run_load_pre_hooks(model, sd)
     resized = [(k, before[k], tuple(v.shape)) for k, v in sd.items() if k in before and before[k] != tuple(v.shape)]
-    current = model.state_dict()
     skipped = [k for k, v in sd.items() if k in current and tuple(current[k].shape) != tuple(v.shape)]
     unexpected = [k for k in sd if k not in current]
     missing = [k for k in current if k not in sd]
@@ -154,11 +168,14 @@ def _fit(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool, sour
 # ------------------------------------------------------------------------------------- writing
 def export_safetensors(model: torch.nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
     """Gather the full weights (rank 0 writes) into a ``.safetensors`` file, atomically, with a
-    content checksum in its metadata (``vitscale.checksum``, verified by :func:`read_weights`)."""
+    content checksum in its metadata (``vitscale.checksum``, verified by :func:`read_weights`).
+    The parts a task attached for training only (:data:`TASK_PARTS`) are left out: the file holds the
+    family's own model."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     distributed = dist.is_available() and dist.is_initialized()
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=distributed))
+    sd = without_task_parts(sd)
     err = None
     if rank_world()[0] == 0:
         try:

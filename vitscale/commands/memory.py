@@ -42,7 +42,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="bf16", help="compute dtype: bf16 (default) or fp32")
     p.add_argument("--ac", default="none", choices=_choices(ParallelConfig, "activation_checkpointing"), help="activation checkpointing (default: none)")
     p.add_argument("--optimizer", default="adamw", choices=_choices(OptimConfig, "name"),
-                   help="optimizer, for its states: two fp32 moments (adamw, adam) or one (sgd with momentum)")
+                   help="optimizer, for its states: two fp32 moments (adamw, adam, lamb) or one (sgd with momentum)")
     p.add_argument("--img-size", type=int, default=None, help="training image side in pixels (default: the "
                    "model's)")
     p.add_argument("--table", action="store_true", help="markdown table over the standard layouts, with the "

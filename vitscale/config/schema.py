@@ -46,14 +46,17 @@ class ModelConfig:
 class OptimConfig:
     """The optimizer."""
 
-    name: Literal["adamw", "adam", "sgd"] = "adamw"
-    """adamw | adam | sgd. Adam's weight decay is the L2 kind (NeMo's recipe), AdamW's is decoupled."""
+    name: Literal["adamw", "adam", "sgd", "lamb"] = "adamw"
+    """adamw | adam | sgd | lamb. Adam's weight decay is the L2 kind (NeMo's recipe), AdamW's is decoupled;
+    lamb is LAMB (arXiv 1904.00962) as DeiT III trains with it (apex ``FusedLAMB``: decoupled decay and a
+    per-tensor trust ratio in the groups with weight decay; ``vitscale.train.lamb``; its gradient
+    clipping is ``train.grad_clip``)."""
     lr: float = 1e-3
     """Base learning rate (before the batch-size scaling rule)."""
     lr_scale_batch: int = 0
     """LR scaling rule: lr = lr * train.batch_size / lr_scale_batch (e.g. 1024); 0 = no scaling."""
     betas: tuple[float, float] = (0.9, 0.999)
-    """Adam/AdamW betas."""
+    """Adam / AdamW / LAMB betas."""
     momentum: float = 0.9
     """SGD momentum."""
     nesterov: bool = False
@@ -70,7 +73,7 @@ class OptimConfig:
     parameters are which layer); e.g. 0.65 (BEiT-B) or 0.75. None = off. The groups are printed once
     at the start."""
     eps: float = 1e-8
-    """Adam epsilon."""
+    """Adam / AdamW / LAMB epsilon."""
     fused: Literal["auto", "fused", "foreach", "none"] = "auto"
     """auto (fused where torch has the kernels: CUDA, and the CPU since torch 2.4; foreach elsewhere) |
     fused | foreach | none (plain for-loop). Fused kernels skip a non-finite step on the device
@@ -89,7 +92,11 @@ class ScheduleConfig:
     warmup_epochs: float = 0.0
     """Warmup in epochs (converted to steps; used when warmup_steps is 0)."""
     cooldown_steps: int = 0
-    """rsqrt/constant: linear cooldown to 0 over the last steps."""
+    """rsqrt / constant: linear cooldown to 0 over the last steps. cosine: the last steps at ``min_lr``,
+    the cosine ending that many steps before the run does (timm's ``--cooldown-epochs``)."""
+    cooldown_epochs: float = 0.0
+    """``cooldown_steps`` in epochs (used when ``cooldown_steps`` is 0), e.g. the VOLO code's 10
+    (sail-sg/volo ``main.py --cooldown-epochs 10``: its 300 epochs are followed by 10 at ``min_lr``)."""
     min_lr: float = 0.0
     """Cosine: the final learning rate."""
     rsqrt_timescale: int = 10000
@@ -123,6 +130,16 @@ class TrainConfig:
     """Classification loss: softmax (cross-entropy) | sigmoid (binary cross-entropy, ViT-22B)."""
     label_smoothing: float = 0.0
     """Label smoothing of the targets (also passed to mixup)."""
+    bce_sum: bool = True
+    """``loss: sigmoid``: sum the binary cross-entropy over the classes, then average over the images
+    (big_vision's ``sigmoid_xent``, ViT-22B; timm's ``--bce-sum``); false = average over classes and
+    images alike (torch's ``BCEWithLogitsLoss()``, DeiT III), which makes the loss and its gradient
+    1 / classes as large (what ``train.grad_clip`` then clips). The ``val_loss`` of evaluation stays
+    summed over the classes."""
+    bce_target_thresh: float | None = None
+    """``loss: sigmoid``: targets (after label smoothing and mixup / cutmix) above this value become 1,
+    the others 0 (timm's ``--bce-target-thresh``; DeiT III's ``--bce-loss`` binarises at 0: both
+    classes of a mixed pair are positives). None = the soft targets as they are."""
     grad_clip: float = 0.0
     """Clip the global gradient norm to this value; 0 = off (the norm is still logged)."""
     ema_decay: float = 0.0
@@ -181,9 +198,11 @@ class CheckpointConfig:
     adapter; position embeddings resampled, a classifier of another class count re-initialised,
     each said in a line (docs/finetuning.md)."""
     init_format: Literal["vitscale", "timm", "open_clip"] | None = None
-    """The format of ``init_from`` when it cannot be told from the file (a ``.safetensors`` whose
-    names are both vitscale's and timm's and that carries no vitscale metadata: the fused QKV rows
-    differ in order, so it is refused rather than guessed); None = told from the file."""
+    """The format of ``init_from``, overriding what the file tells; None = told from the file (its kind,
+    vitscale's metadata, its names: vitscale names its per-head projections ``*_per_head``, timm's
+    are ``attn.qkv``, ...). Needed only where the names cannot tell: a ViT state dict that
+    ``save_file`` wrote from a vitscale model before that rename has timm's names (set ``vitscale``),
+    and a plug-in family whose namings overlap is refused until told (docs/finetuning.md)."""
     resume: bool = True
     """Resume from the newest checkpoint in output_dir/checkpoints when there is one (with the same
     config: see ``allow_changes``); false = start over."""

@@ -18,6 +18,10 @@ Accepted ``data.auto_augment`` strings (sections joined by ``-``, as timm's
 - ``ta_wide`` (TrivialAugment, arXiv 2103.10158, the wide space of torchvision's
   ``TrivialAugmentWide``, named ``ta_wide`` as in torchvision's ``references/classification``; timm
   has none): one op, a magnitude bin of 31 drawn uniformly, black fill.
+- ``nemo`` (NeMo's ImageNetPolicy, NVIDIA/NeMo ``nemo/collections/vision/data/megatron/autoaugment.py``:
+  AutoAugment's 25 sub-policies with DeepVoltaire/AutoAugment's arguments, grey 128 fill;
+  ``NEMO_OPS``); ``data.color_jitter`` (NeMo: 0.4, 0.4, 0.4, 0.1) is applied before it, as NeMo's
+  ``ClassificationTransform`` orders them.
 
 ``data.color_jitter``: brightness, contrast, saturation (one value: all three), and optionally hue,
 applied in a random order with factors U(1 - x, 1 + x) (hue U(-h, h)), as torchvision's
@@ -138,6 +142,33 @@ ORIGINALR_POLICY = tuple(tuple(("PosterizeIncreasing" if o == "PosterizeOriginal
 THREE_AUGMENT_POLICY = ((("Solarize", 1.0, 5),), (("Desaturate", 1.0, 10),), (("GaussianBlurRand", 1.0, 10),))
 
 
+# NeMo's ImageNetPolicy (NVIDIA/NeMo nemo/collections/vision/data/megatron/autoaugment.py, after
+# DeepVoltaire/AutoAugment): the same 25 sub-policies as ORIGINAL_POLICY, with its own arguments for a
+# magnitude index m of 0..10 (``np.linspace(lo, hi, 11)[m]``): rotation by +3m degrees (no random sign;
+# nearest-neighbour, the uncovered corners grey 128), posterize to round(8 - 0.4 m) bits, solarize at
+# 256 - 25.6 m, enhancements 1 -/+ 0.09 m, shear -/+ 0.03 m (bicubic, grey 128 fill); no magnitude noise.
+_NEMO_ROTATE = ops.Geometry(ops.RESAMPLE["nearest"], (128, 128, 128))
+_NEMO_SHEAR = ops.Geometry(ops.RESAMPLE["bicubic"], (128, 128, 128))
+
+
+def _nemo_enhance(m, d, img):
+    return 1.0 + _sign(m * 0.9, d)
+
+
+NEMO_OPS = {
+    "AutoContrast": (ops.auto_contrast, None),
+    "Equalize": (ops.equalize, None),
+    "Invert": (ops.invert, None),
+    "Rotate": (lambda img, deg, geo: ops.rotate(img, deg, _NEMO_ROTATE), lambda m, d, img: m * 30.0),
+    "PosterizeOriginal": (ops.posterize, lambda m, d, img: int(np.round(8.0 - 4.0 * m))),
+    "Solarize": (ops.solarize, lambda m, d, img: 256.0 - 256.0 * m),
+    "Color": (ops.saturation, _nemo_enhance),
+    "Contrast": (ops.contrast, _nemo_enhance),
+    "Sharpness": (ops.sharpness, _nemo_enhance),
+    "ShearX": (lambda img, f, geo: ops.shear_x(img, f, _NEMO_SHEAR), lambda m, d, img: _sign(m * 0.3, d)),
+}
+
+
 def _bins(lo: float, hi: float) -> list[float]:
     """torchvision's ``torch.linspace(lo, hi, 31)`` (float32), the values its bins take."""
     return torch.linspace(lo, hi, TA_BINS).tolist()
@@ -239,6 +270,16 @@ class AutoAugment(_TimmPolicy):
         return [d for d in (self._op(rng, name, p, m) for name, p, m in sub) if d is not None]
 
 
+class NeMoAutoAugment(Policy):
+    """NeMo's ImageNetPolicy (``NEMO_OPS``): one of the 25 sub-policies, each op with its probability."""
+
+    table = NEMO_OPS
+
+    def draw(self, rng):
+        sub = ORIGINAL_POLICY[rng.randrange(len(ORIGINAL_POLICY))]
+        return [Draw(name, float(m), rng.random() < 0.5) for name, p, m in sub if rng.random() < p]
+
+
 class TrivialAugmentWide(Policy):
     table = TA_WIDE_OPS
     level_scale = 1.0
@@ -271,7 +312,7 @@ class ColorJitter(Policy):
 
 # ----------------------------------------------------------------------------------------- parsing
 _KEY = "data.auto_augment"
-_FORMS = "e.g. rand-m9-mstd0.5-inc1, original, 3a or ta_wide (docs/data.md)"
+_FORMS = "e.g. rand-m9-mstd0.5-inc1, original, 3a, ta_wide or nemo (docs/data.md)"
 
 
 def _sections(spec: str, rest: str, allowed: tuple[str, ...]) -> dict[str, str]:
@@ -321,10 +362,12 @@ def parse_auto_augment(spec: str, *, mean=(0.5, 0.5, 0.5), interpolation: str = 
         return AutoAugment(mean_fill, policies[head], mstd=_number(spec, "mstd", s.get("mstd", "0")))
     if head == "ta_wide" and not rest:
         return TrivialAugmentWide(ops.Geometry(resample, None))
+    if head == "nemo" and not rest:
+        return NeMoAutoAugment(ops.Geometry())
     if spec.startswith("m") and re.fullmatch(r"[mn]\d+(-[mn]\d+)*", spec):
         raise ConfigError(f"{_KEY}={spec!r}: a policy name comes first, as timm writes it (rand-{spec})")
     if head in ("v0", "v0r", "augmix"):
-        raise ConfigError(f"{_KEY}: timm's {head!r} policy is not implemented here; use rand-..., original, originalr, 3a or ta_wide (docs/data.md)")
+        raise ConfigError(f"{_KEY}: timm's {head!r} policy is not implemented here; use rand-..., original, originalr, 3a, ta_wide or nemo (docs/data.md)")
     raise ConfigError(f"{_KEY}: unknown policy {spec!r} ({_FORMS})")
 
 
@@ -347,7 +390,8 @@ def jitter_factors(values) -> tuple[float, float, float, float]:
 
 
 class Augment:
-    """The photometric stage of one sample: the ``data.auto_augment`` policy, then colour jitter."""
+    """The photometric stage of one sample: the ``data.auto_augment`` policy, then colour jitter (with
+    ``nemo``: colour jitter first, as NeMo's ``ClassificationTransform``)."""
 
     def __init__(self, policies: list[Policy]):
         self.policies = policies
@@ -370,11 +414,16 @@ class Augment:
 
 def build_augment(spec: str, color_jitter, *, mean, interpolation: str, force_color_jitter: bool = False) -> Augment | None:
     """The photometric stage of ``data.auto_augment`` / ``data.color_jitter`` (None when both are off).
-    Colour jitter beside a policy other than ``3a`` needs ``force_color_jitter`` (timm's rule)."""
+    Colour jitter beside a policy other than ``3a`` needs ``force_color_jitter`` (timm's rule); with
+    ``nemo`` it comes first (NVIDIA/NeMo ``vit_dataset.py`` ``ClassificationTransform``: ColorJitter,
+    then ImageNetPolicy)."""
     policy = parse_auto_augment(spec, mean=mean, interpolation=interpolation)
     b, c, s, h = jitter_factors(color_jitter)
     jitter = ColorJitter(b, c, s, h) if max(b, c, s, h) > 0 else None
     three_augment = isinstance(policy, AutoAugment) and policy.policy is THREE_AUGMENT_POLICY
+    if isinstance(policy, NeMoAutoAugment):
+        stages = [p for p in (jitter, policy) if p is not None]
+        return Augment(stages)
     if jitter is not None and policy is not None and not three_augment and not force_color_jitter:
         raise ConfigError(
             f"data.color_jitter is not applied with data.auto_augment={spec!r} (timm turns colour jitter off under "

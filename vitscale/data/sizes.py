@@ -136,7 +136,7 @@ def check_sizes(d, *, patch: int, batch_size: int, parts: int, min_tokens: int =
 
 MAX_SEQ_LEN = 262_144
 """Most patches a NaFlex sequence may have: an 8192 px square (the largest image side a run may ask
-for, ``vitscale.run.checks.MAX_IMAGE_SIDE``) at patch 16; a larger value is a typo that would fail
+for, ``vitscale.ranges.MAX_IMAGE_SIDE``) at patch 16; a larger value is a typo that would fail
 allocating its batch."""
 
 

@@ -38,8 +38,8 @@ SEQ_DIM = 1  # (B, N, D) token dimension sharded by sequence parallelism
 class ShardedLocalParams(ParallelStyle):
     """Shard a module's own parameters (not a submodule's) and let its forward see the local shard.
 
-    Used for the ViT-22B ``ParallelBlock.mlp_bias`` of shape ``(H, F/H)``: it is added to this
-    rank's slice of the column-parallel ``in_proj`` output, a plain local tensor, so the block's
+    Used for the ViT-22B ``ParallelBlock.mlp_bias_per_head`` of shape ``(H, F/H)``: it is added to this
+    rank's slice of the column-parallel ``in_proj_per_head`` output, a plain local tensor, so the block's
     forward must see its local ``(H/tp, F/H)`` rows. The parameter stays a ``Shard(dim)`` DTensor
     (optimizer, FSDP and checkpoints see the global tensor); during forward it is swapped for
     ``to_local()``, which is differentiable, so the gradient lands on the DTensor parameter.

@@ -57,7 +57,7 @@ class EvaluatorConfig:
 
     kind: str = ""
     """The registered evaluator: classification | class_subset | real | zeroshot | retrieval |
-    linear_probe | fewshot | sizes (or one a plug-in registers)."""
+    linear_probe | fewshot | knn | sizes (or one a plug-in registers)."""
     name: str | None = None
     """Prefix of its metrics: ``val`` logs ``val_top1``; None = the evaluator's default (classification:
     ``val``, zeroshot: ``zeroshot``, ...); "" = its metric names as they are."""
@@ -152,6 +152,7 @@ _MODULES = {
     "retrieval": "vitscale.eval.retrieval",
     "linear_probe": "vitscale.eval.probe",
     "fewshot": "vitscale.eval.probe",
+    "knn": "vitscale.eval.knn",
     "sizes": "vitscale.eval.sizes",
 }
 

@@ -61,6 +61,7 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.models.registry import resolve_model
     from vitscale.run import build_model, head_classes, model_overrides
+    from vitscale.run.assemble import resolve_run_model
 
     p = Path(src)
     if not p.exists():
@@ -84,7 +85,7 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     if "model" in meta:  # the header names the model and its resolved overrides
         resolved = resolve_model(meta["model"], **json.loads(meta.get("overrides") or "{}"))
     elif cfg_path:  # a DCP checkpoint: the run config says, the class count is the head's
-        run_model = resolve_model(cfg.model.name, **cfg.model.overrides)
+        run_model = resolve_run_model(cfg)  # with what its task implies (SigLIP's bias)
         resolved = run_model.with_overrides(model_overrides(cfg, head_classes(sd), run_model))
     else:
         raise ValueError(f"{src}: the weights do not name their model and there is no config.yaml (pass --config)")

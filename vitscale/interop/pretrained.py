@@ -12,15 +12,23 @@ A source is one of (docs/finetuning.md, "Where the weights come from"):
 - ``hf-hub:org/name[@revision]``: that snapshot folder in the local Hugging Face cache
   (:mod:`vitscale.interop.hub`; never downloaded).
 
-**The format is told, never guessed.** vitscale's ViT uses timm's parameter names and shapes but keeps
-the fused QKV rows per head (for tensor parallelism), so the names of a ViT state dict do not say
-whose it is, and loading one as the other scrambles every attention layer without an error. What
-does tell: a folder's kind (a run folder, a Hub snapshot's ``config.json``), vitscale's own metadata
-(every ``.safetensors`` vitscale writes carries ``vitscale.checksum``), a pickle (vitscale writes
-none: it is the library's), and names that exist in one naming only (open_clip's ``visual.conv1``,
-timm's VOLO ``network.*``). A ``.safetensors`` without vitscale metadata whose names fit both
-vitscale's and a library's naming is refused, asking for the format by name
-(``checkpoint.init_format=timm|vitscale``).
+**The format is told, never guessed.** vitscale keeps the fused projections' rows per head (for tensor
+parallelism) where timm and open_clip stack ``[q; k; v]``, and names them for it (``attn.qkv_per_head``
+for timm's ``attn.qkv``, ...: :mod:`vitscale.param_names`), so a state dict's names say whose layout it
+holds: a plain ``save_file(model.state_dict())`` of a timm model or of a vitscale one loads as what it
+is. What tells: a folder's kind (a run folder, a Hub snapshot's ``config.json``), vitscale's own
+metadata (every ``.safetensors`` vitscale writes carries ``vitscale.checksum``), and the names (the
+families' ``recognizes``: vitscale's ``*_per_head``, open_clip's ``visual.conv1``, timm's VOLO
+``network.*``); a pickle whose names fit vitscale's and a library's is the library's (vitscale writes
+none). Weights in vitscale's format written before the rename carry the former names (timm's); read
+as vitscale's, they are mapped to the current ones — a run folder, a checkpoint, a file with vitscale's
+metadata, or, told by names timm never writes, a NaFlex, CLIP or VOLO state dict, a ViT-22B one or a
+ViT whose ``cls_token`` holds registers.
+
+``checkpoint.init_format`` (``pretrained_format``, ``distill.teacher_format``) names the format where
+the names cannot tell: a plain ViT state dict written by ``save_file`` from a vitscale model before the
+rename has timm's names and is read as timm's unless ``init_format=vitscale`` says otherwise; and a
+family whose namings overlap (a plug-in's) is refused until told.
 
 A library's state dict is converted by the model family's adapter (``FamilySpec.adapters``:
 ``from_state_dict``); the architecture the weights show (``FamilySpec.architecture``) is compared
@@ -45,6 +53,7 @@ from ..checkpoint import CheckpointError, read_weights
 from ..checkpoint.safetensors_io import CHECKSUM_KEY, read_metadata
 from ..errors import UserError
 from ..models.registry import FamilySpec, family_of
+from ..param_names import with_current_names
 from . import hub
 
 FORMATS = ("vitscale", "timm", "open_clip")
@@ -231,22 +240,20 @@ def _pickled_tensor_problem(t: torch.Tensor) -> str | None:
 
 def _tell(tensors, family: FamilySpec, *, pickle: bool, where: str, format_key: str) -> tuple[str, str]:
     """(format, why) of a file without vitscale metadata, from its names; refused when they cannot tell."""
-    keys = set(tensors)
-    own = family.recognizes_own(keys)
-    libs = [lib for lib in sorted(family.adapters) if (a := family.adapter(lib)).recognizes and a.recognizes(keys)]
+    own = family.recognizes_own(tensors)  # the names (a predicate may read the shapes too)
+    libs = [lib for lib in sorted(family.adapters) if (a := family.adapter(lib)).recognizes and a.recognizes(tensors)]
     if len(libs) > 1:
         raise UserError(f"{where}: its names fit {' and '.join(libs)}: set {format_key}=" + "|".join(libs))
     if libs and own:
         if pickle:  # vitscale writes no pickles (docs/trust.md): the library's
             return libs[0], f"a pickle (vitscale writes none) in {libs[0]}'s naming"
-        raise UserError(
-            f"{where}: cannot tell {libs[0]}'s layout from vitscale's (the same names; the fused QKV rows differ in "
-            f"order) and the file carries no vitscale metadata: set {format_key}={libs[0]} or {format_key}=vitscale"
-        )
+        raise UserError(f"{where}: its names fit both {libs[0]}'s naming and vitscale's, and the file carries no "
+                        f"vitscale metadata: set {format_key}={libs[0]} or {format_key}=vitscale")  # fmt: skip
     if libs:
         return libs[0], f"{libs[0]}'s naming"
     if own:
         return "vitscale", "vitscale's naming"
+    keys = set(tensors)
     hint = _whose(keys, family)
     some = ", ".join(list(tensors)[:2])
     raise UserError(f"{where}: its names ({some}, ...) are none the {family.name} family reads"
@@ -355,9 +362,15 @@ def _from_run_config(src: Source, folder: Path) -> None:
 # ----------------------------------------------------------------------------------- converting
 def to_vitscale(src: Source, family: FamilySpec, cfg: Any, where: str) -> dict[str, torch.Tensor]:
     """The source's state dict in vitscale's naming for a model of ``family`` with config ``cfg``,
-    through the family's adapter to the source's library."""
+    through the family's adapter to the source's library. vitscale weights written before the
+    per-head projections were renamed get the current names (:mod:`vitscale.param_names`; the source's
+    ``why`` says how many)."""
     if src.format == "vitscale":
-        return dict(src.tensors)
+        wanted = family.model_cls(cfg, device="meta").state_dict()
+        sd, former = with_current_names(src.tensors, wanted)
+        if former and "former names" not in src.why:  # (said once: a source may be converted twice)
+            src.why += f"; {len(former)} tensors under their former names (before the *_per_head rename: {former[0]}, ...) renamed"
+        return sd
     try:
         adapter = family.adapter(src.format)
     except NotImplementedError as e:

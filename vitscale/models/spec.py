@@ -82,9 +82,9 @@ class StateDictAdapter:
     config of the model it will load into): what ``checkpoint.init_from`` and ``distill.teacher`` use
     on a file of the library. None: files of the library are not read."""
     recognizes: Callable[[Collection[str]], bool] | None = None
-    """Whether a state dict's key names are the library's naming of this family (``keys_have``): how a
-    file's format is told when it carries no vitscale metadata. None: never recognised (the format
-    must be named)."""
+    """Whether a state dict (a mapping of names to tensors: its names, and shapes where a naming shows
+    in them) is in the library's naming of this family (``keys_have``): how a file's format is told
+    when it carries no vitscale metadata. None: never recognised (the format must be named)."""
 
 
 class Tokenizer(Protocol):
@@ -197,8 +197,8 @@ class FamilySpec:
     """``"module:NAME"`` of ``serving(model) -> Serving``: the graphs ``vitscale export`` writes; None =
     one image graph of class logits (:func:`classifier_serving`)."""
     recognizes: str | None = None
-    """``"module:NAME"`` of ``recognizes(keys) -> bool``: whether a state dict's key names are this
-    family's own (vitscale's) naming — how the format of a file without vitscale metadata is told
+    """``"module:NAME"`` of ``recognizes(state_dict) -> bool``: whether a state dict's names (as for
+    :attr:`StateDictAdapter.recognizes`) are this family's own (vitscale's) naming — how the format of a file without vitscale metadata is told
     (with the adapters' ``recognizes``). None: never recognised by its names."""
     architecture: str | None = None
     """``"module:NAME"`` of ``architecture(state_dict) -> {field: value}``: the config fields a state

@@ -7,7 +7,7 @@ the device and the parallel layout, the model resolved (its family and config:
 config: :mod:`vitscale.run.folder`), the data (loaders, class count — checked against the model's —,
 class names, image size), the model config with its data-derived fields filled in, then the model — built on the meta device, parallelized, materialised and initialised
 (:func:`vitscale.run.build_model`). The job then adds its own part: the training loop
-(:class:`vitscale.train.trainer.Trainer`), the weights to evaluate, the teacher's labels, the timing.
+(:class:`vitscale.train.trainer.Trainer`), the weights to evaluate, a model's labels, the timing.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ class Run:
     task: str
     """``train.task``, else the family's default task."""
     img_size: tuple[int, int]
-    """(H, W) of the images the loaders give: ``data.img_size`` (``teacher.img_size`` for ``label``),
-    else the model's."""
+    """(H, W) of the images the loaders give: the job's own side (``assemble(side=...)``), else
+    ``data.img_size``, else the model's."""
     loaders: Loaders | None
     """This rank's train and val loaders; None for the bench."""
     num_classes: int | None
@@ -106,9 +106,24 @@ class Run:
         )  # fmt: skip
 
 
-def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None = None) -> Run:
+def resolve_run_model(cfg: Config) -> ResolvedModel:
+    """``cfg.model`` resolved, with the changes its task implies (``Task.model_defaults``, e.g.
+    SigLIP's initial temperature) under the user's own overrides."""
+    from vitscale.tasks import get_task
+
+    plain = resolve_model(cfg.model.name, **cfg.model.overrides)
+    implied = get_task(cfg.train.task or plain.family.task).model_defaults(cfg, plain.cfg)
+    implied = {k: v for k, v in implied.items() if k not in cfg.model.overrides}
+    return plain.with_overrides({**implied, **cfg.model.overrides}) if implied else plain
+
+
+def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None = None,
+             side: tuple[str, int | None] | None = None, batch_size: int | None = None) -> Run:  # fmt: skip
     """The :class:`Run` of ``cfg`` for ``purpose``; ``model``: a model built elsewhere (e.g. converted
-    from timm) to use instead of building ``cfg.model``."""
+    from timm) to use instead of building ``cfg.model``. A job with settings of its own (label-tokens)
+    gives the loaders' image side as ``side`` (its setting's name, for the checks' messages, and its
+    value; None: ``data.img_size``) and the batch of an unaugmented pass as ``batch_size`` (None:
+    ``eval.batch_size``)."""
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
     tc = cfg.train
@@ -124,8 +139,8 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     if purpose not in ("train", "bench"):  # fp8 is a training recipe: evaluation and labeling run the plain model
         cfg = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, fp8="none"))
     # The model, resolved once: the checks, the data and the model builder all take it from here.
-    resolved = resolve_model(cfg.model.name, **cfg.model.overrides) if model is None else _given_model(cfg, model)
-    check_run(cfg, dims, purpose, resolved)
+    resolved = resolve_run_model(cfg) if model is None else _given_model(cfg, model)
+    check_run(cfg, dims, purpose, resolved, side)
     # Training: the run folder is writable and has room, nobody else trains in it, and a resume
     # continues the same run; decided on rank 0, and every rank stops together on a refusal.
     held = None
@@ -136,9 +151,9 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     try:
         micro_batch = tc.batch_size // (dims.dp_size * tc.grad_accum)
         base = resolved.cfg
-        side = cfg.teacher.img_size if purpose == "label" else cfg.data.img_size
-        img_size = (side, side) if side else (base.img_h, base.img_w)
-        loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, micro_batch, resolved)
+        px = side[1] if side is not None else cfg.data.img_size
+        img_size = (px, px) if px else (base.img_h, base.img_w)
+        loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, micro_batch, resolved, batch_size)
         num_classes = (cfg.data.num_classes or loaders.num_classes) if loaders is not None else None
         if purpose == "train" and dims.is_main and loaders.class_names:  # for vitscale eval and export
             write_run_class_names(cfg.train.output_dir, loaders.class_names)
@@ -161,7 +176,7 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
                 resolved, dims, parallel=cfg.parallel, precision=cfg.precision,
                 compile=compile, compile_mode=tc.compile_mode, seed=tc.seed,
             )  # fmt: skip
-        else:  # built elsewhere (a timm teacher): on the device, then laid out like a built one
+        else:  # built elsewhere (converted from timm): on the device, then laid out like a built one
             resolved = dataclasses.replace(resolved, overrides=overrides)
             model = model.to(device)
             if dims.distributed:
@@ -209,17 +224,18 @@ def _share(outcome):
 
 
 def _given_model(cfg: Config, model: nn.Module) -> ResolvedModel:
-    """A model built elsewhere (a timm teacher) as a resolved one: its own family and config under
+    """A model built elsewhere (converted from timm) as a resolved one: its own family and config under
     ``model.name`` and ``model.overrides``."""
     return ResolvedModel(cfg.model.name, family_of(model), dict(cfg.model.overrides), model.cfg)
 
 
 def model_overrides(cfg: Config, num_classes: int | None, model: ResolvedModel | None = None) -> dict[str, Any]:
-    """``model.overrides`` plus the data's class count and ``data.img_size`` for the fields the
-    variant's config has and the overrides do not set; ``model``: ``cfg.model`` resolved (None:
-    resolved here)."""
-    fields = (model or resolve_model(cfg.model.name, **cfg.model.overrides)).fields
-    over = dict(cfg.model.overrides)
+    """The resolved model's overrides (``model.overrides`` and what the task implies) plus the data's
+    class count and ``data.img_size`` for the fields the variant's config has and the overrides do not
+    set; ``model``: ``cfg.model`` resolved (None: resolved here)."""
+    model = model or resolve_run_model(cfg)
+    fields = model.fields
+    over = dict(model.overrides)
     if num_classes and "num_classes" in fields and "num_classes" not in over:
         over["num_classes"] = num_classes
     if cfg.data.img_size and {"img_h", "img_w"} <= fields:
@@ -265,7 +281,7 @@ def data_tokenizer(family: FamilySpec, data: DataConfig):
 
 
 def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, micro_batch: int,
-             model: ResolvedModel) -> Loaders:  # fmt: skip
+             model: ResolvedModel, batch_size: int | None) -> Loaders:  # fmt: skip
     tokenize = data_tokenizer(model.family, cfg.data)  # a family that reads text hands the data its tokenizer
     # this data-parallel rank's shard; TP ranks of one replica read the same
     patch = model.cfg.patch_dim  # NaFlex patches, token budgets
@@ -276,7 +292,7 @@ def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, micro_batc
                              grad_accum=cfg.train.grad_accum, **common)  # fmt: skip
     # every image once, in order, unaugmented, in whole batches of the one-process job (EvalShardSampler);
     # an evaluation maps the labels to the classes the weights were trained on (their run folder's)
-    batch = cfg.teacher.batch_size if purpose == "label" else cfg.eval.batch_size
+    batch = batch_size or cfg.eval.batch_size
     classes = run_class_names(cfg.checkpoint.path) if purpose == "eval" else None
     return build_loaders(cfg.data, micro_batch_size=batch, eval_batch_size=batch, train_augment=False,
                          classes=classes, **common)  # fmt: skip

@@ -28,19 +28,14 @@ from ..distributed.fsdp import fsdp_runs_on
 from ..distributed.parallel_dims import ParallelDims
 from ..errors import CheckError
 from ..models.registry import ResolvedModel, resolve_model
+from ..ranges import at_least as _at_least
+from ..ranges import fraction as _fraction
+from ..ranges import image_side as _side
+from ..ranges import positive as _positive
 from ..safe_write import open_new
+from ..tasks import get_task
 
 log = logging.getLogger("vitscale.run")
-
-MAX_IMAGE_SIDE = 8192
-"""Largest image side (pixels) a run may ask for: 8192 px is 262,144 patch-16 tokens, past what any
-attention fits; a larger value is a typo (``data.img_size=22400``) that would fail allocating."""
-
-
-def _at_least(key: str, value, low, meaning: str) -> None:
-    if value is None or value < low:
-        raise CheckError(f"{key}={value} must be at least {low} ({meaning})")
-
 
 def _check_signals(names) -> None:
     import signal
@@ -49,19 +44,6 @@ def _check_signals(names) -> None:
         if name not in ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT") or not hasattr(signal, name):
             raise CheckError(f"checkpoint.save_on_signal: {name!r} is not a signal a run can save on: use SIGTERM, "
                              "SIGUSR1, SIGUSR2, SIGINT, SIGHUP or SIGQUIT (or [] for none)")  # fmt: skip
-
-
-def _fraction(key: str, value: float, meaning: str, *, closed_high: bool = False) -> None:
-    ok = 0.0 <= value <= 1.0 if closed_high else 0.0 <= value < 1.0
-    if not ok or not math.isfinite(value):
-        raise CheckError(f"{key}={value} must be in [0, 1{']' if closed_high else ')'} ({meaning})")
-
-
-def _side(key: str, value: int | None) -> None:
-    if value is None:
-        return
-    if not 1 <= value <= MAX_IMAGE_SIDE:
-        raise CheckError(f"{key}={value} is not a usable image side: use 1 to {MAX_IMAGE_SIDE} pixels (e.g. 224)")
 
 
 def _nonfinite(tree, prefix: str = ""):
@@ -90,11 +72,6 @@ def _check_finite(cfg: Config) -> None:
     if found:
         key, value = found
         raise CheckError(f"{key.replace('model.overrides.', 'model.')}={value} is not a finite number: set a number, or leave the key out for its default")
-
-
-def _positive(key: str, value, meaning: str) -> None:
-    if not value > 0:
-        raise CheckError(f"{key}={value} must be greater than 0 ({meaning})")
 
 
 def _check_degenerate(cfg: Config, purpose: str) -> None:
@@ -128,26 +105,12 @@ def _check_degenerate(cfg: Config, purpose: str) -> None:
     sc = cfg.schedule
     _at_least("schedule.warmup_epochs", sc.warmup_epochs, 0, "used when schedule.warmup_steps is 0")
     _at_least("schedule.cooldown_steps", sc.cooldown_steps, 0, "0 = no cooldown")
+    _at_least("schedule.cooldown_epochs", sc.cooldown_epochs, 0, "0 = no cooldown")
     _at_least("schedule.min_lr", sc.min_lr, 0, "the cosine's final learning rate")
     _at_least("schedule.rsqrt_timescale", sc.rsqrt_timescale, 1, "steps")
     if o.layer_decay is not None and not 0 < o.layer_decay <= 1:
         raise CheckError(f"optim.layer_decay={o.layer_decay} must be in (0, 1] (each layer's LR factor towards the input, "
                          "e.g. 0.65 or 0.75; unset = off)")  # fmt: skip
-    dc = cfg.distill
-    if dc.teacher:
-        _fraction("distill.alpha", dc.alpha, "the distillation loss's share, DeiT: 0.5", closed_high=True)
-        _positive("distill.tau", dc.tau, "the softmax temperature of soft distillation, DeiT: 1.0")
-        _at_least("distill.clip_weight", dc.clip_weight, 0, "the weight of CLIP's distillation loss, open_clip: 1")
-        _side("distill.teacher_img_size", dc.teacher_img_size)
-        for i, s in enumerate(dc.teacher_std or ()):
-            _positive(f"distill.teacher_std[{i}]", s, "the teacher's images are divided by it")
-    cc = cfg.clip
-    _at_least("clip.lock_image_unlocked_groups", cc.lock_image_unlocked_groups, 0, "0 = the whole tower locked")
-    _at_least("clip.lock_text_unlocked_layers", cc.lock_text_unlocked_layers, 0, "0 = the whole tower locked")
-    tl = cfg.token_label
-    for key in ("beta", "cls_weight", "mix_token_alpha"):
-        _at_least(f"token_label.{key}", getattr(tl, key), 0, "a weight")
-    _fraction("token_label.mix_token_prob", tl.mix_token_prob, "a probability", closed_high=True)
 
 
 def _check_ranges(cfg: Config, purpose: str) -> None:
@@ -173,6 +136,11 @@ def _check_ranges(cfg: Config, purpose: str) -> None:
         _check_signals(cfg.checkpoint.save_on_signal)
         _fraction("train.ema_decay", tc.ema_decay, "0 = no EMA, e.g. 0.9999")
         _fraction("train.label_smoothing", tc.label_smoothing, "0 = none, e.g. 0.1")
+        if cfg.optim.name == "lamb" and cfg.optim.fused in ("fused", "foreach"):
+            raise CheckError(f"optim.fused={cfg.optim.fused}: vitscale's LAMB has one implementation (a loop over the "
+                             "parameters); leave optim.fused at auto with optim.name=lamb")  # fmt: skip
+        if tc.bce_target_thresh is not None:
+            _fraction("train.bce_target_thresh", tc.bce_target_thresh, "targets above it become 1; DeiT III: 0")
         if not (math.isfinite(cfg.optim.lr) and cfg.optim.lr >= 0):
             raise CheckError(f"optim.lr={cfg.optim.lr} must be a finite number >= 0 (e.g. optim.lr=1e-3)")
     if purpose != "bench":
@@ -187,8 +155,6 @@ def _check_ranges(cfg: Config, purpose: str) -> None:
             raise CheckError(f"data.crop_pct={d.crop_pct} must be positive (1 = resize only, e.g. 0.875)")
         if d.num_classes is not None:
             _at_least("data.num_classes", d.num_classes, 1, "None = from the dataset")
-    if purpose == "label":
-        _at_least("teacher.batch_size", cfg.teacher.batch_size, 1, "images per teacher batch")
 
 
 def _resolved(cfg: Config, model: ResolvedModel | None) -> ResolvedModel:
@@ -197,9 +163,10 @@ def _resolved(cfg: Config, model: ResolvedModel | None) -> ResolvedModel:
     return model if model is not None else resolve_model(cfg.model.name, **cfg.model.overrides)
 
 
-def _check_image_size(cfg: Config, purpose: str, model: ResolvedModel) -> None:
-    """The image side the model will see: within :data:`MAX_IMAGE_SIDE` and a multiple of its patch."""
-    key, side = ("teacher.img_size", cfg.teacher.img_size) if purpose == "label" else ("data.img_size", cfg.data.img_size)
+def _check_image_size(cfg: Config, model: ResolvedModel, side: tuple[str, int | None] | None) -> None:
+    """The image side the model will see (``side``: the job's own setting and its value; None:
+    ``data.img_size``): within :data:`vitscale.ranges.MAX_IMAGE_SIDE` and a multiple of its patch."""
+    key, side = side or ("data.img_size", cfg.data.img_size)
     _side(key, side)
     base = model.cfg
     for name in ("img_h", "img_w"):
@@ -235,22 +202,12 @@ def _check_tp(cfg: Config, dims: ParallelDims, model: ResolvedModel) -> None:
         check_layout(model.family.plan(), model.cfg, dims.tp, cfg.model.name)
 
 
-def _check_distill_task(cfg: Config, model: ResolvedModel) -> None:
-    """``distill.teacher`` with a task that does not distill is refused rather than ignored."""
-    if not cfg.distill.teacher:
-        return
-    from ..tasks import task_groups
-
-    task = cfg.train.task or model.family.task
-    able = task_groups().get("distill", (None, ()))[1]
-    if task not in able:
-        raise CheckError(f"distill.teacher is set but the {task} task does not distill (tasks that do: {', '.join(able)}); "
-                         "unset distill.teacher or set train.task")  # fmt: skip
-
-
-def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel | None = None) -> None:
+def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel | None = None,
+              side: tuple[str, int | None] | None = None) -> None:  # fmt: skip
     """:class:`CheckError` (or RuntimeError for the machine) naming the setting to change, for a run
-    of ``purpose`` whose model ``model`` resolved (None: ``cfg.model``)."""
+    of ``purpose`` whose model ``model`` resolved (None: ``cfg.model``); ``side``: the setting and
+    value of the image side a job gives its loaders instead of ``data.img_size`` (the
+    label-tokens job's own). The run's task checks its own settings (:meth:`vitscale.tasks.Task.check`)."""
     if dims.distributed and not fsdp_runs_on(dims.device.type):  # not an AttributeError in the first step
         raise RuntimeError(
             f"multi-process training wraps the model in FSDP2, which cannot train on CPU with torch "
@@ -262,13 +219,13 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
     _check_degenerate(cfg, purpose)
     model = _resolved(cfg, model)
     _check_sizes(cfg, dims, purpose, model)
-    _check_image_size(cfg, purpose, model)
+    _check_image_size(cfg, model, side)
     _check_tp(cfg, dims, model)
+    get_task(cfg.train.task or model.family.task).check(cfg, model, dims, purpose)
     if purpose == "train":
         d = cfg.data  # a ConfigError naming data.auto_augment / data.color_jitter and what to write
         build_augment(d.auto_augment, d.color_jitter, mean=d.mean, interpolation=d.train_interpolation or d.interpolation,
                       force_color_jitter=d.force_color_jitter)  # fmt: skip
-        _check_distill_task(cfg, model)
     if purpose in ("train", "bench"):
         check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
                            world_size=dims.world_size)  # fmt: skip
@@ -288,11 +245,11 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
 # ------------------------------------------------------------------------------------- the folder
 def checkpoint_bytes(cfg: Config, model: ResolvedModel | None = None) -> tuple[int, int]:
     """(parameters, bytes of one checkpoint) of the run (its model ``model`` resolved; None:
-    ``cfg.model``): fp32 weights, the optimizer's fp32 states (Adam/AdamW: 2 per parameter, SGD with
+    ``cfg.model``): fp32 weights, the optimizer's fp32 states (Adam/AdamW/LAMB: 2 per parameter, SGD with
     momentum: 1) and the EMA copy; the model is built on the meta device (nothing allocated) to count
     its parameters."""
     params = sum(p.numel() for p in _resolved(cfg, model).create(device="meta").parameters())
-    states = {"adamw": 2, "adam": 2, "sgd": 1 if cfg.optim.momentum else 0}[cfg.optim.name]
+    states = {"adamw": 2, "adam": 2, "lamb": 2, "sgd": 1 if cfg.optim.momentum else 0}[cfg.optim.name]
     copies = 1 + states + (1 if cfg.train.ema_decay > 0 else 0)
     return params, params * 4 * copies
 
@@ -368,4 +325,4 @@ def check_classes(cfg: Config, data_classes: int, where: str, model: ResolvedMod
         )  # fmt: skip
 
 
-__all__ = ["MAX_IMAGE_SIDE", "check_batches", "check_classes", "check_output_folder", "check_run", "checkpoint_bytes"]
+__all__ = ["check_batches", "check_classes", "check_output_folder", "check_run", "checkpoint_bytes"]

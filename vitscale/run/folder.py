@@ -13,7 +13,8 @@ folder's ``config.yaml``. A change to anything that alters what is computed (mod
 schedule, batch, seed, steps, ...) refuses with the changed keys and the two ways out: another
 ``train.output_dir``, or ``checkpoint.allow_changes=KEY,...`` (``all`` accepts any change) to
 continue this run with them. The keys of :data:`NEUTRAL` (logging, evaluation, checkpoint cadence,
-workers, layout, kernels, output paths) may change freely.
+workers, layout, kernels, output paths) and the task groups another job reads (``resume_neutral``)
+may change freely.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ NEUTRAL = (
     "checkpoint.every", "checkpoint.keep", "checkpoint.path", "checkpoint.init_from", "checkpoint.resume",
     "checkpoint.allow_changes", "checkpoint.export_safetensors", "checkpoint.async_mode", "checkpoint.save_on_signal",
     "checkpoint.remote",
-    "eval", "evals", "log", "parallel", "teacher",
+    "eval", "evals", "log", "parallel",
 )  # fmt: skip
 
 
@@ -272,8 +273,16 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
-def _neutral(key: str) -> bool:
-    return any(key == n or key.startswith(n + ".") for n in NEUTRAL)
+def neutral_keys() -> tuple[str, ...]:
+    """:data:`NEUTRAL`, and the tasks' config groups that declare themselves so (``resume_neutral``: a
+    group only another job reads, such as label-tokens')."""
+    from ..tasks import task_groups
+
+    return NEUTRAL + tuple(g for g, (cls, _) in task_groups().items() if getattr(cls, "resume_neutral", False))
+
+
+def _neutral(key: str, neutral: tuple[str, ...]) -> bool:
+    return any(key == n or key.startswith(n + ".") for n in neutral)
 
 
 def _norm(v: Any) -> Any:
@@ -287,14 +296,15 @@ def _norm(v: Any) -> Any:
 
 
 def config_changes(stored: dict, new: dict, defaults: dict) -> list[tuple[str, Any, Any]]:
-    """``(key, stored value, new value)`` for every key that changes the run (:data:`NEUTRAL` keys
+    """``(key, stored value, new value)`` for every key that changes the run (:func:`neutral_keys`
     left out). A key the stored config lacks (a newer vitscale) counts as its default; a key only
     the stored config has (an older one) is ignored."""
     old_f, new_f, def_f = flatten(stored), flatten(new), flatten(defaults)
     missing = object()
     changes = []
+    neutral = neutral_keys()
     for key in sorted(set(old_f) | set(new_f)):
-        if _neutral(key):
+        if _neutral(key, neutral):
             continue
         a = old_f.get(key, missing)
         b = new_f.get(key, missing)
@@ -422,6 +432,6 @@ def claim(cfg: Any, is_main: bool, share=None, before=None, restore=None) -> Cla
 
 
 __all__ = [
-    "CONFIG_NAME", "Claim", "ConfigChanged", "FolderInUse", "FolderLink", "LOCK_NAME", "NEUTRAL", "RUN_ENTRIES", "RunLock", "check_links",
+    "CONFIG_NAME", "Claim", "ConfigChanged", "FolderInUse", "FolderLink", "LOCK_NAME", "NEUTRAL", "neutral_keys", "RUN_ENTRIES", "RunLock", "check_links",
     "claim", "config_changes", "open_append", "write_config",
 ]  # fmt: skip

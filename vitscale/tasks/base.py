@@ -4,6 +4,8 @@ it needs and registers itself (after torchtitan's ``protocols/train_spec.py``):
 - its config groups (``config_groups``: name -> dataclass; each becomes a group of the run config,
   ``vitscale.config.config_class``, and is left out of the config.yaml of runs of other tasks);
 - its loss per micro-batch and the training metrics beside it (:meth:`Task.loss`);
+- its own up-front checks (:meth:`Task.check`, beside the run's: what needs more than one group;
+  a group checks its own fields in its ``__post_init__``);
 - its default evaluations (:meth:`Task.default_evals`: the entries a run gets when its config sets
   no ``evals:``, built from the ``eval.*`` keys);
 - the loss ``vitscale bench`` times (:meth:`Task.bench_loss`, on the output of our model and of the
@@ -35,6 +37,7 @@ _TASK_MODULES = {
     "classification": "vitscale.tasks.classification",
     "contrastive": "vitscale.tasks.contrastive",
     "token_labeling": "vitscale.tasks.token_labeling",
+    "mae": "vitscale.tasks.mae",
 }
 
 
@@ -70,6 +73,31 @@ class Task:
         needs more than the model and the data (token labeling evaluates as classification)."""
         return cls(cfg, model, num_classes, dp_group, class_names)
 
+    @classmethod
+    def check(cls, cfg: Any, model: Any, dims: Any, purpose: str) -> None:
+        """The task's own up-front checks of a run (:func:`vitscale.run.checks.check_run` calls it, before
+        any data is read or model built), raising :class:`vitscale.errors.CheckError` in one line that
+        names the setting: what needs more than one config group (the resolved model ``model``, a
+        :class:`vitscale.models.registry.ResolvedModel`; the layout ``dims``; ``purpose``: ``train``,
+        ``eval``, ``label`` or ``bench``). A check of one group's own fields lives in that group's
+        ``__post_init__``. Default: for training, the groups of other tasks that this one would
+        ignore are refused (each group's ``refuse_unread``, e.g. ``distill.teacher``). An override
+        calls ``super().check``."""
+        if purpose != "train":
+            return
+        for group, (_, readers) in task_groups().items():
+            refuse = getattr(getattr(cfg, group, None), "refuse_unread", None)
+            if cls.name not in readers and refuse is not None:
+                refuse(cls.name, readers)
+
+    @classmethod
+    def model_defaults(cls, cfg: Any, model_cfg: Any) -> dict[str, Any]:
+        """Changes to the model's config that this task's settings imply (SigLIP's temperature and bias
+        under ``train.loss=sigmoid``), applied when the run resolves its model, under the user's own
+        ``model.*`` overrides (a key the user sets is theirs). ``model_cfg``: the variant's config.
+        Default: none."""
+        return {}
+
     def setup(self, run: Any) -> list[str]:
         """Called once by the trainer with the assembled run (:class:`vitscale.run.Run`: layout, device,
         data settings) after :attr:`autocast` and :attr:`device` are set and before the optimizer is
@@ -81,6 +109,14 @@ class Task:
         """Seconds the task's named parts took since the last call (``{"teacher": s}``), read at log
         steps only; logged as ``<part>_time_pct`` of the step time. Default: none."""
         return {}
+
+    def log_metrics(self, step: int) -> tuple[dict[str, float], list[str]]:
+        """Metrics computed at log steps only, from what the task kept of the step just done — work
+        that reads the device on the host (an SVD), which a step must not do — and lines to print (a
+        warning). Called on every rank (it may combine over :attr:`dp_group`); logged beside the
+        ``train_*`` metrics of :meth:`loss` (e.g. ``train_rankme``: :mod:`vitscale.tasks.health`).
+        Default: none."""
+        return {}, []
 
     def loss(self, model: nn.Module, batch: dict, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Mean loss of the (already on-device) micro-batch and detached metric tensors (``train_*``).

@@ -14,8 +14,12 @@ from .base import Task, register_task
 from .distill_config import DistillConfig
 
 
-def classification_loss(logits: torch.Tensor, target: torch.Tensor, kind: str, smoothing: float) -> torch.Tensor:
-    """``target``: class indices ``(B,)`` or soft targets ``(B, K)``. Returns the batch mean."""
+def classification_loss(logits: torch.Tensor, target: torch.Tensor, kind: str, smoothing: float, *,
+                        bce_sum: bool = True, bce_target_thresh: float | None = None) -> torch.Tensor:  # fmt: skip
+    """``target``: class indices ``(B,)`` or soft targets ``(B, K)``. Returns the batch mean. ``sigmoid``:
+    summed over the classes (``bce_sum``; big_vision's ``sigmoid_xent``, ViT-22B) or averaged over them
+    too (torch's ``BCEWithLogitsLoss()``: DeiT III); ``bce_target_thresh``: targets above it become 1,
+    the others 0 (timm's ``--bce-target-thresh``; DeiT III binarises its mixed targets at 0)."""
     logits = logits.float()
     if kind == "softmax":
         if target.ndim == 1:
@@ -24,8 +28,10 @@ def classification_loss(logits: torch.Tensor, target: torch.Tensor, kind: str, s
     if kind == "sigmoid":
         if target.ndim == 1:
             target = smooth_one_hot(target, logits.shape[-1], smoothing)
-        # Summed over classes, averaged over the batch (big_vision's sigmoid_xent used by ViT-22B).
-        return F.binary_cross_entropy_with_logits(logits, target, reduction="none").sum(-1).mean()
+        if bce_target_thresh is not None:
+            target = (target > bce_target_thresh).to(logits.dtype)
+        each = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+        return each.sum(-1).mean() if bce_sum else each.mean()
     raise ValueError(f"unknown classification loss {kind!r} (softmax | sigmoid)")
 
 
@@ -40,6 +46,7 @@ class ClassificationTask(Task):
         super().__init__(cfg, model, num_classes, dp_group, class_names)
         self.kind = cfg.train.loss
         self.smoothing = cfg.train.label_smoothing
+        self.bce = {"bce_sum": cfg.train.bce_sum, "bce_target_thresh": cfg.train.bce_target_thresh}
         d = cfg.data
         self.mixup = None
         if d.mixup_alpha > 0 or d.cutmix_alpha > 0:
@@ -68,12 +75,12 @@ class ClassificationTask(Task):
         if self.mixup is not None:
             images, target = self.mixup(images, labels, step, grid=batch.get("grid"))  # grid: NaFlex batches
         if self.distill is not None:  # the teacher sees the mixed images too (DeiT)
-            base = lambda logits, t: classification_loss(logits, t, self.kind, self.smoothing)  # noqa: E731
+            base = lambda logits, t: classification_loss(logits, t, self.kind, self.smoothing, **self.bce)  # noqa: E731
             return self.distill.classification_loss(model, images, target, labels, base, self.autocast,
                                                     step // self.cfg.train.grad_accum + 1)  # the optimizer step
         with self.autocast():
             logits = model(images)
-        loss = classification_loss(logits, target, self.kind, self.smoothing)
+        loss = classification_loss(logits, target, self.kind, self.smoothing, **self.bce)
         metrics = {}
         if target.ndim == 1:
             metrics["train_top1"] = (logits.detach().argmax(-1) == labels).float().mean() * 100

@@ -16,6 +16,9 @@ built; ``distill.teacher`` adds open_clip's ``--distill-model`` loss (:mod:`vits
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -49,10 +52,28 @@ class ContrastiveTask(Task):
         self._caption_tokens = None  # (K, T, L) tokens of every (class, template), built on first use
         self.model, self.distill = model, None
 
+    # SigLIP's start (Zhai et al. 2023, arXiv 2303.15343, section 3.1: t' = log 10, b = -10; big_vision
+    # ``models/proj/image_text/two_towers.py``; open_clip's ``init_logit_scale`` / ``init_logit_bias``
+    # with ``--siglip``)
+    SIGLIP_INIT = {"logit_scale_init": math.log(10.0), "logit_bias_init": -10.0}
+
+    @classmethod
+    def model_defaults(cls, cfg, model_cfg):
+        """``train.loss=sigmoid``: SigLIP's initial temperature and bias (on a model config that has
+        them), unless ``model.logit_scale_init`` / ``model.logit_bias_init`` are set."""
+        if cfg.train.loss != "sigmoid":
+            return {}
+        have = {f.name for f in dataclasses.fields(model_cfg)} if dataclasses.is_dataclass(model_cfg) else set()
+        return {k: v for k, v in cls.SIGLIP_INIT.items() if k in have}
+
     def setup(self, run):
         """open_clip's tower locks (``clip.lock_image`` / ``clip.lock_text``), then the distillation
         teacher (``distill.teacher``, a CLIP)."""
         cc, lines = self.cfg.clip, []
+        siglip = {k: v for k, v in self.model_defaults(self.cfg, run.model_cfg).items() if k not in self.cfg.model.overrides}
+        if siglip:
+            lines.append(f"train.loss=sigmoid: SigLIP's initialisation (arXiv 2303.15343): temperature exp({siglip.get('logit_scale_init', 0):.4g}) = 10, "
+                         f"bias {siglip.get('logit_bias_init')}; set model.logit_scale_init / model.logit_bias_init to change it")  # fmt: skip
         for on, lock, unlocked, key in ((cc.lock_image, self.model.lock_image_tower, cc.lock_image_unlocked_groups, "lock_image"),
                                         (cc.lock_text, self.model.lock_text_tower, cc.lock_text_unlocked_layers, "lock_text")):  # fmt: skip
             if on:

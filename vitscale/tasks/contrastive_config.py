@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vitscale.ranges import at_least
+
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 
 
@@ -52,3 +54,7 @@ class ClipConfig:
     """With ``lock_text``: leave the last N layer groups trainable (open_clip
     ``--lock-text-unlocked-layers``: the embeddings, each block, the last block with the final norm,
     the projection)."""
+
+    def __post_init__(self):
+        at_least("clip.lock_image_unlocked_groups", self.lock_image_unlocked_groups, 0, "0 = the whole tower locked")
+        at_least("clip.lock_text_unlocked_layers", self.lock_text_unlocked_layers, 0, "0 = the whole tower locked")

@@ -227,7 +227,7 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
     from vitscale.distributed.parallelize import parallelize
     from vitscale.interop.pretrained import file_classes, load_pretrained, read_source, to_vitscale
     from vitscale.models.registry import get_family, resolve_model
-    from vitscale.run.checks import MAX_IMAGE_SIDE
+    from vitscale.ranges import MAX_IMAGE_SIDE
 
     where = f"distill.teacher={dc.teacher}"
     family = get_family(dc.teacher_model) if dc.teacher_model else run.family

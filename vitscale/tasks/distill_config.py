@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from vitscale.errors import CheckError
+from vitscale.ranges import at_least, fraction, image_side, positive
+
 
 @dataclass
 class DistillConfig:
@@ -20,7 +23,7 @@ class DistillConfig:
     or ``.safetensors``; a timm / open_clip ``.safetensors`` or ``.pth`` / ``.bin``; a Hub snapshot
     folder; ``hf-hub:org/name`` from the local cache. None = no distillation."""
     teacher_format: Literal["vitscale", "timm", "open_clip"] | None = None
-    """The format of ``teacher`` when the file cannot tell (as ``checkpoint.init_format``)."""
+    """The format of ``teacher``, overriding what the file tells (as ``checkpoint.init_format``)."""
     teacher_model: str | None = None
     """The teacher's registered variant (any family: ``vitscale models``); None = the one its weights
     name (a vitscale run folder or ``.safetensors`` export names its model)."""
@@ -64,3 +67,20 @@ class DistillConfig:
     clip_weight: float = 1.0
     """Contrastive (open_clip ``DistillClipLoss``): loss = contrastive + clip_weight x the cross-entropy
     of the student's image-text logits to the teacher's softmax, both directions (open_clip: 1)."""
+
+    def __post_init__(self):
+        if not self.teacher:  # off: none of the settings below is read
+            return
+        fraction("distill.alpha", self.alpha, "the distillation loss's share, DeiT: 0.5", closed_high=True)
+        positive("distill.tau", self.tau, "the softmax temperature of soft distillation, DeiT: 1.0")
+        at_least("distill.clip_weight", self.clip_weight, 0, "the weight of CLIP's distillation loss, open_clip: 1")
+        image_side("distill.teacher_img_size", self.teacher_img_size)
+        for i, s in enumerate(self.teacher_std or ()):
+            positive(f"distill.teacher_std[{i}]", s, "the teacher's images are divided by it")
+
+    def refuse_unread(self, task: str, readers: tuple[str, ...]) -> None:
+        """A run of ``task``, which does not read this group (``readers`` do), with ``distill.teacher``
+        set is refused rather than trained without its teacher (:meth:`vitscale.tasks.Task.check`)."""
+        if self.teacher:
+            raise CheckError(f"distill.teacher is set but the {task} task does not distill (tasks that do: {', '.join(readers)}); "
+                             "unset distill.teacher or set train.task")  # fmt: skip

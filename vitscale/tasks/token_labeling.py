@@ -26,12 +26,14 @@ from torch import nn
 
 from vitscale.data.mixup import smooth_one_hot
 from vitscale.data.token_labels import TokenLabelStore, align_dense_labels
+from vitscale.errors import CheckError
 from vitscale.models.common.token_mix import TokenMix, apply_token_mix
 
 from .base import Task, register_task
 from .token_labeling_config import TeacherConfig, TokenLabelConfig
 
 STREAM_MIX_TOKEN = 11  # keyed-randomness stream tag (vitscale.data.keyed uses 1-7)
+NEEDS_LABELS = "train.task=token_labeling needs token_label.path (a folder from `vitscale label-tokens`)"
 
 
 # ------------------------------------------------------------------------------ dense model outputs
@@ -94,7 +96,7 @@ class TokenLabelingTask(Task):
         super().__init__(cfg, model, num_classes, dp_group, class_names)
         tl = cfg.token_label
         if not tl.path:
-            raise ValueError("train.task=token_labeling needs token_label.path (a folder from `vitscale label-tokens`)")
+            raise ValueError(NEEDS_LABELS)
         if tl.cls_target not in ("ground_truth", "teacher"):
             raise ValueError(f"token_label.cls_target must be ground_truth or teacher, got {tl.cls_target!r}")
         self.tl = tl
@@ -104,6 +106,20 @@ class TokenLabelingTask(Task):
             raise ValueError(f"token labels have {self.store.num_classes} classes but the model {self.num_classes}")
         self.smoothing = cfg.train.label_smoothing
         self.seed = cfg.train.seed
+
+    @classmethod
+    def check(cls, cfg, model, dims, purpose):
+        """Training needs the teacher's labels (``token_label.path``) and a model with per-token class
+        logits (``supports_dense``: ViT, VOLO): refused before any data is read or model built."""
+        super().check(cfg, model, dims, purpose)
+        if purpose != "train":
+            return
+        if not cfg.token_label.path:
+            raise CheckError(NEEDS_LABELS)
+        model_cls = model.family.model_cls
+        if not getattr(model_cls, "supports_dense", False):
+            raise CheckError(f"train.task=token_labeling needs a model with per-token class logits (a ViT or VOLO): "
+                             f"{cfg.model.name} ({model_cls.__name__}) gives none; choose such a model.name or another train.task")  # fmt: skip
 
     @classmethod
     def for_evaluation(cls, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None) -> Task:

@@ -4,7 +4,9 @@ label-tokens``). Imported by ``vitscale.config.schema`` as fields of the root ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
+
+from vitscale.ranges import at_least, fraction, image_side
 
 
 @dataclass
@@ -33,10 +35,19 @@ class TokenLabelConfig:
     """RoIAlign samples per output cell side when cropping the dense maps to the student grid;
     0 = adaptive (ceil(crop cells / output cells): one bilinear sample per cell when upsampling)."""
 
+    def __post_init__(self):
+        for key in ("beta", "cls_weight", "mix_token_alpha"):
+            at_least(f"token_label.{key}", getattr(self, key), 0, "a weight")
+        fraction("token_label.mix_token_prob", self.mix_token_prob, "a probability", closed_high=True)
+
 
 @dataclass
 class TeacherConfig:
     """The teacher of ``vitscale label-tokens``: any vitscale model, or a timm model converted."""
+
+    # Read by ``vitscale label-tokens`` only: a resumed training run accepts any change to it
+    # (vitscale.run.folder.neutral_key).
+    resume_neutral: ClassVar[bool] = True
 
     checkpoint: str | None = None
     """Teacher weights: a ``.safetensors`` file, a run folder or a DCP checkpoint (vitscale models);
@@ -59,3 +70,7 @@ class TeacherConfig:
     """Dataset splits to label (``train``, ``val``)."""
     img_size: int | None = None
     """Teacher input size; None = the teacher model's img_h/img_w."""
+
+    def __post_init__(self):
+        at_least("teacher.batch_size", self.batch_size, 1, "images per teacher batch")
+        image_side("teacher.img_size", self.img_size)

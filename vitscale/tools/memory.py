@@ -4,7 +4,7 @@ Per rank, with ``P`` parameters of which ``P_tp`` live in tensor-parallel matmul
 
 - sharded parameter count ``P_rank = (P_tp / tp + (P - P_tp)) / dp_shard``
 - master weights fp32 ``4 P_rank``, gradients fp32 ``4 P_rank`` (FSDP2 keeps reduced gradients in the
-  parameter dtype), AdamW moments ``8 P_rank`` (SGD with momentum ``4 P_rank``)
+  parameter dtype), AdamW / LAMB moments ``8 P_rank`` (SGD with momentum ``4 P_rank``)
 - with FSDP and a bf16 compute dtype: the all-gathered compute copy and its unsharded gradient for
   the units in flight: ``2 x (param + grad)`` of the largest FSDP unit (a block) in that dtype
 - activations per micro-batch image, counted from what autograd saves for backward, times the
@@ -132,7 +132,7 @@ def estimate(
     p_rank = (P_tp / tp + (P - P_tp)) / dp_shard
     param_bytes = int(4 * p_rank)
     grad_bytes = int(4 * p_rank)
-    optim_bytes = int({"adamw": 8, "adam": 8, "sgd": 4}[optimizer] * p_rank)
+    optim_bytes = int({"adamw": 8, "adam": 8, "lamb": 8, "sgd": 4}[optimizer] * p_rank)
     unsharded = 0
     if fsdp and (dp_shard > 1 or cb != 4):
         unit = P_block / tp

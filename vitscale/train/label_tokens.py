@@ -47,13 +47,19 @@ def teacher_run(cfg: Config):
         if hub.is_hub_id(arch):  # timm would fetch the architecture's config.json from the Hub: read the cached one
             arch = f"local-dir:{hub.resolve(arch, 'teacher.timm')}"
         teacher = load_timm_checkpoint(checkpoint, arch, **dict(t.overrides))
-        return assemble(teacher_config(cfg), "label", model=teacher)
+        return assemble(teacher_config(cfg), "label", model=teacher, **_settings(t))
     from vitscale.checkpoint import load_model_weights, read_weights
 
     sd = read_weights(_from_cache(t.checkpoint, "teacher.checkpoint"), t.weights)
-    run = assemble(teacher_config(cfg, head_classes(sd)), "label")
+    run = assemble(teacher_config(cfg, head_classes(sd)), "label", **_settings(t))
     load_model_weights(run.model, sd, strict=True, source=f"teacher.checkpoint={t.checkpoint}")
     return run
+
+
+def _settings(t) -> dict:
+    """What the teacher's pass takes from ``teacher.*`` instead of the run's data and evaluation
+    settings: its image side and batch."""
+    return {"side": ("teacher.img_size", t.img_size), "batch_size": t.batch_size}
 
 
 def _from_cache(source: str, setting: str) -> str:

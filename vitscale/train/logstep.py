@@ -4,9 +4,10 @@ norm, the non-finite count). A step that does not log reads nothing back (docs/a
 test ``tests/unit/test_train_no_sync.py``).
 
 A record holds ``step``, ``loss``, ``lr``, ``img_per_s`` (images since the last record over the wall
-time since it, evaluations and checkpoints excluded), ``grad_norm``, the task's metrics (``train_*``),
-``tflops`` and ``mfu`` (from the model's forward FLOPs per image and the device's peak; with variable
-resolution each step counted at its own size), the share of the step time the task's parts took
+time since it, evaluations and checkpoints excluded), ``grad_norm``, the task's metrics (``train_*``)
+and its log-step metrics (``Task.log_metrics``, e.g. ``train_rankme``), ``tflops`` and ``mfu`` (from
+the model's forward FLOPs per image and the device's peak; with variable resolution each step counted
+at its own size), the share of the step time the task's parts took
 (``<part>_time_pct``, e.g. a distillation teacher's forward: ``Task.step_times``), ``epoch``, for a
 variable-resolution run the logged step's ``img_size`` or ``seq_len``, ``data_wait`` (the percentage
 of the wall time since the last record that the loop spent waiting for batches: near 0 when the
@@ -18,6 +19,7 @@ replays use without allocating; a host-side counter, no synchronisation) and, wh
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -28,6 +30,8 @@ from vitscale.distributed.compile import uses_cudagraphs
 from vitscale.tools.device_memory import read_peak
 from vitscale.tools.mfu import achieved_tflops, mfu_percent, peak_tflops
 from vitscale.tools.units import count
+
+from .schedules import run_length
 
 
 def reduce_mean(t: torch.Tensor, world: int) -> torch.Tensor:
@@ -75,10 +79,13 @@ def device_peak(device: torch.device, autocast) -> float | None:
         return None
 
 
-def opening_lines(run, total_steps: int, peak_lr: float, warmup: int, step: int, resumed_from: str | None) -> list[str]:
-    """What a run says before its first step: accepted config changes, fp8, where it resumed, the
-    model, steps, device, batch layout and learning rate."""
+def opening_lines(run, schedule, checkpoints) -> list[str]:
+    """What a run says before its first step: accepted config changes, fp8, where it resumed
+    (``checkpoints``: the trainer's :class:`~vitscale.train.checkpointing.Checkpointing`), the model,
+    steps, device, batch layout and learning rate (``schedule``: its peak and warmup)."""
     cfg, tc, claim = run.cfg, run.cfg.train, run.claim
+    total_steps, step, resumed_from = checkpoints.counters.total_steps, checkpoints.counters.step, checkpoints.resumed_from
+    peak_lr, warmup = schedule.peak, schedule.warmup
     lines = []
     if claim is not None and claim.accepted:
         changed = ", ".join(f"{k}: {a} -> {b}" for k, a, b in claim.accepted)
@@ -111,9 +118,10 @@ class LogStep:
 
     def __init__(self, tc, *, world: int, steps_per_epoch: int, schedule, guard, flops_per_image: float | None,
                  peak: float | None, info, part_times=None, device: torch.device | None = None, dp_size: int = 1,
-                 flops_at=None, varying: bool = False):  # fmt: skip
+                 flops_at=None, varying: bool = False, task_metrics=None):  # fmt: skip
         self.tc, self.world, self.steps_per_epoch = tc, world, steps_per_epoch
         self.part_times = part_times  # the task's parts' seconds since the last record (Task.step_times)
+        self.task_metrics = task_metrics  # the task's log-step metrics and warnings (Task.log_metrics)
         self.schedule, self.guard, self.info = schedule, guard, info
         self.flops, self.peak = flops_per_image, (peak if flops_per_image else None)
         # variable resolution: a step's images and FLOPs at its own size (flops_at: size -> FLOPs per image)
@@ -123,6 +131,20 @@ class LogStep:
         self.cuda = device if device is not None and device.type == "cuda" else None
         self.cudagraphs = bool(tc.compile) and uses_cudagraphs(tc.compile_mode)  # mem_peak_gib counts their pools
         self.restart()
+
+    @classmethod
+    def of_run(cls, run, schedule, guard, task, info) -> LogStep:
+        """The log step of the assembled ``run`` (:class:`vitscale.run.Run`): its layout, epoch length
+        and image sizes; with ``log.flops`` the FLOPs of its model's family at each step's size and the
+        device's peak (MFU); ``task``'s parts' times (:meth:`vitscale.tasks.Task.step_times`);
+        ``info``: where its notes go."""
+        tc = run.cfg.train
+        flops = model_flops(run.family, run.model, run.img_size) if run.cfg.log.flops else None
+        return cls(tc, world=run.dims.world_size, steps_per_epoch=run_length(tc, len(run.loaders.train))[0],
+                   schedule=schedule, guard=guard, flops_per_image=flops, info=info,
+                   peak=device_peak(run.device, run.precision.autocast) if flops else None,
+                   part_times=task.step_times, task_metrics=task.log_metrics, device=run.device, dp_size=run.dims.dp_size,
+                   flops_at=functools.partial(model_flops, run.family, run.model), varying=run.loaders.sizes is not None)  # fmt: skip
 
     def restart(self) -> None:
         """Start counting images and time afresh (after a record, an evaluation or a checkpoint)."""
@@ -165,6 +187,11 @@ class LogStep:
                                "grad_norm": float(grad_norm.item())}  # fmt: skip
         for k, v in metrics.items():
             rec[k] = reduce_mean(v, self.world).item()
+        if self.task_metrics is not None:  # e.g. the embeddings' effective rank (an SVD: log steps only)
+            values, lines = self.task_metrics(step)
+            rec.update(values)
+            for line in lines:
+                self.info(line)
         if self.flops and self.images:
             rec["tflops"] = achieved_tflops(ips, self.flop_sum / self.images, "train")  # each step at its own size
             if self.peak:

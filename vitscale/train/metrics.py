@@ -157,6 +157,15 @@ class MetricsLogger:
 
             self.trackers = Trackers(self.path.parent, config, flatten(run_config_dict(config)), self.info)
 
+    @classmethod
+    def of_run(cls, run, counters, eval_names) -> MetricsLogger:
+        """The logger of the assembled ``run`` (its ``log`` group; writing on its main rank), from
+        ``counters``' step on (a resume drops the records after it) to their last step."""
+        cfg = run.cfg
+        return cls(cfg.train.output_dir, enabled=run.dims.is_main, total_steps=counters.total_steps,
+                   start_step=counters.step, progress=cfg.log.progress, tensorboard=cfg.log.tensorboard,
+                   eval_names=tuple(eval_names), config=cfg)  # fmt: skip
+
     def _truncate_after(self, step: int) -> None:
         """On resume, drop lines a killed run logged after the checkpoint it resumes from."""
         if not self.path.exists():

@@ -15,6 +15,7 @@ from vitscale.errors import ConfigError
 
 from .fastpath import optimizer_impl
 from .finetune import layer_decay_groups, plain_name
+from .lamb import Lamb
 
 
 def scaled_lr(cfg: OptimConfig, global_batch: int) -> float:
@@ -45,7 +46,7 @@ def param_groups(model: nn.Module, weight_decay: float, head_weight_decay: float
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
-    """AdamW / Adam / SGD over :func:`param_groups` (split by layer with ``optim.layer_decay``:
+    """AdamW / Adam / SGD / LAMB over :func:`param_groups` (split by layer with ``optim.layer_decay``:
     :func:`vitscale.train.finetune.layer_decay_groups`). Each group remembers ``initial_lr`` = its
     peak LR (the peak LR x its ``lr_scale``)."""
     groups = param_groups(model, cfg.weight_decay, cfg.head_weight_decay)
@@ -62,7 +63,9 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float) -> torch.opti
         cls, kw = torch.optim.Adam, {"betas": tuple(cfg.betas), "eps": cfg.eps}
     elif name == "sgd":
         cls, kw = torch.optim.SGD, {"momentum": cfg.momentum, "nesterov": cfg.nesterov}
+    elif name == "lamb":  # one implementation (no fused / foreach choice): vitscale.train.lamb
+        return Lamb(groups, lr=lr, betas=tuple(cfg.betas), eps=cfg.eps)
     else:
-        raise ValueError(f"unknown optimizer {cfg.name!r} (adamw | adam | sgd)")
+        raise ValueError(f"unknown optimizer {cfg.name!r} (adamw | adam | sgd | lamb)")
     devices = {p.device.type for g in groups for p in g["params"]}
     return cls(groups, lr=lr, **kw, **optimizer_impl(cfg.fused, devices))

@@ -6,6 +6,7 @@ the peak LR. All start with a linear warmup from ~0 (step 1 gets peak/warmup).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from vitscale.config.schema import ScheduleConfig, run_length  # noqa: F401 (run_length: the trainer's)
@@ -17,9 +18,9 @@ def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, warmup_steps: in
     if w and step <= w:
         return step / w
     name = cfg.name
-    if name == "cosine":
+    if name == "cosine":  # then, over the last cooldown_steps, flat at min_lr (timm's --cooldown-epochs)
         floor = cfg.min_lr / peak_lr if peak_lr > 0 else 0.0
-        span = max(total_steps - w, 1)
+        span = max(total_steps - w - max(cfg.cooldown_steps, 0), 1)
         progress = min(max(step - w, 0) / span, 1.0)
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     if name == "rsqrt":
@@ -45,6 +46,13 @@ def warmup_steps(cfg: ScheduleConfig, steps_per_epoch: int) -> int:
     if cfg.warmup_steps:
         return cfg.warmup_steps
     return int(round(cfg.warmup_epochs * steps_per_epoch))
+
+
+def in_steps(cfg: ScheduleConfig, steps_per_epoch: int) -> ScheduleConfig:
+    """``cfg`` with ``cooldown_epochs`` converted to ``cooldown_steps`` (when those are 0)."""
+    if cfg.cooldown_steps or not cfg.cooldown_epochs:
+        return cfg
+    return dataclasses.replace(cfg, cooldown_steps=int(round(cfg.cooldown_epochs * steps_per_epoch)))
 
 
 # A warmup takes at most this fraction of the run (see fit_warmup).

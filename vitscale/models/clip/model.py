@@ -53,11 +53,11 @@ class TextTransformer(nn.Module):
         nn.init.normal_(self.pos_embed, std=0.01)
         attn_std, proj_std, fc_std = D**-0.5, D**-0.5 * (2 * L) ** -0.5, (2 * D) ** -0.5
         for blk in self.blocks:
-            nn.init.normal_(blk.attn.qkv.weight, std=attn_std)
+            nn.init.normal_(blk.attn.qkv_per_head.weight, std=attn_std)
             nn.init.normal_(blk.attn.proj.weight, std=proj_std)
             nn.init.normal_(blk.mlp.fc1.weight, std=fc_std)
             nn.init.normal_(blk.mlp.fc2.weight, std=proj_std)
-            for lin in (blk.attn.qkv, blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2):
+            for lin in (blk.attn.qkv_per_head, blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2):
                 if lin.bias is not None:
                     nn.init.zeros_(lin.bias)
             for norm in (blk.norm1, blk.norm2):

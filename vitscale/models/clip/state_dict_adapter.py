@@ -8,7 +8,7 @@ imports nothing from open_clip (:func:`create_open_clip_model` imports its ``CLI
 State dicts: one rename table (``_open_clip_table``), read both ways by ``common.renames.convert``, with
 three layout changes:
 - attention ``in_proj`` rows: open_clip's ``nn.MultiheadAttention`` stacks ``[q; k; v]`` = ``(3, H, Dh)``;
-  vitscale stores them per head ``(H, 3, Dh)`` (Megatron layout).
+  vitscale's ``attn.qkv_per_head`` stores them per head ``(H, 3, Dh)`` (Megatron layout).
 - ``visual.proj`` / ``text_projection`` are ``(width, output_dim)`` matrices applied as ``x @ P``;
   vitscale's ``image_proj`` / ``text_proj`` are bias-free ``nn.Linear`` whose weight is ``P.T``.
 - class / position embeddings gain a leading batch dimension: ``(D,)`` -> ``(1, 1, D)``, ``(N, D)`` -> ``(1, N, D)``.
@@ -40,7 +40,7 @@ _BLOCK_RENAMES = {
 
 
 def _tower_blocks(ours: str, theirs: str, heads: int) -> list[Rename]:
-    qkv = Rename(f"{ours}.*.attn.qkv.*", f"{theirs}.*.attn.in_proj_*", *per_head(3, heads))
+    qkv = Rename(f"{ours}.*.attn.qkv_per_head.*", f"{theirs}.*.attn.in_proj_*", *per_head(3, heads))
     return [qkv] + [Rename(f"{ours}.*.{b}", f"{theirs}.*.{a}") for a, b in _BLOCK_RENAMES.items()]
 
 

@@ -1,9 +1,10 @@
 """Multi-head self-attention through ``F.scaled_dot_product_attention``.
 
-The fused QKV projection stores its output rows per head, ``(H, 3, D)`` — Megatron's layout — rather
+The fused QKV projection, ``qkv_per_head``, stores its output rows per head, ``(H, 3, D)`` — Megatron's layout — rather
 than timm's ``(3, H, D)``. Splitting the rows into contiguous chunks (column-parallel tensor
 parallelism) then hands every rank whole heads with their q, k and v; the converters in
-``state_dict_adapter.py`` permute rows to and from the timm / open_clip layouts.
+``state_dict_adapter.py`` permute rows to and from the timm / open_clip layouts. Its name is not
+timm's ``qkv``: a state dict's names alone say whose row order it holds (docs/finetuning.md).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.attn_drop = attn_drop
         self.rope_rotate_half = rope_rotate_half
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias and key_bias, device=device, dtype=dtype)
+        self.qkv_per_head = nn.Linear(dim, 3 * dim, bias=qkv_bias and key_bias, device=device, dtype=dtype)
         # Biases on the queries and values only (timm's EVA ``q_bias`` / ``v_bias``, rows (H, Dh)).
         qv = qkv_bias and not key_bias
         self.q_bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype)) if qv else None
@@ -75,7 +76,7 @@ class Attention(nn.Module):
         """``rope``: ``(sin, cos)`` of the trailing patch tokens (:func:`vitscale.models.common.rope.apply_rope`)."""
         B, N, _ = x.shape
         # -1 heads: under tensor parallelism this rank holds only its share of the heads.
-        qkv = self.qkv(x).reshape(B, N, -1, 3, self.head_dim)  # (B, N, H, 3, D)
+        qkv = self.qkv_per_head(x).reshape(B, N, -1, 3, self.head_dim)  # (B, N, H, 3, D)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # 3 x (B, H, N, D)
         if self.q_bias is not None:
             q = q + self.q_bias.view(-1, 1, self.head_dim)  # (H, 1, D)

@@ -13,7 +13,7 @@ from .norms import make_norm
 class AttentionPoolHead(nn.Module):
     """A learned latent query attends to all tokens, then a residual MLP refines it.
 
-    ``kv`` stores its rows per head, ``(H, 2, D)``, so column-parallel sharding keeps heads whole.
+    ``kv_per_head`` stores its rows per head, ``(H, 2, D)``, so column-parallel sharding keeps heads whole.
     """
 
     def __init__(
@@ -35,7 +35,7 @@ class AttentionPoolHead(nn.Module):
         self.head_dim = dim // num_heads
         self.latent = nn.Parameter(torch.empty(1, 1, dim, device=device, dtype=dtype))
         self.q = nn.Linear(dim, dim, bias=qkv_bias, device=device, dtype=dtype)
-        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias, device=device, dtype=dtype)
+        self.kv_per_head = nn.Linear(dim, 2 * dim, bias=qkv_bias, device=device, dtype=dtype)
         self.q_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
         self.k_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, device=device, dtype=dtype)
@@ -47,7 +47,7 @@ class AttentionPoolHead(nn.Module):
         token) keeps padding tokens out of the pool (NaFlex batches)."""
         B, N, _ = x.shape
         q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, -1, self.head_dim).transpose(1, 2)  # (B, H, 1, D)
-        kv = self.kv(x).reshape(B, N, -1, 2, self.head_dim)  # (B, N, H, 2, D)
+        kv = self.kv_per_head(x).reshape(B, N, -1, 2, self.head_dim)  # (B, N, H, 2, D)
         k, v = kv.permute(3, 0, 2, 1, 4).unbind(0)  # 2 x (B, H, N, D)
         q, k = self.q_norm(q), self.k_norm(k)
         x = sdpa(q, k, v, attn_mask=attn_mask).transpose(1, 2).reshape(B, 1, -1)  # (B, 1, H*D)

@@ -25,8 +25,8 @@ from torch import nn
 
 from ..common.pos_embed import resample_pos_embed
 from ..common.renames import PASS_THROUGH, Rename, RenameTable, convert
-from ..spec import keys_have
 from ..vit import state_dict_adapter as vit_adapter
+from ..vit.finetune import RECOGNIZES as VIT_RECOGNIZES
 from ..vit.state_dict_adapter import _NORMS, _activation, _is
 from .configs import NaFlexConfig
 
@@ -236,8 +236,10 @@ def state_dict_from_vit(sd: dict[str, torch.Tensor], cfg: NaFlexConfig, prefix: 
     sd[key] = resample_pos_embed(pe, (gh, gw), old, 0).reshape(1, gh, gw, -1)
 
 
-RECOGNIZES = keys_have("patch_embed.weight", "patch_embed.proj.weight")
-"""vitscale's NaFlex naming (a Linear patch embedding), or a classic ViT's (``FamilySpec.recognizes``)."""
+def RECOGNIZES(sd) -> bool:  # noqa: N802 - the FamilySpec slot's name
+    """vitscale's NaFlex naming (a Linear patch embedding), or a classic ViT's in vitscale's naming
+    (``FamilySpec.recognizes``)."""
+    return "patch_embed.weight" in sd or VIT_RECOGNIZES(sd)
 
 
 __all__ = [

@@ -8,7 +8,8 @@ from typing import Any
 
 from torch import nn
 
-from ..spec import StateDictAdapter, is_library_model, keys_have
+from ..spec import StateDictAdapter, is_library_model
+from ..vit.finetune import TIMM_RECOGNIZES
 from ..vit.timm_registry import build_meta, layout_differences
 from .model import NaFlexViT
 from .state_dict_adapter import config_from_timm, state_dict_from_timm, state_dict_to_timm, timm_kwargs
@@ -49,7 +50,7 @@ TIMM = StateDictAdapter(
     create=create_timm_naflex,
     from_state_dict=state_dict_from_timm,
     # timm's NaFlexVit, or a classic timm ViT (its patch convolution becomes the Linear on load)
-    recognizes=keys_have("embeds.proj.weight", "patch_embed.proj.weight"),
+    recognizes=lambda sd: "embeds.proj.weight" in sd or TIMM_RECOGNIZES(sd),
 )
 
 

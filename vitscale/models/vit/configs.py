@@ -40,7 +40,11 @@ class ViTConfig:
     num_classes: int = 1000
     """Classifier outputs; 0 removes the classifier (features only)."""
     drop_path_rate: float = 0.0
-    """Stochastic depth: the last block drops its branches with this rate, the first with 0."""
+    """Stochastic depth: the last block drops its branches with this rate, the first with 0 (rising
+    linearly; ``drop_path_constant``: every block with this rate)."""
+    drop_path_constant: bool = False
+    """Every block drops its branches with ``drop_path_rate`` (DeiT III, facebookresearch/deit
+    ``models_v2.py``: ``dpr_constant=True``) instead of the linear rise from 0 (timm)."""
     drop_patch_rate: float = 0.0
     """Patch dropout: fraction of patch tokens dropped during training (NeMo CLIP ``drop_patch_rate``)."""
     class_token_length: int = 1

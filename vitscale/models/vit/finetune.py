@@ -1,23 +1,50 @@
 """What fine-tuning asks of the ViT family (its ``FamilySpec`` slots): whether a state dict's names
 are a ViT's, which architecture a state dict shows, and the layers of layer-wise LR decay.
 
-A ViT state dict in vitscale's naming and in timm's share their key names (only the fused QKV rows
-differ in order: ``state_dict_adapter.py``), so the names alone never tell the two apart; the file's
-metadata or its kind must (``vitscale.interop.pretrained``).
+vitscale's naming of a ViT differs from timm's exactly where the layouts differ: the fused
+projections, whose rows vitscale keeps per head, are named ``*_per_head`` (``state_dict_adapter.py``),
+so a state dict's names say whose it is (:func:`vit_naming`); one without any fused projection reads
+the same either way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..spec import keys_have
+from ...param_names import RENAMED
 
-RECOGNIZES = keys_have("patch_embed.proj.weight")
-"""vitscale's ViT naming (also timm's): a strided patch convolution."""
+
+def vit_naming(sd: Collection[str], prefix: str = "") -> str:
+    """``vitscale`` or ``timm``: whose naming the ViT state dict ``sd`` (its names, or the dict itself)
+    is in. vitscale's: a per-head projection (``attn.qkv_per_head``, ...); or, written before those
+    names (:mod:`vitscale.param_names`), what timm never writes: a ViT-22B block's ``norm`` beside its
+    ``in_proj`` (timm's is ``in_norm``), or ``cls_token`` holding registers too (timm's is one token,
+    its registers ``reg_token``; read from the tensors' shapes when ``sd`` is a dict). Anything else,
+    timm's — the one naming of a ViT without fused projections, which reads the same either way."""
+    keys = [k[len(prefix) :] for k in sd if k.startswith(prefix)]
+    if any(part in RENAMED for k in keys for part in k.split(".")):
+        return "vitscale"
+    names = set(keys)
+    if any(k.endswith(".in_proj.weight") and k.replace(".in_proj.weight", ".norm.weight") in names for k in names):
+        return "vitscale"
+    cls = sd.get(prefix + "cls_token") if isinstance(sd, Mapping) else None
+    if getattr(cls, "ndim", 0) == 3 and cls.shape[1] > 1 and "reg_token" not in names:
+        return "vitscale"
+    return "timm"
+
+
+def RECOGNIZES(sd: Collection[str]) -> bool:  # noqa: N802 - the FamilySpec slot's name
+    """vitscale's ViT naming: a strided patch convolution and :func:`vit_naming` ``vitscale``."""
+    return "patch_embed.proj.weight" in sd and vit_naming(sd) == "vitscale"
+
+
+def TIMM_RECOGNIZES(sd: Collection[str]) -> bool:  # noqa: N802
+    """timm's ViT naming: a strided patch convolution and :func:`vit_naming` ``timm``."""
+    return "patch_embed.proj.weight" in sd and vit_naming(sd) == "timm"
 
 
 def _block_count(sd: Mapping[str, torch.Tensor], prefix: str) -> int | None:
@@ -41,7 +68,7 @@ def vit_architecture(sd: Mapping[str, torch.Tensor], prefix: str = "") -> dict[s
     layers = _block_count(sd, prefix + "blocks.")
     if layers is not None:
         out["num_layers"] = layers
-    parallel = get("blocks.0.in_proj.weight") is not None
+    parallel = get("blocks.0.in_proj_per_head.weight") is not None
     out["parallel_block"] = parallel
     fc1 = get("blocks.0.mlp.fc1.weight")
     if fc1 is not None:
@@ -50,8 +77,8 @@ def vit_architecture(sd: Mapping[str, torch.Tensor], prefix: str = "") -> dict[s
         fc1, out["mlp_type"] = get("blocks.0.mlp.fc1_x.weight"), "swiglu"
     if fc1 is not None:
         out["ffn_hidden_size"] = int(fc1.shape[0])
-    elif parallel and "hidden_size" in out:  # in_proj rows: per head (3 Dh + F / H)
-        out["ffn_hidden_size"] = int(get("blocks.0.in_proj.weight").shape[0]) - 3 * out["hidden_size"]
+    elif parallel and "hidden_size" in out:  # in_proj_per_head rows: per head (3 Dh + F / H)
+        out["ffn_hidden_size"] = int(get("blocks.0.in_proj_per_head.weight").shape[0]) - 3 * out["hidden_size"]
     q_norm = get("blocks.0.attn.q_norm.weight")
     if q_norm is None:
         q_norm = get("blocks.0.q_norm.weight")
@@ -60,7 +87,7 @@ def vit_architecture(sd: Mapping[str, torch.Tensor], prefix: str = "") -> dict[s
         out["num_attention_heads"] = out["hidden_size"] // int(q_norm.shape[0])
     if not parallel and layers:
         qv_only = get("blocks.0.attn.q_bias") is not None  # biases on queries and values only (key_bias=False)
-        out["qkv_bias"] = get("blocks.0.attn.qkv.bias") is not None or qv_only
+        out["qkv_bias"] = get("blocks.0.attn.qkv_per_head.bias") is not None or qv_only
         if qv_only:
             out["key_bias"] = False
     if get("pos_embed") is not None:  # RoPE and no position embedding leave nothing to see
@@ -98,4 +125,4 @@ def layer_decay(model: nn.Module) -> dict[str, int]:
     return vit_layer_exponents(model)
 
 
-__all__ = ["RECOGNIZES", "architecture", "layer_decay", "vit_architecture", "vit_layer_exponents"]
+__all__ = ["RECOGNIZES", "TIMM_RECOGNIZES", "architecture", "layer_decay", "vit_architecture", "vit_layer_exponents", "vit_naming"]

@@ -28,8 +28,8 @@ def block_activation_elems(cfg: ViTConfig, tokens: int, tp: int = 1, ac: str = "
     attention output ``4D / tp``, fc1 and activation outputs ``2F / tp``; QK-norm adds the
     normalised q and k, ``2D / tp``, and RoPE the rotated ones, ``2D / tp``; a SwiGLU MLP its second
     input projection and the gated product, ``2F / tp``. ViT-22B parallel block: LayerNorm input ``D / tp`` and output
-    ``D``, then ``(5D + 3F) / tp`` (in_proj output, attention output, the MLP pre-activation and
-    the concatenated out_proj input), ``+ 2D / tp`` with QK-norm.
+    ``D``, then ``(5D + 3F) / tp`` (in_proj_per_head output, attention output, the MLP pre-activation and
+    the concatenated out_proj_per_head input), ``+ 2D / tp`` with QK-norm.
     ``selective``: the block input, the matmul and attention outputs are kept, LayerNorms and
     activations are recomputed.
     """
@@ -39,7 +39,7 @@ def block_activation_elems(cfg: ViTConfig, tokens: int, tp: int = 1, ac: str = "
     glu = 2 * F if cfg.mlp_type == "swiglu" else 0  # the second input projection's output and the product
     if cfg.parallel_block:
         none = D / tp + D + (5 * D + 3 * F + qk) / tp
-        selective = D / tp + (3 * D + F + D + D) / tp  # input, in_proj out, attention out, out_proj out
+        selective = D / tp + (3 * D + F + D + D) / tp  # input, in_proj_per_head out, attention out, out_proj_per_head out
     else:
         none = 2 * D / tp + 2 * D + (4 * D + 2 * F + qk + glu) / tp
         selective = D / tp + (3 * D + D + D + F + glu // 2 + D) / tp  # input, qkv, attention, proj, fc1(s), fc2 outputs
@@ -69,7 +69,7 @@ class ViTMemory:
                 tp += n - _norm_params(m)  # everything but the norms / LayerScale of a block is sharded by TP
         pool = model.attn_pool if isinstance(model, VisionTransformer) else None  # (a CLIP's stays in its root)
         if pool is not None:
-            for lin in (pool.q, pool.kv, pool.proj, pool.mlp.fc1, pool.mlp.fc2):
+            for lin in (pool.q, pool.kv_per_head, pool.proj, pool.mlp.fc1, pool.mlp.fc2):
                 tp += sum(p.numel() for p in lin.parameters())
             biggest = max(biggest, sum(p.numel() for p in pool.parameters()))
         return total, tp, biggest

@@ -69,11 +69,11 @@ class Block(nn.Module):
 
 
 class ParallelBlock(nn.Module):
-    """ViT-22B block: x + out_proj([attn(norm(x)), mlp_act(norm(x))]) with fused in/out projections.
+    """ViT-22B block: x + out_proj_per_head([attn(norm(x)), mlp_act(norm(x))]) with fused in/out projections.
 
-    ``in_proj`` computes Q, K, V and the MLP's first layer in one matmul. Its output rows are grouped
+    ``in_proj_per_head`` computes Q, K, V and the MLP's first layer in one matmul. Its output rows are grouped
     per head, ``(H, 3*Dh + F/H)`` — head h's q, k, v, then its 1/H share of the MLP hidden units —
-    and ``out_proj`` reads its input in the matching ``(H, Dh + F/H)`` order, so contiguous row /
+    and ``out_proj_per_head`` reads its input in the matching ``(H, Dh + F/H)`` order, so contiguous row /
     column sharding (Megatron column / row parallel) gives every rank whole heads and an equal
     slice of the MLP. The MLP hidden units keep their natural order (unit j sits in group j // (F/H)).
     """
@@ -88,17 +88,17 @@ class ParallelBlock(nn.Module):
         self.rope_rotate_half = cfg.rope_rotate_half
         self.attn_drop = cfg.attention_dropout
         self.norm = make_norm(D, eps, nb, device, dtype, nt)
-        self.in_proj = nn.Linear(D, H * (3 * self.head_dim + self.mlp_per_head), bias=cfg.qkv_bias, device=device, dtype=dtype)
-        # Without a QKV bias the MLP keeps its own bias, laid out per head like the in_proj rows.
+        self.in_proj_per_head = nn.Linear(D, H * (3 * self.head_dim + self.mlp_per_head), bias=cfg.qkv_bias, device=device, dtype=dtype)
+        # Without a QKV bias the MLP keeps its own bias, laid out per head like the in_proj_per_head rows.
         if cfg.mlp_bias and not cfg.qkv_bias:
-            self.mlp_bias = nn.Parameter(torch.empty(H, self.mlp_per_head, device=device, dtype=dtype))
+            self.mlp_bias_per_head = nn.Parameter(torch.empty(H, self.mlp_per_head, device=device, dtype=dtype))
         else:
-            self.register_parameter("mlp_bias", None)
+            self.register_parameter("mlp_bias_per_head", None)
         self.q_norm = make_norm(self.head_dim, eps, nb, device, dtype, nt) if cfg.qk_norm else nn.Identity()
         self.k_norm = make_norm(self.head_dim, eps, nb, device, dtype, nt) if cfg.qk_norm else nn.Identity()
         self.act = make_activation(cfg.activation)
         self.mlp_drop = nn.Dropout(cfg.hidden_dropout)
-        self.out_proj = nn.Linear(
+        self.out_proj_per_head = nn.Linear(
             H * (self.head_dim + self.mlp_per_head), D, bias=cfg.proj_bias or cfg.mlp_bias, device=device, dtype=dtype
         )
         self.out_drop = nn.Dropout(cfg.hidden_dropout)
@@ -107,26 +107,26 @@ class ParallelBlock(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def init_weights(self) -> None:
-        if self.mlp_bias is not None:
-            nn.init.zeros_(self.mlp_bias)
+        if self.mlp_bias_per_head is not None:
+            nn.init.zeros_(self.mlp_bias_per_head)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
         B, N, _ = x.shape
         Dh, Fh = self.head_dim, self.mlp_per_head
-        y = self.in_proj(self.norm(x)).reshape(B, N, -1, 3 * Dh + Fh)  # (B, N, H, 3*Dh + F/H)
+        y = self.in_proj_per_head(self.norm(x)).reshape(B, N, -1, 3 * Dh + Fh)  # (B, N, H, 3*Dh + F/H)
         # One split into q, k, v and the MLP part: its backward writes the four gradients straight into
-        # in_proj's output gradient (one cat), where splitting off QKV and unbinding it stacked dq, dk,
+        # in_proj_per_head's output gradient (one cat), where splitting off QKV and unbinding it stacked dq, dk,
         # dv first and copied the stack again.
         q, k, v, h = y.split([Dh, Dh, Dh, Fh], dim=-1)  # 3 x (B, N, H, Dh), (B, N, H, F/H)
-        if self.mlp_bias is not None:
-            h = h + self.mlp_bias
+        if self.mlp_bias_per_head is not None:
+            h = h + self.mlp_bias_per_head
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # 3 x (B, H, N, Dh)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope, self.rope_rotate_half), apply_rope(k, rope, self.rope_rotate_half)
         a = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop if self.training else 0.0).transpose(1, 2)  # (B, N, H, Dh)
         h = self.mlp_drop(self.act(h))
-        y = self.out_proj(torch.cat([a, h], dim=-1).reshape(B, N, -1))  # (B, N, D)
+        y = self.out_proj_per_head(torch.cat([a, h], dim=-1).reshape(B, N, -1))  # (B, N, D)
         return x + self.drop_path(self.ls(self.out_drop(y)))
 
 
@@ -140,7 +140,8 @@ def build_trunk(model: nn.Module, cfg, device=None, dtype=None) -> None:
     model.norm_pre = make_norm(D, eps, nb, device, dtype, nt) if cfg.pre_norm else nn.Identity()
     block_cls = ParallelBlock if cfg.parallel_block else Block
     n = cfg.num_layers
-    dpr = [cfg.drop_path_rate * i / max(n - 1, 1) for i in range(n)]  # linear stochastic-depth rule
+    # linear stochastic-depth rule (timm), or one rate for every block (DeiT III)
+    dpr = [cfg.drop_path_rate if cfg.drop_path_constant else cfg.drop_path_rate * i / max(n - 1, 1) for i in range(n)]
     model.blocks = nn.ModuleList([block_cls(cfg, dpr[i], device, dtype) for i in range(n)])
     use_fc_norm = cfg.use_fc_norm
     model.norm = make_norm(D, eps, nb, device, dtype, nt) if cfg.final_norm and not use_fc_norm else nn.Identity()
@@ -299,12 +300,22 @@ class VisionTransformer(nn.Module):
             x = torch.cat([*prefix, x + pos], dim=1)  # (B, P+N, D)
         return self.pos_drop(x)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images ``(B, C, H, W)`` -> normalised tokens ``(B, prefix + patches, D)``."""
+    def forward_features(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Images ``(B, C, H, W)`` -> normalised tokens ``(B, prefix + patches, D)``.
+
+        ``keep``: ``(B, K)`` indices of the patches (row-major in the patch grid) that go through the
+        blocks, after their position embeddings (MAE's encoder on the visible patches, He et al. 2021,
+        arXiv 2111.06377, section 3; facebookresearch/mae ``models_mae.py`` ``forward_encoder``): the
+        tokens are then ``(B, prefix + K, D)``, the prefix tokens first, patch dropout not applied."""
         grid = (x.shape[-2] // self.cfg.patch_dim, x.shape[-1] // self.cfg.patch_dim)
         x = self.patch_embed(x)  # (B, N, D)
         x = self._pos_embed(x, grid)
-        x = self.patch_drop(x)
+        if keep is not None:
+            P = self.num_prefix_tokens
+            kept = x[:, P:].gather(1, keep[..., None].expand(-1, -1, x.shape[-1]))  # (B, K, D)
+            x = torch.cat([x[:, :P], kept], dim=1)
+        else:
+            x = self.patch_drop(x)
         x = self.norm_pre(x)
         x = run_blocks(self.blocks, x, self.grad_checkpointing, rope=self.rope(grid, x.device))
         return self.norm(x)
@@ -356,9 +367,12 @@ class VisionTransformer(nn.Module):
         return cls, tok
 
     def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None, pre_logits: bool = False,
-                distill: bool = False):  # fmt: skip
+                distill: bool = False, keep: torch.Tensor | None = None):  # fmt: skip
         """Class logits; ``dense``: and per-token logits; ``pre_logits``: the pooled features;
-        ``distill``: ``(class logits, distillation-token logits)`` (DeiT; see :meth:`forward_head`)."""
+        ``distill``: ``(class logits, distillation-token logits)`` (DeiT; see :meth:`forward_head`);
+        ``keep``: the normalised tokens of the kept patches only (:meth:`forward_features`; MAE)."""
+        if keep is not None:  # through forward() so FSDP's hooks gather the parameters
+            return self.forward_features(x, keep)
         if dense:  # through forward() so FSDP's hooks gather the parameters
             return self.forward_dense(x, mix)
         if pre_logits:  # the pooled features (probes), also through forward()

@@ -5,14 +5,14 @@ per-block compile -> FSDP2 with them. Each block is one FSDP2 unit, the MAP head
 Tensor parallel plans (Megatron style), one readable dict per block type:
 
 - ``Block``: norm1 / norm2 / LayerScale run sequence parallel on token shards; attention and MLP
-  inputs are all-gathered; ``attn.qkv`` and ``mlp.fc1`` are column parallel (whole heads per rank
+  inputs are all-gathered; ``attn.qkv_per_head`` and ``mlp.fc1`` are column parallel (whole heads per rank
   thanks to the ``(H, 3, Dh)`` QKV row layout; without a key bias, ``attn.q_bias`` / ``v_bias`` are
   sharded alike, whole heads); RoPE's angles are recomputed each forward, replicated, nothing to
   shard; ``attn.proj`` and ``mlp.fc2`` row parallel with a
   reduce-scatter back onto token shards; QK-norms see their heads' shard.
-- ``ParallelBlock`` (ViT-22B): ``in_proj`` (QKV + fc1 fused, rows grouped per head) column parallel,
-  ``out_proj`` row parallel, its per-head ``mlp_bias (H, F/H)`` sharded on dim 0.
-- MAP head: ``q`` / ``kv`` / ``mlp.fc1`` column parallel, ``proj`` / ``mlp.fc2`` row parallel (its
+- ``ParallelBlock`` (ViT-22B): ``in_proj_per_head`` (QKV + fc1 fused, rows grouped per head) column parallel,
+  ``out_proj_per_head`` row parallel, its ``mlp_bias_per_head (H, F/H)`` sharded on dim 0.
+- MAP head: ``q`` / ``kv_per_head`` / ``mlp.fc1`` column parallel, ``proj`` / ``mlp.fc2`` row parallel (its
   single query token is not worth sequence-sharding).
 
 Patch / position embeddings, the final norm and the classifier are replicated across TP ranks.
@@ -48,7 +48,7 @@ def block_plan() -> dict[str, Any]:
     return {
         "norm1": sequence_parallel(),
         "attn": [*_styles(gather_sequence_input()), ShardedLocalParams({"q_bias": 0, "v_bias": 0})],  # (H*Dh,): whole heads
-        "attn.qkv": colwise(),
+        "attn.qkv_per_head": colwise(),
         "attn.q_norm": head_parallel_norm(1),  # q: (B, H/tp, N, Dh)
         "attn.k_norm": head_parallel_norm(1),
         "attn.proj": rowwise(),
@@ -67,12 +67,12 @@ def parallel_block_plan() -> dict[str, Any]:
     """TP + SP plan of the ViT-22B ``ParallelBlock``."""
     return {
         "norm": sequence_parallel(),
-        "in_proj": colwise(input_sharded_on_tokens=True),  # all-gather tokens, then QKV + fc1 columns
+        "in_proj_per_head": colwise(input_sharded_on_tokens=True),  # all-gather tokens, then QKV + fc1 columns
         "q_norm": head_parallel_norm(1),
         "k_norm": head_parallel_norm(1),
-        "out_proj": rowwise(),
+        "out_proj_per_head": rowwise(),
         "ls": sequence_parallel(),
-        "": ShardedLocalParams({"mlp_bias": 0}),  # (H, F/H): this rank's heads
+        "": ShardedLocalParams({"mlp_bias_per_head": 0}),  # (H, F/H): this rank's heads
     }
 
 
@@ -80,7 +80,7 @@ def map_head_plan() -> dict[str, Any]:
     """TP plan of the multihead attention pooling head (paths relative to ``attn_pool``)."""
     return {
         "q": colwise(),
-        "kv": colwise(),  # rows (H, 2, Dh): whole heads per rank
+        "kv_per_head": colwise(),  # rows (H, 2, Dh): whole heads per rank
         "q_norm": head_parallel_norm(1),
         "k_norm": head_parallel_norm(1),
         "proj": rowwise(sequence_parallel_output=False),

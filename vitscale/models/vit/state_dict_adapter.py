@@ -1,12 +1,14 @@
 """timm <-> vitscale ViT: configs and state dicts, both ways, exactly.
 
-Row layouts differ only in the fused projections:
-- ``attn.qkv`` rows: timm ``(3, H, Dh)``; vitscale per head ``(H, 3, Dh)``.
-- MAP ``attn_pool.kv`` rows: timm ``(2, H, Dh)``; vitscale ``(H, 2, Dh)``.
-- ViT-22B parallel block ``in_proj`` rows: timm ``[mlp F | q | k | v]``; vitscale per head
-  ``(H, 3*Dh + F/H)``. Output projection: timm has ``attn_out_proj`` + ``mlp_out_proj`` (or a fused
-  ``out_proj`` over ``[attn D | mlp F]``); vitscale one ``out_proj`` over per-head ``(H, Dh + F/H)``
-  columns, whose bias is the sum of timm's two biases.
+Layouts differ only in the fused projections, which vitscale names for what they hold (``*_per_head``),
+so that no name of one naming holds the other's layout:
+- timm ``attn.qkv`` rows ``(3, H, Dh)``; vitscale ``attn.qkv_per_head`` rows per head ``(H, 3, Dh)``.
+- MAP: timm ``attn_pool.kv`` rows ``(2, H, Dh)``; vitscale ``attn_pool.kv_per_head`` ``(H, 2, Dh)``.
+- ViT-22B parallel block: timm ``in_proj`` rows ``[mlp F | q | k | v]``; vitscale ``in_proj_per_head``
+  rows per head ``(H, 3*Dh + F/H)``, and ``mlp_bias_per_head (H, F/H)`` for timm's ``mlp_bias (F,)``.
+  Output projection: timm has ``attn_out_proj`` + ``mlp_out_proj`` (or a fused ``out_proj`` over
+  ``[attn D | mlp F]``); vitscale one ``out_proj_per_head`` over per-head ``(H, Dh + F/H)`` columns,
+  whose bias is the sum of timm's two biases. Its norm: timm ``in_norm``, vitscale ``norm``.
 - Prefix tokens: timm ``cls_token (1, 1, D)`` and ``reg_token (1, R, D)``; vitscale one
   ``cls_token (1, L, D)`` (``class_token=False``: registers only).
 Reading a timm model imports nothing from timm (``timm_kwargs`` imports timm's layer classes,
@@ -291,24 +293,25 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
 
 
 def _timm_table(cfg: ViTConfig) -> RenameTable:
-    """vitscale <-> timm keys of a ViT with ``cfg``: the same names but for a ViT-22B block's norm, the
-    fused projections' rows permuted (the prefix tokens and ViT-22B output projection: below)."""
+    """vitscale <-> timm keys of a ViT with ``cfg``: the same names but for the fused projections
+    (``*_per_head``, their rows permuted) and a ViT-22B block's norm (the prefix tokens and ViT-22B
+    output projection: below)."""
     H = cfg.num_attention_heads
     if cfg.parallel_block:
         F, Dh = cfg.ffn_hidden_size, cfg.hidden_size // H
         blocks = (
             Rename(
-                "blocks.*.in_proj.*", "blocks.*.in_proj.*",
+                "blocks.*.in_proj_per_head.*", "blocks.*.in_proj.*",
                 lambda t: _group_in_proj(t[:F], t[F:], H), lambda t: torch.cat(_ungroup_in_proj(t, H, Dh)),
             ),  # fmt: skip
-            Rename("blocks.*.mlp_bias", "blocks.*.mlp_bias", lambda t: t.reshape(H, F // H), lambda t: t.reshape(F)),
+            Rename("blocks.*.mlp_bias_per_head", "blocks.*.mlp_bias", lambda t: t.reshape(H, F // H), lambda t: t.reshape(F)),
             Rename("blocks.*.norm.*", "blocks.*.in_norm.*"),
         )
     else:
-        blocks = (Rename("blocks.*.attn.qkv.*", "blocks.*.attn.qkv.*", *per_head(3, H)),)
+        blocks = (Rename("blocks.*.attn.qkv_per_head.*", "blocks.*.attn.qkv.*", *per_head(3, H)),)
     return RenameTable(
         library="timm",
-        entries=(*blocks, Rename("attn_pool.kv.**", "attn_pool.kv.**", *per_head(2, H)), PASS_THROUGH),
+        entries=(*blocks, Rename("attn_pool.kv_per_head.**", "attn_pool.kv.**", *per_head(2, H)), PASS_THROUGH),
     )
 
 
@@ -331,7 +334,7 @@ def _prefix_tokens_to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[
 
 
 def _out_proj_from_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
-    """Pops each ViT-22B block's timm output projection(s): vitscale's one ``out_proj`` over per-head
+    """Pops each ViT-22B block's timm output projection(s): vitscale's one ``out_proj_per_head`` over per-head
     ``(H, Dh + F/H)`` columns, biased by the sum of timm's two biases."""
     H, D, F = cfg.num_attention_heads, cfg.hidden_size, cfg.ffn_hidden_size
     out = {}
@@ -346,22 +349,22 @@ def _out_proj_from_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str
             ba, bm = sd.pop(p + "attn_out_proj.bias", None), sd.pop(p + "mlp_out_proj.bias", None)
             b_out = None if ba is None else ba + bm
         cols = torch.cat([wa.reshape(D, H, D // H), wm.reshape(D, H, F // H)], dim=2)  # (D, H, Dh + F/H)
-        out[p + "out_proj.weight"] = cols.reshape(D, -1)
+        out[p + "out_proj_per_head.weight"] = cols.reshape(D, -1)
         if b_out is not None:
-            out[p + "out_proj.bias"] = b_out
+            out[p + "out_proj_per_head.bias"] = b_out
     return out
 
 
 def _out_proj_to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
-    """Pops each ViT-22B block's ``out_proj``: timm's ``attn_out_proj`` and ``mlp_out_proj`` (the bias on the latter)."""
+    """Pops each ViT-22B block's ``out_proj_per_head``: timm's ``attn_out_proj`` and ``mlp_out_proj`` (the bias on the latter)."""
     H, D, F = cfg.num_attention_heads, cfg.hidden_size, cfg.ffn_hidden_size
     Dh, out = D // H, {}
     for i in range(cfg.num_layers):
         p = f"blocks.{i}."
-        cols = sd.pop(p + "out_proj.weight").reshape(D, H, Dh + F // H)
+        cols = sd.pop(p + "out_proj_per_head.weight").reshape(D, H, Dh + F // H)
         out[p + "attn_out_proj.weight"] = cols[:, :, :Dh].reshape(D, D)
         out[p + "mlp_out_proj.weight"] = cols[:, :, Dh:].reshape(D, F)
-        b = sd.pop(p + "out_proj.bias", None)
+        b = sd.pop(p + "out_proj_per_head.bias", None)
         if b is not None:
             out[p + "attn_out_proj.bias"] = torch.zeros_like(b)
             out[p + "mlp_out_proj.bias"] = b

@@ -6,7 +6,8 @@ and keys (``pos_embed='rope'`` here). What differs from timm's ``VisionTransform
 
 - LayerScale: timm ``blocks.i.gamma_1`` / ``gamma_2``; vitscale ``blocks.i.ls1.gamma`` / ``ls2.gamma``.
 - QKV bias: timm's EVA has none on the keys, ``attn.q_bias`` and ``attn.v_bias`` (the same names
-  here, ``key_bias=False``); the fused ``attn.qkv`` rows are permuted per head as for the ViT.
+  here, ``key_bias=False``); the fused QKV rows (timm ``attn.qkv``, vitscale ``attn.qkv_per_head``)
+  are permuted per head as for the ViT.
 - Prefix tokens: ``cls_token`` and ``reg_token``, joined as for the ViT.
 - SwiGLU MLP (DINOv3 S+/H+/7B): timm's two-layer ``SwiGLU``, the same names (``fc1_g``, ``fc1_x``, ``fc2``).
 - RoPE: timm's ``RotaryEmbeddingCat`` (index grid) -> ``rope_type='axial'``, its
@@ -178,10 +179,10 @@ def _table(cfg: ViTConfig) -> RenameTable:
     return RenameTable(
         library="timm",
         entries=(
-            Rename("blocks.*.attn.qkv.*", "blocks.*.attn.qkv.*", *per_head(3, H)),
+            Rename("blocks.*.attn.qkv_per_head.*", "blocks.*.attn.qkv.*", *per_head(3, H)),
             Rename("blocks.*.ls1.gamma", "blocks.*.gamma_1"),
             Rename("blocks.*.ls2.gamma", "blocks.*.gamma_2"),
-            Rename("attn_pool.kv.**", "attn_pool.kv.**", *per_head(2, H)),
+            Rename("attn_pool.kv_per_head.**", "attn_pool.kv.**", *per_head(2, H)),
             PASS_THROUGH,
         ),
     )

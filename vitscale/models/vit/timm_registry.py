@@ -26,8 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..spec import StateDictAdapter, is_library_model, keys_have
+from ..spec import StateDictAdapter, is_library_model
 from .configs import ViTConfig
+from .finetune import TIMM_RECOGNIZES
 from .state_dict_adapter import (
     TIMM_NAMES,
     config_from_timm,
@@ -239,7 +240,7 @@ TIMM = StateDictAdapter(
     create=_create,
     names=TIMM_NAMES,
     from_state_dict=_from_state_dict,
-    recognizes=keys_have("patch_embed.proj.weight"),  # vitscale's ViT naming too: only metadata tells
+    recognizes=TIMM_RECOGNIZES,  # a patch convolution, the fused projections under timm's names
 )
 
 __all__ = [

@@ -10,8 +10,8 @@ and the K^2 results per window are folded (summed) back onto the tokens they cam
 aggregation runs as a fused Triton op on CUDA or as unfold / fold (``outlook_kernel.py``).
 
 Layouts: ``OutlookAttention.v`` / ``.attn`` rows are head-major ``(H, Dh)`` / ``(H, K^2, K^2)``; the
-transformer blocks use the common :class:`Attention` (fused QKV rows per head ``(H, 3, Dh)``); the
-class attention's ``kv`` rows are per head ``(H, 2, Dh)``. The timm converter permutes.
+transformer blocks use the common :class:`Attention` (fused QKV rows per head ``(H, 3, Dh)``, ``attn.qkv_per_head``);
+the class attention's ``kv_per_head`` rows are per head ``(H, 2, Dh)``. The timm converter permutes.
 """
 
 from __future__ import annotations
@@ -126,13 +126,13 @@ class ClassAttention(nn.Module):
         self.head_dim = dim // num_heads
         self.attn_drop = attn_drop
         self.q = nn.Linear(dim, dim, bias=qkv_bias, device=device, dtype=dtype)
-        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias, device=device, dtype=dtype)  # rows (H, 2, Dh)
+        self.kv_per_head = nn.Linear(dim, 2 * dim, bias=qkv_bias, device=device, dtype=dtype)  # rows (H, 2, Dh)
         self.proj = nn.Linear(dim, dim, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, _ = x.shape
         q = self.q(x[:, :1]).reshape(B, 1, -1, self.head_dim).transpose(1, 2)  # (B, H, 1, Dh)
-        k, v = self.kv(x).reshape(B, N, -1, 2, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)  # 2 x (B, H, N, Dh)
+        k, v = self.kv_per_head(x).reshape(B, N, -1, 2, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)  # 2 x (B, H, N, Dh)
         y = sdpa(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)  # (B, H, 1, Dh)
         return self.proj(y.transpose(1, 2).reshape(B, 1, -1))  # (B, 1, D)
 

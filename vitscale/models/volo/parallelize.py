@@ -10,9 +10,9 @@ e.g. 14 x 14 = 196 tokens, rarely splits evenly, and the fine grid is channels-l
 - outlooker: ``attn.v`` and ``attn.attn`` column parallel (rows are head-major, ``(H, Dh)`` and
   ``(H, K^2, K^2)``, so each rank gets whole heads with their window weights; unfold / fold run on
   the local channels), ``attn.proj`` row parallel; ``mlp.fc1`` column, ``mlp.fc2`` row parallel;
-- transformer block: ``attn.qkv`` column parallel (rows ``(H, 3, Dh)``), ``attn.proj`` row;
+- transformer block: ``attn.qkv_per_head`` column parallel (rows ``(H, 3, Dh)``), ``attn.proj`` row;
   MLP as above;
-- class attention: ``attn.q`` and ``attn.kv`` (rows ``(H, 2, Dh)``) column, ``attn.proj`` row; MLP as above.
+- class attention: ``attn.q`` and ``attn.kv_per_head`` (rows ``(H, 2, Dh)``) column, ``attn.proj`` row; MLP as above.
 
 LayerNorms, the convolutional stem, patch merging, embeddings and heads are replicated over TP ranks.
 Head counts and MLP widths of both stages must divide by ``tp``.
@@ -37,11 +37,11 @@ def outlooker_plan() -> dict[str, Any]:
 
 
 def transformer_plan() -> dict[str, Any]:
-    return {"attn.qkv": colwise(), "attn.proj": rowwise(sequence_parallel_output=False), **_mlp_plan()}
+    return {"attn.qkv_per_head": colwise(), "attn.proj": rowwise(sequence_parallel_output=False), **_mlp_plan()}
 
 
 def class_block_plan() -> dict[str, Any]:
-    return {"attn.q": colwise(), "attn.kv": colwise(), "attn.proj": rowwise(sequence_parallel_output=False), **_mlp_plan()}
+    return {"attn.q": colwise(), "attn.kv_per_head": colwise(), "attn.proj": rowwise(sequence_parallel_output=False), **_mlp_plan()}
 
 
 def check_tp(cfg, tp: int) -> list[str]:

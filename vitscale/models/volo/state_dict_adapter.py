@@ -11,8 +11,8 @@ timm                                   vitscale
 ``patch_embed.{conv,proj}``            same
 ``network.0.{j}``                      ``outlookers.{j}``
 ``network.1.proj``                     ``downsample``
-``network.{2,3,..}.{j}`` (in order)    ``blocks.{k}`` — ``attn.qkv`` rows (3, H, Dh) -> (H, 3, Dh)
-``post_network.{i}``                   ``class_blocks.{i}`` — ``attn.kv`` rows (2, H, Dh) -> (H, 2, Dh)
+``network.{2,3,..}.{j}`` (in order)    ``blocks.{k}`` — ``attn.qkv`` rows (3, H, Dh) -> ``attn.qkv_per_head`` (H, 3, Dh)
+``post_network.{i}``                   ``class_blocks.{i}`` — ``attn.kv`` rows (2, H, Dh) -> ``attn.kv_per_head`` (H, 2, Dh)
 ``pos_embed, cls_token, norm, head, aux_head``  same
 =====================================  =========================================
 """
@@ -85,7 +85,7 @@ def _timm_table(cfg: VOLOConfig) -> RenameTable:
     blocks = []
     for k, (i, j) in enumerate(_stage_map(cfg)):
         blocks += [
-            Rename(f"blocks.{k}.attn.qkv.**", f"network.{i}.{j}.attn.qkv.**", *qkv),
+            Rename(f"blocks.{k}.attn.qkv_per_head.**", f"network.{i}.{j}.attn.qkv.**", *qkv),
             Rename(f"blocks.{k}.**", f"network.{i}.{j}.**"),
         ]
     return RenameTable(
@@ -94,7 +94,7 @@ def _timm_table(cfg: VOLOConfig) -> RenameTable:
             Rename("outlookers.*.**", "network.0.*.**"),
             Rename("downsample.**", "network.1.proj.**"),
             *blocks,
-            Rename("class_blocks.*.attn.kv.**", "post_network.*.attn.kv.**", *kv),
+            Rename("class_blocks.*.attn.kv_per_head.**", "post_network.*.attn.kv.**", *kv),
             Rename("class_blocks.*.**", "post_network.*.**"),
             PASS_THROUGH,
         ),

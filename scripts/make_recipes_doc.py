@@ -1,0 +1,120 @@
+"""Write docs/recipes.md from the recipes themselves: one table per shipped ImageNet / LAION config
+(``vitscale/configs/imagenet*.yaml``, ``laion*.yaml``, ``clip_*.yaml``), its header comment (source,
+launch, hardware, the headline it should reach) above it, and per field its value and the source its
+line cites (the comment after the value, and the comment lines under it). A field whose line cites
+nothing shows the header's citation ("header").
+
+    python scripts/make_recipes_doc.py            # writes docs/recipes.md
+    python scripts/make_recipes_doc.py --check    # exit 1 when docs/recipes.md differs (make test checks it)
+
+The YAML is read as text for the comments only; the values are those the config loader reads (the
+file through ``vitscale.safe_yaml``), so the table shows what a run gets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "vitscale" / "configs"
+OUT = ROOT / "docs" / "recipes.md"
+PATTERNS = ("imagenet*.yaml", "laion*.yaml", "clip_*.yaml")
+OPERATIONAL = {"train.output_dir", "train.log_every", "data.num_workers", "eval.every", "eval.batch_size", "checkpoint.every",
+               "checkpoint.keep", "parallel.dp_shard", "data.train_path", "data.val_path"}  # fmt: skip
+
+INTRO = """# Recipes
+
+Every ImageNet and LAION recipe vitscale ships, field by field: the value a run gets and the source
+its line in the YAML cites (a paper's table, a repository's file and line). *header*: the recipe's
+header comment cites it for the whole recipe; *vitscale*: an operational setting (folders, workers,
+logging and checkpoint periods, the parallel layout) that does not change what is computed. Each
+recipe's header says what it should reach and on what hardware; none of these headlines was
+reproduced on this project's CPU machine (no ImageNet or LAION here). Each recipe trains as it ships
+(only the data paths and the model size replaced) in `tests/integration/test_recipe_augmentation.py`
+and `tests/integration/test_train_recipes.py`.
+
+This page is generated from the configs by `python scripts/make_recipes_doc.py` (`make test` checks
+that it is current): change a recipe, then regenerate it.
+"""
+
+
+def _split_comment(line: str) -> tuple[str, str]:
+    """``"  lr: 3e-3   # a source"`` -> (``"  lr: 3e-3"``, ``"a source"``); a ``#`` inside quotes is text."""
+    quote = None
+    for i, ch in enumerate(line):
+        if ch in "'\"" and quote in (None, ch):
+            quote = None if quote else ch
+        elif ch == "#" and quote is None and (i == 0 or line[i - 1] in " \t"):
+            return line[:i].rstrip(), line[i + 1 :].strip()
+    return line.rstrip(), ""
+
+
+def parse(path: Path) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """(header comment lines, [(dotted key, value text, source comment)]) of one recipe file."""
+    header: list[str] = []
+    rows: list[tuple[str, str, str]] = []
+    stack: list[tuple[int, str]] = []  # (indent, key) of the mappings above
+    started = False
+    for raw in path.read_text().splitlines():
+        code, comment = _split_comment(raw)
+        if not code.strip():
+            if not started and comment:
+                header.append(comment)
+            elif comment and rows:  # a comment line under a field continues its source
+                key, value, src = rows[-1]
+                rows[-1] = (key, value, f"{src} {comment}".strip())
+            continue
+        started = True
+        indent = len(code) - len(code.lstrip())
+        key, _, value = code.strip().partition(":")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        dotted = ".".join([k for _, k in stack] + [key.strip()])
+        if value.strip():
+            rows.append((dotted, value.strip(), comment))
+        else:
+            stack.append((indent, key.strip()))
+            if comment:
+                rows.append((dotted, "", comment))
+    return header, rows
+
+
+def render() -> str:
+    files = sorted({p for pat in PATTERNS for p in CONFIGS.glob(pat)})
+    parts = [INTRO, "| recipe | what it trains |\n|---|---|"]
+    for p in files:
+        header, _ = parse(p)
+        more = len(header) > 1 and not header[1].startswith(("Launch", "Every field"))
+        parts.append(f"| [`{p.stem}`](#{p.stem}) | {header[0] if header else ''}{' …' if more else ''} |")
+    for p in files:
+        header, rows = parse(p)
+        parts.append(f"\n## {p.stem}\n")
+        parts.append("\n".join(f"> {h}" if h else ">" for h in header))
+        parts.append(f"\nFile: `vitscale/configs/{p.name}`.\n\n| field | value | source |\n|---|---|---|")
+        for key, value, src in rows:
+            if not value:
+                continue
+            source = src or ("vitscale" if key in OPERATIONAL else "header")
+            parts.append(f"| `{key}` | `{value}` | {source.replace('|', '/')} |")
+    return "\n".join(parts) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/recipes.md is not what the configs give")
+    args = ap.parse_args()
+    text = render()
+    if args.check:
+        if not OUT.is_file() or OUT.read_text() != text:
+            print(f"{OUT.relative_to(ROOT)} is out of date: run python scripts/make_recipes_doc.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT.relative_to(ROOT)} ({len(text.splitlines())} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

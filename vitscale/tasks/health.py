@@ -1,0 +1,76 @@
+"""Collapse signals of self-supervised training, computed at log steps only (``Task.log_metrics``): the
+effective rank of a batch's embeddings (RankMe) and the warning when it falls low.
+
+**RankMe** (Garrido et al. 2023, "RankMe: Assessing the downstream performance of pretrained
+self-supervised representations by their rank", arXiv 2210.02885, eq. 1): for the ``(n, d)`` matrix
+of ``n`` embeddings, with singular values ``s_k``, ``p_k = s_k / sum(s) + eps`` and
+``RankMe = exp(-sum_k p_k log p_k)`` (eps = 1e-7, the paper's). It lies in ``[1, min(n, d)]``: 1 when
+every embedding points the same way (complete collapse), ``min(n, d)`` when the singular values are
+all equal.
+
+**The warning**: one line when the rank falls below :func:`rank_floor` — ``max(2, 1% of min(n, d))``
+— and again only after it has come back above. Below 2 the batch's embeddings lie close to one line
+(complete collapse, rank 1, is RankMe's lower bound). The 1% floor for dimensional collapse at large
+batch and width is this project's choice, not the paper's: RankMe gives no universal threshold (its
+use is comparing runs), so the alarm is deliberately loose — a run above it may still be poor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+EPS = 1e-7  # RankMe's epsilon (arXiv 2210.02885, section 3)
+
+
+def effective_rank(z: torch.Tensor) -> torch.Tensor:
+    """RankMe of the embeddings ``z`` ``(n, d)``: ``exp`` of the entropy of the L1-normalised singular
+    values; a 0-dimensional float32 tensor on ``z``'s device (an SVD: call it at log steps only)."""
+    s = torch.linalg.svdvals(z.detach().float())
+    p = s / s.sum().clamp_min(torch.finfo(torch.float32).tiny) + EPS
+    return torch.exp(-(p * p.log()).sum())
+
+
+def rank_floor(n: int, d: int) -> float:
+    """The effective rank below which :class:`RankWatch` warns (module docstring)."""
+    return max(2.0, 0.01 * min(n, d))
+
+
+def gather_rows(z: torch.Tensor, group=None) -> torch.Tensor:
+    """Every data-parallel rank's rows of ``z`` (equal counts), concatenated in rank order (no gradient)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return z
+    out = z.new_empty((dist.get_world_size(group) * z.shape[0], *z.shape[1:]))
+    dist.all_gather_into_tensor(out, z.contiguous(), group=group)
+    return out
+
+
+class RankWatch:
+    """The ``train_rankme`` metric of the embeddings a task kept from its last step (gathered over the
+    data-parallel ranks, so the value does not depend on their number), and its warning line."""
+
+    def __init__(self, group=None, what: str = "the batch's embeddings"):
+        self.group, self.what = group, what
+        self.low = False
+        self.last: torch.Tensor | None = None
+
+    def keep(self, z: torch.Tensor) -> None:
+        """Remember this step's embeddings ``(B, D)`` (a reference: no copy, no host read)."""
+        self.last = z.detach()
+
+    def read(self, step: int) -> tuple[dict[str, float], list[str]]:
+        """``({"train_rankme": value}, [warning])`` from the last kept embeddings (every rank calls it)."""
+        if self.last is None:
+            return {}, []
+        z = gather_rows(self.last, self.group)
+        rank = float(effective_rank(z))
+        floor = rank_floor(*z.shape)
+        lines = []
+        if rank < floor and not self.low:
+            lines.append(f"warning: step {step}: the effective rank (RankMe) of {self.what} is {rank:.2f}, below "
+                         f"{floor:g} (of at most {min(z.shape)}): the representation may be collapsing")  # fmt: skip
+        self.low = rank < floor
+        return {"train_rankme": rank}, lines
+
+
+__all__ = ["EPS", "RankWatch", "effective_rank", "gather_rows", "rank_floor"]
