@@ -21,6 +21,9 @@ MINI_22B = dict(
 )  # fmt: skip
 # A standard block with QK-norm and LayerScale (sequence-parallel LayerScale / head-sharded norms).
 DEBUG_QK_LS = dict(qk_norm=True, layer_scale_init=0.1, num_layers=3)
+# timm's SBB RoPE ViT at debug width: axial RoPE on the patch tokens, q / v biases sharded per head,
+# and a SwiGLU MLP (gate and value projections column parallel, as DINOv3 S+/H+/7B).
+MINI_ROPE = dict(MINI_22B, layer_scale_init=0.1, mlp_type="swiglu")
 
 CASES = [
     ("fsdp", dict(dp_shard=2), "vit_debug", DEBUG, STEPS),
@@ -34,6 +37,7 @@ CASES = [
     # LAMB's trust ratio takes whole-tensor norms of FSDP / TP shards (vitscale.train.lamb)
     ("fsdp_lamb", dict(dp_shard=2), "vit_debug", DEBUG, 4, "none", "lamb"),
     ("tp_lamb", dict(dp_shard=1, tp=2), "vit_debug", DEBUG_QK_LS, 4, "none", "lamb"),
+    ("tp_rope", dict(dp_shard=1, tp=2), "vit_b16_rope_reg1_gap_256", MINI_ROPE, 4),
 ]
 
 

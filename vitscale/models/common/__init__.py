@@ -3,7 +3,7 @@
 from .attention import Attention
 from .drop import DropPath, PatchDropout
 from .heads import AttentionPoolHead
-from .mlp import Mlp, make_activation
+from .mlp import Mlp, SwiGLU, make_activation
 from .norms import LayerScale, make_norm
 from .patch_embed import PatchEmbed
 from .pos_embed import resample_pos_embed
@@ -16,6 +16,7 @@ __all__ = [
     "Mlp",
     "PatchDropout",
     "PatchEmbed",
+    "SwiGLU",
     "make_activation",
     "make_norm",
     "resample_pos_embed",

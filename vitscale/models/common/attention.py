@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .norms import make_norm
+from .rope import apply_rope
 
 
 def sdpa(q, k, v, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False):
@@ -43,6 +44,8 @@ class Attention(nn.Module):
         norm_type: str = "layernorm",
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        key_bias: bool = True,
+        rope_rotate_half: bool = False,
         device=None,
         dtype=None,
     ):
@@ -52,18 +55,35 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.attn_drop = attn_drop
-        self.qkv_per_head = nn.Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
+        self.rope_rotate_half = rope_rotate_half
+        self.qkv_per_head = nn.Linear(dim, 3 * dim, bias=qkv_bias and key_bias, device=device, dtype=dtype)
+        # Biases on the queries and values only (timm's EVA ``q_bias`` / ``v_bias``, rows (H, Dh)).
+        qv = qkv_bias and not key_bias
+        self.q_bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype)) if qv else None
+        self.v_bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype)) if qv else None
         self.q_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
         self.k_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False):
+    def init_weights(self) -> None:
+        for b in (self.q_bias, self.v_bias):
+            if b is not None:
+                nn.init.zeros_(b)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None):  # fmt: skip
+        """``rope``: ``(sin, cos)`` of the trailing patch tokens (:func:`vitscale.models.common.rope.apply_rope`)."""
         B, N, _ = x.shape
         # -1 heads: under tensor parallelism this rank holds only its share of the heads.
         qkv = self.qkv_per_head(x).reshape(B, N, -1, 3, self.head_dim)  # (B, N, H, 3, D)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # 3 x (B, H, N, D)
+        if self.q_bias is not None:
+            q = q + self.q_bias.view(-1, 1, self.head_dim)  # (H, 1, D)
+            v = v + self.v_bias.view(-1, 1, self.head_dim)
         q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope, self.rope_rotate_half), apply_rope(k, rope, self.rope_rotate_half)
         drop = self.attn_drop if self.training else 0.0
         x = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=drop, is_causal=is_causal)  # (B, H, N, D)
         x = x.transpose(1, 2).reshape(B, N, -1)  # (B, N, H*D)

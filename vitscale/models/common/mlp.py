@@ -1,4 +1,4 @@
-"""The transformer MLP (fc1 -> activation -> dropout -> fc2 -> dropout)."""
+"""The transformer MLPs: fc1 -> activation -> dropout -> fc2 -> dropout, and the gated SwiGLU."""
 
 from __future__ import annotations
 
@@ -50,3 +50,21 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class SwiGLU(nn.Module):
+    """Gated MLP: ``fc2(silu(fc1_g(x)) * fc1_x(x))`` (Shazeer 2020, arXiv 2002.05202), with the gate and
+    value projections as two layers — timm's ``SwiGLU`` layout (``fc1_g``, ``fc1_x``, ``fc2``), which
+    DINOv3's larger models use. Three matmuls of width ``hidden`` instead of two."""
+
+    def __init__(self, dim: int, hidden: int, bias: bool = True, dropout: float = 0.0, device=None, dtype=None):
+        super().__init__()
+        self.fc1_g = nn.Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
+        self.fc1_x = nn.Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
+        self.act = nn.SiLU()
+        self.drop1 = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
+        self.drop2 = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1_g(x)) * self.fc1_x(x))))

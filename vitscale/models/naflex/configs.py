@@ -53,6 +53,8 @@ class NaFlexConfig(ViTConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.pos_embed != "learned":
+            raise ValueError(f"pos_embed={self.pos_embed!r}: a NaFlex ViT has learned position embeddings (pos_embed_type)")
         grid = self.pos_embed_grid
         if grid is not None:  # a YAML list or one side -> (gh, gw)
             grid = tuple(int(g) for g in ((grid, grid) if isinstance(grid, int) else grid))

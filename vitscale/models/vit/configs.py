@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..common.rope import ROPE_TYPES
+
 POOLS = ("token", "avg", "map", "none")
 NORMS = ("layernorm", "rmsnorm")
 PATCH_INITS = ("normal", "fan_in")
+POS_EMBEDS = ("learned", "rope", "none")
+MLP_TYPES = ("mlp", "swiglu")
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,50 @@ class ViTConfig:
     trains (``distill.*``); at evaluation (and in any plain forward call) the logits are the mean of
     the class and distillation heads, as DeiT and timm's ``VisionTransformerDistilled``."""
 
+    pos_embed: str = "learned"
+    """Position information: ``learned`` (a learned table added to the tokens, resampled for other
+    image sizes), ``rope`` (2D rotary embeddings of the patch tokens' queries and keys in every
+    attention layer, nothing learned: timm's EVA family, DINOv3) or ``none``."""
+    rope_type: str = "axial"
+    """With ``pos_embed='rope'``, the positions: ``axial`` (patch indices, timm's ``RotaryEmbeddingCat``
+    as EVA-02 and ``vit_*_rope_*`` use it) or ``dinov3`` (patch centres normalised to [-1, 1] per axis,
+    angles 2 pi coord / period: DINOv3, arXiv 2508.10104). See ``vitscale/models/common/rope.py``."""
+    rope_temperature: float = 10000.0
+    """RoPE frequency base: frequency f of Dh/4 is temperature^(-f/(Dh/4)) (``dinov3``: the periods
+    are temperature^(f/(Dh/4)); DINOv3 uses 100)."""
+    rope_rotate_half: bool = False
+    """RoPE channel pairs: False = neighbours (x0, x1), (x2, x3)...; True = x_i with x_(i+Dh/2)
+    (DINOv3's layout)."""
+    rope_grid_offset: float = 0.0
+    """Added to every RoPE patch position (timm ``rope_grid_offset``)."""
+    rope_ref_grid: tuple[int, int] | None = None
+    """``axial`` only: patch indices rescaled onto this (height, width) grid, index * ref / side, so
+    other image sizes span the same positions (EVA's ``ref_feat_shape``); None = raw indices."""
+    mlp_type: str = "mlp"
+    """The blocks' MLP: ``mlp`` (fc1 -> ``activation`` -> fc2) or ``swiglu`` (fc2(silu(fc1_g x) * fc1_x x),
+    ``ffn_hidden_size`` units in each of its two input projections: DINOv3's S+/H+/7B)."""
+    key_bias: bool = True
+    """With ``qkv_bias``: whether the keys get a bias too. False: only queries and values do, as
+    separate ``attn.q_bias`` / ``attn.v_bias`` parameters (timm's EVA, DINOv3's masked key bias). Without
+    RoPE a key bias cannot change attention; with it, it can."""
+
     def __post_init__(self) -> None:
+        if self.rope_ref_grid is not None and not isinstance(self.rope_ref_grid, tuple):
+            object.__setattr__(self, "rope_ref_grid", tuple(self.rope_ref_grid))  # a YAML list
+        if self.pos_embed not in POS_EMBEDS:
+            raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
+        if self.pos_embed == "rope":
+            if (self.hidden_size // self.num_attention_heads) % 4:
+                raise ValueError(
+                    f"pos_embed='rope' needs a head dimension (hidden_size / num_attention_heads = "
+                    f"{self.hidden_size // self.num_attention_heads}) divisible by 4"
+                )
+            if self.drop_patch_rate > 0:
+                raise ValueError("pos_embed='rope' with drop_patch_rate > 0 is not supported: set drop_patch_rate=0")
+            if self.rope_ref_grid is not None and (len(self.rope_ref_grid) != 2 or self.rope_type != "axial"):
+                raise ValueError("rope_ref_grid is a (height, width) pair, for rope_type='axial' only")
         if self.pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {self.pool!r}")
         if isinstance(self.class_token_length, bool) or not isinstance(self.class_token_length, int) or self.class_token_length < 0:
@@ -124,6 +171,12 @@ class ViTConfig:
             raise ValueError("distill_token needs a class token (class_token_length >= 1, class_token=True), as DeiT")
         if self.distill_token and self.pool == "none":
             raise ValueError("distill_token needs pooled logits (pool token, avg or map), not pool='none'")
+        if self.mlp_type not in MLP_TYPES:
+            raise ValueError(f"mlp_type must be one of {MLP_TYPES}, got {self.mlp_type!r}")
+        if self.parallel_block and self.mlp_type != "mlp":
+            raise ValueError("mlp_type='swiglu' is not supported with parallel_block")
+        if self.parallel_block and not self.key_bias:
+            raise ValueError("key_bias=False is not supported with parallel_block")
         if self.parallel_block and self.qkv_bias and not self.mlp_bias:
             raise ValueError("parallel_block with qkv_bias=True needs mlp_bias=True (one fused bias)")
 
@@ -154,6 +207,11 @@ def _vit(hidden, ffn, heads, layers, patch, **kw) -> ViTConfig:
     )
 
 
+_DINOV3 = dict(
+    img_h=256, img_w=256, num_classes=0, class_token_length=5, pool="avg", fc_norm=False, qkv_bias=False, layer_scale_init=1e-5, norm_eps=1e-5,
+    pos_embed="rope", rope_type="dinov3", rope_temperature=100.0, rope_rotate_half=True,
+)
+
 # Sizes. B/16 … G/14: the model table of NeMo's ViT documentation ("Model size (M) / Hidden size /
 # FFN_dim / Attention heads / Number of layers / PatchDim";
 # docs.nvidia.com/nemo-framework/user-guide/latest/nemotoolkit/vision/vit.html). Ti, S, B/32: the
@@ -183,5 +241,25 @@ VARIANTS: dict[str, ViTConfig] = {
         6144, 24576, 48, 48, 14,
         class_token_length=0, pool="map", parallel_block=True, qk_norm=True, qkv_bias=False,
         norm_bias=False,
+    ),
+    # DINOv3 (Siméoni et al. 2025, arXiv 2508.10104) as timm registers it (timm/models/eva.py,
+    # vit_{small,base,large}_patch16_dinov3): 1 class + 4 register tokens, LayerScale 1e-5, no QKV bias,
+    # LayerNorm eps 1e-5, RoPE on patch centres in [-1, 1] with periods 100^(f/(Dh/4)), half-split pairs;
+    # timm's default head: mean of the patch tokens after the final norm (DINOv3 itself: the class token).
+    "vit_s16_dinov3": _vit(384, 1536, 6, 12, 16, **_DINOV3),
+    "vit_b16_dinov3": _vit(768, 3072, 12, 12, 16, **_DINOV3),
+    "vit_l16_dinov3": _vit(1024, 4096, 16, 24, 16, **_DINOV3),
+    # ... and the SwiGLU ones (vit_small_plus / huge_plus / 7b_patch16_dinov3): MLP width int(D * ratio)
+    # rounded up to a multiple of 8 (S+, H+: ratio 4) or 64 (7B: ratio 2)
+    "vit_splus16_dinov3": _vit(384, 1536, 6, 12, 16, mlp_type="swiglu", **_DINOV3),
+    "vit_hplus16_dinov3": _vit(1280, 5120, 20, 32, 16, mlp_type="swiglu", **_DINOV3),
+    "vit_7b16_dinov3": _vit(4096, 8192, 32, 40, 16, mlp_type="swiglu", **_DINOV3),
+    # timm's SBB ViT-B/16 with RoPE (timm/models/eva.py, vit_base_patch16_rope_reg1_gap_256): 256 px, one
+    # register and no class token, mean pooling with fc norm, LayerScale 1e-5, q/v biases, axial RoPE on
+    # patch indices rescaled to a 16 x 16 grid, base 10000.
+    "vit_b16_rope_reg1_gap_256": _vit(
+        768, 3072, 12, 12, 16,
+        img_h=256, img_w=256, class_token=False, class_token_length=1, pool="avg", layer_scale_init=1e-5,
+        key_bias=False, pos_embed="rope", rope_ref_grid=(16, 16),
     ),
 }  # fmt: skip

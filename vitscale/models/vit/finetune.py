@@ -72,6 +72,10 @@ def vit_architecture(sd: Mapping[str, torch.Tensor], prefix: str = "") -> dict[s
     out["parallel_block"] = parallel
     fc1 = get("blocks.0.mlp.fc1.weight")
     if fc1 is not None:
+        out["mlp_type"] = "mlp"
+    elif get("blocks.0.mlp.fc1_x.weight") is not None:
+        fc1, out["mlp_type"] = get("blocks.0.mlp.fc1_x.weight"), "swiglu"
+    if fc1 is not None:
         out["ffn_hidden_size"] = int(fc1.shape[0])
     elif parallel and "hidden_size" in out:  # in_proj_per_head rows: per head (3 Dh + F / H)
         out["ffn_hidden_size"] = int(get("blocks.0.in_proj_per_head.weight").shape[0]) - 3 * out["hidden_size"]
@@ -82,7 +86,12 @@ def vit_architecture(sd: Mapping[str, torch.Tensor], prefix: str = "") -> dict[s
     if q_norm is not None and "hidden_size" in out:  # (Dh,): the heads show
         out["num_attention_heads"] = out["hidden_size"] // int(q_norm.shape[0])
     if not parallel and layers:
-        out["qkv_bias"] = get("blocks.0.attn.qkv_per_head.bias") is not None
+        qv_only = get("blocks.0.attn.q_bias") is not None  # biases on queries and values only (key_bias=False)
+        out["qkv_bias"] = get("blocks.0.attn.qkv_per_head.bias") is not None or qv_only
+        if qv_only:
+            out["key_bias"] = False
+    if get("pos_embed") is not None:  # RoPE and no position embedding leave nothing to see
+        out["pos_embed"] = "learned"
     cls = get("cls_token")
     out["class_token_length"] = int(cls.shape[1]) if cls is not None else 0
     out["distill_token"] = get("dist_token") is not None

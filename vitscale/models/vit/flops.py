@@ -26,7 +26,7 @@ def vit_flops(cfg: ViTConfig, img_size: int | tuple[int, int] | None = None, tra
     per_block = 2 * T * D * 3 * D  # QKV
     per_block += 2 * 2 * T * T * D  # scores + attention x values
     per_block += 2 * T * D * D  # output projection
-    per_block += 2 * 2 * T * D * F  # MLP fc1 + fc2
+    per_block += 2 * (3 if cfg.mlp_type == "swiglu" else 2) * T * D * F  # MLP fc1 (SwiGLU: gate and value) + fc2
     flops += cfg.num_layers * per_block
     if cfg.pool == "map":
         flops += 2 * D * D + 2 * n_keep * D * 2 * D  # query, keys/values (of the patch tokens)

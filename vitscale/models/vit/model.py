@@ -20,6 +20,7 @@ from ..common import (
     Mlp,
     PatchDropout,
     PatchEmbed,
+    SwiGLU,
     make_activation,
     make_norm,
     resample_pos_embed,
@@ -27,6 +28,7 @@ from ..common import (
 from ..common.attention import sdpa
 from ..common.checkpointing import run_blocks
 from ..common.init import init_vit_layers, trunc_normal_
+from ..common.rope import apply_rope, rope_sin_cos
 from ..common.token_mix import TokenMix, apply_token_mix
 from .configs import ViTConfig
 
@@ -41,22 +43,27 @@ class Block(nn.Module):
         self.attn = Attention(
             D, cfg.num_attention_heads, qkv_bias=cfg.qkv_bias, proj_bias=cfg.proj_bias, qk_norm=cfg.qk_norm,
             norm_eps=eps, norm_bias=nb, norm_type=nt, attn_drop=cfg.attention_dropout, proj_drop=cfg.hidden_dropout,
+            key_bias=cfg.key_bias, rope_rotate_half=cfg.rope_rotate_half,
             device=device, dtype=dtype,
         )  # fmt: skip
         ls = cfg.layer_scale_init
         self.ls1 = LayerScale(D, ls, device, dtype) if ls is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = make_norm(D, eps, nb, device, dtype, nt)
-        self.mlp = Mlp(
-            D, cfg.ffn_hidden_size, bias=cfg.mlp_bias, activation=cfg.activation, dropout=cfg.hidden_dropout,
-            device=device, dtype=dtype,
-        )  # fmt: skip
+        if cfg.mlp_type == "swiglu":
+            self.mlp = SwiGLU(D, cfg.ffn_hidden_size, bias=cfg.mlp_bias, dropout=cfg.hidden_dropout, device=device, dtype=dtype)
+        else:
+            self.mlp = Mlp(
+                D, cfg.ffn_hidden_size, bias=cfg.mlp_bias, activation=cfg.activation, dropout=cfg.hidden_dropout,
+                device=device, dtype=dtype,
+            )  # fmt: skip
         self.ls2 = LayerScale(D, ls, device, dtype) if ls is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``attn_mask``: None, or which keys each query may attend to (NaFlex padding; see ``sdpa``)."""
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask)))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
+        """``attn_mask``: None, or which keys each query may attend to (NaFlex padding; see ``sdpa``);
+        ``rope``: None, or the patch tokens' rotary ``(sin, cos)`` (``pos_embed='rope'``)."""
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, rope=rope)))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
 
@@ -78,6 +85,7 @@ class ParallelBlock(nn.Module):
         self.num_heads = H
         self.head_dim = D // H
         self.mlp_per_head = F_ // H
+        self.rope_rotate_half = cfg.rope_rotate_half
         self.attn_drop = cfg.attention_dropout
         self.norm = make_norm(D, eps, nb, device, dtype, nt)
         self.in_proj_per_head = nn.Linear(D, H * (3 * self.head_dim + self.mlp_per_head), bias=cfg.qkv_bias, device=device, dtype=dtype)
@@ -102,7 +110,7 @@ class ParallelBlock(nn.Module):
         if self.mlp_bias_per_head is not None:
             nn.init.zeros_(self.mlp_bias_per_head)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
         B, N, _ = x.shape
         Dh, Fh = self.head_dim, self.mlp_per_head
         y = self.in_proj_per_head(self.norm(x)).reshape(B, N, -1, 3 * Dh + Fh)  # (B, N, H, 3*Dh + F/H)
@@ -114,6 +122,8 @@ class ParallelBlock(nn.Module):
             h = h + self.mlp_bias_per_head
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # 3 x (B, H, N, Dh)
         q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope, self.rope_rotate_half), apply_rope(k, rope, self.rope_rotate_half)
         a = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop if self.training else 0.0).transpose(1, 2)  # (B, N, H, Dh)
         h = self.mlp_drop(self.act(h))
         y = self.out_proj_per_head(torch.cat([a, h], dim=-1).reshape(B, N, -1))  # (B, N, D)
@@ -174,7 +184,8 @@ class VisionTransformer(nn.Module):
         # DeiT's distillation token, after the class token(s) (timm's VisionTransformerDistilled order)
         self.dist_token = nn.Parameter(torch.empty(1, 1, D, device=device, dtype=dtype)) if cfg.distill_token else None
         n_pos = cfg.num_patches + (P if cfg.pos_embed_prefix else 0)
-        self.pos_embed = nn.Parameter(torch.empty(1, n_pos, D, device=device, dtype=dtype))
+        learned = cfg.pos_embed == "learned"
+        self.pos_embed = nn.Parameter(torch.empty(1, n_pos, D, device=device, dtype=dtype)) if learned else None
         self.pos_drop = nn.Dropout(cfg.hidden_dropout)
         self.patch_drop = PatchDropout(cfg.drop_patch_rate, P) if cfg.drop_patch_rate > 0 else nn.Identity()
         build_trunk(self, cfg, device, dtype)
@@ -196,7 +207,8 @@ class VisionTransformer(nn.Module):
         init_vit_layers(self)
         if self.cfg.patch_init == "fan_in":
             self.patch_embed.proj.reset_parameters()  # U(+-1/sqrt(fan_in)), weight and bias
-        trunc_normal_(self.pos_embed, std=0.02)
+        if self.pos_embed is not None:
+            trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         if self.dist_token is not None:
@@ -210,7 +222,7 @@ class VisionTransformer(nn.Module):
     # ------------------------------------------------------------------ API
     def no_weight_decay(self) -> set[str]:
         """Parameters that take no weight decay besides norms and biases (which the optimizer skips)."""
-        names = {"pos_embed"}
+        names = {"pos_embed"} if self.pos_embed is not None else set()
         if self.cls_token is not None:
             names.add("cls_token")
         if self.dist_token is not None:
@@ -235,7 +247,7 @@ class VisionTransformer(nn.Module):
             if pool == "map" or self.cfg.pool == "map":
                 raise ValueError("switching to or from MAP pooling changes parameters: build a new model")
             self.cfg = replace(self.cfg, pool=pool)
-        ref = self.pos_embed
+        ref = self.patch_embed.proj.weight
         self.num_classes = num_classes
         self.cfg = replace(self.cfg, num_classes=num_classes)
         self.head = self._new_head(num_classes, ref.device, ref.dtype)
@@ -251,22 +263,36 @@ class VisionTransformer(nn.Module):
     def set_image_size(self, img_h: int, img_w: int | None = None) -> None:
         """Resize the position embeddings to a new image size (high-resolution fine-tuning)."""
         new = self.cfg.with_image_size(img_h, img_w)
-        with torch.no_grad():
-            pe = resample_pos_embed(self.pos_embed.data, new.grid, self.cfg.grid, self._pos_prefix())
-        self.pos_embed = nn.Parameter(pe)
-        self.cfg = new
+        if self.pos_embed is not None:
+            with torch.no_grad():
+                pe = resample_pos_embed(self.pos_embed.data, new.grid, self.cfg.grid, self._pos_prefix())
+            self.pos_embed = nn.Parameter(pe)
+        self.cfg = new  # RoPE: the angles follow the grid at every forward
 
     # ------------------------------------------------------------------ forward
     def _pos_prefix(self) -> int:
         return self.num_prefix_tokens if self.cfg.pos_embed_prefix else 0
 
+    def rope(self, grid: tuple[int, int], device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The patch tokens' rotary ``(sin, cos)``, each ``(gh*gw, Dh)`` float32, for a token ``grid``
+        (None without ``pos_embed='rope'``); a caller that keeps only some patches gathers its rows."""
+        c = self.cfg
+        if c.pos_embed != "rope":
+            return None
+        return rope_sin_cos(
+            grid, c.hidden_size // c.num_attention_heads, c.rope_type, c.rope_temperature, c.rope_rotate_half,
+            c.rope_grid_offset, c.rope_ref_grid, device=device,
+        )  # fmt: skip
+
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         pos = self.pos_embed
-        if grid != self.cfg.grid:  # another image size at run time: interpolate on the fly
+        if pos is not None and grid != self.cfg.grid:  # another image size at run time: interpolate on the fly
             pos = resample_pos_embed(pos, grid, self.cfg.grid, self._pos_prefix())
         B = x.shape[0]
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token) if t is not None]
-        if not prefix:
+        if pos is None:
+            x = torch.cat([*prefix, x], dim=1)  # (B, P+N, D)
+        elif not prefix:
             x = x + pos
         elif self.cfg.pos_embed_prefix:
             x = torch.cat([*prefix, x], dim=1) + pos  # (B, P+N, D)
@@ -291,7 +317,7 @@ class VisionTransformer(nn.Module):
         else:
             x = self.patch_drop(x)
         x = self.norm_pre(x)
-        x = run_blocks(self.blocks, x, self.grad_checkpointing)
+        x = run_blocks(self.blocks, x, self.grad_checkpointing, rope=self.rope(grid, x.device))
         return self.norm(x)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
@@ -365,7 +391,7 @@ class VisionTransformer(nn.Module):
     def _resample_pos_embed_on_load(self, state_dict, prefix, *args) -> None:
         key = prefix + "pos_embed"
         pe = state_dict.get(key)
-        if pe is None or pe.shape == self.pos_embed.shape:
+        if pe is None or self.pos_embed is None or pe.shape == self.pos_embed.shape:
             return
         n_prefix = self._pos_prefix()
         n_old = pe.shape[1] - n_prefix if pe.dim() == 3 else -1

@@ -6,7 +6,9 @@ Tensor parallel plans (Megatron style), one readable dict per block type:
 
 - ``Block``: norm1 / norm2 / LayerScale run sequence parallel on token shards; attention and MLP
   inputs are all-gathered; ``attn.qkv_per_head`` and ``mlp.fc1`` are column parallel (whole heads per rank
-  thanks to the ``(H, 3, Dh)`` QKV row layout); ``attn.proj`` and ``mlp.fc2`` row parallel with a
+  thanks to the ``(H, 3, Dh)`` QKV row layout; without a key bias, ``attn.q_bias`` / ``v_bias`` are
+  sharded alike, whole heads); RoPE's angles are recomputed each forward, replicated, nothing to
+  shard; ``attn.proj`` and ``mlp.fc2`` row parallel with a
   reduce-scatter back onto token shards; QK-norms see their heads' shard.
 - ``ParallelBlock`` (ViT-22B): ``in_proj_per_head`` (QKV + fc1 fused, rows grouped per head) column parallel,
   ``out_proj_per_head`` row parallel, its ``mlp_bias_per_head (H, F/H)`` sharded on dim 0.
@@ -37,11 +39,15 @@ from ...distributed.tensor_parallel import (
 from .model import ParallelBlock, VisionTransformer
 
 
+def _styles(style: Any) -> list[Any]:
+    return list(style) if isinstance(style, (list, tuple)) else [style]
+
+
 def block_plan() -> dict[str, Any]:
     """TP + SP plan of the standard pre-norm ``Block`` (paths relative to the block)."""
     return {
         "norm1": sequence_parallel(),
-        "attn": gather_sequence_input(),
+        "attn": [*_styles(gather_sequence_input()), ShardedLocalParams({"q_bias": 0, "v_bias": 0})],  # (H*Dh,): whole heads
         "attn.qkv_per_head": colwise(),
         "attn.q_norm": head_parallel_norm(1),  # q: (B, H/tp, N, Dh)
         "attn.k_norm": head_parallel_norm(1),
@@ -50,6 +56,8 @@ def block_plan() -> dict[str, Any]:
         "norm2": sequence_parallel(),
         "mlp": gather_sequence_input(),
         "mlp.fc1": colwise(),
+        "mlp.fc1_g": colwise(),  # SwiGLU: gate and value columns alike, the product stays local
+        "mlp.fc1_x": colwise(),
         "mlp.fc2": rowwise(),
         "ls2": sequence_parallel(),
     }

@@ -407,6 +407,14 @@ TIMM_NAMES = {
     "vit_h14": "vit_huge_patch14_224",
     "vit_g14": "vit_giant_patch14_224",
     "vit_bigg14": "vit_gigantic_patch14_224",
+    # timm Eva (RoPE): timm_eva.py
+    "vit_s16_dinov3": "vit_small_patch16_dinov3",
+    "vit_b16_dinov3": "vit_base_patch16_dinov3",
+    "vit_l16_dinov3": "vit_large_patch16_dinov3",
+    "vit_splus16_dinov3": "vit_small_plus_patch16_dinov3",
+    "vit_hplus16_dinov3": "vit_huge_plus_patch16_dinov3",
+    "vit_7b16_dinov3": "vit_7b_patch16_dinov3",
+    "vit_b16_rope_reg1_gap_256": "vit_base_patch16_rope_reg1_gap_256",
 }
 
 

@@ -192,15 +192,54 @@ def vit_from_timm(timm_model: nn.Module) -> nn.Module:
 
 
 
+def _is_eva(m: Any) -> bool:
+    return is_library_model(m, "timm", "Eva")
+
+
+def _rope(cfg: ViTConfig) -> bool:
+    """A RoPE ViT's timm counterpart is timm's ``Eva`` (``timm_eva.py``), any other ViT's its ``VisionTransformer``."""
+    return cfg.pos_embed == "rope"
+
+
+def _from_library(tm: nn.Module) -> nn.Module:
+    from . import timm_eva
+
+    return timm_eva.eva_from_timm(tm) if _is_eva(tm) else vit_from_timm(tm)
+
+
+def _to_library(model: nn.Module) -> dict[str, torch.Tensor]:
+    from . import timm_eva
+
+    return timm_eva.to_eva(model) if _rope(model.cfg) else to_timm(model)
+
+
+def _library_kwargs(cfg: ViTConfig) -> dict[str, Any]:
+    from . import timm_eva
+
+    return timm_eva.eva_kwargs(cfg) if _rope(cfg) else timm_kwargs(cfg)
+
+
+def _create(model: nn.Module, load_weights: bool = True, **overrides: Any) -> nn.Module:
+    from . import timm_eva
+
+    return (timm_eva.create_eva if _rope(model.cfg) else create_timm_vit)(model, load_weights, **overrides)
+
+
+def _from_state_dict(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    from . import timm_eva
+
+    return (timm_eva.state_dict_from_eva if _rope(cfg) else state_dict_from_timm)(sd, cfg)
+
+
 TIMM = StateDictAdapter(
     library="timm",
-    accepts=lambda m: is_library_model(m, "timm", "VisionTransformer"),
-    from_library=vit_from_timm,  # ValueError naming what vitscale cannot express
-    to_library=to_timm,
-    library_kwargs=timm_kwargs,
-    create=create_timm_vit,
+    accepts=lambda m: is_library_model(m, "timm", "VisionTransformer", "Eva"),
+    from_library=_from_library,  # ValueError naming what vitscale cannot express
+    to_library=_to_library,
+    library_kwargs=_library_kwargs,
+    create=_create,
     names=TIMM_NAMES,
-    from_state_dict=state_dict_from_timm,
+    from_state_dict=_from_state_dict,
     recognizes=TIMM_RECOGNIZES,  # a patch convolution, the fused projections under timm's names
 )
 

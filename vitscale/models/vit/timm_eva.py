@@ -1,0 +1,243 @@
+"""timm's ``Eva`` (``timm/models/eva.py``) with rotary position embeddings <-> vitscale's ViT, both ways.
+
+The RoPE ViTs of timm — DINOv3 (``vit_*_patch16_dinov3``), the SBB ``vit_*_patch16_rope_*`` models —
+are ``Eva`` instances: a pre-norm ViT whose position information is RoPE on the patch tokens' queries
+and keys (``pos_embed='rope'`` here). What differs from timm's ``VisionTransformer`` layout:
+
+- LayerScale: timm ``blocks.i.gamma_1`` / ``gamma_2``; vitscale ``blocks.i.ls1.gamma`` / ``ls2.gamma``.
+- QKV bias: timm's EVA has none on the keys, ``attn.q_bias`` and ``attn.v_bias`` (the same names
+  here, ``key_bias=False``); the fused QKV rows (timm ``attn.qkv``, vitscale ``attn.qkv_per_head``)
+  are permuted per head as for the ViT.
+- Prefix tokens: ``cls_token`` and ``reg_token``, joined as for the ViT.
+- SwiGLU MLP (DINOv3 S+/H+/7B): timm's two-layer ``SwiGLU``, the same names (``fc1_g``, ``fc1_x``, ``fc2``).
+- RoPE: timm's ``RotaryEmbeddingCat`` (index grid) -> ``rope_type='axial'``, its
+  ``RotaryEmbeddingDinoV3`` -> ``rope_type='dinov3'``; neither stores anything in the state dict.
+
+A timm model is converted only when the ``Eva`` rebuilt from the derived config has the same module
+tree, settings and shapes (``layout_differences``); anything else is refused in one line.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..common.renames import PASS_THROUGH, Rename, RenameTable, convert, per_head
+from .configs import ViTConfig
+from .state_dict_adapter import _NORMS, _is, _mlp_ratio, _prefix_tokens_from_timm, _prefix_tokens_to_timm
+
+_ROPES = {"RotaryEmbeddingCat": "axial", "RotaryEmbeddingDinoV3": "dinov3"}
+
+
+def unsupported_eva_options(tm: Any) -> list[str]:
+    """What a timm ``Eva`` uses that :func:`config_from_eva` does not read (empty: nothing)."""
+    why: list[str] = []
+    rope = getattr(tm, "rope", None)
+    if rope is None:
+        why.append("no rotary position embeddings (an Eva without RoPE)")
+    elif type(rope).__name__ not in _ROPES:
+        why.append(f"{type(rope).__name__} rotary embeddings (axial RotaryEmbeddingCat or RotaryEmbeddingDinoV3 convert)")
+    if tm.pos_embed is not None:
+        why.append("learned and rotary position embeddings together (EVA-02)")
+    blk = tm.blocks[0]
+    if not _is(blk, "EvaBlock"):
+        why.append(f"{type(blk).__name__} blocks")
+    elif not _is(blk.attn, "EvaAttention") or blk.attn.qkv is None:
+        why.append("attention other than EVA's fused-QKV attention")
+    elif not _is(blk.mlp, "Mlp", "SwiGLU"):
+        why.append(f"a {type(blk.mlp).__name__} MLP (packed gate and value: timm's GluMlp)")
+    elif _is(blk.mlp, "SwiGLU") and not isinstance(blk.mlp.norm, nn.Identity):
+        why.append("a norm inside the SwiGLU MLP (timm scale_mlp)")
+    if tm.global_pool not in ("token", "avg", "map", ""):
+        why.append(f"global_pool={tm.global_pool!r}")
+    if tm.global_pool == "map" and tm.num_prefix_tokens:
+        why.append("MAP pooling over the prefix tokens too (vitscale's MAP head pools the patch tokens)")
+    if tm.patch_drop is not None:
+        why.append("patch dropout with RoPE")
+    norm = getattr(blk, "norm1", None)
+    if norm is not None and type(norm).__name__ not in _NORMS:
+        why.append(f"{type(norm).__name__} norm layers")
+    return why
+
+
+def config_from_eva(tm: Any) -> ViTConfig:
+    """The ``ViTConfig`` of a timm ``Eva`` with RoPE (ValueError listing what cannot be expressed)."""
+    why = unsupported_eva_options(tm)
+    if why:
+        raise ValueError("; ".join(why))
+    blk, rope = tm.blocks[0], tm.rope
+    attn = blk.attn
+    kind = _ROPES[type(rope).__name__]
+    ref = getattr(rope, "ref_feat_shape", None)
+    grid, patch = tm.patch_embed.grid_size, tm.patch_embed.patch_size[0]
+    last = tm.blocks[-1]
+    qkv_bias = attn.q_bias is not None
+    swiglu = _is(blk.mlp, "SwiGLU")
+    return ViTConfig(
+        img_h=grid[0] * patch,
+        img_w=grid[1] * patch,
+        patch_dim=patch,
+        num_channels=tm.patch_embed.proj.in_channels,
+        num_layers=len(tm.blocks),
+        hidden_size=tm.embed_dim,
+        ffn_hidden_size=(blk.mlp.fc1_x if swiglu else blk.mlp.fc1).out_features,
+        num_attention_heads=attn.num_heads,
+        hidden_dropout=attn.proj_drop.p,
+        attention_dropout=attn.attn_drop.p,
+        num_classes=tm.num_classes,
+        drop_path_rate=getattr(last.drop_path1, "drop_prob", 0.0),
+        class_token_length=tm.num_prefix_tokens,
+        class_token=tm.cls_token is not None or tm.num_prefix_tokens == 0,
+        pool={"": "none"}.get(tm.global_pool, tm.global_pool),
+        fc_norm=not isinstance(tm.fc_norm, nn.Identity),
+        final_norm=not (isinstance(tm.norm, nn.Identity) and isinstance(tm.fc_norm, nn.Identity)),
+        pre_norm=not isinstance(tm.norm_pre, nn.Identity),
+        head_dropout=tm.head_drop.p,
+        qk_norm=not isinstance(attn.q_norm, nn.Identity),
+        qkv_bias=qkv_bias,
+        key_bias=not qkv_bias,  # EVA's keys never have a bias; without one at all, the default
+        norm_type=_NORMS[type(blk.norm1).__name__],
+        patch_bias=tm.patch_embed.proj.bias is not None,
+        norm_eps=blk.norm1.eps,
+        activation="gelu",
+        mlp_type="swiglu" if swiglu else "mlp",
+        layer_scale_init=blk.init_values,
+        pos_embed="rope",
+        rope_type=kind,
+        rope_temperature=float(rope.temperature),
+        rope_rotate_half=bool(rope.rotate_half),
+        rope_grid_offset=float(rope.grid_offset),
+        rope_ref_grid=tuple(ref) if ref is not None else None,
+    )
+
+
+def eva_kwargs(cfg: ViTConfig) -> dict[str, Any]:
+    """Keyword arguments of timm's ``Eva`` matching a RoPE ``cfg`` (ValueError for what timm's EVA lacks)."""
+    why = []
+    if cfg.pos_embed != "rope":
+        why.append(f"pos_embed={cfg.pos_embed!r} (timm's EVA conversion is for pos_embed='rope')")
+    if cfg.qkv_bias and cfg.key_bias:
+        why.append("a key bias (timm's EVA has q and v biases only: key_bias=False)")
+    if cfg.activation != "gelu" or not (cfg.proj_bias and cfg.mlp_bias) or cfg.parallel_block or cfg.pre_logits:
+        why.append("activation, biases or blocks other than EVA's (gelu, biased projections, standard blocks)")
+    if cfg.pool == "map" and cfg.num_prefix_tokens:
+        why.append("MAP pooling with prefix tokens (timm's Eva pools them too)")
+    if cfg.distill_token:
+        why.append("a distillation token")
+    if cfg.norm_type == "layernorm" and not cfg.norm_bias:
+        why.append("LayerNorms without bias")
+    if cfg.patch_bias == cfg.pre_norm:
+        why.append("timm gives the patch embedding a bias exactly when pre_norm is off")
+    if why:
+        raise ValueError("no timm Eva equivalent: " + "; ".join(why))
+    from timm.layers import LayerNorm, RmsNorm
+
+    norm = partial(RmsNorm if cfg.norm_type == "rmsnorm" else LayerNorm, eps=cfg.norm_eps)
+    class_token = cfg.class_token and cfg.class_token_length > 0
+    return dict(
+        img_size=(cfg.img_h, cfg.img_w),
+        patch_size=cfg.patch_dim,
+        in_chans=cfg.num_channels,
+        num_classes=cfg.num_classes,
+        global_pool={"none": ""}.get(cfg.pool, cfg.pool),
+        embed_dim=cfg.hidden_size,
+        depth=cfg.num_layers,
+        num_heads=cfg.num_attention_heads,
+        qkv_bias=cfg.qkv_bias,
+        qk_norm=cfg.qk_norm,
+        mlp_ratio=_mlp_ratio(cfg.ffn_hidden_size, cfg.hidden_size),
+        # SwiGLU: timm's two-layer SwiGLU is built only with an alignment (1: the width as it is)
+        swiglu_mlp=cfg.mlp_type == "swiglu",
+        swiglu_align_to=1 if cfg.mlp_type == "swiglu" else 0,
+        drop_rate=cfg.head_dropout,
+        pos_drop_rate=cfg.hidden_dropout,
+        proj_drop_rate=cfg.hidden_dropout,
+        attn_drop_rate=cfg.attention_dropout,
+        drop_path_rate=cfg.drop_path_rate,
+        norm_layer=norm,
+        init_values=cfg.layer_scale_init,
+        class_token=class_token,
+        num_reg_tokens=cfg.class_token_length - int(class_token),
+        use_abs_pos_emb=False,
+        use_rot_pos_emb=True,
+        rope_type={"axial": "cat", "dinov3": "dinov3"}[cfg.rope_type],
+        rope_grid_offset=cfg.rope_grid_offset,
+        rope_temperature=cfg.rope_temperature,
+        rope_rotate_half=cfg.rope_rotate_half,
+        use_pre_transformer_norm=cfg.pre_norm,
+        use_post_transformer_norm=cfg.final_norm and not cfg.use_fc_norm,
+        use_fc_norm=cfg.final_norm and cfg.use_fc_norm,
+        ref_feat_shape=cfg.rope_ref_grid,
+    )
+
+
+def _table(cfg: ViTConfig) -> RenameTable:
+    H = cfg.num_attention_heads
+    return RenameTable(
+        library="timm",
+        entries=(
+            Rename("blocks.*.attn.qkv_per_head.*", "blocks.*.attn.qkv.*", *per_head(3, H)),
+            Rename("blocks.*.ls1.gamma", "blocks.*.gamma_1"),
+            Rename("blocks.*.ls2.gamma", "blocks.*.gamma_2"),
+            Rename("attn_pool.kv_per_head.**", "attn_pool.kv.**", *per_head(2, H)),
+            PASS_THROUGH,
+        ),
+    )
+
+
+def state_dict_from_eva(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    """A timm ``Eva`` state dict -> vitscale's, for the RoPE ``cfg`` of :func:`config_from_eva`."""
+    sd = dict(sd)
+    joined = _prefix_tokens_from_timm(sd)
+    return {**joined, **convert(sd, _table(cfg), to="ours")}
+
+
+def state_dict_to_eva(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    """vitscale's RoPE ViT state dict -> that of the timm ``Eva`` built from :func:`eva_kwargs`."""
+    sd = dict(sd)
+    split = _prefix_tokens_to_timm(sd, cfg)
+    return {**split, **convert(sd, _table(cfg), to="theirs")}
+
+
+def to_eva(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A state dict that loads with ``strict=True`` into :func:`create_eva` of ``model``."""
+    return state_dict_to_eva(model.state_dict(), model.cfg)
+
+
+def create_eva(model: nn.Module, load_weights: bool = True, **timm_overrides: Any) -> nn.Module:
+    """timm's ``Eva`` matching a vitscale RoPE ViT (with its weights unless ``load_weights=False``);
+    ``timm_overrides`` e.g. ``dynamic_img_size=True`` to feed it other image sizes."""
+    from timm.models.eva import Eva
+
+    tm = Eva(**{**eva_kwargs(model.cfg), **timm_overrides})
+    if load_weights:
+        tm.load_state_dict(to_eva(model), strict=True)
+    return tm
+
+
+def eva_from_timm(tm: nn.Module) -> nn.Module:
+    """The vitscale ViT equivalent to a timm RoPE ``Eva``, with its weights (ValueError naming what
+    differs when the rebuilt ``Eva`` would not be the same network)."""
+    from timm.models.eva import Eva
+
+    from .model import VisionTransformer
+    from .timm_registry import build_meta, layout_differences
+
+    cfg = config_from_eva(tm)
+    ref = build_meta(Eva, **{**eva_kwargs(cfg), "dynamic_img_size": bool(tm.dynamic_img_size)})
+    diffs = layout_differences(tm, ref)
+    if diffs:
+        raise ValueError("vitscale's ViT does not reproduce this timm Eva: " + "; ".join(diffs))
+    device = next(tm.parameters()).device
+    model = VisionTransformer(cfg, device="meta")
+    model.load_state_dict(state_dict_from_eva(tm.state_dict(), cfg), strict=True, assign=True)
+    return model.to(device=device)
+
+
+__all__ = [
+    "config_from_eva", "create_eva", "eva_from_timm", "eva_kwargs", "state_dict_from_eva", "state_dict_to_eva",
+    "to_eva", "unsupported_eva_options",
+]  # fmt: skip
