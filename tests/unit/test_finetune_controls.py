@@ -171,7 +171,7 @@ def test_distillation_settings_are_checked_up_front():
     # what needs more than one group: the run's checks, the task's (Task.check) among them
     with pytest.raises(CheckError, match=re.escape("train.task=token_labeling needs token_label.path")):
         check_run(load_config("digits_vit", ["train.task=token_labeling"]), dims, "train")
-    clip = load_config("digits_clip", ["train.task=token_labeling", "token_label.path=labels"])
+    clip = load_config("digits_vit", ["train.task=token_labeling", "token_label.path=labels", "model.name=clip_debug"])
     with pytest.raises(CheckError, match=re.escape("needs a model with per-token class logits (a ViT or VOLO): clip_debug")):
         check_run(clip, dims, "train")
     check_run(load_config("digits_vit", ["train.task=token_labeling", "token_label.path=labels"]), dims, "train")

@@ -26,9 +26,10 @@ def test_what_counts_as_a_change():
     # the teacher of label-tokens (a task group declared resume_neutral)
     harmless = ["train.log_every=3", "eval.every=10", "eval.batch_size=7", "checkpoint.every=9", "checkpoint.keep=3",
                 "data.num_workers=4", "parallel.dp_shard=2", "train.sdpa=math", "train.compile=true",
-                "train.output_dir=/elsewhere", "log.progress=none", "checkpoint.allow_changes=optim",
-                "teacher.batch_size=8"]  # fmt: skip
+                "train.output_dir=/elsewhere", "log.progress=none", "checkpoint.allow_changes=optim"]  # fmt: skip
     assert _changes([], harmless) == []
+    tl = ["train.task=token_labeling", "token_label.path=labels"]  # the teacher group is token labeling's
+    assert _changes(tl, tl + ["teacher.batch_size=8"]) == []
     assert {k for k, _, _ in _changes([], ["optim.lr=1e-3", "train.seed=1", "data.hflip=0.5", "train.batch_size=32",
                                            "model.hidden_size=64", "schedule.warmup_steps=3", "train.max_steps=9"])} == {
         "optim.lr", "train.seed", "data.hflip", "train.batch_size", "model.overrides.hidden_size", "schedule.warmup_steps",
