@@ -420,7 +420,8 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
         if not allow_shell:
             _refuse_shell(loaded, given, path)
         tree = loaded
-    said = [n for n in (_new_model_name(tree, given, name_or_path), _new_data_format(tree, given, name_or_path)) if n]
+    said = [n for n in (_new_model_name(tree, given, name_or_path), _new_data_format(tree, given, name_or_path),
+                        _new_task(tree, given, name_or_path)) if n]  # fmt: skip
     for key, value in parsed:
         _set_dotted(tree, key, value)
     cfg = config_from_dict(tree)
@@ -506,6 +507,27 @@ def _new_data_format(tree: dict, given: dict, source) -> str | None:
         return None
     return (f"data.format={new['format']} replaces {source or 'the config'}'s {old_format}: its data settings that "
             f"{new['format']} does not have are dropped ({', '.join(f'data.{k}' for k in dropped)})")
+
+
+def _new_task(tree: dict, given: dict, source) -> str | None:
+    """Drop from ``tree`` (a YAML's) the groups that the run config of the ``train.task`` given on the
+    command line lacks (a classification run's ``distill`` when ``vitscale label-tokens`` reads its
+    config.yaml as token labeling's); the line saying which (None when nothing was dropped)."""
+    train, new = tree.get("train"), given.get("train")
+    if not isinstance(new, dict) or not new.get("task"):
+        return None
+    old_task = train.get("task") if isinstance(train, dict) else None
+    if new["task"] == old_task:
+        return None
+    model = tree.get("model") if isinstance(tree.get("model"), dict) else {}
+    own = {f.name for f in dataclasses.fields(config_class(new["task"], model.get("name")))}
+    dropped = [k for k in tree if k not in own and k not in given and isinstance(tree[k], dict)]
+    for key in dropped:
+        del tree[key]
+    if not dropped:
+        return None
+    return (f"train.task={new['task']} replaces {source or 'the config'}'s {old_task or 'default task'}: its groups that "
+            f"{new['task']} does not have are dropped ({', '.join(dropped)})")
 
 
 def config_to_dict(cfg: Any) -> dict:

@@ -27,6 +27,26 @@ from .ranges import at_least, finite, fraction, positive
 SAVE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT")
 """The signals ``checkpoint.save_on_signal`` may name."""
 
+
+
+def check_save_signal(name: str) -> None:
+    """A one-line :class:`ConfigError` unless ``name`` is one of :data:`SAVE_SIGNALS`: SIGKILL and SIGSTOP
+    cannot be caught, another real signal is not one to save on, an unknown word names the closest."""
+    import difflib
+    import signal
+
+    if name in SAVE_SIGNALS:
+        return
+    if name in ("SIGKILL", "SIGSTOP"):
+        raise ConfigError(f"checkpoint.save_on_signal: {name} cannot be caught by any process; use e.g. SIGTERM, SIGUSR1, SIGINT")
+    if name in signal.Signals.__members__:
+        raise ConfigError(f"checkpoint.save_on_signal: {name!r} is not a signal a run can save on: use SIGTERM, "
+                          "SIGUSR1, SIGUSR2, SIGINT, SIGHUP or SIGQUIT (or [] for none)")  # fmt: skip
+    close = difflib.get_close_matches(str(name), SAVE_SIGNALS, n=1)
+    raise ConfigError(f"checkpoint.save_on_signal: {name!r} is not a signal name here{f' (did you mean {close[0]}?)' if close else ''}; "
+                      "use SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP or SIGQUIT (or [] for none)")  # fmt: skip
+
+
 SdpaChoice = Literal["auto", "flash", "cudnn", "efficient", "math", "default"]
 """``train.sdpa`` / ``vitscale bench --sdpa``: the attention backends (``vitscale.train.fastpath``)."""
 
@@ -289,9 +309,7 @@ class CheckpointConfig:
         at_least("checkpoint.keep", self.keep, 1, "checkpoints kept")
         at_least("checkpoint.remote_wait_s", self.remote_wait_s, 0, "seconds the end of a run waits for an upload")
         for name in self.save_on_signal:
-            if name not in SAVE_SIGNALS:
-                raise ConfigError(f"checkpoint.save_on_signal: {name!r} is not a signal a run can save on: use SIGTERM, "
-                                  "SIGUSR1, SIGUSR2, SIGINT, SIGHUP or SIGQUIT (or [] for none)")  # fmt: skip
+            check_save_signal(name)
 
 
 @dataclass
