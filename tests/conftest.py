@@ -16,6 +16,17 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("VITSCALE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "vitscale_cache"))
 
 
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """One finished tiny digits_vit run (``helpers.tiny_run``), shared by the tests that only read it or
+    work on a copy: 2 steps, its checkpoint at step 2, model.safetensors, config.yaml, metrics.jsonl,
+    train.log, summary.json, report.html. Never write into it: copy it (``shutil.copytree``) first."""
+    from helpers import tiny_run
+
+    return tiny_run(tmp_path_factory.mktemp("finished") / "run", "train.max_steps=2", "checkpoint.every=2",
+                    "log.progress=plain", "log.report=true")  # fmt: skip
+
+
 # ------------------------------------------------------------------ data where it lives (issue 21)
 # Real servers started by the tests: a localhost HTTP server (with a few faulty paths) and moto's
 # standalone S3 server; the data: the digits as an image folder, WebDataset shards and Parquet files.

@@ -140,4 +140,18 @@ def assert_follow_one_process(curves: dict[str, list[float]], one, tol: float = 
         assert len(got) == len(ref) and rel_each(got, ref) <= tol, f"{label}: {got} vs one process {ref}"
 
 
-__all__ = ["assert_curves_close", "assert_follow_one_process", "assert_same_batch", "hub_cache", "no_hang", "randomize", "take", "read_losses", "read_metrics", "rel_each", "rel_l2", "rel_max", "two_rank_curves"]
+# A tiny digits_vit run: one block of width 16, batches of 16, no evaluation, in this process.
+TINY_RUN = ["model.num_layers=1", "model.hidden_size=16", "train.batch_size=16", "data.num_workers=0", "log.flops=false",
+            "eval.every=0"]  # fmt: skip
+
+
+def tiny_run(out: Path, *overrides: str, recipe: str = "digits_vit") -> Path:
+    """``vitscale train RECIPE train.output_dir=OUT`` with :data:`TINY_RUN` and ``overrides`` (later ones
+    win) through the CLI's entry point in this process; asserts it exits 0 and returns ``out``."""
+    from vitscale.cli import main
+
+    assert main(["train", recipe, f"train.output_dir={out}", *TINY_RUN, *overrides]) == 0
+    return Path(out)
+
+
+__all__ = ["assert_curves_close", "assert_follow_one_process", "assert_same_batch", "hub_cache", "no_hang", "randomize", "take", "read_losses", "tiny_run", "TINY_RUN", "read_metrics", "rel_each", "rel_l2", "rel_max", "two_rank_curves"]

@@ -29,12 +29,11 @@ def _err_lines(capsys) -> list[str]:
     return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A real run folder: a checkpoint at step 2, model.safetensors, config.yaml, metrics, summary."""
-    run = tmp_path_factory.mktemp("finished") / "run"
-    assert main(["train", "digits_vit", "train.max_steps=2", "checkpoint.every=2", f"train.output_dir={run}", *TINY]) == 0
-    return run
+@pytest.fixture
+def finished(finished_run) -> Path:
+    """A real run folder (the session's tiny run, tests/conftest.py): a checkpoint at step 2,
+    model.safetensors, config.yaml, metrics, summary."""
+    return finished_run
 
 
 def _copy(run: Path, tmp: Path) -> Path:
