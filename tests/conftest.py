@@ -52,13 +52,40 @@ def digits_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def http_serve():
-    """``http_serve(folder) -> base URL``: a localhost ``http.server`` for ``folder`` (threads), except that
-    paths with ``forbidden`` answer 403 and paths with ``slow`` send the headers and 2 KB of the file,
-    then stall for 30 s."""
-    import functools
+def local_server():
+    """``local_server(handler) -> base URL``: a localhost ``http.server`` for an ``http.server`` request
+    handler class, a thread per request (a client that stops reading early is no error here); every one
+    started is stopped at the end of the session."""
     import http.server
     import threading
+
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            pass
+
+    servers = []
+
+    def serve(handler) -> str:
+        srv = Server(("127.0.0.1", 0), handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield serve
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture(scope="session")
+def http_serve(local_server):
+    """``http_serve(folder) -> base URL``: a :func:`local_server` for ``folder``, except that paths with
+    ``forbidden`` answer 403 and paths with ``slow`` send the headers and 2 KB of the file, then stall
+    for 30 s."""
+    import functools
+    import http.server
     import time
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -81,23 +108,7 @@ def http_serve():
         def log_message(self, *args):
             pass
 
-    class Server(http.server.ThreadingHTTPServer):
-        def handle_error(self, request, client_address):  # a client that stops reading early is no error here
-            pass
-
-    servers = []
-
-    def serve(folder) -> str:
-        srv = Server(("127.0.0.1", 0), functools.partial(Handler, directory=str(folder)))
-        srv.daemon_threads = True
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return f"http://127.0.0.1:{srv.server_address[1]}"
-
-    yield serve
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
+    return lambda folder: local_server(functools.partial(Handler, directory=str(folder)))
 
 
 @pytest.fixture(scope="session")

@@ -124,7 +124,8 @@ def read_losses(run: Path | str) -> dict[int, float]:
 def two_rank_curves(fn, *args, timeout: float = 240.0) -> dict[str, list[float]]:
     """``fn(*args)`` (``{label: per-step global-mean losses}``) on 2 gloo processes, launched by
     ``tests/distributed/_launch.py``; both ranks must log the same curves. Returns rank 0's."""
-    from _launch import run_distributed  # tests/distributed, on the path of the distributed tests that call this
+    # tests/distributed/_launch.py: on the path of the distributed tests that call this
+    from _launch import run_distributed
 
     out = run_distributed(fn, 2, *args, timeout=timeout)
     assert out[0] == out[1], "both ranks must log the same global-mean loss"
