@@ -576,7 +576,7 @@ def test_signal_names_and_naflex_sizes_are_one_line(tmp_path, capsys, config, ov
 
 
 @pytest.mark.parametrize("path", ["s3://bucket/a.tar", "s3://bucket/shards/"])  # a file; a folder to list
-def test_a_silent_s3_endpoint_is_one_line_at_start_up(tmp_path, path):
+def test_a_silent_s3_endpoint_is_one_line_at_start_up(tmp_path, path, monkeypatch, capsys):
     """An S3 endpoint that accepts connections and never answers: botocore waited 60 s a read and
     retried on its own (46 s at data.remote_timeout_s=1 before). Now data.remote_timeout_s is its read
     timeout, one attempt, vitscale's own retries."""
@@ -598,12 +598,20 @@ def test_a_silent_s3_endpoint_is_one_line_at_start_up(tmp_path, path):
     threading.Thread(target=accept, daemon=True).start()
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{srv.getsockname()[1]}"}  # fmt: skip
+    s3fs = pytest.importorskip("s3fs")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec keeps file systems per process: none bound to another server
+    capsys.readouterr()
     try:
-        res = _cli(_stream_train(tmp_path / "run", path, "data.webdataset_mode=stream", "data.remote_timeout_s=1",
-                                 "data.remote_retries=0"), timeout=30, env=env)  # fmt: skip
+        with no_hang(30):  # in this process: no interpreter start-up inside the bound
+            rc = main(_stream_train(tmp_path / "run", path, "data.webdataset_mode=stream", "data.remote_timeout_s=1",
+                                    "data.remote_retries=0"))  # fmt: skip
     finally:
+        s3fs.S3FileSystem.clear_instance_cache()  # nor one bound to this silent server for the tests after
         srv.close()
         for c in held:
             c.close()
-    line = res.stderr.strip().splitlines()[-1]  # after s3fs's own warnings, if any
-    assert res.returncode == 2 and line.startswith("vitscale train: ") and "Read timeout" in line, res.stderr
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]  # after s3fs's own warnings, if any
+    assert rc == 2 and line.startswith("vitscale train: ") and "Read timeout" in line, err
