@@ -16,6 +16,17 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("VITSCALE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "vitscale_cache"))
 
 
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """One finished tiny digits_vit run (``helpers.tiny_run``), shared by the tests that only read it or
+    work on a copy: 2 steps, its checkpoint at step 2, model.safetensors, config.yaml, metrics.jsonl,
+    train.log, summary.json, report.html. Never write into it: copy it (``shutil.copytree``) first."""
+    from helpers import tiny_run
+
+    return tiny_run(tmp_path_factory.mktemp("finished") / "run", "train.max_steps=2", "checkpoint.every=2",
+                    "log.progress=plain", "log.report=true")  # fmt: skip
+
+
 # ------------------------------------------------------------------ data where it lives (issue 21)
 # Real servers started by the tests: a localhost HTTP server (with a few faulty paths) and moto's
 # standalone S3 server; the data: the digits as an image folder, WebDataset shards and Parquet files.
@@ -41,13 +52,40 @@ def digits_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def http_serve():
-    """``http_serve(folder) -> base URL``: a localhost ``http.server`` for ``folder`` (threads), except that
-    paths with ``forbidden`` answer 403 and paths with ``slow`` send the headers and 2 KB of the file,
-    then stall for 30 s."""
-    import functools
+def local_server():
+    """``local_server(handler) -> base URL``: a localhost ``http.server`` for an ``http.server`` request
+    handler class, a thread per request (a client that stops reading early is no error here); every one
+    started is stopped at the end of the session."""
     import http.server
     import threading
+
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            pass
+
+    servers = []
+
+    def serve(handler) -> str:
+        srv = Server(("127.0.0.1", 0), handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield serve
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture(scope="session")
+def http_serve(local_server):
+    """``http_serve(folder) -> base URL``: a :func:`local_server` for ``folder``, except that paths with
+    ``forbidden`` answer 403 and paths with ``slow`` send the headers and 2 KB of the file, then stall
+    for 30 s."""
+    import functools
+    import http.server
     import time
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -70,23 +108,7 @@ def http_serve():
         def log_message(self, *args):
             pass
 
-    class Server(http.server.ThreadingHTTPServer):
-        def handle_error(self, request, client_address):  # a client that stops reading early is no error here
-            pass
-
-    servers = []
-
-    def serve(folder) -> str:
-        srv = Server(("127.0.0.1", 0), functools.partial(Handler, directory=str(folder)))
-        srv.daemon_threads = True
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return f"http://127.0.0.1:{srv.server_address[1]}"
-
-    yield serve
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
+    return lambda folder: local_server(functools.partial(Handler, directory=str(folder)))
 
 
 @pytest.fixture(scope="session")

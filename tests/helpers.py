@@ -121,4 +121,38 @@ def read_losses(run: Path | str) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run) if "loss" in r}
 
 
-__all__ = ["assert_curves_close", "assert_same_batch", "hub_cache", "no_hang", "randomize", "take", "read_losses", "read_metrics", "rel_each", "rel_l2", "rel_max"]
+def two_rank_curves(fn, *args, timeout: float = 240.0) -> dict[str, list[float]]:
+    """``fn(*args)`` (``{label: per-step global-mean losses}``) on 2 gloo processes, launched by
+    ``tests/distributed/_launch.py``; both ranks must log the same curves. Returns rank 0's."""
+    # tests/distributed/_launch.py: on the path of the distributed tests that call this
+    from _launch import run_distributed
+
+    out = run_distributed(fn, 2, *args, timeout=timeout)
+    assert out[0] == out[1], "both ranks must log the same global-mean loss"
+    return out[0]
+
+
+def assert_follow_one_process(curves: dict[str, list[float]], one, tol: float = 2e-4) -> None:
+    """Every curve of ``curves`` follows the one-process curve (``one``: a list, or ``label -> list``) within
+    ``tol`` by :func:`rel_each`, and that curve moves (training happens), so agreement is not trivial."""
+    for label, got in curves.items():
+        ref = one(label) if callable(one) else one
+        assert abs(ref[-1] - ref[0]) > 1e-3, f"{label}: the one-process curve {ref} does not move"
+        assert len(got) == len(ref) and rel_each(got, ref) <= tol, f"{label}: {got} vs one process {ref}"
+
+
+# A tiny digits_vit run: one block of width 16, batches of 16, no evaluation, in this process.
+TINY_RUN = ["model.num_layers=1", "model.hidden_size=16", "train.batch_size=16", "data.num_workers=0", "log.flops=false",
+            "eval.every=0"]  # fmt: skip
+
+
+def tiny_run(out: Path, *overrides: str, recipe: str = "digits_vit") -> Path:
+    """``vitscale train RECIPE train.output_dir=OUT`` with :data:`TINY_RUN` and ``overrides`` (later ones
+    win) through the CLI's entry point in this process; asserts it exits 0 and returns ``out``."""
+    from vitscale.cli import main
+
+    assert main(["train", recipe, f"train.output_dir={out}", *TINY_RUN, *overrides]) == 0
+    return Path(out)
+
+
+__all__ = ["assert_curves_close", "assert_follow_one_process", "assert_same_batch", "hub_cache", "no_hang", "randomize", "take", "read_losses", "tiny_run", "TINY_RUN", "read_metrics", "rel_each", "rel_l2", "rel_max", "two_rank_curves"]

@@ -323,11 +323,10 @@ def test_a_silent_or_trickling_pipe_is_one_line_at_start_up(tmp_path, capsys, cm
 
 
 @pytest.fixture(scope="module")
-def trickle_server():
+def trickle_server(local_server):
     """A localhost HTTP server that answers every GET with headers, then one byte every 0.1 s, forever
     (never silent for long enough to trip a per-read timeout)."""
     import http.server
-    import threading
     import time
 
     class Trickle(http.server.BaseHTTPRequestHandler):
@@ -346,12 +345,7 @@ def trickle_server():
         def log_message(self, *args):
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    return local_server(Trickle)
 
 
 @pytest.mark.parametrize("mode", ["stream", "index"])
@@ -502,11 +496,10 @@ def test_a_huge_member_in_a_stream_is_skipped_unread(tmp_path, capsys):
     assert "k3 (member k3.txt is 4194305 bytes" in (tmp_path / "run" / "train.log").read_text()
 
 
-def test_a_cut_http_shard_is_named_and_never_cached_as_complete(shards, tmp_path, capsys):
+def test_a_cut_http_shard_is_named_and_never_cached_as_complete(shards, local_server, tmp_path, capsys):
     """A server that sends half a shard without a length and closes: the copy looked complete, was
     cached, and every later run read the cut copy. Now it is named, not cached; served whole, it trains."""
     import http.server
-    import threading
 
     whole = (shards / "a.tar").read_bytes()
     state = {"cut": True}
@@ -522,33 +515,25 @@ def test_a_cut_http_shard_is_named_and_never_cached_as_complete(shards, tmp_path
         def log_message(self, *args):
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Cut)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url, cache = f"http://127.0.0.1:{srv.server_address[1]}/a.tar", tmp_path / "cache"
+    url, cache = f"{local_server(Cut)}/a.tar", tmp_path / "cache"
     args = ["data.webdataset_mode=index", "data.remote_retries=0", f"data.shard_cache={cache}"]
-    try:
-        capsys.readouterr()
-        with no_hang(HANG):
-            assert main(_stream_train(tmp_path / "cut", url, *args)) == 2
-        line = _one_line(capsys.readouterr().err)
-        assert f"{url} was cut short" in line and "no end-of-archive blocks" in line
-        assert not list(cache.glob("*.tar"))
-        state["cut"] = False
-        with no_hang(HANG):
-            assert main(_stream_train(tmp_path / "whole", url, *args)) == 0
-        assert len(list(cache.glob("*.tar"))) == 1
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    capsys.readouterr()
+    with no_hang(HANG):
+        assert main(_stream_train(tmp_path / "cut", url, *args)) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"{url} was cut short" in line and "no end-of-archive blocks" in line
+    assert not list(cache.glob("*.tar"))
+    state["cut"] = False
+    with no_hang(HANG):
+        assert main(_stream_train(tmp_path / "whole", url, *args)) == 0
+    assert len(list(cache.glob("*.tar"))) == 1
 
 
 # ------------------------------------------------------------------------------------- the Hub: the cache only
-def test_label_tokens_reads_an_hf_hub_teacher_from_the_cache_only(hub_teacher, tmp_path):
+def test_label_tokens_reads_an_hf_hub_teacher_from_the_cache_only(hub_teacher, local_server, tmp_path):
     """``teacher.timm=hf-hub:…``: timm fetched the architecture's config from the Hub (docs/trust.md:
     the cache only). HF_ENDPOINT points at a server the test starts, which counts every request: none."""
     import http.server
-    import threading
 
     asked = []
 
@@ -562,23 +547,16 @@ def test_label_tokens_reads_an_hf_hub_teacher_from_the_cache_only(hub_teacher, t
         def log_message(self, *args):
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
     cache = hub_cache(tmp_path / "hub", "acme/tiny-vit", hub_teacher[0])
-    env = {"HF_HUB_CACHE": str(cache), "HF_ENDPOINT": f"http://127.0.0.1:{srv.server_address[1]}", "HF_HUB_OFFLINE": "0"}
-    try:
-        args = ["label-tokens", "digits_vit", "teacher.timm=hf-hub:acme/tiny-vit", "teacher.batch_size=500",
-                "teacher.splits=[val]", *QUIET[:1]]  # fmt: skip
-        res = _cli([*args, "teacher.checkpoint=hf-hub:acme/tiny-vit", str(tmp_path / "labels")], env=env)
-        assert res.returncode == 0, res.stderr
-        assert json.loads(res.stdout)["splits"]["val"]["images"] == 300
-        res = _cli([*args, "teacher.checkpoint=hf-hub:acme/missing", str(tmp_path / "none")], env=env)
-        assert res.returncode == 1 and "no snapshot of acme/missing in the local Hugging Face cache" in _one_line(res.stderr)
-        assert asked == []  # not one request reached the Hub
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    env = {"HF_HUB_CACHE": str(cache), "HF_ENDPOINT": local_server(Hub), "HF_HUB_OFFLINE": "0"}
+    args = ["label-tokens", "digits_vit", "teacher.timm=hf-hub:acme/tiny-vit", "teacher.batch_size=500",
+            "teacher.splits=[val]", *QUIET[:1]]  # fmt: skip
+    res = _cli([*args, "teacher.checkpoint=hf-hub:acme/tiny-vit", str(tmp_path / "labels")], env=env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["splits"]["val"]["images"] == 300
+    res = _cli([*args, "teacher.checkpoint=hf-hub:acme/missing", str(tmp_path / "none")], env=env)
+    assert res.returncode == 1 and "no snapshot of acme/missing in the local Hugging Face cache" in _one_line(res.stderr)
+    assert asked == []  # not one request reached the Hub
 
 
 # ------------------------------------------------------------------------------------- one line, not a traceback
@@ -598,7 +576,7 @@ def test_signal_names_and_naflex_sizes_are_one_line(tmp_path, capsys, config, ov
 
 
 @pytest.mark.parametrize("path", ["s3://bucket/a.tar", "s3://bucket/shards/"])  # a file; a folder to list
-def test_a_silent_s3_endpoint_is_one_line_at_start_up(tmp_path, path):
+def test_a_silent_s3_endpoint_is_one_line_at_start_up(tmp_path, path, monkeypatch, capsys):
     """An S3 endpoint that accepts connections and never answers: botocore waited 60 s a read and
     retried on its own (46 s at data.remote_timeout_s=1 before). Now data.remote_timeout_s is its read
     timeout, one attempt, vitscale's own retries."""
@@ -620,12 +598,20 @@ def test_a_silent_s3_endpoint_is_one_line_at_start_up(tmp_path, path):
     threading.Thread(target=accept, daemon=True).start()
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{srv.getsockname()[1]}"}  # fmt: skip
+    s3fs = pytest.importorskip("s3fs")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec keeps file systems per process: none bound to another server
+    capsys.readouterr()
     try:
-        res = _cli(_stream_train(tmp_path / "run", path, "data.webdataset_mode=stream", "data.remote_timeout_s=1",
-                                 "data.remote_retries=0"), timeout=30, env=env)  # fmt: skip
+        with no_hang(30):  # in this process: no interpreter start-up inside the bound
+            rc = main(_stream_train(tmp_path / "run", path, "data.webdataset_mode=stream", "data.remote_timeout_s=1",
+                                    "data.remote_retries=0"))  # fmt: skip
     finally:
+        s3fs.S3FileSystem.clear_instance_cache()  # nor one bound to this silent server for the tests after
         srv.close()
         for c in held:
             c.close()
-    line = res.stderr.strip().splitlines()[-1]  # after s3fs's own warnings, if any
-    assert res.returncode == 2 and line.startswith("vitscale train: ") and "Read timeout" in line, res.stderr
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]  # after s3fs's own warnings, if any
+    assert rc == 2 and line.startswith("vitscale train: ") and "Read timeout" in line, err

@@ -31,17 +31,10 @@ TINY = [
 
 
 @pytest.fixture
-def moto_s3():
-    """moto's standalone S3 server on localhost and the environment that points s3fs at it."""
-    from moto.server import ThreadedMotoServer
-
-    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}  # fmt: skip
-    yield env
-    srv.stop()
+def moto_s3(s3_server) -> dict:
+    """The environment that points s3fs at the session's moto S3 server (tests/conftest.py); each test
+    makes a bucket of its own."""
+    return s3_server[1]
 
 
 def _cmd(out: Path, *extra: str) -> list[str]:
@@ -61,8 +54,8 @@ def test_requeued_on_an_empty_node_resumes_from_s3(tmp_path, moto_s3, monkeypatc
     for k, v in moto_s3.items():
         monkeypatch.setenv(k, v)
     fs = s3fs.S3FileSystem()
-    fs.mkdir("ckpts")
-    url = "s3://ckpts/runs/digits"
+    fs.mkdir("ckpts-requeue")
+    url = "s3://ckpts-requeue/runs/digits"
     ref = tmp_path / "ref"
     train(load_config(None, TINY + [f"train.output_dir={ref}"]))
 
@@ -81,7 +74,7 @@ def test_requeued_on_an_empty_node_resumes_from_s3(tmp_path, moto_s3, monkeypatc
     stopped = int(log.split("stopped by SIGTERM after step ")[1].split(";")[0])
     remote = sorted(f.rsplit("/", 1)[-1] for f in fs.ls(f"{url}/checkpoints"))
     assert remote == [f"step_{s:08d}" for s in (2, 4, stopped)], remote
-    assert set(fs.ls(f"{url}/checkpoints/step_{stopped:08d}", detail=False)) >= {f"ckpts/runs/digits/checkpoints/step_{stopped:08d}/checkpoint.json"}
+    assert set(fs.ls(f"{url}/checkpoints/step_{stopped:08d}", detail=False)) >= {f"ckpts-requeue/runs/digits/checkpoints/step_{stopped:08d}/checkpoint.json"}
     assert fs.cat(f"{url}/config.yaml") == (node_a / "config.yaml").read_bytes()
 
     # the newest remote checkpoint damaged in the bucket: the requeued run skips it as it would a local one
@@ -177,13 +170,13 @@ def test_a_location_that_stops_answering_never_stops_the_run(tmp_path, moto_s3, 
 
     for k, v in moto_s3.items():
         monkeypatch.setenv(k, v)
-    s3fs.S3FileSystem(skip_instance_cache=True).mkdir("ckpts")  # this test's server, not an earlier one's
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir("ckpts-stall")
     import re
 
     proxy = StallingProxy(moto_s3["AWS_ENDPOINT_URL"], re.compile(rb"PUT /\S*/checkpoints/step_(?!00000002/)\d{8}/"))
     env = {**os.environ, **moto_s3, "AWS_ENDPOINT_URL": proxy.url, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     out_dir = tmp_path / "run"
-    cmd = _cmd(out_dir, "checkpoint.remote=s3://ckpts/runs/stall", "train.max_steps=20000", "checkpoint.remote_wait_s=3",
+    cmd = _cmd(out_dir, "checkpoint.remote=s3://ckpts-stall/runs/stall", "train.max_steps=20000", "checkpoint.remote_wait_s=3",
                "log.tensorboard=false")  # fmt: skip
     try:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -202,13 +195,13 @@ def test_a_location_that_stops_answering_never_stops_the_run(tmp_path, moto_s3, 
     assert p.returncode == 143, log[-3000:]
     assert took < 60, took  # the save, then at most checkpoint.remote_wait_s for the stalled upload
     stalled = [ln for ln in log.splitlines() if "has not finished after" in ln]
-    assert len(stalled) == 1 and "to s3://ckpts/runs/stall" in stalled[0], log[-3000:]  # one line per stall
+    assert len(stalled) == 1 and "to s3://ckpts-stall/runs/stall" in stalled[0], log[-3000:]  # one line per stall
     assert "(checkpoint.remote_wait_s); training goes on and step_" in stalled[0]
     assert "did not finish in 3 s (checkpoint.remote_wait_s)" in log and "its local checkpoints are complete" in log
     stopped = int(log.split("stopped by SIGTERM after step ")[1].split(";")[0])
     local = sorted(p.name for p in (out_dir / "checkpoints").iterdir())
     assert f"step_{stopped:08d}" in local and stopped > 4, local
     remote = s3fs.S3FileSystem(skip_instance_cache=True)
-    assert sorted(f.rsplit("/", 1)[-1] for f in remote.ls("s3://ckpts/runs/stall/checkpoints")) >= ["step_00000002"]
-    assert remote.exists("s3://ckpts/runs/stall/checkpoints/step_00000002/checkpoint.json")
-    assert not remote.exists("s3://ckpts/runs/stall/checkpoints/step_00000004/checkpoint.json")  # never half-published
+    assert sorted(f.rsplit("/", 1)[-1] for f in remote.ls("s3://ckpts-stall/runs/stall/checkpoints")) >= ["step_00000002"]
+    assert remote.exists("s3://ckpts-stall/runs/stall/checkpoints/step_00000002/checkpoint.json")
+    assert not remote.exists("s3://ckpts-stall/runs/stall/checkpoints/step_00000004/checkpoint.json")  # never half-published

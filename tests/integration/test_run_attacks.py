@@ -42,13 +42,11 @@ def _bomb(levels: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A real run folder: checkpoint at step 2, config.yaml, metrics.jsonl, train.log, summary.json, report.html."""
-    run = tmp_path_factory.mktemp("finished") / "run"
-    assert main(["train", "digits_vit", "train.max_steps=2", "checkpoint.every=2", f"train.output_dir={run}", "model.hidden_size=16",
-                 *TINY[:-1], "log.report=true"]) == 0  # fmt: skip
-    return run
+@pytest.fixture
+def finished(finished_run) -> Path:
+    """A real run folder (the session's tiny run, tests/conftest.py): checkpoint at step 2, config.yaml,
+    metrics.jsonl, train.log, summary.json, report.html."""
+    return finished_run
 
 
 def _copy(run: Path, tmp: Path) -> Path:

@@ -29,12 +29,11 @@ def _err_lines(capsys) -> list[str]:
     return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A real run folder: a checkpoint at step 2, model.safetensors, config.yaml, metrics, summary."""
-    run = tmp_path_factory.mktemp("finished") / "run"
-    assert main(["train", "digits_vit", "train.max_steps=2", "checkpoint.every=2", f"train.output_dir={run}", *TINY]) == 0
-    return run
+@pytest.fixture
+def finished(finished_run) -> Path:
+    """A real run folder (the session's tiny run, tests/conftest.py): a checkpoint at step 2,
+    model.safetensors, config.yaml, metrics, summary."""
+    return finished_run
 
 
 def _copy(run: Path, tmp: Path) -> Path:
@@ -164,9 +163,11 @@ def test_an_evaluators_other_format_drops_the_fields_it_does_not_read(tmp_path):
 
 
 # ------------------------------------------------------------------------- off-node copies kept
-def _vitscale(env: dict, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vitscale", *argv], capture_output=True, text=True, timeout=300,
-                          env={**ENV, **env, "OMP_NUM_THREADS": "1"})  # fmt: skip
+def _vitscale(capsys, *argv: str) -> subprocess.CompletedProcess:
+    """``vitscale ARGV`` through the CLI's entry point in this process (its environment set by the test)."""
+    capsys.readouterr()
+    rc = main(list(argv))
+    return subprocess.CompletedProcess(argv, rc, "", capsys.readouterr().err)
 
 
 def _bucket(fs, url: str) -> dict[str, bytes]:
@@ -175,7 +176,7 @@ def _bucket(fs, url: str) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_a_second_run_never_overwrites_anothers_remote_copies(s3_server, tmp_path, monkeypatch):
+def test_a_second_run_never_overwrites_anothers_remote_copies(s3_server, tmp_path, monkeypatch, capsys):
     """Two runs with one checkpoint.remote both exited 0 and only the second's files survived there."""
     pytest.importorskip("s3fs")
     _, env = s3_server
@@ -188,7 +189,7 @@ def test_a_second_run_never_overwrites_anothers_remote_copies(s3_server, tmp_pat
     url = "s3://shared-ckpts/team/run"
     argv = ["train", "digits_vit", "train.max_steps=2", "checkpoint.every=2", *TINY]
     a, b = tmp_path / "a", tmp_path / "b"
-    p = _vitscale(env, *argv, f"train.output_dir={a}", f"checkpoint.remote={url}")
+    p = _vitscale(capsys, *argv, f"train.output_dir={a}", f"checkpoint.remote={url}")
     assert p.returncode == 0, p.stderr[-2000:]
     fs.invalidate_cache()
     before = _bucket(fs, url)
@@ -196,9 +197,9 @@ def test_a_second_run_never_overwrites_anothers_remote_copies(s3_server, tmp_pat
     assert "/checkpoints/step_00000002/checkpoint.json" in before and before["/config.yaml"] == (a / "config.yaml").read_bytes()
 
     # another run of its own (trained here first), then pointed at the same location: one line, nothing written
-    p = _vitscale(env, *argv, f"train.output_dir={b}", "train.seed=1")
+    p = _vitscale(capsys, *argv, f"train.output_dir={b}", "train.seed=1")
     assert p.returncode == 0, p.stderr[-2000:]
-    p = _vitscale(env, *argv, f"train.output_dir={b}", "train.seed=1", "train.max_steps=4", "checkpoint.allow_changes=train.max_steps",
+    p = _vitscale(capsys, *argv, f"train.output_dir={b}", "train.seed=1", "train.max_steps=4", "checkpoint.allow_changes=train.max_steps",
                   f"checkpoint.remote={url}")  # fmt: skip
     err = [line for line in p.stderr.splitlines() if line.startswith("vitscale ")]
     assert p.returncode == 1 and len(err) == 1, p.stderr[-2000:]
@@ -209,7 +210,7 @@ def test_a_second_run_never_overwrites_anothers_remote_copies(s3_server, tmp_pat
 
     # a new folder with another config: the location's run is restored there, and the same-run check refuses it
     c = tmp_path / "c"
-    p = _vitscale(env, *argv, f"train.output_dir={c}", "train.seed=1", f"checkpoint.remote={url}")
+    p = _vitscale(capsys, *argv, f"train.output_dir={c}", "train.seed=1", f"checkpoint.remote={url}")
     assert p.returncode == 2 and "train.seed: 0 -> 1" in p.stderr, p.stderr[-2000:]
     fs.invalidate_cache()
     assert _bucket(fs, url) == before
