@@ -97,3 +97,8 @@ def test_tokenlabeling_label_files_train_through_the_cli(digits_data, tmp_path, 
     assert main([*args, f"train.output_dir={tmp_path / 'bad'}"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and str(bad) in err[0] and "not [2, k, H, W]" in err[0], err
+    # these files hold no class-token prediction: cls_target=teacher is refused before any data is read
+    assert main([*args, "token_label.cls_target=teacher", f"train.output_dir={tmp_path / 'teacher'}"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "hold no class-token prediction" in err[0], err
+    assert not (tmp_path / "teacher").exists()

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitscale.data.token_label_files import LabelFileFolder
+from vitscale.data.token_label_files import LabelFileFolder, label_format
 from vitscale.data.token_label_targets import mix_ground_truth, scatter_logits, token_label_targets
 from vitscale.data.token_labels import TokenLabelStore, TokenLabelWriter
 from vitscale.errors import CheckError
@@ -62,6 +62,17 @@ def test_a_folder_of_softmax_scores_is_refused_in_one_line(tmp_path):
     with pytest.raises(CheckError) as e:
         TokenLabelStore(tmp_path)
     assert "\n" not in str(e.value) and "run `vitscale label-tokens` again" in str(e.value)
+
+
+def test_a_folder_without_token_labels_is_refused_in_one_line(tmp_path):
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "a.jpg").write_bytes(b"")
+    with pytest.raises(CheckError, match="holds no token labels: neither a token_labels.json"):
+        label_format(tmp_path)
+    torch.save(torch.zeros(2, 1, 1, 1).half(), tmp_path / "cat" / "a.pt")
+    assert label_format(tmp_path) == "tokenlabeling" and label_format(tmp_path, "vitscale") == "vitscale"
+    _write_labels(tmp_path / "ours")
+    assert label_format(tmp_path / "ours") == "vitscale"
 
 
 def _reference_targets(values, indices, C, crop, flip, size, smoothing):

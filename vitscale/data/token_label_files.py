@@ -65,8 +65,7 @@ class LabelFileFolder:
     """Reads the top-k maps of a batch from a TokenLabeling folder; rows are dataset indices into
     ``paths`` (the training images, :meth:`bind`)."""
 
-    format = FORMAT
-    has_class_topk = False  # the files hold no class-token prediction (token_label.cls_target=teacher)
+    format = FORMAT  # the files hold no class-token prediction (token_label.cls_target=teacher)
 
     def __init__(self, root: str | Path, num_classes: int):
         self.root = Path(root)

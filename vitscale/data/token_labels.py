@@ -191,8 +191,7 @@ def _sum_over_ranks(n: int) -> int:
 class TokenLabelStore:
     """Read-only access to one split of a label folder."""
 
-    format = "vitscale"
-    has_class_topk = True  # the teacher's class-token top-k (token_label.cls_target=teacher)
+    format = "vitscale"  # with the teacher's class-token top-k (token_label.cls_target=teacher)
 
     def __init__(self, root: str | Path, split: str = "train"):
         self.root = Path(root)

@@ -90,6 +90,12 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 
 # ------------------------------------------------------------------------------ the task
+def _check_cls_target(tl, label_format: str) -> None:
+    if tl.cls_target == "teacher" and label_format != "vitscale":
+        raise CheckError(f"token_label.cls_target=teacher: the label files at {tl.path} (TokenLabeling's) hold no "
+                         "class-token prediction; use token_label.cls_target=crop (the reference's)")  # fmt: skip
+
+
 class TokenLabelingTask(Task):
     """Evaluates as a classifier (``val_top1``, ``val_top5``, ``val_loss``); the bench times softmax
     cross-entropy. ``teacher`` is the group of ``vitscale label-tokens``, which writes its labels."""
@@ -112,9 +118,7 @@ class TokenLabelingTask(Task):
             if not num_classes:
                 raise ValueError("TokenLabeling's label files hold no class count: the run must give one")
             self.store = LabelFileFolder(tl.path, num_classes)
-        if tl.cls_target == "teacher" and not self.store.has_class_topk:
-            raise CheckError(f"token_label.cls_target=teacher: the label files at {tl.path} (TokenLabeling's) hold no "
-                             "class-token prediction; use token_label.cls_target=crop (the reference's)")  # fmt: skip
+        _check_cls_target(tl, self.store.format)
         self.smoothing = cfg.train.label_smoothing
         self.seed = cfg.train.seed
 
@@ -143,7 +147,7 @@ class TokenLabelingTask(Task):
             return
         if not cfg.token_label.path:
             raise CheckError(NEEDS_LABELS)
-        label_format(cfg.token_label.path, cfg.token_label.format)
+        _check_cls_target(cfg.token_label, label_format(cfg.token_label.path, cfg.token_label.format))
         model_cls = model.family.model_cls
         if not getattr(model_cls, "supports_dense", False):
             raise CheckError(f"train.task=token_labeling needs a model with per-token class logits (a ViT or VOLO): "
