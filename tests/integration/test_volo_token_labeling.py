@@ -85,18 +85,26 @@ def test_tokenlabeling_label_files_train_through_the_cli(digits_data, tmp_path, 
             "train.batch_size=16", "train.max_steps=2", "token_label.ground_truth_mix=true",
             "token_label.reference_box=true", *FAST]  # fmt: skip
     capsys.readouterr()
-    assert main([*args, f"train.output_dir={tmp_path / 'run'}"]) == 0
+    assert main([*args, "data.num_workers=1", f"train.output_dir={tmp_path / 'run'}"]) == 0  # files read in the worker
     assert "TokenLabeling's files" in capsys.readouterr().out
     recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train_token_loss"] for r in recs if "train_token_loss" in r]
     assert losses and all(0 < x < 10 for x in losses)
 
+    # a file missing in a worker's batch: one line naming it, not the worker's traceback
     first = sorted(sorted(p for p in train.iterdir() if p.is_dir())[0].glob("*.png"))[0]  # sample 0 of the folder
-    bad = labels / first.parent.name / f"{first.stem}.pt"
-    torch.save(torch.zeros(5, 7, 7).half(), bad)  # the [2, ...] axis missing
+    first = labels / first.parent.name / f"{first.stem}.pt"
+    for f in labels.glob("*/*.pt"):
+        if f != first:
+            f.unlink()
+    assert main([*args, "data.num_workers=1", f"train.output_dir={tmp_path / 'bad_any'}"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "does not exist" in err[0] and str(labels) in err[0], err
+    # sample 0's file is read before the first step
+    torch.save(torch.zeros(5, 7, 7).half(), first)  # the [2, ...] axis missing
     assert main([*args, f"train.output_dir={tmp_path / 'bad'}"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and str(bad) in err[0] and "not [2, k, H, W]" in err[0], err
+    assert len(err) == 1 and str(first) in err[0] and "not [2, k, H, W]" in err[0], err
     # these files hold no class-token prediction: cls_target=teacher is refused before any data is read
     assert main([*args, "token_label.cls_target=teacher", f"train.output_dir={tmp_path / 'teacher'}"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]

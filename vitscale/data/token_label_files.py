@@ -8,7 +8,8 @@ whole image, ``[1]`` their class indices (integers stored as floats). A sample o
 finds its file by its class folder (the image's parent folder) and name, as ``dataset.py`` does.
 
 Every file is read with ``torch.load(weights_only=True)`` (no code runs from it) when its sample is
-in a batch; a file that is not such a tensor — another kind of object, another shape or dtype, class
+loaded — in the DataLoader workers (:class:`WithLabelFiles`: a batch's ``"token_label_maps"``), so the
+training process never waits for them; a file that is not such a tensor — another kind of object, another shape or dtype, class
 indices outside ``[0, C)``, a map of another size than the folder's first — is refused in one line
 naming it. The maps cover the whole image, as the reference assumes.
 """
@@ -127,4 +128,31 @@ class LabelFileFolder:
         return None
 
 
-__all__ = ["FORMAT", "LabelFileFolder", "label_file", "label_format", "looks_like"]
+class WithLabelFiles:
+    """A file source whose samples also carry their label file's maps (``extra["token_label_maps"]``,
+    ``(2, k, H, W)`` float32), read where the sample is loaded (a DataLoader worker). A refused file
+    travels as ``extra["token_label_error"]`` (its one line), raised by the task in the training
+    process: an error raised in a worker would reach the user wrapped in the worker's traceback."""
+
+    def __init__(self, source, folder: LabelFileFolder):
+        self.source, self.folder = source, folder
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getattr__(self, name):  # paths, keys, raw(), leave_out_bad, ...: the source's own
+        if name in ("source", "folder"):
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    def sample(self, index: int, epoch: int, tf):
+        s = self.source.sample(index, epoch, tf)
+        try:
+            maps, error = self.folder.read(label_file(self.folder.root, self.source.paths[s.index])), ""
+        except CheckError as e:
+            maps, error = torch.zeros(2, *(self.folder.shape or (1, 1, 1))), str(e)
+        s.extra = {**s.extra, "token_label_maps": maps, "token_label_error": error}
+        return s
+
+
+__all__ = ["FORMAT", "LabelFileFolder", "WithLabelFiles", "label_file", "label_format", "looks_like"]

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitscale.data.mixup import smooth_one_hot
-from vitscale.data.token_label_files import LabelFileFolder, label_format
+from vitscale.data.token_label_files import LabelFileFolder, WithLabelFiles, label_format
 from vitscale.data.token_label_targets import mix_ground_truth, teacher_class_target, token_label_targets
 from vitscale.data.token_labels import TokenLabelStore
 from vitscale.errors import CheckError
@@ -124,7 +124,8 @@ class TokenLabelingTask(Task):
 
     def setup(self, run) -> list[str]:
         """TokenLabeling's label files are found by image file: bound to the training images, the first
-        read (a missing or malformed folder is refused before the first step)."""
+        read (a missing or malformed folder is refused before the first step), then read with each
+        sample in the DataLoader workers (the training source wrapped: :class:`WithLabelFiles`)."""
         if not isinstance(self.store, LabelFileFolder):
             return []
         source = run.loaders.train.dataset.source
@@ -133,7 +134,8 @@ class TokenLabelingTask(Task):
             raise CheckError(f"token_label.path={self.tl.path} holds TokenLabeling's <class>/<image>.pt files, found by "
                              f"image file: train on an image folder (data.format=imagefolder), not {run.cfg.data.format}")  # fmt: skip
         self.store.bind(paths)
-        self.store.topk_maps(torch.zeros(1, dtype=torch.long))
+        self.store.topk_maps(torch.zeros(1, dtype=torch.long))  # sets the folder's map shape before any worker starts
+        run.loaders.train.dataset.source = WithLabelFiles(source, self.store)
         k, h, w = self.store.shape
         return [f"token labels: TokenLabeling's files at {self.tl.path} (top-{k} logits on {h}x{w})"]
 
@@ -171,7 +173,14 @@ class TokenLabelingTask(Task):
         host = batch.get("host", batch)
         index = self.store.rows(host["index"], batch.get("key"), host.get("label"))  # each row checked against its sample
         B, C, tl = labels.shape[0], self.num_classes, self.tl
-        values, indices = (t.to(device, non_blocking=True) for t in self.store.topk_maps(index))  # (B, k, th, tw): the image
+        maps = batch.get("token_label_maps")  # TokenLabeling's files, read with the samples (WithLabelFiles)
+        if maps is not None:
+            errors = [e for e in batch["token_label_error"] if e]
+            if errors:
+                raise CheckError(errors[0])
+            values, indices = maps[:, 0].float(), maps[:, 1].long()  # (B, k, th, tw): the image
+        else:
+            values, indices = (t.to(device, non_blocking=True) for t in self.store.topk_maps(index))
         crop = batch.get("crop")
         if crop is None:
             crop = torch.zeros(B, 4, device=device)
