@@ -144,8 +144,8 @@ def test_token_labeling_step_reads_nothing_back(tmp_path):
     w.write(torch.arange(n), torch.rand(n, *grid, classes, generator=g).softmax(-1),
             torch.rand(n, classes, generator=g).softmax(-1))  # fmt: skip
     w.close()
-    variants = (("ground_truth", []), ("teacher", []), ("crop", ["token_label.ground_truth_mix=true"]),
-                ("crop", ["token_label.reference_box=true"]))  # fmt: skip
+    variants = (("ground_truth", []), ("teacher", []),
+                ("crop", ["token_label.ground_truth_mix=true", "token_label.reference_box=true"]))  # fmt: skip
     for n, (cls_target, more) in enumerate(variants):
         t = _trainer_on_meta(
             "digits_volo",
