@@ -149,11 +149,11 @@ class TokenLabelingTask(Task):
             return
         if not cfg.token_label.path:
             raise CheckError(NEEDS_LABELS)
-        _check_cls_target(cfg.token_label, label_format(cfg.token_label.path, cfg.token_label.format))
         model_cls = model.family.model_cls
         if not getattr(model_cls, "supports_dense", False):
             raise CheckError(f"train.task=token_labeling needs a model with per-token class logits (a ViT or VOLO): "
                              f"{cfg.model.name} ({model_cls.__name__}) gives none; choose such a model.name or another train.task")  # fmt: skip
+        _check_cls_target(cfg.token_label, label_format(cfg.token_label.path, cfg.token_label.format))
 
     @classmethod
     def for_evaluation(cls, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None) -> Task:
