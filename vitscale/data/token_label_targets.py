@@ -17,7 +17,7 @@ TokenLabeling (github.com/zihangJiang/TokenLabeling, the code sail-sg/volo train
 The crop box (:func:`roi_boxes`): vitscale's crop is ``(top, left, h, w)`` in fractions of the
 image the map covers, the flip applied after the crop. By default the box goes to RoIAlign as
 ``(x1, y1, x2, y2) = (left, top, left + w, top + h) * grid - 0.5`` and a flipped crop's targets are
-flipped: the geometry of the image. ``reference=True`` reproduces the reference bit for bit: it
+flipped: the geometry of the image. ``reference=True`` runs the reference's computation: it
 flips the whole label map (``label_transforms_factory.py`` line 81: the flip precedes the crop
 there, so the crop's left edge is ``1 - left - w`` of the flipped map) and passes
 ``(top, left, top + h, left + w) * W - 0.5`` in roi_align's ``(x1, y1, x2, y2)`` slots

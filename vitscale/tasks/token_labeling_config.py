@@ -36,7 +36,7 @@ class TokenLabelConfig:
     """Mix the class target with the smoothed label as TokenLabeling's / VOLO's ``--ground-truth``:
     ``target * r + label * (1 - r)``, ``r = 0.9 - 0.4 * [their top classes agree]``."""
     reference_box: bool = False
-    """Cut the crop out of the label maps as TokenLabeling's code does, bit for bit: its box
+    """Cut the crop out of the label maps as TokenLabeling's code does: its box
     transposed (``(top, left, bottom, right)`` in roi_align's ``(x1, y1, x2, y2)``) and the map flipped
     before it (docs/volo.md). False: the crop's own geometry."""
     mix_token: bool = True
