@@ -41,6 +41,11 @@ def test_recipe_settings(recipe):
     assert cfg.data.crop_pct == s["crop"] and cfg.data.mixup_alpha == 0 and cfg.data.cutmix_alpha == 0
     assert cfg.data.auto_augment == "rand-m9-mstd0.5-inc1" and cfg.data.random_erasing > 0  # RandAugment + CutOut
     assert cfg.train.task == "token_labeling" and cfg.token_label.mix_token
+    # sail-sg/volo main.py --dense-weight 0.5, --cls-weight 1.0; the class target the dense map pooled over
+    # the crop (TokenLabelCrossEntropy), mixed with the label in the fine-tune (its README's --ground-truth)
+    tl = cfg.token_label
+    assert (tl.beta, tl.cls_weight, tl.cls_target, tl.reference_box) == (0.5, 1.0, "crop", False)
+    assert tl.ground_truth_mix == recipe.endswith("ft512") and cfg.train.label_smoothing == 0.1
     if recipe.endswith("ft512"):
         assert (cfg.optim.weight_decay, cfg.train.epochs, cfg.schedule.warmup_epochs) == (1e-8, 30, 5)
         assert cfg.model.overrides["img_h"] == 512 and cfg.checkpoint.init_from
@@ -57,7 +62,7 @@ def labels(tmp_path_factory):
     root = tmp_path_factory.mktemp("labels")
     g = torch.Generator().manual_seed(0)
     w = TokenLabelWriter(root, "train", 24, (3, 3), 4, 10)
-    w.write(torch.arange(24), torch.randn(24, 3, 3, 10, generator=g).softmax(-1), torch.randn(24, 10, generator=g).softmax(-1))
+    w.write(torch.arange(24), torch.randn(24, 3, 3, 10, generator=g), torch.randn(24, 10, generator=g))  # teacher logits
     w.close()
     return root
 

@@ -146,7 +146,7 @@ def test_a_new_model_name_drops_the_yamls_model_overrides():
     assert not same and cfg.model.overrides["patch_dim"] == 4 and cfg.model.overrides["hidden_size"] == 128
 
 
-def test_distillation_settings_are_checked_up_front():
+def test_distillation_settings_are_checked_up_front(tmp_path):
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.errors import CheckError, ConfigError
     from vitscale.run.checks import check_run
@@ -174,5 +174,8 @@ def test_distillation_settings_are_checked_up_front():
     clip = load_config("digits_vit", ["train.task=token_labeling", "token_label.path=labels", "model.name=clip_debug"])
     with pytest.raises(CheckError, match=re.escape("needs a model with per-token class logits (a ViT or VOLO): clip_debug")):
         check_run(clip, dims, "train")
-    check_run(load_config("digits_vit", ["train.task=token_labeling", "token_label.path=labels"]), dims, "train")
+    with pytest.raises(CheckError, match=re.escape("token_label.path=labels holds no token labels")):
+        check_run(load_config("digits_vit", ["train.task=token_labeling", "token_label.path=labels"]), dims, "train")
+    (tmp_path / "token_labels.json").write_text("{}")  # a label folder (its contents are read when the run starts)
+    check_run(load_config("digits_vit", ["train.task=token_labeling", f"token_label.path={tmp_path}"]), dims, "train")
     check_run(load_config("digits_vit", ["train.task=token_labeling"]), dims, "eval")  # evaluates as a classifier

@@ -144,12 +144,14 @@ def test_token_labeling_step_reads_nothing_back(tmp_path):
     w.write(torch.arange(n), torch.rand(n, *grid, classes, generator=g).softmax(-1),
             torch.rand(n, classes, generator=g).softmax(-1))  # fmt: skip
     w.close()
-    for cls_target in ("ground_truth", "teacher"):
+    variants = (("ground_truth", []), ("teacher", []),
+                ("crop", ["token_label.ground_truth_mix=true", "token_label.reference_box=true"]))  # fmt: skip
+    for n, (cls_target, more) in enumerate(variants):
         t = _trainer_on_meta(
             "digits_volo",
             ["model.layers=[1,1]", "train.batch_size=8", f"token_label.path={tmp_path / 'labels'}",
-             "token_label.mix_token_prob=1.0", f"token_label.cls_target={cls_target}"],  # fmt: skip
-            tmp_path / cls_target,
+             "token_label.mix_token_prob=1.0", f"token_label.cls_target={cls_target}", *more],  # fmt: skip
+            tmp_path / f"run{n}",
         )
         loss, metrics, _ = _run_steps(t)
         assert loss.device.type == "meta" and "train_token_loss" in metrics

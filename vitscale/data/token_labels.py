@@ -2,10 +2,11 @@
 
 Layout of a label folder (written by ``vitscale label-tokens``)::
 
-    token_labels.json             {"splits": {"train": {"num_samples", "grid", "topk", ...}}, "num_classes", ...}
-    train.values.f16              float16 (N, k, gh, gw): the teacher's top-k softmax scores per location
+    token_labels.json             {"format": "topk_logits", "version": 2, "splits": {"train": {"num_samples",
+                                  "grid", "topk", ...}}, "num_classes", ...}
+    train.values.f16              float16 (N, k, gh, gw): the teacher's top-k logits per location
     train.indices.i16             int16   (N, k, gh, gw): their class indices
-    train.cls_values.f16          float16 (N, k): the teacher's top-k class-token scores
+    train.cls_values.f16          float16 (N, k): the teacher's top-k class-token logits
     train.cls_indices.i16         int16   (N, k)
     train.boxes.f32               float32 (N, 4): the part of the original image the teacher saw
                                   (top, left, h, w fractions; (0, 0, 1, 1) unless a center crop cut it)
@@ -23,10 +24,11 @@ for keyed samples). Raw little-endian arrays
 read through ``numpy.memmap``: no pickle, random access per batch, 20 bytes per location for k=5
 (ImageNet at 14x14 and k=5: ~5 GB).
 
-The maps cover the whole original image (the teacher saw it resized, uncropped). A training crop
-``(top, left, h, w)`` (fractions of the original, the batches' ``"crop"``) is cut out of the dense
-map with RoIAlign-style bilinear sampling onto the student's token grid, then flipped where the
-image was (``"flip"``), then renormalised to a distribution per token.
+The maps cover the whole original image (the teacher saw it resized, uncropped). Logits, as
+TokenLabeling's ``generate_label.py`` stores them: the targets are made from them by
+:mod:`vitscale.data.token_label_targets` (the reference's formulas). A folder an older vitscale wrote
+(top-k softmax scores, no ``"format"`` in ``token_labels.json``) is refused in one line: run
+``vitscale label-tokens`` again.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ from vitscale.errors import CheckError
 from .files import require_regular
 
 META_FILE = "token_labels.json"
+FORMAT, VERSION = "topk_logits", 2
+"""What ``token_labels.json`` says the arrays hold: the teacher's top-k logits (version 1, no field:
+softmax scores)."""
 
 
 def unique_keys(keys: list[str], places: list[str] | None = None, what: str = "the data") -> dict[str, int]:
@@ -111,9 +116,9 @@ class TokenLabelWriter:
         self.boxes = np.memmap(f["boxes"], np.float32, mode, shape=(self.n, 4))
         self.labels = np.memmap(f["labels"], np.int32, mode, shape=(self.n,))
 
-    def write(self, index: torch.Tensor, token_probs: torch.Tensor, cls_probs: torch.Tensor,
+    def write(self, index: torch.Tensor, token_logits: torch.Tensor, cls_logits: torch.Tensor,
               boxes: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> None:  # fmt: skip
-        """``index`` (B,); ``token_probs`` (B, gh, gw, C) and ``cls_probs`` (B, C) distributions;
+        """``index`` (B,); ``token_logits`` (B, gh, gw, C) and ``cls_logits`` (B, C) the teacher's logits;
         ``boxes`` (B, 4) the teacher's view of each image (None = the whole image); ``labels`` (B,) the
         samples' class labels (None: -1, not checked). Rows of padding samples (index -1) are not written."""
         if not self.writes:
@@ -122,14 +127,14 @@ class TokenLabelWriter:
         idx = index.cpu()[keep].numpy()
         if boxes is None:
             boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0]]).expand(len(keep), 4)
-        keep_d = keep.to(token_probs.device)
-        token_probs, cls_probs, boxes = token_probs[keep_d], cls_probs[keep_d], boxes.cpu()[keep]
+        keep_d = keep.to(token_logits.device)
+        token_logits, cls_logits, boxes = token_logits[keep_d], cls_logits[keep_d], boxes.cpu()[keep]
         self.boxes[idx] = boxes.float().numpy()
         self.labels[idx] = labels.cpu()[keep].numpy().astype(np.int32) if labels is not None else -1
-        v, i = token_probs.float().topk(self.topk, dim=-1)  # (B, gh, gw, k)
+        v, i = token_logits.float().topk(self.topk, dim=-1)  # (B, gh, gw, k)
         self.values[idx] = v.permute(0, 3, 1, 2).cpu().numpy().astype(np.float16)
         self.indices[idx] = i.permute(0, 3, 1, 2).cpu().numpy().astype(np.int16)
-        cv, ci = cls_probs.float().topk(self.topk, dim=-1)
+        cv, ci = cls_logits.float().topk(self.topk, dim=-1)
         self.cls_values[idx] = cv.cpu().numpy().astype(np.float16)
         self.cls_indices[idx] = ci.cpu().numpy().astype(np.int16)
         self.written[idx] = True
@@ -144,6 +149,9 @@ class TokenLabelWriter:
         if self.rank == 0:
             meta_path = self.root / META_FILE
             meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"splits": {}}
+            if meta.get("format") != FORMAT:  # splits of an older format are not kept beside this one
+                meta["splits"] = {}
+            meta.update({"format": FORMAT, "version": VERSION})
             meta["num_classes"] = self.num_classes
             meta.update({k: v for k, v in self.info.items() if k != "splits"})
             meta["splits"][self.split] = {"num_samples": self.n, "grid": list(self.grid), "topk": self.topk,
@@ -183,12 +191,17 @@ def _sum_over_ranks(n: int) -> int:
 class TokenLabelStore:
     """Read-only access to one split of a label folder."""
 
+    format = "vitscale"  # with the teacher's class-token top-k (token_label.cls_target=teacher)
+
     def __init__(self, root: str | Path, split: str = "train"):
         self.root = Path(root)
         meta_path = self.root / META_FILE
         if not meta_path.is_file():
             raise FileNotFoundError(f"no token labels at {self.root} (missing {META_FILE}); run `vitscale label-tokens`")
         self.meta = json.loads(meta_path.read_text())
+        if self.meta.get("format") != FORMAT:
+            raise CheckError(f"token labels at {self.root} hold the top-k softmax scores an older vitscale wrote (its "
+                             f"{META_FILE} has no \"format\": \"{FORMAT}\"): run `vitscale label-tokens` again")  # fmt: skip
         if split not in self.meta["splits"]:
             raise KeyError(f"token labels at {self.root} have no split {split!r} ({sorted(self.meta['splits'])})")
         s = self.meta["splits"][split]
@@ -273,7 +286,7 @@ class TokenLabelStore:
         return unique_keys(keys, what=where)
 
     def topk_maps(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k scores ``(B, k, gh, gw)`` float32 and class indices ``(B, k, gh, gw)`` int64."""
+        """Top-k logits ``(B, k, gh, gw)`` float32 and class indices ``(B, k, gh, gw)`` int64."""
         idx = np.asarray(index.detach().cpu().numpy(), dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
             raise IndexError(f"sample index out of range for {self.num_samples} token-label rows")
@@ -281,23 +294,17 @@ class TokenLabelStore:
         i = torch.from_numpy(np.ascontiguousarray(self.indices[idx])).long()
         return v, i
 
-    def dense(self, index: torch.Tensor, num_classes: int | None = None, device=None) -> torch.Tensor:
-        """Per-location class distributions ``(B, C, gh, gw)`` (top-k scattered, renormalised)."""
-        v, i = self.topk_maps(index)
-        return scatter_topk(_to(v, device), _to(i, device), num_classes or self.num_classes)
-
     def view_boxes(self, index: torch.Tensor, device=None) -> torch.Tensor:
         """The teacher's view ``(B, 4)`` (top, left, h, w fractions of the original image)."""
         idx = np.asarray(index.detach().cpu().numpy(), dtype=np.int64)
         return _to(torch.from_numpy(np.ascontiguousarray(self.boxes[idx])), device)
 
-    def cls_targets(self, index: torch.Tensor, num_classes: int | None = None, device=None) -> torch.Tensor:
-        """The teacher's class-token distributions ``(B, C)`` (top-k scattered, renormalised)."""
+    def cls_topk(self, index: torch.Tensor, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher's class-token top-k logits ``(B, k)`` float32 and class indices ``(B, k)`` int64."""
         idx = np.asarray(index.detach().cpu().numpy(), dtype=np.int64)
         v = _to(torch.from_numpy(np.ascontiguousarray(self.cls_values[idx])).float(), device)
         i = _to(torch.from_numpy(np.ascontiguousarray(self.cls_indices[idx])).long(), device)
-        out = torch.zeros(v.shape[0], num_classes or self.num_classes, device=device).scatter_(1, i, v)
-        return out / out.sum(1, keepdim=True).clamp_min(1e-12)
+        return v, i
 
 
 def _to(t: torch.Tensor, device) -> torch.Tensor:
@@ -306,38 +313,4 @@ def _to(t: torch.Tensor, device) -> torch.Tensor:
     return t if device is None else t.to(device, non_blocking=True)
 
 
-def scatter_topk(values: torch.Tensor, indices: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """``(B, k, gh, gw)`` top-k scores + indices -> ``(B, C, gh, gw)`` distributions."""
-    B, _, gh, gw = values.shape
-    out = values.new_zeros(B, num_classes, gh, gw).scatter_(1, indices, values)
-    return out / out.sum(1, keepdim=True).clamp_min(1e-12)
-
-
-def align_dense_labels(dense: torch.Tensor, crop: torch.Tensor, flip: torch.Tensor, out_grid: tuple[int, int],
-                       sampling_ratio: int = 0, view: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """Cut each sample's crop out of its label map and resample it to ``out_grid``.
-
-    ``dense`` (B, C, gh, gw) covers ``view`` (B, 4) of the original image (default: all of it);
-    ``crop`` (B, 4) is (top, left, h, w) as fractions of the original; ``flip`` (B,) marks
-    horizontally flipped crops. Returns ``(B, oh, ow, C)`` distributions (RoIAlign bilinear sampling
-    with ``aligned=True``: pixel-centre convention; cells outside the teacher's view get zero targets).
-    """
-    from torchvision.ops import roi_align
-
-    B, C, gh, gw = dense.shape
-    crop = crop.to(dense.device, torch.float32)
-    top, left, h, w = crop.unbind(1)
-    if view is not None:  # express the crop in the teacher's view
-        vt, vl, vh, vw = view.to(dense.device, torch.float32).unbind(1)
-        top, left, h, w = (top - vt) / vh, (left - vl) / vw, h / vh, w / vw
-    boxes = torch.stack(
-        [torch.arange(B, device=dense.device, dtype=torch.float32), left * gw, top * gh, (left + w) * gw, (top + h) * gh],
-        dim=1,
-    )  # (B, 5): batch index, x1, y1, x2, y2 in label-map cells
-    out = roi_align(dense.float(), boxes, tuple(out_grid), spatial_scale=1.0, sampling_ratio=sampling_ratio, aligned=True)
-    out = torch.where(flip.to(dense.device).view(B, 1, 1, 1), out.flip(-1), out)  # (B, C, oh, ow)
-    out = out / out.sum(1, keepdim=True).clamp_min(1e-12)
-    return out.permute(0, 2, 3, 1)  # (B, oh, ow, C)
-
-
-__all__ = ["META_FILE", "TokenLabelStore", "TokenLabelWriter", "align_dense_labels", "scatter_topk", "unique_keys"]
+__all__ = ["FORMAT", "META_FILE", "TokenLabelStore", "TokenLabelWriter", "unique_keys"]

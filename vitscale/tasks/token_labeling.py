@@ -2,9 +2,12 @@
 against a teacher's dense labels, with MixToken.
 
 Per micro-batch:
-1. the dense top-k maps of the batch's samples are read from the label folder
-   (:class:`vitscale.data.token_labels.TokenLabelStore`), scattered to distributions, cut to the
-   image's random crop and resampled to the student's token grid (RoIAlign), flipped with the image;
+1. the top-k teacher logit maps of the batch's samples are read from the label folder (one
+   ``vitscale label-tokens`` wrote, :class:`vitscale.data.token_labels.TokenLabelStore`, or
+   TokenLabeling's per-image files, :class:`vitscale.data.token_label_files.LabelFileFolder`) and
+   turned into targets as the reference code does (:mod:`vitscale.data.token_label_targets`): dense
+   targets on the student's token grid and the crop's class target (``token_label.cls_target``),
+   optionally mixed with the label (``token_label.ground_truth_mix``);
 2. MixToken (keyed by (seed, step)): a CutMix box on the token grid — area ratio ~ Beta(a, a) —
    takes the tokens inside it from the reversed batch; the dense targets inside the box are swapped
    the same way and the class target is mixed by the box's area;
@@ -25,7 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitscale.data.mixup import smooth_one_hot
-from vitscale.data.token_labels import TokenLabelStore, align_dense_labels
+from vitscale.data.token_label_files import LabelFileFolder, WithLabelFiles, label_format
+from vitscale.data.token_label_targets import mix_ground_truth, teacher_class_target, token_label_targets
+from vitscale.data.token_labels import TokenLabelStore
 from vitscale.errors import CheckError
 from vitscale.models.common.token_mix import TokenMix, apply_token_mix
 
@@ -85,6 +90,12 @@ def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 
 # ------------------------------------------------------------------------------ the task
+def _check_cls_target(tl, label_format: str) -> None:
+    if tl.cls_target == "teacher" and label_format != "vitscale":
+        raise CheckError(f"token_label.cls_target=teacher: the label files at {tl.path} (TokenLabeling's) hold no "
+                         "class-token prediction; use token_label.cls_target=crop (the reference's)")  # fmt: skip
+
+
 class TokenLabelingTask(Task):
     """Evaluates as a classifier (``val_top1``, ``val_top5``, ``val_loss``); the bench times softmax
     cross-entropy. ``teacher`` is the group of ``vitscale label-tokens``, which writes its labels."""
@@ -97,20 +108,42 @@ class TokenLabelingTask(Task):
         tl = cfg.token_label
         if not tl.path:
             raise ValueError(NEEDS_LABELS)
-        if tl.cls_target not in ("ground_truth", "teacher"):
-            raise ValueError(f"token_label.cls_target must be ground_truth or teacher, got {tl.cls_target!r}")
         self.tl = tl
-        self.store = TokenLabelStore(tl.path, tl.split)
-        self.num_classes = num_classes or self.store.num_classes
-        if self.store.num_classes != self.num_classes:
-            raise ValueError(f"token labels have {self.store.num_classes} classes but the model {self.num_classes}")
+        if label_format(tl.path, tl.format) == "vitscale":
+            self.store = TokenLabelStore(tl.path, tl.split)
+            self.num_classes = num_classes or self.store.num_classes
+            if self.store.num_classes != self.num_classes:
+                raise ValueError(f"token labels have {self.store.num_classes} classes but the model {self.num_classes}")
+        else:
+            if not num_classes:
+                raise ValueError("TokenLabeling's label files hold no class count: the run must give one")
+            self.store = LabelFileFolder(tl.path, num_classes)
+        _check_cls_target(tl, self.store.format)
         self.smoothing = cfg.train.label_smoothing
         self.seed = cfg.train.seed
 
+    def setup(self, run) -> list[str]:
+        """TokenLabeling's label files are found by image file: bound to the training images, the first
+        read (a missing or malformed folder is refused before the first step), then read with each
+        sample in the DataLoader workers (the training source wrapped: :class:`WithLabelFiles`)."""
+        if not isinstance(self.store, LabelFileFolder):
+            return []
+        source = run.loaders.train.dataset.source
+        paths = getattr(source, "paths", None)
+        if paths is None:
+            raise CheckError(f"token_label.path={self.tl.path} holds TokenLabeling's <class>/<image>.pt files, found by "
+                             f"image file: train on an image folder (data.format=imagefolder), not {run.cfg.data.format}")  # fmt: skip
+        self.store.bind(paths)
+        self.store.topk_maps(torch.zeros(1, dtype=torch.long))  # sets the folder's map shape before any worker starts
+        run.loaders.train.dataset.source = WithLabelFiles(source, self.store)
+        k, h, w = self.store.shape
+        return [f"token labels: TokenLabeling's files at {self.tl.path} (top-{k} logits on {h}x{w})"]
+
     @classmethod
     def check(cls, cfg, model, dims, purpose):
-        """Training needs the teacher's labels (``token_label.path``) and a model with per-token class
-        logits (``supports_dense``: ViT, VOLO): refused before any data is read or model built."""
+        """Training needs the teacher's labels (``token_label.path``, a folder of a known format) and a
+        model with per-token class logits (``supports_dense``: ViT, VOLO): refused before any data is
+        read or model built."""
         super().check(cfg, model, dims, purpose)
         if purpose != "train":
             return
@@ -120,6 +153,7 @@ class TokenLabelingTask(Task):
         if not getattr(model_cls, "supports_dense", False):
             raise CheckError(f"train.task=token_labeling needs a model with per-token class logits (a ViT or VOLO): "
                              f"{cfg.model.name} ({model_cls.__name__}) gives none; choose such a model.name or another train.task")  # fmt: skip
+        _check_cls_target(cfg.token_label, label_format(cfg.token_label.path, cfg.token_label.format))
 
     @classmethod
     def for_evaluation(cls, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None) -> Task:
@@ -133,13 +167,20 @@ class TokenLabelingTask(Task):
         return [{"kind": "classification", "name": "val", "every": cfg.eval.every}]
 
     def targets(self, batch: dict, grid: tuple[int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Class targets ``(B, C)`` and aligned dense targets ``(B, gh, gw, C)`` (before MixToken)."""
+        """Class targets ``(B, C)`` and dense targets ``(B, gh, gw, C)`` on the token ``grid`` (before MixToken)."""
         labels = batch["label"]
         # rows are read on the host (never by a device copy); by sample key for streamed shards
         host = batch.get("host", batch)
         index = self.store.rows(host["index"], batch.get("key"), host.get("label"))  # each row checked against its sample
-        B, C = labels.shape[0], self.num_classes
-        dense = self.store.dense(index, C, device)  # (B, C, th, tw) over the whole image
+        B, C, tl = labels.shape[0], self.num_classes, self.tl
+        maps = batch.get("token_label_maps")  # TokenLabeling's files, read with the samples (WithLabelFiles)
+        if maps is not None:
+            errors = [e for e in batch["token_label_error"] if e]
+            if errors:
+                raise CheckError(errors[0])
+            values, indices = maps[:, 0].float(), maps[:, 1].long()  # (B, k, th, tw): the image
+        else:
+            values, indices = (t.to(device, non_blocking=True) for t in self.store.topk_maps(index))
         crop = batch.get("crop")
         if crop is None:
             crop = torch.zeros(B, 4, device=device)
@@ -147,12 +188,16 @@ class TokenLabelingTask(Task):
         flip = batch.get("flip")
         if flip is None:
             flip = torch.zeros(B, dtype=torch.bool, device=device)
-        view = self.store.view_boxes(index, device)
-        tok = align_dense_labels(dense, crop, flip, grid, self.tl.sampling_ratio, view)
-        if self.tl.cls_target == "teacher":
-            cls = self.store.cls_targets(index, C, device)
-        else:
+        cls, tok = token_label_targets(
+            values, indices, C, crop, flip, grid, view=self.store.view_boxes(index, device), smoothing=self.smoothing,
+            reference_box=tl.reference_box, sampling_ratio=tl.sampling_ratio,
+        )  # fmt: skip
+        if tl.cls_target == "teacher":
+            cls = teacher_class_target(*self.store.cls_topk(index, device), C, self.smoothing)
+        elif tl.cls_target == "ground_truth":
             cls = smooth_one_hot(labels, C, self.smoothing)
+        if tl.ground_truth_mix:
+            cls = mix_ground_truth(cls, labels, self.smoothing)
         return cls, tok
 
     def loss(self, model, batch, step):

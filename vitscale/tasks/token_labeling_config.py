@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from vitscale.config.ranges import at_least, fraction, image_side
 from vitscale.config.schema import Config
+from vitscale.errors import ConfigError
 
 
 @dataclass
@@ -15,16 +16,29 @@ class TokenLabelConfig:
     """Token labeling (Jiang et al. 2021): dense teacher labels + MixToken (``train.task=token_labeling``)."""
 
     path: str | None = None
-    """Label folder written by ``vitscale label-tokens`` (``token_labels.json`` + memmapped arrays)."""
+    """Label folder: one ``vitscale label-tokens`` wrote (``token_labels.json`` + memmapped arrays), or
+    TokenLabeling's (``<class>/<image>.pt`` files: the published NFNet-F6 maps; image folders only)."""
+    format: Literal["auto", "vitscale", "tokenlabeling"] = "auto"
+    """What ``path`` holds: ``auto`` (a ``token_labels.json`` -> ``vitscale``, else class folders of
+    ``.pt`` files -> ``tokenlabeling``) or either by name."""
     split: str = "train"
-    """Which split of the label folder matches the training set (rows = the batches' ``index``)."""
+    """Which split of a vitscale label folder matches the training set (rows = the batches' ``index``)."""
     beta: float = 0.5
-    """Weight of the token-level loss: loss = cls_weight * CE(class token) + beta * mean token soft CE."""
+    """Weight of the token-level loss: loss = cls_weight * CE(class token) + beta * mean token soft CE
+    (sail-sg/volo main.py ``--dense-weight``, default 0.5)."""
     cls_weight: float = 1.0
-    """Weight of the class-token cross-entropy."""
-    cls_target: Literal["ground_truth", "teacher"] = "ground_truth"
-    """Class-token target: ``ground_truth`` (the label, smoothed by train.label_smoothing) or
-    ``teacher`` (the teacher's class-token top-k distribution)."""
+    """Weight of the class-token cross-entropy (main.py ``--cls-weight``, default 1.0)."""
+    cls_target: Literal["crop", "ground_truth", "teacher"] = "crop"
+    """Class-token target: ``crop`` (the reference's: the dense map pooled over the training crop,
+    soft-maxed, smoothed by train.label_smoothing), ``ground_truth`` (the label, smoothed) or
+    ``teacher`` (the teacher's own class-token prediction, vitscale label folders only)."""
+    ground_truth_mix: bool = False
+    """Mix the class target with the smoothed label as TokenLabeling's / VOLO's ``--ground-truth``:
+    ``target * r + label * (1 - r)``, ``r = 0.9 - 0.4 * [their top classes agree]``."""
+    reference_box: bool = False
+    """Cut the crop out of the label maps as TokenLabeling's code does: its box
+    transposed (``(top, left, bottom, right)`` in roi_align's ``(x1, y1, x2, y2)``) and the map flipped
+    before it (docs/volo.md). False: the crop's own geometry."""
     mix_token: bool = True
     """MixToken: a CutMix box on the token grid swaps tokens (and their dense labels) with the
     reversed batch; the class target mixes by the box's area."""
@@ -34,11 +48,14 @@ class TokenLabelConfig:
     """Probability of MixToken per micro-batch."""
     sampling_ratio: int = 0
     """RoIAlign samples per output cell side when cropping the dense maps to the student grid;
-    0 = adaptive (ceil(crop cells / output cells): one bilinear sample per cell when upsampling)."""
+    0 = adaptive (ceil(crop cells / output cells), torchvision's default, as the reference)."""
 
     def __post_init__(self):
         for key in ("beta", "cls_weight", "mix_token_alpha"):
             at_least(f"token_label.{key}", getattr(self, key), 0, "a weight")
+        if self.ground_truth_mix and self.cls_target == "ground_truth":
+            raise ConfigError("token_label.ground_truth_mix mixes the label into a crop or teacher class target: "
+                              "with token_label.cls_target=ground_truth there is nothing to mix; set cls_target=crop")  # fmt: skip
         fraction("token_label.mix_token_prob", self.mix_token_prob, "a probability", closed_high=True)
 
 

@@ -2,7 +2,8 @@
 
 :func:`label_split` runs a teacher with dense outputs (:func:`vitscale.tasks.token_labeling.dense_forward`,
 the outputs the token-labeling loss trains a student on) over a loader and writes, per image, its
-top-k class scores at every token location and its class-token top-k
+top-k class logits at every token location and its class-token top-k logits (as TokenLabeling's
+``generate_label.py`` stores them)
 (:class:`vitscale.data.token_labels.TokenLabelWriter`; the format is described there). It also
 counts the teacher's class top-1 and the fraction of locations whose top class is the image label.
 
@@ -62,7 +63,7 @@ def label_split(
             if writer is None:
                 writer = TokenLabelWriter(out, split, n, tuple(tok.shape[1:3]), min(topk, num_classes), num_classes,
                                           info, writes=writes, keys=keys)  # fmt: skip
-            writer.write(batch["index"], tok_p, cls_p, batch.get("crop"), batch["label"])
+            writer.write(batch["index"], tok, cls, batch.get("crop"), batch["label"])
             real = (batch["index"] >= 0).to(device)  # padding samples (index -1) do not count
             labels = batch["label"].to(device)
             tok_hit = (tok_p.argmax(-1) == labels.view(-1, 1, 1)).double().mean((1, 2))  # (B,)
