@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance, ImageOps
 
-from vitscale.data.auto_augment import NEMO_OPS, ORIGINAL_POLICY, ColorJitter, Draw, NeMoAutoAugment, build_augment
+from vitscale.data.auto_augment import (
+    NEMO_OPS,
+    ORIGINAL_POLICY,
+    ColorJitter,
+    Draw,
+    NeMoAutoAugment,
+    build_augment,
+)
 
 LEVELS = 11  # NeMo: num_levels = _MAX_LEVEL + 1; each range is np.linspace(lo, hi, 11)[m]
 RANGES = {

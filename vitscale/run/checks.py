@@ -20,7 +20,15 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..config.ranges import MAX_IMAGE_SIDE, at_least, fraction, image_side, nonfinite, not_finite_message, positive
+from ..config.ranges import (
+    MAX_IMAGE_SIDE,
+    at_least,
+    fraction,
+    image_side,
+    nonfinite,
+    not_finite_message,
+    positive,
+)
 from ..data.auto_augment import build_augment
 from ..data.sizes import check_sizes
 from ..distributed.compile import check_compile_mode

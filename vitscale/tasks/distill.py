@@ -222,12 +222,12 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
 
     import torch.distributed as dist
 
+    from vitscale.config.ranges import MAX_IMAGE_SIDE
     from vitscale.distributed.init import init_weights
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.distributed.parallelize import parallelize
     from vitscale.interop.pretrained import file_classes, load_pretrained, read_source, to_vitscale
     from vitscale.models.registry import get_family, resolve_model
-    from vitscale.config.ranges import MAX_IMAGE_SIDE
 
     where = f"distill.teacher={dc.teacher}"
     family = get_family(dc.teacher_model) if dc.teacher_model else run.family
