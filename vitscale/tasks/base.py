@@ -38,6 +38,7 @@ _TASK_MODULES = {
     "contrastive": "vitscale.tasks.contrastive",
     "token_labeling": "vitscale.tasks.token_labeling",
     "mae": "vitscale.tasks.mae",
+    "dino": "vitscale.tasks.dino",
 }
 
 
