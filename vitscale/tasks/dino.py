@@ -17,9 +17,11 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
   and the running centres, are training-only parts of the model (``model.task_parts.dino_*``,
   :mod:`vitscale.tasks.parts`): trained or carried, checkpointed and resumed with it, left out of
   ``model.safetensors``.
-- **The class token** of a backbone is its first token for ``pool=token``, else the mean of its patch
-  tokens (a backbone without a class token: ``avg``, ``map``); the tokens are the backbone's normalised
-  output (``x_norm_clstoken`` / ``x_norm_patchtokens``).
+- **The class token** (DINOv2's ``x_norm_clstoken``) is the backbone's own pooled, normalised features
+  (its ``pre_logits``, what the k-NN and probes evaluate): the class token for ``pool=token``,
+  ``fc_norm`` of the mean patch token for ``avg``, the attention pool's output for ``map``; the patch
+  tokens (``x_norm_patchtokens``) are normalised as the backbone normalises (``norm``, or ``fc_norm``
+  where it normalises after pooling).
 - **Losses** (:mod:`vitscale.tasks.dino_loss`): the DINO class-token cross-entropy between the
   student's crops and the teacher's targets of the other global crops (targets by a running softmax
   centre or Sinkhorn-Knopp, ``dino.centering``, at the teacher temperature of this step), KoLeo on the
@@ -126,7 +128,10 @@ class DinoTask(Task):
         self.total = total
         self.temp_warmup = round(dc.warmup_teacher_temp_epochs * per_epoch)
         self.freeze_steps = round(dc.freeze_last_layer_epochs * per_epoch)
-        self.prefix, self.token_pool = model.num_prefix_tokens, model.cfg.pool == "token"
+        if model.cfg.pool == "none":
+            raise ConfigError(f"train.task=dino with model.pool=none: DINO's head reads one feature vector per image; "
+                              "use pool token, avg or map")  # fmt: skip
+        self.prefix = model.num_prefix_tokens
         device = next(model.parameters()).device
         unreached = self._freeze_unreached(device)
         with torch.random.fork_rng(devices=[]):
@@ -164,15 +169,16 @@ class DinoTask(Task):
                 "dino: the k-NN and probe evaluations read the student's backbone"]  # fmt: skip
 
     def _freeze_unreached(self, device) -> list[str]:
-        """Freeze the backbone's parameters no token reaches (the classifier, ``fc_norm``, a MAP pool:
-        DINO reads the tokens), found by one backward pass of a blank image in eval mode."""
+        """Freeze the backbone's parameters DINO's features do not reach (the classifier), found by one
+        backward pass of a blank image in eval mode."""
         model, mcfg = self.model, self.model.cfg
         was = model.training
         model.eval()
         try:
             with torch.enable_grad():
                 x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
-                model(x, keep=torch.arange(mcfg.num_patches, device=device)[None]).float().sum().backward()
+                tokens = model(x, keep=torch.arange(mcfg.num_patches, device=device)[None])
+                (self._cls(tokens).float().sum() + self._patches(tokens).float().sum()).backward()
             unreached = [n for n, q in model.named_parameters() if q.requires_grad and q.grad is None]
         finally:
             model.zero_grad(set_to_none=True)
@@ -203,7 +209,13 @@ class DinoTask(Task):
 
     # ------------------------------------------------------------------------------------- loss
     def _cls(self, tokens: torch.Tensor) -> torch.Tensor:
-        return tokens[:, 0] if self.token_pool else tokens[:, self.prefix :].mean(dim=1)
+        """The backbone's pooled, normalised features (its ``pre_logits``: the class token for
+        ``pool=token``; for ``avg``, ``fc_norm`` of the mean patch token; the MAP pool's output)."""
+        return self.model.forward_head(tokens, pre_logits=True)
+
+    def _patches(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The normalised patch tokens (``fc_norm`` where the model normalises after pooling)."""
+        return self.model.fc_norm(tokens[:, self.prefix :])
 
     def _targets(self, logits: torch.Tensor, temp: float, centre: torch.Tensor) -> torch.Tensor:
         dc = self.dc
@@ -243,7 +255,7 @@ class DinoTask(Task):
             t_cls = self._cls(t_tok)
             t_targets = self._targets(teacher["head"](t_cls), temp, self.centres.cls)
             if masks is not None:
-                t_patch = t_tok[:, self.prefix :].flatten(0, 1).index_select(0, idx)
+                t_patch = self._patches(t_tok).flatten(0, 1).index_select(0, idx)
                 t_head = teacher["ibot_head"] if "ibot_head" in teacher else teacher["head"]
                 t_logits = t_head(t_patch)
                 if dc.centering == "sinkhorn_knopp":
@@ -265,7 +277,7 @@ class DinoTask(Task):
                 m = (dc.local_crops_size // p) ** 2
                 s_loc = self.student.head(self._cls(model(loc, keep=torch.arange(m, device=images.device)[None].expand(loc.shape[0], -1))))
             if masks is not None:
-                s_patch = s_tok[:, self.prefix :].flatten(0, 1).index_select(0, idx)
+                s_patch = self._patches(s_tok).flatten(0, 1).index_select(0, idx)
                 s_head = self.student.ibot_head if self.student.ibot_head is not None else self.student.head
                 s_patch_logits = s_head(s_patch)
         t_list = [t_targets[:B], t_targets[B:]]
