@@ -35,7 +35,7 @@ def sinkhorn_knopp(logits: torch.Tensor, temp: float, iterations: int = 3, group
         world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
         b = float(q.shape[1] * world)
     else:
-        b = float(_all_reduce(count.clone().float(), group))
+        b = _all_reduce(count.clone().float(), group)  # a device tensor: no read by the host
     k = q.shape[0]
     q /= _all_reduce(q.sum(), group)
     for _ in range(iterations):
