@@ -129,7 +129,7 @@ class DinoTask(Task):
         self.temp_warmup = round(dc.warmup_teacher_temp_epochs * per_epoch)
         self.freeze_steps = round(dc.freeze_last_layer_epochs * per_epoch)
         if model.cfg.pool == "none":
-            raise ConfigError(f"train.task=dino with model.pool=none: DINO's head reads one feature vector per image; "
+            raise ConfigError("train.task=dino with model.pool=none: DINO's head reads one feature vector per image; "
                               "use pool token, avg or map")  # fmt: skip
         self.prefix = model.num_prefix_tokens
         device = next(model.parameters()).device
