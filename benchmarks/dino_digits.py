@@ -4,9 +4,12 @@ temporary folder (``train`` of ``benchmarks/mae_digits.py``); the figures are re
 
 - ``pretrained``: ``vitscale train digits_dino train.seed=SEED``;
 - ``init``: ``vitscale train digits_dino train.seed=SEED train.max_steps=1 optim.lr=0`` (one step at
-  learning rate 0 leaves the backbone as initialised).
+  learning rate 0 leaves the backbone as initialised);
+- step cost (``--cost-rounds`` > 0): ``digits_vit`` and ``digits_dino`` for ``--cost-steps`` steps each,
+  alternated; the median ``img_per_s`` of the log records after step 10.
 
     python benchmarks/dino_digits.py --seeds 0 --json benchmarks/results/dino_digits_cpu_202611.json
+    python benchmarks/dino_digits.py --seeds --cost-rounds 2 --json benchmarks/results/dino_step_cost_cpu_202611.json
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ SIGNALS = ("train_rankme", "train_teacher_entropy", "train_teacher_kl_uniform")
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    ap.add_argument("--cost-steps", type=int, default=40)
+    ap.add_argument("--cost-rounds", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     doc: dict = {"benchmark": "dino_digits", "commit": git_commit(), "argv": sys.argv[1:], "loadavg_before": list(os.getloadavg()),
@@ -46,8 +51,21 @@ def main(argv: list[str] | None = None) -> int:
                 doc["runs"][name].append(res)
                 print(f"{name} seed {seed}: knn_top1 {res['knn_top1']:.2f}%, linear_probe_top1 "
                       f"{res['linear_probe_top1']:.2f}% after {res['steps']} steps, {wall:.0f} s", flush=True)  # fmt: skip
+        if args.cost_rounds:
+            steps = [f"train.max_steps={args.cost_steps}", "train.log_every=5", "eval.every=0", "checkpoint.every=0"]
+            cost: dict[str, list[float]] = {"digits_vit": [], "digits_dino": []}
+            doc["cost_commands"] = {k: "vitscale train " + " ".join([k, *steps, *QUIET]) for k in cost}
+            for r in range(args.cost_rounds):
+                for name in cost:
+                    _, rows, _ = train([name, *steps], Path(tmp) / f"cost_{name}_{r}")
+                    cost[name] += [row["img_per_s"] for row in rows if "img_per_s" in row and row["step"] > 10]
+            doc["step_cost"] = {n: {"median_img_per_s": statistics.median(v), "ms_per_step_batch64": 64e3 / statistics.median(v),
+                                    "records": len(v)} for n, v in cost.items()}  # fmt: skip
+            doc["step_cost"]["dino_over_supervised"] = (doc["step_cost"]["digits_dino"]["ms_per_step_batch64"]
+                                                        / doc["step_cost"]["digits_vit"]["ms_per_step_batch64"])  # fmt: skip
+            print(f"a DINO step costs {doc['step_cost']['dino_over_supervised']:.2f}x a supervised step", flush=True)
     doc["mean"] = {n: {k: statistics.mean(r[k] for r in runs) for k in ("knn_top1", "linear_probe_top1")}
-                   for n, runs in doc["runs"].items()}  # fmt: skip
+                   for n, runs in doc["runs"].items() if runs}  # fmt: skip
     doc["loadavg_after"] = list(os.getloadavg())
     if args.json:
         write_json(doc, args.json)

@@ -178,7 +178,7 @@ class DinoTask(Task):
             with torch.enable_grad():
                 x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
                 tokens = model(x, keep=torch.arange(mcfg.num_patches, device=device)[None])
-                (self._cls(tokens).float().sum() + self._patches(tokens).float().sum()).backward()
+                (self._cls(tokens, model).float().sum() + self._patches(tokens, model).float().sum()).backward()
             unreached = [n for n, q in model.named_parameters() if q.requires_grad and q.grad is None]
         finally:
             model.zero_grad(set_to_none=True)
@@ -208,14 +208,14 @@ class DinoTask(Task):
         torch._foreach_add_(t, s, alpha=1 - m)
 
     # ------------------------------------------------------------------------------------- loss
-    def _cls(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The backbone's pooled, normalised features (its ``pre_logits``: the class token for
+    def _cls(self, tokens: torch.Tensor, net: nn.Module) -> torch.Tensor:
+        """The pooled, normalised features of backbone ``net`` (its ``pre_logits``: the class token for
         ``pool=token``; for ``avg``, ``fc_norm`` of the mean patch token; the MAP pool's output)."""
-        return self.model.forward_head(tokens, pre_logits=True)
+        return net.forward_head(tokens, pre_logits=True)
 
-    def _patches(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The normalised patch tokens (``fc_norm`` where the model normalises after pooling)."""
-        return self.model.fc_norm(tokens[:, self.prefix :])
+    def _patches(self, tokens: torch.Tensor, net: nn.Module) -> torch.Tensor:
+        """The normalised patch tokens of ``net`` (``fc_norm`` where it normalises after pooling)."""
+        return net.fc_norm(tokens[:, self.prefix :])
 
     def _targets(self, logits: torch.Tensor, temp: float, centre: torch.Tensor) -> torch.Tensor:
         dc = self.dc
@@ -252,10 +252,10 @@ class DinoTask(Task):
             masks, idx, weights = (t.to(images.device, non_blocking=True) for t in (cpu, idx, weights))
         with torch.no_grad(), self.autocast():
             t_tok = teacher["backbone"](glob, keep=every)
-            t_cls = self._cls(t_tok)
+            t_cls = self._cls(t_tok, teacher["backbone"])
             t_targets = self._targets(teacher["head"](t_cls), temp, self.centres.cls)
             if masks is not None:
-                t_patch = self._patches(t_tok).flatten(0, 1).index_select(0, idx)
+                t_patch = self._patches(t_tok, teacher["backbone"]).flatten(0, 1).index_select(0, idx)
                 t_head = teacher["ibot_head"] if "ibot_head" in teacher else teacher["head"]
                 t_logits = t_head(t_patch)
                 if dc.centering == "sinkhorn_knopp":
@@ -270,14 +270,15 @@ class DinoTask(Task):
                 s_tok = model(glob, keep=every)
             finally:
                 self._mask = None
-            s_cls = self._cls(s_tok)
+            s_cls = self._cls(s_tok, model)
             s_glob = self.student.head(s_cls)
             s_loc = None
             if loc is not None:
                 m = (dc.local_crops_size // p) ** 2
-                s_loc = self.student.head(self._cls(model(loc, keep=torch.arange(m, device=images.device)[None].expand(loc.shape[0], -1))))
+                s_loc_tok = model(loc, keep=torch.arange(m, device=images.device)[None].expand(loc.shape[0], -1))
+                s_loc = self.student.head(self._cls(s_loc_tok, model))
             if masks is not None:
-                s_patch = self._patches(s_tok).flatten(0, 1).index_select(0, idx)
+                s_patch = self._patches(s_tok, model).flatten(0, 1).index_select(0, idx)
                 s_head = self.student.ibot_head if self.student.ibot_head is not None else self.student.head
                 s_patch_logits = s_head(s_patch)
         t_list = [t_targets[:B], t_targets[B:]]
