@@ -175,3 +175,43 @@ def test_teacher_signals_in_float64_and_one_warning_per_crossing():
 def test_bad_dino_settings_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
         DinoConfig(**kw)
+
+
+def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait(tmp_path):
+    """Two optimizer steps of a tiny digits_dino trainer: the prototypes get no update in the frozen
+    first step (weight decay 0), then do; the teacher is the student's copy until the second step
+    starts, then ``m0 t + (1 - m0) s`` of the student after the first step."""
+    from vitscale.config import load_config
+    from vitscale.train.trainer import Trainer
+
+    cfg = load_config("digits_dino", ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0",
+                                      "log.progress=none", "log.report=false", "model.hidden_size=32",
+                                      "model.ffn_hidden_size=64", "model.num_layers=1", "model.num_attention_heads=2",
+                                      "dino.local_crops_number=1", "dino.head_n_prototypes=32", "dino.head_hidden_dim=32",
+                                      "dino.head_bottleneck_dim=16", "train.batch_size=16", "optim.weight_decay=0",
+                                      "dino.freeze_last_layer_epochs=0.011", "train.max_steps=10",
+                                      f"train.output_dir={tmp_path / 'run'}"])  # fmt: skip
+    t = Trainer(cfg)
+    task = t.task
+    assert task.freeze_steps == 1 and task.total == 10
+    head, teacher = task.student.head, task.teacher
+
+    def snap(params):
+        return [p.detach().clone() for p in params]
+
+    v0, mlp0 = snap(head.last_layer_parameters()), snap(head.mlp.parameters())
+    backbone0 = snap(p for n, p in t.model.named_parameters() if not n.startswith("task_parts."))
+    assert all(a.equal(b) for a, b in zip(backbone0, teacher["backbone"].parameters(), strict=True))
+    batches = t._batches()
+    t.step += 1
+    t.train_step(batches)  # iteration 0: prototypes frozen
+    assert all(a.equal(b) for a, b in zip(v0, head.last_layer_parameters(), strict=True))
+    assert not all(a.equal(b) for a, b in zip(mlp0, head.mlp.parameters(), strict=True))
+    t_before = snap(a for a, _ in task.ema_pairs)
+    s_after = snap(b for _, b in task.ema_pairs)
+    t.step += 1
+    t.train_step(batches)  # iteration 1: the teacher moves first, then the prototypes train
+    m0 = momentum_at(0, 0.992, 1.0, 10)
+    for (got, _), old, s in zip(task.ema_pairs, t_before, s_after, strict=True):
+        assert torch.allclose(got, m0 * old + (1 - m0) * s, atol=1e-6)
+    assert not all(a.equal(b) for a, b in zip(v0, head.last_layer_parameters(), strict=True))
