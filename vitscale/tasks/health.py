@@ -94,7 +94,7 @@ def teacher_signals(p: torch.Tensor, group=None) -> tuple[float, float]:
     n = stats[-1]
     pbar = stats[1:-1] / n
     h_bar = -(pbar * pbar.clamp_min(1e-30).log()).sum()
-    return float(stats[0] / n), float(math.log(k) - h_bar)
+    return float(stats[0] / n), max(0.0, float(math.log(k) - h_bar))  # >= 0 (float rounding near uniform)
 
 
 ENTROPY_HIGH = 0.9
