@@ -115,6 +115,7 @@ TASKS: Registry[Any] = Registry("task", "train.task", {
     "contrastive": "vitscale.tasks.contrastive",
     "token_labeling": "vitscale.tasks.token_labeling",
     "mae": "vitscale.tasks.mae",
+    "dino": "vitscale.tasks.dino",
 })  # fmt: skip
 """Tasks (:class:`vitscale.tasks.Task` subclasses), ``train.task``."""
 

@@ -129,7 +129,7 @@ def test_config_lists_every_group_of_the_schema(capsys):
     out = capsys.readouterr().out.splitlines()
     listed = [line.split()[0] for line in out[1:-1]]
     schema = [f.name for f in dataclasses.fields(Config)]  # the root's groups, then the tasks' groups
-    assert listed == [*schema, "distill", "clip", "token_label", "teacher", "mae"]
+    assert listed == [*schema, "distill", "clip", "token_label", "teacher", "mae", "dino"]
     assert "evals" in listed and "  evals        The run's evaluations" in "\n".join(out)
     assert "  optim        The optimizer." in out
 

@@ -125,6 +125,9 @@ def _run_steps(t: Trainer, steps: int = 2) -> tuple[torch.Tensor, dict, torch.Te
         # MAE: keyed masks drawn on the host, the encoder on the visible patches, the decoder, 2 micro-batches
         ("digits_mae", ["model.num_layers=1", "train.batch_size=8", "train.grad_accum=2", "mae.decoder_depth=1",
                         "mae.decoder_width=16", "mae.decoder_heads=2"]),
+        # DINO: keyed crops and masks drawn on the host, the teacher's update, Sinkhorn-Knopp, iBOT, KoLeo
+        ("digits_dino", ["model.num_layers=1", "train.batch_size=8", "train.grad_accum=2", "dino.local_crops_number=1",
+                         "dino.head_n_prototypes=32", "dino.head_hidden_dim=32", "dino.head_bottleneck_dim=16"]),
     ],
 )  # fmt: skip
 def test_train_step_reads_nothing_back(config, overrides, tmp_path):

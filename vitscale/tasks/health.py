@@ -13,9 +13,15 @@ all equal.
 (complete collapse, rank 1, is RankMe's lower bound). The 1% floor for dimensional collapse at large
 batch and width is this project's choice, not the paper's: RankMe gives no universal threshold (its
 use is comparing runs), so the alarm is deliberately loose — a run above it may still be poor.
+
+**The teacher's targets** (self-distillation, :mod:`vitscale.tasks.dino`): their mean entropy and the
+KL divergence of their batch mean from uniform (:func:`teacher_signals`), with a warning above
+0.9 x log K for either (:class:`TeacherWatch`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -73,4 +79,62 @@ class RankWatch:
         return {"train_rankme": rank}, lines
 
 
-__all__ = ["EPS", "RankWatch", "effective_rank", "gather_rows", "rank_floor"]
+def teacher_signals(p: torch.Tensor, group=None) -> tuple[float, float]:
+    """``(entropy, kl_uniform)`` of the teacher's targets ``p`` ``(n, K)`` (rows on the simplex), over
+    the rows of every data-parallel rank, in nats: the mean entropy of a row, ``mean_i -sum_k p_ik log
+    p_ik``, and the KL divergence of their mean ``pbar`` from the uniform distribution, ``log K -
+    H(pbar)`` (the decomposition of DINO's collapse analysis, Caron et al. 2021, arXiv 2104.14294,
+    section 5.3)."""
+    p = p.detach().float()
+    k = p.shape[-1]
+    stats = torch.cat([(-(p * p.clamp_min(1e-30).log()).sum(dim=-1)).sum()[None], p.sum(dim=0),
+                       torch.tensor([float(p.shape[0])], device=p.device)])  # fmt: skip
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(stats, group=group)
+    n = stats[-1]
+    pbar = stats[1:-1] / n
+    h_bar = -(pbar * pbar.clamp_min(1e-30).log()).sum()
+    return float(stats[0] / n), max(0.0, float(math.log(k) - h_bar))  # >= 0 (float rounding near uniform)
+
+
+ENTROPY_HIGH = 0.9
+"""Warn when the mean entropy of the teacher's targets exceeds this fraction of ``log K``: every target
+close to uniform (the collapse that centring alone brings about)."""
+KL_HIGH = 0.9
+"""Warn when the KL divergence of the mean target from uniform exceeds this fraction of ``log K``: the
+batch's mass on a few prototypes (the collapse that sharpening alone brings about)."""
+
+
+class TeacherWatch:
+    """``train_teacher_entropy`` and ``train_teacher_kl_uniform`` of the teacher targets a task kept from
+    its last step, and a warning line when one crosses its threshold (:data:`ENTROPY_HIGH`,
+    :data:`KL_HIGH`: this project's choice, loose by design — DINO's paper shows both collapses reach
+    ``log K``), again only after it has come back."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.high = {"entropy": False, "kl": False}
+        self.last: torch.Tensor | None = None
+
+    def keep(self, p: torch.Tensor) -> None:
+        self.last = p.detach()
+
+    def read(self, step: int) -> tuple[dict[str, float], list[str]]:
+        if self.last is None:
+            return {}, []
+        ent, kl = teacher_signals(self.last, self.group)
+        log_k = math.log(self.last.shape[-1])
+        lines = []
+        for name, value, frac, what in (("entropy", ent, ENTROPY_HIGH, "every target is close to uniform"),
+                                        ("kl", kl, KL_HIGH, "the targets fall on few prototypes")):  # fmt: skip
+            high = log_k > 0 and value > frac * log_k
+            if high and not self.high[name]:
+                label = "entropy" if name == "entropy" else "KL divergence from uniform"
+                lines.append(f"warning: step {step}: the teacher's {label} is {value:.3f} nats, above {frac:g} x log K "
+                             f"= {frac * log_k:.3f}: {what}; the representation may be collapsing")  # fmt: skip
+            self.high[name] = high
+        return {"train_teacher_entropy": ent, "train_teacher_kl_uniform": kl}, lines
+
+
+__all__ = ["EPS", "ENTROPY_HIGH", "KL_HIGH", "RankWatch", "TeacherWatch", "effective_rank", "gather_rows", "rank_floor",
+           "teacher_signals"]

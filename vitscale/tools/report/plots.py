@@ -57,8 +57,10 @@ PANELS = (
           alt="CLIP image-to-text and text-to-image retrieval recall@K over steps", pair_style=True),
     Panel("knn", "k-NN classification", "top-k accuracy (%)", ("knn_top*",), percent=True,
           alt="weighted k-NN top-1 and top-5 accuracy of frozen features over steps"),
-    Panel("collapse", "Collapse signals", "effective rank (RankMe)", ("train_rankme",), zero_y=True,
-          alt="effective rank of the batch's embeddings over steps (RankMe; a collapsing representation falls to 1)"),
+    Panel("collapse", "Collapse signals", "effective rank (RankMe); teacher entropy, KL (nats)",
+          ("train_rankme", "train_teacher_entropy", "train_teacher_kl_uniform"), zero_y=True,
+          alt="effective rank of the batch's embeddings over steps (RankMe; a collapsing representation falls to 1), "
+              "and a self-distillation teacher's entropy and KL divergence from uniform (nats)"),
     Panel("lr", "Learning rate", "learning rate", ("lr",), sci_y=True, alt="learning rate over steps"),
     Panel("throughput", "Throughput", "images / s", ("img_per_s",), alt="training images per second over steps"),
     Panel("time_shares", "Where the time goes", "share of wall time (%)", ("data_wait", "*_time_pct"), percent=True,

@@ -1,0 +1,90 @@
+"""``vitscale train digits_dino`` as a user runs it, on a tiny backbone: it pretrains without labels,
+logs the collapse signals (effective rank, the teacher's entropy and KL divergence from uniform) at
+every log step and ends with the k-NN evaluation; a resumed run continues on the same curve (student,
+teacher, centre, schedules and crops restored); the exported weights are the backbone alone; bad
+settings are refused in one line before the first step."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+from helpers import read_metrics
+from safetensors import safe_open
+
+from vitscale.tools.report.plots import plan
+from vitscale.tools.report.run import read_run
+
+TINY = ["model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=1", "model.num_attention_heads=2",
+        "dino.local_crops_number=1", "dino.head_n_prototypes=64", "dino.head_bottleneck_dim=16",
+        "dino.head_hidden_dim=32", "dino.freeze_last_layer_epochs=0.02", "train.batch_size=16", "train.max_steps=4",
+        "train.log_every=1", "schedule.warmup_steps=1", "checkpoint.every=2", "checkpoint.keep=5",
+        "eval.probe_l2=[1e-3]", "log.progress=plain"]  # fmt: skip
+SIGNALS = ("train_rankme", "train_teacher_entropy", "train_teacher_kl_uniform")
+
+
+def vitscale(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vitscale", *args], capture_output=True, text=True, timeout=300)
+
+
+def curve(rows):
+    return [(r["step"], r["loss"], r["train_teacher_temp"], *(r[s] for s in SIGNALS)) for r in rows if "loss" in r]
+
+
+@pytest.mark.slow
+def test_digits_dino_pretrains_reports_signals_and_knn_and_resumes_exactly(tmp_path):
+    centering = "softmax"  # the running centre is state the resume must restore (Sinkhorn-Knopp has none)
+    run = tmp_path / "dino"
+    args = [*TINY, f"dino.centering={centering}"]
+    p = vitscale("train", "digits_dino", *args, f"train.output_dir={run}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = read_metrics(run)
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
+    log_k = math.log(64)
+    for r in train_rows:  # the collapse signals at every log step, in their ranges
+        assert math.isfinite(r["loss"]) and 1.0 <= r["train_rankme"] <= 16
+        assert 0 <= r["train_teacher_entropy"] <= log_k + 1e-4 and 0 <= r["train_teacher_kl_uniform"] <= log_k + 1e-4
+        assert {"train_dino_loss", "train_koleo_loss", "train_ibot_loss"} <= r.keys()
+    temps = [r["train_teacher_temp"] for r in train_rows]
+    assert temps[0] == pytest.approx(0.04) and temps == sorted(temps) and temps[-1] < 0.07  # warming up
+    assert 0 <= rows[-1]["knn_top1"] <= rows[-1]["knn_top5"] <= 100 and "linear_probe_top1" in rows[-1]
+    assert f"centring {centering}" in p.stdout
+    page = (run / "report.html").read_text()
+    assert '<figure id="plot-collapse">' in page
+    panels = {panel.id: keys for panel, keys in plan([read_run(run)], compare=False)}
+    assert panels["collapse"] == list(SIGNALS)  # the teacher's signals beside the rank, in one panel
+    with safe_open(run / "model.safetensors", "pt") as f:  # the backbone alone: no head, no teacher
+        keys = list(f.keys())
+    assert "pos_embed" in keys and not any(k.startswith("task_parts.") for k in keys)
+
+    # resume from the step-2 checkpoint: the same losses, signals and evaluation
+    part = tmp_path / "part"
+    (part / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run / "checkpoints" / "step_00000002", part / "checkpoints" / "step_00000002")
+    (part / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    p = vitscale("train", "digits_dino", *args, f"train.output_dir={part}", "log.report=false")
+    assert p.returncode == 0, p.stderr[-3000:]
+    again = read_metrics(part)
+    assert curve(again) == curve(rows)
+    assert again[-1]["knn_top1"] == rows[-1]["knn_top1"]
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["dino.local_crops_size=2"], "dino.local_crops_size=2 must be a multiple of the patch (4 pixels of vit_debug), "
+                                  "at least one patch: e.g. dino.local_crops_size=4"),
+    (["train.batch_size=1"], "dino.koleo_loss_weight=0.1 with 1 image per rank and micro-step: KoLeo needs a nearest "
+                             "neighbour (one image gives NaN); raise train.batch_size or set dino.koleo_loss_weight=0"),
+])  # fmt: skip
+def test_bad_settings_are_one_line_before_the_first_step(tmp_path, capsys, extra, msg):
+    from vitscale.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "digits_dino", *TINY, *extra, f"train.output_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"vitscale train: {msg}\n"
+    assert not (out / "metrics.jsonl").exists()

@@ -1,0 +1,217 @@
+"""DINOv2's pieces (vitscale.tasks.dino_*): each loss and target against its formula in float64, the
+schedules against the reference's arrays, the keyed crops and masks, the head's weight norm, the
+teacher signals and their warnings, and the config's one-line refusals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from vitscale.tasks.dino_config import DinoConfig
+from vitscale.tasks.dino_crops import block_mask, ibot_masks, multi_crop
+from vitscale.tasks.dino_head import DinoHead
+from vitscale.tasks.dino_loss import (
+    dino_loss,
+    ibot_loss,
+    koleo_loss,
+    momentum_at,
+    sinkhorn_knopp,
+    softmax_centered,
+    teacher_temp_at,
+    update_center,
+)
+from vitscale.tasks.health import TeacherWatch, teacher_signals
+
+
+def _logits(b=12, k=7, seed=0):
+    return torch.randn(b, k, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 0.5
+
+
+def test_sinkhorn_knopp_is_the_alternating_normalisation_in_float64():
+    x = _logits()
+    b, k, temp = x.shape[0], x.shape[1], 0.1
+    q = np.exp(x.numpy() / temp).T  # (K, B)
+    q = q / q.sum()
+    for _ in range(3):
+        q = q / q.sum(axis=1, keepdims=True) / k
+        q = q / q.sum(axis=0, keepdims=True) / b
+    want = (q * b).T
+    got = sinkhorn_knopp(x.float(), temp)
+    assert np.allclose(got.double().numpy(), want, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(got.sum(dim=1), torch.ones(b), atol=1e-5)  # each row an assignment
+    # with a row count: the iBOT variant normalises its columns by that count
+    got_n = sinkhorn_knopp(x.float(), temp, count=torch.tensor(float(b)))
+    assert torch.allclose(got_n, got)
+
+
+def test_softmax_centring_and_the_running_centre_in_float64():
+    x, centre = _logits(), torch.linspace(-0.2, 0.2, 7)[None]
+    want = np.exp((x.numpy() - centre.double().numpy()) / 0.04)
+    want /= want.sum(axis=1, keepdims=True)
+    assert np.allclose(softmax_centered(x.float(), centre, 0.04).double().numpy(), want, atol=1e-5)
+    c = centre.clone()
+    update_center(c, x.float(), 0.9)
+    assert np.allclose(c.double().numpy(), 0.9 * centre.double().numpy() + 0.1 * x.numpy().mean(axis=0), atol=1e-6)
+    c3 = torch.zeros(1, 7)  # iBOT's patch rows, any leading shape
+    update_center(c3, x.float().reshape(3, 4, 7), 0.5)
+    assert np.allclose(c3.double().numpy(), 0.5 * x.numpy().mean(axis=0), atol=1e-6)
+
+
+def test_dino_loss_pairs_each_student_crop_with_the_other_teacher_crops():
+    b, k, st = 5, 6, 0.1
+    g = [_logits(b, k, s) for s in (1, 2)]
+    loc = [_logits(b, k, s) for s in (3, 4, 5)]
+    t = [torch.softmax(_logits(b, k, s) / 0.05, dim=-1) for s in (6, 7)]
+
+    def ce(tt, ss):
+        ls = ss.numpy() / st
+        ls = ls - np.log(np.exp(ls).sum(axis=1, keepdims=True))
+        return float(-(tt.numpy() * ls).sum(axis=1).mean())
+
+    want = (ce(t[1], g[0]) + ce(t[0], g[1]) + sum(ce(tt, s) for s in loc for tt in t)) / (2 + 2 * 3)
+    got = dino_loss([x.float() for x in g], [x.float() for x in loc], [x.float() for x in t], st)
+    assert abs(float(got) - want) < 1e-5
+
+
+def test_koleo_is_minus_the_mean_log_distance_to_the_nearest_other_row():
+    x = _logits(9, 5, 3)
+    xn = x.numpy() / np.linalg.norm(x.numpy(), axis=1, keepdims=True)
+    d = np.linalg.norm(xn[:, None] - xn[None], axis=-1) + np.eye(9) * 1e9
+    nn_ = d.argmin(axis=1)
+    want = -np.mean(np.log(np.linalg.norm(xn - xn[nn_] + 1e-8, axis=1) + 1e-8))
+    assert abs(float(koleo_loss(x.float())) - want) < 1e-5
+
+
+def test_ibot_loss_weights_each_crops_masked_patches_by_their_count():
+    masks = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    m = int(masks.sum())
+    s, t = _logits(m, 6, 8), torch.softmax(_logits(m, 6, 9) / 0.05, dim=-1)
+    w = (1 / masks.sum(-1).clamp(min=1).float())[:, None].expand_as(masks)[masks]
+    ls = s.numpy() / 0.1
+    ls = ls - np.log(np.exp(ls).sum(axis=1, keepdims=True))
+    per = -(t.numpy() * ls).sum(axis=1)  # rows: crop 0 (2), crop 2 (3)
+    want = (per[:2].mean() + per[2:].mean()) / 3  # the mean over the crops, unmasked crops counted
+    assert abs(float(ibot_loss(s.float(), t.float(), w, 3, 0.1)) - want) < 1e-5
+
+
+def test_schedules_are_the_references_arrays():
+    warm = 7
+    lin = np.linspace(0.04, 0.07, warm)
+    assert [teacher_temp_at(i, 0.04, 0.07, warm) for i in range(warm + 3)] == pytest.approx([*lin, 0.07, 0.07, 0.07])
+    total = 50
+    cos = 1.0 + 0.5 * (0.992 - 1.0) * (1 + np.cos(np.pi * np.arange(total) / total))
+    assert [momentum_at(i, 0.992, 1.0, total) for i in range(total + 1)] == pytest.approx([*cos, 1.0])
+    assert momentum_at(0, 0.992, 1.0, total) == pytest.approx(0.992)
+
+
+def test_crops_are_keyed_by_sample_and_step_not_by_batch_position():
+    dc = DinoConfig(global_crops_size=16, local_crops_size=8, local_crops_number=2)
+    x = torch.rand(2, 3, 24, 24, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    mean = std = [0.5] * 3
+    g, loc = multi_crop(x, [3, 5], 7, 0, mean, std, dc)
+    assert g.shape == (4, 3, 16, 16) and loc.shape == (4, 3, 8, 8)
+    g2, loc2 = multi_crop(x.flip(0), [5, 3], 7, 0, mean, std, dc)  # the same samples, other positions
+    assert torch.equal(g2[[1, 0, 3, 2]], g) and torch.equal(loc2[[1, 0, 3, 2]], loc)
+    g3, _ = multi_crop(x, [3, 5], 8, 0, mean, std, dc)  # another step: other crops
+    assert not torch.equal(g3, g)
+    assert not torch.equal(g[0], g[2])  # the two global crops of a sample differ
+    m1 = ibot_masks([3, 5], 7, 0, (4, 4), 1.0, (0.1, 0.5))
+    assert torch.equal(ibot_masks([5, 3], 7, 0, (4, 4), 1.0, (0.1, 0.5))[[1, 0, 3, 2]], m1)
+
+
+def test_block_masks_cover_at_most_the_asked_patches_in_blocks():
+    import random
+
+    for seed in range(20):
+        rng = random.Random(seed)
+        m = block_mask(rng, 14, 14, 60)
+        assert m.shape == (14, 14) and 0 < int(m.sum()) <= 60
+    assert int(block_mask(random.Random(0), 8, 8, 0).sum()) == 0
+    ms = ibot_masks(list(range(40)), 0, 0, (8, 8), 0.5, (0.1, 0.5))
+    masked = ms.sum(-1)
+    assert 0 < int((masked > 0).sum()) < 80 and int(masked.max()) <= 32  # about half the crops, at most 0.5 of 64
+
+
+def test_head_prototypes_are_weight_normalised():
+    head = DinoHead(16, 10, nlayers=3, hidden_dim=32, bottleneck_dim=8)
+    with torch.no_grad():
+        head.last_g.copy_(torch.arange(1, 11, dtype=torch.float32)[:, None])
+    z = torch.randn(4, 16)
+    h = torch.nn.functional.normalize(head.mlp(z), dim=-1)
+    w = head.last_v / head.last_v.norm(dim=1, keepdim=True) * head.last_g
+    assert torch.allclose(head(z), h @ w.t(), atol=1e-6)
+    assert torch.allclose(w.norm(dim=1), head.last_g[:, 0])
+
+
+def test_teacher_signals_in_float64_and_one_warning_per_crossing():
+    p = torch.softmax(_logits(10, 8, 4) / 0.1, dim=-1)
+    pn = p.numpy()
+    ent = float(np.mean(-(pn * np.log(pn)).sum(axis=1)))
+    pbar = pn.mean(axis=0)
+    kl = float(np.sum(pbar * np.log(pbar * 8)))
+    got = teacher_signals(p.float())
+    assert got == pytest.approx((ent, kl), abs=1e-5)
+    w = TeacherWatch()
+    w.keep(torch.full((4, 8), 1 / 8))  # every target uniform: entropy log K
+    vals, lines = w.read(3)
+    assert vals["train_teacher_entropy"] == pytest.approx(math.log(8)) and len(lines) == 1 and "step 3" in lines[0]
+    assert w.read(4)[1] == []  # still high: no second line
+    onehot = torch.zeros(4, 8)
+    onehot[:, 2] = 1  # every target on one prototype: KL log K
+    w.keep(onehot)
+    vals, lines = w.read(5)
+    assert vals["train_teacher_kl_uniform"] == pytest.approx(math.log(8)) and len(lines) == 1 and "KL" in lines[0]
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"ibot_mask_ratio_min_max": [0.0, 0.5]}, "ibot_mask_ratio_min_max=[0.0, 0.5] must be [min, max] within (0, 1)"),
+    ({"ibot_mask_ratio_min_max": [0.1, 1.0]}, "within (0, 1)"),
+    ({"centering": "mean"}, "centering='mean': choose one of softmax, sinkhorn_knopp"),
+    ({"local_crops_scale": [0.5, 0.2]}, "local_crops_scale=[0.5, 0.2] must be [min, max]"),
+])  # fmt: skip
+def test_bad_dino_settings_are_refused(kw, msg):
+    with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+        DinoConfig(**kw)
+
+
+def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait(tmp_path):
+    """Two optimizer steps of a tiny digits_dino trainer: the prototypes get no update in the frozen
+    first step (weight decay 0), then do; the teacher is the student's copy until the second step
+    starts, then ``m0 t + (1 - m0) s`` of the student after the first step."""
+    from vitscale.config import load_config
+    from vitscale.train.trainer import Trainer
+
+    cfg = load_config("digits_dino", ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0",
+                                      "log.progress=none", "log.report=false", "model.hidden_size=32",
+                                      "model.ffn_hidden_size=64", "model.num_layers=1", "model.num_attention_heads=2",
+                                      "dino.local_crops_number=1", "dino.head_n_prototypes=32", "dino.head_hidden_dim=32",
+                                      "dino.head_bottleneck_dim=16", "train.batch_size=16", "optim.weight_decay=0",
+                                      "dino.freeze_last_layer_epochs=0.011", "train.max_steps=10",
+                                      f"train.output_dir={tmp_path / 'run'}"])  # fmt: skip
+    t = Trainer(cfg)
+    task = t.task
+    assert task.freeze_steps == 1 and task.total == 10
+    head, teacher = task.student.head, task.teacher
+
+    def snap(params):
+        return [p.detach().clone() for p in params]
+
+    v0, mlp0 = snap(head.last_layer_parameters()), snap(head.mlp.parameters())
+    backbone0 = snap(p for n, p in t.model.named_parameters() if not n.startswith("task_parts."))
+    assert all(a.equal(b) for a, b in zip(backbone0, teacher["backbone"].parameters(), strict=True))
+    batches = t._batches()
+    t.step += 1
+    t.train_step(batches)  # iteration 0: prototypes frozen
+    assert all(a.equal(b) for a, b in zip(v0, head.last_layer_parameters(), strict=True))
+    assert not all(a.equal(b) for a, b in zip(mlp0, head.mlp.parameters(), strict=True))
+    t_before = snap(a for a, _ in task.ema_pairs)
+    s_after = snap(b for _, b in task.ema_pairs)
+    t.step += 1
+    t.train_step(batches)  # iteration 1: the teacher moves first, then the prototypes train
+    m0 = momentum_at(0, 0.992, 1.0, 10)
+    for (got, _), old, s in zip(task.ema_pairs, t_before, s_after, strict=True):
+        assert torch.allclose(got, m0 * old + (1 - m0) * s, atol=1e-6)
+    assert not all(a.equal(b) for a, b in zip(v0, head.last_layer_parameters(), strict=True))

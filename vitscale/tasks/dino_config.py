@@ -1,0 +1,124 @@
+"""Config group ``dino`` of DINOv2-style self-distillation (``train.task=dino``, :mod:`vitscale.tasks.dino`).
+
+A field of the DINO task's run config (:class:`DinoPretrainingConfig`, ``DinoTask.config``). The
+defaults are DINOv2's (Oquab et al. 2023, arXiv 2304.07193) as its reference code sets them:
+facebookresearch/dinov2 at b8931f7, ``dinov2/configs/ssl_default_config.yaml`` (line numbers below);
+a small recipe sets its own (``configs/digits_dino.yaml``). Durations are in epochs, as the reference's,
+converted to optimizer steps with the run's epoch length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vitscale.config.schema import Config
+
+CENTERINGS = ("softmax", "sinkhorn_knopp")
+
+
+def _pair(key: str, v, lo: float, hi: float, closed_lo: bool = False) -> tuple[float, float]:
+    if len(v) != 2 or not (v[0] <= v[1]) or not ((lo <= v[0]) if closed_lo else (lo < v[0])) or v[1] > hi:
+        raise ValueError(f"{key}={list(v)} must be [min, max] with {lo} {'<=' if closed_lo else '<'} min <= max <= {hi}")
+    return float(v[0]), float(v[1])
+
+
+@dataclass
+class DinoConfig:
+    """DINOv2: the crops, the heads, the teacher and its targets, the losses and their weights."""
+
+    # ---- multi-crop (dinov2/data/augmentations.py; ssl_default_config.yaml lines 107-116)
+    global_crops_scale: list[float] = field(default_factory=lambda: [0.32, 1.0])
+    """Area range of the two global crops, a fraction of the image (``crops.global_crops_scale`` ssl_default_config.yaml line 108)."""
+    global_crops_size: int = 224
+    """Side of the global crops in pixels (ssl_default_config.yaml line 115); a multiple of the patch."""
+    local_crops_number: int = 8
+    """Local crops per image, seen by the student only (ssl_default_config.yaml line 111); 0 = none."""
+    local_crops_scale: list[float] = field(default_factory=lambda: [0.05, 0.32])
+    """Area range of the local crops (ssl_default_config.yaml line 112)."""
+    local_crops_size: int = 96
+    """Side of the local crops in pixels (ssl_default_config.yaml line 116); a multiple of the patch, at least one patch."""
+
+    # ---- the DINO head (dinov2/layers/dino_head.py; lines 43-49)
+    head_n_prototypes: int = 65536
+    """Prototypes: the width of the weight-normalised last layer (``dino.head_n_prototypes`` ssl_default_config.yaml line 45)."""
+    head_bottleneck_dim: int = 256
+    """Width of the L2-normalised bottleneck before the prototypes (ssl_default_config.yaml line 46)."""
+    head_nlayers: int = 3
+    """Linear layers of the MLP before the bottleneck (ssl_default_config.yaml line 47)."""
+    head_hidden_dim: int = 2048
+    """Hidden width of the MLP (ssl_default_config.yaml line 48)."""
+    loss_weight: float = 1.0
+    """Weight of the DINO class-token loss (ssl_default_config.yaml line 44)."""
+    koleo_loss_weight: float = 0.1
+    """Weight of the KoLeo regulariser on the student's class tokens (ssl_default_config.yaml line 49); 0 = off."""
+
+    # ---- iBOT (ssl_default_config.yaml lines 50-60)
+    ibot_loss_weight: float = 1.0
+    """Weight of the iBOT masked-patch loss (``ibot.loss_weight`` ssl_default_config.yaml line 51); 0 = off (no masking)."""
+    ibot_mask_sample_probability: float = 0.5
+    """Fraction of the global crops that are masked (ssl_default_config.yaml line 52)."""
+    ibot_mask_ratio_min_max: list[float] = field(default_factory=lambda: [0.1, 0.5])
+    """Range of the fraction of a masked crop's patches that are masked (ssl_default_config.yaml line 53); within (0, 1)."""
+    ibot_separate_head: bool = False
+    """A head of its own for the patch tokens (ssl_default_config.yaml line 56); False: the DINO head is shared, as DINOv2's
+    default. The separate head has the DINO head's sizes."""
+
+    # ---- teacher and targets (ssl_default_config.yaml lines 70, 86-91; dinov2/loss/dino_clstoken_loss.py)
+    centering: str = "softmax"
+    """``softmax`` (a running centre subtracted before the teacher's softmax, momentum
+    ``center_momentum``) or ``sinkhorn_knopp`` (3 Sinkhorn-Knopp iterations, sums over the data-parallel
+    ranks) — ``train.centering`` ssl_default_config.yaml line 70 (the reference's ``centering`` is ``softmax`` here)."""
+    center_momentum: float = 0.9
+    """Momentum of the running centre (``DINOLoss(center_momentum=0.9)``, dino_clstoken_loss.py line 17)."""
+    student_temp: float = 0.1
+    """Temperature of the student's softmax (dino_clstoken_loss.py line 16)."""
+    teacher_temp: float = 0.07
+    """Teacher temperature after its warm-up (ssl_default_config.yaml line 90)."""
+    warmup_teacher_temp: float = 0.04
+    """Teacher temperature at the first step, rising linearly to ``teacher_temp`` (ssl_default_config.yaml line 89)."""
+    warmup_teacher_temp_epochs: float = 30
+    """Length of that warm-up in epochs (ssl_default_config.yaml line 91)."""
+    momentum_teacher: float = 0.992
+    """EMA momentum of the teacher at the first step, rising to ``final_momentum_teacher`` along a cosine
+    over the run (ssl_default_config.yaml lines 87-88; dinov2/train/train.py lines 79-83)."""
+    final_momentum_teacher: float = 1.0
+    """EMA momentum at the end of the run (ssl_default_config.yaml line 88)."""
+    freeze_last_layer_epochs: float = 1
+    """Epochs during which the heads' last layers (the prototypes) get no gradient (``optim.
+    freeze_last_layer_epochs`` ssl_default_config.yaml line 101; dinov2/train/train.py lines 98-100)."""
+
+    def __post_init__(self):
+        self.global_crops_scale = list(_pair("global_crops_scale", self.global_crops_scale, 0.0, 1.0))
+        self.local_crops_scale = list(_pair("local_crops_scale", self.local_crops_scale, 0.0, 1.0))
+        lo, hi = self.ibot_mask_ratio_min_max if len(self.ibot_mask_ratio_min_max) == 2 else (-1, -1)
+        if not (0.0 < lo <= hi < 1.0):
+            raise ValueError(f"ibot_mask_ratio_min_max={list(self.ibot_mask_ratio_min_max)} must be [min, max] within "
+                             "(0, 1): the fraction of a masked crop's patches that are masked (DINOv2: [0.1, 0.5])")  # fmt: skip
+        if not 0.0 <= self.ibot_mask_sample_probability <= 1.0:
+            raise ValueError(f"ibot_mask_sample_probability={self.ibot_mask_sample_probability} must lie in [0, 1]")
+        if self.centering not in CENTERINGS:
+            raise ValueError(f"centering={self.centering!r}: choose one of {', '.join(CENTERINGS)}")
+        for key in ("global_crops_size", "local_crops_size", "head_n_prototypes", "head_bottleneck_dim",
+                    "head_nlayers", "head_hidden_dim"):  # fmt: skip
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
+        if self.local_crops_number < 0:
+            raise ValueError(f"local_crops_number={self.local_crops_number} must be >= 0")
+        for key in ("loss_weight", "koleo_loss_weight", "ibot_loss_weight", "warmup_teacher_temp_epochs",
+                    "freeze_last_layer_epochs"):  # fmt: skip
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key}={getattr(self, key)} must be >= 0")
+        for key in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key}={getattr(self, key)} must be > 0")
+        for key in ("center_momentum", "momentum_teacher", "final_momentum_teacher"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"{key}={getattr(self, key)} must lie in [0, 1]")
+
+
+@dataclass
+class DinoPretrainingConfig(Config):
+    """A whole run of ``train.task=dino``: the common groups and ``dino``."""
+
+    dino: DinoConfig = field(default_factory=DinoConfig)
+    """DINOv2-style self-distillation: crops, head, centring, iBOT, KoLeo, teacher schedules."""
