@@ -47,11 +47,13 @@ from torch import nn
 from vitscale.config.schema import run_length
 from vitscale.data import keyed
 from vitscale.errors import ConfigError
+from vitscale.train.ema import _local
 
 from .base import Task, register_task
 from .dino_config import DinoConfig, DinoPretrainingConfig
 from .dino_crops import STREAM_DINO_INIT, ibot_masks, multi_crop
 from .dino_head import DinoHead
+from .dino_layout import check_layout, keep_root_gathered, release, shard_units, teacher_backbone
 from .dino_loss import (
     dino_loss,
     ibot_loss,
@@ -76,6 +78,11 @@ class DinoStudent(nn.Module):
         self.head = DinoHead(width, dc.head_n_prototypes, **sizes)
         self.ibot_head = DinoHead(width, dc.head_n_prototypes, **sizes) if ibot and dc.ibot_separate_head else None
         self.mask_token = nn.Parameter(torch.zeros(width))
+
+    def forward(self, embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The mask token in place of the masked patches' embeddings (a forward of its own, so that FSDP2
+        gathers the token and reduces its gradient)."""
+        return torch.where(mask[..., None], self.mask_token.to(embeddings.dtype), embeddings)
 
 
 class DinoCentres(nn.Module):
@@ -109,9 +116,8 @@ class DinoTask(Task):
         if "keep" not in inspect.signature(model.forward).parameters or not hasattr(model, "patch_embed"):
             raise ConfigError(f"train.task=dino: model {name} does not give its tokens (forward(images, keep=...)): "
                               "use a ViT (`vitscale models`)")  # fmt: skip
-        if run.dims.distributed:
-            raise ConfigError("train.task=dino under torchrun: the teacher and heads have no FSDP2 / tensor-parallel "
-                              "layout yet; train in one process")  # fmt: skip
+        check_layout(run.dims)
+        keep_root_gathered(run, model)
         p = model.cfg.patch_dim
         for key in ("global_crops_size", "local_crops_size"):
             size = getattr(dc, key)
@@ -137,10 +143,14 @@ class DinoTask(Task):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(keyed.key(self.seed, STREAM_DINO_INIT))
             student = DinoStudent(model.num_features, dc, self.ibot).to(device)
-        teacher = nn.ModuleDict({"backbone": copy.deepcopy(model), "head": copy.deepcopy(student.head)})
+        teacher = nn.ModuleDict({"backbone": teacher_backbone(run, model), "head": copy.deepcopy(student.head)})
+        keep_root_gathered(run, teacher["backbone"])
         if student.ibot_head is not None:
             teacher["ibot_head"] = copy.deepcopy(student.ibot_head)
         teacher.requires_grad_(False)
+        # under torchrun: each head and the mask token an FSDP2 unit, sharded as its teacher copy
+        t_ibot = teacher["ibot_head"] if "ibot_head" in teacher else None
+        shard_units(run, [student.head, student.ibot_head, student, teacher["head"], t_ibot])
         self.student = attach_part(model, "dino_student", student)
         self.teacher = attach_part(model, "dino_teacher", teacher)
         self.centres = attach_part(model, "dino_centre", DinoCentres(dc.head_n_prototypes).to(device))
@@ -153,9 +163,6 @@ class DinoTask(Task):
                 self.ema_pairs += list(zip(self.teacher[key].parameters(), getattr(student, key).parameters(), strict=True))
         if self.ibot:
             model.patch_embed.register_forward_hook(self._mask_hook)
-        for head in (student.head, student.ibot_head):
-            for q in head.last_layer_parameters() if head is not None else ():
-                q.register_hook(self._freeze_hook)
         n_params = sum(q.numel() for q in student.parameters())
         frozen = ([f"dino: {len(unreached)} tensors the objective does not reach are frozen: {', '.join(unreached[:3])}"
                    f"{', ...' if len(unreached) > 3 else ''}"] if unreached else [])  # fmt: skip
@@ -193,17 +200,14 @@ class DinoTask(Task):
         ``prepare_tokens_with_masks``, ``vision_transformer.py`` line 218), for the student's global crops."""
         if self._mask is None or out.shape[0] != self._mask.shape[0]:
             return out
-        return torch.where(self._mask[..., None], self.student.mask_token.to(out.dtype), out)
-
-    def _freeze_hook(self, grad):
-        return torch.zeros_like(grad) if self.iteration < self.freeze_steps else grad
+        return self.student(out, self._mask)
 
     @torch.no_grad()
     def update_teacher(self, m: float) -> None:
         """``teacher = m teacher + (1 - m) student``, parameter by parameter (local tensors, no
         communication: ``ssl_meta_arch.py`` lines 356-365)."""
-        t = [a for a, _ in self.ema_pairs]
-        s = [b.detach() for _, b in self.ema_pairs]
+        t = [_local(a) for a, _ in self.ema_pairs]  # sharded alike (vitscale.tasks.dino_layout)
+        s = [_local(b.detach()) for _, b in self.ema_pairs]
         torch._foreach_mul_(t, m)
         torch._foreach_add_(t, s, alpha=1 - m)
 
@@ -264,6 +268,7 @@ class DinoTask(Task):
                 else:
                     t_patch_targets = softmax_centered(t_logits, self.centres.patch, temp)
                     update_center(self.centres.patch, t_logits, dc.center_momentum, self.dp_group)
+            release(teacher["backbone"])
         with self.autocast():
             self._mask = masks
             try:
@@ -271,16 +276,17 @@ class DinoTask(Task):
             finally:
                 self._mask = None
             s_cls = self._cls(s_tok, model)
-            s_glob = self.student.head(s_cls)
+            frozen = it < self.freeze_steps
+            s_glob = self.student.head(s_cls, frozen)
             s_loc = None
             if loc is not None:
                 m = (dc.local_crops_size // p) ** 2
                 s_loc_tok = model(loc, keep=torch.arange(m, device=images.device)[None].expand(loc.shape[0], -1))
-                s_loc = self.student.head(self._cls(s_loc_tok, model))
+                s_loc = self.student.head(self._cls(s_loc_tok, model), frozen)
             if masks is not None:
                 s_patch = self._patches(s_tok, model).flatten(0, 1).index_select(0, idx)
                 s_head = self.student.ibot_head if self.student.ibot_head is not None else self.student.head
-                s_patch_logits = s_head(s_patch)
+                s_patch_logits = s_head(s_patch, frozen)
         t_list = [t_targets[:B], t_targets[B:]]
         l_dino = dino_loss([s_glob[:B], s_glob[B:]], list(s_loc.chunk(dc.local_crops_number)) if s_loc is not None else [],
                            t_list, dc.student_temp)  # fmt: skip
