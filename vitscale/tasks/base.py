@@ -92,6 +92,10 @@ class Task:
         (freeze parameters). Returns lines for the run to print. Default: nothing."""
         return []
 
+    def schedule_optimizer(self, optimizer: Any, step: int) -> None:
+        """Called before optimizer update number ``step`` (1-based), after the learning-rate schedule set
+        the groups' ``lr``: set what the task schedules itself (DINOv2's weight decay). Default: nothing."""
+
     def step_times(self) -> dict[str, float]:
         """Seconds the task's named parts took since the last call (``{"teacher": s}``), read at log
         steps only; logged as ``<part>_time_pct`` of the step time. Default: none."""

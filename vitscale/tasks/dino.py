@@ -28,12 +28,15 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
   student's class tokens of each global crop, and iBOT's cross-entropy on the masked patches of the
   global crops (``ssl_meta_arch.py`` lines 132-346).
 - **The prototypes** get no gradient for the first ``dino.freeze_last_layer_epochs`` (DINOv2 sets their
-  learning rate to 0, ``dinov2/train/train.py`` lines 98-100; here their gradient is zeroed, so AdamW's
-  decoupled weight decay still applies to them).
+  learning rate to 0, ``dinov2/train/train.py`` lines 98-100; here their gradient is zeroed in the head's
+  forward, so AdamW's decoupled weight decay still applies to them).
+- **Weight decay**: constant ``optim.weight_decay``, or DINOv2's cosine to ``dino.weight_decay_end``
+  (:meth:`DinoTask.schedule_optimizer`).
+- **Layout** (:mod:`vitscale.tasks.dino_layout`): one process, or FSDP2 data parallelism under torchrun
+  with the teacher sharded as the student; tensor parallelism is refused in one line.
 - **Health** at log steps: ``train_rankme`` of the teacher's class tokens and the teacher targets'
   entropy and KL divergence from uniform (:mod:`vitscale.tasks.health`).
-- **Not yet**: several processes (refused in one line), DINOv2's weight-decay schedule (the run's
-  ``optim.weight_decay`` is constant), ``vitscale bench --task dino``.
+- **Not yet**: tensor parallelism (refused in one line), ``vitscale bench --task dino``.
 """
 
 from __future__ import annotations
@@ -130,6 +133,10 @@ class DinoTask(Task):
             raise ConfigError(f"dino.koleo_loss_weight={dc.koleo_loss_weight} with {run.micro_batch} image per rank and "
                               "micro-step: KoLeo needs a nearest neighbour (one image gives NaN); raise train.batch_size "
                               "or set dino.koleo_loss_weight=0")  # fmt: skip
+        if dc.weight_decay_end is not None and run.cfg.optim.weight_decay <= 0:
+            raise ConfigError(f"dino.weight_decay_end={dc.weight_decay_end} needs a start: set optim.weight_decay > 0 "
+                              "(DINOv2: 0.04 -> 0.4)")  # fmt: skip
+        self.wd0 = run.cfg.optim.weight_decay
         per_epoch, total = run_length(tc, len(run.loaders.train))
         self.total = total
         self.temp_warmup = round(dc.warmup_teacher_temp_epochs * per_epoch)
@@ -194,6 +201,17 @@ class DinoTask(Task):
         for n in unreached:
             params[n].requires_grad_(False)
         return unreached
+
+    def schedule_optimizer(self, optimizer, step):
+        """DINOv2's weight decay at iteration ``step - 1``: each group's decay scaled by the cosine from
+        ``optim.weight_decay`` to ``dino.weight_decay_end`` (``apply_optim_scheduler``: ``wd x
+        wd_multiplier``)."""
+        end = self.dc.weight_decay_end
+        if end is None:
+            return
+        f = momentum_at(step - 1, self.wd0, end, self.total) / self.wd0
+        for g in optimizer.param_groups:
+            g["weight_decay"] = g.setdefault("initial_weight_decay", g["weight_decay"]) * f
 
     def _mask_hook(self, module, args, out):
         """iBOT: the mask token in place of the masked patches' embeddings (DINOv2's
