@@ -215,3 +215,33 @@ def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait
     for (got, _), old, s in zip(task.ema_pairs, t_before, s_after, strict=True):
         assert torch.allclose(got, m0 * old + (1 - m0) * s, atol=1e-6)
     assert not all(a.equal(b) for a, b in zip(v0, head.last_layer_parameters(), strict=True))
+
+
+def test_weight_decay_follows_dinov2s_cosine(tmp_path):
+    """``dino.weight_decay_end``: before each update the decaying groups get DINOv2's ``wd_schedule[it]``
+    (``CosineScheduler(base_value=weight_decay, final_value=weight_decay_end, total_iters)`` of
+    facebookresearch/dinov2 ``dinov2/utils/utils.py``, no warm-up: ``final + (base - final)(1 + cos(pi i /
+    total)) / 2`` over ``i = arange(total)``), the groups without decay keep 0; a setting without a start
+    is refused in one line."""
+    from vitscale.config import load_config
+    from vitscale.errors import ConfigError
+    from vitscale.train.trainer import Trainer
+
+    args = ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0", "log.progress=none",
+            "log.report=false", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=1",
+            "model.num_attention_heads=2", "dino.local_crops_number=0", "dino.head_n_prototypes=32",
+            "dino.head_hidden_dim=32", "dino.head_bottleneck_dim=16", "train.batch_size=16", "train.max_steps=7",
+            "dino.weight_decay_end=0.4"]  # fmt: skip
+    t = Trainer(load_config("digits_dino", [*args, "optim.weight_decay=0.04", f"train.output_dir={tmp_path / 'a'}"]))
+    total = 7
+    i = np.arange(total)
+    reference = 0.4 + 0.5 * (0.04 - 0.4) * (1 + np.cos(np.pi * i / len(i)))  # dinov2's wd_schedule.schedule
+    got = []
+    for step in range(1, total + 1):
+        t.task.schedule_optimizer(t.optimizer, step)
+        decays = {g["name"]: g["weight_decay"] for g in t.optimizer.param_groups}
+        assert decays["no_decay"] == 0.0
+        got.append(decays["decay"])
+    np.testing.assert_allclose(got, reference, rtol=1e-12)
+    with pytest.raises(ConfigError, match=r"^dino.weight_decay_end=0.4 needs a start: set optim.weight_decay > 0"):
+        Trainer(load_config("digits_dino", [*args, "optim.weight_decay=0", f"train.output_dir={tmp_path / 'b'}"]))
