@@ -245,3 +245,19 @@ def test_weight_decay_follows_dinov2s_cosine(tmp_path):
     np.testing.assert_allclose(got, reference, rtol=1e-12)
     with pytest.raises(ConfigError, match=r"^dino.weight_decay_end=0.4 needs a start: set optim.weight_decay > 0"):
         Trainer(load_config("digits_dino", [*args, "optim.weight_decay=0", f"train.output_dir={tmp_path / 'b'}"]))
+
+
+def test_tensor_parallelism_is_refused_in_one_line_before_the_run():
+    """The heads and the teacher have no tensor-parallel plan: ``parallel.tp=2`` on 2 ranks is refused by
+    the run's up-front checks (before any data is read or model built), naming the key and the fix."""
+    from vitscale.config import load_config
+    from vitscale.distributed.parallel_dims import ParallelDims
+    from vitscale.errors import CheckError
+    from vitscale.run.checks import check_run
+
+    cfg = load_config("digits_dino", ["parallel.tp=2", "model.num_attention_heads=2"])
+    with pytest.raises(CheckError) as e:
+        check_run(cfg, ParallelDims(tp=2, world_size=2), "train")
+    assert str(e.value) == ("train.task=dino with parallel.tp=2: the DINO / iBOT heads and the teacher have no "
+                            "tensor-parallel plan yet; use FSDP2 data parallelism (parallel.tp=1)")
+    check_run(cfg, ParallelDims(dp_shard=2, world_size=2), "train")  # FSDP2: accepted

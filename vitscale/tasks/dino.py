@@ -113,13 +113,18 @@ class DinoTask(Task):
         self.iteration = 0
 
     # ------------------------------------------------------------------------------------- setup
+    @classmethod
+    def check(cls, cfg, model, dims, purpose):
+        super().check(cfg, model, dims, purpose)
+        if purpose == "train":
+            check_layout(dims)
+
     def setup(self, run):
         model, dc, tc = self.model, self.dc, run.cfg.train
         name = run.cfg.model.name
         if "keep" not in inspect.signature(model.forward).parameters or not hasattr(model, "patch_embed"):
             raise ConfigError(f"train.task=dino: model {name} does not give its tokens (forward(images, keep=...)): "
                               "use a ViT (`vitscale models`)")  # fmt: skip
-        check_layout(run.dims)
         keep_root_gathered(run, model)
         p = model.cfg.patch_dim
         for key in ("global_crops_size", "local_crops_size"):

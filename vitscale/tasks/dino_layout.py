@@ -7,7 +7,8 @@ are then sharded exactly as the student's, so the EMA update is element-wise on 
 no communication (DINOv3 does the same: facebookresearch/dinov3 ``dinov3/train/ssl_meta_arch.py``
 ``update_ema``; ``dinov3/fsdp/ac_compile_parallelize.py``). One process: plain copies.
 
-Tensor parallelism has no plan for the heads yet: :func:`check_layout` refuses it in one line."""
+Tensor parallelism has no plan for the heads yet: :func:`check_layout` (``DinoTask.check``) refuses it
+in one line."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from vitscale.errors import ConfigError
+from vitscale.errors import CheckError
 
 
 def check_layout(dims) -> None:
-    """One line before the first step for a layout the parts cannot take (``parallel.tp > 1``)."""
+    """One line before any data is read or model built for a layout the parts cannot take
+    (``parallel.tp > 1``; a prototype count TP could not split is then moot)."""
     if dims.distributed and dims.tp_enabled:
-        raise ConfigError(f"train.task=dino with parallel.tp={dims.tp}: the DINO / iBOT heads and the teacher have no "
+        raise CheckError(f"train.task=dino with parallel.tp={dims.tp}: the DINO / iBOT heads and the teacher have no "
                           "tensor-parallel plan yet; use FSDP2 data parallelism (parallel.tp=1)")  # fmt: skip
 
 
