@@ -122,9 +122,8 @@ def estimate(
     parameters the task adds (:mod:`vitscale.tools.memory_tasks`, ``task_cfg`` its config group); their
     activations are not counted (the teacher runs without autograd).
     """
-    from vitscale.tools.memory_tasks import task_parameters
-
     from vitscale.distributed.fsdp import to_dtype
+    from vitscale.tools.memory_tasks import task_parameters
 
     name, family, cfg = _family_cfg(model, overrides)
     if img_size:
