@@ -63,7 +63,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, preemption: Preemption | None = None, watchdog: Watchdog | None = None):
         self.end = RunEnd()  # the run's clock starts: building, the loop, evaluations and export
-        self.preemption = preemption or Preemption(cfg.checkpoint.save_on_signal)  # save on a signal, all ranks agreeing
+        self.preemption = preemption or Preemption.of_config(cfg)  # save on a signal, all ranks agreeing
         self.run = run = assemble(cfg)  # checks, the run folder's lock, data, model
         try:
             self._build(run, watchdog)
@@ -105,23 +105,22 @@ class Trainer:
             self.notices.append(f"no validation data: this run reports training metrics only "
                                 f"({validation_hint(cfg.data.format)})")  # fmt: skip
         self.schedule = Schedule(self.optimizer, in_steps(cfg.schedule, steps_per_epoch), total, warmup, peak_lr)
-        # FSDP modules cannot be deep-copied: a second model sharded the same way
-        self.ema = EMA(self.model, tc.ema_decay, module=run.new_model() if run.dims.world_size > 1 else None) if tc.ema_decay > 0 else None
+        self.ema = EMA.of_run(run)  # train.ema_decay (None when 0)
 
         # the run's state: resumed from the newest checkpoint, else initialised from checkpoint.init_from
         self.counters = RunCounters(self.loaders.train, total)
-        self.checkpoints = Checkpointing(self.out / "checkpoints", cfg.checkpoint, self.model, self.optimizer, self.ema, self.counters)
+        self.checkpoints = Checkpointing.of_run(run, self.optimizer, self.ema, self.counters)
         prepare_optimizer(self.optimizer)
         self.skip_on_device = skips_on_device(self.optimizer)
-        self.complete = self.checkpoints.restore(self.model, self.ema)  # a finished run: nothing to train
+        self.complete = self.checkpoints.restore()  # a finished run: nothing to train
         self.notices += self.checkpoints.init_lines  # what checkpoint.init_from loaded, resampled, re-initialised
 
         # a non-finite step is not applied (and a diverged run stops); no step within train.hang_timeout:
         # the stacks are written and the run exits 124
-        self.guard = NonFiniteGuard(self.device, tc.max_nonfinite_steps, tc.max_consecutive_nonfinite, self.counters.nonfinite_steps)
-        self.watchdog = watchdog or Watchdog(tc.hang_timeout, self.out, run.dims.rank)
+        self.guard = NonFiniteGuard.of_run(run, self.counters)
+        self.watchdog = watchdog or Watchdog.of_config(cfg, run.dims.rank)
         if not self.complete:  # a finished run's config.yaml still describes its weights
-            self.evals = EvalSchedule(run, self.task, self.autocast)  # loaders and label files read now
+            self.evals = EvalSchedule.of_run(run, self.task, self.autocast)  # loaders and label files read now
             if run.dims.is_main:  # the config of the checkpoints so far kept beside the new one on an accepted change
                 accepted = self.checkpoints.resumed_from and run.claim is not None and run.claim.accepted
                 write_config(cfg, self.out, before_step=self.step if accepted else None)
@@ -175,7 +174,7 @@ class Trainer:
             if self.checkpoints.due(self.step, last) or stop:
                 self.checkpoints.save(self.step, self.guard)
                 logstep.restart()
-            self.preemption.stop(stop, last, self.step, self.checkpoints, run.dims.rank)  # waits for the write, then exits
+            self.preemption.stop(stop, last, self.step, self.checkpoints)  # waits for the write, then exits
             self.watchdog.beat(self.step)
         return self.end.finish(run, self.checkpoints, self.guard, log, last_eval)  # summary, weights, report
 
@@ -257,8 +256,7 @@ def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, 
     rank = int(os.environ.get("RANK", "0"))  # the rank torchrun gave this process (0 without torchrun)
     out = Path(cfg.train.output_dir)
     with RunLog(out / "train.log", enabled=rank == 0, header=command_line()) as runlog, \
-            Preemption(cfg.checkpoint.save_on_signal) as preemption, \
-            Watchdog(cfg.train.hang_timeout, out, rank) as watchdog:  # start-up included
+            Preemption.of_config(cfg) as preemption, Watchdog.of_config(cfg, rank) as watchdog:  # start-up included
         trainer = Trainer(cfg, preemption, watchdog)  # checks the settings and claims the run folder (or refuses: no file written)
         trainer.notices[:0] = list(notes)
         runlog.attach()
