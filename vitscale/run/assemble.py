@@ -139,7 +139,7 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     if purpose not in ("train", "bench"):  # fp8 is a training recipe: evaluation and labeling run the plain model
         cfg = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, fp8="none"))
     # The model, resolved once: the checks, the data and the model builder all take it from here.
-    resolved = resolve_run_model(cfg) if model is None else _given_model(cfg, model)
+    resolved = _given_model(cfg, model) if model is not None else resolve_run_model(cfg)
     check_run(cfg, dims, purpose, resolved, side)
     # Training: the run folder is writable and has room, nobody else trains in it, and a resume
     # continues the same run; decided on rank 0, and every rank stops together on a refusal.
@@ -230,11 +230,10 @@ def _given_model(cfg: Config, model: nn.Module) -> ResolvedModel:
     return ResolvedModel(cfg.model.name, family_of(model), dict(cfg.model.overrides), model.cfg)
 
 
-def model_overrides(cfg: Config, num_classes: int | None, model: ResolvedModel | None = None) -> dict[str, Any]:
-    """The resolved model's overrides (``model.overrides`` and what the task implies) plus the data's
-    class count and ``data.img_size`` for the fields the variant's config has and the overrides do not
-    set; ``model``: ``cfg.model`` resolved (None: resolved here)."""
-    model = model or resolve_run_model(cfg)
+def model_overrides(cfg: Config, num_classes: int | None, model: ResolvedModel) -> dict[str, Any]:
+    """The overrides of ``model`` (``cfg.model`` resolved: ``model.overrides`` and what the task
+    implies) plus the data's class count and ``data.img_size`` for the fields the variant's config has
+    and the overrides do not set."""
     fields = model.fields
     over = dict(model.overrides)
     if num_classes and "num_classes" in fields and "num_classes" not in over:

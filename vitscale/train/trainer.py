@@ -29,7 +29,6 @@ from vitscale.data.formats import validation_hint
 from vitscale.distributed.compile import StaticShapes, check_graph_inputs, mark_step, uses_cudagraphs
 from vitscale.distributed.float8 import precompute_float8_scales
 from vitscale.run import assemble
-from vitscale.run.folder import write_config
 from vitscale.tasks import get_task
 from vitscale.tools.env import command_line
 from vitscale.tools.report import try_write_report
@@ -122,8 +121,7 @@ class Trainer:
         if not self.complete:  # a finished run's config.yaml still describes its weights
             self.evals = EvalSchedule.of_run(run, self.task, self.autocast)  # loaders and label files read now
             if run.dims.is_main:  # the config of the checkpoints so far kept beside the new one on an accepted change
-                accepted = self.checkpoints.resumed_from and run.claim is not None and run.claim.accepted
-                write_config(cfg, self.out, before_step=self.step if accepted else None)
+                run.claim.write_config(cfg, self.step if self.checkpoints.resumed_from else None)
 
     @property
     def step(self) -> int:
