@@ -1,12 +1,15 @@
 """The trainer: one loop for every model family, task and parallel layout.
 
-:func:`vitscale.run.assemble` builds the run (device, layout, data, the model on the meta device ->
+One call into the run layer, :func:`vitscale.run.assemble`, gives the finished run (the model
+resolved, the checks, the run folder claimed, device, layout, data, the model on the meta device ->
 its family's plan through the parallelize tail -> ``to_empty`` -> ``init_weights()`` under the run's
-seed); the trainer builds its components from that run — task, optimizer, schedule, EMA, the
-checkpoint component (:mod:`.checkpointing`: the run's state as DCP ``Stateful`` parts, resume,
-schedule), the evaluations (:mod:`.evaluation`), the log step and logger (:mod:`.logstep`,
-:mod:`.metrics`: ``of_run``) and the run's end (:mod:`.finish`) — and holds the loop, which calls each
-with the step. No component reads the trainer's state: each is handed what it uses. It never
+seed); the trainer builds its components from that run, each owning its config group
+(``X.of_run(run, …)``) — task, optimizer, schedule, EMA, the checkpoint component
+(:mod:`.checkpointing`: the run's state as DCP ``Stateful`` parts, resume, schedule), the non-finite
+guard, the evaluations (:mod:`.evaluation`), the log step and logger (:mod:`.logstep`,
+:mod:`.metrics`) and the run's end (:mod:`.finish`) — and holds the loop, which calls each with the
+step. Save-on-signal and the watchdog are built from the config (``of_config``): they are entered
+before the run is assembled. No component reads the trainer's state: each is handed what it uses. It never
 branches on a model's name: the task (``train.task`` or the family's default) computes the loss.
 
 Steps count from 1 (step N = the N-th optimizer update). The host syncs with the device only at log,
