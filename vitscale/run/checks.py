@@ -70,7 +70,7 @@ def _check_finite(cfg: Config) -> None:
         raise CheckError(not_finite_message(*found))
 
 
-def _check_settings(cfg: Config, dims: ParallelDims, purpose: str) -> None:
+def _check_ranges(cfg: Config, purpose: str) -> None:
     """What one field's range cannot say: settings that only matter for some purposes, or together."""
     tc = cfg.train
     if purpose == "train":
@@ -79,14 +79,6 @@ def _check_settings(cfg: Config, dims: ParallelDims, purpose: str) -> None:
         _check_signals(cfg.checkpoint.save_on_signal)
     if purpose != "bench" and not cfg.parallel.timeout > 0:
         raise CheckError(f"parallel.timeout={cfg.parallel.timeout} must be greater than 0 (seconds a collective may wait)")
-    if purpose == "train" and cfg.optim.name == "lamb" and cfg.optim.fused in ("fused", "foreach"):
-        raise CheckError(f"optim.fused={cfg.optim.fused}: vitscale's LAMB has one implementation (a loop over the "
-                         "parameters); leave optim.fused at auto with optim.name=lamb")  # fmt: skip
-    if purpose == "train" and tc.batch_size % (dims.dp_size * tc.grad_accum):
-        raise CheckError(
-            f"train.batch_size={tc.batch_size} must be divisible by data-parallel size {dims.dp_size} x "
-            f"train.grad_accum {tc.grad_accum} (e.g. train.batch_size={dims.dp_size * tc.grad_accum * max(tc.batch_size // (dims.dp_size * tc.grad_accum), 1)})"
-        )
 
 
 def _check_image_size(cfg: Config, model: ResolvedModel, side: tuple[str, int | None] | None) -> None:
@@ -104,47 +96,64 @@ def _check_image_size(cfg: Config, model: ResolvedModel, side: tuple[str, int | 
             raise CheckError(f"{key}={side} does not fit {cfg.model.name}: {e}; use a multiple of {base.patch_dim}") from None
 
 
+def _check_sizes(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel) -> None:
+    """Variable resolution (``data.image_sizes``, ``data.seq_lens``): a model that takes it (its
+    ``input_modes``), sizes the patch divides, a batch of at least one image per rank at every size."""
+    d, name = cfg.data, cfg.model.name
+    if purpose == "bench" or not (d.image_sizes or d.seq_lens or d.img_size or d.eval_image_size or d.eval_seq_len):
+        return
+    cls = model.family.model_cls
+    if d.image_sizes:
+        check_input_mode(cls, "multi", f"data.image_sizes={list(d.image_sizes)}", name)
+    if d.seq_lens:
+        check_input_mode(cls, "naflex", f"data.seq_lens={list(d.seq_lens)}", name)
+    check_sizes(d, patch=model.cfg.patch_dim, batch_size=cfg.train.batch_size, parts=dims.dp_size * cfg.train.grad_accum)
+
+
 def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel,
               side: tuple[str, int | None] | None = None) -> None:  # fmt: skip
     """:class:`CheckError` (or RuntimeError for the machine) naming the setting to change, for a run
-    of ``purpose`` whose model :func:`vitscale.run.assemble` resolved as ``model``; ``side``: the
-    setting and value of the image side a job gives its loaders instead of ``data.img_size`` (the
-    label-tokens job's own).
-
-    In the order of the layers: no setting is NaN (it would pass every comparison below), this
-    layer's own rules (settings that matter together or for some purposes, the image side), then the
-    run's task checks its own settings (:meth:`vitscale.tasks.Task.check`), the data's, the model's
-    input modes, and last the parallel layout, compilation, float8 and the machine."""
-    _check_finite(cfg)
-    _check_settings(cfg, dims, purpose)
-    _check_image_size(cfg, model, side)
-    get_task(cfg.train.task or model.family.task).check(cfg, model, dims, purpose)
-    d, tc = cfg.data, cfg.train
-    if purpose == "train":  # a ConfigError naming data.auto_augment / data.color_jitter and what to write
-        build_augment(d.auto_augment, d.color_jitter, mean=d.mean, interpolation=d.train_interpolation or d.interpolation,
-                      force_color_jitter=d.force_color_jitter)  # fmt: skip
-    # variable resolution (data.image_sizes, data.seq_lens): a model that takes it (its input_modes),
-    # sizes the patch divides, a batch of at least one image per rank at every size
-    if purpose != "bench" and (d.image_sizes or d.seq_lens or d.img_size or d.eval_image_size or d.eval_seq_len):
-        if d.image_sizes:
-            check_input_mode(model.family.model_cls, "multi", f"data.image_sizes={list(d.image_sizes)}", cfg.model.name)
-        if d.seq_lens:
-            check_input_mode(model.family.model_cls, "naflex", f"data.seq_lens={list(d.seq_lens)}", cfg.model.name)
-        check_sizes(d, patch=model.cfg.patch_dim, batch_size=tc.batch_size, parts=dims.dp_size * tc.grad_accum)
-    if dims.tp > 1:  # the model's family says whether its TP plan splits this config over parallel.tp ranks
-        check_layout(model.family.plan(), model.cfg, dims.tp, cfg.model.name)
-    if purpose in ("train", "bench"):
-        check_compile_mode(tc.compile_mode, compile=bool(tc.compile), device_type=dims.device.type, world_size=dims.world_size)
-        if cfg.precision.fp8 != "none":
-            check_recipe(cfg.precision.fp8, cfg.precision.fp8_filter)
-            require_torchao()  # before any data is read: one line on how to install it
-            fp8_emulated(dims.device)  # an older GPU: refused with the reason
+    of ``purpose`` whose model :func:`vitscale.run.assemble` resolved as ``model`` (the checks take
+    its config and family from there, never from the registry again); ``side``: the setting and
+    value of the image side a job gives its loaders instead of ``data.img_size`` (the label-tokens
+    job's own). The run's task checks its own settings (:meth:`vitscale.tasks.Task.check`). The order
+    is the order of the messages a config with several faults meets: the machine, no NaN (it passes
+    every comparison), the run's own ranges, the model against the data's sizes and the layout, the
+    task, then what training and the bench add."""
     if dims.distributed and not fsdp_runs_on(dims.device.type):  # not an AttributeError in the first step
         raise RuntimeError(
             f"multi-process training wraps the model in FSDP2, which cannot train on CPU with torch "
             f"{torch.__version__} (its CPU streams lack record_event): train on CUDA, or on CPU with a "
             "newer torch (2.11 and 2.15 checked)"
         )
+    _check_finite(cfg)
+    _check_ranges(cfg, purpose)
+    _check_sizes(cfg, dims, purpose, model)
+    _check_image_size(cfg, model, side)
+    if dims.tp > 1:  # the model's family says whether its TP plan splits this config over parallel.tp ranks
+        check_layout(model.family.plan(), model.cfg, dims.tp, cfg.model.name)
+    get_task(cfg.train.task or model.family.task).check(cfg, model, dims, purpose)
+    if purpose == "train":
+        d = cfg.data  # a ConfigError naming data.auto_augment / data.color_jitter and what to write
+        build_augment(d.auto_augment, d.color_jitter, mean=d.mean, interpolation=d.train_interpolation or d.interpolation,
+                      force_color_jitter=d.force_color_jitter)  # fmt: skip
+        if cfg.optim.name == "lamb" and cfg.optim.fused in ("fused", "foreach"):
+            raise CheckError(f"optim.fused={cfg.optim.fused}: vitscale's LAMB has one implementation (a loop over the "
+                             "parameters); leave optim.fused at auto with optim.name=lamb")  # fmt: skip
+    if purpose in ("train", "bench"):
+        check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
+                           world_size=dims.world_size)  # fmt: skip
+        if cfg.precision.fp8 != "none":
+            check_recipe(cfg.precision.fp8, cfg.precision.fp8_filter)
+            require_torchao()  # before any data is read: one line on how to install it
+            fp8_emulated(dims.device)  # an older GPU: refused with the reason
+    if purpose == "train":
+        tc = cfg.train
+        if tc.batch_size % (dims.dp_size * tc.grad_accum):
+            raise CheckError(
+                f"train.batch_size={tc.batch_size} must be divisible by data-parallel size {dims.dp_size} x "
+                f"train.grad_accum {tc.grad_accum} (e.g. train.batch_size={dims.dp_size * tc.grad_accum * max(tc.batch_size // (dims.dp_size * tc.grad_accum), 1)})"
+            )
 
 
 # ------------------------------------------------------------------------------------- the folder
