@@ -81,6 +81,11 @@ class Run:
     claim: Claim | None = None
     """Training: the run folder's lock (rank 0) and the config changes a resume accepted
     (:mod:`vitscale.run.folder`); release it when the run ends. None for other purposes."""
+    steps_per_epoch: int = 0
+    """Training: optimizer steps per epoch of the training loader (0 for other purposes)."""
+    total_steps: int = 0
+    """Training: the run's steps, ``train.max_steps`` else ``train.epochs`` of them (0 for other
+    purposes): :func:`vitscale.config.schema.run_length`."""
 
     @property
     def family(self) -> FamilySpec:
@@ -164,8 +169,9 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         # the model's config completed from the data (class count, image size)
         overrides = model_overrides(cfg, num_classes, resolved)
         resolved = resolved.with_overrides(overrides) if model is None else dataclasses.replace(resolved, overrides=overrides)
+        steps_per_epoch, total_steps = run_length(tc, len(loaders.train)) if purpose == "train" else (0, 0)
         if purpose == "train" and loaders.sizes is not None:  # progressive stages are fractions of the run
-            loaders.sizes.total_steps = run_length(tc, len(loaders.train))[1]
+            loaders.sizes.total_steps = total_steps
             if compile:
                 bound_recompiles(len(loaders.sizes.sizes))
         if purpose == "train" and dims.is_main and loaders.class_names:  # for vitscale eval and export
@@ -190,7 +196,7 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         cfg=cfg, purpose=purpose, device=device, dims=dims, precision=resolve_precision(cfg.precision, device),
         resolved=resolved, task=tc.task or family.task, img_size=img_size, loaders=loaders, num_classes=num_classes,
         class_names=list(loaders.class_names) if loaders is not None else [], model=model, micro_batch=micro_batch,
-        float8=float8, claim=held,
+        float8=float8, claim=held, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
     )  # fmt: skip
 
 

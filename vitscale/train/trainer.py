@@ -48,7 +48,7 @@ from .nonfinite import NonFiniteGuard, apply_update, clip_gradients, prepare_opt
 from .optim import build_optimizer, scaled_lr
 from .preemption import Preemption
 from .runlog import RunLog
-from .schedules import Schedule, fit_warmup, in_steps, run_length, warmup_steps
+from .schedules import Schedule
 from .watchdog import Watchdog
 
 
@@ -100,17 +100,15 @@ class Trainer:
         peak_lr = scaled_lr(cfg.optim, tc.batch_size)
         self.optimizer = build_optimizer(self.model, cfg.optim, peak_lr)
         self.notices += group_lines(self.model, self.optimizer, cfg.optim.layer_decay, peak_lr)
-        steps_per_epoch, total = run_length(tc, len(self.loaders.train))
-        warmup, notice = fit_warmup(warmup_steps(cfg.schedule, steps_per_epoch), total)
-        self.notices += [notice] if notice else []
+        self.schedule = Schedule.of_run(run, self.optimizer, peak_lr)  # schedule.*: the warmup fitted to the run
+        self.notices += [self.schedule.notice] if self.schedule.notice else []
         if self.loaders.val is None and not cfg.evals:
             self.notices.append(f"no validation data: this run reports training metrics only "
                                 f"({validation_hint(cfg.data.format)})")  # fmt: skip
-        self.schedule = Schedule(self.optimizer, in_steps(cfg.schedule, steps_per_epoch), total, warmup, peak_lr)
         self.ema = EMA.of_run(run)  # train.ema_decay (None when 0)
 
         # the run's state: resumed from the newest checkpoint, else initialised from checkpoint.init_from
-        self.counters = RunCounters(self.loaders.train, total)
+        self.counters = RunCounters(self.loaders.train, self.schedule.total)
         self.checkpoints = Checkpointing.of_run(run, self.optimizer, self.ema, self.counters)
         prepare_optimizer(self.optimizer)
         self.skip_on_device = skips_on_device(self.optimizer)
