@@ -83,7 +83,10 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     config_from = str(cfg_path) if cfg_path else "defaults"
     sd = read_weights(weights_file if weights_file.is_file() else p, "ema" if ema else "model")
     if "model" in meta:  # the header names the model and its resolved overrides
-        resolved = resolve_model(meta["model"], **json.loads(meta.get("overrides") or "{}"))
+        over = json.loads(meta.get("overrides") or "{}")
+        if "num_classes" not in over and head_classes(sd) is not None:  # a run's count taken from its data
+            over["num_classes"] = head_classes(sd)
+        resolved = resolve_model(meta["model"], **over)
     elif cfg_path:  # a DCP checkpoint: the run config says, the class count is the head's
         run_model = resolve_run_model(cfg)  # with what its task implies (SigLIP's bias)
         resolved = run_model.with_overrides(model_overrides(cfg, head_classes(sd), run_model))

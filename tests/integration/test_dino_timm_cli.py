@@ -1,0 +1,96 @@
+"""Continued DINO pretraining from timm's DINOv2 weights and the teacher handed back, as a user runs it:
+a ``vit_small_patch14_reg4_dinov2``-format file (random weights, shrunk: 2 blocks of width 64, 28 px)
+through ``checkpoint.init_from`` under ``train.task=dino`` — the student and the EMA teacher start from
+it (a run at ``optim.lr=0`` leaves both where they started: its checkpoint's student and teacher give
+timm's features); a run from it trains; ``vitscale convert --key teacher`` writes the teacher's backbone
+as timm's file (``strict=True``) and as vitscale weights that ``checkpoint.init_from``, ``vitscale eval``
+and ``vitscale export`` take."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import randomize, read_metrics, rel_l2
+from safetensors.torch import load_file, save_file
+
+from vitscale.cli import main
+
+timm = pytest.importorskip("timm")
+
+TIMM = "vit_small_patch14_reg4_dinov2"
+SHRINK = dict(img_size=28, depth=2, embed_dim=64, num_heads=4)  # a 2 x 2 grid of 14 px patches
+RUN = ["model.name=vit_s14_reg4_dinov2", "model.hidden_size=64", "model.ffn_hidden_size=256",
+       "model.num_attention_heads=4", "model.num_layers=2", "model.patch_dim=14", "model.img_h=28", "model.img_w=28",
+       "model.pool=token", "dino.global_crops_size=28", "dino.local_crops_number=1", "dino.local_crops_size=14",
+       "dino.head_n_prototypes=64", "dino.head_bottleneck_dim=16", "dino.head_hidden_dim=32", "train.batch_size=16",
+       "train.log_every=1", "schedule.warmup_steps=1", "eval.every=0", "eval.probe_l2=[1e-3]", "log.progress=plain",
+       "log.report=false"]  # fmt: skip
+
+
+def vitscale(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vitscale", *args], capture_output=True, text=True, timeout=300)
+
+
+def timm_features(sd: dict, x: torch.Tensor) -> torch.Tensor:
+    """The pooled features of timm's model holding ``sd`` (``strict=True``; the digits run's classifier,
+    which DINO leaves frozen, makes it timm's model with 10 classes)."""
+    tm = timm.create_model(TIMM, pretrained=False, num_classes=10, **SHRINK).eval()
+    tm.load_state_dict(sd, strict=True)
+    with torch.no_grad():
+        return tm.forward_head(tm.forward_features(x), pre_logits=True)
+
+
+@pytest.mark.slow
+def test_timm_dinov2_continues_pretraining_and_its_teacher_goes_back_to_timm(tmp_path):
+    torch.manual_seed(0)
+    tm = timm.create_model(TIMM, pretrained=False, **SHRINK).eval()
+    randomize(tm, scale=0.1)  # LayerScale, registers and all: every tensor matters
+    published = tmp_path / "dinov2_reg4.safetensors"
+    save_file({k: v.contiguous() for k, v in tm.state_dict().items()}, published)
+    x = torch.randn(3, 3, 28, 28)
+    with torch.no_grad():
+        ref = tm(x)
+
+    # lr 0: the student and the teacher stay where checkpoint.init_from put them
+    still = tmp_path / "still"
+    p = vitscale("train", "digits_dino", *RUN, f"checkpoint.init_from={published}", "optim.lr=0", "train.max_steps=1",
+                 f"train.output_dir={still}")  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    for key in ("model", "teacher"):
+        out = tmp_path / f"{key}_timm.safetensors"
+        assert main(["convert", str(still), str(out), "--key", key, "--to", "timm"]) == 0
+        sd = load_file(out)
+        assert rel_l2(timm_features(sd, x), ref) < 1e-5, key  # timm's model loads it with strict=True
+
+    # a run from the published file trains; its teacher, exported both ways
+    run = tmp_path / "run"
+    p = vitscale("train", "digits_dino", *RUN, f"checkpoint.init_from={published}", "train.max_steps=3",
+                 f"train.output_dir={run}")  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [r for r in read_metrics(run) if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    teacher_timm = tmp_path / "teacher_timm.safetensors"
+    assert main(["convert", str(run), str(teacher_timm), "--key", "teacher", "--to", "timm"]) == 0
+    moved = timm_features(load_file(teacher_timm), x)
+    assert 0 < rel_l2(moved, ref) < 0.5  # the teacher moved with the student, a little
+
+    teacher = tmp_path / "teacher.safetensors"  # vitscale weights: the header names the model
+    assert main(["convert", str(run), str(teacher), "--key", "teacher"]) == 0
+    from vitscale.export.source import load_source
+
+    ours = load_source(teacher).model
+    with torch.no_grad():
+        assert rel_l2(ours.forward_head(ours.forward_features(x), pre_logits=True), moved) < 1e-5
+    probe = vitscale("eval", str(run / "config.yaml"), f"checkpoint.path={teacher}", "eval.probe=linear")
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    assert "top1" in probe.stdout
+    again = tmp_path / "again"
+    p = vitscale("train", "digits_dino", *RUN, f"checkpoint.init_from={teacher}", "train.max_steps=1",
+                 f"train.output_dir={again}")  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert main(["export", str(teacher), "--format", "torch-export", "--config", str(run / "config.yaml"),
+                 "--out", str(tmp_path / "served")]) == 0  # fmt: skip
+    assert (tmp_path / "served" / "export.json").is_file()
