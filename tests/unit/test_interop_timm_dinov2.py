@@ -20,7 +20,9 @@ from vitscale.models.vit.state_dict_adapter import TIMM_NAMES, config_from_timm 
 from vitscale.models.vit.timm_registry import create_timm_meta  # noqa: E402
 
 DINOV2 = [v for v in VARIANTS if v.endswith("_dinov2")]
-TINY = dict(img_size=28, depth=2, embed_dim=64, num_heads=4, dynamic_img_size=True)  # a 2 x 2 grid of 14 px patches
+TINY = dict(
+    img_size=28, depth=2, embed_dim=64, num_heads=4, dynamic_img_size=True
+)  # a 2 x 2 grid of 14 px patches
 
 
 def test_the_zoo_has_dinov2_s_b_l_with_and_without_registers():
@@ -30,7 +32,9 @@ def test_the_zoo_has_dinov2_s_b_l_with_and_without_registers():
 @pytest.mark.parametrize("variant", DINOV2)
 def test_dinov2_variants_are_timms_registered_models(variant):
     cfg = VARIANTS[variant]
-    assert config_from_timm(create_timm_meta(TIMM_NAMES[variant])) == dataclasses.replace(cfg, fc_norm=cfg.use_fc_norm)
+    assert config_from_timm(create_timm_meta(TIMM_NAMES[variant])) == dataclasses.replace(
+        cfg, fc_norm=cfg.use_fc_norm
+    )
 
 
 @pytest.mark.parametrize("name", ["vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2"])
