@@ -63,7 +63,7 @@ from .dino_loss import (
     teacher_temp_at,
     update_center,
 )
-from .health import RankWatch, TeacherWatch
+from .health import RankWatch, TeacherWatch, frozen_backbone_evals
 from .parts import attach_part
 
 
@@ -320,10 +320,7 @@ class DinoTask(Task):
 
     @classmethod
     def default_evals(cls, cfg):
-        ec = cfg.eval
-        return [{"kind": "knn", "name": "knn", "every": ec.every},
-                {"kind": "linear_probe", "name": "linear_probe", "every": 0, "l2": list(ec.probe_l2),
-                 "holdout": ec.probe_holdout, "max_iter": ec.probe_max_iter}]  # fmt: skip
+        return frozen_backbone_evals(cfg)
 
 
 register_task(DinoTask)
