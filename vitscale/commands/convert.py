@@ -38,21 +38,11 @@ def register(subparsers) -> None:
     )
     p.add_argument("checkpoint", help="step folder, checkpoints/ folder or run folder")
     p.add_argument("out", help="output .safetensors path")
-    p.add_argument(
-        "--key",
-        default="model",
-        choices=["model", "ema", "teacher"],
-        help="which weights: model, ema, or teacher (a train.task=dino run's EMA teacher backbone); default model",
-    )
-    p.add_argument(
-        "--to",
-        default="vitscale",
-        choices=["vitscale", "timm"],
-        help="the layout of the file: vitscale's (default) or timm's (one file, no --max-shard-size)",
-    )
-    p.add_argument(
-        "--dtype", default=None, help="cast floating tensors (bf16, fp16, fp32); default: as saved"
-    )
+    p.add_argument("--key", default="model", choices=["model", "ema", "teacher"],
+                   help="which weights: model, ema, or teacher (a train.task=dino run's EMA teacher backbone); default model")
+    p.add_argument("--to", default="vitscale", choices=["vitscale", "timm"],
+                   help="the file's layout: vitscale's (default) or timm's (one file: no --max-shard-size)")
+    p.add_argument("--dtype", default=None, help="cast floating tensors (bf16, fp16, fp32); default: as saved")
     p.add_argument("--max-shard-size", default=None, help="split into files of at most this size (e.g. 5GB)")
     p.set_defaults(func=run)
 
@@ -65,11 +55,7 @@ def run(args) -> int:
         print(f"vitscale convert: --to {args.to} writes one file: drop --max-shard-size", file=sys.stderr)
         return 2
     files = consolidate(  # errors: one line (vitscale.cli)
-        args.checkpoint,
-        args.out,
-        key=args.key,
-        dtype=to_dtype(args.dtype),
-        max_shard_bytes=parse_size(args.max_shard_size),
+        args.checkpoint, args.out, key=args.key, dtype=to_dtype(args.dtype), max_shard_bytes=parse_size(args.max_shard_size)
     )
     if args.to != "vitscale":
         from vitscale.interop.library_file import write_library_weights

@@ -146,15 +146,5 @@ def frozen_backbone_evals(cfg) -> list[dict]:
              "holdout": ec.probe_holdout, "max_iter": ec.probe_max_iter}]  # fmt: skip
 
 
-__all__ = [
-    "EPS",
-    "ENTROPY_HIGH",
-    "KL_HIGH",
-    "RankWatch",
-    "TeacherWatch",
-    "effective_rank",
-    "frozen_backbone_evals",
-    "gather_rows",
-    "rank_floor",
-    "teacher_signals",
-]
+__all__ = ["EPS", "ENTROPY_HIGH", "KL_HIGH", "RankWatch", "TeacherWatch", "effective_rank", "frozen_backbone_evals",
+           "gather_rows", "rank_floor", "teacher_signals"]
