@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -33,12 +31,6 @@ RUN = ["model.name=vit_s14_reg4_dinov2", "model.hidden_size=64", "model.ffn_hidd
        "log.report=false"]  # fmt: skip
 
 
-def vitscale(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vitscale", *args], capture_output=True, text=True, timeout=300
-    )
-
-
 def timm_features(sd: dict, x: torch.Tensor) -> torch.Tensor:
     """The pooled features of timm's model holding ``sd`` (``strict=True``; the digits run's classifier,
     which DINO leaves frozen, makes it timm's model with 10 classes)."""
@@ -48,7 +40,6 @@ def timm_features(sd: dict, x: torch.Tensor) -> torch.Tensor:
         return tm.forward_head(tm.forward_features(x), pre_logits=True)
 
 
-@pytest.mark.slow
 def test_timm_dinov2_continues_pretraining_and_its_teacher_goes_back_to_timm(tmp_path, capsys):
     torch.manual_seed(0)
     tm = timm.create_model(TIMM, pretrained=False, **SHRINK).eval()
@@ -61,9 +52,8 @@ def test_timm_dinov2_continues_pretraining_and_its_teacher_goes_back_to_timm(tmp
 
     # at optim.lr=0 the student and the teacher stay as checkpoint.init_from loaded them
     still = tmp_path / "still"
-    p = vitscale("train", "digits_dino", *RUN, f"checkpoint.init_from={published}", "optim.lr=0", "train.max_steps=1",
-                 f"train.output_dir={still}")  # fmt: skip
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert main(["train", "digits_dino", *RUN, f"checkpoint.init_from={published}", "optim.lr=0", "train.max_steps=1",
+                 f"train.output_dir={still}"]) == 0  # fmt: skip
     for key in ("model", "teacher"):
         out = tmp_path / f"{key}_timm.safetensors"
         assert main(["convert", str(still), str(out), "--key", key, "--to", "timm"]) == 0
@@ -86,9 +76,8 @@ def test_timm_dinov2_continues_pretraining_and_its_teacher_goes_back_to_timm(tmp
 
     # ... and a run continues from it: it trains, and its teacher moves with the student
     run = tmp_path / "run"
-    p = vitscale("train", "digits_dino", *RUN, f"checkpoint.init_from={teacher}", "train.max_steps=3",
-                 f"train.output_dir={run}")  # fmt: skip
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert main(["train", "digits_dino", *RUN, f"checkpoint.init_from={teacher}", "train.max_steps=3",
+                 f"train.output_dir={run}"]) == 0  # fmt: skip
     rows = [r for r in read_metrics(run) if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in rows)
     moved = tmp_path / "moved_timm.safetensors"
