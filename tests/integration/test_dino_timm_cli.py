@@ -83,3 +83,7 @@ def test_timm_dinov2_continues_pretraining_and_its_teacher_goes_back_to_timm(tmp
     moved = tmp_path / "moved_timm.safetensors"
     assert main(["convert", str(run), str(moved), "--key", "teacher", "--to", "timm"]) == 0
     assert 0 < rel_l2(timm_features(load_file(moved), x), ref) < 0.5
+    # vitscale export --teacher: the same teacher, straight from the run folder
+    assert main(["export", str(run), "--teacher", "--format", "torch-export"]) == 0
+    info = json.loads((run / "export" / "torch-export-teacher" / "export.json").read_text())
+    assert info["check"]["passed"] and info["model"]["teacher"] and info["model"]["name"] == "vit_s14_reg4_dinov2"

@@ -55,6 +55,9 @@ def read_weights(path: str | os.PathLike, key: str = "model") -> dict[str, torch
     """
     p = Path(path)
     if p.is_dir() and not is_step_folder(p) and not list_checkpoints(p) and not list_checkpoints(p / "checkpoints"):
+        if key == "teacher":
+            raise CheckpointError(f"{p}: no checkpoint to read the teacher from (a train.task=dino run keeps it in its "
+                                  "checkpoints: train with checkpoint.every > 0)")  # fmt: skip
         p = p / ("model_ema.safetensors" if key == "ema" else "model.safetensors")
         if p.is_symlink():  # inside a run folder nothing is followed (docs/trust.md, "Symbolic links")
             raise CheckpointError(f"{p} is a symbolic link (to {os.readlink(p)}); a run folder's weights are its own file")
