@@ -87,3 +87,15 @@ def test_timm_dinov2_continues_pretraining_and_its_teacher_goes_back_to_timm(tmp
     assert main(["export", str(run), "--teacher", "--format", "torch-export"]) == 0
     info = json.loads((run / "export" / "torch-export-teacher" / "export.json").read_text())
     assert info["check"]["passed"] and info["model"]["teacher"] and info["model"]["name"] == "vit_s14_reg4_dinov2"
+
+
+def test_teacher_and_timm_misuse_is_one_line(tmp_path, capsys):
+    weights = tmp_path / "w.safetensors"
+    save_file({"a": torch.zeros(1)}, weights)
+    assert main(["export", str(weights), "--teacher"]) == 1
+    assert capsys.readouterr().err.startswith("vitscale export: --teacher reads the teacher from a run folder's checkpoint")
+    assert main(["export", str(tmp_path), "--teacher"]) == 1  # a folder without checkpoints
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no checkpoint to read the teacher from" in err
+    assert main(["convert", str(tmp_path), str(tmp_path / "t.safetensors"), "--to", "timm", "--max-shard-size", "1GB"]) == 2
+    assert capsys.readouterr().err == "vitscale convert: --to timm writes one file: drop --max-shard-size\n"
