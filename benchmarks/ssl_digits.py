@@ -58,7 +58,7 @@ def _step_cost(config: str, label: str, steps: int, rounds: int, tmp: Path, doc:
         print(
             f"{name}: {c['ms_per_step_batch64']:.1f} ms per step of 64 images (median {c['median_img_per_s']:.0f} img/s)"
         )
-    print(f"a {label.upper()} step costs {ratio:.2f}x a supervised step of the same backbone", flush=True)
+    print(f"one {label.upper()} step costs {ratio:.2f}x a supervised step of the same backbone", flush=True)
 
 
 def run_benchmark(description: str, config: str, label: str, per_run: Callable[[list[dict]], dict], *,
