@@ -92,6 +92,11 @@ class Task:
         (freeze parameters). Returns lines for the run to print. Default: nothing."""
         return []
 
+    def weights_loaded(self) -> None:
+        """Called by the trainer right after the model's weights were read from ``checkpoint.init_from``
+        (never on a resume, whose checkpoint holds the task's parts): the task's own copies of the
+        model's weights (a self-distillation teacher) follow them. Default: nothing."""
+
     def step_times(self) -> dict[str, float]:
         """Seconds the task's named parts took since the last call (``{"teacher": s}``), read at log
         steps only; logged as ``<part>_time_pct`` of the step time. Default: none."""

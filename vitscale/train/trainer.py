@@ -114,6 +114,8 @@ class Trainer:
         self.skip_on_device = skips_on_device(self.optimizer)
         self.complete = self.checkpoints.restore()  # a finished run: nothing to train
         self.notices += self.checkpoints.init_lines  # what checkpoint.init_from loaded, resampled, re-initialised
+        if self.checkpoints.init_report is not None:  # the task's copies of the weights follow (DINO's teacher)
+            self.task.weights_loaded()
 
         # a non-finite step is not applied (and a diverged run stops); no step within train.hang_timeout:
         # the stacks are written and the run exits 124
