@@ -303,9 +303,11 @@ def test_output_folder_checked_up_front(tmp_path, capsys):
                                      f"{ro / 'run'}): choose a folder you can write to"], err_ro
     assert rc_small == 2 and len(err) == 1 and err[0].startswith(f"vitscale train: train.output_dir={small / 'run'}: "), err
     from vitscale.config import load_config
+    from vitscale.run.assemble import resolve_run_model
     from vitscale.run.checks import checkpoint_bytes
 
-    params, need = checkpoint_bytes(load_config("digits_vit", TINY))
+    cfg = load_config("digits_vit", TINY)
+    params, need = checkpoint_bytes(cfg, resolve_run_model(cfg))
     assert need > 512 << 10 and (f"free on its disk, one checkpoint of vit_debug ({params / 1e6:.1f}M parameters: weights, "
                                  f"optimizer state in fp32) takes about {need / 2**20:.1f} MiB") in err[0]
 

@@ -149,9 +149,13 @@ def test_a_new_model_name_drops_the_yamls_model_overrides():
 def test_distillation_settings_are_checked_up_front(tmp_path):
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.errors import CheckError, ConfigError
-    from vitscale.run.checks import check_run
+    from vitscale.run.assemble import resolve_run_model
+    from vitscale.run.checks import check_run as check
 
     dims = ParallelDims(device=torch.device("cpu"))
+
+    def check_run(cfg, dims, purpose):  # the run's checks, of the model as vitscale.run.assemble resolves it
+        check(cfg, dims, purpose, resolve_run_model(cfg))
     # a task without distillation has no distill group: refused as the config loads
     with pytest.raises(ConfigError, match=re.escape("distill is a group of train.task=classification / contrastive, "
                                                     "not of train.task=token_labeling (this run's)")):

@@ -115,6 +115,7 @@ def test_lamb_keys_checked(tmp_path):
 
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.errors import CheckError
+    from vitscale.run.assemble import resolve_run_model
     from vitscale.run.checks import check_run
 
     r = subprocess.run([sys.executable, "-m", "vitscale", "train", "digits_vit", "optim.name=lamb", "train.bce_target_thresh=1.5",
@@ -123,4 +124,4 @@ def test_lamb_keys_checked(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "metrics.jsonl").exists()
     cfg = load_config("digits_vit", ["optim.name=lamb", "optim.fused=fused", f"train.output_dir={tmp_path}"])
     with pytest.raises(CheckError, match="one implementation"):
-        check_run(cfg, ParallelDims(device=torch.device("cpu")), "train")
+        check_run(cfg, ParallelDims(device=torch.device("cpu")), "train", resolve_run_model(cfg))

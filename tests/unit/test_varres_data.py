@@ -191,7 +191,7 @@ def test_naflex_mixup_mixes_the_central_overlap_and_weights_targets_by_tokens(mo
 
 def test_each_size_compiles_once():
     """Under train.compile a variable-resolution run compiles each size once with static shapes and
-    reuses it (vitscale.run.assemble.bound_recompiles): 3 sizes, 9 steps -> 3 graphs, none dynamic."""
+    reuses it (vitscale.distributed.compile.bound_recompiles): 3 sizes, 9 steps -> 3 graphs, none dynamic."""
     import torch._dynamo
 
     keys = ("automatic_dynamic_shapes", "cache_size_limit", "accumulated_cache_size_limit")
@@ -204,7 +204,7 @@ def test_each_size_compiles_once():
 def _compiles_per_size():
     import torch._dynamo
 
-    from vitscale.run.assemble import bound_recompiles
+    from vitscale.distributed.compile import bound_recompiles
 
     torch._dynamo.reset()
     graphs = []

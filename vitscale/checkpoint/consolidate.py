@@ -17,7 +17,7 @@ import torch
 from .discovery import find_checkpoint
 from .safetensors_io import dtype_from_code, read_safetensors
 from .storage import read_full
-from .weights import write_weights
+from .weights import subtree, write_weights
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -69,13 +69,14 @@ def consolidate(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int | None = None,
 ) -> list[Path]:
-    """Write the ``key`` subtree (``model`` or ``ema``) of a DCP checkpoint to ``out`` (.safetensors).
+    """Write the ``key`` subtree (``model``, ``ema``, or ``teacher``: a self-distillation run's EMA
+    teacher's backbone, :func:`~vitscale.checkpoint.weights.subtree`) of a DCP checkpoint to ``out`` (.safetensors).
 
     ``checkpoint`` may be a step folder, a ``checkpoints/`` folder or a run folder (newest step).
     Returns the files written, each with a content checksum in its metadata.
     """
-    ckpt, idx = find_checkpoint(checkpoint, keys={key})
-    prefix = key + "."
+    ckpt, idx = find_checkpoint(checkpoint, keys={subtree(key).split(".")[0]})
+    prefix = subtree(key)
     meta = {
         k[len(prefix) :]: (torch.Size(t["shape"]), dtype_from_code(t["dtype"])) for k, t in idx["tensors"].items() if k.startswith(prefix)
     }

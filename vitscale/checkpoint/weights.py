@@ -29,6 +29,17 @@ TASK_PARTS = "task_parts"
 weights and of the weights :func:`read_weights` gives another run."""
 
 
+TEACHER = TASK_PARTS + ".dino_teacher.backbone"
+"""Where a self-distillation task keeps its EMA teacher's backbone among the training-only parts
+(:mod:`vitscale.tasks.dino`): the weights ``vitscale convert --key teacher`` reads from a checkpoint."""
+
+
+def subtree(key: str) -> str:
+    """The checkpoint prefix of the weights ``key`` names: ``model.``, ``ema.``, or the teacher's backbone
+    (``teacher``: ``model.`` + :data:`TEACHER`)."""
+    return f"model.{TEACHER}." if key == "teacher" else f"{key}."
+
+
 def without_task_parts(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``sd`` without the tensors of :data:`TASK_PARTS`."""
     return {k: v for k, v in sd.items() if not k.startswith(TASK_PARTS + ".")}
@@ -38,12 +49,15 @@ def read_weights(path: str | os.PathLike, key: str = "model") -> dict[str, torch
     """Full (unsharded) CPU weights from a ``.safetensors`` file or a checkpoint / run folder,
     verified (checksums; the newest intact checkpoint of a run folder).
 
-    ``key`` selects the checkpoint subtree: ``model`` or ``ema``; for a run folder holding only
+    ``key`` selects the checkpoint subtree: ``model``, ``ema`` or ``teacher`` (:func:`subtree`); for a run folder holding only
     exported weights, ``model.safetensors`` / ``model_ema.safetensors``. A task's training-only parts
     (:data:`TASK_PARTS`) are left out: these are the weights of the family's model.
     """
     p = Path(path)
     if p.is_dir() and not is_step_folder(p) and not list_checkpoints(p) and not list_checkpoints(p / "checkpoints"):
+        if key == "teacher":
+            raise CheckpointError(f"{p}: no checkpoint to read the teacher from (a train.task=dino run keeps it in its "
+                                  "checkpoints: train with checkpoint.every > 0)")  # fmt: skip
         p = p / ("model_ema.safetensors" if key == "ema" else "model.safetensors")
         if p.is_symlink():  # inside a run folder nothing is followed (docs/trust.md, "Symbolic links")
             raise CheckpointError(f"{p} is a symbolic link (to {os.readlink(p)}); a run folder's weights are its own file")
@@ -51,8 +65,8 @@ def read_weights(path: str | os.PathLike, key: str = "model") -> dict[str, torch
         if not p.is_file():
             raise FileNotFoundError(f"no weights file at {str(p)!r}")
         return _finite(without_task_parts(read_safetensors(p)[0]), p)
-    ckpt, idx = find_checkpoint(p, keys={key})
-    prefix = key + "."
+    ckpt, idx = find_checkpoint(p, keys={subtree(key).split(".")[0]})
+    prefix = subtree(key)
     fqns = [k for k in idx["tensors"] if k.startswith(prefix) and not k.startswith(prefix + TASK_PARTS + ".")]
     if not fqns:
         raise KeyError(f"checkpoint {ckpt} holds no {key!r} weights")
@@ -129,7 +143,7 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor] | Non
 def _fit(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool, source) -> tuple[dict, dict]:
     """``sd`` ready for ``model`` (hooks applied, the classifier's misfits dropped) and the report;
     :class:`CheckpointError` when anything else does not fit."""
-    current = model.state_dict()
+    current = without_task_parts(model.state_dict())  # a task's training-only parts are in no weights file
     sd = with_current_names(sd, current)[0]  # weights written before the per-head projections were renamed
     before = {k: tuple(v.shape) for k, v in sd.items()}
     _run_load_pre_hooks(model, sd)
@@ -205,4 +219,4 @@ def write_weights(tensors: dict[str, torch.Tensor], path: str | os.PathLike, met
         raise
 
 
-__all__ = ["SaveError", "export_safetensors", "load_model_weights", "read_weights", "write_weights"]
+__all__ = ["TEACHER", "subtree", "SaveError", "export_safetensors", "load_model_weights", "read_weights", "write_weights"]

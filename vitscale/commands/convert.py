@@ -16,6 +16,11 @@ its safetensors metadata. Examples:
   vitscale convert runs/vit_b16 vit_b16.safetensors
   vitscale convert runs/vit_22b/checkpoints/step_00100000 out/vit_22b.safetensors --dtype bf16 --max-shard-size 5GB
   vitscale convert runs/vit_b16 vit_b16_ema.safetensors --key ema
+  vitscale convert runs/digits_dino teacher.safetensors --key teacher
+  vitscale convert runs/dino_vits14 teacher_timm.safetensors --key teacher --to timm
+--key teacher: the EMA teacher's backbone of a self-distillation run (train.task=dino). --to timm: in
+timm's names and layouts, loading with strict=True into timm's model of the same architecture (the
+header's library_model names timm's registered one; the run's overrides, e.g. img_size, are yours to give).
 """
 
 
@@ -33,7 +38,10 @@ def register(subparsers) -> None:
     )
     p.add_argument("checkpoint", help="step folder, checkpoints/ folder or run folder")
     p.add_argument("out", help="output .safetensors path")
-    p.add_argument("--key", default="model", choices=["model", "ema"], help="which weights (default: model)")
+    p.add_argument("--key", default="model", choices=["model", "ema", "teacher"],
+                   help="which weights: model, ema, or teacher (a train.task=dino run's EMA teacher backbone); default model")
+    p.add_argument("--to", default="vitscale", choices=["vitscale", "timm"],
+                   help="the file's layout: vitscale's (default) or timm's (one file: no --max-shard-size)")
     p.add_argument("--dtype", default=None, help="cast floating tensors (bf16, fp16, fp32); default: as saved")
     p.add_argument("--max-shard-size", default=None, help="split into files of at most this size (e.g. 5GB)")
     p.set_defaults(func=run)
@@ -43,9 +51,16 @@ def run(args) -> int:
     from vitscale.checkpoint.consolidate import consolidate, parse_size
     from vitscale.distributed.fsdp import to_dtype
 
+    if args.to != "vitscale" and args.max_shard_size:
+        print(f"vitscale convert: --to {args.to} writes one file: drop --max-shard-size", file=sys.stderr)
+        return 2
     files = consolidate(  # errors: one line (vitscale.cli)
         args.checkpoint, args.out, key=args.key, dtype=to_dtype(args.dtype), max_shard_bytes=parse_size(args.max_shard_size)
     )
+    if args.to != "vitscale":
+        from vitscale.interop.library_file import write_library_weights
+
+        files = [write_library_weights(files[0], args.out, args.to)]  # rewritten in place, checked strictly
     for f in files:
         print(f)
     return 0

@@ -37,7 +37,8 @@ def register(subparsers) -> None:
         formatter_class=HelpFormatter,
         epilog="Example: vitscale export runs/digits_vit --format onnx --batch dynamic\n"
         "         vitscale export runs/digits_clip --format torch-export\n"
-        "         vitscale export weights.safetensors --config digits_vit --out /tmp/served",
+        "         vitscale export weights.safetensors --config digits_vit --out /tmp/served\n"
+        "         vitscale export runs/digits_dino --teacher --format torch-export",
     )
     p.add_argument("source", metavar="RUN_DIR_OR_WEIGHTS", help="a run folder or a .safetensors export")
     p.add_argument("--format", dest="fmt", choices=("onnx", "torch-export"), default="onnx",
@@ -46,6 +47,8 @@ def register(subparsers) -> None:
                    help="'dynamic' (any batch size) or a fixed batch size; default 1")
     p.add_argument("--out", help="output folder; default RUN_DIR/export/<format>")
     p.add_argument("--ema", action="store_true", help="export the run's EMA weights (model_ema.safetensors)")
+    p.add_argument("--teacher", action="store_true",
+                   help="export the EMA teacher's backbone of a train.task=dino run (from its newest checkpoint)")
     p.add_argument("--config", help="YAML path or built-in config name for the preprocessing / tokenizer "
                    "settings; default the config.yaml beside the weights")  # fmt: skip
     add_shell_flag(p)
@@ -58,11 +61,11 @@ def run(args) -> int:
 
     try:  # a missing path, a bad file or a config error: one line and its exit code (vitscale.cli)
         info = export(args.source, args.fmt, out=args.out, batch=args.batch, ema=args.ema, config=args.config,
-                      allow_shell=args.allow_shell)
+                      allow_shell=args.allow_shell, teacher=args.teacher)
     except (MissingDependency, RuntimeError) as e:  # an optional package missing, the exporter failing
         print(f"vitscale export: {e}", file=sys.stderr)
         return 1
-    out = args.out or default_out_dir(args.source, args.fmt, args.ema)
+    out = args.out or default_out_dir(args.source, args.fmt, args.ema, args.teacher)
     files = ", ".join(g["file"] for g in info["graphs"].values())
     if not info["check"]["passed"]:
         print(f"vitscale export: the check FAILED (max relative error {info['check']['max_rel_error']:.2e}); "

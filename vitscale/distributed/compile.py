@@ -107,11 +107,25 @@ def mark_step() -> None:
     torch.compiler.cudagraph_mark_step_begin()
 
 
+def bound_recompiles(shapes: int) -> None:
+    """Under ``train.compile`` with ``shapes`` input shapes (variable resolution): each shape compiles
+    once with static shapes and is kept (dynamo's automatic dynamic shapes off, its cache large enough),
+    never a recompile per step. The opening lines of the run say so."""
+    import torch._dynamo
+
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, shapes + 1)
+    if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
+        limit = torch._dynamo.config.accumulated_cache_size_limit
+        torch._dynamo.config.accumulated_cache_size_limit = max(limit, 4 * (shapes + 1))
+
+
 __all__ = [
     "COMPILE_MODES",
     "CUDAGRAPH_MODES",
     "StaticShapes",
     "apply_compile",
+    "bound_recompiles",
     "check_compile_mode",
     "check_graph_inputs",
     "mark_step",

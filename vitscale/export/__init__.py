@@ -20,10 +20,10 @@ from pathlib import Path
 FORMATS = {"onnx": ".onnx", "torch-export": ".pt2"}
 
 
-def default_out_dir(src: str | Path, fmt: str, ema: bool = False) -> Path:
-    """``<run folder>/export/<format>[-ema]`` (the folder of a bare ``.safetensors`` file)."""
+def default_out_dir(src: str | Path, fmt: str, ema: bool = False, teacher: bool = False) -> Path:
+    """``<run folder>/export/<format>[-ema|-teacher]`` (the folder of a bare ``.safetensors`` file)."""
     p = Path(src)
-    return (p if p.is_dir() else p.parent) / "export" / (fmt + ("-ema" if ema else ""))
+    return (p if p.is_dir() else p.parent) / "export" / (fmt + ("-ema" if ema else "-teacher" if teacher else ""))
 
 
 def _io(name: str, dtype: str, shape: list) -> dict:
@@ -31,7 +31,7 @@ def _io(name: str, dtype: str, shape: list) -> dict:
 
 
 def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool = False, config: str | None = None,
-           allow_shell: bool = False, log=print) -> dict:  # fmt: skip
+           allow_shell: bool = False, log=print, teacher: bool = False) -> dict:  # fmt: skip
     """Export ``src`` (run folder or ``.safetensors``) as ``fmt`` into ``out`` with a static batch
     size ``batch`` (None = dynamic), check every file, write ``export.json``; returns its content.
     ``allow_shell``: the config's ``pipe:`` data paths are accepted (``load_config``)."""
@@ -41,21 +41,22 @@ def export(src, fmt: str = "onnx", *, out=None, batch: int | None = 1, ema: bool
         raise ValueError(f"unknown format {fmt!r}: choose {' or '.join(FORMATS)}")
     if batch is not None and batch < 1:
         raise ValueError(f"batch size must be positive or dynamic, got {batch}")
-    source = load_source(src, ema=ema, config=config, allow_shell=allow_shell)
+    source = load_source(src, ema=ema, config=config, allow_shell=allow_shell, teacher=teacher)
     if source.config_from == "defaults":
         log("note: no config.yaml beside the weights: the preprocessing constants in export.json are vitscale's "
             "defaults (ImageNet mean/std, crop_pct 0.875); pass --config to give the run's")  # fmt: skip
-    if not out and default_out_dir(src, fmt, ema).is_symlink():  # inside the run folder: nothing is followed
+    if not out and default_out_dir(src, fmt, ema, teacher).is_symlink():  # inside the run folder: nothing is followed
         from vitscale.safe_write import FolderLink
 
-        raise FolderLink.at(default_out_dir(src, fmt, ema))
-    out = Path(out) if out else default_out_dir(src, fmt, ema)
+        raise FolderLink.at(default_out_dir(src, fmt, ema, teacher))
+    out = Path(out) if out else default_out_dir(src, fmt, ema, teacher)
     out.mkdir(parents=True, exist_ok=True)
     # Every file is written into a new folder of this process's (nothing there to follow), then
     # renamed into ``out``: a rename replaces a link at a name there and writes nothing through it.
     work = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
         info = _export_into(work, out, source, fmt, batch, ema, log)
+        info["model"]["teacher"] = teacher
         for f in work.iterdir():
             os.replace(f, out / f.name)
     finally:

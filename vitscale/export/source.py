@@ -49,8 +49,12 @@ def _safetensors_metadata(path: Path) -> dict[str, str]:
         return dict(f.metadata() or {})
 
 
-def load_source(src: str | Path, *, ema: bool = False, config: str | None = None, allow_shell: bool = False) -> Source:
+def load_source(src: str | Path, *, ema: bool = False, config: str | None = None, allow_shell: bool = False,
+                teacher: bool = False) -> Source:  # fmt: skip
     """Build the model of ``src`` (run folder or ``.safetensors``) with its weights.
+
+    ``teacher``: the EMA teacher's backbone of a ``train.task=dino`` run folder, read from its newest
+    checkpoint (``--key teacher`` of :mod:`vitscale.checkpoint.weights`), built as the run's model.
 
     ``config`` (a YAML path or built-in name) replaces the run's own ``config.yaml`` for the
     preprocessing constants, tokenizer settings and class names. ``allow_shell``: a config whose
@@ -70,6 +74,11 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
         raise ValueError(f"{src}: expected a run folder or a .safetensors file")
     if p.is_file() and ema:
         raise ValueError("--ema selects model_ema.safetensors of a run folder; pass that file instead")
+    if p.is_file() and teacher:
+        raise ValueError("--teacher reads the teacher from a run folder's checkpoint; pass the run folder "
+                         "(or a file from `vitscale convert RUN teacher.safetensors --key teacher`, without --teacher)")  # fmt: skip
+    if ema and teacher:
+        raise ValueError("--ema and --teacher each select weights: pass one")
     folder = p if p.is_dir() else p.parent
     if p.is_dir():  # the run folder's own files: nothing inside it is followed (docs/trust.md, "Symbolic links")
         from vitscale.run.folder import check_links
@@ -81,9 +90,16 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     # no config: the defaults of a run of the weights' model (its family's task's groups: CLIP's ``clip``)
     cfg = load_config(cfg_path, allow_shell=allow_shell) if cfg_path else config_class(model=meta.get("model"))()
     config_from = str(cfg_path) if cfg_path else "defaults"
-    sd = read_weights(weights_file if weights_file.is_file() else p, "ema" if ema else "model")
+    if teacher:  # the run's model (model.safetensors' header, else config.yaml), the teacher's weights
+        sd = read_weights(p, "teacher")
+        weights_file = p
+    else:
+        sd = read_weights(weights_file if weights_file.is_file() else p, "ema" if ema else "model")
     if "model" in meta:  # the header names the model and its resolved overrides
-        resolved = resolve_model(meta["model"], **json.loads(meta.get("overrides") or "{}"))
+        over = json.loads(meta.get("overrides") or "{}")
+        if "num_classes" not in over and head_classes(sd) is not None:  # a run's count taken from its data
+            over["num_classes"] = head_classes(sd)
+        resolved = resolve_model(meta["model"], **over)
     elif cfg_path:  # a DCP checkpoint: the run config says, the class count is the head's
         run_model = resolve_run_model(cfg)  # with what its task implies (SigLIP's bias)
         resolved = run_model.with_overrides(model_overrides(cfg, head_classes(sd), run_model))

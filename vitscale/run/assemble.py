@@ -1,12 +1,13 @@
 """Assemble a run: one function turns a config into everything a job needs, a :class:`Run`.
 
 ``vitscale train``, ``eval``, ``label-tokens`` and ``bench`` all start here. In this order, each once:
-the device and the parallel layout, the model resolved (its family and config:
-:class:`vitscale.models.registry.ResolvedModel`, handed to every step below), the up-front checks
+the model resolved (its family and config: :class:`vitscale.models.registry.ResolvedModel`, handed
+to every step below), the device and the parallel layout, the up-front checks
 (:mod:`vitscale.run.checks`), for training the run folder (writable, locked, a resume with the same
-config: :mod:`vitscale.run.folder`), the data (loaders, class count — checked against the model's —,
-class names, image size), the model config with its data-derived fields filled in, then the model — built on the meta device, parallelized, materialised and initialised
-(:func:`vitscale.run.build_model`). The job then adds its own part: the training loop
+config: :mod:`vitscale.run.folder`), the data (loaders, class count, image size) checked against the
+run (an epoch holds a batch; the model's class count), the model config with its data-derived fields
+filled in, for training the run's class names written, then the model — built on the meta device,
+parallelized, materialised and initialised (:func:`vitscale.run.build_model`). The job then adds its own part: the training loop
 (:class:`vitscale.train.trainer.Trainer`), the weights to evaluate, a model's labels, the timing.
 """
 
@@ -25,6 +26,7 @@ from ..config.schema import run_length
 from ..data import Loaders, build_loaders
 from ..data.classes import run_class_names, write_run_class_names
 from ..data.formats import get_format
+from ..distributed.compile import bound_recompiles
 from ..distributed.float8 import Float8Report, float8_report
 from ..distributed.fsdp import Precision, resolve_precision
 from ..distributed.parallel_dims import ParallelDims, init_distributed, resolve_device, world_info
@@ -79,6 +81,11 @@ class Run:
     claim: Claim | None = None
     """Training: the run folder's lock (rank 0) and the config changes a resume accepted
     (:mod:`vitscale.run.folder`); release it when the run ends. None for other purposes."""
+    steps_per_epoch: int = 0
+    """Training: optimizer steps per epoch of the training loader (0 for other purposes)."""
+    total_steps: int = 0
+    """Training: the run's steps, ``train.max_steps`` else ``train.epochs`` of them (0 for other
+    purposes): :func:`vitscale.config.schema.run_length`."""
 
     @property
     def family(self) -> FamilySpec:
@@ -126,6 +133,8 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     ``eval.batch_size``)."""
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
+    # The model, resolved once: the checks, the data and the model builder all take it from here.
+    resolved = _given_model(cfg, model) if model is not None else resolve_run_model(cfg)
     tc = cfg.train
     if purpose == "train" or (purpose != "bench" and world_info()[2] > 1):
         dims = init_distributed(cfg.parallel, tc.device, timeout_s=cfg.parallel.timeout)
@@ -138,8 +147,6 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(tc, compile=compile))
     if purpose not in ("train", "bench"):  # fp8 is a training recipe: evaluation and labeling run the plain model
         cfg = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, fp8="none"))
-    # The model, resolved once: the checks, the data and the model builder all take it from here.
-    resolved = resolve_run_model(cfg) if model is None else _given_model(cfg, model)
     check_run(cfg, dims, purpose, resolved, side)
     # Training: the run folder is writable and has room, nobody else trains in it, and a resume
     # continues the same run; decided on rank 0, and every rank stops together on a refusal.
@@ -155,29 +162,26 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         img_size = (px, px) if px else (base.img_h, base.img_w)
         loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, micro_batch, resolved, batch_size)
         num_classes = (cfg.data.num_classes or loaders.num_classes) if loaders is not None else None
+        if purpose == "train":  # the data against the run: an epoch holds a batch (at every size)
+            check_batches(cfg, len(loaders.train), _images(loaders), dims.dp_size, loaders.sizes)
+        if loaders is not None and model is None:  # the model's class count against the data's
+            check_classes(cfg, num_classes, _data_name(cfg), resolved)
+        # the model's config completed from the data (class count, image size)
+        overrides = model_overrides(cfg, num_classes, resolved)
+        resolved = resolved.with_overrides(overrides) if model is None else dataclasses.replace(resolved, overrides=overrides)
+        steps_per_epoch, total_steps = run_length(tc, len(loaders.train)) if purpose == "train" else (0, 0)
+        if purpose == "train" and loaders.sizes is not None:  # progressive stages are fractions of the run
+            loaders.sizes.total_steps = total_steps
+            if compile:
+                bound_recompiles(len(loaders.sizes.sizes))
         if purpose == "train" and dims.is_main and loaders.class_names:  # for vitscale eval and export
             write_run_class_names(cfg.train.output_dir, loaders.class_names)
-        if purpose == "train":
-            try:
-                images = len(loaders.train.dataset)
-            except (AttributeError, TypeError):  # a stream has no length
-                images = None
-            check_batches(cfg, len(loaders.train), images, dims.dp_size, loaders.sizes)
-            if loaders.sizes is not None:  # progressive stages are fractions of the run
-                loaders.sizes.total_steps = run_length(tc, len(loaders.train))[1]
-                if compile:
-                    bound_recompiles(len(loaders.sizes.sizes))
-        if loaders is not None and model is None:
-            check_classes(cfg, num_classes, _data_name(cfg), resolved)
-        overrides = model_overrides(cfg, num_classes, resolved)
         if model is None:
-            resolved = resolved.with_overrides(overrides)
             model = build_model(
                 resolved, dims, parallel=cfg.parallel, precision=cfg.precision,
                 compile=compile, compile_mode=tc.compile_mode, seed=tc.seed,
             )  # fmt: skip
         else:  # built elsewhere (converted from timm): on the device, then laid out like a built one
-            resolved = dataclasses.replace(resolved, overrides=overrides)
             model = model.to(device)
             if dims.distributed:
                 parallelize(model, resolved.family.plan(), dims, cfg.parallel, cfg.precision, compile, tc.compile_mode)
@@ -192,21 +196,16 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         cfg=cfg, purpose=purpose, device=device, dims=dims, precision=resolve_precision(cfg.precision, device),
         resolved=resolved, task=tc.task or family.task, img_size=img_size, loaders=loaders, num_classes=num_classes,
         class_names=list(loaders.class_names) if loaders is not None else [], model=model, micro_batch=micro_batch,
-        float8=float8, claim=held,
+        float8=float8, claim=held, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
     )  # fmt: skip
 
 
-def bound_recompiles(shapes: int) -> None:
-    """Under ``train.compile`` with ``shapes`` input shapes (variable resolution): each shape compiles
-    once with static shapes and is kept (dynamo's automatic dynamic shapes off, its cache large enough),
-    never a recompile per step. The opening lines of the run say so."""
-    import torch._dynamo
-
-    torch._dynamo.config.automatic_dynamic_shapes = False
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, shapes + 1)
-    if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
-        limit = torch._dynamo.config.accumulated_cache_size_limit
-        torch._dynamo.config.accumulated_cache_size_limit = max(limit, 4 * (shapes + 1))
+def _images(loaders: Loaders) -> int | None:
+    """The training images of ``loaders``; None for a stream, which has no length."""
+    try:
+        return len(loaders.train.dataset)
+    except (AttributeError, TypeError):
+        return None
 
 
 def _data_name(cfg: Config) -> str:
@@ -230,11 +229,10 @@ def _given_model(cfg: Config, model: nn.Module) -> ResolvedModel:
     return ResolvedModel(cfg.model.name, family_of(model), dict(cfg.model.overrides), model.cfg)
 
 
-def model_overrides(cfg: Config, num_classes: int | None, model: ResolvedModel | None = None) -> dict[str, Any]:
-    """The resolved model's overrides (``model.overrides`` and what the task implies) plus the data's
-    class count and ``data.img_size`` for the fields the variant's config has and the overrides do not
-    set; ``model``: ``cfg.model`` resolved (None: resolved here)."""
-    model = model or resolve_run_model(cfg)
+def model_overrides(cfg: Config, num_classes: int | None, model: ResolvedModel) -> dict[str, Any]:
+    """The overrides of ``model`` (``cfg.model`` resolved: ``model.overrides`` and what the task
+    implies) plus the data's class count and ``data.img_size`` for the fields the variant's config has
+    and the overrides do not set."""
     fields = model.fields
     over = dict(model.overrides)
     if num_classes and "num_classes" in fields and "num_classes" not in over:

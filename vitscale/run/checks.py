@@ -35,8 +35,10 @@ from ..distributed.compile import check_compile_mode
 from ..distributed.float8 import check_recipe, fp8_emulated, require_torchao
 from ..distributed.fsdp import fsdp_runs_on
 from ..distributed.parallel_dims import ParallelDims
+from ..distributed.parallelize import check_layout
 from ..errors import CheckError
-from ..models.registry import ResolvedModel, resolve_model
+from ..models.contract import check_input_mode
+from ..models.registry import ResolvedModel
 from ..safe_write import open_new
 from ..tasks import get_task
 
@@ -79,12 +81,6 @@ def _check_ranges(cfg: Config, purpose: str) -> None:
         raise CheckError(f"parallel.timeout={cfg.parallel.timeout} must be greater than 0 (seconds a collective may wait)")
 
 
-def _resolved(cfg: Config, model: ResolvedModel | None) -> ResolvedModel:
-    """``model``, the run's model as :func:`vitscale.run.assemble` resolved it; None (a check called
-    on a config alone): ``cfg.model`` resolved here."""
-    return model if model is not None else resolve_model(cfg.model.name, **cfg.model.overrides)
-
-
 def _check_image_size(cfg: Config, model: ResolvedModel, side: tuple[str, int | None] | None) -> None:
     """The image side the model will see (``side``: the job's own setting and its value; None:
     ``data.img_size``): within :data:`vitscale.config.ranges.MAX_IMAGE_SIDE` and a multiple of its patch."""
@@ -103,8 +99,6 @@ def _check_image_size(cfg: Config, model: ResolvedModel, side: tuple[str, int | 
 def _check_sizes(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel) -> None:
     """Variable resolution (``data.image_sizes``, ``data.seq_lens``): a model that takes it (its
     ``input_modes``), sizes the patch divides, a batch of at least one image per rank at every size."""
-    from ..models.contract import check_input_mode
-
     d, name = cfg.data, cfg.model.name
     if purpose == "bench" or not (d.image_sizes or d.seq_lens or d.img_size or d.eval_image_size or d.eval_seq_len):
         return
@@ -116,20 +110,16 @@ def _check_sizes(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedM
     check_sizes(d, patch=model.cfg.patch_dim, batch_size=cfg.train.batch_size, parts=dims.dp_size * cfg.train.grad_accum)
 
 
-def _check_tp(cfg: Config, dims: ParallelDims, model: ResolvedModel) -> None:
-    """The model's family says whether its TP plan splits this config over ``parallel.tp`` ranks."""
-    if dims.tp > 1:
-        from ..distributed.parallelize import check_layout
-
-        check_layout(model.family.plan(), model.cfg, dims.tp, cfg.model.name)
-
-
-def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel | None = None,
+def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel,
               side: tuple[str, int | None] | None = None) -> None:  # fmt: skip
     """:class:`CheckError` (or RuntimeError for the machine) naming the setting to change, for a run
-    of ``purpose`` whose model ``model`` resolved (None: ``cfg.model``); ``side``: the setting and
-    value of the image side a job gives its loaders instead of ``data.img_size`` (the
-    label-tokens job's own). The run's task checks its own settings (:meth:`vitscale.tasks.Task.check`)."""
+    of ``purpose`` whose model :func:`vitscale.run.assemble` resolved as ``model`` (the checks take
+    its config and family from there, never from the registry again); ``side``: the setting and
+    value of the image side a job gives its loaders instead of ``data.img_size`` (the label-tokens
+    job's own). The run's task checks its own settings (:meth:`vitscale.tasks.Task.check`). The order
+    is the order of the messages a config with several faults meets: the machine, no NaN (it passes
+    every comparison), the run's own ranges, the model against the data's sizes and the layout, the
+    task, then what training and the bench add."""
     if dims.distributed and not fsdp_runs_on(dims.device.type):  # not an AttributeError in the first step
         raise RuntimeError(
             f"multi-process training wraps the model in FSDP2, which cannot train on CPU with torch "
@@ -138,10 +128,10 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
         )
     _check_finite(cfg)
     _check_ranges(cfg, purpose)
-    model = _resolved(cfg, model)
     _check_sizes(cfg, dims, purpose, model)
     _check_image_size(cfg, model, side)
-    _check_tp(cfg, dims, model)
+    if dims.tp > 1:  # the model's family says whether its TP plan splits this config over parallel.tp ranks
+        check_layout(model.family.plan(), model.cfg, dims.tp, cfg.model.name)
     get_task(cfg.train.task or model.family.task).check(cfg, model, dims, purpose)
     if purpose == "train":
         d = cfg.data  # a ConfigError naming data.auto_augment / data.color_jitter and what to write
@@ -167,12 +157,12 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
 
 
 # ------------------------------------------------------------------------------------- the folder
-def checkpoint_bytes(cfg: Config, model: ResolvedModel | None = None) -> tuple[int, int]:
-    """(parameters, bytes of one checkpoint) of the run (its model ``model`` resolved; None:
-    ``cfg.model``): fp32 weights, the optimizer's fp32 states (Adam/AdamW/LAMB: 2 per parameter, SGD with
+def checkpoint_bytes(cfg: Config, model: ResolvedModel) -> tuple[int, int]:
+    """(parameters, bytes of one checkpoint) of the run (its model as :func:`vitscale.run.assemble`
+    resolved it, ``model``): fp32 weights, the optimizer's fp32 states (Adam/AdamW/LAMB: 2 per parameter, SGD with
     momentum: 1) and the EMA copy; the model is built on the meta device (nothing allocated) to count
     its parameters."""
-    params = sum(p.numel() for p in _resolved(cfg, model).create(device="meta").parameters())
+    params = sum(p.numel() for p in model.create(device="meta").parameters())
     states = {"adamw": 2, "adam": 2, "lamb": 2, "sgd": 1 if cfg.optim.momentum else 0}[cfg.optim.name]
     copies = 1 + states + (1 if cfg.train.ema_decay > 0 else 0)
     return params, params * 4 * copies
@@ -182,9 +172,9 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def check_output_folder(cfg: Config, model: ResolvedModel | None = None) -> None:
+def check_output_folder(cfg: Config, model: ResolvedModel) -> None:
     """``train.output_dir`` can be created and written, and its disk has room for one checkpoint (of
-    ``model``, the run's model resolved; None: ``cfg.model``)."""
+    ``model``, the run's model resolved)."""
     out = Path(cfg.train.output_dir)
     key = f"train.output_dir={cfg.train.output_dir}"
     if out.exists() and not out.is_dir():
@@ -229,12 +219,12 @@ def check_batches(cfg: Config, batches_per_epoch: int, images: int | None, dp_si
     )
 
 
-def check_classes(cfg: Config, data_classes: int, where: str, model: ResolvedModel | None = None) -> None:
+def check_classes(cfg: Config, data_classes: int, where: str, model: ResolvedModel) -> None:
     """The model's class count against the data's: a count set smaller than the data's classes is an
     error naming both; a larger one, a warning (outputs no image is labelled with). ``model``: the
-    run's model resolved (None: ``cfg.model``)."""
+    run's model resolved."""
     model_classes = cfg.model.overrides.get("num_classes")
-    if "num_classes" not in _resolved(cfg, model).fields or model_classes is None or not data_classes:
+    if "num_classes" not in model.fields or model_classes is None or not data_classes:
         return
     if model_classes < data_classes:
         raise CheckError(

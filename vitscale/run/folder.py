@@ -353,6 +353,13 @@ class Claim:
         if self.lock is not None:
             self.lock.release()
 
+    def write_config(self, cfg: Any, resumed_step: int | None) -> None:
+        """The run's ``config.yaml`` in ``train.output_dir`` (written by the main rank); on a resume
+        from the checkpoint of ``resumed_step`` (None: none) with accepted changes, the config the
+        checkpoints so far were trained with is kept beside it (:func:`write_config`)."""
+        keep = resumed_step if resumed_step is not None and self.accepted else None
+        write_config(cfg, Path(cfg.train.output_dir), before_step=keep)
+
 
 def check_same_run(cfg: Any, folder: Path) -> list[tuple[str, Any, Any]]:
     """The accepted changes of a resume in ``folder``; :class:`ConfigChanged` for refused ones. Only

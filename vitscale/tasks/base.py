@@ -96,6 +96,11 @@ class Task:
         """Called before optimizer update number ``step`` (1-based), after the learning-rate schedule set
         the groups' ``lr``: set what the task schedules itself (DINOv2's weight decay). Default: nothing."""
 
+    def weights_loaded(self) -> None:
+        """Called by the trainer right after the model's weights were read from ``checkpoint.init_from``
+        (never on a resume, whose checkpoint holds the task's parts): the task's own copies of the
+        model's weights (a self-distillation teacher) follow them. Default: nothing."""
+
     def step_times(self) -> dict[str, float]:
         """Seconds the task's named parts took since the last call (``{"teacher": s}``), read at log
         steps only; logged as ``<part>_time_pct`` of the step time. Default: none."""

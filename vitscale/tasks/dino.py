@@ -47,6 +47,7 @@ import inspect
 import torch
 from torch import nn
 
+from vitscale.checkpoint.weights import TASK_PARTS
 from vitscale.config.schema import run_length
 from vitscale.data import keyed
 from vitscale.errors import ConfigError
@@ -67,7 +68,7 @@ from .dino_loss import (
     teacher_temp_at,
     update_center,
 )
-from .health import RankWatch, TeacherWatch
+from .health import RankWatch, TeacherWatch, frozen_backbone_evals
 from .parts import attach_part
 
 
@@ -186,6 +187,14 @@ class DinoTask(Task):
                 f"prototypes frozen for {self.freeze_steps} steps; iBOT {'on' if self.ibot else 'off'}, KoLeo "
                 f"{dc.koleo_loss_weight}",
                 "dino: the k-NN and probe evaluations read the student's backbone"]  # fmt: skip
+
+    @torch.no_grad()
+    def weights_loaded(self) -> None:
+        """``checkpoint.init_from`` (timm's DINOv2 weights, a vitscale run): the teacher's backbone
+        starts from the same weights as the student's, as DINOv2's teacher starts as a copy of the
+        student (``ssl_meta_arch.py`` line 396, ``prepare_for_distributed_training``); the heads stay as drawn."""
+        own = {k: v for k, v in self.model.state_dict().items() if not k.startswith(TASK_PARTS + ".")}
+        self.teacher["backbone"].load_state_dict(own, strict=True)
 
     def _freeze_unreached(self, device) -> list[str]:
         """Freeze the backbone's parameters DINO's features do not reach (the classifier), found by one
@@ -340,10 +349,7 @@ class DinoTask(Task):
 
     @classmethod
     def default_evals(cls, cfg):
-        ec = cfg.eval
-        return [{"kind": "knn", "name": "knn", "every": ec.every},
-                {"kind": "linear_probe", "name": "linear_probe", "every": 0, "l2": list(ec.probe_l2),
-                 "holdout": ec.probe_holdout, "max_iter": ec.probe_max_iter}]  # fmt: skip
+        return frozen_backbone_evals(cfg)
 
 
 register_task(DinoTask)

@@ -136,5 +136,15 @@ class TeacherWatch:
         return {"train_teacher_entropy": ent, "train_teacher_kl_uniform": kl}, lines
 
 
-__all__ = ["EPS", "ENTROPY_HIGH", "KL_HIGH", "RankWatch", "TeacherWatch", "effective_rank", "gather_rows", "rank_floor",
-           "teacher_signals"]
+def frozen_backbone_evals(cfg) -> list[dict]:
+    """The ``evals:`` of a self-supervised run that sets none (its task's ``default_evals``): DINO's
+    ``knn`` every ``eval.every`` steps and at the end, and a ``linear_probe`` of the frozen features at
+    the end (``eval.probe_*``) — what tells whether the backbone learnt anything, beside the signals above."""
+    ec = cfg.eval
+    return [{"kind": "knn", "name": "knn", "every": ec.every},
+            {"kind": "linear_probe", "name": "linear_probe", "every": 0, "l2": list(ec.probe_l2),
+             "holdout": ec.probe_holdout, "max_iter": ec.probe_max_iter}]  # fmt: skip
+
+
+__all__ = ["EPS", "ENTROPY_HIGH", "KL_HIGH", "RankWatch", "TeacherWatch", "effective_rank", "frozen_backbone_evals",
+           "gather_rows", "rank_floor", "teacher_signals"]

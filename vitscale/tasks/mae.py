@@ -40,7 +40,7 @@ from vitscale.errors import ConfigError
 from vitscale.patch_layout import patchify
 
 from .base import Task, register_task
-from .health import RankWatch
+from .health import RankWatch, frozen_backbone_evals
 from .mae_config import MaeConfig, MaePretrainingConfig
 from .parts import attach_part
 
@@ -291,10 +291,7 @@ class MaeTask(Task):
 
     @classmethod
     def default_evals(cls, cfg):
-        ec = cfg.eval
-        return [{"kind": "knn", "name": "knn", "every": ec.every},
-                {"kind": "linear_probe", "name": "linear_probe", "every": 0, "l2": list(ec.probe_l2),
-                 "holdout": ec.probe_holdout, "max_iter": ec.probe_max_iter}]  # fmt: skip
+        return frozen_backbone_evals(cfg)
 
 
 register_task(MaeTask)

@@ -50,7 +50,7 @@ class RunCounters:
 
 class Checkpointing:
     """``cc``: the ``checkpoint`` config group; ``model``, ``optimizer``, ``ema`` (or None) and
-    ``counters``: the components of the run's state."""
+    ``counters``: the components of the run's state. :meth:`of_run` builds it for an assembled run."""
 
     def __init__(self, root: Path, cc: Any, model: nn.Module, optimizer, ema, counters: RunCounters):
         self.cc, self.counters = cc, counters
@@ -69,7 +69,14 @@ class Checkpointing:
         self.init_report: dict | None = None  # what checkpoint.init_from loaded: missing / unexpected / skipped / resized
         self.init_lines: list[str] = []  # what loading it did, a line each (every rank)
 
-    def restore(self, model: nn.Module, ema) -> bool:
+    @classmethod
+    def of_run(cls, run, optimizer, ema, counters: RunCounters) -> Checkpointing:
+        """The checkpoint component of the assembled ``run`` (:class:`vitscale.run.Run`): its
+        ``checkpoint`` group, its model, ``<train.output_dir>/checkpoints``; with the trainer's
+        ``optimizer``, ``ema`` (or None) and ``counters``."""
+        return cls(Path(run.cfg.train.output_dir) / "checkpoints", run.cfg.checkpoint, run.model, optimizer, ema, counters)
+
+    def restore(self) -> bool:
         """Resume from the newest intact checkpoint, or initialise the weights from
         ``checkpoint.init_from``. True when the newest checkpoint is the run's last step (a finished
         run: nothing loaded, nothing to train)."""
@@ -83,9 +90,10 @@ class Checkpointing:
             self.checkpointer.load(latest, self.tensors, self.counters, self.rng)
             return False
         if self.cc.init_from:  # any weights a user has (vitscale.interop.pretrained); rank 0 reads, every rank gets its shard
+            model = self.tensors["model"].model
             _, self.init_lines, self.init_report = load_pretrained(model, self.cc.init_from, self.cc.init_format, from_rank0=True)
-            if ema is not None:
-                ema.module.load_state_dict(model.state_dict())
+            if "ema" in self.tensors:
+                self.tensors["ema"].module.load_state_dict(model.state_dict())
         return False
 
     def due(self, step: int, last: bool) -> bool:

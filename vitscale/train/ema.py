@@ -30,6 +30,15 @@ class EMA:
         for p in self.module.parameters():
             p.requires_grad_(False)
 
+    @classmethod
+    def of_run(cls, run) -> EMA | None:
+        """The EMA of the assembled ``run``'s model (``train.ema_decay``; None when 0). A sharded model
+        cannot be deep-copied: with several ranks, a second model laid out like it (:meth:`vitscale.run.Run.new_model`)."""
+        decay = run.cfg.train.ema_decay
+        if decay <= 0:
+            return None
+        return cls(run.model, decay, module=run.new_model() if run.dims.world_size > 1 else None)
+
     @torch.no_grad()
     def update(self, model: nn.Module, ok: torch.Tensor | None = None) -> None:
         """One EMA step towards ``model``. ``ok``: a device scalar, 1.0 = take the step, 0.0 = leave

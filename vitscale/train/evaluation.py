@@ -33,10 +33,17 @@ def run_evaluations(run: Run, task: Task, autocast, entries: tuple | None = None
 
 
 class EvalSchedule:
-    """When the trainer evaluates what: every entry at its period (``every``) and all at the end."""
+    """When the trainer evaluates what: every entry at its period (``every``) and all at the end.
+    :meth:`of_run` builds it for an assembled run."""
 
-    def __init__(self, run: Run, task: Task, autocast):
-        self.evaluations = run_evaluations(run, task, autocast)
+    def __init__(self, evaluations: Evaluations):
+        self.evaluations = evaluations
+
+    @classmethod
+    def of_run(cls, run: Run, task: Task, autocast) -> EvalSchedule:
+        """The evaluations of the assembled ``run`` (``evals:``, else ``task``'s defaults), run under
+        ``autocast``."""
+        return cls(run_evaluations(run, task, autocast))
 
     @property
     def names(self) -> list[str]:

@@ -31,8 +31,6 @@ from vitscale.tools.device_memory import read_peak
 from vitscale.tools.mfu import achieved_tflops, mfu_percent, peak_tflops
 from vitscale.tools.units import count
 
-from .schedules import run_length
-
 
 def reduce_mean(t: torch.Tensor, world: int) -> torch.Tensor:
     """The mean of ``t`` over the ranks (a copy; ``t`` itself on one rank)."""
@@ -140,7 +138,7 @@ class LogStep:
         ``info``: where its notes go."""
         tc = run.cfg.train
         flops = model_flops(run.family, run.model, run.img_size) if run.cfg.log.flops else None
-        return cls(tc, world=run.dims.world_size, steps_per_epoch=run_length(tc, len(run.loaders.train))[0],
+        return cls(tc, world=run.dims.world_size, steps_per_epoch=run.steps_per_epoch,
                    schedule=schedule, guard=guard, flops_per_image=flops, info=info,
                    peak=device_peak(run.device, run.precision.autocast) if flops else None,
                    part_times=task.step_times, task_metrics=task.log_metrics, device=run.device, dp_size=run.dims.dp_size,

@@ -115,6 +115,14 @@ class NonFiniteGuard:
         self._counts[0] = float(start_total)
         self.checked_total = self.start_total = int(start_total)
 
+    @classmethod
+    def of_run(cls, run, counters) -> NonFiniteGuard:
+        """The guard of the assembled ``run`` (its device, ``train.max_nonfinite_steps``,
+        ``train.max_consecutive_nonfinite``), counting on from ``counters.nonfinite_steps`` (the
+        run's so far, after a resume)."""
+        tc = run.cfg.train
+        return cls(run.device, tc.max_nonfinite_steps, tc.max_consecutive_nonfinite, counters.nonfinite_steps)
+
     def to(self, device: torch.device) -> NonFiniteGuard:
         self._counts = self._counts.to(device)
         return self

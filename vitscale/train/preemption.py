@@ -81,6 +81,12 @@ class Preemption:
         self._steps = 0
         self._single = False  # known to be one process (no agreement needed)
 
+    @classmethod
+    def of_config(cls, cfg) -> Preemption:
+        """The component of a run config: its signals, ``checkpoint.save_on_signal``. Built from the
+        config, not the assembled run: it is entered before the run is built (see the class)."""
+        return cls(cfg.checkpoint.save_on_signal)
+
     def _join(self) -> None:
         """With several ranks, the gloo group of the agreement, made by every rank at the same point of the
         run, after the run's own groups: when the trainer enters this component, before its first step.
@@ -157,22 +163,29 @@ class Preemption:
         if work is not None:
             work.wait()
 
-    def stop(self, signum: int, last: bool, step: int, checkpoints, rank: int = 0) -> None:
+    def stop(self, signum: int, last: bool, step: int, checkpoints) -> None:
         """After the checkpoint of ``step`` was started on signal ``signum`` (0: none, nothing to do): wait
-        for its write, then end the run — unless ``step`` is the run's last, which ends anyway."""
+        for its write, then end the run — unless ``step`` is the run's last, which ends anyway. Rank 0
+        says so; the others stop quietly."""
         if not signum or last:
             return
         self._settle()  # every rank launched one more agreement after this step: it completes on every rank
         checkpoints.wait()
         name = signal.Signals(signum).name
         raise Preempted(f"stopped by {name} after step {step}; checkpoint {checkpoints.last} saved: run the same "
-                        f"command to resume", signum, quiet=rank != 0)  # fmt: skip
+                        f"command to resume", signum, quiet=_rank() != 0)  # fmt: skip
 
 
 def _in_process_group() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if _in_process_group() else 0
 
 
 __all__ = ["Preempted", "Preemption"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from vitscale.config.schema import ScheduleConfig, run_length  # noqa: F401 (run_length: the trainer's)
+from vitscale.config.schema import ScheduleConfig
 
 
 def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, warmup_steps: int, peak_lr: float) -> float:
@@ -76,10 +76,22 @@ def fit_warmup(warmup: int, total_steps: int) -> tuple[int, str | None]:
 
 
 class Schedule:
-    """Sets every param group's LR to ``initial_lr * factor(step)``."""
+    """Sets every param group's LR to ``initial_lr * factor(step)``. :meth:`of_run` builds it for an
+    assembled run."""
 
-    def __init__(self, optimizer, cfg: ScheduleConfig, total_steps: int, warmup: int, peak_lr: float):
+    def __init__(self, optimizer, cfg: ScheduleConfig, total_steps: int, warmup: int, peak_lr: float,
+                 notice: str | None = None):  # fmt: skip
         self.optimizer, self.cfg, self.total, self.warmup, self.peak = optimizer, cfg, total_steps, warmup, peak_lr
+        self.notice = notice  # the warmup fitted to the run, when it was (fit_warmup)
+
+    @classmethod
+    def of_run(cls, run, optimizer, peak_lr: float) -> Schedule:
+        """The schedule of the assembled ``run`` (its ``schedule`` group, over the run's length,
+        :attr:`vitscale.run.Run.total_steps`) for ``optimizer`` at
+        ``peak_lr``; epochs converted to steps, the warmup fitted to the run (:attr:`notice`)."""
+        per_epoch, total = run.steps_per_epoch, run.total_steps
+        warmup, notice = fit_warmup(warmup_steps(run.cfg.schedule, per_epoch), total)
+        return cls(optimizer, in_steps(run.cfg.schedule, per_epoch), total, warmup, peak_lr, notice)
 
     def factor(self, step: int) -> float:
         return lr_factor(self.cfg, step, self.total, self.warmup, self.peak)

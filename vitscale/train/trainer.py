@@ -1,12 +1,15 @@
 """The trainer: one loop for every model family, task and parallel layout.
 
-:func:`vitscale.run.assemble` builds the run (device, layout, data, the model on the meta device ->
+One call into the run layer, :func:`vitscale.run.assemble`, gives the finished run (the model
+resolved, the checks, the run folder claimed, device, layout, data, the model on the meta device ->
 its family's plan through the parallelize tail -> ``to_empty`` -> ``init_weights()`` under the run's
-seed); the trainer builds its components from that run — task, optimizer, schedule, EMA, the
-checkpoint component (:mod:`.checkpointing`: the run's state as DCP ``Stateful`` parts, resume,
-schedule), the evaluations (:mod:`.evaluation`), the log step and logger (:mod:`.logstep`,
-:mod:`.metrics`: ``of_run``) and the run's end (:mod:`.finish`) — and holds the loop, which calls each
-with the step. No component reads the trainer's state: each is handed what it uses. It never
+seed); the trainer builds its components from that run, each owning its config group
+(``X.of_run(run, …)``) — task, optimizer, schedule, EMA, the checkpoint component
+(:mod:`.checkpointing`: the run's state as DCP ``Stateful`` parts, resume, schedule), the non-finite
+guard, the evaluations (:mod:`.evaluation`), the log step and logger (:mod:`.logstep`,
+:mod:`.metrics`) and the run's end (:mod:`.finish`) — and holds the loop, which calls each with the
+step. Save-on-signal and the watchdog are built from the config (``of_config``): they are entered
+before the run is assembled. No component reads the trainer's state: each is handed what it uses. It never
 branches on a model's name: the task (``train.task`` or the family's default) computes the loss.
 
 Steps count from 1 (step N = the N-th optimizer update). The host syncs with the device only at log,
@@ -29,7 +32,6 @@ from vitscale.data.formats import validation_hint
 from vitscale.distributed.compile import StaticShapes, check_graph_inputs, mark_step, uses_cudagraphs
 from vitscale.distributed.float8 import precompute_float8_scales
 from vitscale.run import assemble
-from vitscale.run.folder import write_config
 from vitscale.tasks import get_task
 from vitscale.tools.env import command_line
 from vitscale.tools.report import try_write_report
@@ -46,7 +48,7 @@ from .nonfinite import NonFiniteGuard, apply_update, clip_gradients, prepare_opt
 from .optim import build_optimizer, scaled_lr
 from .preemption import Preemption
 from .runlog import RunLog
-from .schedules import Schedule, fit_warmup, in_steps, run_length, warmup_steps
+from .schedules import Schedule
 from .watchdog import Watchdog
 
 
@@ -63,7 +65,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, preemption: Preemption | None = None, watchdog: Watchdog | None = None):
         self.end = RunEnd()  # the run's clock starts: building, the loop, evaluations and export
-        self.preemption = preemption or Preemption(cfg.checkpoint.save_on_signal)  # save on a signal, all ranks agreeing
+        self.preemption = preemption or Preemption.of_config(cfg)  # save on a signal, all ranks agreeing
         self.run = run = assemble(cfg)  # checks, the run folder's lock, data, model
         try:
             self._build(run, watchdog)
@@ -98,33 +100,31 @@ class Trainer:
         peak_lr = scaled_lr(cfg.optim, tc.batch_size)
         self.optimizer = build_optimizer(self.model, cfg.optim, peak_lr)
         self.notices += group_lines(self.model, self.optimizer, cfg.optim.layer_decay, peak_lr)
-        steps_per_epoch, total = run_length(tc, len(self.loaders.train))
-        warmup, notice = fit_warmup(warmup_steps(cfg.schedule, steps_per_epoch), total)
-        self.notices += [notice] if notice else []
+        self.schedule = Schedule.of_run(run, self.optimizer, peak_lr)  # schedule.*: the warmup fitted to the run
+        self.notices += [self.schedule.notice] if self.schedule.notice else []
         if self.loaders.val is None and not cfg.evals:
             self.notices.append(f"no validation data: this run reports training metrics only "
                                 f"({validation_hint(cfg.data.format)})")  # fmt: skip
-        self.schedule = Schedule(self.optimizer, in_steps(cfg.schedule, steps_per_epoch), total, warmup, peak_lr)
-        # FSDP modules cannot be deep-copied: a second model sharded the same way
-        self.ema = EMA(self.model, tc.ema_decay, module=run.new_model() if run.dims.world_size > 1 else None) if tc.ema_decay > 0 else None
+        self.ema = EMA.of_run(run)  # train.ema_decay (None when 0)
 
         # the run's state: resumed from the newest checkpoint, else initialised from checkpoint.init_from
-        self.counters = RunCounters(self.loaders.train, total)
-        self.checkpoints = Checkpointing(self.out / "checkpoints", cfg.checkpoint, self.model, self.optimizer, self.ema, self.counters)
+        self.counters = RunCounters(self.loaders.train, self.schedule.total)
+        self.checkpoints = Checkpointing.of_run(run, self.optimizer, self.ema, self.counters)
         prepare_optimizer(self.optimizer)
         self.skip_on_device = skips_on_device(self.optimizer)
-        self.complete = self.checkpoints.restore(self.model, self.ema)  # a finished run: nothing to train
+        self.complete = self.checkpoints.restore()  # a finished run: nothing to train
         self.notices += self.checkpoints.init_lines  # what checkpoint.init_from loaded, resampled, re-initialised
+        if self.checkpoints.init_report is not None:  # the task's copies of the weights follow (DINO's teacher)
+            self.task.weights_loaded()
 
         # a non-finite step is not applied (and a diverged run stops); no step within train.hang_timeout:
         # the stacks are written and the run exits 124
-        self.guard = NonFiniteGuard(self.device, tc.max_nonfinite_steps, tc.max_consecutive_nonfinite, self.counters.nonfinite_steps)
-        self.watchdog = watchdog or Watchdog(tc.hang_timeout, self.out, run.dims.rank)
+        self.guard = NonFiniteGuard.of_run(run, self.counters)
+        self.watchdog = watchdog or Watchdog.of_config(cfg, run.dims.rank)
         if not self.complete:  # a finished run's config.yaml still describes its weights
-            self.evals = EvalSchedule(run, self.task, self.autocast)  # loaders and label files read now
+            self.evals = EvalSchedule.of_run(run, self.task, self.autocast)  # loaders and label files read now
             if run.dims.is_main:  # the config of the checkpoints so far kept beside the new one on an accepted change
-                accepted = self.checkpoints.resumed_from and run.claim is not None and run.claim.accepted
-                write_config(cfg, self.out, before_step=self.step if accepted else None)
+                run.claim.write_config(cfg, self.step if self.checkpoints.resumed_from else None)
 
     @property
     def step(self) -> int:
@@ -175,7 +175,7 @@ class Trainer:
             if self.checkpoints.due(self.step, last) or stop:
                 self.checkpoints.save(self.step, self.guard)
                 logstep.restart()
-            self.preemption.stop(stop, last, self.step, self.checkpoints, run.dims.rank)  # waits for the write, then exits
+            self.preemption.stop(stop, last, self.step, self.checkpoints)  # waits for the write, then exits
             self.watchdog.beat(self.step)
         return self.end.finish(run, self.checkpoints, self.guard, log, last_eval)  # summary, weights, report
 
@@ -258,8 +258,7 @@ def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, 
     rank = int(os.environ.get("RANK", "0"))  # the rank torchrun gave this process (0 without torchrun)
     out = Path(cfg.train.output_dir)
     with RunLog(out / "train.log", enabled=rank == 0, header=command_line()) as runlog, \
-            Preemption(cfg.checkpoint.save_on_signal) as preemption, \
-            Watchdog(cfg.train.hang_timeout, out, rank) as watchdog:  # start-up included
+            Preemption.of_config(cfg) as preemption, Watchdog.of_config(cfg, rank) as watchdog:  # start-up included
         trainer = Trainer(cfg, preemption, watchdog)  # checks the settings and claims the run folder (or refuses: no file written)
         trainer.notices[:0] = list(notes)
         runlog.attach()

@@ -212,6 +212,13 @@ _DINOV3 = dict(
     pos_embed="rope", rope_type="dinov3", rope_temperature=100.0, rope_rotate_half=True,
 )
 
+# DINOv2 (Oquab et al. 2023, arXiv 2304.07193) as timm registers it (timm/models/vision_transformer.py,
+# vit_{small,base,large}_patch14_dinov2 and ..._reg4_dinov2): 518 px (a 37 x 37 grid), patch 14, LayerScale
+# 1e-5, class-token pooling, no classifier; the reg4 ones add 4 registers after the class token (Darcet et
+# al. 2023, arXiv 2309.16588) and give position embeddings to the patches only (timm's no_embed_class).
+_DINOV2 = dict(img_h=518, img_w=518, num_classes=0, layer_scale_init=1e-5)
+_REG4 = dict(class_token_length=5, pos_embed_prefix=False)
+
 # Sizes. B/16 … G/14: the model table of NeMo's ViT documentation ("Model size (M) / Hidden size /
 # FFN_dim / Attention heads / Number of layers / PatchDim";
 # docs.nvidia.com/nemo-framework/user-guide/latest/nemotoolkit/vision/vit.html). Ti, S, B/32: the
@@ -254,6 +261,13 @@ VARIANTS: dict[str, ViTConfig] = {
     "vit_splus16_dinov3": _vit(384, 1536, 6, 12, 16, mlp_type="swiglu", **_DINOV3),
     "vit_hplus16_dinov3": _vit(1280, 5120, 20, 32, 16, mlp_type="swiglu", **_DINOV3),
     "vit_7b16_dinov3": _vit(4096, 8192, 32, 40, 16, mlp_type="swiglu", **_DINOV3),
+    # DINOv2 S/B/L (patch 14; the giant uses a packed SwiGLU, which the ViT family does not express)
+    "vit_s14_dinov2": _vit(384, 1536, 6, 12, 14, **_DINOV2),
+    "vit_b14_dinov2": _vit(768, 3072, 12, 12, 14, **_DINOV2),
+    "vit_l14_dinov2": _vit(1024, 4096, 16, 24, 14, **_DINOV2),
+    "vit_s14_reg4_dinov2": _vit(384, 1536, 6, 12, 14, **_DINOV2, **_REG4),
+    "vit_b14_reg4_dinov2": _vit(768, 3072, 12, 12, 14, **_DINOV2, **_REG4),
+    "vit_l14_reg4_dinov2": _vit(1024, 4096, 16, 24, 14, **_DINOV2, **_REG4),
     # timm's SBB ViT-B/16 with RoPE (timm/models/eva.py, vit_base_patch16_rope_reg1_gap_256): 256 px, one
     # register and no class token, mean pooling with fc norm, LayerScale 1e-5, q/v biases, axial RoPE on
     # patch indices rescaled to a 16 x 16 grid, base 10000.

@@ -407,6 +407,12 @@ TIMM_NAMES = {
     "vit_h14": "vit_huge_patch14_224",
     "vit_g14": "vit_giant_patch14_224",
     "vit_bigg14": "vit_gigantic_patch14_224",
+    "vit_s14_dinov2": "vit_small_patch14_dinov2",
+    "vit_b14_dinov2": "vit_base_patch14_dinov2",
+    "vit_l14_dinov2": "vit_large_patch14_dinov2",
+    "vit_s14_reg4_dinov2": "vit_small_patch14_reg4_dinov2",
+    "vit_b14_reg4_dinov2": "vit_base_patch14_reg4_dinov2",
+    "vit_l14_reg4_dinov2": "vit_large_patch14_reg4_dinov2",
     # timm Eva (RoPE): timm_eva.py
     "vit_s16_dinov3": "vit_small_patch16_dinov3",
     "vit_b16_dinov3": "vit_base_patch16_dinov3",
