@@ -253,11 +253,13 @@ def test_tensor_parallelism_is_refused_in_one_line_before_the_run():
     from vitscale.config import load_config
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.errors import CheckError
+    from vitscale.run.assemble import resolve_run_model
     from vitscale.run.checks import check_run
 
     cfg = load_config("digits_dino", ["parallel.tp=2", "model.num_attention_heads=2"])
+    model = resolve_run_model(cfg)
     with pytest.raises(CheckError) as e:
-        check_run(cfg, ParallelDims(tp=2, world_size=2), "train")
+        check_run(cfg, ParallelDims(tp=2, world_size=2), "train", model)
     assert str(e.value) == ("train.task=dino with parallel.tp=2: the DINO / iBOT heads and the teacher have no "
                             "tensor-parallel plan yet; use FSDP2 data parallelism (parallel.tp=1)")
-    check_run(cfg, ParallelDims(dp_shard=2, world_size=2), "train")  # FSDP2: accepted
+    check_run(cfg, ParallelDims(dp_shard=2, world_size=2), "train", model)  # FSDP2: accepted
