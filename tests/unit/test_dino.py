@@ -179,7 +179,8 @@ def test_bad_dino_settings_are_refused(kw, msg):
 
 def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait(tmp_path):
     """Two optimizer steps of a tiny digits_dino trainer: the prototypes get no update in the frozen
-    first step (weight decay 0), then do; the teacher is the student's copy until the second step
+    first step (their groups at learning rate 0, as DINOv2's ``last_layer_lr_schedule``: AdamW's weight
+    decay does not move them either), then do; the teacher is the student's copy until the second step
     starts, then ``m0 t + (1 - m0) s`` of the student after the first step."""
     from vitscale.config import load_config
     from vitscale.train.trainer import Trainer
@@ -188,7 +189,7 @@ def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait
                                       "log.progress=none", "log.report=false", "model.hidden_size=32",
                                       "model.ffn_hidden_size=64", "model.num_layers=1", "model.num_attention_heads=2",
                                       "dino.local_crops_number=1", "dino.head_n_prototypes=32", "dino.head_hidden_dim=32",
-                                      "dino.head_bottleneck_dim=16", "train.batch_size=16", "optim.weight_decay=0",
+                                      "dino.head_bottleneck_dim=16", "train.batch_size=16", "optim.weight_decay=0.04",
                                       "dino.freeze_last_layer_epochs=0.011", "train.max_steps=10",
                                       f"train.output_dir={tmp_path / 'run'}"])  # fmt: skip
     t = Trainer(cfg)
@@ -205,6 +206,8 @@ def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait
     batches = t._batches()
     t.step += 1
     t.train_step(batches)  # iteration 0: prototypes frozen
+    lrs = {g["name"]: g["lr"] for g in t.optimizer.param_groups}
+    assert lrs["decay.prototypes"] == 0.0 and lrs["decay"] > 0
     assert all(a.equal(b) for a, b in zip(v0, head.last_layer_parameters(), strict=True))
     assert not all(a.equal(b) for a, b in zip(mlp0, head.mlp.parameters(), strict=True))
     t_before = snap(a for a, _ in task.ema_pairs)

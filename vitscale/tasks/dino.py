@@ -27,9 +27,10 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
   centre or Sinkhorn-Knopp, ``dino.centering``, at the teacher temperature of this step), KoLeo on the
   student's class tokens of each global crop, and iBOT's cross-entropy on the masked patches of the
   global crops (``ssl_meta_arch.py`` lines 132-346).
-- **The prototypes** get no gradient for the first ``dino.freeze_last_layer_epochs`` (DINOv2 sets their
-  learning rate to 0, ``dinov2/train/train.py`` lines 98-100; here their gradient is zeroed in the head's
-  forward, so AdamW's decoupled weight decay still applies to them).
+- **The prototypes** have learning rate 0 for the first ``dino.freeze_last_layer_epochs``, as DINOv2's
+  ``last_layer_lr_schedule`` (``dinov2/train/train.py`` lines 98-100): their own optimizer groups
+  (:data:`vitscale.train.optim.OWN_GROUP`), set by :meth:`DinoTask.schedule_optimizer`; their gradient
+  still counts in the clipping norm and AdamW's moments, as there, and no weight decay moves them.
 - **Weight decay**: constant ``optim.weight_decay``, or DINOv2's cosine to ``dino.weight_decay_end``
   (:meth:`DinoTask.schedule_optimizer`).
 - **Layout** (:mod:`vitscale.tasks.dino_layout`): one process, or FSDP2 data parallelism under torchrun
@@ -52,6 +53,7 @@ from vitscale.config.schema import run_length
 from vitscale.data import keyed
 from vitscale.errors import ConfigError
 from vitscale.train.ema import _local
+from vitscale.train.optim import OWN_GROUP
 
 from .base import Task, register_task
 from .dino_config import DinoConfig, DinoPretrainingConfig
@@ -164,6 +166,9 @@ class DinoTask(Task):
         # under torchrun: each head and the mask token an FSDP2 unit, sharded as its teacher copy
         t_ibot = teacher["ibot_head"] if "ibot_head" in teacher else None
         shard_units(run, [student.head, student.ibot_head, student, teacher["head"], t_ibot])
+        for head in (student.head, student.ibot_head):  # own optimizer groups: lr 0 while frozen
+            for q in head.last_layer_parameters() if head is not None else ():
+                setattr(q, OWN_GROUP, "prototypes")
         self.student = attach_part(model, "dino_student", student)
         self.teacher = attach_part(model, "dino_teacher", teacher)
         self.centres = attach_part(model, "dino_centre", DinoCentres(dc.head_n_prototypes).to(device))
@@ -217,15 +222,16 @@ class DinoTask(Task):
         return unreached
 
     def schedule_optimizer(self, optimizer, step):
-        """DINOv2's weight decay at iteration ``step - 1``: each group's decay scaled by the cosine from
-        ``optim.weight_decay`` to ``dino.weight_decay_end`` (``apply_optim_scheduler``: ``wd x
-        wd_multiplier``)."""
+        """DINOv2's schedules at iteration ``step - 1`` (``apply_optim_scheduler``): the prototypes' groups
+        at learning rate 0 while frozen (``last_layer_lr``); with ``dino.weight_decay_end``, each group's
+        decay scaled by the cosine from ``optim.weight_decay`` to it (``wd x wd_multiplier``)."""
         end = self.dc.weight_decay_end
-        if end is None:
-            return
-        f = momentum_at(step - 1, self.wd0, end, self.total) / self.wd0
+        f = None if end is None else momentum_at(step - 1, self.wd0, end, self.total) / self.wd0
         for g in optimizer.param_groups:
-            g["weight_decay"] = g.setdefault("initial_weight_decay", g["weight_decay"]) * f
+            if step - 1 < self.freeze_steps and ".prototypes" in g.get("name", ""):
+                g["lr"] = 0.0
+            if f is not None:
+                g["weight_decay"] = g.setdefault("initial_weight_decay", g["weight_decay"]) * f
 
     def _mask_hook(self, module, args, out):
         """iBOT: the mask token in place of the masked patches' embeddings (DINOv2's
@@ -308,17 +314,16 @@ class DinoTask(Task):
             finally:
                 self._mask = None
             s_cls = self._cls(s_tok, model)
-            frozen = it < self.freeze_steps
-            s_glob = self.student.head(s_cls, frozen)
+            s_glob = self.student.head(s_cls)
             s_loc = None
             if loc is not None:
                 m = (dc.local_crops_size // p) ** 2
                 s_loc_tok = model(loc, keep=torch.arange(m, device=images.device)[None].expand(loc.shape[0], -1))
-                s_loc = self.student.head(self._cls(s_loc_tok, model), frozen)
+                s_loc = self.student.head(self._cls(s_loc_tok, model))
             if masks is not None:
                 s_patch = self._patches(s_tok, model).flatten(0, 1).index_select(0, idx)
                 s_head = self.student.ibot_head if self.student.ibot_head is not None else self.student.head
-                s_patch_logits = s_head(s_patch, frozen)
+                s_patch_logits = s_head(s_patch)
         t_list = [t_targets[:B], t_targets[B:]]
         l_dino = dino_loss([s_glob[:B], s_glob[B:]], list(s_loc.chunk(dc.local_crops_number)) if s_loc is not None else [],
                            t_list, dc.student_temp)  # fmt: skip

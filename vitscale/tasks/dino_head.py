@@ -42,16 +42,11 @@ class DinoHead(nn.Module):
         """The prototypes' parameters (frozen for ``freeze_last_layer_epochs``)."""
         return [self.last_v, self.last_g]
 
-    def forward(self, x: torch.Tensor, freeze_last: bool = False) -> torch.Tensor:
-        """The logits over the prototypes; ``freeze_last``: the prototypes get a zero gradient (in the
-        forward, so that it holds on the gathered parameters FSDP2 differentiates)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.mlp(x)
         eps = 1e-6 if x.dtype == torch.float16 else 1e-12  # line 38
         x = nn.functional.normalize(x, dim=-1, p=2, eps=eps)
-        g, v = self.last_g, self.last_v
-        if freeze_last:  # the values of g and v, the gradient 0
-            g, v = g.detach() + 0 * g, v.detach() + 0 * v
-        w = g * v / torch.linalg.vector_norm(v, dim=1, keepdim=True)
+        w = self.last_g * self.last_v / torch.linalg.vector_norm(self.last_v, dim=1, keepdim=True)
         return nn.functional.linear(x, w.to(x.dtype))
 
 
