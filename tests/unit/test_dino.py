@@ -179,7 +179,8 @@ def test_bad_dino_settings_are_refused(kw, msg):
 
 def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait(tmp_path):
     """Two optimizer steps of a tiny digits_dino trainer: the prototypes get no update in the frozen
-    first step (weight decay 0), then do; the teacher is the student's copy until the second step
+    first step (their groups at learning rate 0, as DINOv2's ``last_layer_lr_schedule``: AdamW's weight
+    decay does not move them either), then do; the teacher is the student's copy until the second step
     starts, then ``m0 t + (1 - m0) s`` of the student after the first step."""
     from vitscale.config import load_config
     from vitscale.train.trainer import Trainer
@@ -188,7 +189,7 @@ def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait
                                       "log.progress=none", "log.report=false", "model.hidden_size=32",
                                       "model.ffn_hidden_size=64", "model.num_layers=1", "model.num_attention_heads=2",
                                       "dino.local_crops_number=1", "dino.head_n_prototypes=32", "dino.head_hidden_dim=32",
-                                      "dino.head_bottleneck_dim=16", "train.batch_size=16", "optim.weight_decay=0",
+                                      "dino.head_bottleneck_dim=16", "train.batch_size=16", "optim.weight_decay=0.04",
                                       "dino.freeze_last_layer_epochs=0.011", "train.max_steps=10",
                                       f"train.output_dir={tmp_path / 'run'}"])  # fmt: skip
     t = Trainer(cfg)
@@ -205,6 +206,8 @@ def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait
     batches = t._batches()
     t.step += 1
     t.train_step(batches)  # iteration 0: prototypes frozen
+    lrs = {g["name"]: g["lr"] for g in t.optimizer.param_groups}
+    assert lrs["decay.prototypes"] == 0.0 and lrs["decay"] > 0
     assert all(a.equal(b) for a, b in zip(v0, head.last_layer_parameters(), strict=True))
     assert not all(a.equal(b) for a, b in zip(mlp0, head.mlp.parameters(), strict=True))
     t_before = snap(a for a, _ in task.ema_pairs)
@@ -215,3 +218,51 @@ def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait
     for (got, _), old, s in zip(task.ema_pairs, t_before, s_after, strict=True):
         assert torch.allclose(got, m0 * old + (1 - m0) * s, atol=1e-6)
     assert not all(a.equal(b) for a, b in zip(v0, head.last_layer_parameters(), strict=True))
+
+
+def test_weight_decay_follows_dinov2s_cosine(tmp_path):
+    """``dino.weight_decay_end``: before each update the decaying groups get DINOv2's ``wd_schedule[it]``
+    (``CosineScheduler(base_value=weight_decay, final_value=weight_decay_end, total_iters)`` of
+    facebookresearch/dinov2 ``dinov2/utils/utils.py``, no warm-up: ``final + (base - final)(1 + cos(pi i /
+    total)) / 2`` over ``i = arange(total)``), the groups without decay keep 0; a setting without a start
+    is refused in one line."""
+    from vitscale.config import load_config
+    from vitscale.errors import ConfigError
+    from vitscale.train.trainer import Trainer
+
+    args = ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0", "log.progress=none",
+            "log.report=false", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=1",
+            "model.num_attention_heads=2", "dino.local_crops_number=0", "dino.head_n_prototypes=32",
+            "dino.head_hidden_dim=32", "dino.head_bottleneck_dim=16", "train.batch_size=16", "train.max_steps=7",
+            "dino.weight_decay_end=0.4"]  # fmt: skip
+    t = Trainer(load_config("digits_dino", [*args, "optim.weight_decay=0.04", f"train.output_dir={tmp_path / 'a'}"]))
+    total = 7
+    i = np.arange(total)
+    reference = 0.4 + 0.5 * (0.04 - 0.4) * (1 + np.cos(np.pi * i / len(i)))  # dinov2's wd_schedule.schedule
+    got = []
+    for step in range(1, total + 1):
+        t.task.schedule_optimizer(t.optimizer, step)
+        decays = {g["name"]: g["weight_decay"] for g in t.optimizer.param_groups}
+        assert decays["no_decay"] == 0.0
+        got.append(decays["decay"])
+    np.testing.assert_allclose(got, reference, rtol=1e-12)
+    with pytest.raises(ConfigError, match=r"^dino.weight_decay_end=0.4 needs a start: set optim.weight_decay > 0"):
+        Trainer(load_config("digits_dino", [*args, "optim.weight_decay=0", f"train.output_dir={tmp_path / 'b'}"]))
+
+
+def test_tensor_parallelism_is_refused_in_one_line_before_the_run():
+    """The heads and the teacher have no tensor-parallel plan: ``parallel.tp=2`` on 2 ranks is refused by
+    the run's up-front checks (before any data is read or model built), naming the key and the fix."""
+    from vitscale.config import load_config
+    from vitscale.distributed.parallel_dims import ParallelDims
+    from vitscale.errors import CheckError
+    from vitscale.run.assemble import resolve_run_model
+    from vitscale.run.checks import check_run
+
+    cfg = load_config("digits_dino", ["parallel.tp=2", "model.num_attention_heads=2"])
+    model = resolve_run_model(cfg)
+    with pytest.raises(CheckError) as e:
+        check_run(cfg, ParallelDims(tp=2, world_size=2), "train", model)
+    assert str(e.value) == ("train.task=dino with parallel.tp=2: the DINO / iBOT heads and the teacher have no "
+                            "tensor-parallel plan yet; use FSDP2 data parallelism (parallel.tp=1)")
+    check_run(cfg, ParallelDims(dp_shard=2, world_size=2), "train", model)  # FSDP2: accepted

@@ -90,3 +90,33 @@ def test_memory_command(capsys):
     assert "vit_l16" in out and "total per rank" in out and "dp_shard=8 tp=4" in out
     assert main(["memory", "vit_b16", "--tp", "8"]) == 2  # 12 heads: an error, not a traceback
     assert "num_attention_heads=12 is not divisible by 8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe, task, extra", [
+    ("digits_dino", "dino", ["dino.local_crops_number=1", "dino.head_n_prototypes=32", "dino.head_hidden_dim=32",
+                             "dino.head_bottleneck_dim=16", "dino.ibot_separate_head=true"]),
+    ("digits_mae", "mae", ["mae.decoder_width=16", "mae.decoder_depth=1", "mae.decoder_heads=2"]),
+])  # fmt: skip
+def test_task_parts_are_counted_as_the_trainer_builds_them(tmp_path, capsys, recipe, task, extra):
+    """``estimate(..., task=)`` counts the parameters the task's trainer attaches (heads, mask token and
+    teacher of dino; MAE's decoder), and charges their states: trained parts 16 bytes (fp32 weight,
+    gradient, two AdamW moments), the teacher 4 (fp32 weights)."""
+    from vitscale.cli import main
+    from vitscale.config import load_config
+    from vitscale.train.trainer import Trainer
+
+    cfg = load_config(recipe, ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0",
+                               "log.progress=none", "log.report=false", "model.hidden_size=32", "model.ffn_hidden_size=64",
+                               "model.num_layers=1", "model.num_attention_heads=2", "train.batch_size=16", *extra,
+                               f"train.output_dir={tmp_path / 'run'}"])  # fmt: skip
+    t = Trainer(cfg)
+    parts = t.model.task_parts
+    trained = sum(p.numel() for n, p in parts.named_parameters() if not n.startswith("dino_teacher."))
+    held = sum(p.numel() for n, p in parts.named_parameters() if n.startswith("dino_teacher."))
+    assert trained > 0 and (held > 0) == (task == "dino")
+    e = estimate(t.model.cfg, task=task, task_cfg=getattr(cfg, task), param_dtype="fp32")
+    assert e.task_params == trained + held
+    assert e.task_bytes == 16 * trained + 4 * held
+    assert e.total_bytes == estimate(t.model.cfg, param_dtype="fp32").total_bytes + e.task_bytes
+    assert main(["memory", "vit_b16", "--task", task]) == 0
+    assert f"{task} parts (" in capsys.readouterr().out

@@ -46,6 +46,8 @@ def register(subparsers) -> None:
                    help="optimizer, for its states: two fp32 moments (adamw, adam, lamb) or one (sgd with momentum)")
     p.add_argument("--img-size", type=int, default=None, help="training image side in pixels (default: the "
                    "model's)")
+    p.add_argument("--task", default=None, choices=("dino", "mae"), help="count what a self-supervised task adds, "
+                   "at its config group's defaults: dino's heads and EMA teacher, mae's decoder (default: none)")
     p.add_argument("--table", action="store_true", help="markdown table over the standard layouts, with the "
                    "largest batch on one GPU (estimate / measured)")
     p.add_argument("--gpu-gib", type=float, default=None, help="GPU memory for the largest-batch column "
@@ -69,7 +71,7 @@ def run(args) -> int:
             e = estimate(
                 name, dp_replicate=args.dp_replicate, dp_shard=args.dp_shard, tp=args.tp,
                 micro_batch=args.micro_batch, param_dtype=args.dtype, ac=args.ac, optimizer=args.optimizer,
-                img_size=args.img_size,
+                img_size=args.img_size, task=args.task,
             )  # fmt: skip
             if args.json:
                 print(json.dumps(e.as_dict()))
@@ -83,6 +85,7 @@ def run(args) -> int:
                 ("activations", e.activation_bytes),
                 ("recompute (full AC)", e.recompute_bytes),
                 ("overhead allowance", e.overhead_bytes),
+                *([(f"{args.task} parts ({e.task_params / 1e6:,.1f}M params)", e.task_bytes)] if args.task else []),
             ):
                 print(f"  {label:<36} {b / GIB:8.2f} GiB")
             print(f"  {'total per rank':<36} {e.total_gib:8.2f} GiB")

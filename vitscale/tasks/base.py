@@ -92,6 +92,10 @@ class Task:
         (freeze parameters). Returns lines for the run to print. Default: nothing."""
         return []
 
+    def schedule_optimizer(self, optimizer: Any, step: int) -> None:
+        """Called before optimizer update number ``step`` (1-based), after the learning-rate schedule set
+        the groups' ``lr``: set what the task schedules itself (DINOv2's weight decay). Default: nothing."""
+
     def weights_loaded(self) -> None:
         """Called by the trainer right after the model's weights were read from ``checkpoint.init_from``
         (never on a resume, whose checkpoint holds the task's parts): the task's own copies of the

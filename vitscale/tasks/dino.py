@@ -27,13 +27,17 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
   centre or Sinkhorn-Knopp, ``dino.centering``, at the teacher temperature of this step), KoLeo on the
   student's class tokens of each global crop, and iBOT's cross-entropy on the masked patches of the
   global crops (``ssl_meta_arch.py`` lines 132-346).
-- **The prototypes** get no gradient for the first ``dino.freeze_last_layer_epochs`` (DINOv2 sets their
-  learning rate to 0, ``dinov2/train/train.py`` lines 98-100; here their gradient is zeroed, so AdamW's
-  decoupled weight decay still applies to them).
+- **The prototypes** have learning rate 0 for the first ``dino.freeze_last_layer_epochs``, as DINOv2's
+  ``last_layer_lr_schedule`` (``dinov2/train/train.py`` lines 98-100): their own optimizer groups
+  (:data:`vitscale.train.optim.OWN_GROUP`), set by :meth:`DinoTask.schedule_optimizer`; their gradient
+  still counts in the clipping norm and AdamW's moments, as there, and no weight decay moves them.
+- **Weight decay**: constant ``optim.weight_decay``, or DINOv2's cosine to ``dino.weight_decay_end``
+  (:meth:`DinoTask.schedule_optimizer`).
+- **Layout** (:mod:`vitscale.tasks.dino_layout`): one process, or FSDP2 data parallelism under torchrun
+  with the teacher sharded as the student; tensor parallelism is refused in one line.
 - **Health** at log steps: ``train_rankme`` of the teacher's class tokens and the teacher targets'
   entropy and KL divergence from uniform (:mod:`vitscale.tasks.health`).
-- **Not yet**: several processes (refused in one line), DINOv2's weight-decay schedule (the run's
-  ``optim.weight_decay`` is constant), ``vitscale bench --task dino``.
+- **Not yet**: tensor parallelism (refused in one line), ``vitscale bench --task dino``.
 """
 
 from __future__ import annotations
@@ -48,11 +52,14 @@ from vitscale.checkpoint.weights import TASK_PARTS
 from vitscale.config.schema import run_length
 from vitscale.data import keyed
 from vitscale.errors import ConfigError
+from vitscale.train.ema import _local
+from vitscale.train.optim import OWN_GROUP
 
 from .base import Task, register_task
 from .dino_config import DinoConfig, DinoPretrainingConfig
 from .dino_crops import STREAM_DINO_INIT, ibot_masks, multi_crop
 from .dino_head import DinoHead
+from .dino_layout import check_layout, keep_root_gathered, release, shard_units, teacher_backbone
 from .dino_loss import (
     dino_loss,
     ibot_loss,
@@ -77,6 +84,11 @@ class DinoStudent(nn.Module):
         self.head = DinoHead(width, dc.head_n_prototypes, **sizes)
         self.ibot_head = DinoHead(width, dc.head_n_prototypes, **sizes) if ibot and dc.ibot_separate_head else None
         self.mask_token = nn.Parameter(torch.zeros(width))
+
+    def forward(self, embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The mask token in place of the masked patches' embeddings (a forward of its own, so that FSDP2
+        gathers the token and reduces its gradient)."""
+        return torch.where(mask[..., None], self.mask_token.to(embeddings.dtype), embeddings)
 
 
 class DinoCentres(nn.Module):
@@ -104,15 +116,19 @@ class DinoTask(Task):
         self.iteration = 0
 
     # ------------------------------------------------------------------------------------- setup
+    @classmethod
+    def check(cls, cfg, model, dims, purpose):
+        super().check(cfg, model, dims, purpose)
+        if purpose == "train":
+            check_layout(dims)
+
     def setup(self, run):
         model, dc, tc = self.model, self.dc, run.cfg.train
         name = run.cfg.model.name
         if "keep" not in inspect.signature(model.forward).parameters or not hasattr(model, "patch_embed"):
             raise ConfigError(f"train.task=dino: model {name} does not give its tokens (forward(images, keep=...)): "
                               "use a ViT (`vitscale models`)")  # fmt: skip
-        if run.dims.distributed:
-            raise ConfigError("train.task=dino under torchrun: the teacher and heads have no FSDP2 / tensor-parallel "
-                              "layout yet; train in one process")  # fmt: skip
+        keep_root_gathered(run, model)
         p = model.cfg.patch_dim
         for key in ("global_crops_size", "local_crops_size"):
             size = getattr(dc, key)
@@ -125,6 +141,10 @@ class DinoTask(Task):
             raise ConfigError(f"dino.koleo_loss_weight={dc.koleo_loss_weight} with {run.micro_batch} image per rank and "
                               "micro-step: KoLeo needs a nearest neighbour (one image gives NaN); raise train.batch_size "
                               "or set dino.koleo_loss_weight=0")  # fmt: skip
+        if dc.weight_decay_end is not None and run.cfg.optim.weight_decay <= 0:
+            raise ConfigError(f"dino.weight_decay_end={dc.weight_decay_end} needs a start: set optim.weight_decay > 0 "
+                              "(DINOv2: 0.04 -> 0.4)")  # fmt: skip
+        self.wd0 = run.cfg.optim.weight_decay
         per_epoch, total = run_length(tc, len(run.loaders.train))
         self.total = total
         self.temp_warmup = round(dc.warmup_teacher_temp_epochs * per_epoch)
@@ -138,10 +158,17 @@ class DinoTask(Task):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(keyed.key(self.seed, STREAM_DINO_INIT))
             student = DinoStudent(model.num_features, dc, self.ibot).to(device)
-        teacher = nn.ModuleDict({"backbone": copy.deepcopy(model), "head": copy.deepcopy(student.head)})
+        teacher = nn.ModuleDict({"backbone": teacher_backbone(run, model), "head": copy.deepcopy(student.head)})
+        keep_root_gathered(run, teacher["backbone"])
         if student.ibot_head is not None:
             teacher["ibot_head"] = copy.deepcopy(student.ibot_head)
         teacher.requires_grad_(False)
+        # under torchrun: each head and the mask token an FSDP2 unit, sharded as its teacher copy
+        t_ibot = teacher["ibot_head"] if "ibot_head" in teacher else None
+        shard_units(run, [student.head, student.ibot_head, student, teacher["head"], t_ibot])
+        for head in (student.head, student.ibot_head):  # own optimizer groups: lr 0 while frozen
+            for q in head.last_layer_parameters() if head is not None else ():
+                setattr(q, OWN_GROUP, "prototypes")
         self.student = attach_part(model, "dino_student", student)
         self.teacher = attach_part(model, "dino_teacher", teacher)
         self.centres = attach_part(model, "dino_centre", DinoCentres(dc.head_n_prototypes).to(device))
@@ -154,9 +181,6 @@ class DinoTask(Task):
                 self.ema_pairs += list(zip(self.teacher[key].parameters(), getattr(student, key).parameters(), strict=True))
         if self.ibot:
             model.patch_embed.register_forward_hook(self._mask_hook)
-        for head in (student.head, student.ibot_head):
-            for q in head.last_layer_parameters() if head is not None else ():
-                q.register_hook(self._freeze_hook)
         n_params = sum(q.numel() for q in student.parameters())
         frozen = ([f"dino: {len(unreached)} tensors the objective does not reach are frozen: {', '.join(unreached[:3])}"
                    f"{', ...' if len(unreached) > 3 else ''}"] if unreached else [])  # fmt: skip
@@ -197,22 +221,31 @@ class DinoTask(Task):
             params[n].requires_grad_(False)
         return unreached
 
+    def schedule_optimizer(self, optimizer, step):
+        """DINOv2's schedules at iteration ``step - 1`` (``apply_optim_scheduler``): the prototypes' groups
+        at learning rate 0 while frozen (``last_layer_lr``); with ``dino.weight_decay_end``, each group's
+        decay scaled by the cosine from ``optim.weight_decay`` to it (``wd x wd_multiplier``)."""
+        end = self.dc.weight_decay_end
+        f = None if end is None else momentum_at(step - 1, self.wd0, end, self.total) / self.wd0
+        for g in optimizer.param_groups:
+            if step - 1 < self.freeze_steps and ".prototypes" in g.get("name", ""):
+                g["lr"] = 0.0
+            if f is not None:
+                g["weight_decay"] = g.setdefault("initial_weight_decay", g["weight_decay"]) * f
+
     def _mask_hook(self, module, args, out):
         """iBOT: the mask token in place of the masked patches' embeddings (DINOv2's
         ``prepare_tokens_with_masks``, ``vision_transformer.py`` line 218), for the student's global crops."""
         if self._mask is None or out.shape[0] != self._mask.shape[0]:
             return out
-        return torch.where(self._mask[..., None], self.student.mask_token.to(out.dtype), out)
-
-    def _freeze_hook(self, grad):
-        return torch.zeros_like(grad) if self.iteration < self.freeze_steps else grad
+        return self.student(out, self._mask)
 
     @torch.no_grad()
     def update_teacher(self, m: float) -> None:
         """``teacher = m teacher + (1 - m) student``, parameter by parameter (local tensors, no
         communication: ``ssl_meta_arch.py`` lines 356-365)."""
-        t = [a for a, _ in self.ema_pairs]
-        s = [b.detach() for _, b in self.ema_pairs]
+        t = [_local(a) for a, _ in self.ema_pairs]  # sharded alike (vitscale.tasks.dino_layout)
+        s = [_local(b.detach()) for _, b in self.ema_pairs]
         torch._foreach_mul_(t, m)
         torch._foreach_add_(t, s, alpha=1 - m)
 
@@ -273,6 +306,7 @@ class DinoTask(Task):
                 else:
                     t_patch_targets = softmax_centered(t_logits, self.centres.patch, temp)
                     update_center(self.centres.patch, t_logits, dc.center_momentum, self.dp_group)
+            release(teacher["backbone"])
         with self.autocast():
             self._mask = masks
             try:

@@ -83,6 +83,11 @@ class DinoConfig:
     over the run (ssl_default_config.yaml lines 87-88; dinov2/train/train.py lines 79-83)."""
     final_momentum_teacher: float = 1.0
     """EMA momentum at the end of the run (ssl_default_config.yaml line 88)."""
+    weight_decay_end: float | None = None
+    """The weight decay at the end of the run, reached along a cosine from the run's ``optim.weight_decay``
+    (``optim.weight_decay_end`` ssl_default_config.yaml line 95: 0.04 -> 0.4; dinov2/train/train.py
+    ``build_schedulers`` lines 74-78, ``apply_optim_scheduler``); the groups without decay
+    (norms, biases, tokens) keep none. None: ``optim.weight_decay`` throughout."""
     freeze_last_layer_epochs: float = 1
     """Epochs during which the heads' last layers (the prototypes) get no gradient (``optim.
     freeze_last_layer_epochs`` ssl_default_config.yaml line 101; dinov2/train/train.py lines 98-100)."""
@@ -105,8 +110,8 @@ class DinoConfig:
         if self.local_crops_number < 0:
             raise ValueError(f"local_crops_number={self.local_crops_number} must be >= 0")
         for key in ("loss_weight", "koleo_loss_weight", "ibot_loss_weight", "warmup_teacher_temp_epochs",
-                    "freeze_last_layer_epochs"):  # fmt: skip
-            if getattr(self, key) < 0:
+                    "freeze_last_layer_epochs", "weight_decay_end"):  # fmt: skip
+            if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 0")
         for key in ("student_temp", "teacher_temp", "warmup_teacher_temp"):
             if getattr(self, key) <= 0:

@@ -125,7 +125,8 @@ def teacher_temp_at(it: int, start: float, end: float, warmup: int) -> float:
 
 def momentum_at(it: int, base: float, final: float, total: int) -> float:
     """The teacher's EMA momentum at iteration ``it``: ``final + (base - final) (1 + cos(pi it / total)) / 2``,
-    ``final`` from ``total`` on (``CosineScheduler`` lines 77-87; train.py lines 79-83)."""
+    ``final`` from ``total`` on (``CosineScheduler`` lines 77-87; train.py lines 79-83). The weight decay
+    follows the same cosine (train.py lines 74-78)."""
     if it >= total:
         return final
     return final + 0.5 * (base - final) * (1 + math.cos(math.pi * it / total))

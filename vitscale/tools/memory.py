@@ -57,12 +57,17 @@ class MemoryEstimate:
     """Full activation checkpointing: one block's activations rebuilt during its backward."""
     overhead_bytes: int
     """Fixed allowance (CUDA context, caching, communication buffers)."""
+    task_params: int = 0
+    """Parameters the task adds (``--task``: heads and teacher of dino, MAE's decoder)."""
+    task_bytes: int = 0
+    """Their states on this rank: the trained parts' fp32 weights, gradients and optimizer moments, the
+    teacher's fp32 weights, each sharded over ``dp_shard`` as the model (the heads not split by TP)."""
 
     @property
     def total_bytes(self) -> int:
         return (
             self.param_bytes + self.grad_bytes + self.optim_bytes + self.unsharded_bytes
-            + self.activation_bytes + self.recompute_bytes + self.overhead_bytes
+            + self.activation_bytes + self.recompute_bytes + self.overhead_bytes + self.task_bytes
         )  # fmt: skip
 
     @property
@@ -76,7 +81,7 @@ class MemoryEstimate:
 
     def table_row(self) -> str:
         g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
-        states = self.param_bytes + self.grad_bytes + self.optim_bytes
+        states = self.param_bytes + self.grad_bytes + self.optim_bytes + self.task_bytes
         other = self.activation_bytes + self.recompute_bytes + self.unsharded_bytes + self.overhead_bytes
         return f"{g(states)} + {g(other)} = {g(self.total_bytes)}"
 
@@ -105,15 +110,20 @@ def estimate(
     img_size: int | None = None,
     overhead_gib: float | None = None,
     overrides: dict | None = None,
+    task: str | None = None,
+    task_cfg: Any = None,
 ) -> MemoryEstimate:
     """Estimated bytes per rank to train ``model`` (a registered name, a config or a model).
 
     ``micro_batch``: images per rank per micro-step. ``param_dtype``: the compute dtype (bf16 with
     FSDP's MixedPrecisionPolicy or autocast; fp32). ``ac``: none | full | selective (all blocks).
     The model's family gives the parameter and activation counts (its memory model) and says
-    whether ``tp`` splits it (its parallel plan's ``check_tp``).
+    whether ``tp`` splits it (its parallel plan's ``check_tp``). ``task``: ``dino`` or ``mae`` count the
+    parameters the task adds (:mod:`vitscale.tools.memory_tasks`, ``task_cfg`` its config group); their
+    activations are not counted (the teacher runs without autograd).
     """
     from vitscale.distributed.fsdp import to_dtype
+    from vitscale.tools.memory_tasks import task_parameters
 
     name, family, cfg = _family_cfg(model, overrides)
     if img_size:
@@ -139,14 +149,19 @@ def estimate(
         unsharded = int(2 * 2 * unit * cb)  # (params + grads) of the current and the prefetched unit
     activation_bytes = int(act_elems * micro_batch * cb)
     recompute_bytes = int(recompute_elems * micro_batch * cb)
+    trained, held = task_parameters(task, meta, task_cfg)
+    per = {"adamw": 8, "adam": 8, "lamb": 8, "sgd": 4}[optimizer]
+    held_rank = (p_rank + (held - P) / dp_shard) if held else 0  # the teacher's backbone sharded as the model
+    task_bytes = int((8 + per) * trained / dp_shard + 4 * held_rank)
     if overhead_gib is None:
         overhead_gib = 1.0 if compute != torch.float32 else 0.0
     layout = f"dp_replicate={dp_replicate} dp_shard={dp_shard} tp={tp} micro_batch={micro_batch} ac={ac} {compute}"
+    layout += f" task={task}" if task else ""
     return MemoryEstimate(
         model=name, layout=layout, params=int(P), param_bytes=param_bytes, grad_bytes=grad_bytes,
         optim_bytes=optim_bytes, unsharded_bytes=unsharded, activation_bytes=activation_bytes,
         recompute_bytes=recompute_bytes,
-        overhead_bytes=int(overhead_gib * GIB),
+        overhead_bytes=int(overhead_gib * GIB), task_params=int(trained + held), task_bytes=task_bytes,
     )  # fmt: skip
 
 

@@ -3,6 +3,8 @@
 Groups: ``decay`` (the body's matrices), ``no_decay`` (norms, biases, 1-D params and the model's
 ``no_weight_decay()`` names: position embeddings, tokens), ``head`` (the classifier from the model's
 ``head_parameter_names()``, with ``optim.head_weight_decay`` — ViT-22B decouples head and body decay).
+A parameter with the attribute :data:`OWN_GROUP` (a tag a task sets, e.g. DINO's prototypes, whose
+learning rate it schedules itself) goes to a group ``<kind>.<tag>`` of its own, with its kind's decay.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ def scaled_lr(cfg: OptimConfig, global_batch: int) -> float:
     return cfg.lr
 
 
+OWN_GROUP = "optim_group"
+
+
 def param_groups(model: nn.Module, weight_decay: float, head_weight_decay: float | None) -> list[dict]:
     """Parameter groups named ``decay`` / ``no_decay`` / ``head`` (empty groups left out)."""
     skip = set(model.no_weight_decay())
@@ -35,14 +40,16 @@ def param_groups(model: nn.Module, weight_decay: float, head_weight_decay: float
             continue
         n = plain_name(name)
         if p.ndim <= 1 or n.endswith(".bias") or n in skip or any(n.startswith(s + ".") for s in skip):
-            groups["no_decay"].append(p)  # norms, biases, gains, tokens, position embeddings
+            kind = "no_decay"  # norms, biases, gains, tokens, position embeddings
         elif n in head:
-            groups["head"].append(p)
+            kind = "head"
         else:
-            groups["decay"].append(p)
+            kind = "decay"
+        tag = getattr(p, OWN_GROUP, None)
+        groups.setdefault(kind if tag is None else f"{kind}.{tag}", []).append(p)
     hwd = weight_decay if head_weight_decay is None else head_weight_decay
     decays = {"decay": weight_decay, "no_decay": 0.0, "head": hwd}
-    return [{"name": k, "params": v, "weight_decay": decays[k]} for k, v in groups.items() if v]
+    return [{"name": k, "params": v, "weight_decay": decays[k.split(".")[0]]} for k, v in groups.items() if v]
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:

@@ -236,6 +236,7 @@ class Trainer:
         grad_norm, unscale = clip_gradients(params, max_norm, world=world, fold=self.skip_on_device)
         ok = self.guard.flag(loss, grad_norm, world)  # a non-finite step on any rank is not applied
         self.schedule.apply(self.step)
+        self.task.schedule_optimizer(self.optimizer, self.step)  # e.g. DINOv2's weight-decay schedule
         apply_update(self.optimizer, ok, on_device=self.skip_on_device, ema=self.ema, model=self.model, grad_scale=unscale,
                      on_skip=lambda: self.guard.check(self.step, self.checkpoints.last))  # stop once the budget is spent
         precompute_float8_scales(self.model, self.run.float8)  # tensorwise fp8 + FSDP2: all scales in one all-reduce
