@@ -68,7 +68,9 @@ def split_heads(run, heads: Iterable[nn.Module | None]) -> None:
         apply_plan(head, mesh, head_plan())
         for name in ("last_v", "last_g"):
             p = getattr(head, name)
-            head.register_parameter(name, nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)]), p.requires_grad))
+            head.register_parameter(
+                name, nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)]), p.requires_grad)
+            )
 
 
 def teacher_backbone(run, model: nn.Module) -> nn.Module:
@@ -122,4 +124,12 @@ def release(backbone: nn.Module) -> None:
             m.reshard()
 
 
-__all__ = ["check_layout", "head_plan", "keep_root_gathered", "release", "shard_units", "split_heads", "teacher_backbone"]
+__all__ = [
+    "check_layout",
+    "head_plan",
+    "keep_root_gathered",
+    "release",
+    "shard_units",
+    "split_heads",
+    "teacher_backbone",
+]
