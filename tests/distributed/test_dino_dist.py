@@ -1,6 +1,7 @@
 """DINO on 2 gloo processes (``torchrun -m vitscale train digits_dino``, FSDP2: the teacher sharded as the
-student, every head its own unit, the centre and the Sinkhorn-Knopp sums all-reduced): the one-process
-curves within 2e-4, and a run resumed from its step-2 checkpoint on 2 ranks continues on the
+student, every head its own unit, the centre and the Sinkhorn-Knopp sums all-reduced; and tensor
+parallelism, ``parallel.tp=2``: the heads' MLPs column / row parallel, the prototypes split over the
+ranks, the teacher split alike): the one-process curves within 2e-4, and a run resumed from its step-2 checkpoint on 2 ranks continues on the
 uninterrupted curve (student, teacher, centre, temperature and momentum schedules, keyed crops and masks)."""
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def curve(rows, key):
 
 
 @needs_cpu_fsdp
-def test_dino_on_two_ranks_follows_one_process_and_resumes_on_its_curve(tmp_path):
+def test_dino_on_two_ranks_fsdp_and_tp_follows_one_process_and_resumes_on_its_curve(tmp_path):
     centring = ["dino.centering=softmax"]  # the running centres: state all-reduced, checkpointed and resumed
     two = torchrun(tmp_path / "two", *centring)
     one = subprocess.run([sys.executable, "-m", "vitscale", "train", "digits_dino", *ARGS, *centring,
@@ -61,6 +62,13 @@ def test_dino_on_two_ranks_follows_one_process_and_resumes_on_its_curve(tmp_path
     losses = [r["loss"] for r in ref if "loss" in r]
     assert abs(losses[-1] - losses[0]) > 1e-3  # the curve moves: the agreement is not trivial
     assert got[-1]["knn_top1"] == ref[-1]["knn_top1"]
+
+    # tensor parallelism on the same 2 ranks (one data-parallel rank): the same curves
+    tp = torchrun(tmp_path / "tp", *centring, "parallel.tp=2", "parallel.dp_shard=1")
+    finish(tp)
+    split = read_metrics(tmp_path / "tp")
+    for key in CURVES:
+        assert_curves_close(curve(split, key), curve(ref, key), range(1, 5), f"{key} (tp=2)", 2e-4)
 
     # on 2 ranks again, from the step-2 checkpoint of the 2-rank run
     part = tmp_path / "part"

@@ -250,19 +250,28 @@ def test_weight_decay_follows_dinov2s_cosine(tmp_path):
         Trainer(load_config("digits_dino", [*args, "optim.weight_decay=0", f"train.output_dir={tmp_path / 'b'}"]))
 
 
-def test_tensor_parallelism_is_refused_in_one_line_before_the_run():
-    """The heads and the teacher have no tensor-parallel plan: ``parallel.tp=2`` on 2 ranks is refused by
-    the run's up-front checks (before any data is read or model built), naming the key and the fix."""
+def test_a_head_tensor_parallelism_cannot_split_is_refused_in_one_line_before_the_run():
+    """``parallel.tp=2`` splits the prototypes and the heads' hidden units over the ranks: a prototype
+    count (or head width) it does not divide is refused by the run's up-front checks (before any data
+    is read or model built), naming the keys and the fix; sizes it divides are accepted."""
     from vitscale.config import load_config
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.errors import CheckError
     from vitscale.run.assemble import resolve_run_model
     from vitscale.run.checks import check_run
 
-    cfg = load_config("digits_dino", ["parallel.tp=2", "model.num_attention_heads=2"])
+    tp2 = ParallelDims(tp=2, world_size=2)
+    cfg = load_config("digits_dino", ["parallel.tp=2", "model.num_attention_heads=2", "dino.head_n_prototypes=1023",
+                                      "dino.head_hidden_dim=255"])  # fmt: skip
     model = resolve_run_model(cfg)
     with pytest.raises(CheckError) as e:
-        check_run(cfg, ParallelDims(tp=2, world_size=2), "train", model)
-    assert str(e.value) == ("train.task=dino with parallel.tp=2: the DINO / iBOT heads and the teacher have no "
-                            "tensor-parallel plan yet; use FSDP2 data parallelism (parallel.tp=1)")
+        check_run(cfg, tp2, "train", model)
+    assert str(e.value) == ("parallel.tp=2 does not split the DINO / iBOT heads: dino.head_n_prototypes=1023 is not "
+                            "divisible by 2 (tp that divide it: 1, 3, 11, 31, 33, ...); dino.head_hidden_dim=255 is not "
+                            "divisible by 2 (tp that divide it: 1, 3, 5, 15, 17, 51, ...); set the head sizes to "
+                            "multiples of parallel.tp")  # fmt: skip
+    one_layer = load_config("digits_dino", ["parallel.tp=2", "model.num_attention_heads=2", "dino.head_nlayers=1",
+                                            "dino.head_hidden_dim=255"])  # fmt: skip
+    check_run(one_layer, tp2, "train", model)  # a one-layer head has no hidden units to split
+    check_run(load_config("digits_dino", ["parallel.tp=2", "model.num_attention_heads=2"]), tp2, "train", model)
     check_run(cfg, ParallelDims(dp_shard=2, world_size=2), "train", model)  # FSDP2: accepted

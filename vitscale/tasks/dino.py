@@ -33,11 +33,12 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
   still counts in the clipping norm and AdamW's moments, as there, and no weight decay moves them.
 - **Weight decay**: constant ``optim.weight_decay``, or DINOv2's cosine to ``dino.weight_decay_end``
   (:meth:`DinoTask.schedule_optimizer`).
-- **Layout** (:mod:`vitscale.tasks.dino_layout`): one process, or FSDP2 data parallelism under torchrun
-  with the teacher sharded as the student; tensor parallelism is refused in one line.
+- **Layout** (:mod:`vitscale.tasks.dino_layout`): one process, or FSDP2 data parallelism and tensor
+  parallelism under torchrun, with the teacher sharded as the student (the heads' MLPs column / row
+  parallel, the prototypes split over the TP ranks, their logits gathered before the targets).
 - **Health** at log steps: ``train_rankme`` of the teacher's class tokens and the teacher targets'
   entropy and KL divergence from uniform (:mod:`vitscale.tasks.health`).
-- **Not yet**: tensor parallelism (refused in one line), ``vitscale bench --task dino``.
+- **Not yet**: ``vitscale bench --task dino``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from .base import Task, register_task
 from .dino_config import DinoConfig, DinoPretrainingConfig
 from .dino_crops import STREAM_DINO_INIT, ibot_masks, multi_crop
 from .dino_head import DinoHead
-from .dino_layout import check_layout, keep_root_gathered, release, shard_units, teacher_backbone
+from .dino_layout import check_layout, keep_root_gathered, release, shard_units, split_heads, teacher_backbone
 from .dino_loss import (
     dino_loss,
     ibot_loss,
@@ -120,7 +121,7 @@ class DinoTask(Task):
     def check(cls, cfg, model, dims, purpose):
         super().check(cfg, model, dims, purpose)
         if purpose == "train":
-            check_layout(dims)
+            check_layout(cfg.dino, dims)
 
     def setup(self, run):
         model, dc, tc = self.model, self.dc, run.cfg.train
@@ -163,8 +164,10 @@ class DinoTask(Task):
         if student.ibot_head is not None:
             teacher["ibot_head"] = copy.deepcopy(student.ibot_head)
         teacher.requires_grad_(False)
-        # under torchrun: each head and the mask token an FSDP2 unit, sharded as its teacher copy
+        # under torchrun: each head split over the TP ranks (parallel.tp), then each head and the mask
+        # token an FSDP2 unit, sharded as its teacher copy
         t_ibot = teacher["ibot_head"] if "ibot_head" in teacher else None
+        split_heads(run, [student.head, student.ibot_head, teacher["head"], t_ibot])
         shard_units(run, [student.head, student.ibot_head, student, teacher["head"], t_ibot])
         for head in (student.head, student.ibot_head):  # own optimizer groups: lr 0 while frozen
             for q in head.last_layer_parameters() if head is not None else ():

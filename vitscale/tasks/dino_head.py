@@ -2,7 +2,8 @@
 MLP (``head_nlayers`` linear layers, GELU between, hidden width ``head_hidden_dim``) to a bottleneck of
 ``head_bottleneck_dim``, L2-normalised, then the prototypes: a weight-normalised linear layer without
 bias (Salimans & Kingma 2016, arXiv 1602.07868: ``W = g * V / ||V||`` per prototype row), ``g`` filled
-with 1 (lines 27-28). Initialisation: the MLP's weights truncated-normal std 0.02, biases 0 (lines
+with 1 (lines 27-28). Under tensor parallelism the prototypes' rows are split over the ranks and the
+logits gathered (:mod:`vitscale.tasks.dino_layout`). Initialisation: the MLP's weights truncated-normal std 0.02, biases 0 (lines
 30-34); ``V`` as ``nn.Linear``'s default (the reference wraps a fresh ``nn.Linear``)."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import math
 
 import torch
 from torch import nn
+
+from vitscale.distributed.tensor_parallel import DTensor, Replicate
 
 
 class DinoHead(nn.Module):
@@ -47,6 +50,9 @@ class DinoHead(nn.Module):
         eps = 1e-6 if x.dtype == torch.float16 else 1e-12  # line 38
         x = nn.functional.normalize(x, dim=-1, p=2, eps=eps)
         w = self.last_g * self.last_v / torch.linalg.vector_norm(self.last_v, dim=1, keepdim=True)
+        if isinstance(w, DTensor):  # prototypes split over the TP ranks (vitscale.tasks.dino_layout.split_heads)
+            x = DTensor.from_local(x, w.device_mesh, [Replicate()], run_check=False)  # its gradient all-reduced
+            return nn.functional.linear(x, w.to(x.dtype)).full_tensor()  # the logits gathered
         return nn.functional.linear(x, w.to(x.dtype))
 
 

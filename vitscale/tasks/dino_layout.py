@@ -1,5 +1,5 @@
 """Where DINO's training-only parts live under torchrun (:mod:`vitscale.tasks.dino`): FSDP2 data
-parallelism. The teacher's backbone is a second model parallelized exactly as the student (the run's
+parallelism and tensor parallelism. The teacher's backbone is a second model parallelized exactly as the student (the run's
 :meth:`~vitscale.run.assemble.Run.new_model`, as the trainer's EMA copy), its values copied shard by
 shard; every head (the student's and the teacher's) and the mask token are FSDP2 units of their own on
 the same data-parallel mesh, built from the same keyed weights on every rank. The teacher's parameters
@@ -7,8 +7,14 @@ are then sharded exactly as the student's, so the EMA update is element-wise on 
 no communication (DINOv3 does the same: facebookresearch/dinov3 ``dinov3/train/ssl_meta_arch.py``
 ``update_ema``; ``dinov3/fsdp/ac_compile_parallelize.py``). One process: plain copies.
 
-Tensor parallelism has no plan for the heads yet: :func:`check_layout` (``DinoTask.check``) refuses it
-in one line."""
+Under tensor parallelism (``parallel.tp``) every head, the student's and the teacher's alike, gets the
+plan of :func:`head_plan` before its FSDP2 unit (Megatron style, as the ViT's MLP: the first linear
+layer column parallel, the second row parallel with a replicated output, any further layer replicated)
+and its prototypes split over the TP ranks, whole prototypes per rank (``last_v`` and ``last_g``
+sharded on their rows, so each prototype's weight norm is local); :class:`~vitscale.tasks.dino_head.DinoHead`
+gathers the logits (``Replicate``) before the softmax, centring and Sinkhorn-Knopp, which then run on
+the whole logits on every TP rank. :func:`check_layout` refuses, in one line before the first step, a
+prototype count or head width that ``parallel.tp`` does not divide."""
 
 from __future__ import annotations
 
@@ -18,15 +24,53 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from vitscale.distributed.parallelize import indivisible
+from vitscale.distributed.tensor_parallel import Shard, apply_plan, colwise, rowwise
 from vitscale.errors import CheckError
 
+try:  # torch >= 2.5
+    from torch.distributed.tensor import distribute_tensor
+except ImportError:  # pragma: no cover - older torch
+    from torch.distributed._tensor import distribute_tensor
 
-def check_layout(dims) -> None:
-    """One line before any data is read or model built for a layout the parts cannot take
-    (``parallel.tp > 1``; a prototype count TP could not split is then moot)."""
-    if dims.distributed and dims.tp_enabled:
-        raise CheckError(f"train.task=dino with parallel.tp={dims.tp}: the DINO / iBOT heads and the teacher have no "
-                          "tensor-parallel plan yet; use FSDP2 data parallelism (parallel.tp=1)")  # fmt: skip
+
+def check_layout(dc, dims) -> None:
+    """One line before any data is read or model built for heads (of :class:`~vitscale.tasks.dino_config.DinoConfig`
+    ``dc``) that ``parallel.tp`` cannot split: the prototypes, and the hidden units of a head of two
+    or more layers."""
+    if not (dims.distributed and dims.tp_enabled):
+        return
+    fields = {"dino.head_n_prototypes": dc.head_n_prototypes}
+    if dc.head_nlayers >= 2:
+        fields["dino.head_hidden_dim"] = dc.head_hidden_dim
+    problems = indivisible(fields, dims.tp)
+    if problems:
+        raise CheckError(f"parallel.tp={dims.tp} does not split the DINO / iBOT heads: {'; '.join(problems)}; "
+                         "set the head sizes to multiples of parallel.tp")  # fmt: skip
+
+
+def head_plan() -> dict:
+    """The TP plan of a :class:`~vitscale.tasks.dino_head.DinoHead`'s MLP (paths relative to the head;
+    a one-layer head has no ``mlp.2`` and its layer stays replicated)."""
+    return {"mlp.0": colwise(), "mlp.2": rowwise(sequence_parallel_output=False)}
+
+
+def split_heads(run, heads: Iterable[nn.Module | None]) -> None:
+    """Each of ``heads`` laid out for tensor parallelism (before :func:`shard_units`): :func:`head_plan`,
+    and its prototypes ``last_v`` ``(K, bottleneck)`` and ``last_g`` ``(K, 1)`` sharded on their rows
+    over the TP mesh; nothing without tensor parallelism."""
+    if not (run.dims.distributed and run.dims.tp_enabled):
+        return
+    mesh = run.dims.tp_mesh()
+    for head in heads:
+        if head is None:
+            continue
+        apply_plan(head, mesh, head_plan())
+        for name in ("last_v", "last_g"):
+            p = getattr(head, name)
+            head.register_parameter(
+                name, nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)]), p.requires_grad)
+            )
 
 
 def teacher_backbone(run, model: nn.Module) -> nn.Module:
@@ -80,4 +124,12 @@ def release(backbone: nn.Module) -> None:
             m.reshard()
 
 
-__all__ = ["check_layout", "keep_root_gathered", "release", "shard_units", "teacher_backbone"]
+__all__ = [
+    "check_layout",
+    "head_plan",
+    "keep_root_gathered",
+    "release",
+    "shard_units",
+    "split_heads",
+    "teacher_backbone",
+]
