@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from vitscale.cli import main as cli
 from vitscale.tools.memory import estimate, largest_batch
 
