@@ -161,3 +161,14 @@ def _checkout_unchanged():
         more = f" and {len(changed) - 10} more" if len(changed) > 10 else ""
         pytest.fail(f"the tests changed the checkout {REPO} (+ new, - removed, ~ changed): {shown}{more}; a test "
                     "must write only under its tmp_path", pytrace=False)  # fmt: skip
+
+
+# ------------------------------------------------------------------ the order the tests run in
+def pytest_collection_modifyitems(config, items):
+    """The long tests first (``slow`` and ``multiprocess``, as marked), the rest in their order.
+
+    pytest-xdist hands the first quarter of the list out round-robin and the rest to whichever worker
+    is free (its ``load`` scheduling): a long test that comes last keeps one worker busy while the
+    other waits, one that comes first overlaps with the many short ones. Longest-first ordering
+    (Graham, "Bounds on multiprocessing timing anomalies", 1969) is what this approximates."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") or item.get_closest_marker("multiprocess") else 1)

@@ -4,9 +4,6 @@ check of every tensor — and the refusal through ``vitscale train`` as one line
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch import nn
@@ -62,13 +59,15 @@ def test_every_tensor_on_the_graph_device():
     assert not same_device(cuda0, "cuda:1") and not same_device(torch.device("cpu"), "cuda")
 
 
-def test_train_refuses_cudagraphs_on_cpu_in_one_line(tmp_path):
-    cmd = [sys.executable, "-m", "vitscale", "train", "digits_vit", "train.device=cpu", "train.compile=true",
-           "train.compile_mode=reduce-overhead", f"train.output_dir={tmp_path}", "train.max_steps=1"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+def test_train_refuses_cudagraphs_on_cpu_in_one_line(tmp_path, capsys):
+    from vitscale.cli import main
+
+    rc = main(["train", "digits_vit", "train.device=cpu", "train.compile=true", "train.compile_mode=reduce-overhead",
+               f"train.output_dir={tmp_path}", "train.max_steps=1"])  # fmt: skip
+    stderr = capsys.readouterr().err
+    assert rc == 2
+    lines = [line for line in stderr.splitlines() if line.strip()]
     assert lines == [
         "vitscale train: train.compile_mode=reduce-overhead records CUDA graphs, which need a CUDA device "
         "(this run is on cpu): use max-autotune-no-cudagraphs or default"
-    ], proc.stderr
+    ], stderr

@@ -26,6 +26,7 @@ def _curves():
     return mod
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_collects_the_tests_and_loads_every_run():
     script = ROOT / "benchmarks" / "gpu_check.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)

@@ -108,20 +108,18 @@ def test_bce_targets_as_deit3():
     assert summed.item() == pytest.approx(torch.nn.BCEWithLogitsLoss(reduction="sum")(logits, soft).item() / 4, rel=1e-6)
 
 
-def test_lamb_keys_checked(tmp_path):
+def test_lamb_keys_checked(tmp_path, capsys):
     """Bad values are one-line refusals before anything runs, through the command line."""
-    import subprocess
-    import sys
-
+    from vitscale.cli import main
     from vitscale.distributed.parallel_dims import ParallelDims
     from vitscale.errors import CheckError
     from vitscale.run.assemble import resolve_run_model
     from vitscale.run.checks import check_run
 
-    r = subprocess.run([sys.executable, "-m", "vitscale", "train", "digits_vit", "optim.name=lamb", "train.bce_target_thresh=1.5",
-                        f"train.output_dir={tmp_path}"], capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert r.returncode == 2 and "train.bce_target_thresh=1.5 must be in [0, 1)" in r.stderr, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "metrics.jsonl").exists()
+    rc = main(["train", "digits_vit", "optim.name=lamb", "train.bce_target_thresh=1.5", f"train.output_dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "train.bce_target_thresh=1.5 must be in [0, 1)" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "metrics.jsonl").exists()
     cfg = load_config("digits_vit", ["optim.name=lamb", "optim.fused=fused", f"train.output_dir={tmp_path}"])
     with pytest.raises(CheckError, match="one implementation"):
         check_run(cfg, ParallelDims(device=torch.device("cpu")), "train", resolve_run_model(cfg))

@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from vitscale.cli import main as cli
 from vitscale.tools.memory import estimate, largest_batch
 
@@ -37,6 +39,7 @@ def test_estimate_of_the_largest_batch_fits_and_one_more_does_not():
         assert estimate("vit_l16", micro_batch=n, ac=ac).total_gib <= 79.6 < estimate("vit_l16", micro_batch=n + 1, ac=ac).total_gib
 
 
+@pytest.mark.slow
 def test_script_on_cpu_and_the_measured_column(tmp_path, capsys):
     out = tmp_path / "max_batch_cpu_202611.json"
     assert max_batch.main(["--models", "vit_debug", "--ac", "none", "full", "--device", "cpu", "--start", "2",
