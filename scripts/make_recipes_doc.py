@@ -31,9 +31,12 @@ its line in the YAML cites (a paper's table, a repository's file and line). *hea
 header comment cites it for the whole recipe; *vitscale*: an operational setting (folders, workers,
 logging and checkpoint periods, the parallel layout) that does not change what is computed. Each
 recipe's header says what it should reach and on what hardware; none of these headlines was
-reproduced on this project's CPU machine (no ImageNet or LAION here). Each recipe trains as it ships
-(only the data paths and the model size replaced) in `tests/integration/test_recipe_augmentation.py`
-and `tests/integration/test_train_recipes.py`.
+reproduced on this project's CPU machine (no ImageNet or LAION here). Every config in
+`vitscale/configs/` trains as it ships in `tests/integration/test_recipes_as_shipped.py`: 2 steps at its
+own resolution on real photos (scikit-learn's sample photos as an image folder, or as captioned
+WebDataset shards), then its evaluation once; only the data paths, the files it starts from (init
+weights, a teacher, token labels: tiny real files in the format the recipe names) and the model's
+width and depth are replaced, every augmentation, sampler, loss and evaluation setting is its own.
 
 This page is generated from the configs by `python scripts/make_recipes_doc.py` (`make test` checks
 that it is current): change a recipe, then regenerate it.
