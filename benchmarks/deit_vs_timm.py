@@ -73,9 +73,15 @@ def write_digits(root: Path, size: int) -> Path:
     return root
 
 
-def vitscale_command(args, data: Path, out: Path, seed: int, repeated_aug: int | None) -> list[str]:
-    model = [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in MODEL.items()]
-    return [sys.executable, "-m", "vitscale", "train", CONFIG, *model, "model.name=vit_debug",
+def model_fields(cfg) -> dict:
+    """The recipe's own model fields (stochastic depth, the patch projection's init) with the small ViT's
+    size over them: ``model.name=vit_debug`` alone would drop the recipe's ``model.overrides``."""
+    return {**cfg.model.overrides, **MODEL}
+
+
+def vitscale_command(args, cfg, data: Path, out: Path, seed: int, repeated_aug: int | None) -> list[str]:
+    model = [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in model_fields(cfg).items()]
+    return [sys.executable, "-m", "vitscale", "train", CONFIG, "model.name=vit_debug", *model,
             "distill.teacher=null", f"data.train_path={data / 'train'}", f"data.val_path={data / 'val'}",
             f"data.img_size={args.img_size}", f"data.mean=[{','.join(map(str, args.mean))}]",
             f"data.std=[{','.join(map(str, args.std))}]", "data.hflip=0.0",
@@ -130,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timm-pillow", default=None,
                     help="a folder holding Pillow < 13 (pip install --target DIR 'pillow<13'), first on the timm side's path: "
                          "timm's posterize passes 0 bits at the top of rand-m9-mstd0.5-inc1's range, which Pillow 13 refuses")  # fmt: skip
+    ap.add_argument("--reuse", action="store_true", help="read complete run folders in --out-dir instead of training again")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--note", default="")
     args = ap.parse_args(argv)
@@ -145,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     import vitscale
     from vitscale.interop import timm_kwargs
 
-    model = vitscale.create_model("vit_debug", device="meta", **{**cfg.model.overrides, **MODEL, "num_classes": num_classes})
+    model = vitscale.create_model("vit_debug", device="meta", **{**model_fields(cfg), "num_classes": num_classes})
     model_args = tvt.timm_model_args(timm_kwargs(model))
     jobs = []
     for seed in args.seeds:
@@ -154,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             if side == "timm":
                 cmd = timm_command(args, cfg, data, out, seed, model_args)
             else:
-                cmd = vitscale_command(args, data, out, seed, 1 if side == "vitscale_ra1" else None)
+                cmd = vitscale_command(args, cfg, data, out, seed, 1 if side == "vitscale_ra1" else None)
             jobs.append({"side": side, "seed": seed, "command": cmd, "out": str(out), "log": str(out_dir / f"{side}_seed{seed}.log"),
                          "epochs": args.epochs, "steps_per_epoch": args.steps_per_epoch, "threads": 1,
                          "timm_src": os.pathsep.join([str(Path(args.timm_train).resolve().parent), *([args.timm_pillow] if args.timm_pillow else [])]),
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     t0, load0 = time.time(), list(os.getloadavg())
     runs = []
     for j in jobs:  # one after another: the machine is shared
-        r = tvt.run_one({**j, "side": "timm" if j["side"] == "timm" else "vitscale"}, reuse=False)
+        r = tvt.run_one({**j, "side": "timm" if j["side"] == "timm" else "vitscale"}, reuse=args.reuse)
         r["side"], r["command"] = j["side"], shlex.join(j["command"])
         runs.append(r)
         top1 = (r.get("val_top1") or [None])[-1]
@@ -182,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         "pillow": {"vitscale": _pillow(None), "timm": _pillow(args.timm_pillow)},
         "data": {"path": str(data), "train_images": train_images, "num_classes": num_classes, "img_size": args.img_size},
         "steps_per_epoch": args.steps_per_epoch,
-        "model": {**MODEL, "params": sum(p.numel() for p in model.parameters()), "timm_args": model_args},
+        "model": {**model_fields(cfg), "params": sum(p.numel() for p in model.parameters()), "timm_args": model_args},
         "recipe": {"config": CONFIG, **{k: _jsonable(_get(cfg, k)) for k in RECIPE_KEYS}},
         "scaled": {k: _jsonable(getattr(args, k)) for k in ("epochs", "batch_size", "lr", "warmup_steps", "rrc_scale", "mean", "std", "workers")}
                   | {"hflip": 0.0, "threads": 1},
