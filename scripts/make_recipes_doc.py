@@ -31,12 +31,53 @@ its line in the YAML cites (a paper's table, a repository's file and line). *hea
 header comment cites it for the whole recipe; *vitscale*: an operational setting (folders, workers,
 logging and checkpoint periods, the parallel layout) that does not change what is computed. Each
 recipe's header says what it should reach and on what hardware; none of these headlines was
-reproduced on this project's CPU machine (no ImageNet or LAION here). Each recipe trains as it ships
-(only the data paths and the model size replaced) in `tests/integration/test_recipe_augmentation.py`
-and `tests/integration/test_train_recipes.py`.
+reproduced on this project's CPU machine (no ImageNet or LAION here). Every config in
+`vitscale/configs/` trains as it ships in `tests/integration/test_recipes_as_shipped.py`: 2 steps at its
+own resolution on real photos (scikit-learn's sample photos as an image folder, or as captioned
+WebDataset shards), then its evaluation once; only the data paths, the files it starts from (init
+weights, a teacher, token labels: tiny real files in the format the recipe names) and the model's
+width and depth are replaced, every augmentation, sampler, loss and evaluation setting is its own.
 
 This page is generated from the configs by `python scripts/make_recipes_doc.py` (`make test` checks
 that it is current): change a recipe, then regenerate it.
+"""
+
+
+NOT_SHIPPED = """
+## laion400m_siglip_b16 (not shipped)
+
+A SigLIP ViT-B/16 recipe beside `laion400m_clip_b32` was to be made from big_vision's SigLIP configs and
+the SigLIP paper (arXiv 2303.15343). Too few of its fields can be cited from sources readable here, so
+no `laion400m_siglip_b16.yaml` ships. What the sources give:
+
+| field | value | source |
+|---|---|---|
+| `train.loss` | `sigmoid` | open_clip `--siglip` (open_clip_train/params.py, "Use SigLip (sigmoid) loss") |
+| `model.logit_scale_init`, `model.logit_bias_init` | log 10, -10 | open_clip_train/main.py lines 220-222 (`--siglip`: `init_logit_scale = np.log(10)`, `init_logit_bias = -10`); vitscale applies both whenever `train.loss=sigmoid` |
+| `train.batch_size` | 32768 | arXiv 2303.15343, abstract: "a more reasonable batch size of 32k being sufficient" |
+| image size, text length | 224 px, 64 tokens | open_clip `model_configs/ViT-B-16-SigLIP.json` (`image_size` 224, `context_length` 64) |
+| `data.mean`, `data.std` | 0.5, 0.5 | open_clip `ViT-B-16-SigLIP.json` names timm's `vit_base_patch16_siglip_224`; its `.webli` pretrained config normalises with 0.5 / 0.5 (bicubic) |
+
+What is missing, and where it would come from:
+
+- **The architecture.** SigLIP B/16 (open_clip `ViT-B-16-SigLIP.json`) has a MAP (attention-pooling) image
+  head with no projection, a bidirectional text tower (`no_causal_mask`) pooled at the last token with a
+  biased projection, LayerNorm eps 1e-6 and a 32,000-token SentencePiece vocabulary (`timm/ViT-B-16-SigLIP`,
+  C4-en). vitscale's `clip` family has OpenAI CLIP's towers only (class-token image pooling, causal text,
+  the 49,408-token BPE); `naflex_b16_siglip` is the SigLIP 2 NaFlex image tower alone.
+- **The optimiser, learning rate, weight decay, warm-up, schedule and training length.** The SigLIP paper's
+  setup section (arXiv 2303.15343) could not be read here (only its abstract); big_vision ships no SigLIP
+  pre-training config: its one SigLIP config, `big_vision/configs/proj/image_text/siglip_lit_coco.py`
+  (commit 0127fb6), is a locked-image (LiT) run on COCO captions (batch 512, 5,000 steps, lr 1e-3, wd 0.01,
+  bias init -2.71, a BERT text tower), not a LAION or WebLI pre-training.
+- **The training augmentation.** Not in any readable source for the WebLI pre-training (the LiT-COCO config
+  resizes, flips and applies RandAugment(2, 10), big_vision `siglip_lit_coco.py` lines 56-59).
+- **The data.** SigLIP was trained on WebLI; no SigLIP B/16 LAION-400M run is published, so there is no
+  LAION headline to reproduce.
+
+Until these are cited, `vitscale train laion400m_clip_b32 train.loss=sigmoid` gives open_clip's
+`--model ViT-B-32-quickgelu --siglip` (the sigmoid loss and its initialisation on CLIP's towers), which
+is not a published recipe.
 """
 
 
@@ -98,6 +139,7 @@ def render() -> str:
                 continue
             source = src or ("vitscale" if key in OPERATIONAL else "header")
             parts.append(f"| `{key}` | `{value}` | {source.replace('|', '/')} |")
+    parts.append(NOT_SHIPPED)
     return "\n".join(parts) + "\n"
 
 

@@ -1,0 +1,237 @@
+"""DeiT's recipe at CPU scale: ``vitscale train imagenet_deit_b_distilled`` against timm's own ``train.py``
+with the same flags, on the digits, several seeds (issue 37, item 9).
+
+The vitscale side is the shipped DeiT recipe (``vitscale/configs/imagenet_deit_b_distilled.yaml``) with
+only the scale replaced: the data paths, the model (a small ViT: patch 4, 32 px, no distillation token,
+no teacher), the batch, the epochs, the peak LR and the warm-up. Its own augmentation and regularisation
+stay: timm's RandAugment ``rand-m9-mstd0.5-inc1`` (bicubic), Mixup 0.8 / CutMix 1.0 (switch 0.5),
+random erasing 0.25 (per-pixel noise), label smoothing 0.1, stochastic depth 0.1, DeiT's repeated
+augmentation (3), AdamW with weight decay 0.05, cosine to ``min_lr`` 1e-5, evaluation crop 0.875. Two
+changes for 8x8 digits stretched to 32 px, on both sides: no horizontal flip (digits are not
+mirror-symmetric) and a RandomResizedCrop scale of ``--rrc-scale`` (DeiT: 0.08-1).
+
+The timm side runs timm's ``train.py`` (not in the timm wheel: ``git show HEAD:train.py`` of
+github.com/huggingface/pytorch-image-models, ``--timm-train``) against the installed timm, with
+``--aa rand-m9-mstd0.5-inc1 --mixup 0.8 --cutmix 1.0 --reprob 0.25 --remode pixel --smoothing 0.1
+--drop-path 0.1 --opt adamw --sched cosine --sched-on-updates --min-lr 1e-5 --warmup-lr 0
+--train-interpolation bicubic --interpolation bicubic --crop-pct 0.875`` and the same architecture
+(``vitscale.interop.timm_kwargs`` of the vitscale model, on ``--model-kwargs``).
+
+Repeated augmentation: timm's ``train.py`` has ``--aug-repeats`` (``RepeatAugSampler``) only under a
+distributed launch; in one process its loader refuses it (``timm/data/loader.py``: "RepeatAugment not
+currently supported in non-distributed or IterableDataset use"). So vitscale runs twice: ``vitscale``
+with the recipe's ``data.repeated_aug: 3`` (DeiT as published) and ``vitscale_ra1`` with
+``data.repeated_aug=1``, like for like with timm's run.
+
+    mkdir -p /tmp/timm_train && git -C <pytorch-image-models> show HEAD:train.py > /tmp/timm_train/train.py
+    pip install --target /tmp/pil12 'pillow<13'
+    python benchmarks/deit_vs_timm.py --timm-train /tmp/timm_train/train.py --timm-pillow /tmp/pil12 \\
+        --out-dir /tmp/deit_vs_timm --json benchmarks/results/deit_vs_timm_cpu_202611.json
+
+Runs go one after another (seed by seed: vitscale, vitscale_ra1, timm), each on one thread with one
+loader worker. Nothing of timm's is copied here: this script builds the command lines, runs them and
+reads their outputs (with ``benchmarks/trainer_vs_timm.py``'s readers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trainer_vs_timm as tvt
+
+CONFIG = "imagenet_deit_b_distilled"
+# the small ViT of both sides: patch 4 on 32 px (8x8 patches), 4 blocks of width 96 with 3 heads; the classifier
+# on the mean patch token (timm --gp avg; DeiT: the class token), which learns much faster at this scale
+# (configs/digits_vit.yaml): a few CPU-minutes per run must get past chance under DeiT's augmentation
+MODEL = {"patch_dim": 4, "hidden_size": 96, "ffn_hidden_size": 384, "num_attention_heads": 3, "num_layers": 4,
+         "pool": "avg", "img_h": 32, "img_w": 32, "distill_token": False}  # fmt: skip
+# the recipe's fields both command lines carry (read from the recipe, so a change to it shows here)
+RECIPE_KEYS = ("data.auto_augment", "data.interpolation", "data.random_erasing", "data.mixup_alpha", "data.cutmix_alpha",
+               "data.mixup_prob", "data.mixup_switch_prob", "data.crop_pct", "data.repeated_aug", "train.label_smoothing",
+               "optim.weight_decay", "optim.betas", "optim.eps", "schedule.min_lr", "train.grad_clip",
+               "model.overrides.drop_path_rate", "model.overrides.patch_init")  # fmt: skip
+
+
+def _get(cfg, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+def write_digits(root: Path, size: int) -> Path:
+    """``root/{train,val}/<class>/*.png``: scikit-learn's digits (1,497 / 300) at ``size`` px (``vitscale data digits``)."""
+    if not (root / "train").is_dir():
+        subprocess.run([sys.executable, "-m", "vitscale", "data", "digits", str(root), "--size", str(size)], check=True)
+    return root
+
+
+def model_fields(cfg) -> dict:
+    """The recipe's own model fields (stochastic depth, the patch projection's init) with the small ViT's
+    size over them: ``model.name=vit_debug`` alone would drop the recipe's ``model.overrides``."""
+    return {**cfg.model.overrides, **MODEL}
+
+
+def vitscale_command(args, cfg, data: Path, out: Path, seed: int, repeated_aug: int | None) -> list[str]:
+    model = [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in model_fields(cfg).items()]
+    return [sys.executable, "-m", "vitscale", "train", CONFIG, "model.name=vit_debug", *model,
+            "distill.teacher=null", f"data.train_path={data / 'train'}", f"data.val_path={data / 'val'}",
+            f"data.img_size={args.img_size}", f"data.mean=[{','.join(map(str, args.mean))}]",
+            f"data.std=[{','.join(map(str, args.std))}]", "data.hflip=0.0",
+            f"data.rrc_scale=[{args.rrc_scale[0]},{args.rrc_scale[1]}]", f"data.num_workers={args.workers}",
+            f"optim.lr={args.lr}", "optim.lr_scale_batch=0", "schedule.warmup_epochs=0",
+            f"schedule.warmup_steps={args.warmup_steps}", f"train.epochs={args.epochs}", f"train.batch_size={args.batch_size}",
+            f"train.seed={seed}", "train.cpu_threads=1", "precision.autocast=none", "parallel.dp_shard=1",
+            f"eval.every={args.steps_per_epoch}", "eval.batch_size=300", "checkpoint.every=0", f"train.output_dir={out}",
+            "log.progress=plain", "log.report=false", "log.tensorboard=false",
+            *([] if repeated_aug is None else [f"data.repeated_aug={repeated_aug}"])]  # fmt: skip
+
+
+def timm_command(args, cfg, data: Path, out: Path, seed: int, model_args: list[str]) -> list[str]:
+    d, o = cfg.data, cfg.optim
+    warmup_yaml = out.parent / f"{out.name}_warmup.yaml"  # timm's --warmup-epochs is an int; its -c YAML keeps a float
+    warmup_yaml.parent.mkdir(parents=True, exist_ok=True)
+    warmup_yaml.write_text(f"warmup_epochs: {args.warmup_steps / args.steps_per_epoch!r}\n")
+    return [sys.executable, args.timm_train, "-c", str(warmup_yaml),
+            "--data-dir", str(data), "--train-split", "train", "--val-split", "val",
+            "--model", "vit_small_patch16_224", *model_args, "--input-size", "3", str(args.img_size), str(args.img_size),
+            "--mean", *map(str, args.mean), "--std", *map(str, args.std), "--crop-pct", str(d.crop_pct),
+            "--interpolation", d.interpolation, "--train-interpolation", d.interpolation,
+            "--scale", *map(str, args.rrc_scale), "--hflip", "0.0", "--color-jitter", "0",
+            "--aa", d.auto_augment, "--reprob", str(d.random_erasing), "--remode", "pixel",
+            "--mixup", str(d.mixup_alpha), "--cutmix", str(d.cutmix_alpha), "--mixup-prob", str(d.mixup_prob),
+            "--mixup-switch-prob", str(d.mixup_switch_prob), "--mixup-mode", "batch",
+            "--smoothing", str(cfg.train.label_smoothing),
+            "--opt", "adamw", "--lr", str(args.lr), "--weight-decay", str(o.weight_decay),
+            "--opt-betas", *map(str, o.betas), "--opt-eps", str(o.eps),
+            "--sched", "cosine", "--sched-on-updates", "--min-lr", str(cfg.schedule.min_lr), "--warmup-lr", "0",
+            "--epochs", str(args.epochs), "-b", str(args.batch_size), "-j", str(args.workers), "--device", "cpu",
+            "--seed", str(seed), "--output", str(out.parent), "--experiment", out.name]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--timm-train", required=True, help="timm's train.py (git show HEAD:train.py of pytorch-image-models), alone in its folder")
+    ap.add_argument("--data", default=None, help="digits image folder (written here at --img-size when missing; default OUT_DIR/digits)")
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--json")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--sides", nargs="+", choices=("vitscale", "vitscale_ra1", "timm"), default=["vitscale", "vitscale_ra1", "timm"])
+    ap.add_argument("--img-size", type=int, default=32)
+    ap.add_argument("--epochs", type=int, default=25)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup-steps", type=int, default=92)
+    ap.add_argument("--rrc-scale", type=float, nargs=2, default=[0.5, 1.0])
+    ap.add_argument("--mean", type=float, nargs=3, default=[0.5, 0.5, 0.5])
+    ap.add_argument("--std", type=float, nargs=3, default=[0.5, 0.5, 0.5])
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--timm-pillow", default=None,
+                    help="a folder holding Pillow < 13 (pip install --target DIR 'pillow<13'), first on the timm side's path: "
+                         "timm's posterize passes 0 bits at the top of rand-m9-mstd0.5-inc1's range, which Pillow 13 refuses")  # fmt: skip
+    ap.add_argument("--reuse", action="store_true", help="read complete run folders in --out-dir instead of training again")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--note", default="")
+    args = ap.parse_args(argv)
+
+    from vitscale.config import load_config
+
+    out_dir = Path(args.out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = write_digits(Path(args.data).resolve() if args.data else out_dir / "digits", args.img_size)
+    train_images, num_classes = tvt.count_images(data / "train")
+    args.steps_per_epoch = train_images // args.batch_size  # both drop the last partial batch
+    cfg = load_config(CONFIG)
+    import vitscale
+    from vitscale.interop import timm_kwargs
+
+    model = vitscale.create_model("vit_debug", device="meta", **{**model_fields(cfg), "num_classes": num_classes})
+    model_args = tvt.timm_model_args(timm_kwargs(model))
+    jobs = []
+    for seed in args.seeds:
+        for side in args.sides:
+            out = out_dir / f"{side}_seed{seed}"
+            if side == "timm":
+                cmd = timm_command(args, cfg, data, out, seed, model_args)
+            else:
+                cmd = vitscale_command(args, cfg, data, out, seed, 1 if side == "vitscale_ra1" else None)
+            jobs.append({"side": side, "seed": seed, "command": cmd, "out": str(out), "log": str(out_dir / f"{side}_seed{seed}.log"),
+                         "epochs": args.epochs, "steps_per_epoch": args.steps_per_epoch, "threads": 1,
+                         "timm_src": os.pathsep.join([str(Path(args.timm_train).resolve().parent), *([args.timm_pillow] if args.timm_pillow else [])]),
+                         "cwd": str(Path.cwd()),
+                         "batch_size": args.batch_size, "train_images": args.steps_per_epoch * args.batch_size * args.epochs})  # fmt: skip
+    if args.dry_run:
+        for j in jobs:
+            print(f"# {j['side']} seed {j['seed']}\n{shlex.join(j['command'])}")
+        return 0
+    t0, load0 = time.time(), list(os.getloadavg())
+    runs = []
+    for j in jobs:  # one after another: the machine is shared
+        r = tvt.run_one({**j, "side": "timm" if j["side"] == "timm" else "vitscale"}, reuse=args.reuse)
+        r["side"], r["command"] = j["side"], shlex.join(j["command"])
+        runs.append(r)
+        top1 = (r.get("val_top1") or [None])[-1]
+        print(f"{j['side']} seed {j['seed']}: final val top-1 {top1}, wall {r.get('wall_s', 0):.0f} s", flush=True)
+    sides = {s: tvt.summarize(runs, s) for s in args.sides}
+    result = {
+        "benchmark": "deit_vs_timm",
+        "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["deit_vs_timm.py", *argv]),
+        "note": args.note, "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "loadavg_start": load0,
+        "loadavg_end": list(os.getloadavg()), "timm_version": _timm_version(), "timm_train": args.timm_train,
+        "pillow": {"vitscale": _pillow(None), "timm": _pillow(args.timm_pillow)},
+        "data": {"path": str(data), "train_images": train_images, "num_classes": num_classes, "img_size": args.img_size},
+        "steps_per_epoch": args.steps_per_epoch,
+        "model": {**model_fields(cfg), "params": sum(p.numel() for p in model.parameters()), "timm_args": model_args},
+        "recipe": {"config": CONFIG, **{k: _jsonable(_get(cfg, k)) for k in RECIPE_KEYS}},
+        "scaled": {k: _jsonable(getattr(args, k)) for k in ("epochs", "batch_size", "lr", "warmup_steps", "rrc_scale", "mean", "std", "workers")}
+                  | {"hflip": 0.0, "threads": 1},
+        "runs": runs, **sides,
+    }  # fmt: skip
+    for side in ("vitscale", "vitscale_ra1"):
+        if "mean_final_val_top1" in sides.get(side, {}) and "mean_final_val_top1" in sides.get("timm", {}):
+            result[f"{side}_minus_timm_points"] = sides[side]["mean_final_val_top1"] - sides["timm"]["mean_final_val_top1"]
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    for side, s in sides.items():
+        if "mean_final_val_top1" in s:
+            print(f"{side}: {s['runs']} runs, final val top-1 {' / '.join(f'{v:.2f}' for v in s['final_val_top1'])}: "
+                  f"mean {s['mean_final_val_top1']:.2f} ± {s['stdev_final_val_top1']:.2f}%")  # fmt: skip
+    for k in ("vitscale_minus_timm_points", "vitscale_ra1_minus_timm_points"):
+        if k in result:
+            print(f"{k}: {result[k]:+.2f}")
+    errors = [r for r in runs if "error" in r]
+    for r in errors:
+        print(f"{r['side']} seed {r['seed']}: {r['error']}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _jsonable(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _pillow(path: str | None) -> str:
+    code = "import PIL; print(PIL.__version__)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env).stdout.strip()
+
+
+def _timm_version() -> str | None:
+    try:
+        import timm
+
+        return timm.__version__
+    except ImportError:
+        return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
