@@ -214,7 +214,7 @@ def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait
     s_after = snap(b for _, b in task.ema_pairs)
     t.step += 1
     t.train_step(batches)  # iteration 1: the teacher moves first, then the prototypes train
-    m0 = momentum_at(0, 0.992, 1.0, 10)
+    m0 = momentum_at(0, cfg.dino.momentum_teacher, cfg.dino.final_momentum_teacher, 10)
     for (got, _), old, s in zip(task.ema_pairs, t_before, s_after, strict=True):
         assert torch.allclose(got, m0 * old + (1 - m0) * s, atol=1e-6)
     assert not all(a.equal(b) for a, b in zip(v0, head.last_layer_parameters(), strict=True))
