@@ -167,8 +167,10 @@ def _checkout_unchanged():
 def pytest_collection_modifyitems(config, items):
     """The long tests first (``slow`` and ``multiprocess``, as marked), the rest in their order.
 
-    pytest-xdist hands the first quarter of the list out round-robin and the rest to whichever worker
-    is free (its ``load`` scheduling): a long test that comes last keeps one worker busy while the
-    other waits, one that comes first overlaps with the many short ones. Longest-first ordering
-    (Graham, "Bounds on multiprocessing timing anomalies", 1969) is what this approximates."""
+    make test runs pytest-xdist with ``--dist worksteal``: each worker starts with half of the list
+    and one that runs out takes queued tests from the other. A long test that comes last keeps one
+    worker busy while the other waits; one that comes first overlaps with the many short ones.
+    Longest-first ordering (Graham, "Bounds on multiprocessing timing anomalies", 1969) is what this
+    approximates. (Without work stealing, xdist's ``load`` scheduling leaves each worker the tests it
+    was first dealt, and one worker would run most of the long ones alone.)"""
     items.sort(key=lambda item: 0 if item.get_closest_marker("slow") or item.get_closest_marker("multiprocess") else 1)

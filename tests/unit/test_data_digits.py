@@ -29,6 +29,27 @@ def test_split_sizes_disjoint_stratified_and_fixed():
     assert torch.equal(xt, xt2)
 
 
+def test_split_is_scikit_learns_own():
+    """The digits read from scikit-learn's CSV and the kept validation indices are exactly what
+    ``load_digits`` and ``train_test_split(..., stratify=target, random_state=0)`` give."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from vitscale.data import digits
+
+    d = load_digits()
+    digits._load.cache_clear()
+    images, target = digits._load()
+    assert np.array_equal(images, d.images) and np.array_equal(target, d.target)
+    train_idx, val_idx = train_test_split(np.arange(len(d.target)), test_size=300, stratify=d.target, random_state=0,
+                                          shuffle=True)  # fmt: skip
+    train, val = digits._split_indices()
+    assert np.array_equal(val, np.sort(val_idx)) and np.array_equal(train, np.sort(train_idx))
+    xv, yv = load_digits_split("val", num_channels=1)
+    assert np.array_equal(xv[:, 0].numpy(), np.rint(d.images[np.sort(val_idx)] * 255 / 16).astype(np.uint8))
+    assert np.array_equal(yv.numpy(), d.target[np.sort(val_idx)])
+
+
 def test_digits_loaders_upsample_and_range():
     L = build_loaders(data_config(**DIGITS), img_size=(32, 32), num_channels=3, seed=0,
                       micro_batch_size=100, eval_batch_size=150)

@@ -8,8 +8,11 @@ stored as uint8 (value * 255 / 16, rounded) and upsampled to the model size by t
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -44,24 +47,60 @@ DIGIT_ZEROSHOT_TEMPLATES = (
 )
 
 
+# The validation split: the 300 indices scikit-learn's ``train_test_split(np.arange(1797), test_size=300,
+# stratify=target, random_state=0, shuffle=True)`` picks (sorted). Kept here, so that reading the digits
+# imports neither scikit-learn's model selection nor its datasets package (scipy and pandas: ~1.7 s of
+# every run's start); tests/unit/test_digits_data.py checks both against scikit-learn itself.
+VAL_INDICES = (
+    21, 24, 28, 34, 35, 37, 39, 42, 45, 51, 57, 77, 78, 81, 87, 96, 99, 102, 103, 105, 110, 117, 119,
+    131, 132, 134, 148, 159, 170, 186, 188, 197, 198, 202, 204, 205, 211, 214, 227, 240, 243, 245, 252,
+    254, 264, 275, 279, 283, 286, 293, 305, 307, 308, 312, 326, 335, 339, 344, 346, 364, 372, 374, 376,
+    386, 393, 397, 403, 405, 407, 413, 417, 420, 430, 433, 440, 442, 452, 454, 481, 496, 499, 500, 520,
+    538, 553, 556, 565, 567, 568, 569, 573, 587, 593, 608, 610, 619, 637, 639, 641, 649, 652, 666, 667,
+    675, 694, 700, 701, 702, 704, 705, 716, 719, 738, 741, 749, 760, 766, 767, 768, 770, 772, 783, 786,
+    787, 788, 789, 800, 802, 805, 806, 808, 811, 812, 820, 822, 854, 855, 860, 865, 876, 885, 888, 890,
+    899, 900, 908, 918, 926, 929, 937, 943, 945, 960, 973, 985, 989, 992, 997, 1002, 1003, 1005, 1006,
+    1009, 1014, 1023, 1030, 1035, 1037, 1038, 1049, 1053, 1073, 1081, 1088, 1090, 1096, 1107, 1108,
+    1116, 1118, 1121, 1123, 1136, 1141, 1148, 1151, 1152, 1159, 1161, 1162, 1167, 1168, 1173, 1180,
+    1187, 1192, 1204, 1220, 1221, 1232, 1233, 1242, 1261, 1262, 1264, 1268, 1270, 1292, 1296, 1302,
+    1312, 1319, 1330, 1331, 1332, 1340, 1350, 1351, 1352, 1364, 1371, 1372, 1375, 1395, 1404, 1405,
+    1406, 1415, 1435, 1440, 1442, 1450, 1455, 1466, 1467, 1470, 1474, 1476, 1482, 1484, 1487, 1497,
+    1505, 1509, 1512, 1513, 1520, 1530, 1532, 1541, 1542, 1551, 1558, 1566, 1567, 1582, 1592, 1596,
+    1602, 1606, 1608, 1610, 1614, 1617, 1626, 1628, 1629, 1634, 1637, 1645, 1650, 1655, 1660, 1664,
+    1666, 1668, 1673, 1680, 1688, 1691, 1696, 1703, 1706, 1716, 1717, 1726, 1728, 1734, 1742, 1745,
+    1750, 1755, 1767, 1770, 1771, 1772, 1781, 1787, 1789, 1791,
+)
+
+
+def _csv() -> Path | None:
+    """scikit-learn's ``datasets/data/digits.csv.gz`` (what ``sklearn.datasets.load_digits`` reads),
+    found without importing scikit-learn; None where the installed release keeps it elsewhere."""
+    spec = importlib.util.find_spec("sklearn")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            return path
+    return None
+
+
 @lru_cache(maxsize=1)
 def _load() -> tuple[np.ndarray, np.ndarray]:
-    """(images float (1797, 8, 8) in 0..16, targets int (1797,))."""
-    from sklearn.datasets import load_digits
+    """(images float (1797, 8, 8) in 0..16, targets int (1797,)): ``load_digits().images, .target``."""
+    path = _csv()
+    if path is None:  # another layout: scikit-learn's own reader
+        from sklearn.datasets import load_digits
 
-    d = load_digits()
-    return d.images, d.target
+        d = load_digits()
+        return d.images, d.target
+    with gzip.open(path, "rt") as f:  # 1797 rows of 64 gray levels and the digit, comma-separated
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
 
 
 @lru_cache(maxsize=1)
 def _split_indices() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.model_selection import train_test_split
-
-    y = _load()[1]
-    train_idx, val_idx = train_test_split(
-        np.arange(len(y)), test_size=VAL_SIZE, stratify=y, random_state=0, shuffle=True
-    )
-    return np.sort(train_idx), np.sort(val_idx)
+    val = np.asarray(VAL_INDICES, dtype=np.int64)
+    return np.setdiff1d(np.arange(len(_load()[1])), val), val
 
 
 def load_digits_split(split: str, num_channels: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
