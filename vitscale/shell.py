@@ -7,6 +7,8 @@ offer the flag) all import it.
 
 from __future__ import annotations
 
+from typing import Any
+
 PIPE = "pipe:"
 """The prefix of a data path whose bytes are a shell command's standard output."""
 
@@ -40,4 +42,25 @@ def runs_shell(spec: str) -> bool:
     return False
 
 
-__all__ = ["PIPE", "SHELL_FLAG", "runs_shell", "scheme"]
+__all__ = ["PIPE", "SHELL_FLAG", "runs_shell", "scheme", "shell_value"]
+
+
+_UNSET = object()
+
+
+def shell_value(tree: Any, given: Any = _UNSET, key: str = "") -> tuple[str, str] | None:
+    """``(dotted key, value)`` of the first value of ``tree`` (a config file's) that runs a shell
+    command (``vitscale.shell.runs_shell``) and that ``given`` (the command line's overrides, the
+    same shape) does not replace; None when there is none."""
+    if key and given is not _UNSET and not isinstance(given, dict):
+        return None  # the command line sets this value (or a mapping above it): the file's is not used
+    found = None
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            found = found or shell_value(v, given.get(k, _UNSET) if isinstance(given, dict) else _UNSET, f"{key}.{k}" if key else str(k))
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            found = found or shell_value(v, _UNSET, f"{key}[{i}]")
+    elif isinstance(tree, str):
+        found = (key, tree) if runs_shell(tree) else None
+    return found

@@ -24,7 +24,7 @@ import yaml
 from ..errors import ConfigError
 from ..registry import TASKS, model_family
 from ..safe_yaml import YAMLLimitError, load_yaml, read_yaml
-from ..shell import SHELL_FLAG, runs_shell
+from ..shell import SHELL_FLAG, shell_value
 from .data import DataConfig
 from .evals import EvaluatorConfig, check_entries, metric_prefix
 from .kinds import kind_owners, unknown_kind_field
@@ -431,27 +431,6 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: list[s
         else:
             notes.append(note)
     return cfg
-
-
-_UNSET = object()
-
-
-def shell_value(tree: Any, given: Any = _UNSET, key: str = "") -> tuple[str, str] | None:
-    """``(dotted key, value)`` of the first value of ``tree`` (a config file's) that runs a shell
-    command (``vitscale.shell.runs_shell``) and that ``given`` (the command line's overrides, the
-    same shape) does not replace; None when there is none."""
-    if key and given is not _UNSET and not isinstance(given, dict):
-        return None  # the command line sets this value (or a mapping above it): the file's is not used
-    found = None
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            found = found or shell_value(v, given.get(k, _UNSET) if isinstance(given, dict) else _UNSET, f"{key}.{k}" if key else str(k))
-    elif isinstance(tree, list):
-        for i, v in enumerate(tree):
-            found = found or shell_value(v, _UNSET, f"{key}[{i}]")
-    elif isinstance(tree, str):
-        found = (key, tree) if runs_shell(tree) else None
-    return found
 
 
 def _refuse_shell(tree: Any, given: Any, path: Path) -> None:

@@ -10,6 +10,7 @@ would make a billion-way head), with a line saying what to set.
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 
@@ -114,4 +115,23 @@ def run_class_names(path) -> list[str] | None:
     return None
 
 
-__all__ = ["CLASSNAMES_FILE", "classes_from_labels", "read_class_names", "run_class_names", "write_run_class_names"]
+def check_classes(model_classes: int | None, data_classes: int | None, where: str) -> None:
+    """The model's class count (``model.num_classes`` as set; None: taken from the data) against the
+    data's (``where``: the data's setting, for the message): a count smaller than the data's classes is
+    an error naming both; a larger one, a warning (outputs no image is labelled with)."""
+    if model_classes is None or not data_classes:
+        return
+    if model_classes < data_classes:
+        raise CheckError(
+            f"model.num_classes={model_classes} but the data has {data_classes} classes ({where}): leave "
+            f"model.num_classes out to take the count from the data, or set it to at least {data_classes}"
+        )
+    if model_classes > data_classes:
+        logging.getLogger("vitscale.run").warning(
+            "model.num_classes=%d but the data has %d classes (%s): %d outputs of the head are never a label "
+            "(leave model.num_classes out to take the count from the data)",
+            model_classes, data_classes, where, model_classes - data_classes,
+        )  # fmt: skip
+
+
+__all__ = ["CLASSNAMES_FILE", "check_classes", "classes_from_labels", "read_class_names", "run_class_names", "write_run_class_names"]

@@ -186,4 +186,32 @@ def min_patches_for(aspects) -> int:
     return max((math.ceil(max(h, w) / min(h, w)) for h, w in aspects), default=1)
 
 
-__all__ = ["SizePlan", "check_seq_lens", "check_sizes", "eval_size", "min_patches_for", "size_plan"]
+def check_batches(loaders, *, batch_size: int, dp_size: int, tokens_per_batch: int | None = None) -> None:
+    """An epoch of the training loader (``loaders.train``) holds at least one batch of ``batch_size``
+    over ``dp_size`` data-parallel ranks (else there is nothing to train on); with several sizes
+    (``loaders.sizes``, a :class:`SizePlan`) every size's batch, as the one size's is
+    (``data.tokens_per_batch`` / ``data.batch_sizes`` far beyond the data were accepted, then one step
+    gathered epochs of images and none ran)."""
+    try:
+        images = len(loaders.train.dataset)
+    except (AttributeError, TypeError):  # a stream has no length
+        images = None
+    sizes = loaders.sizes
+    if sizes is not None and images is not None:
+        for k, b in enumerate(sizes.batches):
+            if b > images:
+                key = (f"data.tokens_per_batch={tokens_per_batch} makes the batch of size {sizes.sizes[k]} "
+                       f"{b} images" if tokens_per_batch else f"data.batch_sizes[{k}]={b}")
+                raise CheckError(f"{key}, more than the {images} training images (an epoch has no full batch): "
+                                 "lower it, or add data")  # fmt: skip
+    if len(loaders.train) > 0:
+        return
+    have = f"the {images} training images" if images is not None else "the training data"
+    raise CheckError(
+        f"train.batch_size={batch_size} is more than {have} can fill"
+        f"{f' over {dp_size} data-parallel ranks' if dp_size > 1 else ''} (an epoch has no full batch): lower "
+        f"train.batch_size, or add data"
+    )
+
+
+__all__ = ["SizePlan", "check_batches", "check_seq_lens", "check_sizes", "eval_size", "min_patches_for", "size_plan"]

@@ -156,6 +156,16 @@ def resolve_device(device: str | torch.device | None = "auto", local_rank: int =
     return device
 
 
+def use_device_settings(device: torch.device, cpu_threads: int = 0) -> None:
+    """A training process's device settings: ``cpu_threads`` intra-op threads on the CPU (0: torch's
+    default), TF32 matmuls and convolutions on CUDA."""
+    if device.type == "cpu" and cpu_threads > 0:
+        torch.set_num_threads(cpu_threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def world_info() -> tuple[int, int, int]:
     """(rank, local_rank, world_size) from torchrun's environment (0, 0, 1 without torchrun)."""
     if dist.is_available() and dist.is_initialized():

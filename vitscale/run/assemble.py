@@ -24,16 +24,23 @@ from ..config import Config
 from ..config.data import DataConfig
 from ..config.schema import run_length
 from ..data import Loaders, build_loaders
-from ..data.classes import run_class_names, write_run_class_names
+from ..data.classes import check_classes, run_class_names, write_run_class_names
 from ..data.formats import get_format
+from ..data.sizes import check_batches
 from ..distributed.compile import bound_recompiles
 from ..distributed.float8 import Float8Report, float8_report
 from ..distributed.fsdp import Precision, resolve_precision
-from ..distributed.parallel_dims import ParallelDims, init_distributed, resolve_device, world_info
+from ..distributed.parallel_dims import (
+    ParallelDims,
+    init_distributed,
+    resolve_device,
+    use_device_settings,
+    world_info,
+)
 from ..distributed.parallelize import parallelize
 from ..models.registry import FamilySpec, ResolvedModel, family_of, resolve_model
 from .build import build_model
-from .checks import check_batches, check_classes, check_output_folder, check_run
+from .checks import check_output_folder, check_run
 from .folder import Claim, claim
 
 Purpose = Literal["train", "eval", "label", "bench"]
@@ -141,7 +148,7 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     else:  # one process: a run folder's layout (e.g. parallel.tp=2) is not this job's
         dims = ParallelDims(device=resolve_device(tc.device))
     if purpose == "train":
-        _use_device_settings(dims.device, cfg)
+        use_device_settings(dims.device, tc.cpu_threads)  # train.cpu_threads; TF32 on CUDA
     device = dims.device
     compile = purpose in ("train", "bench") and (tc.compile if tc.compile is not None else device.type == "cuda")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(tc, compile=compile))
@@ -160,12 +167,17 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         base = resolved.cfg
         px = side[1] if side is not None else cfg.data.img_size
         img_size = (px, px) if px else (base.img_h, base.img_w)
+        where = _data_name(cfg)  # the data's setting, for the messages
         loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, micro_batch, resolved, batch_size)
         num_classes = (cfg.data.num_classes or loaders.num_classes) if loaders is not None else None
-        if purpose == "train":  # the data against the run: an epoch holds a batch (at every size)
-            check_batches(cfg, len(loaders.train), _images(loaders), dims.dp_size, loaders.sizes)
-        if loaders is not None and model is None:  # the model's class count against the data's
-            check_classes(cfg, num_classes, _data_name(cfg), resolved)
+        # the data against the run: an epoch holds a batch (at every size); the model's class count
+        # against the data's; then the run's class names written (for vitscale eval and export)
+        if purpose == "train":
+            check_batches(loaders, batch_size=tc.batch_size, dp_size=dims.dp_size, tokens_per_batch=cfg.data.tokens_per_batch)
+        if loaders is not None and model is None and "num_classes" in resolved.fields:
+            check_classes(cfg.model.overrides.get("num_classes"), num_classes, where)
+        if purpose == "train" and dims.is_main and loaders.class_names:
+            write_run_class_names(cfg.train.output_dir, loaders.class_names)
         # the model's config completed from the data (class count, image size)
         overrides = model_overrides(cfg, num_classes, resolved)
         resolved = resolved.with_overrides(overrides) if model is None else dataclasses.replace(resolved, overrides=overrides)
@@ -174,8 +186,6 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
             loaders.sizes.total_steps = total_steps
             if compile:
                 bound_recompiles(len(loaders.sizes.sizes))
-        if purpose == "train" and dims.is_main and loaders.class_names:  # for vitscale eval and export
-            write_run_class_names(cfg.train.output_dir, loaders.class_names)
         if model is None:
             model = build_model(
                 resolved, dims, parallel=cfg.parallel, precision=cfg.precision,
@@ -198,14 +208,6 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         class_names=list(loaders.class_names) if loaders is not None else [], model=model, micro_batch=micro_batch,
         float8=float8, claim=held, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
     )  # fmt: skip
-
-
-def _images(loaders: Loaders) -> int | None:
-    """The training images of ``loaders``; None for a stream, which has no length."""
-    try:
-        return len(loaders.train.dataset)
-    except (AttributeError, TypeError):
-        return None
 
 
 def _data_name(cfg: Config) -> str:
@@ -248,15 +250,6 @@ def head_classes(weights: dict[str, Any]) -> int | None:
     without one (a CLIP, a headless model)."""
     head = weights.get("head.weight")
     return int(head.shape[0]) if isinstance(head, torch.Tensor) else None
-
-
-def _use_device_settings(device: torch.device, cfg: Config) -> None:
-    """Training's device settings: CPU threads (``train.cpu_threads``), TF32 matmuls on CUDA."""
-    if device.type == "cpu" and cfg.train.cpu_threads > 0:
-        torch.set_num_threads(cfg.train.cpu_threads)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
 
 
 def _restore_remote(cfg: Config) -> None:

@@ -46,14 +46,17 @@ def build_model(
         resolved = model
     else:
         resolved = resolve_model(model, **(overrides or {}))
-    built = resolved.create(device="meta", dtype=dtype)
+    def on_meta() -> nn.Module:  # the model without storage; the reference init builds a second one
+        return resolved.create(device="meta", dtype=dtype)
+
+    built = on_meta()
     parallelize(
         built, resolved.family.plan(), dims, parallel or ParallelConfig(), precision or PrecisionConfig(),
         compile, compile_mode,
     )  # fmt: skip
     built.to_empty(device=dims.device)
     if init is not None:
-        init_weights(built, dims, seed, lambda: resolved.create(device="meta", dtype=dtype), init)
+        init_weights(built, dims, seed, on_meta, init)
     return built
 
 

@@ -1,7 +1,8 @@
 """Up-front checks of a run: the config against itself, the layout and the machine, before any data is
 read or any model is built. :func:`vitscale.run.assemble` calls :func:`check_run` first (and
-:func:`check_output_folder` on the main rank of a training run, :func:`check_classes` once the
-data's classes are listed); a check that needs nothing but the config and the layout belongs here,
+:func:`check_output_folder` on the main rank of a training run; once the loaders exist, the data layer
+checks them against the run: :func:`vitscale.data.sizes.check_batches`,
+:func:`vitscale.data.classes.check_classes`); a check that needs nothing but the config and the layout belongs here,
 so it fails in one readable line instead of deep inside the first step.
 
 Every failure is a :class:`vitscale.errors.CheckError`: one line naming the field, its value and
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config
+from ..config import Config, config_to_dict
 from ..config.ranges import (
     MAX_IMAGE_SIDE,
     at_least,
@@ -59,17 +60,6 @@ def _check_signals(names) -> None:
                              "SIGUSR1, SIGUSR2, SIGINT, SIGHUP or SIGQUIT (or [] for none)")  # fmt: skip
 
 
-def _check_finite(cfg: Config) -> None:
-    """No setting of the groups that do not check their own (the model's overrides, the tasks' groups,
-    the layout) is NaN or infinite: a NaN passes every ``<`` comparison. The common groups refuse theirs
-    as they are built (``vitscale.config.ranges.finite``)."""
-    from ..config import config_to_dict
-
-    found = nonfinite(config_to_dict(cfg))
-    if found:
-        raise CheckError(not_finite_message(*found))
-
-
 def _check_ranges(cfg: Config, purpose: str) -> None:
     """What one field's range cannot say: settings that only matter for some purposes, or together."""
     tc = cfg.train
@@ -96,18 +86,18 @@ def _check_image_size(cfg: Config, model: ResolvedModel, side: tuple[str, int | 
             raise CheckError(f"{key}={side} does not fit {cfg.model.name}: {e}; use a multiple of {base.patch_dim}") from None
 
 
-def _check_sizes(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel) -> None:
-    """Variable resolution (``data.image_sizes``, ``data.seq_lens``): a model that takes it (its
-    ``input_modes``), sizes the patch divides, a batch of at least one image per rank at every size."""
-    d, name = cfg.data, cfg.model.name
-    if purpose == "bench" or not (d.image_sizes or d.seq_lens or d.img_size or d.eval_image_size or d.eval_seq_len):
-        return
-    cls = model.family.model_cls
-    if d.image_sizes:
-        check_input_mode(cls, "multi", f"data.image_sizes={list(d.image_sizes)}", name)
-    if d.seq_lens:
-        check_input_mode(cls, "naflex", f"data.seq_lens={list(d.seq_lens)}", name)
-    check_sizes(d, patch=model.cfg.patch_dim, batch_size=cfg.train.batch_size, parts=dims.dp_size * cfg.train.grad_accum)
+def _check_training(cfg: Config, dims: ParallelDims) -> None:
+    """What training alone adds: a batch the data-parallel ranks and micro-steps divide; LAMB's one
+    implementation."""
+    tc = cfg.train
+    if tc.batch_size % (dims.dp_size * tc.grad_accum):
+        raise CheckError(
+            f"train.batch_size={tc.batch_size} must be divisible by data-parallel size {dims.dp_size} x "
+            f"train.grad_accum {tc.grad_accum} (e.g. train.batch_size={dims.dp_size * tc.grad_accum * max(tc.batch_size // (dims.dp_size * tc.grad_accum), 1)})"
+        )
+    if cfg.optim.name == "lamb" and cfg.optim.fused in ("fused", "foreach"):
+        raise CheckError(f"optim.fused={cfg.optim.fused}: vitscale's LAMB has one implementation (a loop over the "
+                         "parameters); leave optim.fused at auto with optim.name=lamb")  # fmt: skip
 
 
 def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel,
@@ -116,44 +106,56 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
     of ``purpose`` whose model :func:`vitscale.run.assemble` resolved as ``model`` (the checks take
     its config and family from there, never from the registry again); ``side``: the setting and
     value of the image side a job gives its loaders instead of ``data.img_size`` (the label-tokens
-    job's own). The run's task checks its own settings (:meth:`vitscale.tasks.Task.check`). The order
-    is the order of the messages a config with several faults meets: the machine, no NaN (it passes
-    every comparison), the run's own ranges, the model against the data's sizes and the layout, the
-    task, then what training and the bench add."""
+    job's own).
+
+    Layer by layer, from this one down, each layer's part in one place: the run's own rules (settings
+    that matter only for some purposes or together, the image side, what training adds), the data's
+    (variable-resolution sizes, the augmentation policy), no NaN in the groups that do not refuse
+    theirs as they are built (the model's overrides, the tasks' groups, the layout), the model's
+    input modes, the run's task (:meth:`vitscale.tasks.Task.check`: its own group, its teacher), then
+    the parallel layout, compilation, float8 and the machine. A config with several faults meets the
+    first in this order."""
+    # this layer's own rules
+    _check_ranges(cfg, purpose)
+    _check_image_size(cfg, model, side)
+    if purpose == "train":
+        _check_training(cfg, dims)
+    # the data's: variable-resolution sizes the model's patch divides, a batch of at least one image per
+    # rank at every size; the augmentation policy (a ConfigError naming data.auto_augment / data.color_jitter)
+    d, tc = cfg.data, cfg.train
+    if purpose != "bench" and (d.image_sizes or d.seq_lens or d.img_size or d.eval_image_size or d.eval_seq_len):
+        check_sizes(d, patch=model.cfg.patch_dim, batch_size=tc.batch_size, parts=dims.dp_size * tc.grad_accum)
+    if purpose == "train":
+        build_augment(d.auto_augment, d.color_jitter, mean=d.mean, interpolation=d.train_interpolation or d.interpolation,
+                      force_color_jitter=d.force_color_jitter)  # fmt: skip
+    # no NaN in the groups that do not refuse theirs as they are built (it passes every comparison below)
+    found = nonfinite(config_to_dict(cfg))
+    if found:
+        raise CheckError(not_finite_message(*found))
+    # the model's: variable resolution where its family takes it (``input_modes``)
+    if d.image_sizes:
+        check_input_mode(model.family.model_cls, "multi", f"data.image_sizes={list(d.image_sizes)}", cfg.model.name)
+    if d.seq_lens:
+        check_input_mode(model.family.model_cls, "naflex", f"data.seq_lens={list(d.seq_lens)}", cfg.model.name)
+    # the task's own settings and parts (its teacher)
+    get_task(tc.task or model.family.task).check(cfg, model, dims, purpose)
+    # the parallel layer's, on this machine: FSDP2 on this device, the model's TP plan over parallel.tp
+    # ranks, the compile mode, float8 (its recipe, torchao, the GPU)
     if dims.distributed and not fsdp_runs_on(dims.device.type):  # not an AttributeError in the first step
         raise RuntimeError(
             f"multi-process training wraps the model in FSDP2, which cannot train on CPU with torch "
             f"{torch.__version__} (its CPU streams lack record_event): train on CUDA, or on CPU with a "
             "newer torch (2.11 and 2.15 checked)"
         )
-    _check_finite(cfg)
-    _check_ranges(cfg, purpose)
-    _check_sizes(cfg, dims, purpose, model)
-    _check_image_size(cfg, model, side)
-    if dims.tp > 1:  # the model's family says whether its TP plan splits this config over parallel.tp ranks
+    if dims.tp > 1:
         check_layout(model.family.plan(), model.cfg, dims.tp, cfg.model.name)
-    get_task(cfg.train.task or model.family.task).check(cfg, model, dims, purpose)
-    if purpose == "train":
-        d = cfg.data  # a ConfigError naming data.auto_augment / data.color_jitter and what to write
-        build_augment(d.auto_augment, d.color_jitter, mean=d.mean, interpolation=d.train_interpolation or d.interpolation,
-                      force_color_jitter=d.force_color_jitter)  # fmt: skip
-        if cfg.optim.name == "lamb" and cfg.optim.fused in ("fused", "foreach"):
-            raise CheckError(f"optim.fused={cfg.optim.fused}: vitscale's LAMB has one implementation (a loop over the "
-                             "parameters); leave optim.fused at auto with optim.name=lamb")  # fmt: skip
     if purpose in ("train", "bench"):
-        check_compile_mode(cfg.train.compile_mode, compile=bool(cfg.train.compile), device_type=dims.device.type,
+        check_compile_mode(tc.compile_mode, compile=bool(tc.compile), device_type=dims.device.type,
                            world_size=dims.world_size)  # fmt: skip
         if cfg.precision.fp8 != "none":
             check_recipe(cfg.precision.fp8, cfg.precision.fp8_filter)
             require_torchao()  # before any data is read: one line on how to install it
             fp8_emulated(dims.device)  # an older GPU: refused with the reason
-    if purpose == "train":
-        tc = cfg.train
-        if tc.batch_size % (dims.dp_size * tc.grad_accum):
-            raise CheckError(
-                f"train.batch_size={tc.batch_size} must be divisible by data-parallel size {dims.dp_size} x "
-                f"train.grad_accum {tc.grad_accum} (e.g. train.batch_size={dims.dp_size * tc.grad_accum * max(tc.batch_size // (dims.dp_size * tc.grad_accum), 1)})"
-            )
 
 
 # ------------------------------------------------------------------------------------- the folder
@@ -197,46 +199,4 @@ def check_output_folder(cfg: Config, model: ResolvedModel) -> None:
         )
 
 
-def check_batches(cfg: Config, batches_per_epoch: int, images: int | None, dp_size: int, sizes=None) -> None:
-    """An epoch of the training data holds at least one batch (else there is nothing to train on); with
-    several sizes (``sizes``, a :class:`vitscale.data.sizes.SizePlan`) every size's batch, as the one
-    size's is (``data.tokens_per_batch`` / ``data.batch_sizes`` far beyond the data were accepted, then
-    one step gathered epochs of images and none ran)."""
-    if sizes is not None and images is not None:
-        for k, b in enumerate(sizes.batches):
-            if b > images:
-                key = (f"data.tokens_per_batch={cfg.data.tokens_per_batch} makes the batch of size {sizes.sizes[k]} "
-                       f"{b} images" if cfg.data.tokens_per_batch else f"data.batch_sizes[{k}]={b}")
-                raise CheckError(f"{key}, more than the {images} training images (an epoch has no full batch): "
-                                 "lower it, or add data")  # fmt: skip
-    if batches_per_epoch > 0:
-        return
-    have = f"the {images} training images" if images is not None else "the training data"
-    raise CheckError(
-        f"train.batch_size={cfg.train.batch_size} is more than {have} can fill"
-        f"{f' over {dp_size} data-parallel ranks' if dp_size > 1 else ''} (an epoch has no full batch): lower "
-        f"train.batch_size, or add data"
-    )
-
-
-def check_classes(cfg: Config, data_classes: int, where: str, model: ResolvedModel) -> None:
-    """The model's class count against the data's: a count set smaller than the data's classes is an
-    error naming both; a larger one, a warning (outputs no image is labelled with). ``model``: the
-    run's model resolved."""
-    model_classes = cfg.model.overrides.get("num_classes")
-    if "num_classes" not in model.fields or model_classes is None or not data_classes:
-        return
-    if model_classes < data_classes:
-        raise CheckError(
-            f"model.num_classes={model_classes} but the data has {data_classes} classes ({where}): leave "
-            f"model.num_classes out to take the count from the data, or set it to at least {data_classes}"
-        )
-    if model_classes > data_classes:
-        log.warning(
-            "model.num_classes=%d but the data has %d classes (%s): %d outputs of the head are never a label "
-            "(leave model.num_classes out to take the count from the data)",
-            model_classes, data_classes, where, model_classes - data_classes,
-        )  # fmt: skip
-
-
-__all__ = ["MAX_IMAGE_SIDE", "check_batches", "check_classes", "check_output_folder", "check_run", "checkpoint_bytes"]
+__all__ = ["MAX_IMAGE_SIDE", "check_output_folder", "check_run", "checkpoint_bytes"]

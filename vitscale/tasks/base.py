@@ -97,7 +97,8 @@ class Task:
         the groups' ``lr``: set what the task schedules itself (DINOv2's weight decay). Default: nothing."""
 
     def weights_loaded(self) -> None:
-        """Called by the trainer right after the model's weights were read from ``checkpoint.init_from``
+        """Called by the run's checkpoint component (:class:`vitscale.train.checkpointing.Checkpointing`)
+        right after the model's weights were read from ``checkpoint.init_from``
         (never on a resume, whose checkpoint holds the task's parts): the task's own copies of the
         model's weights (a self-distillation teacher) follow them. Default: nothing."""
 

@@ -50,10 +50,13 @@ class RunCounters:
 
 class Checkpointing:
     """``cc``: the ``checkpoint`` config group; ``model``, ``optimizer``, ``ema`` (or None) and
-    ``counters``: the components of the run's state. :meth:`of_run` builds it for an assembled run."""
+    ``counters``: the components of the run's state; ``weights_loaded``: called once the model's weights
+    were read from ``checkpoint.init_from`` (the task's copies of them follow:
+    :meth:`vitscale.tasks.Task.weights_loaded`). :meth:`of_run` builds it for an assembled run."""
 
-    def __init__(self, root: Path, cc: Any, model: nn.Module, optimizer, ema, counters: RunCounters):
-        self.cc, self.counters = cc, counters
+    def __init__(self, root: Path, cc: Any, model: nn.Module, optimizer, ema, counters: RunCounters,
+                 weights_loaded=None):  # fmt: skip
+        self.cc, self.counters, self.weights_loaded = cc, counters, weights_loaded
         self.remote = None  # checkpoint.remote: rank 0 (the coordinator, which publishes each checkpoint) uploads
         if cc.remote and (not dist.is_initialized() or dist.get_rank() == 0):
             from vitscale.checkpoint.remote import RemoteMirror
@@ -70,11 +73,12 @@ class Checkpointing:
         self.init_lines: list[str] = []  # what loading it did, a line each (every rank)
 
     @classmethod
-    def of_run(cls, run, optimizer, ema, counters: RunCounters) -> Checkpointing:
+    def of_run(cls, run, optimizer, ema, counters: RunCounters, weights_loaded=None) -> Checkpointing:
         """The checkpoint component of the assembled ``run`` (:class:`vitscale.run.Run`): its
         ``checkpoint`` group, its model, ``<train.output_dir>/checkpoints``; with the trainer's
-        ``optimizer``, ``ema`` (or None) and ``counters``."""
-        return cls(Path(run.cfg.train.output_dir) / "checkpoints", run.cfg.checkpoint, run.model, optimizer, ema, counters)
+        ``optimizer``, ``ema`` (or None), ``counters`` and the task's ``weights_loaded``."""
+        return cls(Path(run.cfg.train.output_dir) / "checkpoints", run.cfg.checkpoint, run.model, optimizer, ema, counters,
+                   weights_loaded)  # fmt: skip
 
     def restore(self) -> bool:
         """Resume from the newest intact checkpoint, or initialise the weights from
@@ -94,6 +98,8 @@ class Checkpointing:
             _, self.init_lines, self.init_report = load_pretrained(model, self.cc.init_from, self.cc.init_format, from_rank0=True)
             if "ema" in self.tensors:
                 self.tensors["ema"].module.load_state_dict(model.state_dict())
+            if self.weights_loaded is not None:  # the task's copies of the weights follow (DINO's teacher)
+                self.weights_loaded()
         return False
 
     def due(self, step: int, last: bool) -> bool:

@@ -129,7 +129,7 @@ class MetricsLogger:
         self.tb_path = Path(output_dir) / "tb"
         self.bar = None
         self.tb = None
-        self.trackers = None  # W&B / MLflow (log.wandb, log.mlflow: vitscale.train.trackers), from ``config``
+        self.trackers = None  # report.html, W&B, MLflow (log.report, log.wandb, log.mlflow: vitscale.train.trackers)
         self.total = total_steps
         self.mode = "none"
         if not enabled:
@@ -149,13 +149,14 @@ class MetricsLogger:
         if self.tb is None and tensorboard:
             self.info("log.tensorboard=true, but the tensorboard package is not installed (pip install "
                       "tensorboard): no TensorBoard events for this run")  # fmt: skip
-        if config is not None and (config.log.wandb or config.log.mlflow):
+        if config is not None and (config.log.report or config.log.wandb or config.log.mlflow):
             from vitscale.config import config_to_dict
             from vitscale.tools.report.run import flatten
 
             from .trackers import Trackers
 
-            self.trackers = Trackers(self.path.parent, config, flatten(config_to_dict(config)), self.info)
+            self.trackers = Trackers(self.path.parent, config, flatten(config_to_dict(config)), self.info,
+                                     total_steps=total_steps, eval_names=self.eval_names)  # fmt: skip
 
     @classmethod
     def of_run(cls, run, counters, eval_names) -> MetricsLogger:
@@ -208,7 +209,7 @@ class MetricsLogger:
         (final values of logged scalars, by the same names) as its metrics. Written into the run's
         own event file, so the dashboard shows this run's scalars beside its settings. The trackers
         get ``summary`` (summary.json's values) and the report's plots."""
-        if self.trackers is not None and self.trackers.active and summary is not None:
+        if self.trackers is not None and self.trackers.takes_images and summary is not None:
             from vitscale.tools.report import report_plots
 
             self.trackers.summary(strict_json(summary), report_plots(self.path.parent), int(summary.get("steps", 0)))

@@ -76,29 +76,34 @@ def fit_warmup(warmup: int, total_steps: int) -> tuple[int, str | None]:
 
 
 class Schedule:
-    """Sets every param group's LR to ``initial_lr * factor(step)``. :meth:`of_run` builds it for an
-    assembled run."""
+    """A step's hyperparameters: every param group's LR set to ``initial_lr * factor(step)``, then what
+    the run's ``task`` schedules itself (:meth:`vitscale.tasks.Task.schedule_optimizer`: DINOv2's weight
+    decay). :meth:`of_run` builds it for an assembled run."""
 
     def __init__(self, optimizer, cfg: ScheduleConfig, total_steps: int, warmup: int, peak_lr: float,
-                 notice: str | None = None):  # fmt: skip
+                 notice: str | None = None, task=None):  # fmt: skip
         self.optimizer, self.cfg, self.total, self.warmup, self.peak = optimizer, cfg, total_steps, warmup, peak_lr
         self.notice = notice  # the warmup fitted to the run, when it was (fit_warmup)
+        self.task = task
 
     @classmethod
-    def of_run(cls, run, optimizer, peak_lr: float) -> Schedule:
+    def of_run(cls, run, optimizer, peak_lr: float, task=None) -> Schedule:
         """The schedule of the assembled ``run`` (its ``schedule`` group, over the run's length,
-        :attr:`vitscale.run.Run.total_steps`) for ``optimizer`` at
-        ``peak_lr``; epochs converted to steps, the warmup fitted to the run (:attr:`notice`)."""
+        :attr:`vitscale.run.Run.total_steps`) for ``optimizer`` at ``peak_lr`` and the run's ``task``;
+        epochs converted to steps, the warmup fitted to the run (:attr:`notice`)."""
         per_epoch, total = run.steps_per_epoch, run.total_steps
         warmup, notice = fit_warmup(warmup_steps(run.cfg.schedule, per_epoch), total)
-        return cls(optimizer, in_steps(run.cfg.schedule, per_epoch), total, warmup, peak_lr, notice)
+        return cls(optimizer, in_steps(run.cfg.schedule, per_epoch), total, warmup, peak_lr, notice, task)
 
     def factor(self, step: int) -> float:
         return lr_factor(self.cfg, step, self.total, self.warmup, self.peak)
 
     def apply(self, step: int) -> float:
-        """Set the LR for optimizer update number ``step`` (1-based); returns the peak group's LR."""
+        """Set the LR for optimizer update number ``step`` (1-based), then the task's own schedules;
+        returns the peak group's LR."""
         f = self.factor(step)
         for g in self.optimizer.param_groups:
             g["lr"] = g["initial_lr"] * f
+        if self.task is not None:
+            self.task.schedule_optimizer(self.optimizer, step)
         return self.peak * f

@@ -161,14 +161,17 @@ def print_end(summary: dict[str, Any], fmt: str, out: Path, *, report: bool, ten
 
 def _runs_shell(config: Path) -> bool:
     """Whether the run's ``config.yaml`` holds a value that runs a shell command (``pipe:``)."""
-    from vitscale.config.load import shell_value
     from vitscale.errors import UserError
     from vitscale.safe_yaml import read_yaml
+    from vitscale.shell import shell_value
 
+    if not config.is_file() or config.is_symlink():
+        return False
     try:
-        return config.is_file() and not config.is_symlink() and shell_value(read_yaml(config)) is not None
+        tree = read_yaml(config)
     except UserError:
         return False
+    return shell_value(tree) is not None
 
 
 __all__ = [

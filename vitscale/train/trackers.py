@@ -49,6 +49,7 @@ class Tracker:
     """One tracker run: ``log`` (a record), ``summary`` (the end), ``images`` (the report's plots), ``close``."""
 
     name = ""
+    takes_images = True  # whether :meth:`images` wants the report's plots (drawn at the run's end only then)
 
     def log(self, record: dict[str, Any]) -> None: ...
 
@@ -122,6 +123,26 @@ class MlflowTracker(Tracker):
         self.mlflow.end_run()
 
 
+class ReportTracker(Tracker):
+    """``log.report``: the run folder's ``report.html`` kept current while the run trains — drawn again
+    after each record that carries an evaluation's results, but the last step's (the run's end draws
+    the final report after summary.json: :class:`vitscale.train.finish.RunEnd`)."""
+
+    name = "report"
+    takes_images = False
+
+    def __init__(self, out: Path, total_steps: int, eval_names: tuple[str, ...]):
+        self.out, self.total, self.eval_names = Path(out), total_steps, tuple(eval_names)
+
+    def log(self, record):
+        from vitscale.tools.report import try_write_report
+
+        from .metrics import is_eval_key
+
+        if record.get("step", 0) < self.total and any(is_eval_key(k, self.eval_names) for k in record):
+            try_write_report(self.out)  # a failure to draw is one warning line
+
+
 def _png_array(png: bytes):
     import io
 
@@ -139,8 +160,11 @@ class Trackers:
     """The trackers a run's ``log`` group asks for (rank 0; ``enabled`` False: none). Every call is
     guarded: a tracker whose call fails is dropped with one line through ``info``."""
 
-    def __init__(self, out: Path, cfg: Any, config: dict[str, Any], info, enabled: bool = True):
+    def __init__(self, out: Path, cfg: Any, config: dict[str, Any], info, enabled: bool = True, *,
+                 total_steps: int = 0, eval_names: tuple[str, ...] = ()):  # fmt: skip
         self.out, self.info, self.active = Path(out), info, []
+        if enabled and cfg is not None and cfg.log.report:  # report.html, current after each evaluation
+            self.active.append(ReportTracker(self.out, total_steps, eval_names))
         wanted = [k for k in KINDS if enabled and cfg is not None and getattr(cfg.log, k, False)]
         if not wanted:
             return
@@ -176,6 +200,11 @@ class Trackers:
 
     def log(self, record: dict[str, Any]) -> None:
         self._each("log", record)
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether a tracker wants the report's plots at the run's end (W&B, MLflow)."""
+        return any(t.takes_images for t in self.active)
 
     def summary(self, values: dict[str, Any], plots: dict[str, bytes] | None, step: int) -> None:
         self._each("summary", values)

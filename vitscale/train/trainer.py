@@ -34,7 +34,6 @@ from vitscale.distributed.float8 import precompute_float8_scales
 from vitscale.run import assemble
 from vitscale.tasks import get_task
 from vitscale.tools.env import command_line
-from vitscale.tools.report import try_write_report
 
 from .checkpointing import Checkpointing, RunCounters
 from .ema import EMA
@@ -100,7 +99,7 @@ class Trainer:
         peak_lr = scaled_lr(cfg.optim, tc.batch_size)
         self.optimizer = build_optimizer(self.model, cfg.optim, peak_lr)
         self.notices += group_lines(self.model, self.optimizer, cfg.optim.layer_decay, peak_lr)
-        self.schedule = Schedule.of_run(run, self.optimizer, peak_lr)  # schedule.*: the warmup fitted to the run
+        self.schedule = Schedule.of_run(run, self.optimizer, peak_lr, self.task)  # schedule.* and the task's own
         self.notices += [self.schedule.notice] if self.schedule.notice else []
         if self.loaders.val is None and not cfg.evals:
             self.notices.append(f"no validation data: this run reports training metrics only "
@@ -109,13 +108,11 @@ class Trainer:
 
         # the run's state: resumed from the newest checkpoint, else initialised from checkpoint.init_from
         self.counters = RunCounters(self.loaders.train, self.schedule.total)
-        self.checkpoints = Checkpointing.of_run(run, self.optimizer, self.ema, self.counters)
+        self.checkpoints = Checkpointing.of_run(run, self.optimizer, self.ema, self.counters, self.task.weights_loaded)
         prepare_optimizer(self.optimizer)
         self.skip_on_device = skips_on_device(self.optimizer)
         self.complete = self.checkpoints.restore()  # a finished run: nothing to train
         self.notices += self.checkpoints.init_lines  # what checkpoint.init_from loaded, resampled, re-initialised
-        if self.checkpoints.init_report is not None:  # the task's copies of the weights follow (DINO's teacher)
-            self.task.weights_loaded()
 
         # a non-finite step is not applied (and a diverged run stops); no step within train.hang_timeout:
         # the stacks are written and the run exits 124
@@ -167,9 +164,7 @@ class Trainer:
                 rec = logstep.record(self.step, loss, metrics, grad_norm, self.checkpoints.last)  # the sync point
                 results = self.evals.run(self.model, self.ema, due) if due else {}
                 last_eval.update(results)
-                log.log({**rec, **results})
-                if due and not last and run.dims.is_main and self.cfg.log.report:  # keep report.html current
-                    try_write_report(self.out)
+                log.log({**rec, **results})  # and report.html drawn again after an evaluation (log.report)
                 logstep.restart()  # evaluation time is not counted in img/s
             stop = self.preemption.agreed(self.counters.segments)  # a signal on any rank: save and stop after this step
             if self.checkpoints.due(self.step, last) or stop:
@@ -235,8 +230,7 @@ class Trainer:
         # fused kernels clip as they read the gradients (grad_scale); else in place, as PyTorch does
         grad_norm, unscale = clip_gradients(params, max_norm, world=world, fold=self.skip_on_device)
         ok = self.guard.flag(loss, grad_norm, world)  # a non-finite step on any rank is not applied
-        self.schedule.apply(self.step)
-        self.task.schedule_optimizer(self.optimizer, self.step)  # e.g. DINOv2's weight-decay schedule
+        self.schedule.apply(self.step)  # the LR, then the task's own schedules (DINOv2's weight decay)
         apply_update(self.optimizer, ok, on_device=self.skip_on_device, ema=self.ema, model=self.model, grad_scale=unscale,
                      on_skip=lambda: self.guard.check(self.step, self.checkpoints.last))  # stop once the budget is spent
         precompute_float8_scales(self.model, self.run.float8)  # tensorwise fp8 + FSDP2: all scales in one all-reduce
