@@ -156,7 +156,7 @@ class MetricsLogger:
             from .trackers import Trackers
 
             self.trackers = Trackers(self.path.parent, config, flatten(config_to_dict(config)), self.info,
-                                     total_steps=total_steps, eval_names=self.eval_names)  # fmt: skip
+                                     total_steps=total_steps, is_eval=lambda key: is_eval_key(key, self.eval_names))  # fmt: skip
 
     @classmethod
     def of_run(cls, run, counters, eval_names) -> MetricsLogger:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,15 +132,13 @@ class ReportTracker(Tracker):
     name = "report"
     takes_images = False
 
-    def __init__(self, out: Path, total_steps: int, eval_names: tuple[str, ...]):
-        self.out, self.total, self.eval_names = Path(out), total_steps, tuple(eval_names)
+    def __init__(self, out: Path, total_steps: int, is_eval: Callable[[str], bool]):
+        self.out, self.total, self.is_eval = Path(out), total_steps, is_eval
 
     def log(self, record):
         from vitscale.tools.report import try_write_report
 
-        from .metrics import is_eval_key
-
-        if record.get("step", 0) < self.total and any(is_eval_key(k, self.eval_names) for k in record):
+        if record.get("step", 0) < self.total and any(self.is_eval(k) for k in record):
             try_write_report(self.out)  # a failure to draw is one warning line
 
 
@@ -161,10 +160,10 @@ class Trackers:
     guarded: a tracker whose call fails is dropped with one line through ``info``."""
 
     def __init__(self, out: Path, cfg: Any, config: dict[str, Any], info, enabled: bool = True, *,
-                 total_steps: int = 0, eval_names: tuple[str, ...] = ()):  # fmt: skip
+                 total_steps: int = 0, is_eval: Callable[[str], bool] = lambda key: False):  # fmt: skip
         self.out, self.info, self.active = Path(out), info, []
         if enabled and cfg is not None and cfg.log.report:  # report.html, current after each evaluation
-            self.active.append(ReportTracker(self.out, total_steps, eval_names))
+            self.active.append(ReportTracker(self.out, total_steps, is_eval))
         wanted = [k for k in KINDS if enabled and cfg is not None and getattr(cfg.log, k, False)]
         if not wanted:
             return

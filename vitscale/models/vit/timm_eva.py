@@ -28,6 +28,7 @@ from torch import nn
 from ..common.renames import PASS_THROUGH, Rename, RenameTable, convert, per_head
 from .configs import ViTConfig
 from .state_dict_adapter import _NORMS, _is, _mlp_ratio, _prefix_tokens_from_timm, _prefix_tokens_to_timm
+from .timm_meta import build_meta, layout_differences
 
 _ROPES = {"RotaryEmbeddingCat": "axial", "RotaryEmbeddingDinoV3": "dinov3"}
 
@@ -224,7 +225,6 @@ def eva_from_timm(tm: nn.Module) -> nn.Module:
     from timm.models.eva import Eva
 
     from .model import VisionTransformer
-    from .timm_registry import build_meta, layout_differences
 
     cfg = config_from_eva(tm)
     ref = build_meta(Eva, **{**eva_kwargs(cfg), "dynamic_img_size": bool(tm.dynamic_img_size)})
