@@ -14,8 +14,11 @@ The timm side runs timm's ``train.py`` (not in the timm wheel: ``git show HEAD:t
 github.com/huggingface/pytorch-image-models, ``--timm-train``) against the installed timm, with
 ``--aa rand-m9-mstd0.5-inc1 --mixup 0.8 --cutmix 1.0 --reprob 0.25 --remode pixel --smoothing 0.1
 --drop-path 0.1 --opt adamw --sched cosine --sched-on-updates --min-lr 1e-5 --warmup-lr 0
---train-interpolation bicubic --interpolation bicubic --crop-pct 0.875`` and the same architecture
-(``vitscale.interop.timm_kwargs`` of the vitscale model, on ``--model-kwargs``).
+--train-interpolation bicubic --interpolation bicubic --crop-pct 0.875 --no-prefetcher`` and the same
+architecture (``vitscale.interop.timm_kwargs`` of the vitscale model, on ``--model-kwargs``).
+``--no-prefetcher``: DeiT's order of the augmentations (facebookresearch/deit ``datasets.py`` puts random
+erasing in each image's transform, ``engine.py`` mixes the batch after), which vitscale keeps; timm's
+default prefetcher mixes in the collate (``FastCollateMixup``, on uint8) and erases the mixed batch after.
 
 Repeated augmentation: timm's ``train.py`` has ``--aug-repeats`` (``RepeatAugSampler``) only under a
 distributed launch; in one process its loader refuses it (``timm/data/loader.py``: "RepeatAugment not
@@ -47,6 +50,7 @@ from pathlib import Path
 import trainer_vs_timm as tvt
 
 CONFIG = "imagenet_deit_b_distilled"
+SIDES = ("vitscale", "vitscale_ra1", "timm")
 # the small ViT of both sides: patch 4 on 32 px (8x8 patches), 4 blocks of width 96 with 3 heads; the classifier
 # on the mean patch token (timm --gp avg; DeiT: the class token), which learns much faster at this scale
 # (configs/digits_vit.yaml): a few CPU-minutes per run must get past chance under DeiT's augmentation
@@ -112,7 +116,7 @@ def timm_command(args, cfg, data: Path, out: Path, seed: int, model_args: list[s
             "--opt", "adamw", "--lr", str(args.lr), "--weight-decay", str(o.weight_decay),
             "--opt-betas", *map(str, o.betas), "--opt-eps", str(o.eps),
             "--sched", "cosine", "--sched-on-updates", "--min-lr", str(cfg.schedule.min_lr), "--warmup-lr", "0",
-            "--epochs", str(args.epochs), "-b", str(args.batch_size), "-j", str(args.workers), "--device", "cpu",
+            "--epochs", str(args.epochs), "-b", str(args.batch_size), "-j", str(args.workers), "--device", "cpu", "--no-prefetcher",
             "--seed", str(seed), "--output", str(out.parent), "--experiment", out.name]  # fmt: skip
 
 
@@ -123,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--sides", nargs="+", choices=("vitscale", "vitscale_ra1", "timm"), default=["vitscale", "vitscale_ra1", "timm"])
+    ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    ap.add_argument("--side-seeds", nargs="+", default=[], metavar="SIDE=S,S,...",
+                    help="other seeds for one side (e.g. vitscale=0,1,2 with --seeds 0 1 2 3 4), read back with --reuse")
     ap.add_argument("--img-size", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=25)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -154,9 +160,15 @@ def main(argv: list[str] | None = None) -> int:
 
     model = vitscale.create_model("vit_debug", device="meta", **{**model_fields(cfg), "num_classes": num_classes})
     model_args = tvt.timm_model_args(timm_kwargs(model))
+    side_seeds = {side: list(args.seeds) for side in args.sides}
+    for spec in args.side_seeds:
+        side, _, seeds = spec.partition("=")
+        if side not in side_seeds or not seeds:
+            ap.error(f"--side-seeds {spec!r}: give SIDE=S,S,... for a side of --sides ({', '.join(args.sides)})")
+        side_seeds[side] = [int(s) for s in seeds.split(",")]
     jobs = []
-    for seed in args.seeds:
-        for side in args.sides:
+    for seed in sorted(set().union(*side_seeds.values())):
+        for side in (s for s in args.sides if seed in side_seeds[s]):
             out = out_dir / f"{side}_seed{seed}"
             if side == "timm":
                 cmd = timm_command(args, cfg, data, out, seed, model_args)
