@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -209,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     for side in ("vitscale", "vitscale_ra1"):
         if "mean_final_val_top1" in sides.get(side, {}) and "mean_final_val_top1" in sides.get("timm", {}):
-            result[f"{side}_minus_timm_points"] = sides[side]["mean_final_val_top1"] - sides["timm"]["mean_final_val_top1"]
+            a, b = sides[side], sides["timm"]
+            result[f"{side}_minus_timm_points"] = a["mean_final_val_top1"] - b["mean_final_val_top1"]
+            # the standard error of that difference of two means (independent seeds): sqrt(sa^2/na + sb^2/nb)
+            result[f"{side}_minus_timm_se_points"] = math.sqrt(
+                a["stdev_final_val_top1"] ** 2 / a["runs"] + b["stdev_final_val_top1"] ** 2 / b["runs"])
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
@@ -217,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         if "mean_final_val_top1" in s:
             print(f"{side}: {s['runs']} runs, final val top-1 {' / '.join(f'{v:.2f}' for v in s['final_val_top1'])}: "
                   f"mean {s['mean_final_val_top1']:.2f} ± {s['stdev_final_val_top1']:.2f}%")  # fmt: skip
-    for k in ("vitscale_minus_timm_points", "vitscale_ra1_minus_timm_points"):
-        if k in result:
-            print(f"{k}: {result[k]:+.2f}")
+    for side in ("vitscale", "vitscale_ra1"):
+        if f"{side}_minus_timm_points" in result:
+            print(f"{side}_minus_timm_points: {result[f'{side}_minus_timm_points']:+.2f} "
+                  f"(standard error {result[f'{side}_minus_timm_se_points']:.2f})")
     errors = [r for r in runs if "error" in r]
     for r in errors:
         print(f"{r['side']} seed {r['seed']}: {r['error']}", file=sys.stderr)
