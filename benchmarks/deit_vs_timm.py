@@ -13,9 +13,14 @@ mirror-symmetric) and a RandomResizedCrop scale of ``--rrc-scale`` (DeiT: 0.08-1
 The timm side runs timm's ``train.py`` (not in the timm wheel: ``git show HEAD:train.py`` of
 github.com/huggingface/pytorch-image-models, ``--timm-train``) against the installed timm, with
 ``--aa rand-m9-mstd0.5-inc1 --mixup 0.8 --cutmix 1.0 --reprob 0.25 --remode pixel --smoothing 0.1
---drop-path 0.1 --opt adamw --sched cosine --sched-on-updates --min-lr 1e-5 --warmup-lr 0
+--drop-path 0.1 --opt adamw --sched cosine --sched-on-updates --min-lr 1e-5 --warmup-lr 0 --warmup-prefix
 --train-interpolation bicubic --interpolation bicubic --crop-pct 0.875 --no-prefetcher`` and the same
 architecture (``vitscale.interop.timm_kwargs`` of the vitscale model, on ``--model-kwargs``).
+``--warmup-prefix`` with ``--epochs`` less the warm-up's (whole) epochs: vitscale's cosine starts where
+the warm-up ends and spans the rest of the run; timm's default (``warmup_prefix=False``, also DeiT's)
+runs the cosine from step 0 under the warm-up, which at 92 of 1,150 steps gives 8% less learning rate
+summed over the run (``timm/scheduler/cosine_lr.py``, ``scheduler_factory.py``). The same total of
+epochs either way (timm's train.py: "Scheduled epochs: 25").
 ``--no-prefetcher``: DeiT's order of the augmentations (facebookresearch/deit ``datasets.py`` puts random
 erasing in each image's transform, ``engine.py`` mixes the batch after), which vitscale keeps; timm's
 default prefetcher mixes in the collate (``FastCollateMixup``, on uint8) and erases the mixed batch after.
@@ -101,10 +106,8 @@ def vitscale_command(args, cfg, data: Path, out: Path, seed: int, repeated_aug: 
 
 def timm_command(args, cfg, data: Path, out: Path, seed: int, model_args: list[str]) -> list[str]:
     d, o = cfg.data, cfg.optim
-    warmup_yaml = out.parent / f"{out.name}_warmup.yaml"  # timm's --warmup-epochs is an int; its -c YAML keeps a float
-    warmup_yaml.parent.mkdir(parents=True, exist_ok=True)
-    warmup_yaml.write_text(f"warmup_epochs: {args.warmup_steps / args.steps_per_epoch!r}\n")
-    return [sys.executable, args.timm_train, "-c", str(warmup_yaml),
+    warmup_epochs = args.warmup_steps // args.steps_per_epoch  # whole (main checks): timm's --warmup-epochs is an int
+    return [sys.executable, args.timm_train,
             "--data-dir", str(data), "--train-split", "train", "--val-split", "val",
             "--model", "vit_small_patch16_224", *model_args, "--input-size", "3", str(args.img_size), str(args.img_size),
             "--mean", *map(str, args.mean), "--std", *map(str, args.std), "--crop-pct", str(d.crop_pct),
@@ -117,7 +120,8 @@ def timm_command(args, cfg, data: Path, out: Path, seed: int, model_args: list[s
             "--opt", "adamw", "--lr", str(args.lr), "--weight-decay", str(o.weight_decay),
             "--opt-betas", *map(str, o.betas), "--opt-eps", str(o.eps),
             "--sched", "cosine", "--sched-on-updates", "--min-lr", str(cfg.schedule.min_lr), "--warmup-lr", "0",
-            "--epochs", str(args.epochs), "-b", str(args.batch_size), "-j", str(args.workers), "--device", "cpu", "--no-prefetcher",
+            "--warmup-epochs", str(warmup_epochs), "--warmup-prefix",
+            "--epochs", str(args.epochs - warmup_epochs), "-b", str(args.batch_size), "-j", str(args.workers), "--device", "cpu", "--no-prefetcher",
             "--seed", str(seed), "--output", str(out.parent), "--experiment", out.name]  # fmt: skip
 
 
@@ -155,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     data = write_digits(Path(args.data).resolve() if args.data else out_dir / "digits", args.img_size)
     train_images, num_classes = tvt.count_images(data / "train")
     args.steps_per_epoch = train_images // args.batch_size  # both drop the last partial batch
+    if "timm" in args.sides and args.warmup_steps % args.steps_per_epoch:
+        ap.error(f"--warmup-steps {args.warmup_steps}: give a multiple of the {args.steps_per_epoch} steps of an epoch "
+                 "(timm's --warmup-epochs is a whole number)")
     cfg = load_config(CONFIG)
     import vitscale
     from vitscale.interop import timm_kwargs
