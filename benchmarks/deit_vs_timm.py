@@ -13,9 +13,17 @@ mirror-symmetric) and a RandomResizedCrop scale of ``--rrc-scale`` (DeiT: 0.08-1
 The timm side runs timm's ``train.py`` (not in the timm wheel: ``git show HEAD:train.py`` of
 github.com/huggingface/pytorch-image-models, ``--timm-train``) against the installed timm, with
 ``--aa rand-m9-mstd0.5-inc1 --mixup 0.8 --cutmix 1.0 --reprob 0.25 --remode pixel --smoothing 0.1
---drop-path 0.1 --opt adamw --sched cosine --sched-on-updates --min-lr 1e-5 --warmup-lr 0
---train-interpolation bicubic --interpolation bicubic --crop-pct 0.875`` and the same architecture
-(``vitscale.interop.timm_kwargs`` of the vitscale model, on ``--model-kwargs``).
+--drop-path 0.1 --opt adamw --sched cosine --sched-on-updates --min-lr 1e-5 --warmup-lr 0 --warmup-prefix
+--train-interpolation bicubic --interpolation bicubic --crop-pct 0.875 --no-prefetcher`` and the same
+architecture (``vitscale.interop.timm_kwargs`` of the vitscale model, on ``--model-kwargs``).
+``--warmup-prefix`` with ``--epochs`` less the warm-up's (whole) epochs: vitscale's cosine starts where
+the warm-up ends and spans the rest of the run; timm's default (``warmup_prefix=False``, also DeiT's)
+runs the cosine from step 0 under the warm-up, which at 92 of 1,150 steps gives 8% less learning rate
+summed over the run (``timm/scheduler/cosine_lr.py``, ``scheduler_factory.py``). The same total of
+epochs either way (timm's train.py: "Scheduled epochs: 25").
+``--no-prefetcher``: DeiT's order of the augmentations (facebookresearch/deit ``datasets.py`` puts random
+erasing in each image's transform, ``engine.py`` mixes the batch after), which vitscale keeps; timm's
+default prefetcher mixes in the collate (``FastCollateMixup``, on uint8) and erases the mixed batch after.
 
 Repeated augmentation: timm's ``train.py`` has ``--aug-repeats`` (``RepeatAugSampler``) only under a
 distributed launch; in one process its loader refuses it (``timm/data/loader.py``: "RepeatAugment not
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -47,6 +56,7 @@ from pathlib import Path
 import trainer_vs_timm as tvt
 
 CONFIG = "imagenet_deit_b_distilled"
+SIDES = ("vitscale", "vitscale_ra1", "timm")
 # the small ViT of both sides: patch 4 on 32 px (8x8 patches), 4 blocks of width 96 with 3 heads; the classifier
 # on the mean patch token (timm --gp avg; DeiT: the class token), which learns much faster at this scale
 # (configs/digits_vit.yaml): a few CPU-minutes per run must get past chance under DeiT's augmentation
@@ -96,10 +106,8 @@ def vitscale_command(args, cfg, data: Path, out: Path, seed: int, repeated_aug: 
 
 def timm_command(args, cfg, data: Path, out: Path, seed: int, model_args: list[str]) -> list[str]:
     d, o = cfg.data, cfg.optim
-    warmup_yaml = out.parent / f"{out.name}_warmup.yaml"  # timm's --warmup-epochs is an int; its -c YAML keeps a float
-    warmup_yaml.parent.mkdir(parents=True, exist_ok=True)
-    warmup_yaml.write_text(f"warmup_epochs: {args.warmup_steps / args.steps_per_epoch!r}\n")
-    return [sys.executable, args.timm_train, "-c", str(warmup_yaml),
+    warmup_epochs = args.warmup_steps // args.steps_per_epoch  # whole (main checks): timm's --warmup-epochs is an int
+    return [sys.executable, args.timm_train,
             "--data-dir", str(data), "--train-split", "train", "--val-split", "val",
             "--model", "vit_small_patch16_224", *model_args, "--input-size", "3", str(args.img_size), str(args.img_size),
             "--mean", *map(str, args.mean), "--std", *map(str, args.std), "--crop-pct", str(d.crop_pct),
@@ -112,7 +120,8 @@ def timm_command(args, cfg, data: Path, out: Path, seed: int, model_args: list[s
             "--opt", "adamw", "--lr", str(args.lr), "--weight-decay", str(o.weight_decay),
             "--opt-betas", *map(str, o.betas), "--opt-eps", str(o.eps),
             "--sched", "cosine", "--sched-on-updates", "--min-lr", str(cfg.schedule.min_lr), "--warmup-lr", "0",
-            "--epochs", str(args.epochs), "-b", str(args.batch_size), "-j", str(args.workers), "--device", "cpu",
+            "--warmup-epochs", str(warmup_epochs), "--warmup-prefix",
+            "--epochs", str(args.epochs - warmup_epochs), "-b", str(args.batch_size), "-j", str(args.workers), "--device", "cpu", "--no-prefetcher",
             "--seed", str(seed), "--output", str(out.parent), "--experiment", out.name]  # fmt: skip
 
 
@@ -123,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--sides", nargs="+", choices=("vitscale", "vitscale_ra1", "timm"), default=["vitscale", "vitscale_ra1", "timm"])
+    ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    ap.add_argument("--side-seeds", nargs="+", default=[], metavar="SIDE=S,S,...",
+                    help="other seeds for one side (e.g. vitscale=0,1,2 with --seeds 0 1 2 3 4), read back with --reuse")
     ap.add_argument("--img-size", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=25)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -148,15 +159,24 @@ def main(argv: list[str] | None = None) -> int:
     data = write_digits(Path(args.data).resolve() if args.data else out_dir / "digits", args.img_size)
     train_images, num_classes = tvt.count_images(data / "train")
     args.steps_per_epoch = train_images // args.batch_size  # both drop the last partial batch
+    if "timm" in args.sides and args.warmup_steps % args.steps_per_epoch:
+        ap.error(f"--warmup-steps {args.warmup_steps}: give a multiple of the {args.steps_per_epoch} steps of an epoch "
+                 "(timm's --warmup-epochs is a whole number)")
     cfg = load_config(CONFIG)
     import vitscale
     from vitscale.interop import timm_kwargs
 
     model = vitscale.create_model("vit_debug", device="meta", **{**model_fields(cfg), "num_classes": num_classes})
     model_args = tvt.timm_model_args(timm_kwargs(model))
+    side_seeds = {side: list(args.seeds) for side in args.sides}
+    for spec in args.side_seeds:
+        side, _, seeds = spec.partition("=")
+        if side not in side_seeds or not seeds:
+            ap.error(f"--side-seeds {spec!r}: give SIDE=S,S,... for a side of --sides ({', '.join(args.sides)})")
+        side_seeds[side] = [int(s) for s in seeds.split(",")]
     jobs = []
-    for seed in args.seeds:
-        for side in args.sides:
+    for seed in sorted(set().union(*side_seeds.values())):
+        for side in (s for s in args.sides if seed in side_seeds[s]):
             out = out_dir / f"{side}_seed{seed}"
             if side == "timm":
                 cmd = timm_command(args, cfg, data, out, seed, model_args)
@@ -197,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     for side in ("vitscale", "vitscale_ra1"):
         if "mean_final_val_top1" in sides.get(side, {}) and "mean_final_val_top1" in sides.get("timm", {}):
-            result[f"{side}_minus_timm_points"] = sides[side]["mean_final_val_top1"] - sides["timm"]["mean_final_val_top1"]
+            a, b = sides[side], sides["timm"]
+            result[f"{side}_minus_timm_points"] = a["mean_final_val_top1"] - b["mean_final_val_top1"]
+            # the standard error of that difference of two means (independent seeds): sqrt(sa^2/na + sb^2/nb)
+            result[f"{side}_minus_timm_se_points"] = math.sqrt(
+                a["stdev_final_val_top1"] ** 2 / a["runs"] + b["stdev_final_val_top1"] ** 2 / b["runs"])
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
@@ -205,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         if "mean_final_val_top1" in s:
             print(f"{side}: {s['runs']} runs, final val top-1 {' / '.join(f'{v:.2f}' for v in s['final_val_top1'])}: "
                   f"mean {s['mean_final_val_top1']:.2f} ± {s['stdev_final_val_top1']:.2f}%")  # fmt: skip
-    for k in ("vitscale_minus_timm_points", "vitscale_ra1_minus_timm_points"):
-        if k in result:
-            print(f"{k}: {result[k]:+.2f}")
+    for side in ("vitscale", "vitscale_ra1"):
+        if f"{side}_minus_timm_points" in result:
+            print(f"{side}_minus_timm_points: {result[f'{side}_minus_timm_points']:+.2f} "
+                  f"(standard error {result[f'{side}_minus_timm_se_points']:.2f})")
     errors = [r for r in runs if "error" in r]
     for r in errors:
         print(f"{r['side']} seed {r['seed']}: {r['error']}", file=sys.stderr)
