@@ -39,7 +39,8 @@ def curve(rows):
 def test_digits_dino_pretrains_reports_signals_and_knn_and_resumes_exactly(tmp_path):
     centering = "softmax"  # the running centre is state the resume must restore (Sinkhorn-Knopp has none)
     run = tmp_path / "dino"
-    args = [*TINY, f"dino.centering={centering}"]
+    args = [*TINY, f"dino.centering={centering}", "dino.warmup_teacher_temp=0.04", "dino.teacher_temp=0.07",
+            "dino.warmup_teacher_temp_epochs=30"]  # DINOv2's warm-up (the recipe has none)
     p = vitscale("train", "digits_dino", *args, f"train.output_dir={run}")
     assert p.returncode == 0, p.stderr[-3000:]
     rows = read_metrics(run)

@@ -122,6 +122,22 @@ def test_crops_are_keyed_by_sample_and_step_not_by_batch_position():
     assert torch.equal(ibot_masks([5, 3], 7, 0, (4, 4), 1.0, (0.1, 0.5))[[1, 0, 3, 2]], m1)
 
 
+def test_the_crops_flip_jitter_blur_and_solarise_with_the_configured_probabilities():
+    """``dino.hflip`` 1 against 0, every other augmentation off: the same boxes (the draws do not depend
+    on the probabilities), mirrored; the colour jitter, blur and solarisation at probability 1 change them."""
+    off = dict(global_crops_size=16, local_crops_size=8, local_crops_number=1, color_jitter=0.0,
+               gaussian_blur=[0.0, 0.0, 0.0], solarization=0.0)  # fmt: skip
+    x = (torch.rand(2, 1, 24, 24, generator=torch.Generator().manual_seed(0)) * 2 - 1).expand(-1, 3, -1, -1)
+    mean = std = [0.5] * 3
+    g0, l0 = multi_crop(x, [3, 5], 7, 0, mean, std, DinoConfig(**off, hflip=0.0))
+    g1, l1 = multi_crop(x, [3, 5], 7, 0, mean, std, DinoConfig(**off, hflip=1.0))
+    torch.testing.assert_close(g1, g0.flip(-1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(l1, l0.flip(-1), atol=1e-5, rtol=0)
+    for key, p in (("color_jitter", 1.0), ("gaussian_blur", [1.0, 1.0, 1.0]), ("solarization", 1.0)):
+        g, _ = multi_crop(x, [3, 5], 7, 0, mean, std, DinoConfig(**{**off, key: p}, hflip=0.0))
+        assert not torch.allclose(g, g0, atol=1e-3), key
+
+
 def test_block_masks_cover_at_most_the_asked_patches_in_blocks():
     import random
 
@@ -171,6 +187,8 @@ def test_teacher_signals_in_float64_and_one_warning_per_crossing():
     ({"ibot_mask_ratio_min_max": [0.1, 1.0]}, "within (0, 1)"),
     ({"centering": "mean"}, "centering='mean': choose one of softmax, sinkhorn_knopp"),
     ({"local_crops_scale": [0.5, 0.2]}, "local_crops_scale=[0.5, 0.2] must be [min, max]"),
+    ({"gaussian_blur": [1.0, 0.1]}, "gaussian_blur=[1.0, 0.1] must be 3 probabilities"),
+    ({"hflip": 1.5}, "hflip=1.5 must be probabilities within [0, 1]"),
 ])  # fmt: skip
 def test_bad_dino_settings_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):

@@ -37,6 +37,16 @@ class DinoConfig:
     """Area range of the local crops (ssl_default_config.yaml line 112)."""
     local_crops_size: int = 96
     """Side of the local crops in pixels (ssl_default_config.yaml line 116); a multiple of the patch, at least one patch."""
+    hflip: float = 0.5
+    """Probability of a horizontal flip of each crop (``RandomHorizontalFlip(p=0.5)``, dinov2/data/augmentations.py
+    lines 44-60); 0 where a mirrored image is another thing (digits, text)."""
+    color_jitter: float = 0.8
+    """Probability of the colour jitter of each crop (``RandomApply([ColorJitter(...)], p=0.8)``, augmentations.py lines 63-71)."""
+    gaussian_blur: list[float] = field(default_factory=lambda: [1.0, 0.1, 0.5])
+    """Probability of the Gaussian blur of the first global crop, the second, and each local crop
+    (augmentations.py lines 73-82; the paper's and DINO's probabilities, see :mod:`vitscale.tasks.dino_crops`)."""
+    solarization: float = 0.2
+    """Probability of solarising the second global crop (``RandomSolarize(threshold=128, p=0.2)``, augmentations.py lines 73-82)."""
 
     # ---- the DINO head (dinov2/layers/dino_head.py; lines 43-49)
     head_n_prototypes: int = 65536
@@ -99,6 +109,14 @@ class DinoConfig:
         if not (0.0 < lo <= hi < 1.0):
             raise ValueError(f"ibot_mask_ratio_min_max={list(self.ibot_mask_ratio_min_max)} must be [min, max] within "
                              "(0, 1): the fraction of a masked crop's patches that are masked (DINOv2: [0.1, 0.5])")  # fmt: skip
+        if len(self.gaussian_blur) != 3:
+            raise ValueError(f"gaussian_blur={list(self.gaussian_blur)} must be 3 probabilities: the first global crop, "
+                             "the second, each local crop (DINOv2: [1.0, 0.1, 0.5])")  # fmt: skip
+        self.gaussian_blur = [float(p) for p in self.gaussian_blur]
+        for key, ps in (("hflip", [self.hflip]), ("color_jitter", [self.color_jitter]),
+                        ("solarization", [self.solarization]), ("gaussian_blur", self.gaussian_blur)):  # fmt: skip
+            if not all(0.0 <= p <= 1.0 for p in ps):
+                raise ValueError(f"{key}={getattr(self, key)} must be probabilities within [0, 1]")
         if not 0.0 <= self.ibot_mask_sample_probability <= 1.0:
             raise ValueError(f"ibot_mask_sample_probability={self.ibot_mask_sample_probability} must lie in [0, 1]")
         if self.centering not in CENTERINGS:

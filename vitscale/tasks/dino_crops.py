@@ -8,10 +8,11 @@ its normalisation undone): the loader's code is unchanged, and its train transfo
 whole image (``data.rrc_scale: [1, 1]``, ``data.hflip: 0``) so that the crops below are DINOv2's.
 Per view (facebookresearch/dinov2 at b8931f7, ``dinov2/data/augmentations.py``): a random resized crop
 (torchvision's box, ``vitscale.data.transforms.rrc_box``; bicubic, lines 44-60) and a horizontal flip
-(p 0.5), colour jitter (brightness 0.4, contrast 0.4, saturation 0.2, hue 0.1, in a random order) with
-p 0.8 and greyscale with p 0.2 (lines 63-71), then Gaussian blur (kernel 9, sigma in [0.1, 2]) with
-p 1.0 for the first global crop, 0.1 for the second, which is solarised (threshold 128 of 255) with p 0.2,
-and 0.5 for the local crops (lines 73-82). These blur probabilities are the paper's (and DINO's,
+(p 0.5, ``dino.hflip``), colour jitter (brightness 0.4, contrast 0.4, saturation 0.2, hue 0.1, in a random
+order) with p 0.8 (``dino.color_jitter``) and greyscale with p 0.2 (lines 63-71), then Gaussian blur
+(kernel 9, sigma in [0.1, 2]) with p 1.0 for the first global crop, 0.1 for the second, and 0.5 for the
+local crops (``dino.gaussian_blur``), the second global crop solarised (threshold 128 of 255) with p 0.2
+(``dino.solarization``; lines 73-82). These blur probabilities are the paper's (and DINO's,
 facebookresearch/dino ``main_dino.py``); DINOv2's ``GaussianBlur`` (``dinov2/data/transforms.py`` lines
 12-21) passes ``1 - p`` to ``RandomApply``, which applies the blur with that complement — we follow the
 stated probabilities.
@@ -34,20 +35,19 @@ STREAM_DINO_MASK = 15
 STREAM_DINO_INIT = 16
 
 JITTER = (0.4, 0.4, 0.2, 0.1)  # augmentations.py line 66
-BLUR_P_GLOBAL = (1.0, 0.1)
-BLUR_P_LOCAL = 0.5
-SOLARIZE_P = (0.0, 0.2)
 
 
-def _view(img: torch.Tensor, rng: random.Random, size: int, scale, blur_p: float, solarize_p: float) -> torch.Tensor:
-    """One view of ``img`` (C, H, W) with values in [0, 1]: crop, flip, jitter, greyscale, blur, solarise."""
+def _view(img: torch.Tensor, rng: random.Random, size: int, scale, flip_p: float, jitter_p: float, blur_p: float,
+          solarize_p: float) -> torch.Tensor:  # fmt: skip
+    """One view of ``img`` (C, H, W) with values in [0, 1]: crop, flip, jitter, greyscale, blur, solarise
+    (each draw made whatever its probability: the same boxes for any of them)."""
     _, h0, w0 = img.shape
     top, left, h, w = rrc_box(rng, h0, w0, scale, (3 / 4, 4 / 3))
     x = F.resized_crop(img, top, left, h, w, [size, size], interpolation=InterpolationMode.BICUBIC, antialias=True)
     x = x.clamp(0, 1)  # bicubic overshoots
-    if rng.random() < 0.5:
+    if rng.random() < flip_p:
         x = F.horizontal_flip(x)
-    if rng.random() < 0.8:  # torchvision ColorJitter: each factor uniform, the four in a random order
+    if rng.random() < jitter_p:  # torchvision ColorJitter: each factor uniform, the four in a random order
         b, c, s, hue = JITTER
         order = [0, 1, 2, 3]
         rng.shuffle(order)
@@ -75,15 +75,17 @@ def multi_crop(images: torch.Tensor, index: list[int], step: int, seed: int, mea
     s = torch.tensor(std, device=images.device, dtype=torch.float32).view(-1, 1, 1)
     raw = (images.float() * s + m).clamp(0, 1)
     n_local = cfg.local_crops_number
+    aug = (cfg.hflip, cfg.color_jitter)
+    blur, sol = cfg.gaussian_blur, (0.0, cfg.solarization)
     glob: list[list[torch.Tensor]] = [[], []]
     loc: list[list[torch.Tensor]] = [[] for _ in range(n_local)]
     for b, i in enumerate(index):
         for v in range(2):
             rng = keyed.py_rng(seed, step, i, STREAM_DINO_CROP, v)
-            glob[v].append(_view(raw[b], rng, cfg.global_crops_size, cfg.global_crops_scale, BLUR_P_GLOBAL[v], SOLARIZE_P[v]))
+            glob[v].append(_view(raw[b], rng, cfg.global_crops_size, cfg.global_crops_scale, *aug, blur[v], sol[v]))
         for v in range(n_local):
             rng = keyed.py_rng(seed, step, i, STREAM_DINO_CROP, 2 + v)
-            loc[v].append(_view(raw[b], rng, cfg.local_crops_size, cfg.local_crops_scale, BLUR_P_LOCAL, 0.0))
+            loc[v].append(_view(raw[b], rng, cfg.local_crops_size, cfg.local_crops_scale, *aug, blur[2], 0.0))
     g = (torch.stack([x for v in glob for x in v]) - m) / s
     lc = (torch.stack([x for v in loc for x in v]) - m) / s if n_local else None
     return g.to(images.dtype), (lc.to(images.dtype) if lc is not None else None)
