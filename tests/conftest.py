@@ -167,7 +167,7 @@ def _checkout_unchanged():
 def pytest_collection_modifyitems(config, items):
     """The long tests first (``slow`` and ``multiprocess``, as marked), the rest in their order.
 
-    make test runs pytest-xdist with ``--dist worksteal``: each worker starts with half of the list
+    make test runs pytest-xdist with ``--dist worksteal``: each worker starts with a share of the list
     and one that runs out takes queued tests from the other. A long test that comes last keeps one
     worker busy while the other waits; one that comes first overlaps with the many short ones.
     Longest-first ordering (Graham, "Bounds on multiprocessing timing anomalies", 1969) is what this
