@@ -18,17 +18,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m vitscale demo
 
-## Run the whole test suite (unit, interop, distributed on 2 CPU processes, integration) on three
-## pytest-xdist workers for the 2-core dev machine: a worker waiting on a subprocess, a server or a
-## collective leaves its core to the others (every test writes under its own tmp_path and picks free
-## ports, so the workers never meet). Work stealing: a worker that runs out of tests takes the queued
-## ones of another, so no long test waits behind another while a core is idle. One intra-op thread per
-## process (OMP_NUM_THREADS=1): the workers share the cores, no thread waits for another's.
+## Run the whole test suite (unit, interop, distributed on 2 CPU processes, integration) on two
+## pytest-xdist workers, one per core of the 2-core dev machine (every test writes under its own tmp_path
+## and picks free ports, so the workers never meet). Work stealing: a worker that runs out of tests takes
+## the queued ones of the other, so no long test waits behind another while a core is idle. One intra-op
+## thread per process (OMP_NUM_THREADS=1): two workers on two cores, not four threads.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 3 --dist worksteal tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal tests
 
 ## The unit tests without the slow and the multi-process ones, for the edit-test loop (about 80 s
-## on 2 cores); make test before a commit (docs/development.md says which to run when).
+## on 2 cores: three workers, as a unit test that waits leaves its core to the others); make test
+## before a commit (docs/development.md says which to run when).
 test-quick: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n 3 --dist worksteal -m "not slow and not multiprocess" tests/unit
 
@@ -41,7 +41,7 @@ TORCHAO ?=
 test-torch:
 	test -x .venv-torch$(TORCH)/bin/python || $(PYTHON) -m venv .venv-torch$(TORCH)
 	.venv-torch$(TORCH)/bin/python -m pip install --quiet torch==$(TORCH) torchvision==$(TORCHVISION) -e ".[dev]" $(if $(TORCHAO),torchao==$(TORCHAO))
-	OMP_NUM_THREADS=1 .venv-torch$(TORCH)/bin/python -m pytest -q -p no:cacheprovider -n 3 --dist worksteal tests
+	OMP_NUM_THREADS=1 .venv-torch$(TORCH)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check vitscale tests
