@@ -155,7 +155,8 @@ class MetricsLogger:
 
             from .trackers import Trackers
 
-            self.trackers = Trackers(self.path.parent, config, flatten(config_to_dict(config)), self.info,
+            settings = flatten(config_to_dict(config)) if config.log.wandb or config.log.mlflow else {}  # the trackers' copy
+            self.trackers = Trackers(self.path.parent, config, settings, self.info,
                                      total_steps=total_steps, is_eval=lambda key: is_eval_key(key, self.eval_names))  # fmt: skip
 
     @classmethod
