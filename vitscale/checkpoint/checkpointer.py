@@ -26,6 +26,7 @@ checkpoint holds (``state.py``), model weights in and out (``weights.py``), the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -169,10 +170,17 @@ class Checkpointer:
 
     def _done(self, final: Path) -> Path:
         if rank_world()[0] == 0:
-            for _, old in [f for f in list_checkpoints(self.root) if not f[1].is_symlink()][: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            self.prune()
         barrier()
         return final
+
+    def prune(self) -> None:
+        """Remove all but the newest ``keep`` checkpoints — but the one being uploaded
+        (``checkpoint.remote``), whose files its upload still reads: a later prune removes it."""
+        with self.remote.uploading() if self.remote is not None else contextlib.nullcontext() as busy:
+            for _, old in [f for f in list_checkpoints(self.root) if not f[1].is_symlink()][: -self.keep]:
+                if old != busy:
+                    shutil.rmtree(old, ignore_errors=True)
 
     def load(self, path: str | os.PathLike, state: Mapping[str, Any], trainer_state: Any = None, rng: Any = None) -> dict:
         """Load the tensors of ``state`` (as for :meth:`save`) in place, resharded to this run's

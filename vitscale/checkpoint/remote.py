@@ -35,6 +35,7 @@ goes on as the same run.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ import secrets
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import UserError
@@ -130,6 +132,13 @@ class RemoteMirror:
             self._next()
             self._thread = threading.Thread(target=self._run, name="vitscale-remote", daemon=True)
             self._thread.start()
+
+    @contextlib.contextmanager
+    def uploading(self) -> Iterator[Path | None]:
+        """The checkpoint being uploaded (None: none), held so while the ``with`` body runs: the local
+        prune (``checkpoint.keep``) leaves it for a later save, its files still being read."""
+        with self._lock:
+            yield self._current
 
     def _next(self) -> None:
         """Under the lock: the next checkpoint of the queue becomes the current upload (None: none left)."""

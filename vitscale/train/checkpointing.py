@@ -126,6 +126,7 @@ class Checkpointing:
             print(f"vitscale: the checkpoint being written in the background was not completed: {why}", flush=True)
         if self.remote is not None:
             self.remote.sync_run_files()
+            self.checkpointer.prune()  # a checkpoint kept while it was uploaded goes once its upload ended
 
     def __enter__(self) -> Checkpointing:
         return self
