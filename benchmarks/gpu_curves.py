@@ -100,7 +100,7 @@ def plan(args) -> list[tuple[str, str]]:
     """(model, variant) of every run: the compiled ones first (their compile warm-ups are the long
     part), then the eager ones, which take the places the first to finish leave."""
     runs = [(m, v) for m in args.models for v, (_, only) in VARIANTS.items() if v in args.variants
-            and (only is None or m in only)]  # fmt: skip
+            and (only is None or m in only) and f"{m}/{v}" not in args.skip]  # fmt: skip
     return sorted(runs, key=lambda r: r[1] == "eager")
 
 
@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--skip", nargs="+", default=[], metavar="MODEL/VARIANT", help="runs of the --models x "
+                    "--variants set left out (e.g. vit_b16/compile)")  # fmt: skip
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window", type=int, default=5, help="last logged steps whose mean loss is compared")
     ap.add_argument("--lr", type=float, default=3e-4)
@@ -220,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     if "eager" not in args.variants:
         ap.error("--variants must include eager (every run is compared with it)")
     runs = plan(args)
+    unknown = sorted(set(args.skip) - {f"{m}/{v}" for m in args.models for v in args.variants})
+    if unknown:
+        ap.error(f"--skip {unknown[0]}: not one of the --models x --variants runs")
+    if any((m, "eager") not in runs for m, _ in runs):
+        ap.error("--skip leaves a run without its model's eager run (every run is compared with it)")
     from vitscale.config import load_config
 
     if args.dry_run:

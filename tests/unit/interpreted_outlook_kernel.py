@@ -130,7 +130,7 @@ def test_volo_with_the_kernel_trains_like_eager():
     eager = create_model("volo_debug", outlook_impl="eager").train()
     fused = create_model("volo_debug", outlook_impl="triton").train()
     fused.load_state_dict(eager.state_dict())
-    x = torch.randn(2, 3, 32, 32)
+    x = torch.randn(1, 3, 32, 32)
     loss_e, grads_e = _loss_and_grads(eager, x)
     loss_f, grads_f = _loss_and_grads(fused, x)
     torch.testing.assert_close(loss_f, loss_e, rtol=1e-5, atol=1e-6)
@@ -160,7 +160,7 @@ def test_compiled_outlooker_is_one_graph_holding_the_kernel():
 
     torch._dynamo.reset()
     compiled = torch.compile(compiled_blk, backend=aot_eager_counting, fullgraph=True)  # a break raises
-    x = torch.randn(2, 8, 8, 32)
+    x = torch.randn(1, 5, 5, 32)  # odd sides: the last windows hang over the border
     out_e, out_c = blk(x), compiled(x)
     out_e.square().mean().backward()
     out_c.square().mean().backward()

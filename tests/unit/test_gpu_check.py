@@ -108,13 +108,13 @@ def test_gpu_curves_tiny_runs_on_the_cpu(tmp_path):
     out = tmp_path / "curves.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_curves.py"), "--tiny", "--models",
                            "naflex_b16_gap", "vit_b16", "--variants", "eager", "compile", "graphs", "--steps", "10",
-                           "--window", "2",
+                           "--window", "2", "--skip", "vit_b16/compile",
                            "--jobs", "2", "--out-dir", str(tmp_path / "runs"), "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["failed"] == [] and set(data["runs"]) == {"naflex_b16_gap/eager", "naflex_b16_gap/compile",
-                                                          "vit_b16/eager", "vit_b16/compile", "vit_b16/graphs"}
+                                                          "vit_b16/eager", "vit_b16/graphs"}  # --skip: no vit_b16/compile
     run = data["runs"]["naflex_b16_gap/compile"]
     assert len(run["losses"]) == 10 and run["problems"] == []
     assert run["vs_eager"]["first_rel"] < 1e-4 and run["vs_eager"]["max_rel"] < 1e-3  # fp32: compile reorders sums only
@@ -123,3 +123,16 @@ def test_gpu_curves_tiny_runs_on_the_cpu(tmp_path):
     graphs = data["runs"]["vit_b16/graphs"]
     assert graphs["checkpoints"] == ["step_00000010"] and graphs["problems"] == []  # every 10, keep 2: one save
     assert "all runs agree with eager" in proc.stdout
+
+
+def test_skip_leaves_runs_out_and_refuses_what_it_cannot(capsys):
+    mod = _curves()
+    args = mod.argparse.Namespace(models=["naflex_b16_gap", "vit_b16"], variants=["eager", "compile", "graphs"],
+                                  skip=["vit_b16/compile"])  # fmt: skip
+    assert mod.plan(args) == [("naflex_b16_gap", "compile"), ("vit_b16", "graphs"), ("naflex_b16_gap", "eager"),
+                              ("vit_b16", "eager")]  # fmt: skip
+    for skip, why in (("vit_b16/fp9", "--skip vit_b16/fp9: not one of the --models x --variants runs"),
+                      ("vit_b16/eager", "--skip leaves a run without its model's eager run")):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            mod.main(["--models", "vit_b16", "--variants", "eager", "compile", "--skip", skip, "--dry-run"])
+        assert e.value.code == 2 and why in capsys.readouterr().err
