@@ -50,7 +50,6 @@ import torch
 from torch import nn
 
 from vitscale.checkpoint.weights import TASK_PARTS
-from vitscale.config.schema import run_length
 from vitscale.data import keyed
 from vitscale.errors import ConfigError
 from vitscale.train.ema import _local
@@ -124,7 +123,7 @@ class DinoTask(Task):
             check_layout(cfg.dino, dims)
 
     def setup(self, run):
-        model, dc, tc = self.model, self.dc, run.cfg.train
+        model, dc = self.model, self.dc
         name = run.cfg.model.name
         if "keep" not in inspect.signature(model.forward).parameters or not hasattr(model, "patch_embed"):
             raise ConfigError(f"train.task=dino: model {name} does not give its tokens (forward(images, keep=...)): "
@@ -146,8 +145,7 @@ class DinoTask(Task):
             raise ConfigError(f"dino.weight_decay_end={dc.weight_decay_end} needs a start: set optim.weight_decay > 0 "
                               "(DINOv2: 0.04 -> 0.4)")  # fmt: skip
         self.wd0 = run.cfg.optim.weight_decay
-        per_epoch, total = run_length(tc, len(run.loaders.train))
-        self.total = total
+        per_epoch, self.total = run.steps_per_epoch, run.total_steps  # the run's length as the run layer resolved it
         self.temp_warmup = round(dc.warmup_teacher_temp_epochs * per_epoch)
         self.freeze_steps = round(dc.freeze_last_layer_epochs * per_epoch)
         if model.cfg.pool == "none":
@@ -191,7 +189,7 @@ class DinoTask(Task):
                 f"{dc.local_crops_size} px; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
                 f"{dc.head_n_prototypes} prototypes ({n_params / 1e6:.2f}M params with the mask token, not exported); "
                 f"centring {dc.centering}; teacher temperature {dc.warmup_teacher_temp} -> {dc.teacher_temp} over "
-                f"{self.temp_warmup} steps, momentum {dc.momentum_teacher} -> {dc.final_momentum_teacher} over {total}; "
+                f"{self.temp_warmup} steps, momentum {dc.momentum_teacher} -> {dc.final_momentum_teacher} over {self.total}; "
                 f"prototypes frozen for {self.freeze_steps} steps; iBOT {'on' if self.ibot else 'off'}, KoLeo "
                 f"{dc.koleo_loss_weight}",
                 "dino: the k-NN and probe evaluations read the student's backbone"]  # fmt: skip

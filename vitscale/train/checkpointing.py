@@ -69,7 +69,6 @@ class Checkpointing:
         self.rng = RNGState()
         self.last: str | None = None  # the newest checkpoint of this run
         self.resumed_from: str | None = None
-        self.init_report: dict | None = None  # what checkpoint.init_from loaded: missing / unexpected / skipped / resized
         self.init_lines: list[str] = []  # what loading it did, a line each (every rank)
 
     @classmethod
@@ -95,7 +94,7 @@ class Checkpointing:
             return False
         if self.cc.init_from:  # any weights a user has (vitscale.interop.pretrained); rank 0 reads, every rank gets its shard
             model = self.tensors["model"].model
-            _, self.init_lines, self.init_report = load_pretrained(model, self.cc.init_from, self.cc.init_format, from_rank0=True)
+            _, self.init_lines, _ = load_pretrained(model, self.cc.init_from, self.cc.init_format, from_rank0=True)
             if "ema" in self.tensors:
                 self.tensors["ema"].module.load_state_dict(model.state_dict())
             if self.weights_loaded is not None:  # the task's copies of the weights follow (DINO's teacher)
