@@ -42,29 +42,48 @@ def test_arguments():
 
 
 @pytest.mark.slow
-def test_new_groups_dry_run():
-    proc = _run("--dry-run", *NEW_GROUPS)
+def test_every_group_dry_runs_in_one_process():
+    """``run_gpu.sh --dry-run``: every group's commands parsed and checked in one python process (the
+    speed table's five rows, the training / inference / CLIP rows, issue 15's groups); MODELS narrows."""
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+    proc = _run("--dry-run")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [ln[5:] for ln in proc.stdout.splitlines() if ln.startswith(("ok", "FAIL"))]
-    assert all(ln.startswith("ok") for ln in proc.stdout.splitlines() if ln.startswith(("ok", "FAIL")))
-    if NO_TORCHAO:  # e.g. torch 2.6 with the newest torchao: the fp8 runs are left out, saying so
-        assert proc.stderr.count("WARNING: torchao is not importable") == 9, proc.stderr
-        assert not [ln for ln in lines if "--fp8" in ln or "loss_curve.py" in ln]
-        return
+    checked = [ln for ln in proc.stdout.splitlines() if ln.startswith(("ok", "FAIL"))]
+    assert len(checked) >= 10 and all(ln.startswith("ok") for ln in checked), proc.stdout
+    lines = [ln[5:] for ln in checked]
 
     def having(*parts):
         return [ln for ln in lines if all(p in ln for p in parts)]
 
+    for model in ("vit_b16", "vit_l16", "vit_h14", "clip_b32"):
+        assert having(f"bench {model} ")
+    assert having("--mode infer")
+    # the speed table: each row against its compiled peer where it has one, one profiled step each
+    table = having("--profile-top 15")
+    peers = {ln.split()[3]: ln.split("--compare ")[1].split()[0] if "--compare" in ln else None for ln in table}
+    assert len(table) == 5 and peers == {"vit_b16": "timm", "vit_l16": None, "vit_h14": None, "clip_b32": "open_clip",
+                                         "volo_d1": "timm"}  # fmt: skip
+    assert all("--device cuda" in ln and "--mode train" in ln for ln in table)
+    # issue 15's groups
+    if NO_TORCHAO:  # e.g. torch 2.6 with the newest torchao: the fp8 runs are left out, saying so
+        assert proc.stderr.count("WARNING: torchao is not importable") == 9, proc.stderr
+        assert not [ln for ln in lines if "--fp8" in ln or "loss_curve.py" in ln]
+    else:
+        assert len(having("--baseline fp8=none")) == 7
+        assert having("bench vit_h14 ", "--fp8 tensorwise") and having("bench vit_g14 ", "--fp8 rowwise")
+        assert len(having("loss_curve.py", "--steps 300", "--fp8 tensorwise rowwise")) == 2
     assert len(having("--set parallel_block=True", "--baseline parallel_block=False")) == 3
     assert {m for m in ("vit_l16", "vit_g14", "vit_bigg14") if having(f"bench {m} ", "parallel_block=False")} == {
         "vit_l16", "vit_g14", "vit_bigg14"}  # fmt: skip
-    assert len(having("--baseline fp8=none")) == 7
-    assert having("bench vit_h14 ", "--fp8 tensorwise") and having("bench vit_g14 ", "--fp8 rowwise")
-    assert len(having("loss_curve.py", "--steps 300", "--fp8 tensorwise rowwise")) == 2
     assert len(having("--compile-mode reduce-overhead", "--baseline compile_mode=default")) == 3
     assert having("max_batch.py --models vit_b16 vit_l16 --ac none full")
     assert having("max_batch.py --models vit_h14 vit_g14 --ac none full")
-    assert len(lines) == 3 + 7 + 2 + 3 + 2
+    # MODELS narrows the set to some models' runs (to split the set over 10-minute device calls)
+    narrow = subprocess.run(["bash", str(SCRIPT), "--dry-run", "train", "infer", "clip"], capture_output=True, text=True,
+                            timeout=300, env={**ENV, "MODELS": "clip_b32 vit_h14"})  # fmt: skip
+    ran = [ln for ln in narrow.stdout.splitlines() if ln.startswith("ok")]
+    assert narrow.returncode == 0 and len(ran) == 3, narrow.stdout + narrow.stderr
+    assert all(" clip_b32 " in ln or " vit_h14 " in ln for ln in ran)
 
 
 def test_loss_curve_comparison():
