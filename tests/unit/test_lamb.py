@@ -6,7 +6,6 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from timm.optim import Lamb as TimmLamb
 
 import vitscale
@@ -21,6 +20,8 @@ TINY = dict(hidden_size=32, ffn_hidden_size=64, num_layers=2, num_attention_head
 
 
 def _digits(n=32):
+    from sklearn.datasets import load_digits  # here: scikit-learn's import is no cost of collecting the suite
+
     d = load_digits()
     x = torch.tensor(d.images[:n], dtype=torch.float32).unsqueeze(1) / 16.0  # real 8x8 digits
     return x, torch.tensor(d.target[:n])
