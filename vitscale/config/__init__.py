@@ -7,6 +7,7 @@ from .load import (
     dump_config,
     eval_entries,
     find_config,
+    flatten,
     load_config,
     replace_fields,
     save_config,
@@ -14,6 +15,6 @@ from .load import (
 from .schema import Config, config_class, config_classes
 
 __all__ = [
-    "Config", "ConfigError", "config_class", "config_classes", "config_from_dict", "config_to_dict", "dump_config", "eval_entries", "find_config",
+    "Config", "ConfigError", "config_class", "config_classes", "config_from_dict", "config_to_dict", "dump_config", "eval_entries", "find_config", "flatten",
     "load_config", "replace_fields", "save_config",
 ]  # fmt: skip

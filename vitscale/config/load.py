@@ -537,3 +537,15 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, dump_config(cfg))
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and scalars are leaves)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -291,7 +291,7 @@ def config_changes(stored: dict, new: dict, defaults: dict) -> list[tuple[str, A
     """``(key, stored value, new value)`` for every key that changes the run (:func:`neutral_keys`
     left out). A key the stored config lacks (a newer vitscale) counts as its default; a key only
     the stored config has (an older one) is ignored."""
-    from vitscale.tools.report.run import flatten
+    from ..config.load import flatten
 
     old_f, new_f, def_f = flatten(stored), flatten(new), flatten(defaults)
     other_format = old_f.get("data.format", def_f.get("data.format")) != new_f.get("data.format")

@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vitscale.config import config_to_dict
+from vitscale.config import config_to_dict, flatten
 from vitscale.tools.env import environment
 from vitscale.tools.report import try_write_report
-from vitscale.tools.report.run import flatten
 
 from .summary import finished_run, now, print_end, run_layout, run_summary, write_summary
 

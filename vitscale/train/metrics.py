@@ -151,7 +151,7 @@ class MetricsLogger:
                       "tensorboard): no TensorBoard events for this run")  # fmt: skip
         if config is not None and (config.log.report or config.log.wandb or config.log.mlflow):
             from vitscale.config import config_to_dict
-            from vitscale.tools.report.run import flatten
+            from vitscale.config.load import flatten
 
             from .trackers import Trackers
 

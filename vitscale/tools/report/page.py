@@ -10,8 +10,10 @@ import html
 import math
 from typing import Any
 
+from vitscale.config.load import flatten
+
 from .plots import draw, full_scale, plan, resume_steps, size_of
-from .run import Run, flatten
+from .run import Run
 
 # Keys of summary.json / metrics.jsonl that are evaluation results (the report's headline): those of the
 # tasks' default evaluations, and ``<name>_*`` for each entry of the run's ``evals:`` (its config.yaml).

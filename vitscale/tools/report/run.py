@@ -190,15 +190,3 @@ def read_run(run_dir: str | Path) -> Run:
     if not found:
         raise FileNotFoundError(f"{path}: not a run folder (no metrics.jsonl, summary.json or config.yaml)")
     return run
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and scalars are leaves)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
