@@ -25,7 +25,12 @@ sys.path.insert(0, str(ROOT))
 from vitscale.bench.report import git_commit, write_json  # noqa: E402
 
 QUIET = ["log.progress=none", "log.report=false"]
-SCORES = ("knn_top1", "linear_probe_top1")
+
+
+def scores(summary: dict) -> dict:
+    """The k-NN and probe figures of a run's summary (every ``knn*`` / ``linear_probe*`` top-1 / top-5)."""
+    return {k: v for k, v in summary.items()
+            if k.startswith(("knn", "linear_probe")) and k.endswith(("_top1", "_top5")) and isinstance(v, (int, float))}  # fmt: skip
 
 
 def train(args: list[str], out: Path) -> tuple[dict, list[dict], float]:
@@ -62,17 +67,20 @@ def _step_cost(config: str, label: str, steps: int, rounds: int, tmp: Path, doc:
 
 
 def run_benchmark(description: str, config: str, label: str, per_run: Callable[[list[dict]], dict], *,
-                  seeds: list[int], cost_steps: int, cost_rounds: int, argv: list[str] | None = None) -> int:  # fmt: skip
+                  seeds: list[int], cost_steps: int, cost_rounds: int, argv: list[str] | None = None,
+                  extra: tuple[str, ...] = (), after: Callable[[Path], dict] | None = None) -> int:  # fmt: skip
     """The command line of a digits benchmark of ``config`` (``--seeds``, ``--cost-steps``,
     ``--cost-rounds``, ``--json``; the defaults given): the seed loop, the step cost, the JSON.
-    ``per_run(rows)``: what a run adds to its record from its metrics rows (its health signals)."""
+    ``per_run(rows)``: what a run adds to its record from its metrics rows (its health signals);
+    ``extra``: overrides every run of the seed loop takes; ``after(run folder)``: what a pretrained run
+    adds to its record from its folder (e.g. an evaluation of its checkpoint)."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--seeds", type=int, nargs="*", default=seeds)
     ap.add_argument("--cost-steps", type=int, default=cost_steps)
     ap.add_argument("--cost-rounds", type=int, default=cost_rounds)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    runs = {"pretrained": [config], "init": [config, "train.max_steps=1", "optim.lr=0"]}
+    runs = {"pretrained": [config, *extra], "init": [config, "train.max_steps=1", "optim.lr=0", *extra]}
     doc: dict = {"benchmark": f"{label}_digits", "commit": git_commit(), "argv": sys.argv[1:], "loadavg_before": list(os.getloadavg()),
                  "commands": {k: "vitscale train " + " ".join([*v, *QUIET]) + " train.seed=SEED" for k, v in runs.items()},
                  "runs": {k: [] for k in runs}}  # fmt: skip
@@ -80,24 +88,23 @@ def run_benchmark(description: str, config: str, label: str, per_run: Callable[[
         for seed in args.seeds:
             for name, recipe in runs.items():
                 summary, rows, wall = train([*recipe, f"train.seed={seed}"], Path(tmp) / f"{name}_{seed}")
-                res = {"seed": seed, "steps": summary["steps"], "wall_s": wall,
-                       **{k: summary[k] for k in ("knn_top1", "knn_top5", "linear_probe_top1")}, **per_run(rows)}  # fmt: skip
+                res = {"seed": seed, "steps": summary["steps"], "wall_s": wall, **scores(summary), **per_run(rows)}
+                if after is not None and name == "pretrained":
+                    res.update(after(Path(tmp) / f"{name}_{seed}"))
                 doc["runs"][name].append(res)
                 print(f"{name} seed {seed}: knn_top1 {res['knn_top1']:.2f}%, linear_probe_top1 "
                       f"{res['linear_probe_top1']:.2f}% after {res['steps']} steps, {wall:.0f} s", flush=True)  # fmt: skip
         if args.cost_rounds:
             _step_cost(config, label, args.cost_steps, args.cost_rounds, Path(tmp), doc)
     done = {n: r for n, r in doc["runs"].items() if r}
-    doc["mean"] = {n: {k: statistics.mean(r[k] for r in rs) for k in SCORES} for n, rs in done.items()}
-    doc["stdev"] = {
-        n: {k: statistics.stdev(r[k] for r in rs) if len(rs) > 1 else 0.0 for k in SCORES}
-        for n, rs in done.items()
-    }
+    keys = {n: [k for k in rs[0] if k.endswith("_top1") and all(k in r for r in rs)] for n, rs in done.items()}
+    doc["mean"] = {n: {k: statistics.mean(r[k] for r in rs) for k in keys[n]} for n, rs in done.items()}
+    doc["stdev"] = {n: {k: statistics.stdev(r[k] for r in rs) if len(rs) > 1 else 0.0 for k in keys[n]}
+                    for n, rs in done.items()}  # fmt: skip
     doc["loadavg_after"] = list(os.getloadavg())
     for name in done:
         m, s = doc["mean"][name], doc["stdev"][name]
-        print(f"{name}: knn_top1 {m['knn_top1']:.2f} +- {s['knn_top1']:.2f}%, linear_probe_top1 "
-              f"{m['linear_probe_top1']:.2f} +- {s['linear_probe_top1']:.2f}% over seeds {args.seeds}")  # fmt: skip
+        print(f"{name} over seeds {args.seeds}: " + ", ".join(f"{k} {m[k]:.2f} +- {s[k]:.2f}%" for k in m))
     if args.json:
         write_json(doc, args.json)
     return 0

@@ -93,3 +93,67 @@ def test_probe_config_fields():
 
     with pytest.raises(ConfigError, match="eval.probe: 'lin' is not one of none, linear, fewshot"):
         load_config("digits_vit", ["eval.probe=lin"])
+
+
+# ------------------------------------------------------------------ DINOv2's linear-evaluation features
+def _tokens_by_hand(model, x):
+    """The output of every block (forward hooks on a plain forward pass), each normalised as the model
+    normalises its last (``norm``, then ``fc_norm``)."""
+    outs = []
+    hooks = [b.register_forward_hook(lambda m, a, out: outs.append(out)) for b in model.blocks]
+    try:
+        model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [model.fc_norm(model.norm(t)) for t in outs]
+
+
+@pytest.mark.parametrize("overrides", [dict(pool="token"), dict(pool="avg", class_token_length=3)],
+                         ids=["class-token-pool", "mean-pool-with-registers"])  # fmt: skip
+def test_dinov2_linear_features_are_the_class_tokens_and_the_mean_patch_token(overrides):
+    from vitscale.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("vit_debug", hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, num_layers=3,
+                         **overrides).eval()  # fmt: skip
+    x = torch.randn(2, 3, 32, 32)
+    D, P = 32, model.num_prefix_tokens
+    with torch.no_grad():
+        hand = _tokens_by_hand(model, x)
+        assert torch.equal(probe.read_features(model, x), model(x, pre_logits=True))  # the default: unchanged
+        one = probe.read_features(model, x, "class_token_patch_mean", 1)
+        assert one.shape == (2, 2 * D)
+        torch.testing.assert_close(one, torch.cat([hand[-1][:, 0], hand[-1][:, P:].mean(1)], 1), rtol=0, atol=1e-6)
+        four = probe.read_features(model, x, "class_token_patch_mean", 3)  # every block of three
+        assert four.shape == (2, 4 * D)
+        by_hand = torch.cat([hand[0][:, 0], hand[1][:, 0], hand[2][:, 0], hand[2][:, P:].mean(1)], 1)
+        torch.testing.assert_close(four, by_hand, rtol=0, atol=1e-6)
+        cls = probe.read_features(model, x, "class_token", 2)
+        torch.testing.assert_close(cls, torch.cat([hand[1][:, 0], hand[2][:, 0]], 1), rtol=0, atol=1e-6)
+        if overrides["pool"] == "token":  # the last block's class token is the pooled feature
+            torch.testing.assert_close(one[:, :D], model(x, pre_logits=True), rtol=0, atol=1e-6)
+
+
+def test_dinov2_linear_features_refuse_what_the_model_cannot_give():
+    from vitscale.config import ConfigError
+    from vitscale.models import create_model
+
+    for overrides, message in [
+        (dict(class_token=False, pool="avg"), "linear probe features=class_token reads the class token: this ViT has none"),
+        (dict(num_layers=2), "linear probe blocks=4: the model has 2 blocks; read 2 or fewer"),
+    ]:
+        model = create_model("vit_debug", hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, **overrides)
+        with pytest.raises(ConfigError, match=message):
+            probe.check_token_features(model, "class_token", 4 if "num_layers" in overrides else 1)
+    for entry, message in [
+        ({"kind": "linear_probe", "features": "cls"}, "'cls' is not one of pooled, class_token, class_token_patch_mean"),
+        ({"kind": "linear_probe", "blocks": 0}, "blocks=0 must be >= 1"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config("digits_vit", [f"evals=[{entry}]"])
+    with pytest.raises(ConfigError, match=r"eval.probe_blocks=0 must be at least 1"):
+        load_config("digits_vit", ["eval.probe_blocks=0"])
+    cfg = load_config("digits_vit", ["eval.probe=linear", "eval.probe_features=class_token_patch_mean", "eval.probe_blocks=4"])
+    entry = probe.probe_entry(cfg.eval)
+    assert (entry.features, entry.blocks) == ("class_token_patch_mean", 4)

@@ -340,6 +340,14 @@ class EvalConfig:
     split keyed by ``train.seed``); the chosen penalty is then refit on the whole train split."""
     probe_max_iter: int = 1000
     """Linear probe: L-BFGS iterations per fit (at most)."""
+    probe_features: Literal["pooled", "class_token", "class_token_patch_mean"] = "pooled"
+    """Linear probe: the features it reads: pooled (the pre-logits representation) | class_token |
+    class_token_patch_mean — DINOv2's linear-evaluation features (``dinov2/eval/linear.py``
+    ``create_linear_input``): the normalised class tokens of a ViT's last ``probe_blocks`` blocks
+    concatenated, and with ``_patch_mean`` the last block's mean patch token."""
+    probe_blocks: int = 1
+    """Linear probe with ``probe_features`` other than pooled: the last blocks whose class tokens are
+    read (DINOv2 evaluates 1 and 4)."""
     shots: tuple[int, ...] = (1, 5, 10, 25)
     """Few-shot: training images per class (big_vision's default; ``eval.shots=1,5,10``)."""
     fewshot_seeds: int = 3
@@ -352,6 +360,7 @@ class EvalConfig:
         finite(self, "eval")
         at_least("eval.every", self.every, 0, "evaluate every N steps; 0 = only at the end")
         at_least("eval.batch_size", self.batch_size, 1, "images per evaluation batch")
+        at_least("eval.probe_blocks", self.probe_blocks, 1, "the last blocks whose class tokens the linear probe reads")
 
 
 @dataclass

@@ -5,7 +5,8 @@ Features are the model's pre-logits representation through the uniform model API
 ``forward_head(forward_features(x), pre_logits=True)``, run as ``model(x, pre_logits=True)``: the
 pooled (and ``fc_norm``-ed) tokens of a ViT or VOLO, the image embedding of a CLIP (its
 ``forward_head`` is ``encode_image``'s projection). They are computed once for the train split
-(with the evaluation transform: no augmentation) and the validation split.
+(with the evaluation transform: no augmentation) and the validation split. The linear probe can read
+DINOv2's linear-evaluation features instead (``features``, :func:`linear_input`).
 
 - ``linear``: multinomial logistic regression, ``mean cross-entropy + l2 / 2 * |W|^2`` (bias not
   penalised) on features standardised with the train split's mean and std, fitted full-batch with
@@ -26,6 +27,7 @@ both splits; they are gathered in dataset order, and every rank fits the same pr
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitscale.data import keyed
+from vitscale.errors import ConfigError
 
 from .evaluator import Evaluator, EvaluatorConfig, register_evaluator
 from .gather import gather_ordered
@@ -45,17 +48,62 @@ SMALL_PROBLEM = 1 << 22  # feature matrices with fewer elements are fitted on on
 
 
 # ----------------------------------------------------------------------------------------- features
+FEATURES = ("pooled", "class_token", "class_token_patch_mean")
+
+
+def linear_input(tokens: list[torch.Tensor], prefix: int, patch_mean: bool) -> torch.Tensor:
+    """DINOv2's linear-evaluation features (``create_linear_input``, facebookresearch/dinov2
+    ``dinov2/eval/linear.py`` lines 171-183): the class token (token 0) of each of ``tokens`` (the
+    normalised ``(B, T, D)`` tokens of the last blocks, oldest first) concatenated, then with
+    ``patch_mean`` the mean of the last block's patch tokens (after the ``prefix`` tokens: class token,
+    registers) — ``(B, len(tokens) * D + patch_mean * D)``."""
+    out = [t[:, 0] for t in tokens]
+    if patch_mean:
+        out.append(tokens[-1][:, prefix:].mean(dim=1))
+    return torch.cat(out, dim=-1)
+
+
+def check_token_features(model: nn.Module, features: str, blocks: int) -> None:
+    """One line (:class:`ConfigError`) when ``model`` cannot give ``features`` of its last ``blocks`` blocks."""
+    if features == "pooled":
+        return
+    cfg = getattr(model, "cfg", None)
+    if "intermediates" not in inspect.signature(model.forward).parameters:
+        raise ConfigError(f"linear probe features={features} reads the tokens of a ViT's last blocks: "
+                          f"{type(model).__name__} does not give them; use features=pooled")  # fmt: skip
+    if not (cfg.class_token and cfg.class_token_length > 0):
+        raise ConfigError(f"linear probe features={features} reads the class token: this ViT has none "
+                          "(class_token=false or class_token_length=0); use features=pooled")  # fmt: skip
+    if blocks > len(model.blocks):
+        raise ConfigError(f"linear probe blocks={blocks}: the model has {len(model.blocks)} blocks; "
+                          f"read {len(model.blocks)} or fewer")  # fmt: skip
+
+
+def read_features(model: nn.Module, images: torch.Tensor, features: str = "pooled", blocks: int = 1) -> torch.Tensor:
+    """The ``(B, D')`` features the probes read: the pre-logits representation (``pooled``), or
+    DINOv2's (:func:`linear_input`) from the normalised tokens of the model's last ``blocks`` blocks:
+    their class tokens (``class_token``), and the last block's mean patch token
+    (``class_token_patch_mean``). Through the call: FSDP2 gathers the root's parameters."""
+    if features == "pooled":
+        return model(images, pre_logits=True)
+    tokens = model(images, intermediates=blocks)
+    return linear_input(tokens, model.num_prefix_tokens, features == "class_token_patch_mean")
+
+
 @torch.no_grad()
-def extract_features(model: nn.Module, loader, device, autocast=contextlib.nullcontext, group=None):
+def extract_features(model: nn.Module, loader, device, autocast=contextlib.nullcontext, group=None,
+                     features: str = "pooled", blocks: int = 1):  # fmt: skip
     """``(features float32 (N, D), labels (N,))`` of the whole split on ``device``, in dataset order:
-    this rank's shard gathered with the other data-parallel ranks' (``group``; None = the world)."""
+    this rank's shard gathered with the other data-parallel ranks' (``group``; None = the world).
+    ``features``, ``blocks``: which (:func:`read_features`)."""
+    check_token_features(model, features, blocks)
     was_training = model.training
     model.eval()
     feats, labels, index = [], [], []
     for batch in loader:
         images = batch["image"].to(device, non_blocking=True)
         with autocast():
-            f = model(images, pre_logits=True)  # through the call: FSDP2 gathers the root's parameters
+            f = read_features(model, images, features, blocks)
         feats.append(f.float())
         labels.append(batch["label"].to(device))
         index.append(batch["index"].to(device))
@@ -202,6 +250,19 @@ class LinearProbeConfig(EvaluatorConfig):
     """Fraction of each class of the fit split held out to choose ``l2`` (as ``eval.probe_holdout``)."""
     max_iter: int = 1000
     """L-BFGS iterations per fit (at most)."""
+    features: Literal["pooled", "class_token", "class_token_patch_mean"] = "pooled"
+    """What the probe reads (as ``eval.probe_features``): ``pooled`` = the pre-logits representation;
+    DINOv2's linear-evaluation features (``dinov2/eval/linear.py`` ``create_linear_input``), from the
+    normalised tokens of the ViT's last ``blocks`` blocks: ``class_token`` = their class tokens
+    concatenated, ``class_token_patch_mean`` = those and the last block's mean patch token."""
+    blocks: int = 1
+    """With ``features`` other than ``pooled``: the last blocks whose class tokens are read (as
+    ``eval.probe_blocks``; DINOv2 evaluates 1 and 4)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.blocks < 1:
+            raise ValueError(f"blocks={self.blocks} must be >= 1 (the last blocks whose class tokens the probe reads; DINOv2: 1 or 4)")
 
 
 @dataclass
@@ -237,9 +298,10 @@ class _Probe(Evaluator):
         threads = torch.get_num_threads()
         if c.device.type == "cpu" and c.cpu_threads > 0:  # as training does (tiny models: 1)
             torch.set_num_threads(c.cpu_threads)
+        which = self.reads()
         try:
-            xtr, ytr = extract_features(model, self.fit_loader, c.device, c.autocast, c.group)
-            xva, yva = extract_features(model, self.loader, c.device, c.autocast, c.group)
+            xtr, ytr = extract_features(model, self.fit_loader, c.device, c.autocast, c.group, **which)
+            xva, yva = extract_features(model, self.loader, c.device, c.autocast, c.group, **which)
             num_classes = int(max(self.num_classes, int(ytr.max()) + 1, int(yva.max()) + 1))
             info = {"feature_dim": int(xtr.shape[1]), "train_images": int(len(ytr)), "val_images": int(len(yva))}
             return {**self.fit(xtr, ytr, xva, yva, num_classes), **info}
@@ -247,9 +309,17 @@ class _Probe(Evaluator):
             torch.set_num_threads(threads)
 
 
+    def reads(self) -> dict:
+        """Which features (:func:`read_features`): the pre-logits representation."""
+        return {}
+
+
 class LinearProbe(_Probe):
     config = LinearProbeConfig
     default_name = "linear_probe"
+
+    def reads(self) -> dict:
+        return {"features": self.cfg.features, "blocks": self.cfg.blocks}
 
     def fit(self, xtr, ytr, xva, yva, num_classes):
         e = self.cfg
@@ -270,7 +340,8 @@ class FewShot(_Probe):
 def probe_entry(ec) -> EvaluatorConfig:
     """The evaluation of ``eval.probe`` (``vitscale eval``) from the ``eval.*`` keys."""
     if ec.probe == "linear":
-        return LinearProbeConfig(kind="linear_probe", l2=ec.probe_l2, holdout=ec.probe_holdout, max_iter=ec.probe_max_iter)
+        return LinearProbeConfig(kind="linear_probe", l2=ec.probe_l2, holdout=ec.probe_holdout, max_iter=ec.probe_max_iter,
+                                 features=ec.probe_features, blocks=ec.probe_blocks)  # fmt: skip
     return FewShotConfig(kind="fewshot", shots=ec.shots, seeds=ec.fewshot_seeds, l2=ec.fewshot_l2)
 
 

@@ -143,7 +143,8 @@ def frozen_backbone_evals(cfg) -> list[dict]:
     ec = cfg.eval
     return [{"kind": "knn", "name": "knn", "every": ec.every},
             {"kind": "linear_probe", "name": "linear_probe", "every": 0, "l2": list(ec.probe_l2),
-             "holdout": ec.probe_holdout, "max_iter": ec.probe_max_iter}]  # fmt: skip
+             "holdout": ec.probe_holdout, "max_iter": ec.probe_max_iter, "features": ec.probe_features,
+             "blocks": ec.probe_blocks}]  # fmt: skip
 
 
 __all__ = ["EPS", "ENTROPY_HIGH", "KL_HIGH", "RankWatch", "TeacherWatch", "effective_rank", "frozen_backbone_evals",

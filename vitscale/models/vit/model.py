@@ -26,7 +26,7 @@ from ..common import (
     resample_pos_embed,
 )
 from ..common.attention import sdpa
-from ..common.checkpointing import run_blocks
+from ..common.checkpointing import run_block, run_blocks
 from ..common.init import init_vit_layers, trunc_normal_
 from ..common.rope import apply_rope, rope_sin_cos
 from ..common.token_mix import TokenMix, apply_token_mix
@@ -307,6 +307,12 @@ class VisionTransformer(nn.Module):
         blocks, after their position embeddings (MAE's encoder on the visible patches, He et al. 2021,
         arXiv 2111.06377, section 3; facebookresearch/mae ``models_mae.py`` ``forward_encoder``): the
         tokens are then ``(B, prefix + K, D)``, the prefix tokens first, patch dropout not applied."""
+        x, grid = self._embed(x, keep)
+        x = run_blocks(self.blocks, x, self.grad_checkpointing, rope=self.rope(grid, x.device))
+        return self.norm(x)
+
+    def _embed(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Images -> the tokens the first block takes ``(B, prefix + patches, D)``, and the patch grid."""
         grid = (x.shape[-2] // self.cfg.patch_dim, x.shape[-1] // self.cfg.patch_dim)
         x = self.patch_embed(x)  # (B, N, D)
         x = self._pos_embed(x, grid)
@@ -316,9 +322,22 @@ class VisionTransformer(nn.Module):
             x = torch.cat([x[:, :P], kept], dim=1)
         else:
             x = self.patch_drop(x)
-        x = self.norm_pre(x)
-        x = run_blocks(self.blocks, x, self.grad_checkpointing, rope=self.rope(grid, x.device))
-        return self.norm(x)
+        return self.norm_pre(x), grid
+
+    def forward_intermediates(self, x: torch.Tensor, blocks: int) -> list[torch.Tensor]:
+        """Images -> the tokens ``(B, prefix + patches, D)`` after each of the last ``blocks`` blocks,
+        oldest first, each through the final normalisation (``norm``, or ``fc_norm`` where the model
+        normalises after pooling): DINOv2's ``get_intermediate_layers(x, n, norm=True)``
+        (facebookresearch/dinov2, ``dinov2/models/vision_transformer.py`` lines 299-323)."""
+        x, grid = self._embed(x)
+        rope = self.rope(grid, x.device)
+        first = len(self.blocks) - blocks
+        out = []
+        for i, block in enumerate(self.blocks):
+            x = run_block(block, x, self.grad_checkpointing, rope=rope)
+            if i >= first:
+                out.append(self.fc_norm(self.norm(x)))
+        return out
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens ``(B, T, D)`` -> pooled features ``(B, D)`` (``(B, T, D)`` for pool='none')."""
@@ -367,12 +386,15 @@ class VisionTransformer(nn.Module):
         return cls, tok
 
     def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None, pre_logits: bool = False,
-                distill: bool = False, keep: torch.Tensor | None = None):  # fmt: skip
+                distill: bool = False, keep: torch.Tensor | None = None, intermediates: int = 0):  # fmt: skip
         """Class logits; ``dense``: and per-token logits; ``pre_logits``: the pooled features;
         ``distill``: ``(class logits, distillation-token logits)`` (DeiT; see :meth:`forward_head`);
-        ``keep``: the normalised tokens of the kept patches only (:meth:`forward_features`; MAE)."""
+        ``keep``: the normalised tokens of the kept patches only (:meth:`forward_features`; MAE);
+        ``intermediates``: the normalised tokens of the last N blocks (:meth:`forward_intermediates`)."""
         if keep is not None:  # through forward() so FSDP's hooks gather the parameters
             return self.forward_features(x, keep)
+        if intermediates:  # through forward() so FSDP's hooks gather the parameters (probes)
+            return self.forward_intermediates(x, intermediates)
         if dense:  # through forward() so FSDP's hooks gather the parameters
             return self.forward_dense(x, mix)
         if pre_logits:  # the pooled features (probes), also through forward()
