@@ -143,7 +143,8 @@ def read_val_loss(side: str, out: Path, epochs: int) -> list[float] | None:
 def compare(a: dict, b: dict) -> dict:
     """Side ``a`` against timm's ``b`` over independent seeds: the difference of the mean final top-1 and of
     the mean final val loss, each with its standard error sqrt(sa^2/na + sb^2/nb); and the ratio of the
-    top-1 spreads with the two-sided F-test's p-value for equal variances (normal final accuracies assumed)."""
+    top-1 spreads (and of the val-loss spreads) with the two-sided F-test's p-value for equal variances
+    (normal final values assumed)."""
     from scipy.stats import f as f_dist
 
     out = {"minus_timm_points": a["mean_final_val_top1"] - b["mean_final_val_top1"],
@@ -151,11 +152,13 @@ def compare(a: dict, b: dict) -> dict:
     if "mean_final_val_loss" in a and "mean_final_val_loss" in b:
         out["minus_timm_val_loss"] = a["mean_final_val_loss"] - b["mean_final_val_loss"]
         out["minus_timm_val_loss_se"] = math.sqrt(a["stdev_final_val_loss"] ** 2 / a["n_val_loss"] + b["stdev_final_val_loss"] ** 2 / b["n_val_loss"])  # fmt: skip
-    if a["runs"] > 1 and b["runs"] > 1 and a["stdev_final_val_top1"] > 0:
-        ratio = (b["stdev_final_val_top1"] / a["stdev_final_val_top1"]) ** 2
-        one_sided = f_dist.sf(ratio, b["runs"] - 1, a["runs"] - 1)
-        out["timm_over_side_variance_ratio"] = ratio
-        out["variance_f_test_p"] = min(1.0, 2 * min(one_sided, 1 - one_sided))
+    for metric, n, name in (("val_top1", "runs", ""), ("val_loss", "n_val_loss", "val_loss_")):
+        sa, sb = a.get(f"stdev_final_{metric}"), b.get(f"stdev_final_{metric}")
+        if sa and sb is not None and a[n] > 1 and b[n] > 1:
+            ratio = (sb / sa) ** 2
+            one_sided = f_dist.sf(ratio, b[n] - 1, a[n] - 1)
+            out[f"timm_over_side_{name}variance_ratio"] = ratio
+            out[f"{name}variance_f_test_p"] = min(1.0, 2 * min(one_sided, 1 - one_sided))
     return out
 
 
@@ -274,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", val loss {result[f'{side}_minus_timm_val_loss']:+.3f} (se {result[f'{side}_minus_timm_val_loss_se']:.3f})"
                      if f"{side}_minus_timm_val_loss" in result else "")
                   + (f", timm/{side} top-1 variance {result[f'{side}_timm_over_side_variance_ratio']:.2f}x "
-                     f"(F-test p {result[f'{side}_variance_f_test_p']:.3f})" if f"{side}_variance_f_test_p" in result else ""))  # fmt: skip
+                     f"(F-test p {result[f'{side}_variance_f_test_p']:.3f})" if f"{side}_variance_f_test_p" in result else "")
+                  + (f", val-loss variance {result[f'{side}_timm_over_side_val_loss_variance_ratio']:.2f}x "
+                     f"(p {result[f'{side}_val_loss_variance_f_test_p']:.3f})" if f"{side}_val_loss_variance_f_test_p" in result else ""))  # fmt: skip
     errors = [r for r in runs if "error" in r]
     for r in errors:
         print(f"{r['side']} seed {r['seed']}: {r['error']}", file=sys.stderr)
