@@ -44,10 +44,12 @@ reads their outputs (with ``benchmarks/trainer_vs_timm.py``'s readers).
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -125,6 +127,41 @@ def timm_command(args, cfg, data: Path, out: Path, seed: int, model_args: list[s
             "--seed", str(seed), "--output", str(out.parent), "--experiment", out.name]  # fmt: skip
 
 
+def read_val_loss(side: str, out: Path, epochs: int) -> list[float] | None:
+    """The validation loss after each epoch (plain cross-entropy on the 300 val images, both sides): a finer
+    measure than top-1, which moves in steps of 1/3 point. vitscale: ``metrics.jsonl``'s ``val_loss``;
+    timm: ``summary.csv``'s ``eval_loss``."""
+    if side == "timm":
+        with open(out / "summary.csv") as f:
+            losses = [float(r["eval_loss"]) for r in csv.DictReader(f)]
+    else:
+        with open(out / "metrics.jsonl") as f:
+            losses = [row["val_loss"] for row in map(json.loads, f) if "val_loss" in row]
+    return losses[:epochs] if len(losses) >= epochs else None
+
+
+def compare(a: dict, b: dict) -> dict:
+    """Side ``a`` against timm's ``b`` over independent seeds: the difference of the mean final top-1 and of
+    the mean final val loss, each with its standard error sqrt(sa^2/na + sb^2/nb); and the ratio of the
+    top-1 spreads (and of the val-loss spreads) with the two-sided F-test's p-value for equal variances
+    (normal final values assumed)."""
+    from scipy.stats import f as f_dist
+
+    out = {"minus_timm_points": a["mean_final_val_top1"] - b["mean_final_val_top1"],
+           "minus_timm_se_points": math.sqrt(a["stdev_final_val_top1"] ** 2 / a["runs"] + b["stdev_final_val_top1"] ** 2 / b["runs"])}  # fmt: skip
+    if "mean_final_val_loss" in a and "mean_final_val_loss" in b:
+        out["minus_timm_val_loss"] = a["mean_final_val_loss"] - b["mean_final_val_loss"]
+        out["minus_timm_val_loss_se"] = math.sqrt(a["stdev_final_val_loss"] ** 2 / a["n_val_loss"] + b["stdev_final_val_loss"] ** 2 / b["n_val_loss"])  # fmt: skip
+    for metric, n, name in (("val_top1", "runs", ""), ("val_loss", "n_val_loss", "val_loss_")):
+        sa, sb = a.get(f"stdev_final_{metric}"), b.get(f"stdev_final_{metric}")
+        if sa and sb is not None and a[n] > 1 and b[n] > 1:
+            ratio = (sb / sa) ** 2
+            one_sided = f_dist.sf(ratio, b[n] - 1, a[n] - 1)
+            out[f"timm_over_side_{name}variance_ratio"] = ratio
+            out[f"{name}variance_f_test_p"] = min(1.0, 2 * min(one_sided, 1 - one_sided))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--timm-train", required=True, help="timm's train.py (git show HEAD:train.py of pytorch-image-models), alone in its folder")
@@ -196,10 +233,17 @@ def main(argv: list[str] | None = None) -> int:
     for j in jobs:  # one after another: the machine is shared
         r = tvt.run_one({**j, "side": "timm" if j["side"] == "timm" else "vitscale"}, reuse=args.reuse)
         r["side"], r["command"] = j["side"], shlex.join(j["command"])
+        if "val_top1" in r:
+            r["val_loss"] = read_val_loss(j["side"], Path(j["out"]), j["epochs"])
         runs.append(r)
         top1 = (r.get("val_top1") or [None])[-1]
         print(f"{j['side']} seed {j['seed']}: final val top-1 {top1}, wall {r.get('wall_s', 0):.0f} s", flush=True)
     sides = {s: tvt.summarize(runs, s) for s in args.sides}
+    for side, summary in sides.items():
+        losses = [r["val_loss"][-1] for r in runs if r["side"] == side and r.get("val_loss")]
+        if len(losses) > 1:
+            summary.update(final_val_loss=losses, n_val_loss=len(losses), mean_final_val_loss=statistics.fmean(losses),
+                           stdev_final_val_loss=statistics.stdev(losses))  # fmt: skip
     result = {
         "benchmark": "deit_vs_timm",
         "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["deit_vs_timm.py", *argv]),
@@ -217,22 +261,25 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     for side in ("vitscale", "vitscale_ra1"):
         if "mean_final_val_top1" in sides.get(side, {}) and "mean_final_val_top1" in sides.get("timm", {}):
-            a, b = sides[side], sides["timm"]
-            result[f"{side}_minus_timm_points"] = a["mean_final_val_top1"] - b["mean_final_val_top1"]
-            # the standard error of that difference of two means (independent seeds): sqrt(sa^2/na + sb^2/nb)
-            result[f"{side}_minus_timm_se_points"] = math.sqrt(
-                a["stdev_final_val_top1"] ** 2 / a["runs"] + b["stdev_final_val_top1"] ** 2 / b["runs"])
+            result.update({f"{side}_{k}": v for k, v in compare(sides[side], sides["timm"]).items()})
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     for side, s in sides.items():
         if "mean_final_val_top1" in s:
             print(f"{side}: {s['runs']} runs, final val top-1 {' / '.join(f'{v:.2f}' for v in s['final_val_top1'])}: "
-                  f"mean {s['mean_final_val_top1']:.2f} ± {s['stdev_final_val_top1']:.2f}%")  # fmt: skip
+                  f"mean {s['mean_final_val_top1']:.2f} ± {s['stdev_final_val_top1']:.2f}%"
+                  + (f", val loss {s['mean_final_val_loss']:.3f} ± {s['stdev_final_val_loss']:.3f}" if "mean_final_val_loss" in s else ""))  # fmt: skip
     for side in ("vitscale", "vitscale_ra1"):
         if f"{side}_minus_timm_points" in result:
             print(f"{side}_minus_timm_points: {result[f'{side}_minus_timm_points']:+.2f} "
-                  f"(standard error {result[f'{side}_minus_timm_se_points']:.2f})")
+                  f"(standard error {result[f'{side}_minus_timm_se_points']:.2f})"
+                  + (f", val loss {result[f'{side}_minus_timm_val_loss']:+.3f} (se {result[f'{side}_minus_timm_val_loss_se']:.3f})"
+                     if f"{side}_minus_timm_val_loss" in result else "")
+                  + (f", timm/{side} top-1 variance {result[f'{side}_timm_over_side_variance_ratio']:.2f}x "
+                     f"(F-test p {result[f'{side}_variance_f_test_p']:.3f})" if f"{side}_variance_f_test_p" in result else "")
+                  + (f", val-loss variance {result[f'{side}_timm_over_side_val_loss_variance_ratio']:.2f}x "
+                     f"(p {result[f'{side}_val_loss_variance_f_test_p']:.3f})" if f"{side}_val_loss_variance_f_test_p" in result else ""))  # fmt: skip
     errors = [r for r in runs if "error" in r]
     for r in errors:
         print(f"{r['side']} seed {r['seed']}: {r['error']}", file=sys.stderr)
