@@ -48,9 +48,6 @@ SMALL_PROBLEM = 1 << 22  # feature matrices with fewer elements are fitted on on
 
 
 # ----------------------------------------------------------------------------------------- features
-FEATURES = ("pooled", "class_token", "class_token_patch_mean")
-
-
 def linear_input(tokens: list[torch.Tensor], prefix: int, patch_mean: bool) -> torch.Tensor:
     """DINOv2's linear-evaluation features (``create_linear_input``, facebookresearch/dinov2
     ``dinov2/eval/linear.py`` lines 171-183): the class token (token 0) of each of ``tokens`` (the
@@ -67,11 +64,10 @@ def check_token_features(model: nn.Module, features: str, blocks: int) -> None:
     """One line (:class:`ConfigError`) when ``model`` cannot give ``features`` of its last ``blocks`` blocks."""
     if features == "pooled":
         return
-    cfg = getattr(model, "cfg", None)
     if "intermediates" not in inspect.signature(model.forward).parameters:
         raise ConfigError(f"linear probe features={features} reads the tokens of a ViT's last blocks: "
                           f"{type(model).__name__} does not give them; use features=pooled")  # fmt: skip
-    if not (cfg.class_token and cfg.class_token_length > 0):
+    if not (model.cfg.class_token and model.cfg.class_token_length > 0):
         raise ConfigError(f"linear probe features={features} reads the class token: this ViT has none "
                           "(class_token=false or class_token_length=0); use features=pooled")  # fmt: skip
     if blocks > len(model.blocks):
@@ -307,7 +303,6 @@ class _Probe(Evaluator):
             return {**self.fit(xtr, ytr, xva, yva, num_classes), **info}
         finally:
             torch.set_num_threads(threads)
-
 
     def reads(self) -> dict:
         """Which features (:func:`read_features`): the pre-logits representation."""
