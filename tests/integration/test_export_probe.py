@@ -179,6 +179,10 @@ def test_linear_and_fewshot_probes_on_the_vit_features(vit_run, tmp_path):
     # a linear classifier fitted on the frozen features of a 2-step model beats its own head by far
     assert res["linear_probe_top1"] > max(60.0, summary["val_top1"] + 20.0), (res, summary["val_top1"])
     assert res["linear_probe_top5"] >= res["linear_probe_top1"]
+    # DINOv2's linear-evaluation features: the last block's class token and its mean patch token (32 + 32)
+    assert main([*args, "eval.probe=linear", "eval.probe_features=class_token_patch_mean", "--output", str(res_file)]) == 0
+    res = json.loads(res_file.read_text())
+    assert res["linear_probe_feature_dim"] == 64 and res["linear_probe_top1"] > 60.0, res
     assert main([*args, "eval.probe=fewshot", "eval.shots=1,5", "eval.fewshot_seeds=2", "--output", str(res_file)]) == 0
     res = json.loads(res_file.read_text())
     for k in (1, 5):
