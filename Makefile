@@ -26,7 +26,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal tests
 
-## The unit tests without the slow and the multi-process ones, for the edit-test loop (about 80 s
+## The unit tests without the slow and the multi-process ones, for the edit-test loop (about 70 s
 ## on 2 cores: three workers, as a unit test that waits leaves its core to the others); make test
 ## before a commit (docs/development.md says which to run when).
 test-quick: $(STAMP)

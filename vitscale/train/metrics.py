@@ -150,8 +150,7 @@ class MetricsLogger:
             self.info("log.tensorboard=true, but the tensorboard package is not installed (pip install "
                       "tensorboard): no TensorBoard events for this run")  # fmt: skip
         if config is not None and (config.log.report or config.log.wandb or config.log.mlflow):
-            from vitscale.config import config_to_dict
-            from vitscale.config.load import flatten
+            from vitscale.config import config_to_dict, flatten
 
             from .trackers import Trackers
 

@@ -10,7 +10,7 @@ import html
 import math
 from typing import Any
 
-from vitscale.config.load import flatten
+from vitscale.config import flatten
 
 from .plots import draw, full_scale, plan, resume_steps, size_of
 from .run import Run
