@@ -155,14 +155,15 @@ def compare(a: dict, b: dict) -> dict:
     (normal final values assumed)."""
     from scipy.stats import f as f_dist
 
-    out = {"minus_timm_points": a["mean_final_val_top1"] - b["mean_final_val_top1"],
-           "minus_timm_se_points": math.sqrt(a["stdev_final_val_top1"] ** 2 / a["runs"] + b["stdev_final_val_top1"] ** 2 / b["runs"])}  # fmt: skip
-    if "mean_final_val_loss" in a and "mean_final_val_loss" in b:
-        out["minus_timm_val_loss"] = a["mean_final_val_loss"] - b["mean_final_val_loss"]
-        out["minus_timm_val_loss_se"] = math.sqrt(a["stdev_final_val_loss"] ** 2 / a["n_val_loss"] + b["stdev_final_val_loss"] ** 2 / b["n_val_loss"])  # fmt: skip
-    for metric, n, name in (("val_top1", "runs", ""), ("val_loss", "n_val_loss", "val_loss_")):
-        sa, sb = a.get(f"stdev_final_{metric}"), b.get(f"stdev_final_{metric}")
-        if sa and sb is not None and a[n] > 1 and b[n] > 1:
+    out = {}
+    for metric, n, diff, se, name in (("val_top1", "runs", "minus_timm_points", "minus_timm_se_points", ""),
+                                      ("val_loss", "n_val_loss", "minus_timm_val_loss", "minus_timm_val_loss_se", "val_loss_")):  # fmt: skip
+        if f"mean_final_{metric}" not in a or f"mean_final_{metric}" not in b:
+            continue
+        sa, sb = a[f"stdev_final_{metric}"], b[f"stdev_final_{metric}"]
+        out[diff] = a[f"mean_final_{metric}"] - b[f"mean_final_{metric}"]
+        out[se] = math.sqrt(sa**2 / a[n] + sb**2 / b[n])
+        if sa and a[n] > 1 and b[n] > 1:
             ratio = (sb / sa) ** 2
             one_sided = f_dist.sf(ratio, b[n] - 1, a[n] - 1)
             out[f"timm_over_side_{name}variance_ratio"] = ratio
