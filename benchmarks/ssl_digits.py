@@ -4,7 +4,8 @@ metrics.jsonl; the seed loop of the pretrained backbone against the same backbon
 initialisation (``train.max_steps=1 optim.lr=0``: one step at learning rate 0 leaves the weights as
 initialised, AdamW's decay being scaled by the learning rate); the step cost against the supervised
 ``digits_vit`` (``--cost-steps`` steps each, alternated ``--cost-rounds`` times, the median
-``img_per_s`` of the log records after step 10); and the JSON they write."""
+``img_per_s`` of the log records after step 10); and the JSON they write. ``--jobs N`` runs N runs of
+the seed loop at once (their wall times then share the machine)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,21 +81,28 @@ def run_benchmark(description: str, config: str, label: str, per_run: Callable[[
     ap.add_argument("--cost-steps", type=int, default=cost_steps)
     ap.add_argument("--cost-rounds", type=int, default=cost_rounds)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--jobs", type=int, default=1, help="runs of the seed loop at once (each on its recipe's train.cpu_threads)")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: run at least 1 at a time")
     runs = {"pretrained": [config, *extra], "init": [config, "train.max_steps=1", "optim.lr=0", *extra]}
     doc: dict = {"benchmark": f"{label}_digits", "commit": git_commit(), "argv": sys.argv[1:], "loadavg_before": list(os.getloadavg()),
                  "commands": {k: "vitscale train " + " ".join([*v, *QUIET]) + " train.seed=SEED" for k, v in runs.items()},
-                 "runs": {k: [] for k in runs}}  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in args.seeds:
-            for name, recipe in runs.items():
-                summary, rows, wall = train([*recipe, f"train.seed={seed}"], Path(tmp) / f"{name}_{seed}")
-                res = {"seed": seed, "steps": summary["steps"], "wall_s": wall, **scores(summary), **per_run(rows)}
-                if after is not None and name == "pretrained":
-                    res.update(after(Path(tmp) / f"{name}_{seed}"))
-                doc["runs"][name].append(res)
-                print(f"{name} seed {seed}: knn_top1 {res['knn_top1']:.2f}%, linear_probe_top1 "
-                      f"{res['linear_probe_top1']:.2f}% after {res['steps']} steps, {wall:.0f} s", flush=True)  # fmt: skip
+                 "jobs": args.jobs, "runs": {k: [] for k in runs}}  # fmt: skip
+
+    def one(name: str, seed: int, tmp: Path) -> dict:
+        summary, rows, wall = train([*runs[name], f"train.seed={seed}"], tmp / f"{name}_{seed}")
+        res = {"seed": seed, "steps": summary["steps"], "wall_s": wall, **scores(summary), **per_run(rows)}
+        if after is not None and name == "pretrained":
+            res.update(after(tmp / f"{name}_{seed}"))
+        print(f"{name} seed {seed}: knn_top1 {res['knn_top1']:.2f}%, linear_probe_top1 "
+              f"{res['linear_probe_top1']:.2f}% after {res['steps']} steps, {wall:.0f} s", flush=True)  # fmt: skip
+        return res
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [(name, pool.submit(one, name, seed, Path(tmp))) for seed in args.seeds for name in runs]
+        for name, future in futures:  # in seed order, whichever finishes first
+            doc["runs"][name].append(future.result())
         if args.cost_rounds:
             _step_cost(config, label, args.cost_steps, args.cost_rounds, Path(tmp), doc)
     done = {n: r for n, r in doc["runs"].items() if r}

@@ -10,6 +10,10 @@ from typing import Any, ClassVar, Literal
 from ..errors import ConfigError
 from ..registry import EVALUATORS
 
+ProbeFeatures = Literal["pooled", "class_token", "class_token_patch_mean"]
+"""What a linear probe reads (``eval.probe_features``, a ``linear_probe`` entry's ``features``): the
+pre-logits representation, or DINOv2's linear-evaluation features (``vitscale.eval.probe.read_features``)."""
+
 
 @dataclass
 class EvaluatorConfig:
@@ -69,4 +73,4 @@ def check_entries(entries, key: str = "evals") -> None:
         seen[prefix] = i
 
 
-__all__ = ["EvaluatorConfig", "check_entries", "metric_prefix"]
+__all__ = ["EvaluatorConfig", "ProbeFeatures", "check_entries", "metric_prefix"]

@@ -21,7 +21,7 @@ from vitscale.distributed.config import CompileMode, ParallelConfig, PrecisionCo
 from ..errors import ConfigError
 from ..registry import TASKS, model_family
 from .data import DataConfig, data_config
-from .evals import EvaluatorConfig
+from .evals import EvaluatorConfig, ProbeFeatures
 from .ranges import at_least, finite, fraction, positive
 
 SAVE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -340,7 +340,7 @@ class EvalConfig:
     split keyed by ``train.seed``); the chosen penalty is then refit on the whole train split."""
     probe_max_iter: int = 1000
     """Linear probe: L-BFGS iterations per fit (at most)."""
-    probe_features: Literal["pooled", "class_token", "class_token_patch_mean"] = "pooled"
+    probe_features: ProbeFeatures = "pooled"
     """Linear probe: the features it reads: pooled (the pre-logits representation) | class_token |
     class_token_patch_mean — DINOv2's linear-evaluation features (``dinov2/eval/linear.py``
     ``create_linear_input``): the normalised class tokens of a ViT's last ``probe_blocks`` blocks

@@ -38,6 +38,7 @@ from torch import nn
 from vitscale.data import keyed
 from vitscale.errors import ConfigError
 
+from ..config.evals import ProbeFeatures
 from .evaluator import Evaluator, EvaluatorConfig, register_evaluator
 from .gather import gather_ordered
 
@@ -246,7 +247,7 @@ class LinearProbeConfig(EvaluatorConfig):
     """Fraction of each class of the fit split held out to choose ``l2`` (as ``eval.probe_holdout``)."""
     max_iter: int = 1000
     """L-BFGS iterations per fit (at most)."""
-    features: Literal["pooled", "class_token", "class_token_patch_mean"] = "pooled"
+    features: ProbeFeatures = "pooled"
     """What the probe reads (as ``eval.probe_features``): ``pooled`` = the pre-logits representation;
     DINOv2's linear-evaluation features (``dinov2/eval/linear.py`` ``create_linear_input``), from the
     normalised tokens of the ViT's last ``blocks`` blocks: ``class_token`` = their class tokens
