@@ -65,14 +65,18 @@ def test_killed_during_the_background_write_keeps_the_previous_checkpoint(tmp_pa
     """A process killed (SIGKILL) while its checkpoint is written in the background: the folder is still
     ``.tmp-step_…`` (renamed only once sealed), the next run removes it and resumes the previous one."""
     script = textwrap.dedent(f"""
-        import sys, time, torch
+        import sys, threading, time, torch
         import vitscale.checkpoint.storage as storage
         from vitscale.checkpoint import Checkpointer
         write = storage.write_safetensors
+        lock = threading.Lock()
+        def say(word):  # two threads print: each line whole (print writes the text and its newline apart)
+            with lock:
+                sys.stdout.write(word + "\\n"); sys.stdout.flush()
         def slow(*a, **k):  # the background write of step 2 stalls half way (the test kills the process there)
             out = write(*a, **k)
             if ".tmp-step_00000002" in str(a[0]):
-                print("writing", flush=True)
+                say("writing")
                 time.sleep(60)
             return out
         storage.write_safetensors = slow
@@ -80,7 +84,7 @@ def test_killed_during_the_background_write_keeps_the_previous_checkpoint(tmp_pa
         state = {{"model": {{"w": torch.ones(256, 256)}}}}
         ck.save(1, state, {{"step": 1, "data": {{}}}}); ck.wait()
         ck.save(2, state, {{"step": 2, "data": {{}}}})
-        print("staged", flush=True)
+        say("staged")
         time.sleep(60)
     """)
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
