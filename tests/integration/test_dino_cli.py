@@ -89,3 +89,18 @@ def test_bad_settings_are_one_line_before_the_first_step(tmp_path, capsys, extra
     err = capsys.readouterr().err
     assert err == f"vitscale train: {msg}\n"
     assert not (out / "metrics.jsonl").exists()
+
+
+def test_a_teacher_that_stays_uniform_is_one_warning_line(tmp_path):
+    """A teacher temperature of 100 flattens every target to uniform (the collapse centring alone brings
+    about): the run names it in one line at the third log step past the threshold (``HOLD``), and goes on."""
+    out = tmp_path / "run"
+    p = vitscale("train", "digits_dino", *TINY, "train.max_steps=4", "dino.warmup_teacher_temp=100",
+                 "dino.teacher_temp=100", "checkpoint.every=0", "log.report=false", f"train.output_dir={out}")  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [r for r in read_metrics(out) if "loss" in r]
+    assert all(r["train_teacher_entropy"] > 0.9 * math.log(64) for r in rows)  # past the threshold at every log step
+    said = [line for line in (p.stdout + p.stderr).splitlines() if "the teacher's entropy" in line]
+    assert len(said) == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    assert said[0].startswith("warning: step 3: the teacher's entropy is ") and "since step 1" in said[0]
+    assert "every target is close to uniform" in said[0]

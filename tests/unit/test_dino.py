@@ -170,16 +170,25 @@ def test_teacher_signals_in_float64_and_one_warning_per_crossing():
     kl = float(np.sum(pbar * np.log(pbar * 8)))
     got = teacher_signals(p.float())
     assert got == pytest.approx((ent, kl), abs=1e-5)
-    w = TeacherWatch()
+    w = TeacherWatch()  # a line once a signal has stayed past its threshold at HOLD = 3 log steps in a row
     w.keep(torch.full((4, 8), 1 / 8))  # every target uniform: entropy log K
     vals, lines = w.read(3)
-    assert vals["train_teacher_entropy"] == pytest.approx(math.log(8)) and len(lines) == 1 and "step 3" in lines[0]
-    assert w.read(4)[1] == []  # still high: no second line
+    assert vals["train_teacher_entropy"] == pytest.approx(math.log(8)) and lines == []  # one log step: no line yet
+    assert w.read(4)[1] == []
+    lines = w.read(5)[1]  # the third in a row: one line
+    assert len(lines) == 1 and lines[0].startswith("warning: step 5: the teacher's entropy is 2.079 nats, above 0.9 x log K")
+    assert "since step 3" in lines[0]
+    assert w.read(6)[1] == []  # still high: no second line
     onehot = torch.zeros(4, 8)
-    onehot[:, 2] = 1  # every target on one prototype: KL log K
+    onehot[:, 2] = 1  # every target on one prototype: KL log K (and the entropy back to 0)
     w.keep(onehot)
-    vals, lines = w.read(5)
+    assert w.read(7)[1] == [] and w.read(8)[1] == []
+    vals, lines = w.read(9)
     assert vals["train_teacher_kl_uniform"] == pytest.approx(math.log(8)) and len(lines) == 1 and "KL" in lines[0]
+    w.keep(p.float())  # neither past its threshold: both alarms reset
+    assert w.read(10)[1] == []
+    w.keep(torch.full((4, 8), 1 / 8))  # a second excursion of the entropy: one line again once it holds
+    assert w.read(11)[1] == [] and w.read(12)[1] == [] and len(w.read(13)[1]) == 1
 
 
 @pytest.mark.parametrize("kw, msg", [

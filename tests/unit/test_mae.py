@@ -10,7 +10,7 @@ import torch
 
 from vitscale.eval.knn import knn_classify
 from vitscale.models.registry import resolve_model
-from vitscale.tasks.health import RankWatch, effective_rank, rank_floor
+from vitscale.tasks.health import HOLD, RankWatch, effective_rank, rank_floor
 from vitscale.tasks.mae import draw_shuffle, keep_count, mae_loss, sincos_2d
 from vitscale.tasks.mae_config import MaeConfig
 
@@ -140,20 +140,21 @@ def test_rankme_is_the_entropy_of_numpys_singular_values():
     assert rank_floor(64, 96) == 2.0 and rank_floor(4096, 1024) == pytest.approx(10.24)
 
 
-def test_the_rank_warning_is_one_line_per_fall():
+def test_the_rank_warning_is_one_line_per_fall_that_holds():
+    """One line once the rank has stayed below its floor at three log steps in a row (HOLD), none for a
+    fall of two, and one again for the next fall that holds."""
+    assert HOLD == 3
     watch = RankWatch()
-    healthy, collapsed = torch.randn(32, 8, generator=torch.Generator().manual_seed(1)), torch.ones(32, 8)
+    h, c = torch.randn(32, 8, generator=torch.Generator().manual_seed(1)), torch.ones(32, 8)  # healthy, collapsed
     said = []
-    for step, z in enumerate([healthy, collapsed, collapsed, healthy, collapsed], start=1):
+    for step, z in enumerate([h, c, c, h, c, c, c, c, h, c, c, c], start=1):
         watch.keep(z)
         metrics, lines = watch.read(step)
         assert set(metrics) == {"train_rankme"}
         said += lines
-    assert (
-        len(said) == 2
-        and said[0].startswith("warning: step 2: the effective rank (RankMe)")
-        and "step 5" in said[1]
-    )
+    assert len(said) == 2, said
+    assert said[0].startswith("warning: step 7: the effective rank (RankMe)") and "since step 5" in said[0]
+    assert said[1].startswith("warning: step 12: ") and "since step 10" in said[1]
 
 
 def test_knn_is_an_entry_of_evals_beside_the_linear_probe():

@@ -8,15 +8,16 @@ of ``n`` embeddings, with singular values ``s_k``, ``p_k = s_k / sum(s) + eps`` 
 every embedding points the same way (complete collapse), ``min(n, d)`` when the singular values are
 all equal.
 
-**The warning**: one line when the rank falls below :func:`rank_floor` — ``max(2, 1% of min(n, d))``
-— and again only after it has come back above. Below 2 the batch's embeddings lie close to one line
-(complete collapse, rank 1, is RankMe's lower bound). The 1% floor for dimensional collapse at large
+**The warning**: one line when the rank has stayed below :func:`rank_floor` — ``max(2, 1% of min(n,
+d))`` — at :data:`HOLD` log steps in a row, and again only after it has come back above
+(:class:`Alarm`). Below 2 the batch's embeddings lie close to one line (complete collapse, rank 1, is
+RankMe's lower bound). The 1% floor for dimensional collapse at large
 batch and width is this project's choice, not the paper's: RankMe gives no universal threshold (its
 use is comparing runs), so the alarm is deliberately loose — a run above it may still be poor.
 
 **The teacher's targets** (self-distillation, :mod:`vitscale.tasks.dino`): their mean entropy and the
-KL divergence of their batch mean from uniform (:func:`teacher_signals`), with a warning above
-0.9 x log K for either (:class:`TeacherWatch`).
+KL divergence of their batch mean from uniform (:func:`teacher_signals`), with a warning when either
+stays above 0.9 x log K (:class:`TeacherWatch`), by the same rule.
 """
 
 from __future__ import annotations
@@ -35,6 +36,34 @@ def effective_rank(z: torch.Tensor) -> torch.Tensor:
     s = torch.linalg.svdvals(z.detach().float())
     p = s / s.sum().clamp_min(torch.finfo(torch.float32).tiny) + EPS
     return torch.exp(-(p * p.log()).sum())
+
+
+HOLD = 3
+"""Log steps in a row a signal must stay past its threshold before its warning line. A few log steps
+past it are not enough: a random teacher's centred targets rise past the entropy threshold in the first
+steps and fall back as it learns (``digits_dino``, threshold 0.9 x log 256 = 4.99 nats: 5.07, 5.10 and
+5.31 at step 25 for seeds 0-2, back to 4.78, 4.64 and 4.94 at step 50; with ``train.max_steps=100``
+seed 2 was still at 5.03 at step 50, then 4.80 at step 75), and an alarm that every healthy run raises
+is one users learn to skip. A collapse that matters holds for far longer than three log steps."""
+
+
+class Alarm:
+    """One warning per excursion of a signal past its threshold: :meth:`__call__` is true at the
+    :data:`HOLD`-th log step in a row past it (:attr:`since` is the first of them), then false until the
+    signal has come back and gone past again."""
+
+    def __init__(self, hold: int = HOLD):
+        self.hold, self.count = hold, 0
+        self.since: int | None = None
+
+    def __call__(self, step: int, past: bool) -> bool:
+        if not past:
+            self.count, self.since = 0, None
+            return False
+        self.count += 1
+        if self.count == 1:
+            self.since = step
+        return self.count == self.hold
 
 
 def rank_floor(n: int, d: int) -> float:
@@ -57,7 +86,7 @@ class RankWatch:
 
     def __init__(self, group=None, what: str = "the batch's embeddings"):
         self.group, self.what = group, what
-        self.low = False
+        self.alarm = Alarm()
         self.last: torch.Tensor | None = None
 
     def keep(self, z: torch.Tensor) -> None:
@@ -72,10 +101,10 @@ class RankWatch:
         rank = float(effective_rank(z))
         floor = rank_floor(*z.shape)
         lines = []
-        if rank < floor and not self.low:
+        if self.alarm(step, rank < floor):
             lines.append(f"warning: step {step}: the effective rank (RankMe) of {self.what} is {rank:.2f}, below "
-                         f"{floor:g} (of at most {min(z.shape)}): the representation may be collapsing")  # fmt: skip
-        self.low = rank < floor
+                         f"{floor:g} (of at most {min(z.shape)}) since step {self.alarm.since}: the representation "
+                         "may be collapsing")  # fmt: skip
         return {"train_rankme": rank}, lines
 
 
@@ -107,13 +136,13 @@ batch's mass on a few prototypes (the collapse that sharpening alone brings abou
 
 class TeacherWatch:
     """``train_teacher_entropy`` and ``train_teacher_kl_uniform`` of the teacher targets a task kept from
-    its last step, and a warning line when one crosses its threshold (:data:`ENTROPY_HIGH`,
+    its last step, and a warning line when one has stayed past its threshold (:data:`ENTROPY_HIGH`,
     :data:`KL_HIGH`: this project's choice, loose by design — DINO's paper shows both collapses reach
-    ``log K``), again only after it has come back."""
+    ``log K``) at :data:`HOLD` log steps in a row, again only after it has come back (:class:`Alarm`)."""
 
     def __init__(self, group=None):
         self.group = group
-        self.high = {"entropy": False, "kl": False}
+        self.alarms = {"entropy": Alarm(), "kl": Alarm()}
         self.last: torch.Tensor | None = None
 
     def keep(self, p: torch.Tensor) -> None:
@@ -127,12 +156,12 @@ class TeacherWatch:
         lines = []
         for name, value, frac, what in (("entropy", ent, ENTROPY_HIGH, "every target is close to uniform"),
                                         ("kl", kl, KL_HIGH, "the targets fall on few prototypes")):  # fmt: skip
-            high = log_k > 0 and value > frac * log_k
-            if high and not self.high[name]:
+            alarm = self.alarms[name]
+            if alarm(step, log_k > 0 and value > frac * log_k):
                 label = "entropy" if name == "entropy" else "KL divergence from uniform"
                 lines.append(f"warning: step {step}: the teacher's {label} is {value:.3f} nats, above {frac:g} x log K "
-                             f"= {frac * log_k:.3f}: {what}; the representation may be collapsing")  # fmt: skip
-            self.high[name] = high
+                             f"= {frac * log_k:.3f} since step {alarm.since}: {what}; the representation may be "
+                             "collapsing")  # fmt: skip
         return {"train_teacher_entropy": ent, "train_teacher_kl_uniform": kl}, lines
 
 
@@ -147,5 +176,5 @@ def frozen_backbone_evals(cfg) -> list[dict]:
              "blocks": ec.probe_blocks}]  # fmt: skip
 
 
-__all__ = ["EPS", "ENTROPY_HIGH", "KL_HIGH", "RankWatch", "TeacherWatch", "effective_rank", "frozen_backbone_evals",
-           "gather_rows", "rank_floor", "teacher_signals"]
+__all__ = ["EPS", "ENTROPY_HIGH", "HOLD", "KL_HIGH", "Alarm", "RankWatch", "TeacherWatch", "effective_rank",
+           "frozen_backbone_evals", "gather_rows", "rank_floor", "teacher_signals"]
