@@ -5,7 +5,8 @@ of the compiled blocks, torchao float8, pinned asynchronous checkpoints, peak-me
 end to end, their loss curves compared step by step with eager's.
 
 Each run is ``vitscale train`` on ``data.format=synthetic`` (random images keyed by index, fixed
-labels; CLIP's captions from its templates), dropout and drop-path off, ``log_every`` 1, so two runs
+labels; CLIP's captions from its templates; DINO's and MAE's runs pretrain ViT-B/16 without the
+labels: ``train.task=dino`` / ``mae``), dropout and drop-path off, ``log_every`` 1, so two runs
 of one model differ only in how their steps are computed. The comparisons, per run against the
 model's ``eager`` run (same weights, same batches):
 
@@ -50,9 +51,21 @@ MODELS = {
     "volo_d1": (32, 224, {"drop_path_rate": 0.0, "outlook_impl": "auto"}, {}),
     # NaFlex: square images on a 12x12 / 14x14 grid padded to 160 / 200 tokens -> key-padding masks
     "naflex_b16_gap": (32, 224, {"attn_impl": "flex"}, {"seq_lens": [160, 200], "tokens_per_batch": 6400}),
+    # self-supervised pretraining of ViT-B/16 (docs/ssl.md): DINOv2's defaults (2 global crops of 224 px,
+    # 8 local of 96, 65,536 prototypes, iBOT, KoLeo) and MAE's (75% masked, a 512-wide 8-block decoder)
+    "dino_vit_b16": (32, 224, {"drop_path_rate": 0.0}, {}),
+    "mae_vit_b16": (32, 224, {"drop_path_rate": 0.0}, {}),
 }
+# runs of another task than classification: name -> (its model, its task, its config groups under --tiny)
+TASKS = {
+    "dino_vit_b16": ("vit_b16", "dino", {"dino": {"global_crops_size": 32, "local_crops_size": 16, "local_crops_number": 2,
+                                                  "head_n_prototypes": 64, "head_hidden_dim": 32,
+                                                  "head_bottleneck_dim": 16}}),
+    "mae_vit_b16": ("vit_b16", "mae", {"mae": {"decoder_width": 32, "decoder_depth": 1, "decoder_heads": 2}}),
+}  # fmt: skip
 # tiny stand-ins of the same families for --tiny (the CPU test of this script's logic)
-TINY = {"vit_b16": "vit_debug", "clip_b32": "clip_debug", "volo_d1": "volo_debug", "naflex_b16_gap": "naflex_debug"}
+TINY = {"vit_b16": "vit_debug", "clip_b32": "clip_debug", "volo_d1": "volo_debug", "naflex_b16_gap": "naflex_debug",
+        "dino_vit_b16": "vit_debug", "mae_vit_b16": "vit_debug"}  # fmt: skip
 # variant -> (train / precision / checkpoint settings changed from eager, models it applies to)
 VARIANTS = {
     "eager": ({"train": {"compile": False}}, None),
@@ -68,7 +81,8 @@ TOLERANCES = {"fp8": (0.03, 0.05)}  # (first step, last-window mean) where not (
 def run_config(model: str, variant: str, out: Path, args) -> dict:
     """The ``vitscale train`` config of one run."""
     batch, img, overrides, data_extra = MODELS[model]
-    name = TINY[model] if args.tiny else model
+    base, task, tiny_groups = TASKS.get(model, (model, None, {}))
+    name = TINY[model] if args.tiny else base
     if args.tiny:
         batch, img = 8, 32
         # on the CPU: no Triton kernel, no FlexAttention backward
@@ -87,6 +101,10 @@ def run_config(model: str, variant: str, out: Path, args) -> dict:
         "checkpoint": {"every": 0, "export_safetensors": False, "resume": False},
         "log": {"progress": "plain"},
     }  # fmt: skip
+    if task:  # the model family's own task otherwise
+        cfg["train"]["task"] = task
+    if args.tiny:
+        cfg.update(tiny_groups)
     if model.startswith("naflex"):
         cfg["model"]["overrides"].pop("img_size", None)
     for group, values in VARIANTS[variant][0].items():

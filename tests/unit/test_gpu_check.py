@@ -35,9 +35,9 @@ def test_gpu_check_dry_run_collects_the_tests_and_loads_every_run():
     collected = int(proc.stdout.split("ok   ", 1)[1].split()[0])
     assert collected >= 17, proc.stdout  # every GPU-only path: kernels, masks, flash, graphs, fp8, pinned, memory
     runs = proc.stdout.split("dry run: ", 1)[1]
-    assert runs.startswith("10 runs:"), runs
+    assert runs.startswith("14 runs:"), runs
     for run in ("vit_b16/compile", "vit_b16/graphs", "vit_b16/fp8", "clip_b32/compile", "volo_d1/compile",
-                "naflex_b16_gap/compile"):  # fmt: skip
+                "naflex_b16_gap/compile", "dino_vit_b16/compile", "mae_vit_b16/compile"):  # fmt: skip
         assert run in runs
     bad = subprocess.run(["bash", str(script), "--fast"], capture_output=True, text=True, env=ENV, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == "unknown argument: --fast (--dry-run, --help)"
