@@ -23,7 +23,7 @@ from vitscale.tasks.dino_loss import (
     teacher_temp_at,
     update_center,
 )
-from vitscale.tasks.health import TeacherWatch, teacher_signals
+from vitscale.tasks.health import Alarm, TeacherWatch, teacher_signals
 
 
 def _logits(b=12, k=7, seed=0):
@@ -302,3 +302,23 @@ def test_a_head_tensor_parallelism_cannot_split_is_refused_in_one_line_before_th
     check_run(one_layer, tp2, "train", model)  # a one-layer head has no hidden units to split
     check_run(load_config("digits_dino", ["parallel.tp=2", "model.num_attention_heads=2"]), tp2, "train", model)
     check_run(cfg, ParallelDims(dp_shard=2, world_size=2), "train", model)  # FSDP2: accepted
+
+
+def test_an_alarm_holds_over_a_share_of_the_run():
+    """In a run of 1,200 steps logged every step, a signal past its threshold for 37 steps (digits_dino's
+    random teacher, seed 2) is no alarm; one past it for 60 steps (5% of the run) is, once; logged every
+    25 steps, the fourth log step in a row past it (75 steps) is the first over 60."""
+    alarm = Alarm()
+    alarm.for_run(1200)
+    assert alarm.min_span == 60
+    said = [s for s in range(1, 200) if alarm(s, 12 <= s <= 49)]
+    assert said == []  # 12..49: 37 steps
+    said = [(s, alarm.since) for s in range(1, 300) if alarm(s, 100 <= s <= 250)]
+    assert said == [(160, 100)]  # once, 60 steps after the first
+    coarse = Alarm()
+    coarse.for_run(1200)
+    assert [s for s in range(25, 1201, 25) if coarse(s, 25 <= s <= 50)] == []  # digits_dino at log_every 25
+    assert [s for s in range(25, 1201, 25) if coarse(s, s >= 400)] == [475]  # 400, 425, 450: 50 steps; 475: 75
+    short = Alarm()
+    short.for_run(4)  # 5% of 4 steps: 1 step; the three log steps in a row decide
+    assert [s for s in range(1, 5) if short(s, True)] == [3]

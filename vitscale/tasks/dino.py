@@ -146,6 +146,8 @@ class DinoTask(Task):
                               "(DINOv2: 0.04 -> 0.4)")  # fmt: skip
         self.wd0 = run.cfg.optim.weight_decay
         per_epoch, self.total = run.steps_per_epoch, run.total_steps  # the run's length as the run layer resolved it
+        self.rank.for_run(self.total)
+        self.watch.for_run(self.total)
         self.temp_warmup = round(dc.warmup_teacher_temp_epochs * per_epoch)
         self.freeze_steps = round(dc.freeze_last_layer_epochs * per_epoch)
         if model.cfg.pool == "none":

@@ -9,8 +9,8 @@ every embedding points the same way (complete collapse), ``min(n, d)`` when the 
 all equal.
 
 **The warning**: one line when the rank has stayed below :func:`rank_floor` — ``max(2, 1% of min(n,
-d))`` — at :data:`HOLD` log steps in a row, and again only after it has come back above
-(:class:`Alarm`). Below 2 the batch's embeddings lie close to one line (complete collapse, rank 1, is
+d))`` — at :data:`HOLD` log steps in a row and over :data:`HOLD_FRACTION` of the run's steps, and
+again only after it has come back above (:class:`Alarm`). Below 2 the batch's embeddings lie close to one line (complete collapse, rank 1, is
 RankMe's lower bound). The 1% floor for dimensional collapse at large
 batch and width is this project's choice, not the paper's: RankMe gives no universal threshold (its
 use is comparing runs), so the alarm is deliberately loose — a run above it may still be poor.
@@ -39,31 +39,43 @@ def effective_rank(z: torch.Tensor) -> torch.Tensor:
 
 
 HOLD = 3
-"""Log steps in a row a signal must stay past its threshold before its warning line. A few log steps
-past it are not enough: a random teacher's centred targets rise past the entropy threshold in the first
-steps and fall back as it learns (``digits_dino``, threshold 0.9 x log 256 = 4.99 nats: 5.07, 5.10 and
-5.31 at step 25 for seeds 0-2, back to 4.78, 4.64 and 4.94 at step 50; with ``train.max_steps=100``
-seed 2 was still at 5.03 at step 50, then 4.80 at step 75), and an alarm that every healthy run raises
-is one users learn to skip. A collapse that matters holds for far longer than three log steps."""
+"""Log steps in a row a signal must stay past its threshold before its warning line (and over at least
+:data:`HOLD_FRACTION` of the run's steps)."""
+HOLD_FRACTION = 0.05
+"""The share of the run's steps over which a signal must stay past its threshold before its warning
+line (and at :data:`HOLD` log steps in a row). Passing it for a while is no alarm: a random teacher's
+centred targets rise past the entropy threshold in the first steps and fall back as it learns —
+``digits_dino`` (threshold 0.9 x log 256 = 4.99 nats) logged every step is past it at 16, 6 and 38 log
+steps in a row at most for seeds 0-2 (seed 2: steps 12-49), where 5% of its 1,200 steps is 60; logged
+every 25 steps, at step 25 only. An alarm that every healthy run raises is one users learn
+to skip; a collapse that matters holds for much longer."""
 
 
 class Alarm:
-    """One warning per excursion of a signal past its threshold: :meth:`__call__` is true at the
-    :data:`HOLD`-th log step in a row past it (:attr:`since` is the first of them), then false until the
-    signal has come back and gone past again."""
+    """One warning per excursion of a signal past its threshold: :meth:`__call__` is true at the first
+    log step at which the signal has been past it at :data:`HOLD` log steps in a row and over at least
+    ``min_span`` steps since the first of them (:attr:`since`), then false until the signal has come
+    back and gone past again. ``min_span`` is 0 until :meth:`for_run` sets it from the run's length."""
 
     def __init__(self, hold: int = HOLD):
-        self.hold, self.count = hold, 0
+        self.hold, self.count, self.min_span, self.said = hold, 0, 0, False
         self.since: int | None = None
+
+    def for_run(self, total_steps: int) -> None:
+        """Hold for :data:`HOLD_FRACTION` of a run of ``total_steps`` steps."""
+        self.min_span = math.ceil(HOLD_FRACTION * total_steps)
 
     def __call__(self, step: int, past: bool) -> bool:
         if not past:
-            self.count, self.since = 0, None
+            self.count, self.since, self.said = 0, None, False
             return False
         self.count += 1
         if self.count == 1:
             self.since = step
-        return self.count == self.hold
+        if self.said or self.count < self.hold or step - self.since < self.min_span:
+            return False
+        self.said = True
+        return True
 
 
 def rank_floor(n: int, d: int) -> float:
@@ -88,6 +100,10 @@ class RankWatch:
         self.group, self.what = group, what
         self.alarm = Alarm()
         self.last: torch.Tensor | None = None
+
+    def for_run(self, total_steps: int) -> None:
+        """Warn only for a fall that holds over :data:`HOLD_FRACTION` of this run's steps."""
+        self.alarm.for_run(total_steps)
 
     def keep(self, z: torch.Tensor) -> None:
         """Remember this step's embeddings ``(B, D)`` (a reference: no copy, no host read)."""
@@ -138,12 +154,18 @@ class TeacherWatch:
     """``train_teacher_entropy`` and ``train_teacher_kl_uniform`` of the teacher targets a task kept from
     its last step, and a warning line when one has stayed past its threshold (:data:`ENTROPY_HIGH`,
     :data:`KL_HIGH`: this project's choice, loose by design — DINO's paper shows both collapses reach
-    ``log K``) at :data:`HOLD` log steps in a row, again only after it has come back (:class:`Alarm`)."""
+    ``log K``) at :data:`HOLD` log steps in a row and over :data:`HOLD_FRACTION` of the run, again only
+    after it has come back (:class:`Alarm`)."""
 
     def __init__(self, group=None):
         self.group = group
         self.alarms = {"entropy": Alarm(), "kl": Alarm()}
         self.last: torch.Tensor | None = None
+
+    def for_run(self, total_steps: int) -> None:
+        """Warn only for an excursion that holds over :data:`HOLD_FRACTION` of this run's steps."""
+        for alarm in self.alarms.values():
+            alarm.for_run(total_steps)
 
     def keep(self, p: torch.Tensor) -> None:
         self.last = p.detach()
@@ -176,5 +198,5 @@ def frozen_backbone_evals(cfg) -> list[dict]:
              "blocks": ec.probe_blocks}]  # fmt: skip
 
 
-__all__ = ["EPS", "ENTROPY_HIGH", "HOLD", "KL_HIGH", "Alarm", "RankWatch", "TeacherWatch", "effective_rank",
+__all__ = ["EPS", "ENTROPY_HIGH", "HOLD", "HOLD_FRACTION", "KL_HIGH", "Alarm", "RankWatch", "TeacherWatch", "effective_rank",
            "frozen_backbone_evals", "gather_rows", "rank_floor", "teacher_signals"]

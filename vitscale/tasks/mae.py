@@ -205,6 +205,7 @@ class MaeTask(Task):
                               "embeddings)")  # fmt: skip
         self.patch, self.prefix = mcfg.patch_dim, model.num_prefix_tokens
         self.token_pool = mcfg.pool == "token"
+        self.rank.for_run(run.total_steps)  # the run's length as the run layer resolved it
         device = next(model.parameters()).device
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(keyed.key(self.seed, STREAM_MAE_INIT))
