@@ -10,10 +10,11 @@ all equal.
 
 **The warning**: one line when the rank has stayed below :func:`rank_floor` — ``max(2, 1% of min(n,
 d))`` — at :data:`HOLD` log steps in a row and over :data:`HOLD_FRACTION` of the run's steps, and
-again only after it has come back above (:class:`Alarm`). Below 2 the batch's embeddings lie close to one line (complete collapse, rank 1, is
-RankMe's lower bound). The 1% floor for dimensional collapse at large
-batch and width is this project's choice, not the paper's: RankMe gives no universal threshold (its
-use is comparing runs), so the alarm is deliberately loose — a run above it may still be poor.
+again only after it has come back above (:class:`Alarm`). Below 2 the batch's embeddings lie close to
+one line (complete collapse, rank 1, is RankMe's lower bound). The 1% floor for dimensional collapse
+at large batch and width is this project's choice, not the paper's: RankMe gives no universal
+threshold (its use is comparing runs), so the alarm is deliberately loose — a run above it may still
+be poor.
 
 **The teacher's targets** (self-distillation, :mod:`vitscale.tasks.dino`): their mean entropy and the
 KL divergence of their batch mean from uniform (:func:`teacher_signals`), with a warning when either
@@ -47,8 +48,8 @@ line (and at :data:`HOLD` log steps in a row). Passing it for a while is no alar
 centred targets rise past the entropy threshold in the first steps and fall back as it learns —
 ``digits_dino`` (threshold 0.9 x log 256 = 4.99 nats) logged every step is past it at 16, 6 and 38 log
 steps in a row at most for seeds 0-2 (seed 2: steps 12-49), where 5% of its 1,200 steps is 60; logged
-every 25 steps, at step 25 only. An alarm that every healthy run raises is one users learn
-to skip; a collapse that matters holds for much longer."""
+every 25 steps, at step 25 only. An alarm that every healthy run raises is one users learn to skip;
+a collapse that matters holds for much longer."""
 
 
 class Alarm:
@@ -198,5 +199,5 @@ def frozen_backbone_evals(cfg) -> list[dict]:
              "blocks": ec.probe_blocks}]  # fmt: skip
 
 
-__all__ = ["EPS", "ENTROPY_HIGH", "HOLD", "HOLD_FRACTION", "KL_HIGH", "Alarm", "RankWatch", "TeacherWatch", "effective_rank",
-           "frozen_backbone_evals", "gather_rows", "rank_floor", "teacher_signals"]
+__all__ = ["EPS", "ENTROPY_HIGH", "HOLD", "HOLD_FRACTION", "KL_HIGH", "Alarm", "RankWatch", "TeacherWatch",
+           "effective_rank", "frozen_backbone_evals", "gather_rows", "rank_floor", "teacher_signals"]
