@@ -27,8 +27,11 @@ ARGS = [
     "train.batch_size=16", "train.max_steps=4", "train.log_every=1", "schedule.warmup_steps=1", "eval.every=0",
     "eval.probe_l2=[1e-3]", "checkpoint.every=2", "checkpoint.keep=5", "log.progress=none", "log.report=false",
     "log.flops=false",
+    # DINOv3's Gram anchoring, its teacher refreshed after step 3; per image (a batch-level Gram matrix, like
+    # KoLeo, depends on the split of the batch over the ranks)
+    "dino.gram_loss_weight=1.0", "dino.gram_img_level=true", "dino.gram_update_frequency=3",
 ]  # fmt: skip
-CURVES = ("loss", "train_dino_loss", "train_ibot_loss", "train_rankme", "train_teacher_entropy")
+CURVES = ("loss", "train_dino_loss", "train_ibot_loss", "train_gram_loss", "train_rankme", "train_teacher_entropy")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 

@@ -32,7 +32,8 @@ def vitscale(*args: str) -> subprocess.CompletedProcess:
 
 
 def curve(rows):
-    return [(r["step"], r["loss"], r["train_teacher_temp"], *(r[s] for s in SIGNALS)) for r in rows if "loss" in r]
+    return [(r["step"], r["loss"], r["train_teacher_temp"], r.get("train_gram_loss"), *(r[s] for s in SIGNALS))
+            for r in rows if "loss" in r]
 
 
 @pytest.mark.slow
@@ -40,7 +41,8 @@ def test_digits_dino_pretrains_reports_signals_and_knn_and_resumes_exactly(tmp_p
     centering = "softmax"  # the running centre is state the resume must restore (Sinkhorn-Knopp has none)
     run = tmp_path / "dino"
     args = [*TINY, f"dino.centering={centering}", "dino.warmup_teacher_temp=0.04", "dino.teacher_temp=0.07",
-            "dino.warmup_teacher_temp_epochs=30"]  # DINOv2's warm-up (the recipe has none)
+            "dino.warmup_teacher_temp_epochs=30",  # DINOv2's warm-up (the recipe has none)
+            "dino.gram_loss_weight=1.0", "dino.gram_update_frequency=3"]  # DINOv3's Gram teacher, refreshed after step 3
     p = vitscale("train", "digits_dino", *args, f"train.output_dir={run}")
     assert p.returncode == 0, p.stderr[-3000:]
     rows = read_metrics(run)
@@ -50,7 +52,7 @@ def test_digits_dino_pretrains_reports_signals_and_knn_and_resumes_exactly(tmp_p
     for r in train_rows:  # the collapse signals at every log step, in their ranges
         assert math.isfinite(r["loss"]) and 1.0 <= r["train_rankme"] <= 16
         assert 0 <= r["train_teacher_entropy"] <= log_k + 1e-4 and 0 <= r["train_teacher_kl_uniform"] <= log_k + 1e-4
-        assert {"train_dino_loss", "train_koleo_loss", "train_ibot_loss"} <= r.keys()
+        assert {"train_dino_loss", "train_koleo_loss", "train_ibot_loss", "train_gram_loss"} <= r.keys()
     temps = [r["train_teacher_temp"] for r in train_rows]
     assert temps[0] == pytest.approx(0.04) and temps == sorted(temps) and temps[-1] < 0.07  # warming up
     assert 0 <= rows[-1]["knn_top1"] <= rows[-1]["knn_top5"] <= 100 and "linear_probe_top1" in rows[-1]

@@ -198,6 +198,14 @@ def test_teacher_signals_in_float64_and_one_warning_per_crossing():
     ({"local_crops_scale": [0.5, 0.2]}, "local_crops_scale=[0.5, 0.2] must be [min, max]"),
     ({"gaussian_blur": [1.0, 0.1]}, "gaussian_blur=[1.0, 0.1] must be 3 probabilities"),
     ({"hflip": 1.5}, "hflip=1.5 must be probabilities within [0, 1]"),
+    ({"gram_loss_weight": -1.0}, "gram_loss_weight=-1.0 must be a finite number >= 0"),
+    ({"gram_update_frequency": 0}, "gram_update_frequency=0 must be >= 1"),
+    ({"gram_it_first_update": -3}, "gram_it_first_update=-3 must be >= 0"),
+    ({"gram_max_updates": -1}, "gram_max_updates=-1 must be >= 0, or null"),
+    ({"gram_tokens_used": "some"}, "gram_tokens_used='some': choose one of all, masked, unmasked"),
+    ({"gram_tokens_used": "masked", "gram_img_level": True}, "selects patches across the batch: set gram_img_level=false"),
+    ({"gram_remove_neg": True, "gram_remove_only_teacher_neg": True}, "are exclusive"),
+    ({"gram_loss_weight": 1.0, "gram_ema_teacher": True}, "gram_ema_teacher=true uses the EMA teacher itself"),
 ])  # fmt: skip
 def test_bad_dino_settings_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
@@ -207,8 +215,9 @@ def test_bad_dino_settings_are_refused(kw, msg):
 def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait(tmp_path):
     """Two optimizer steps of a tiny digits_dino trainer: the prototypes get no update in the frozen
     first step (their groups at learning rate 0, as DINOv2's ``last_layer_lr_schedule``: AdamW's weight
-    decay does not move them either), then do; the teacher is the student's copy until the second step
-    starts, then ``m0 t + (1 - m0) s`` of the student after the first step."""
+    decay does not move them either), then do; the teacher is the student's copy until the first
+    optimizer update, then ``m0 t + (1 - m0) s`` of the student after it (the training module's
+    ``after_update``), then ``m1 t + (1 - m1) s`` after the second."""
     from vitscale.config import load_config
     from vitscale.train.trainer import Trainer
 
@@ -228,22 +237,25 @@ def test_the_teacher_follows_the_student_by_its_momentum_and_the_prototypes_wait
         return [p.detach().clone() for p in params]
 
     v0, mlp0 = snap(head.last_layer_parameters()), snap(head.mlp.parameters())
-    backbone0 = snap(p for n, p in t.model.named_parameters() if not n.startswith("task_parts."))
+    backbone0 = snap(t.model.parameters())
     assert all(a.equal(b) for a, b in zip(backbone0, teacher["backbone"].parameters(), strict=True))
     batches = t._batches()
+    t_before = snap(a for a, _ in task.ema_pairs)
     t.step += 1
-    t.train_step(batches)  # iteration 0: prototypes frozen
+    t.train_step(batches)  # iteration 0: prototypes frozen; then the teacher moves
     lrs = {g["name"]: g["lr"] for g in t.optimizer.param_groups}
     assert lrs["decay.prototypes"] == 0.0 and lrs["decay"] > 0
     assert all(a.equal(b) for a, b in zip(v0, head.last_layer_parameters(), strict=True))
     assert not all(a.equal(b) for a, b in zip(mlp0, head.mlp.parameters(), strict=True))
-    t_before = snap(a for a, _ in task.ema_pairs)
-    s_after = snap(b for _, b in task.ema_pairs)
-    t.step += 1
-    t.train_step(batches)  # iteration 1: the teacher moves first, then the prototypes train
     m0 = momentum_at(0, cfg.dino.momentum_teacher, cfg.dino.final_momentum_teacher, 10)
-    for (got, _), old, s in zip(task.ema_pairs, t_before, s_after, strict=True):
+    for (got, s), old in zip(task.ema_pairs, t_before, strict=True):
         assert torch.allclose(got, m0 * old + (1 - m0) * s, atol=1e-6)
+    t_before = snap(a for a, _ in task.ema_pairs)
+    t.step += 1
+    t.train_step(batches)  # iteration 1: the prototypes train, then the teacher moves again
+    m1 = momentum_at(1, cfg.dino.momentum_teacher, cfg.dino.final_momentum_teacher, 10)
+    for (got, s), old in zip(task.ema_pairs, t_before, strict=True):
+        assert torch.allclose(got, m1 * old + (1 - m1) * s, atol=1e-6)
     assert not all(a.equal(b) for a, b in zip(v0, head.last_layer_parameters(), strict=True))
 
 
@@ -268,7 +280,7 @@ def test_weight_decay_follows_dinov2s_cosine(tmp_path):
     reference = 0.4 + 0.5 * (0.04 - 0.4) * (1 + np.cos(np.pi * i / len(i)))  # dinov2's wd_schedule.schedule
     got = []
     for step in range(1, total + 1):
-        t.task.schedule_optimizer(t.optimizer, step)
+        t.schedule.apply(step)  # the run's schedule, with what the training module schedules itself
         decays = {g["name"]: g["weight_decay"] for g in t.optimizer.param_groups}
         assert decays["no_decay"] == 0.0
         got.append(decays["decay"])

@@ -110,9 +110,9 @@ def test_task_parts_are_counted_as_the_trainer_builds_them(tmp_path, capsys, rec
                                "model.num_layers=1", "model.num_attention_heads=2", "train.batch_size=16", *extra,
                                f"train.output_dir={tmp_path / 'run'}"])  # fmt: skip
     t = Trainer(cfg)
-    parts = t.model.task_parts
-    trained = sum(p.numel() for n, p in parts.named_parameters() if not n.startswith("dino_teacher."))
-    held = sum(p.numel() for n, p in parts.named_parameters() if n.startswith("dino_teacher."))
+    parts = t.module.parts
+    trained = sum(p.numel() for n, p in parts.named_parameters() if not n.startswith("teacher."))
+    held = sum(p.numel() for n, p in parts.named_parameters() if n.startswith("teacher."))
     assert trained > 0 and (held > 0) == (task == "dino")
     e = estimate(t.model.cfg, task=task, task_cfg=getattr(cfg, task), param_dtype="fp32")
     assert e.task_params == trained + held

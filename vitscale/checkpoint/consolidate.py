@@ -68,15 +68,16 @@ def consolidate(
     key: str = "model",
     dtype: torch.dtype | None = None,
     max_shard_bytes: int | None = None,
+    prefix: str | None = None,
 ) -> list[Path]:
-    """Write the ``key`` subtree (``model``, ``ema``, or ``teacher``: a self-distillation run's EMA
-    teacher's backbone, :func:`~vitscale.checkpoint.weights.subtree`) of a DCP checkpoint to ``out`` (.safetensors).
+    """Write the ``key`` subtree (``model``, ``ema``, or a task's weight set named ``key`` kept under
+    ``prefix``: :func:`~vitscale.checkpoint.weights.subtree`) of a DCP checkpoint to ``out`` (.safetensors).
 
     ``checkpoint`` may be a step folder, a ``checkpoints/`` folder or a run folder (newest step).
     Returns the files written, each with a content checksum in its metadata.
     """
-    ckpt, idx = find_checkpoint(checkpoint, keys={subtree(key).split(".")[0]})
-    prefix = subtree(key)
+    prefix = subtree(key, prefix)
+    ckpt, idx = find_checkpoint(checkpoint, keys={prefix.split(".")[0]})
     meta = {
         k[len(prefix) :]: (torch.Size(t["shape"]), dtype_from_code(t["dtype"])) for k, t in idx["tensors"].items() if k.startswith(prefix)
     }

@@ -97,20 +97,42 @@ class ModelState:
 
 
 class OptimizerState:
-    """``Stateful`` of an optimizer of ``model``: its state keyed by parameter names (DCP reshards)."""
+    """``Stateful`` of an optimizer of ``model``: its state keyed by parameter names (DCP reshards).
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+    ``renames``: ``{prefix of model's names: prefix in the checkpoint}``, e.g. a training module's
+    ``{"backbone.": "", "parts.": "task."}``, so that the optimizer state of a family's model is keyed by
+    its own names (``optim.state.blocks.0...``) however the module that trains it wraps it."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, renames: dict[str, str] | None = None):
         self.model, self.optimizer = model, optimizer
+        self.renames = dict(renames or {})
+
+    def _rename(self, sd: dict, pairs: list[tuple[str, str]]) -> dict:
+        if not pairs:
+            return sd
+
+        def one(fqn: str) -> str:
+            for old, new in pairs:
+                if fqn.startswith(old):
+                    return new + fqn[len(old) :]
+            return fqn
+
+        out = dict(sd)
+        out["state"] = {one(k): v for k, v in sd.get("state", {}).items()}
+        out["param_groups"] = [{**g, "params": [one(k) for k in g["params"]]} for g in sd.get("param_groups", [])]
+        return out
 
     def state_dict(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return get_optimizer_state_dict(self.model, self.optimizer)
+        return self._rename(get_optimizer_state_dict(self.model, self.optimizer), list(self.renames.items()))
 
     def load_state_dict(self, sd: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(self.model, self.optimizer, sd)
+        # back to the module's names: the longest saved prefix first (the backbone's is empty)
+        back = sorted(((new, old) for old, new in self.renames.items()), key=lambda p: -len(p[0]))
+        set_optimizer_state_dict(self.model, self.optimizer, self._rename(sd, back))
 
 
 class RNGState:

@@ -23,54 +23,39 @@ class SaveError(CheckpointError):
 
 
 # ------------------------------------------------------------------------------------- reading
-TASK_PARTS = "task_parts"
-"""The submodule under which a task attaches training-only parts of the model (MAE's decoder:
-:mod:`vitscale.tasks.parts`): checkpointed and resumed with the model, left out of its exported
-weights and of the weights :func:`read_weights` gives another run."""
+def subtree(key: str, prefix: str | None = None) -> str:
+    """The checkpoint prefix of the weights ``key`` names: ``model.`` (the family's model), ``ema.``, or
+    ``prefix`` (a weight set of a task's training module, e.g. ``task.teacher.backbone.``: the caller
+    asks the run's task where it keeps it, :attr:`vitscale.tasks.module.TrainModule.weight_sets`)."""
+    return prefix if prefix is not None else f"{key}."
 
 
-TEACHER = TASK_PARTS + ".dino_teacher.backbone"
-"""Where a self-distillation task keeps its EMA teacher's backbone among the training-only parts
-(:mod:`vitscale.tasks.dino`): the weights ``vitscale convert --key teacher`` reads from a checkpoint."""
-
-
-def subtree(key: str) -> str:
-    """The checkpoint prefix of the weights ``key`` names: ``model.``, ``ema.``, or the teacher's backbone
-    (``teacher``: ``model.`` + :data:`TEACHER`)."""
-    return f"model.{TEACHER}." if key == "teacher" else f"{key}."
-
-
-def without_task_parts(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``sd`` without the tensors of :data:`TASK_PARTS`."""
-    return {k: v for k, v in sd.items() if not k.startswith(TASK_PARTS + ".")}
-
-
-def read_weights(path: str | os.PathLike, key: str = "model") -> dict[str, torch.Tensor]:
+def read_weights(path: str | os.PathLike, key: str = "model", prefix: str | None = None) -> dict[str, torch.Tensor]:
     """Full (unsharded) CPU weights from a ``.safetensors`` file or a checkpoint / run folder,
     verified (checksums; the newest intact checkpoint of a run folder).
 
-    ``key`` selects the checkpoint subtree: ``model``, ``ema`` or ``teacher`` (:func:`subtree`); for a run folder holding only
-    exported weights, ``model.safetensors`` / ``model_ema.safetensors``. A task's training-only parts
-    (:data:`TASK_PARTS`) are left out: these are the weights of the family's model.
+    ``key`` selects the checkpoint subtree: ``model`` (the family's model), ``ema``, or a task's weight
+    set named ``key`` kept under ``prefix`` (:func:`subtree`); for a run folder holding only exported
+    weights, ``model.safetensors`` / ``model_ema.safetensors``.
     """
     p = Path(path)
     if p.is_dir() and not is_step_folder(p) and not list_checkpoints(p) and not list_checkpoints(p / "checkpoints"):
-        if key == "teacher":
-            raise CheckpointError(f"{p}: no checkpoint to read the teacher from (a train.task=dino run keeps it in its "
-                                  "checkpoints: train with checkpoint.every > 0)")  # fmt: skip
+        if prefix is not None:
+            raise CheckpointError(f"{p}: no checkpoint to read the {key!r} weights from (a task keeps its own weight sets "
+                                  "in its checkpoints only: train with checkpoint.every > 0)")  # fmt: skip
         p = p / ("model_ema.safetensors" if key == "ema" else "model.safetensors")
         if p.is_symlink():  # inside a run folder nothing is followed (docs/trust.md, "Symbolic links")
             raise CheckpointError(f"{p} is a symbolic link (to {os.readlink(p)}); a run folder's weights are its own file")
     if p.suffix == ".safetensors":
         if not p.is_file():
             raise FileNotFoundError(f"no weights file at {str(p)!r}")
-        return _finite(without_task_parts(read_safetensors(p)[0]), p)
-    ckpt, idx = find_checkpoint(p, keys={subtree(key).split(".")[0]})
-    prefix = subtree(key)
-    fqns = [k for k in idx["tensors"] if k.startswith(prefix) and not k.startswith(prefix + TASK_PARTS + ".")]
+        return _finite(read_safetensors(p)[0], p)
+    where = subtree(key, prefix)
+    ckpt, idx = find_checkpoint(p, keys={where.split(".")[0]})
+    fqns = [k for k in idx["tensors"] if k.startswith(where)]
     if not fqns:
         raise KeyError(f"checkpoint {ckpt} holds no {key!r} weights")
-    return _finite({k[len(prefix) :]: v for k, v in read_full(ckpt, idx, fqns).items()}, ckpt)
+    return _finite({k[len(where) :]: v for k, v in read_full(ckpt, idx, fqns).items()}, ckpt)
 
 
 def _finite(sd: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
@@ -143,7 +128,7 @@ def load_model_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor] | Non
 def _fit(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool, source) -> tuple[dict, dict]:
     """``sd`` ready for ``model`` (hooks applied, the classifier's misfits dropped) and the report;
     :class:`CheckpointError` when anything else does not fit."""
-    current = without_task_parts(model.state_dict())  # a task's training-only parts are in no weights file
+    current = model.state_dict()
     sd = with_current_names(sd, current)[0]  # weights written before the per-head projections were renamed
     before = {k: tuple(v.shape) for k, v in sd.items()}
     _run_load_pre_hooks(model, sd)
@@ -183,13 +168,11 @@ def _fit(model: torch.nn.Module, sd: dict[str, torch.Tensor], strict: bool, sour
 def export_safetensors(model: torch.nn.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
     """Gather the full weights (rank 0 writes) into a ``.safetensors`` file, atomically, with a
     content checksum in its metadata (``vitscale.checksum``, verified by :func:`read_weights`).
-    The parts a task attached for training only (:data:`TASK_PARTS`) are left out: the file holds the
-    family's own model."""
+    ``model``: the family's model (a task's own parts are not in it: :mod:`vitscale.tasks.module`)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     distributed = dist.is_available() and dist.is_initialized()
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=distributed))
-    sd = without_task_parts(sd)
     err = None
     if rank_world()[0] == 0:
         try:
@@ -219,4 +202,4 @@ def write_weights(tensors: dict[str, torch.Tensor], path: str | os.PathLike, met
         raise
 
 
-__all__ = ["TEACHER", "subtree", "SaveError", "export_safetensors", "load_model_weights", "read_weights", "write_weights"]
+__all__ = ["subtree", "SaveError", "export_safetensors", "load_model_weights", "read_weights", "write_weights"]

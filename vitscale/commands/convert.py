@@ -18,7 +18,8 @@ its safetensors metadata. Examples:
   vitscale convert runs/vit_b16 vit_b16_ema.safetensors --key ema
   vitscale convert runs/digits_dino teacher.safetensors --key teacher
   vitscale convert runs/dino_vits14 teacher_timm.safetensors --key teacher --to timm
---key teacher: the EMA teacher's backbone of a self-distillation run (train.task=dino). --to timm: in
+--key: model, ema, or a weight set the run's task keeps (a self-distillation run's EMA teacher
+backbone: teacher; `vitscale convert RUN OUT --key ?` lists a run's). --to timm: in
 timm's names and layouts, loading with strict=True into timm's model of the same architecture (the
 header's library_model names timm's registered one; the run's overrides, e.g. img_size, are yours to give).
 """
@@ -38,8 +39,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("checkpoint", help="step folder, checkpoints/ folder or run folder")
     p.add_argument("out", help="output .safetensors path")
-    p.add_argument("--key", default="model", choices=["model", "ema", "teacher"],
-                   help="which weights: model, ema, or teacher (a train.task=dino run's EMA teacher backbone); default model")
+    p.add_argument("--key", default="model",
+                   help="which weights: model, ema, or a weight set of the run's task (e.g. teacher); default model")
     p.add_argument("--to", default="vitscale", choices=["vitscale", "timm"],
                    help="the file's layout: vitscale's (default) or timm's (one file: no --max-shard-size)")
     p.add_argument("--dtype", default=None, help="cast floating tensors (bf16, fp16, fp32); default: as saved")
@@ -54,8 +55,12 @@ def run(args) -> int:
     if args.to != "vitscale" and args.max_shard_size:
         print(f"vitscale convert: --to {args.to} writes one file: drop --max-shard-size", file=sys.stderr)
         return 2
+    from vitscale.run.weight_sets import weight_set_prefix
+
+    prefix = weight_set_prefix(args.checkpoint, args.key)  # a task's own weight set: asked of the run's task
     files = consolidate(  # errors: one line (vitscale.cli)
-        args.checkpoint, args.out, key=args.key, dtype=to_dtype(args.dtype), max_shard_bytes=parse_size(args.max_shard_size)
+        args.checkpoint, args.out, key=args.key, dtype=to_dtype(args.dtype), max_shard_bytes=parse_size(args.max_shard_size),
+        prefix=prefix,
     )
     if args.to != "vitscale":
         from vitscale.interop.library_file import write_library_weights

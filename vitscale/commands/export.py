@@ -48,7 +48,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", help="output folder; default RUN_DIR/export/<format>")
     p.add_argument("--ema", action="store_true", help="export the run's EMA weights (model_ema.safetensors)")
     p.add_argument("--teacher", action="store_true",
-                   help="export the EMA teacher's backbone of a train.task=dino run (from its newest checkpoint)")
+                   help="export the teacher weight set of a run whose task keeps one (a self-distillation run's EMA teacher "
+                   "backbone; from its newest checkpoint)")
     p.add_argument("--config", help="YAML path or built-in config name for the preprocessing / tokenizer "
                    "settings; default the config.yaml beside the weights")  # fmt: skip
     add_shell_flag(p)

@@ -46,8 +46,8 @@ def register(subparsers) -> None:
                    help="optimizer, for its states: two fp32 moments (adamw, adam, lamb) or one (sgd with momentum)")
     p.add_argument("--img-size", type=int, default=None, help="training image side in pixels (default: the "
                    "model's)")
-    p.add_argument("--task", default=None, choices=("dino", "mae"), help="count what a self-supervised task adds, "
-                   "at its config group's defaults: dino's heads and EMA teacher, mae's decoder (default: none)")
+    p.add_argument("--task", default=None, metavar="TASK", help="count what a task's training module adds to the model, "
+                   "at its config group's defaults: heads, a teacher, a decoder (a train.task name; default: none)")
     p.add_argument("--table", action="store_true", help="markdown table over the standard layouts, with the "
                    "largest batch on one GPU (estimate / measured)")
     p.add_argument("--gpu-gib", type=float, default=None, help="GPU memory for the largest-batch column "

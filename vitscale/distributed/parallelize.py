@@ -7,13 +7,14 @@ first (it swaps parameters for DTensors on the ``tp`` mesh), activation checkpoi
 compile next (they wrap the blocks' forward, so they see the DTensor code), FSDP2 last (it shards
 whatever parameters it finds, DTensors included, over the data-parallel mesh: a 2-D FSDP x TP
 layout). A family contributes only its :class:`ParallelPlan` — its TP plan and its blocks — from its
-``parallelize.py``.
+``parallelize.py``. A task's training module lays out its own parts (heads, a decoder) through the same
+tail: :func:`parallelize_parts` applies a :class:`PartsPlan` (TP, then FSDP2 units).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -106,4 +107,41 @@ def parallelize(
     return model
 
 
-__all__ = ["ParallelPlan", "check_layout", "indivisible", "no_extra_units", "no_tp_constraints", "parallelize"]
+@dataclass
+class PartsPlan:
+    """The layout of a training module's parts under torchrun (:mod:`vitscale.tasks.module`), applied by
+    :func:`parallelize_parts` in this order: ``tp`` — ``(module, plan, row_sharded)``: the module's
+    tensor-parallel plan (styles of :mod:`vitscale.distributed.tensor_parallel`, paths relative to it)
+    and the names of its parameters split on their rows over the TP ranks (whole rows per rank); then
+    ``fsdp`` — modules made FSDP2 units of their own on the data-parallel mesh, with the run's mixed
+    precision, resharded after their forward. Nothing applies in one process."""
+
+    tp: list[tuple[nn.Module, dict, tuple[str, ...]]] = field(default_factory=list)
+    fsdp: list[nn.Module] = field(default_factory=list)
+
+
+def parallelize_parts(plan: PartsPlan, dims: ParallelDims, precision: PrecisionConfig) -> None:
+    """Lay out a training module's parts as ``plan`` says on the layout ``dims`` (TP with
+    ``parallel.tp > 1``, then FSDP2 under torchrun, in ``precision``); nothing in one process."""
+    if not dims.distributed:
+        return
+    if dims.tp_enabled and plan.tp:
+        from .tensor_parallel import Shard, apply_plan, distribute_tensor
+
+        mesh = dims.tp_mesh()
+        for module, tp_plan, rows in plan.tp:
+            apply_plan(module, mesh, tp_plan)
+            for name in rows:
+                q = getattr(module, name)
+                module.register_parameter(name, nn.Parameter(distribute_tensor(q.data, mesh, [Shard(0)]), q.requires_grad))
+    from .fsdp import fully_shard, mixed_precision_policy
+
+    p = resolve_precision(precision, dims.device)
+    mp = mixed_precision_policy(p.param_dtype, p.reduce_dtype)
+    for unit in plan.fsdp:
+        # resharded after each forward, as a unit below a root: an EMA copy then gathers its new values
+        fully_shard(unit, mesh=dp_mesh_for(dims), mp_policy=mp, reshard_after_forward=True)
+
+
+__all__ = ["ParallelPlan", "PartsPlan", "check_layout", "indivisible", "no_extra_units", "no_tp_constraints", "parallelize",
+           "parallelize_parts"]

@@ -1,5 +1,5 @@
 """Gradient-norm clipping on any layout: over DTensors that live on different meshes (FSDP-only
-parameters next to FSDP x TP ones)."""
+parameters next to FSDP x TP ones), and a DTensor's local shard."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
+
+try:  # torch >= 2.5
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - older torch
+    from torch.distributed._tensor import DTensor
 
 
 def _sharded_mesh_dims(t) -> tuple[int, ...]:
@@ -62,4 +67,28 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float = float(
     return norm
 
 
-__all__ = ["clip_grad_norm_", "grad_norm"]
+__all__ = ["clip_grad_norm_", "grad_norm", "local_shard", "move_towards"]
+
+
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (the same storage), a plain tensor as it is."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@torch.no_grad()
+def move_towards(targets: Iterable[torch.Tensor], sources: Iterable[torch.Tensor], weight: float,
+                 ok: torch.Tensor | None = None) -> None:  # fmt: skip
+    """``target += weight (source - target)`` for each pair — an exponential moving average of
+    ``sources`` (the run's EMA: ``weight = 1 - decay``; an EMA teacher: ``1 - momentum``) — in one
+    foreach call on the local shards (both sides sharded alike: no communication; DTensor has no
+    sharding rule for every foreach op). ``ok``: a device scalar that scales the weight (0.0 = a
+    skipped step: nothing moves), so the host never waits for it."""
+    t = [local_shard(x) for x in targets]
+    s = [local_shard(x.detach()) for x in sources]
+    if not t:
+        return
+    if ok is None:
+        torch._foreach_lerp_(t, s, weight)
+    else:
+        w = ok * weight
+        torch._foreach_lerp_(t, s, [w.to(x.device) for x in t])

@@ -53,8 +53,9 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
                 teacher: bool = False) -> Source:  # fmt: skip
     """Build the model of ``src`` (run folder or ``.safetensors``) with its weights.
 
-    ``teacher``: the EMA teacher's backbone of a ``train.task=dino`` run folder, read from its newest
-    checkpoint (``--key teacher`` of :mod:`vitscale.checkpoint.weights`), built as the run's model.
+    ``teacher``: the ``teacher`` weight set of a run folder whose task's training module declares one
+    (a self-distillation run's EMA teacher backbone: :mod:`vitscale.run.weight_sets`), read from its
+    newest checkpoint, built as the run's model.
 
     ``config`` (a YAML path or built-in name) replaces the run's own ``config.yaml`` for the
     preprocessing constants, tokenizer settings and class names. ``allow_shell``: a config whose
@@ -91,7 +92,9 @@ def load_source(src: str | Path, *, ema: bool = False, config: str | None = None
     cfg = load_config(cfg_path, allow_shell=allow_shell) if cfg_path else config_class(model=meta.get("model"))()
     config_from = str(cfg_path) if cfg_path else "defaults"
     if teacher:  # the run's model (model.safetensors' header, else config.yaml), the teacher's weights
-        sd = read_weights(p, "teacher")
+        from vitscale.run.weight_sets import weight_set_prefix
+
+        sd = read_weights(p, "teacher", weight_set_prefix(p, "teacher"))
         weights_file = p
     else:
         sd = read_weights(weights_file if weights_file.is_file() else p, "ema" if ema else "model")

@@ -11,9 +11,13 @@ it needs and registers itself (after torchtitan's ``protocols/train_spec.py``):
   no ``evals:``, built from the ``eval.*`` keys);
 - the loss ``vitscale bench`` times (:meth:`Task.bench_loss`, on the output of our model and of the
   reference implementations alike);
-- what it prepares once the run is assembled (:meth:`Task.setup`: components that need the layout,
-  such as a distillation teacher, and changes to the model before the optimizer sees it, such as
-  CLIP's tower locks), and the time its parts took (:meth:`Task.step_times`, for the throughput line).
+- what it trains (:meth:`Task.build`, once the run is assembled: the training module,
+  :class:`vitscale.tasks.module.TrainModule` — the family's model and the task's own parts, which
+  declares its parameter groups, what follows an optimizer update, its parts' layout and the weight
+  sets it hands over; components that need the layout, such as a distillation teacher; changes to the
+  model before the optimizer sees it, such as CLIP's tower locks), and the time its parts took
+  (:meth:`Task.step_times`, for the throughput line);
+- what it adds to the family's model, counted for ``vitscale memory`` (:meth:`Task.parameter_counts`).
 
 The trainer never branches on a model's name: ``train.task``, else the family's default task
 (``FamilySpec.task``), picks a class from this registry. ``tests/unit/test_new_task.py`` adds a task
@@ -32,6 +36,8 @@ from torch import nn
 from vitscale.config.schema import Config
 from vitscale.registry import TASKS
 
+from .module import TrainModule
+
 
 class Task:
     """``Task(cfg, model, num_classes, dp_group, class_names)``; the trainer calls :meth:`loss` per
@@ -49,10 +55,13 @@ class Task:
     as fields (``ContrastiveConfig``: ``clip``, ``distill``)."""
     tokenizer: Any = None
     """The text tokenizer of an image-text task (zero-shot prompts), else None."""
+    weight_sets: dict[str, str] = {}
+    """The weight sets its training module's checkpoint holds besides the family's model
+    (:attr:`vitscale.tasks.module.TrainModule.weight_sets`), read without building the module."""
 
     def __init__(self, cfg: Any, model: nn.Module, num_classes: int | None, dp_group=None,
                  class_names: list[str] | None = None):  # fmt: skip
-        self.cfg = cfg
+        self.cfg, self.model = cfg, model
         self.num_classes = num_classes
         self.dp_group = dp_group
         self.class_names = list(class_names or [])
@@ -85,22 +94,22 @@ class Task:
         Default: none."""
         return {}
 
-    def setup(self, run: Any) -> list[str]:
+    def build(self, run: Any) -> TrainModule:
         """Called once by the trainer with the assembled run (:class:`vitscale.run.Run`: layout, device,
-        data settings) after :attr:`autocast` and :attr:`device` are set and before the optimizer is
-        built: build the components that need the layout (a distillation teacher), change the model
-        (freeze parameters). Returns lines for the run to print. Default: nothing."""
-        return []
+        data settings; the family's model already holds ``checkpoint.init_from``'s weights) after
+        :attr:`autocast` and :attr:`device` are set and before the optimizer is built: the training
+        module of the run — the model and the task's own parts (:mod:`vitscale.tasks.module`) — with
+        the lines the run prints (``notices``). Build here the components that need the layout (a
+        distillation teacher) and change the model (freeze parameters). Default: the model alone."""
+        return TrainModule(self.model)
 
-    def schedule_optimizer(self, optimizer: Any, step: int) -> None:
-        """Called before optimizer update number ``step`` (1-based), after the learning-rate schedule set
-        the groups' ``lr``: set what the task schedules itself (DINOv2's weight decay). Default: nothing."""
-
-    def weights_loaded(self) -> None:
-        """Called by the run's checkpoint component (:class:`vitscale.train.checkpointing.Checkpointing`)
-        right after the model's weights were read from ``checkpoint.init_from``
-        (never on a resume, whose checkpoint holds the task's parts): the task's own copies of the
-        model's weights (a self-distillation teacher) follow them. Default: nothing."""
+    @classmethod
+    def parameter_counts(cls, group: Any, backbone: nn.Module) -> tuple[int, int]:
+        """``(trained, held)``: the parameters this task's training module adds to ``backbone`` (a model
+        of the family, on the meta device or not) that the optimizer trains, and those it only holds
+        (a teacher), for ``vitscale memory`` (``group``: the task's config group, None for its
+        defaults). Default: none."""
+        return 0, 0
 
     def step_times(self) -> dict[str, float]:
         """Seconds the task's named parts took since the last call (``{"teacher": s}``), read at log

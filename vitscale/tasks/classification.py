@@ -12,6 +12,7 @@ from vitscale.data.mixup import Mixup, smooth_one_hot
 
 from .base import Task, register_task
 from .distill_config import ClassificationConfig
+from .module import TrainModule
 
 
 def classification_loss(logits: torch.Tensor, target: torch.Tensor, kind: str, smoothing: float, *,
@@ -57,14 +58,15 @@ class ClassificationTask(Task):
             )  # fmt: skip
         self.distill = None
 
-    def setup(self, run):
-        """With ``distill.teacher``: the teacher (DeiT distillation), which must predict the data's classes."""
+    def build(self, run):
+        """The model; with ``distill.teacher``, the teacher (DeiT distillation), which must predict the
+        data's classes."""
         if not self.cfg.distill.teacher:
-            return []
+            return TrainModule(self.model)
         from .distill import build
 
         self.distill = build(run, self.cfg.distill, self.autocast, classes=True)
-        return self.distill.lines
+        return TrainModule(self.model, notices=self.distill.lines)
 
     def step_times(self):
         return self.distill.step_times() if self.distill is not None else {}

@@ -29,6 +29,7 @@ from vitscale.tasks.contrastive_loss import build_contrastive_loss
 
 from .base import Task, register_task
 from .contrastive_config import ContrastiveConfig
+from .module import TrainModule
 
 
 class ContrastiveTask(Task):
@@ -65,8 +66,8 @@ class ContrastiveTask(Task):
         have = {f.name for f in dataclasses.fields(model_cfg)} if dataclasses.is_dataclass(model_cfg) else set()
         return {k: v for k, v in cls.SIGLIP_INIT.items() if k in have}
 
-    def setup(self, run):
-        """open_clip's tower locks (``clip.lock_image`` / ``clip.lock_text``), then the distillation
+    def build(self, run):
+        """The model with open_clip's tower locks (``clip.lock_image`` / ``clip.lock_text``), then the distillation
         teacher (``distill.teacher``, a CLIP)."""
         cc, lines = self.cfg.clip, []
         siglip = {k: v for k, v in self.model_defaults(self.cfg, run.model_cfg).items() if k not in self.cfg.model.overrides}
@@ -86,7 +87,7 @@ class ContrastiveTask(Task):
 
             self.distill = build(run, self.cfg.distill, self.autocast, classes=False)
             lines += self.distill.lines
-        return lines
+        return TrainModule(self.model, notices=lines)
 
     def step_times(self):
         return self.distill.step_times() if self.distill is not None else {}

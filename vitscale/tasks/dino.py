@@ -12,11 +12,11 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
   hook on the patch embedding; the teacher is a copy of both, updated after every optimizer step as
   ``t = m t + (1 - m) s`` (``ssl_meta_arch.py`` lines 356-365) with ``m`` on a cosine from
   ``dino.momentum_teacher`` to ``dino.final_momentum_teacher`` (:func:`~vitscale.tasks.dino_loss.momentum_at`).
-  The update of step ``i`` is applied at the start of step ``i + 1`` (before the teacher's forward):
-  the same teacher for every step, and a resumed run makes it from the checkpointed student. Both,
-  and the running centres, are training-only parts of the model (``model.task_parts.dino_*``,
-  :mod:`vitscale.tasks.parts`): trained or carried, checkpointed and resumed with it, left out of
-  ``model.safetensors``.
+  The update follows each optimizer update (:meth:`DinoModule.after_update`, weighted by the step's
+  finite flag: a skipped step moves neither). Both, and the running centres, are the parts of the
+  task's training module (:class:`DinoModule`, :mod:`vitscale.tasks.module`): trained or carried,
+  checkpointed (``task.*``) and resumed with the model, left out of ``model.safetensors``; the teacher's
+  backbone is its ``teacher`` weight set (``vitscale convert --key teacher``).
 - **The class token** (DINOv2's ``x_norm_clstoken``) is the backbone's own pooled, normalised features
   (its ``pre_logits``, what the k-NN and probes evaluate): the class token for ``pool=token``,
   ``fc_norm`` of the mean patch token for ``avg``, the attention pool's output for ``map``; the patch
@@ -28,11 +28,11 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
   student's class tokens of each global crop, and iBOT's cross-entropy on the masked patches of the
   global crops (``ssl_meta_arch.py`` lines 132-346).
 - **The prototypes** have learning rate 0 for the first ``dino.freeze_last_layer_epochs``, as DINOv2's
-  ``last_layer_lr_schedule`` (``dinov2/train/train.py`` lines 98-100): their own optimizer groups
-  (:data:`vitscale.train.optim.OWN_GROUP`), set by :meth:`DinoTask.schedule_optimizer`; their gradient
-  still counts in the clipping norm and AdamW's moments, as there, and no weight decay moves them.
+  ``last_layer_lr_schedule`` (``dinov2/train/train.py`` lines 98-100): their own parameter group,
+  scheduled by the module (:meth:`DinoModule.hyper`); their gradient still counts in the clipping norm
+  and AdamW's moments, as there, and no weight decay moves them.
 - **Weight decay**: constant ``optim.weight_decay``, or DINOv2's cosine to ``dino.weight_decay_end``
-  (:meth:`DinoTask.schedule_optimizer`).
+  (:meth:`DinoModule.hyper`).
 - **Layout** (:mod:`vitscale.tasks.dino_layout`): one process, or FSDP2 data parallelism and tensor
   parallelism under torchrun, with the teacher sharded as the student (the heads' MLPs column / row
   parallel, the prototypes split over the TP ranks, their logits gathered before the targets).
@@ -49,17 +49,16 @@ import inspect
 import torch
 from torch import nn
 
-from vitscale.checkpoint.weights import TASK_PARTS
 from vitscale.data import keyed
+from vitscale.distributed.parallelize import parallelize_parts
+from vitscale.distributed.utils import move_towards
 from vitscale.errors import ConfigError
-from vitscale.train.ema import _local
-from vitscale.train.optim import OWN_GROUP
 
 from .base import Task, register_task
 from .dino_config import DinoConfig, DinoPretrainingConfig
 from .dino_crops import STREAM_DINO_INIT, ibot_masks, multi_crop
 from .dino_head import DinoHead
-from .dino_layout import check_layout, keep_root_gathered, release, shard_units, split_heads, teacher_backbone
+from .dino_layout import check_layout, copy_weights, head_plan, keep_root_gathered, release, teacher_backbone
 from .dino_loss import (
     dino_loss,
     ibot_loss,
@@ -70,8 +69,9 @@ from .dino_loss import (
     teacher_temp_at,
     update_center,
 )
+from .gram import gram_loss, refreshes_after
 from .health import RankWatch, TeacherWatch, frozen_backbone_evals
-from .parts import attach_part
+from .module import Hyper, ParamGroup, PartsPlan, TrainModule, trainable
 
 
 class DinoStudent(nn.Module):
@@ -100,9 +100,104 @@ class DinoCentres(nn.Module):
         self.register_buffer("patch", torch.zeros(1, k))
 
 
+class DinoModule(TrainModule):
+    """DINO's training module: the student's backbone (the family's model), ``student`` (its heads:
+    :class:`DinoStudent`), ``teacher`` (the EMA copy: ``backbone``, ``head``, ``ibot_head``) and
+    ``centres``. It declares the prototypes' own parameter group (learning rate 0 while frozen), DINOv2's
+    weight-decay cosine, the teacher's update after each optimizer step and the heads' layout."""
+
+    weight_sets = {"teacher": "teacher.backbone"}
+
+    def __init__(self, backbone: nn.Module, student: DinoStudent, teacher: nn.ModuleDict, centres: DinoCentres,
+                 schedules: dict, notices: list[str], gram_teacher: nn.Module | None = None):  # fmt: skip
+        parts = {"student": student, "teacher": teacher, "centres": centres}
+        if gram_teacher is not None:  # DINOv3's Gram teacher: a frozen copy of the EMA teacher's backbone
+            parts["gram_teacher"] = gram_teacher
+        super().__init__(backbone, parts, notices)
+        self.dc, self.total = schedules["dc"], schedules["total"]
+        self.freeze_steps, self.wd0 = schedules["freeze_steps"], schedules["wd0"]
+        self._pairs: list[tuple[nn.Parameter, nn.Parameter]] = []
+
+    @property
+    def ema_pairs(self) -> list[tuple[nn.Parameter, nn.Parameter]]:
+        """``(teacher, student)`` parameter pairs the teacher's EMA moves: the backbone's, then the heads'
+        (listed on first use, once the layout has put the parameters in place)."""
+        if not self._pairs:
+            teacher, student = self.teacher, self.student
+            tb = dict(teacher["backbone"].named_parameters())
+            self._pairs = [(tb[n], q) for n, q in self.backbone.named_parameters()]
+            for key in ("head", "ibot_head"):
+                if key in teacher:
+                    self._pairs += list(zip(teacher[key].parameters(), getattr(student, key).parameters(), strict=True))
+        return self._pairs
+
+    @property
+    def student(self) -> DinoStudent:
+        return self.parts["student"]
+
+    @property
+    def teacher(self) -> nn.ModuleDict:
+        return self.parts["teacher"]
+
+    @property
+    def centres(self) -> DinoCentres:
+        return self.parts["centres"]
+
+    @property
+    def gram_teacher(self) -> nn.Module | None:
+        return self.parts["gram_teacher"] if "gram_teacher" in self.parts else None
+
+    def gram_active(self, it: int) -> bool:
+        """Whether the Gram loss enters iteration ``it`` (0-based): on, and its teacher loaded (after update
+        ``dino.gram_it_load_ema_teacher``; the EMA teacher itself is always there)."""
+        dc = self.dc
+        return dc.gram_loss_weight > 0 and (dc.gram_ema_teacher or it >= dc.gram_it_load_ema_teacher)
+
+    def param_groups(self) -> list[ParamGroup]:
+        """The backbone's groups, the heads' (and mask token's) as ``heads``, and each head's prototypes
+        (``last_layer_parameters``) as ``prototypes``, scheduled by :meth:`hyper`."""
+        protos = {id(q) for h in (self.student.head, self.student.ibot_head) if h is not None
+                  for q in h.last_layer_parameters()}  # fmt: skip
+        own = trainable(self.student)
+        return [ParamGroup("", trainable(self.backbone), backbone=True),
+                ParamGroup("heads", [(n, q) for n, q in own if id(q) not in protos]),
+                ParamGroup("prototypes", [(n, q) for n, q in own if id(q) in protos], schedule="prototypes")]  # fmt: skip
+
+    def hyper(self, step: int) -> Hyper:
+        """DINOv2's schedules at iteration ``step - 1`` (``apply_optim_scheduler``): the prototypes at
+        learning rate 0 while frozen (``last_layer_lr``); with ``dino.weight_decay_end``, every group's
+        decay scaled by the cosine from ``optim.weight_decay`` to it (``wd x wd_multiplier``)."""
+        end = self.dc.weight_decay_end
+        wd = 1.0 if end is None else momentum_at(step - 1, self.wd0, end, self.total) / self.wd0
+        return Hyper(lr={"prototypes": 0.0} if step - 1 < self.freeze_steps else {}, weight_decay=wd)
+
+    def after_update(self, step: int, ok: torch.Tensor | None = None) -> None:
+        """``teacher = m teacher + (1 - m) student`` after optimizer update ``step``, parameter by
+        parameter on the local shards (``ssl_meta_arch.py`` lines 356-365), ``m`` on DINOv2's cosine at
+        iteration ``step - 1``; a skipped (non-finite) step moves nothing."""
+        m = momentum_at(step - 1, self.dc.momentum_teacher, self.dc.final_momentum_teacher, self.total)
+        move_towards([a for a, _ in self.ema_pairs], [b for _, b in self.ema_pairs], 1.0 - m, ok)
+        dc, gram = self.dc, self.gram_teacher
+        if gram is not None and refreshes_after(step, load_at=dc.gram_it_load_ema_teacher, rep_update=dc.gram_rep_update,
+                                                every=dc.gram_update_frequency, first=dc.gram_it_first_update,
+                                                most=dc.gram_max_updates):  # fmt: skip
+            copy_weights(self.teacher["backbone"], gram)  # DINOv3's update_gram / gram_load_ema_teacher
+
+    def layout_plan(self) -> PartsPlan:
+        """Under torchrun: each head split over the TP ranks (:func:`~vitscale.tasks.dino_layout.head_plan`,
+        its prototypes on their rows), then each head and the mask token an FSDP2 unit, sharded as its
+        teacher copy (the teacher's backbone is laid out as the student's already)."""
+        s, t = self.student, self.teacher
+        heads = [h for h in (s.head, s.ibot_head, t["head"], t["ibot_head"] if "ibot_head" in t else None) if h is not None]
+        return PartsPlan(tp=[(h, head_plan(), ("last_v", "last_g")) for h in heads],
+                         fsdp=[m for m in (s.head, s.ibot_head, s, t["head"], t["ibot_head"] if "ibot_head" in t else None)
+                               if m is not None])  # fmt: skip
+
+
 class DinoTask(Task):
     name = "dino"
     config = DinoPretrainingConfig
+    weight_sets = DinoModule.weight_sets
 
     def __init__(self, cfg, model, num_classes, dp_group=None, class_names=None):
         super().__init__(cfg, model, num_classes, dp_group, class_names)
@@ -114,45 +209,64 @@ class DinoTask(Task):
         self.watch = TeacherWatch(dp_group)
         self._mask: torch.Tensor | None = None  # (n, N) bool while the student sees masked global crops
         self.iteration = 0
+        self.module: DinoModule | None = None
 
     # ------------------------------------------------------------------------------------- setup
     @classmethod
     def check(cls, cfg, model, dims, purpose):
+        """Refused before any data is read or model built, each in one line: a layout the heads cannot
+        take, crops that are not whole patches, KoLeo without a neighbour, a weight-decay end without a
+        start, a backbone that pools nothing."""
         super().check(cfg, model, dims, purpose)
-        if purpose == "train":
-            check_layout(cfg.dino, dims)
-
-    def setup(self, run):
-        model, dc = self.model, self.dc
-        name = run.cfg.model.name
-        if "keep" not in inspect.signature(model.forward).parameters or not hasattr(model, "patch_embed"):
-            raise ConfigError(f"train.task=dino: model {name} does not give its tokens (forward(images, keep=...)): "
-                              "use a ViT (`vitscale models`)")  # fmt: skip
-        keep_root_gathered(run, model)
-        p = model.cfg.patch_dim
+        if purpose != "train":
+            return
+        check_layout(cfg.dino, dims)
+        dc, mcfg, name = cfg.dino, model.cfg, model.name
+        p = mcfg.patch_dim
         for key in ("global_crops_size", "local_crops_size"):
             size = getattr(dc, key)
             if key == "local_crops_size" and dc.local_crops_number == 0:
                 continue
             if size < p or size % p:
                 raise ConfigError(f"dino.{key}={size} must be a multiple of the patch ({p} pixels of {name}), at least "
-                                  f"one patch: e.g. dino.{key}={max(p, size // p * p)}")  # fmt: skip
-        if dc.koleo_loss_weight > 0 and run.micro_batch < 2:
-            raise ConfigError(f"dino.koleo_loss_weight={dc.koleo_loss_weight} with {run.micro_batch} image per rank and "
-                              "micro-step: KoLeo needs a nearest neighbour (one image gives NaN); raise train.batch_size "
-                              "or set dino.koleo_loss_weight=0")  # fmt: skip
-        if dc.weight_decay_end is not None and run.cfg.optim.weight_decay <= 0:
+                                 f"one patch: e.g. dino.{key}={max(p, size // p * p)}")  # fmt: skip
+        micro = cfg.train.batch_size // max(dims.dp_size * cfg.train.grad_accum, 1)
+        if dc.koleo_loss_weight > 0 and micro < 2:
+            raise ConfigError(f"dino.koleo_loss_weight={dc.koleo_loss_weight} with {micro} image per rank and "
+                             "micro-step: KoLeo needs a nearest neighbour (one image gives NaN); raise train.batch_size "
+                             "or set dino.koleo_loss_weight=0")  # fmt: skip
+        if dc.weight_decay_end is not None and cfg.optim.weight_decay <= 0:
             raise ConfigError(f"dino.weight_decay_end={dc.weight_decay_end} needs a start: set optim.weight_decay > 0 "
-                              "(DINOv2: 0.04 -> 0.4)")  # fmt: skip
+                             "(DINOv2: 0.04 -> 0.4)")  # fmt: skip
+        if getattr(mcfg, "pool", None) == "none":
+            raise ConfigError("train.task=dino with model.pool=none: DINO's head reads one feature vector per image; "
+                             "use pool token, avg or map")  # fmt: skip
+
+    @classmethod
+    def parameter_counts(cls, group, backbone):
+        """The student's heads and mask token (trained); the teacher, a copy of the backbone and the heads,
+        and with Gram anchoring the Gram teacher, another copy of the backbone (held). ``group``: the
+        ``dino`` group (None: its defaults)."""
+        dc = group if group is not None else DinoConfig()
+        with torch.device("meta"):
+            student = DinoStudent(backbone.num_features, dc, dc.ibot_loss_weight > 0)
+        count = lambda m: sum(q.numel() for q in m.parameters()) if m is not None else 0  # noqa: E731
+        gram = count(backbone) if dc.gram_loss_weight > 0 and not dc.gram_ema_teacher else 0  # the Gram teacher
+        return count(student), count(backbone) + count(student.head) + count(student.ibot_head) + gram
+
+    def build(self, run):
+        model, dc = self.model, self.dc
+        name = run.cfg.model.name
+        if "keep" not in inspect.signature(model.forward).parameters or not hasattr(model, "patch_embed"):
+            raise ConfigError(f"train.task=dino: model {name} does not give its tokens (forward(images, keep=...)): "
+                              "use a ViT (`vitscale models`)")  # fmt: skip
+        keep_root_gathered(run, model)
         self.wd0 = run.cfg.optim.weight_decay
         per_epoch, self.total = run.steps_per_epoch, run.total_steps  # the run's length as the run layer resolved it
         self.rank.for_run(self.total)
         self.watch.for_run(self.total)
         self.temp_warmup = round(dc.warmup_teacher_temp_epochs * per_epoch)
         self.freeze_steps = round(dc.freeze_last_layer_epochs * per_epoch)
-        if model.cfg.pool == "none":
-            raise ConfigError("train.task=dino with model.pool=none: DINO's head reads one feature vector per image; "
-                              "use pool token, avg or map")  # fmt: skip
         self.prefix = model.num_prefix_tokens
         device = next(model.parameters()).device
         unreached = self._freeze_unreached(device)
@@ -164,45 +278,53 @@ class DinoTask(Task):
         if student.ibot_head is not None:
             teacher["ibot_head"] = copy.deepcopy(student.ibot_head)
         teacher.requires_grad_(False)
-        # under torchrun: each head split over the TP ranks (parallel.tp), then each head and the mask
-        # token an FSDP2 unit, sharded as its teacher copy
-        t_ibot = teacher["ibot_head"] if "ibot_head" in teacher else None
-        split_heads(run, [student.head, student.ibot_head, teacher["head"], t_ibot])
-        shard_units(run, [student.head, student.ibot_head, student, teacher["head"], t_ibot])
-        for head in (student.head, student.ibot_head):  # own optimizer groups: lr 0 while frozen
-            for q in head.last_layer_parameters() if head is not None else ():
-                setattr(q, OWN_GROUP, "prototypes")
-        self.student = attach_part(model, "dino_student", student)
-        self.teacher = attach_part(model, "dino_teacher", teacher)
-        self.centres = attach_part(model, "dino_centre", DinoCentres(dc.head_n_prototypes).to(device))
-        # the pairs the EMA moves: the backbone's own parameters, then the heads'
-        own = [(n, q) for n, q in model.named_parameters() if not n.startswith("task_parts.")]
-        tb = dict(self.teacher["backbone"].named_parameters())
-        self.ema_pairs = [(tb[n], q) for n, q in own]
-        for key in ("head", "ibot_head"):
-            if key in self.teacher:
-                self.ema_pairs += list(zip(self.teacher[key].parameters(), getattr(student, key).parameters(), strict=True))
-        if self.ibot:
-            model.patch_embed.register_forward_hook(self._mask_hook)
         n_params = sum(q.numel() for q in student.parameters())
         frozen = ([f"dino: {len(unreached)} tensors the objective does not reach are frozen: {', '.join(unreached[:3])}"
                    f"{', ...' if len(unreached) > 3 else ''}"] if unreached else [])  # fmt: skip
-        return [*frozen, f"dino: 2 global crops of {dc.global_crops_size} px, {dc.local_crops_number} local of "
-                f"{dc.local_crops_size} px; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
-                f"{dc.head_n_prototypes} prototypes ({n_params / 1e6:.2f}M params with the mask token, not exported); "
-                f"centring {dc.centering}; teacher temperature {dc.warmup_teacher_temp} -> {dc.teacher_temp} over "
-                f"{self.temp_warmup} steps, momentum {dc.momentum_teacher} -> {dc.final_momentum_teacher} over {self.total}; "
-                f"prototypes frozen for {self.freeze_steps} steps; iBOT {'on' if self.ibot else 'off'}, KoLeo "
-                f"{dc.koleo_loss_weight}",
-                "dino: the k-NN and probe evaluations read the student's backbone"]  # fmt: skip
+        notices = [*frozen, f"dino: 2 global crops of {dc.global_crops_size} px, {dc.local_crops_number} local of "
+                   f"{dc.local_crops_size} px; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
+                   f"{dc.head_n_prototypes} prototypes ({n_params / 1e6:.2f}M params with the mask token, not exported); "
+                   f"centring {dc.centering}; teacher temperature {dc.warmup_teacher_temp} -> {dc.teacher_temp} over "
+                   f"{self.temp_warmup} steps, momentum {dc.momentum_teacher} -> {dc.final_momentum_teacher} over {self.total}; "
+                   f"prototypes frozen for {self.freeze_steps} steps; iBOT {'on' if self.ibot else 'off'}, KoLeo "
+                   f"{dc.koleo_loss_weight}",
+                   "dino: the k-NN and probe evaluations read the student's backbone"]  # fmt: skip
+        gram = None
+        if dc.gram_loss_weight > 0 and not dc.gram_ema_teacher:  # laid out as the teacher, starting as it does
+            gram = teacher_backbone(run, model).requires_grad_(False)
+            keep_root_gathered(run, gram)
+            notices.append(f"dino: Gram anchoring (DINOv3), weight {dc.gram_loss_weight}: the Gram teacher loaded from "
+                           f"the EMA teacher after update {dc.gram_it_load_ema_teacher}"
+                           + (f", refreshed every {dc.gram_update_frequency} from update {dc.gram_it_first_update}"
+                              + (f" ({dc.gram_max_updates} times at most)" if dc.gram_max_updates is not None else "")
+                              if dc.gram_rep_update else ""))  # fmt: skip
+        elif dc.gram_loss_weight > 0:
+            notices.append(f"dino: Gram anchoring (DINOv3), weight {dc.gram_loss_weight}, against the EMA teacher")
+        schedules = {"dc": dc, "total": self.total, "freeze_steps": self.freeze_steps, "wd0": self.wd0}
+        module = DinoModule(model, student, teacher, DinoCentres(dc.head_n_prototypes).to(device), schedules, notices,
+                            gram)  # fmt: skip
+        parallelize_parts(module.layout_plan(), run.dims, run.cfg.precision)  # under torchrun: the heads split over TP, each an FSDP2 unit
+        self.module = module
+        if self.ibot:
+            model.patch_embed.register_forward_hook(self._mask_hook)
+        return module
 
-    @torch.no_grad()
-    def weights_loaded(self) -> None:
-        """``checkpoint.init_from`` (timm's DINOv2 weights, a vitscale run): the teacher's backbone
-        starts from the same weights as the student's, as DINOv2's teacher starts as a copy of the
-        student (``ssl_meta_arch.py`` line 396, ``prepare_for_distributed_training``); the heads stay as drawn."""
-        own = {k: v for k, v in self.model.state_dict().items() if not k.startswith(TASK_PARTS + ".")}
-        self.teacher["backbone"].load_state_dict(own, strict=True)
+    # the module's parts, as the loss reads them
+    @property
+    def student(self) -> DinoStudent:
+        return self.module.student
+
+    @property
+    def teacher(self) -> nn.ModuleDict:
+        return self.module.teacher
+
+    @property
+    def centres(self) -> DinoCentres:
+        return self.module.centres
+
+    @property
+    def ema_pairs(self):
+        return self.module.ema_pairs
 
     def _freeze_unreached(self, device) -> list[str]:
         """Freeze the backbone's parameters DINO's features do not reach (the classifier), found by one
@@ -224,33 +346,12 @@ class DinoTask(Task):
             params[n].requires_grad_(False)
         return unreached
 
-    def schedule_optimizer(self, optimizer, step):
-        """DINOv2's schedules at iteration ``step - 1`` (``apply_optim_scheduler``): the prototypes' groups
-        at learning rate 0 while frozen (``last_layer_lr``); with ``dino.weight_decay_end``, each group's
-        decay scaled by the cosine from ``optim.weight_decay`` to it (``wd x wd_multiplier``)."""
-        end = self.dc.weight_decay_end
-        f = None if end is None else momentum_at(step - 1, self.wd0, end, self.total) / self.wd0
-        for g in optimizer.param_groups:
-            if step - 1 < self.freeze_steps and ".prototypes" in g.get("name", ""):
-                g["lr"] = 0.0
-            if f is not None:
-                g["weight_decay"] = g.setdefault("initial_weight_decay", g["weight_decay"]) * f
-
     def _mask_hook(self, module, args, out):
         """iBOT: the mask token in place of the masked patches' embeddings (DINOv2's
         ``prepare_tokens_with_masks``, ``vision_transformer.py`` line 218), for the student's global crops."""
         if self._mask is None or out.shape[0] != self._mask.shape[0]:
             return out
         return self.student(out, self._mask)
-
-    @torch.no_grad()
-    def update_teacher(self, m: float) -> None:
-        """``teacher = m teacher + (1 - m) student``, parameter by parameter (local tensors, no
-        communication: ``ssl_meta_arch.py`` lines 356-365)."""
-        t = [_local(a) for a, _ in self.ema_pairs]  # sharded alike (vitscale.tasks.dino_layout)
-        s = [_local(b.detach()) for _, b in self.ema_pairs]
-        torch._foreach_mul_(t, m)
-        torch._foreach_add_(t, s, alpha=1 - m)
 
     # ------------------------------------------------------------------------------------- loss
     def _cls(self, tokens: torch.Tensor, net: nn.Module) -> torch.Tensor:
@@ -272,9 +373,7 @@ class DinoTask(Task):
 
     def loss(self, model, batch, step):
         dc = self.dc
-        it = step // self.accum
-        if step % self.accum == 0 and it > 0:  # the update after optimizer step it - 1
-            self.update_teacher(momentum_at(it - 1, dc.momentum_teacher, dc.final_momentum_teacher, self.total))
+        it = step // self.accum  # the optimizer update this micro-step belongs to (0-based)
         self.iteration = it
         temp = teacher_temp_at(it, dc.warmup_teacher_temp, dc.teacher_temp, self.temp_warmup)
         images = batch["image"]
@@ -340,6 +439,22 @@ class DinoTask(Task):
             l_ibot = ibot_loss(s_patch_logits, t_patch_targets, weights, 2 * B, dc.student_temp)
             total = total + dc.ibot_loss_weight * l_ibot
             metrics["train_ibot_loss"] = l_ibot.detach()
+        if self.module.gram_active(it):  # DINOv3's Gram anchoring of the global crops' patch features
+            g_net = teacher["backbone"] if dc.gram_ema_teacher else self.module.gram_teacher
+            with torch.no_grad(), self.autocast():
+                g_patch = self._patches(t_tok if dc.gram_ema_teacher else g_net(glob, keep=every), g_net)
+                if not dc.gram_ema_teacher:
+                    release(g_net)
+            with self.autocast():
+                s_all = self._patches(s_tok, model)  # (2B, N, D), the student's on its (masked) crops
+            if dc.gram_tokens_used != "all":  # the patches the iBOT masks cover, or the others
+                chosen = masks if masks is not None else torch.zeros(s_all.shape[:2], dtype=torch.bool, device=images.device)
+                chosen = chosen if dc.gram_tokens_used == "masked" else ~chosen
+                s_all, g_patch = s_all[chosen], g_patch[chosen]
+            l_gram = gram_loss(s_all, g_patch, normalized=dc.gram_normalized, img_level=dc.gram_img_level,
+                               remove_neg=dc.gram_remove_neg, remove_only_teacher_neg=dc.gram_remove_only_teacher_neg)  # fmt: skip
+            total = total + dc.gram_loss_weight * l_gram
+            metrics["train_gram_loss"] = l_gram.detach()
         metrics["train_teacher_temp"] = torch.tensor(temp, device=images.device)
         self.rank.keep(t_cls[:B].float())
         self.watch.keep(t_targets)
@@ -362,4 +477,4 @@ class DinoTask(Task):
 
 register_task(DinoTask)
 
-__all__ = ["DinoCentres", "DinoStudent", "DinoTask"]
+__all__ = ["DinoCentres", "DinoModule", "DinoStudent", "DinoTask"]

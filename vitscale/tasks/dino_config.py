@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from vitscale.config.schema import Config
 
 CENTERINGS = ("softmax", "sinkhorn_knopp")
+GRAM_TOKENS = ("all", "masked", "unmasked")
 
 
 def _pair(key: str, v, lo: float, hi: float, closed_lo: bool = False) -> tuple[float, float]:
@@ -102,6 +103,41 @@ class DinoConfig:
     """Epochs during which the heads' last layers (the prototypes) get no gradient (``optim.
     freeze_last_layer_epochs`` ssl_default_config.yaml line 101; dinov2/train/train.py lines 98-100)."""
 
+    # ---- DINOv3's Gram anchoring (arXiv 2508.10104 section 4; facebookresearch/dinov3 at 6876159,
+    # ``gram`` group of dinov3/configs/ssl_default_config.yaml lines 45-63; :mod:`vitscale.tasks.gram`)
+    gram_loss_weight: float = 0.0
+    """Weight of the Gram loss on the student's patch features of the global crops (``gram.loss_weight``,
+    line 48; ``gram.use_loss`` line 46 is ``gram_loss_weight > 0``); 0 = off (DINOv2), 1.0 in DINOv3's
+    Gram-anchoring stage (``dinov3_vit7b16_gram_anchor.yaml`` line 49)."""
+    gram_ema_teacher: bool = False
+    """The EMA teacher itself is the Gram teacher (``gram.ema_teacher`` line 49); False: a frozen copy
+    of it, loaded and refreshed on the schedule below."""
+    gram_it_load_ema_teacher: int = 0
+    """The optimizer update after which the EMA teacher is first copied into the Gram teacher
+    (``gram.it_load_ema_teacher`` line 51: "before iteration N"); 0 = before the first step (the
+    teacher's starting weights, e.g. ``checkpoint.init_from``'s)."""
+    gram_rep_update: bool = True
+    """Refresh the Gram teacher from the EMA teacher every ``gram_update_frequency`` updates
+    (``gram.rep_update`` line 52)."""
+    gram_update_frequency: int = 50000
+    """Updates between refreshes (``gram.update_frequency`` line 53; 10,000 in the 7B Gram-anchoring stage)."""
+    gram_it_first_update: int = 0
+    """The first update after which the repeated refreshes start (``gram.it_first_update`` line 54)."""
+    gram_max_updates: int | None = None
+    """At most this many repeated refreshes (``gram.max_updates`` line 55; 3 in the 7B stage); None = no limit."""
+    gram_normalized: bool = True
+    """L2-normalise each patch feature before the Gram matrices (``gram.normalized`` line 56)."""
+    gram_img_level: bool = False
+    """One Gram matrix per crop (True: ``gram.img_level`` line 57, True in the 7B stage) or one over all
+    patches of the rank's batch (False, the default config's)."""
+    gram_remove_neg: bool = False
+    """Negative similarities set to 0 on both sides (``gram.remove_neg`` line 58)."""
+    gram_remove_only_teacher_neg: bool = False
+    """The teacher's negative similarities set to 0 (``gram.remove_only_teacher_neg`` line 59)."""
+    gram_tokens_used: str = "all"
+    """Which of the global crops' patches enter the loss: ``all``, ``masked`` or ``unmasked`` (by the iBOT
+    masks; ``gram.tokens_used`` line 60; the last two need ``gram_img_level: false``)."""
+
     def __post_init__(self):
         self.global_crops_scale = list(_pair("global_crops_scale", self.global_crops_scale, 0.0, 1.0))
         self.local_crops_scale = list(_pair("local_crops_scale", self.local_crops_scale, 0.0, 1.0))
@@ -137,6 +173,28 @@ class DinoConfig:
         for key in ("center_momentum", "momentum_teacher", "final_momentum_teacher"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ValueError(f"{key}={getattr(self, key)} must lie in [0, 1]")
+        self._check_gram()
+
+    def _check_gram(self) -> None:
+        """The Gram keys (DINOv3's own assertions, ``dinov3/train/ssl_meta_arch.py`` lines 218-231, and ranges)."""
+        if not (self.gram_loss_weight >= 0 and self.gram_loss_weight < float("inf")):
+            raise ValueError(f"gram_loss_weight={self.gram_loss_weight} must be a finite number >= 0 (0 = no Gram anchoring)")
+        if self.gram_update_frequency < 1:
+            raise ValueError(f"gram_update_frequency={self.gram_update_frequency} must be >= 1 (updates between refreshes)")
+        for key in ("gram_it_load_ema_teacher", "gram_it_first_update"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key}={getattr(self, key)} must be >= 0 (an optimizer update)")
+        if self.gram_max_updates is not None and self.gram_max_updates < 0:
+            raise ValueError(f"gram_max_updates={self.gram_max_updates} must be >= 0, or null for no limit")
+        if self.gram_tokens_used not in GRAM_TOKENS:
+            raise ValueError(f"gram_tokens_used={self.gram_tokens_used!r}: choose one of {', '.join(GRAM_TOKENS)}")
+        if self.gram_tokens_used != "all" and self.gram_img_level:
+            raise ValueError(f"gram_tokens_used={self.gram_tokens_used} selects patches across the batch: set gram_img_level=false")
+        if self.gram_remove_neg and self.gram_remove_only_teacher_neg:
+            raise ValueError("gram_remove_neg and gram_remove_only_teacher_neg are exclusive: set one")
+        if self.gram_ema_teacher and self.gram_rep_update and self.gram_loss_weight > 0:
+            raise ValueError("gram_ema_teacher=true uses the EMA teacher itself: there is no copy to refresh, set "
+                             "gram_rep_update=false (DINOv3 asserts the same)")  # fmt: skip
 
 
 @dataclass

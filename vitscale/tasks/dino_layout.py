@@ -7,7 +7,9 @@ are then sharded exactly as the student's, so the EMA update is element-wise on 
 no communication (DINOv3 does the same: facebookresearch/dinov3 ``dinov3/train/ssl_meta_arch.py``
 ``update_ema``; ``dinov3/fsdp/ac_compile_parallelize.py``). One process: plain copies.
 
-Under tensor parallelism (``parallel.tp``) every head, the student's and the teacher's alike, gets the
+The heads' layout is declared by the task's training module (:meth:`vitscale.tasks.dino.DinoModule.layout_plan`)
+and applied by the parallelize tail (:func:`vitscale.distributed.parallelize.parallelize_parts`). Under
+tensor parallelism (``parallel.tp``) every head, the student's and the teacher's alike, gets the
 plan of :func:`head_plan` before its FSDP2 unit (Megatron style, as the ViT's MLP: the first linear
 layer column parallel, the second row parallel with a replicated output, any further layer replicated)
 and its prototypes split over the TP ranks, whole prototypes per rank (``last_v`` and ``last_g``
@@ -19,19 +21,14 @@ prototype count or head width that ``parallel.tp`` does not divide."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from vitscale.distributed.parallelize import indivisible
-from vitscale.distributed.tensor_parallel import Shard, apply_plan, colwise, rowwise
+from vitscale.distributed.tensor_parallel import colwise, rowwise
+from vitscale.distributed.utils import local_shard
 from vitscale.errors import CheckError
-
-try:  # torch >= 2.5
-    from torch.distributed.tensor import distribute_tensor
-except ImportError:  # pragma: no cover - older torch
-    from torch.distributed._tensor import distribute_tensor
 
 
 def check_layout(dc, dims) -> None:
@@ -55,55 +52,25 @@ def head_plan() -> dict:
     return {"mlp.0": colwise(), "mlp.2": rowwise(sequence_parallel_output=False)}
 
 
-def split_heads(run, heads: Iterable[nn.Module | None]) -> None:
-    """Each of ``heads`` laid out for tensor parallelism (before :func:`shard_units`): :func:`head_plan`,
-    and its prototypes ``last_v`` ``(K, bottleneck)`` and ``last_g`` ``(K, 1)`` sharded on their rows
-    over the TP mesh; nothing without tensor parallelism."""
-    if not (run.dims.distributed and run.dims.tp_enabled):
-        return
-    mesh = run.dims.tp_mesh()
-    for head in heads:
-        if head is None:
-            continue
-        apply_plan(head, mesh, head_plan())
-        for name in ("last_v", "last_g"):
-            p = getattr(head, name)
-            head.register_parameter(
-                name, nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)]), p.requires_grad)
-            )
-
-
 def teacher_backbone(run, model: nn.Module) -> nn.Module:
     """A copy of ``model`` (its parameters and buffers), laid out as ``model``: a deep copy in one
     process, else a new model parallelized as the run's, given ``model``'s local shards."""
     if not run.dims.distributed:
         return copy.deepcopy(model)
-    from vitscale.train.ema import _local
-
     teacher = run.new_model()
-    own = [(n, p) for n, p in model.named_parameters() if not n.startswith("task_parts.")]
-    with torch.no_grad():
-        for (n, d), (m, s) in zip(teacher.named_parameters(), own, strict=True):
-            assert n == m, (n, m)
-            _local(d).copy_(_local(s.detach()))
-        for d, s in zip(teacher.buffers(), model.buffers()):
-            _local(d).copy_(_local(s))
+    copy_weights(model, teacher)
     return teacher
 
 
-def shard_units(run, units: Iterable[nn.Module | None]) -> None:
-    """Each of ``units`` an FSDP2 unit on the run's data-parallel mesh with its mixed precision (as MAE's
-    decoder); nothing in one process."""
-    if not run.dims.distributed:
-        return
-    from vitscale.distributed.fsdp import dp_mesh_for, fully_shard, mixed_precision_policy, resolve_precision
-
-    prec = resolve_precision(run.cfg.precision, run.device)
-    mp = mixed_precision_policy(prec.param_dtype, prec.reduce_dtype)
-    for unit in units:
-        if unit is not None:
-            # resharded after each forward, as a unit below a root: the teacher's then gather its new values
-            fully_shard(unit, mesh=dp_mesh_for(run.dims), mp_policy=mp, reshard_after_forward=True)
+@torch.no_grad()
+def copy_weights(src: nn.Module, dst: nn.Module) -> None:
+    """``dst``'s parameters and buffers take ``src``'s values, shard by shard (both laid out alike, the
+    same names: no communication)."""
+    for (n, d), (m, s) in zip(dst.named_parameters(), src.named_parameters(), strict=True):
+        assert n == m, (n, m)
+        local_shard(d).copy_(local_shard(s.detach()))
+    for d, s in zip(dst.buffers(), src.buffers(), strict=True):
+        local_shard(d).copy_(local_shard(s))
 
 
 def keep_root_gathered(run, backbone: nn.Module) -> None:
@@ -126,10 +93,9 @@ def release(backbone: nn.Module) -> None:
 
 __all__ = [
     "check_layout",
+    "copy_weights",
     "head_plan",
     "keep_root_gathered",
     "release",
-    "shard_units",
-    "split_heads",
     "teacher_backbone",
 ]

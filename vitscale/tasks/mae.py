@@ -13,13 +13,12 @@ line numbers below). Labels are ignored: any image data trains (digits, imagefol
   the shared learnt mask token in every removed place, the tokens put back in grid order, fixed 2-D
   sin-cos position embeddings (``util/pos_embed.py``; the prefix tokens get none, as MAE's class
   token gets its zero row), ``mae.decoder_depth`` pre-norm blocks (the ViT family's ``Block``), a
-  LayerNorm and a linear prediction of each patch's pixels. It is attached to the model as a
-  training-only part (``model.task_parts.mae_decoder``, :mod:`vitscale.tasks.parts`) before the
-  optimizer is built, so it trains, is checkpointed and resumes with the model; the exported weights
-  (``model.safetensors``) and the weights another run reads from the run folder leave it out: they are
-  the family's own model, which ``checkpoint.init_from``, ``vitscale eval`` and ``vitscale export`` take.
-  Under ``torchrun`` the decoder is its own FSDP2 unit on the data-parallel mesh (tensor parallelism,
-  and EMA on several processes, are refused in one line).
+  LayerNorm and a linear prediction of each patch's pixels. It is the part of the task's training
+  module (:mod:`vitscale.tasks.module`: ``parts.decoder``), so it trains, is checkpointed (``task.*``)
+  and resumes with the model; the exported weights (``model.safetensors``, and the run's EMA) and the
+  weights another run reads from the run folder leave it out: they are the family's own model, which
+  ``checkpoint.init_from``, ``vitscale eval`` and ``vitscale export`` take. Under ``torchrun`` the decoder
+  is its own FSDP2 unit on the data-parallel mesh (tensor parallelism is refused in one line).
 - **Loss** (``forward_loss``, lines 198-214): the mean squared error per patch against its pixels
   (``(ph, pw, C)`` order, ``patchify`` line 105), each patch normalised by its own mean and variance
   with ``mae.norm_pix_loss``, averaged over the removed patches only.
@@ -36,13 +35,14 @@ import torch
 from torch import nn
 
 from vitscale.data import keyed
+from vitscale.distributed.parallelize import parallelize_parts
 from vitscale.errors import ConfigError
 from vitscale.patch_layout import patchify
 
 from .base import Task, register_task
 from .health import RankWatch, frozen_backbone_evals
 from .mae_config import MaeConfig, MaePretrainingConfig
-from .parts import attach_part
+from .module import TrainModule
 
 STREAM_MAE_MASK = 12  # keyed-randomness stream tag (vitscale.data.keyed uses 1-9, token labeling 11)
 STREAM_MAE_INIT = 13
@@ -177,10 +177,40 @@ class MaeTask(Task):
         self.decoder: MaeDecoder | None = None
         self.rank = RankWatch(dp_group, "the encoder's pooled output on the visible patches")
 
-    def setup(self, run):
+    @classmethod
+    def check(cls, cfg, model, dims, purpose):
+        """Refused before any data is read or model built, each in one line: tensor parallelism (the
+        decoder has no plan), a mask ratio that keeps no patch, a decoder width the sin-cos embeddings
+        cannot take."""
+        super().check(cfg, model, dims, purpose)
+        if purpose != "train":
+            return
+        mc, name = cfg.mae, model.name
+        if dims.distributed and dims.tp_enabled:
+            raise ConfigError("train.task=mae with parallel.tp > 1: its decoder has no tensor-parallel plan yet; "
+                             "use FSDP2 (parallel.tp=1)")  # fmt: skip
+        mcfg, px = model.cfg, cfg.data.img_size  # the image side the run will train at (run.assemble's rule)
+        h, w = (px, px) if px else (mcfg.img_h, mcfg.img_w)
+        n = (h // mcfg.patch_dim) * (w // mcfg.patch_dim)
+        if keep_count(n, mc.mask_ratio) < 1:
+            raise ConfigError(f"mae.mask_ratio={mc.mask_ratio} keeps no patch of the {n}-patch grid of {name}: lower it "
+                             f"(at most {1 - 1 / n:.4g})")  # fmt: skip
+        if mc.decoder_width % 4:
+            raise ConfigError(f"mae.decoder_width={mc.decoder_width} must be divisible by 4 (2-D sin-cos position "
+                             "embeddings)")  # fmt: skip
+
+    @classmethod
+    def parameter_counts(cls, group, backbone):
+        """The decoder (trained); nothing held. ``group``: the ``mae`` group (None: its defaults)."""
+        mc, bcfg = (group if group is not None else MaeConfig()), backbone.cfg
+        with torch.device("meta"):
+            decoder = MaeDecoder(backbone.num_features, bcfg.patch_dim**2 * bcfg.num_channels, mc, bcfg.norm_eps)
+        return sum(p.numel() for p in decoder.parameters()), 0
+
+    def build(self, run):
         """Check the backbone can run on the visible patches, then build the decoder (weights keyed by
-        ``train.seed``, the same on every rank; sharded by FSDP2 under torchrun) and attach it to the
-        model before the optimizer."""
+        ``train.seed``, the same on every rank; an FSDP2 unit of its own under torchrun): the training
+        module's one part."""
         model, mc = self.model, self.mc
         name = run.cfg.model.name
         if "keep" not in inspect.signature(model.forward).parameters or not hasattr(
@@ -188,21 +218,8 @@ class MaeTask(Task):
         ):
             raise ConfigError(f"train.task=mae: model {name} cannot run its encoder on the visible patches only "
                               "(forward(images, keep=...)): use a ViT (`vitscale models`)")  # fmt: skip
-        dims = run.dims
-        if dims.distributed and dims.tp_enabled:
-            raise ConfigError("train.task=mae with parallel.tp > 1: its decoder has no tensor-parallel plan yet; "
-                              "use FSDP2 (parallel.tp=1)")  # fmt: skip
-        if dims.distributed and run.cfg.train.ema_decay > 0:
-            raise ConfigError("train.task=mae with train.ema_decay under torchrun: the EMA copy is built without the "
-                              "decoder; set train.ema_decay=0 (or train in one process)")  # fmt: skip
         mcfg = model.cfg
         n = mcfg.num_patches
-        if keep_count(n, mc.mask_ratio) < 1:
-            raise ConfigError(f"mae.mask_ratio={mc.mask_ratio} keeps no patch of the {n}-patch grid of {name}: lower it "
-                              f"(at most {1 - 1 / n:.4g})")  # fmt: skip
-        if mc.decoder_width % 4:
-            raise ConfigError(f"mae.decoder_width={mc.decoder_width} must be divisible by 4 (2-D sin-cos position "
-                              "embeddings)")  # fmt: skip
         self.patch, self.prefix = mcfg.patch_dim, model.num_prefix_tokens
         self.token_pool = mcfg.pool == "token"
         self.rank.for_run(run.total_steps)  # the run's length as the run layer resolved it
@@ -211,28 +228,21 @@ class MaeTask(Task):
             torch.manual_seed(keyed.key(self.seed, STREAM_MAE_INIT))
             decoder = MaeDecoder(model.num_features, mcfg.patch_dim**2 * mcfg.num_channels, mc, mcfg.norm_eps)
             decoder.init_weights()
-        decoder = decoder.to(device)
-        if dims.distributed:  # its own FSDP2 unit on the data-parallel mesh, as the model's blocks
-            from vitscale.distributed.fsdp import (
-                dp_mesh_for,
-                fully_shard,
-                mixed_precision_policy,
-                resolve_precision,
-            )
-
-            prec = resolve_precision(run.cfg.precision, run.device)
-            fully_shard(decoder, mesh=dp_mesh_for(dims), mp_policy=mixed_precision_policy(prec.param_dtype, prec.reduce_dtype))
-        self.decoder = attach_part(model, "mae_decoder", decoder)
         n_dec = sum(p.numel() for p in decoder.parameters())
+        self.decoder = decoder.to(device)
         unreached = self._freeze_unreached(mcfg, device)
         frozen = ([f"mae: {len(unreached)} tensors the objective does not reach are frozen (no gradient, not in the "
                    f"optimizer): {', '.join(unreached[:3])}{', ...' if len(unreached) > 3 else ''}"]
                   if unreached else [])  # fmt: skip
-        return [*frozen, f"mae: mask ratio {mc.mask_ratio} ({keep_count(n, mc.mask_ratio)} of {n} patches seen), decoder "
-                f"{mc.decoder_depth} x {mc.decoder_width} ({mc.decoder_heads} heads, {n_dec / 1e6:.2f}M params, not "
-                f"exported), {'per-patch normalised' if mc.norm_pix_loss else 'raw'} pixel targets",
-                "mae: TFLOP/s and MFU count the encoder on every patch (the family's count), not the visible patches "
-                "and the decoder"]  # fmt: skip
+        notices = [*frozen, f"mae: mask ratio {mc.mask_ratio} ({keep_count(n, mc.mask_ratio)} of {n} patches seen), decoder "
+                   f"{mc.decoder_depth} x {mc.decoder_width} ({mc.decoder_heads} heads, {n_dec / 1e6:.2f}M params, not "
+                   f"exported), {'per-patch normalised' if mc.norm_pix_loss else 'raw'} pixel targets",
+                   "mae: TFLOP/s and MFU count the encoder on every patch (the family's count), not the visible patches "
+                   "and the decoder"]  # fmt: skip
+        module = TrainModule(model, {"decoder": self.decoder}, notices)
+        parallelize_parts(module.layout_plan(), run.dims, run.cfg.precision)  # the decoder: an FSDP2 unit under torchrun
+        self.decoder = module.parts["decoder"]
+        return module
 
     def _freeze_unreached(self, mcfg, device) -> list[str]:
         """Freeze the model's parameters that MAE's loss does not reach (the classifier, a pooling
@@ -253,6 +263,7 @@ class MaeTask(Task):
             unreached = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
         finally:
             model.zero_grad(set_to_none=True)
+            self.decoder.zero_grad(set_to_none=True)
             model.train(was_training)
         params = dict(model.named_parameters())
         for name in unreached:

@@ -35,6 +35,7 @@ from vitscale.errors import CheckError
 from vitscale.models.common.token_mix import TokenMix, apply_token_mix
 
 from .base import Task, register_task
+from .module import TrainModule
 from .token_labeling_config import TokenLabelingConfig
 
 STREAM_MIX_TOKEN = 11  # keyed-randomness stream tag (vitscale.data.keyed uses 1-7)
@@ -122,12 +123,12 @@ class TokenLabelingTask(Task):
         self.smoothing = cfg.train.label_smoothing
         self.seed = cfg.train.seed
 
-    def setup(self, run) -> list[str]:
+    def build(self, run) -> TrainModule:
         """TokenLabeling's label files are found by image file: bound to the training images, the first
         read (a missing or malformed folder is refused before the first step), then read with each
         sample in the DataLoader workers (the training source wrapped: :class:`WithLabelFiles`)."""
         if not isinstance(self.store, LabelFileFolder):
-            return []
+            return TrainModule(self.model)
         source = run.loaders.train.dataset.source
         paths = getattr(source, "paths", None)
         if paths is None:
@@ -137,7 +138,7 @@ class TokenLabelingTask(Task):
         self.store.topk_maps(torch.zeros(1, dtype=torch.long))  # sets the folder's map shape before any worker starts
         run.loaders.train.dataset.source = WithLabelFiles(source, self.store)
         k, h, w = self.store.shape
-        return [f"token labels: TokenLabeling's files at {self.tl.path} (top-{k} logits on {h}x{w})"]
+        return TrainModule(self.model, notices=[f"token labels: TokenLabeling's files at {self.tl.path} (top-{k} logits on {h}x{w})"])
 
     @classmethod
     def check(cls, cfg, model, dims, purpose):

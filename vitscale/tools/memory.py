@@ -118,12 +118,13 @@ def estimate(
     ``micro_batch``: images per rank per micro-step. ``param_dtype``: the compute dtype (bf16 with
     FSDP's MixedPrecisionPolicy or autocast; fp32). ``ac``: none | full | selective (all blocks).
     The model's family gives the parameter and activation counts (its memory model) and says
-    whether ``tp`` splits it (its parallel plan's ``check_tp``). ``task``: ``dino`` or ``mae`` count the
-    parameters the task adds (:mod:`vitscale.tools.memory_tasks`, ``task_cfg`` its config group); their
-    activations are not counted (the teacher runs without autograd).
+    whether ``tp`` splits it (its parallel plan's ``check_tp``). ``task``: a task's name (``train.task``)
+    counts the parameters its training module adds (:meth:`vitscale.tasks.Task.parameter_counts`: the
+    heads, a teacher, a decoder; ``task_cfg`` its config group, None for its defaults); their activations
+    are not counted (a teacher runs without autograd).
     """
     from vitscale.distributed.fsdp import to_dtype
-    from vitscale.tools.memory_tasks import task_parameters
+    from vitscale.registry import TASKS
 
     name, family, cfg = _family_cfg(model, overrides)
     if img_size:
@@ -149,7 +150,7 @@ def estimate(
         unsharded = int(2 * 2 * unit * cb)  # (params + grads) of the current and the prefetched unit
     activation_bytes = int(act_elems * micro_batch * cb)
     recompute_bytes = int(recompute_elems * micro_batch * cb)
-    trained, held = task_parameters(task, meta, task_cfg)
+    trained, held = TASKS.get(task).parameter_counts(task_cfg, meta) if task else (0, 0)
     per = {"adamw": 8, "adam": 8, "lamb": 8, "sgd": 4}[optimizer]
     held_rank = (p_rank + (held - P) / dp_shard) if held else 0  # the teacher's backbone sharded as the model
     task_bytes = int((8 + per) * trained / dp_shard + 4 * held_rank)

@@ -3,10 +3,16 @@
 and at the end).
 
 The state of a checkpoint (the format: :mod:`vitscale.checkpoint.checkpointer`) is assembled from its
-components, never by hand: ``model`` and ``optim`` (:class:`vitscale.checkpoint.state.ModelState`,
-:class:`~vitscale.checkpoint.state.OptimizerState`), ``ema`` (:class:`vitscale.train.ema.EMA`), the
-trainer's counters with the data position (:class:`RunCounters`: ``trainer_state.json``) and each
-rank's random number generators (:class:`~vitscale.checkpoint.state.RNGState`).
+components, never by hand: ``model`` (the family's model, the training module's backbone), ``task``
+(the training module's parts, when it has any: :mod:`vitscale.tasks.module`) and ``optim``
+(:class:`vitscale.checkpoint.state.ModelState`, :class:`~vitscale.checkpoint.state.OptimizerState` of
+the training module), ``ema`` (:class:`vitscale.train.ema.EMA`), the trainer's counters with the data
+position (:class:`RunCounters`: ``trainer_state.json``) and each rank's random number generators
+(:class:`~vitscale.checkpoint.state.RNGState`).
+
+``checkpoint.init_from`` is read into the family's model before the task builds its training module
+(:meth:`Checkpointing.initialise`), so that what the task derives from the backbone (DINO's teacher,
+a copy of the student) and the run's EMA start from those weights.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from torch import nn
 from vitscale.checkpoint import Checkpointer, export_safetensors
 from vitscale.checkpoint.state import ModelState, OptimizerState, RNGState
 from vitscale.interop.pretrained import load_pretrained
+from vitscale.tasks.module import PARTS_KEY, TrainModule
 
 from .nonfinite import NonFiniteGuard
 from .segments import Segments
@@ -49,56 +56,70 @@ class RunCounters:
 
 
 class Checkpointing:
-    """``cc``: the ``checkpoint`` config group; ``model``, ``optimizer``, ``ema`` (or None) and
-    ``counters``: the components of the run's state; ``weights_loaded``: called once the model's weights
-    were read from ``checkpoint.init_from`` (the task's copies of them follow:
-    :meth:`vitscale.tasks.Task.weights_loaded`). :meth:`of_run` builds it for an assembled run."""
+    """``cc``: the ``checkpoint`` config group; ``counters``: the trainer's counters. Built before the
+    training module (:meth:`initialise` reads ``checkpoint.init_from`` into the family's model), then
+    given the run's state (:meth:`track`: the training module, the optimizer, the EMA) and resumed
+    (:meth:`restore`). :meth:`of_run` builds it for an assembled run."""
 
-    def __init__(self, root: Path, cc: Any, model: nn.Module, optimizer, ema, counters: RunCounters,
-                 weights_loaded=None):  # fmt: skip
-        self.cc, self.counters, self.weights_loaded = cc, counters, weights_loaded
+    def __init__(self, root: Path, cc: Any, counters: RunCounters):
+        self.cc, self.counters = cc, counters
         self.remote = None  # checkpoint.remote: rank 0 (the coordinator, which publishes each checkpoint) uploads
         if cc.remote and (not dist.is_initialized() or dist.get_rank() == 0):
             from vitscale.checkpoint.remote import RemoteMirror
 
             self.remote = RemoteMirror(cc.remote, root.parent, cc.keep, wait_s=cc.remote_wait_s)
         self.checkpointer = Checkpointer(root, keep=cc.keep, async_mode=cc.async_mode, remote=self.remote)
-        self.tensors = {"model": ModelState(model), "optim": OptimizerState(model, optimizer)}
-        if ema is not None:
-            self.tensors["ema"] = ema
+        self.tensors: dict[str, Any] = {}
         self.rng = RNGState()
         self.last: str | None = None  # the newest checkpoint of this run
         self.resumed_from: str | None = None
         self.init_lines: list[str] = []  # what loading it did, a line each (every rank)
+        self._latest: list = []  # the newest intact checkpoint, looked for once (collective)
 
     @classmethod
-    def of_run(cls, run, optimizer, ema, counters: RunCounters, weights_loaded=None) -> Checkpointing:
+    def of_run(cls, run, counters: RunCounters) -> Checkpointing:
         """The checkpoint component of the assembled ``run`` (:class:`vitscale.run.Run`): its
-        ``checkpoint`` group, its model, ``<train.output_dir>/checkpoints``; with the trainer's
-        ``optimizer``, ``ema`` (or None), ``counters`` and the task's ``weights_loaded``."""
-        return cls(Path(run.cfg.train.output_dir) / "checkpoints", run.cfg.checkpoint, run.model, optimizer, ema, counters,
-                   weights_loaded)  # fmt: skip
+        ``checkpoint`` group, ``<train.output_dir>/checkpoints``, with the trainer's ``counters``."""
+        return cls(Path(run.cfg.train.output_dir) / "checkpoints", run.cfg.checkpoint, counters)
+
+    def latest(self) -> Path | None:
+        """The checkpoint a resume starts from (``checkpoint.resume``), looked for once; None if none."""
+        if not self._latest:
+            self._latest.append(self.checkpointer.latest() if self.cc.resume else None)
+        return self._latest[0]
+
+    def initialise(self, model: nn.Module) -> list[str]:
+        """Read ``checkpoint.init_from`` into the family's ``model`` unless the run resumes (any weights
+        a user has: :mod:`vitscale.interop.pretrained`; rank 0 reads, every rank gets its shard).
+        Returns what loading did, a line each."""
+        if self.latest() is None and self.cc.init_from:
+            _, self.init_lines, _ = load_pretrained(model, self.cc.init_from, self.cc.init_format, from_rank0=True)
+        return self.init_lines
+
+    def track(self, module: TrainModule, optimizer, ema=None) -> None:
+        """The state this component saves and resumes: the training ``module`` (``model``: its backbone;
+        ``task``: its parts), the ``optimizer``'s state keyed by the same names (the backbone's own,
+        the parts' ``task.*``), the ``ema`` (or None)."""
+        # the optimizer state keyed as the checkpoint keys the weights: the backbone's own names, the parts' task.*
+        renames = {"backbone.": "", "parts.": f"{PARTS_KEY}."}
+        self.tensors = {"model": ModelState(module.backbone), "optim": OptimizerState(module, optimizer, renames)}
+        if len(module.parts):
+            self.tensors[PARTS_KEY] = ModelState(module.parts)
+        if ema is not None:
+            self.tensors["ema"] = ema
 
     def restore(self) -> bool:
-        """Resume from the newest intact checkpoint, or initialise the weights from
-        ``checkpoint.init_from``. True when the newest checkpoint is the run's last step (a finished
-        run: nothing loaded, nothing to train)."""
-        latest = self.checkpointer.latest() if self.cc.resume else None
-        if latest is not None:
-            self.resumed_from = self.last = str(latest)
-            step = int(latest.name.rsplit("_", 1)[1])
-            if step >= self.counters.total_steps:
-                self.counters.step = step
-                return True
-            self.checkpointer.load(latest, self.tensors, self.counters, self.rng)
+        """Resume from the newest intact checkpoint (if any). True when it is the run's last step (a
+        finished run: nothing loaded, nothing to train)."""
+        latest = self.latest()
+        if latest is None:
             return False
-        if self.cc.init_from:  # any weights a user has (vitscale.interop.pretrained); rank 0 reads, every rank gets its shard
-            model = self.tensors["model"].model
-            _, self.init_lines, _ = load_pretrained(model, self.cc.init_from, self.cc.init_format, from_rank0=True)
-            if "ema" in self.tensors:
-                self.tensors["ema"].module.load_state_dict(model.state_dict())
-            if self.weights_loaded is not None:  # the task's copies of the weights follow (DINO's teacher)
-                self.weights_loaded()
+        self.resumed_from = self.last = str(latest)
+        step = int(latest.name.rsplit("_", 1)[1])
+        if step >= self.counters.total_steps:
+            self.counters.step = step
+            return True
+        self.checkpointer.load(latest, self.tensors, self.counters, self.rng)
         return False
 
     def due(self, step: int, last: bool) -> bool:
@@ -145,7 +166,7 @@ class Checkpointing:
         if not self.cc.export_safetensors:
             return
         meta = {"model": name, "overrides": json.dumps(overrides), "step": str(step)}
-        export_safetensors(self.tensors["model"].model, out / "model.safetensors", meta)
+        export_safetensors(self.tensors["model"].model, out / "model.safetensors", meta)  # the backbone
         if "ema" in self.tensors:
             export_safetensors(self.tensors["ema"].module, out / "model_ema.safetensors", meta)
 

@@ -7,6 +7,9 @@ import copy
 import torch
 from torch import nn
 
+from vitscale.distributed.utils import local_shard as _local
+from vitscale.distributed.utils import move_towards
+
 
 class EMA:
     """``ema = decay * ema + (1 - decay) * param`` after every optimizer step; buffers are copied.
@@ -32,8 +35,9 @@ class EMA:
 
     @classmethod
     def of_run(cls, run) -> EMA | None:
-        """The EMA of the assembled ``run``'s model (``train.ema_decay``; None when 0). A sharded model
-        cannot be deep-copied: with several ranks, a second model laid out like it (:meth:`vitscale.run.Run.new_model`)."""
+        """The EMA of the assembled ``run``'s model, the family's model a task trains (``train.ema_decay``;
+        None when 0; a task's own parts have none: they are not exported). A sharded model cannot be
+        deep-copied: with several ranks, a second model laid out like it (:meth:`vitscale.run.Run.new_model`)."""
         decay = run.cfg.train.ema_decay
         if decay <= 0:
             return None
@@ -43,15 +47,7 @@ class EMA:
     def update(self, model: nn.Module, ok: torch.Tensor | None = None) -> None:
         """One EMA step towards ``model``. ``ok``: a device scalar, 1.0 = take the step, 0.0 = leave
         the EMA as it is (a skipped non-finite step, decided on the device: no host sync)."""
-        # Elementwise, and both models are sharded alike: on the local shards (DTensor has no sharding
-        # rule for every foreach op, e.g. torch 2.11's _foreach_lerp_ with tensor weights).
-        ema_p = [_local(p) for p in self.module.parameters()]
-        src_p = [_local(p.detach()) for p in model.parameters()]
-        if ok is None:
-            torch._foreach_lerp_(ema_p, src_p, 1.0 - self.decay)
-        else:
-            weight = ok * (1.0 - self.decay)
-            torch._foreach_lerp_(ema_p, src_p, [weight.to(t.device) for t in ema_p])
+        move_towards(self.module.parameters(), model.parameters(), 1.0 - self.decay, ok)  # shard by shard
         for b_ema, b in zip(self.module.buffers(), model.buffers()):
             b_ema, b = _local(b_ema), _local(b)
             b_ema.copy_(b if ok is None else torch.where(ok.bool(), b, b_ema))
@@ -67,8 +63,3 @@ class EMA:
         set_model_state_dict(self.module, sd)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor (the same storage), a plain tensor as it is."""
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t

@@ -76,34 +76,36 @@ def fit_warmup(warmup: int, total_steps: int) -> tuple[int, str | None]:
 
 
 class Schedule:
-    """A step's hyperparameters: every param group's LR set to ``initial_lr * factor(step)``, then what
-    the run's ``task`` schedules itself (:meth:`vitscale.tasks.Task.schedule_optimizer`: DINOv2's weight
-    decay). :meth:`of_run` builds it for an assembled run."""
+    """A step's hyperparameters: every param group's LR set to ``initial_lr * factor(step)``, times what
+    the run's training module schedules itself (``hyper``: :meth:`vitscale.tasks.module.TrainModule.hyper`,
+    a factor per group's schedule key — DINO's frozen prototypes — and a weight-decay factor — DINOv2's
+    cosine weight decay). :meth:`of_run` builds it for an assembled run."""
 
     def __init__(self, optimizer, cfg: ScheduleConfig, total_steps: int, warmup: int, peak_lr: float,
-                 notice: str | None = None, task=None):  # fmt: skip
+                 notice: str | None = None, hyper=None):  # fmt: skip
         self.optimizer, self.cfg, self.total, self.warmup, self.peak = optimizer, cfg, total_steps, warmup, peak_lr
         self.notice = notice  # the warmup fitted to the run, when it was (fit_warmup)
-        self.task = task
+        self.hyper = hyper
 
     @classmethod
-    def of_run(cls, run, optimizer, peak_lr: float, task=None) -> Schedule:
+    def of_run(cls, run, optimizer, peak_lr: float, hyper=None) -> Schedule:
         """The schedule of the assembled ``run`` (its ``schedule`` group, over the run's length,
-        :attr:`vitscale.run.Run.total_steps`) for ``optimizer`` at ``peak_lr`` and the run's ``task``;
-        epochs converted to steps, the warmup fitted to the run (:attr:`notice`)."""
+        :attr:`vitscale.run.Run.total_steps`) for ``optimizer`` at ``peak_lr``, with the training
+        module's own ``hyper``; epochs converted to steps, the warmup fitted to the run (:attr:`notice`)."""
         per_epoch, total = run.steps_per_epoch, run.total_steps
         warmup, notice = fit_warmup(warmup_steps(run.cfg.schedule, per_epoch), total)
-        return cls(optimizer, in_steps(run.cfg.schedule, per_epoch), total, warmup, peak_lr, notice, task)
+        return cls(optimizer, in_steps(run.cfg.schedule, per_epoch), total, warmup, peak_lr, notice, hyper)
 
     def factor(self, step: int) -> float:
         return lr_factor(self.cfg, step, self.total, self.warmup, self.peak)
 
     def apply(self, step: int) -> float:
-        """Set the LR for optimizer update number ``step`` (1-based), then the task's own schedules;
-        returns the peak group's LR."""
+        """Set the LR (and, when the module schedules it, the weight decay) for optimizer update number
+        ``step`` (1-based); returns the peak group's LR."""
         f = self.factor(step)
+        own = self.hyper(step) if self.hyper is not None else None
         for g in self.optimizer.param_groups:
-            g["lr"] = g["initial_lr"] * f
-        if self.task is not None:
-            self.task.schedule_optimizer(self.optimizer, step)
+            g["lr"] = g["initial_lr"] * f * (own.lr.get(g.get("schedule"), 1.0) if own is not None else 1.0)
+            if own is not None and own.weight_decay != 1.0:
+                g["weight_decay"] = g.setdefault("initial_weight_decay", g["weight_decay"]) * own.weight_decay
         return self.peak * f

@@ -4,8 +4,10 @@ One call into the run layer, :func:`vitscale.run.assemble`, gives the finished r
 resolved, the checks, the run folder claimed, device, layout, data, the model on the meta device ->
 its family's plan through the parallelize tail -> ``to_empty`` -> ``init_weights()`` under the run's
 seed); the trainer builds its components from that run, each owning its config group
-(``X.of_run(run, …)``) — task, optimizer, schedule, EMA, the checkpoint component
-(:mod:`.checkpointing`: the run's state as DCP ``Stateful`` parts, resume, schedule), the non-finite
+(``X.of_run(run, …)``) — the checkpoint component (:mod:`.checkpointing`: ``checkpoint.init_from``
+into the family's model, the run's state as DCP ``Stateful`` parts, resume, schedule), the task and
+the training module it builds (:mod:`vitscale.tasks.module`: the backbone and the task's parts),
+optimizer, schedule, EMA, the non-finite
 guard, the evaluations (:mod:`.evaluation`), the log step and logger (:mod:`.logstep`,
 :mod:`.metrics`) and the run's end (:mod:`.finish`) — and holds the loop, which calls each with the
 step. Save-on-signal and the watchdog are built from the config (``of_config``): they are entered
@@ -89,30 +91,34 @@ class Trainer:
             check_graph_inputs(self.model, self.device)
         torch.manual_seed(tc.seed + 1 + run.dims.dp_rank)  # dropout / drop-path streams
 
-        # the task: its components (a distillation teacher) and locks, then model.freeze, before the optimizer
+        # checkpoint.init_from into the family's model (unless the run resumes), then the task builds its
+        # training module from it (its parts: a teacher, heads, a decoder; a distillation teacher; locks),
+        # then model.freeze, before the optimizer
+        self.counters = RunCounters(self.loaders.train, run.total_steps)
+        self.checkpoints = Checkpointing.of_run(run, self.counters)
+        self.notices = list(self.checkpoints.initialise(self.model))  # what checkpoint.init_from loaded, resampled, re-initialised
         self.autocast = autocast_factory(self.device, run.precision.autocast)
         self.task = get_task(run.task)(cfg, self.model, run.num_classes, run.dims.dp_group(), run.class_names)
         self.task.autocast, self.task.device = self.autocast, self.device
-        self.notices = self.task.setup(run) + freeze(self.model, cfg.model.freeze)
+        self.module = self.task.build(run)
+        self.notices += self.module.notices + freeze(self.model, cfg.model.freeze)
 
-        # the optimizer and its learning-rate schedule
+        # the optimizer and its learning-rate schedule (with what the module schedules itself)
         peak_lr = scaled_lr(cfg.optim, tc.batch_size)
-        self.optimizer = build_optimizer(self.model, cfg.optim, peak_lr)
+        self.optimizer = build_optimizer(self.module, cfg.optim, peak_lr)
         self.notices += group_lines(self.model, self.optimizer, cfg.optim.layer_decay, peak_lr)
-        self.schedule = Schedule.of_run(run, self.optimizer, peak_lr, self.task)  # schedule.* and the task's own
+        self.schedule = Schedule.of_run(run, self.optimizer, peak_lr, self.module.hyper)
         self.notices += [self.schedule.notice] if self.schedule.notice else []
         if self.loaders.val is None and not cfg.evals:
             self.notices.append(f"no validation data: this run reports training metrics only "
                                 f"({validation_hint(cfg.data.format)})")  # fmt: skip
-        self.ema = EMA.of_run(run)  # train.ema_decay (None when 0)
+        self.ema = EMA.of_run(run)  # train.ema_decay (None when 0): of the family's model
 
-        # the run's state: resumed from the newest checkpoint, else initialised from checkpoint.init_from
-        self.counters = RunCounters(self.loaders.train, self.schedule.total)
-        self.checkpoints = Checkpointing.of_run(run, self.optimizer, self.ema, self.counters, self.task.weights_loaded)
+        # the run's state: resumed from the newest checkpoint
+        self.checkpoints.track(self.module, self.optimizer, self.ema)
         prepare_optimizer(self.optimizer)
         self.skip_on_device = skips_on_device(self.optimizer)
         self.complete = self.checkpoints.restore()  # a finished run: nothing to train
-        self.notices += self.checkpoints.init_lines  # what checkpoint.init_from loaded, resampled, re-initialised
 
         # a non-finite step is not applied (and a diverged run stops); no step within train.hang_timeout:
         # the stacks are written and the run exits 124
@@ -197,7 +203,7 @@ class Trainer:
             mark_step()  # the CUDA graphs' outputs of the last step may be overwritten from here on
         for micro in range(n):
             if self.run.dims.world_size > 1 and n > 1:  # every model is an FSDP2 module on several ranks
-                self.model.set_requires_gradient_sync(micro == n - 1)  # reduce gradients on the last micro-step only
+                self.module.set_requires_gradient_sync(micro == n - 1)  # reduce gradients on the last micro-step only
             loss, metrics = self.forward_backward(self._to_device(next(batches)), (self.step - 1) * n + micro)
             loss_sum += loss
             for k, v in metrics.items():
@@ -225,14 +231,15 @@ class Trainer:
         the loss or the gradient norm is non-finite on any rank (:mod:`vitscale.train.nonfinite`), and
         clear the gradients; returns the gradient norm (a device tensor)."""
         world, tc = self.run.dims.world_size, self.cfg.train
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self.module.parameters() if p.grad is not None]
         max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
         # fused kernels clip as they read the gradients (grad_scale); else in place, as PyTorch does
         grad_norm, unscale = clip_gradients(params, max_norm, world=world, fold=self.skip_on_device)
         ok = self.guard.flag(loss, grad_norm, world)  # a non-finite step on any rank is not applied
-        self.schedule.apply(self.step)  # the LR, then the task's own schedules (DINOv2's weight decay)
+        self.schedule.apply(self.step)  # the LR, with the module's own schedules (DINOv2's weight decay)
         apply_update(self.optimizer, ok, on_device=self.skip_on_device, ema=self.ema, model=self.model, grad_scale=unscale,
                      on_skip=lambda: self.guard.check(self.step, self.checkpoints.last))  # stop once the budget is spent
+        self.module.after_update(self.step, ok)  # e.g. DINO's EMA teacher, weighted by the step's finite flag
         precompute_float8_scales(self.model, self.run.float8)  # tensorwise fp8 + FSDP2: all scales in one all-reduce
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
