@@ -334,3 +334,37 @@ def test_an_alarm_holds_over_a_share_of_the_run():
     short = Alarm()
     short.for_run(4)  # 5% of 4 steps: 1 step; the three log steps in a row decide
     assert [s for s in range(1, 5) if short(s, True)] == [3]
+
+
+def test_a_frozen_backbone_lets_the_heads_warm_up_and_the_patch_embedding_learns_slower(tmp_path):
+    """``dino.freeze_backbone_steps``: the student's backbone gets learning rate 0 (no AdamW step, no
+    decay) while the heads train; then it trains, its patch embedding at ``dino.patch_embed_lr_mult`` of
+    the rate (DINOv2's 0.2, ``dinov2/utils/param_groups.py`` lines 83-84). A freeze as long as the run
+    is refused in one line before anything is built."""
+    from vitscale.config import load_config
+    from vitscale.errors import ConfigError
+    from vitscale.train.trainer import Trainer
+
+    args = ["data.num_workers=0", "log.flops=false", "checkpoint.every=0", "eval.every=0", "log.progress=none",
+            "log.report=false", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=1",
+            "model.num_attention_heads=2", "dino.local_crops_number=0", "dino.head_n_prototypes=32",
+            "dino.head_hidden_dim=32", "dino.head_bottleneck_dim=16", "train.batch_size=16", "train.max_steps=4",
+            "schedule.name=constant", "schedule.warmup_steps=0", "dino.freeze_last_layer_epochs=0"]  # fmt: skip
+    t = Trainer(load_config("digits_dino", [*args, "dino.freeze_backbone_steps=1", f"train.output_dir={tmp_path / 'a'}"]))
+    body = [p.detach().clone() for p in t.model.parameters()]
+    head = [p.detach().clone() for p in t.task.student.head.mlp.parameters()]
+    batches = t._batches()
+    t.step += 1
+    t.train_step(batches)
+    lrs = {g["name"]: g["lr"] for g in t.optimizer.param_groups}
+    assert lrs["decay"] == 0.0 and lrs["no_decay.patch_embed"] == 0.0 and lrs["decay.heads"] > 0
+    assert all(a.equal(b) for a, b in zip(body, t.model.parameters(), strict=True))
+    assert not all(a.equal(b) for a, b in zip(head, t.task.student.head.mlp.parameters(), strict=True))
+    t.step += 1
+    t.train_step(batches)
+    lrs = {g["name"]: g["lr"] for g in t.optimizer.param_groups}
+    assert lrs["decay.patch_embed"] == pytest.approx(0.2 * lrs["decay"]) and lrs["decay"] > 0
+    assert not all(a.equal(b) for a, b in zip(body, t.model.parameters(), strict=True))
+    with pytest.raises(ConfigError, match=r"^dino.freeze_backbone_steps=4 freezes the backbone for the whole 4-step run"):
+        Trainer(load_config("digits_dino", [*args, "dino.freeze_backbone_steps=4", f"train.output_dir={tmp_path / 'b'}"]))
+    assert not (tmp_path / "b").exists()

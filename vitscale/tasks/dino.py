@@ -154,12 +154,17 @@ class DinoModule(TrainModule):
         return dc.gram_loss_weight > 0 and (dc.gram_ema_teacher or it >= dc.gram_it_load_ema_teacher)
 
     def param_groups(self) -> list[ParamGroup]:
-        """The backbone's groups, the heads' (and mask token's) as ``heads``, and each head's prototypes
-        (``last_layer_parameters``) as ``prototypes``, scheduled by :meth:`hyper`."""
+        """The backbone's groups (its patch embedding apart, at ``dino.patch_embed_lr_mult``; both frozen
+        for ``dino.freeze_backbone_steps``), the heads' (and mask token's) as ``heads``, and each head's
+        prototypes (``last_layer_parameters``) as ``prototypes``, scheduled by :meth:`hyper`."""
         protos = {id(q) for h in (self.student.head, self.student.ibot_head) if h is not None
                   for q in h.last_layer_parameters()}  # fmt: skip
         own = trainable(self.student)
-        return [ParamGroup("", trainable(self.backbone), backbone=True),
+        body = trainable(self.backbone)
+        embed = [(n, q) for n, q in body if n.startswith("patch_embed.")]
+        rest = [(n, q) for n, q in body if not n.startswith("patch_embed.")]
+        return [ParamGroup("", rest, backbone=True, schedule="backbone"),
+                ParamGroup("patch_embed", embed, lr_scale=self.dc.patch_embed_lr_mult, backbone=True, schedule="backbone"),
                 ParamGroup("heads", [(n, q) for n, q in own if id(q) not in protos]),
                 ParamGroup("prototypes", [(n, q) for n, q in own if id(q) in protos], schedule="prototypes")]  # fmt: skip
 
@@ -169,7 +174,10 @@ class DinoModule(TrainModule):
         decay scaled by the cosine from ``optim.weight_decay`` to it (``wd x wd_multiplier``)."""
         end = self.dc.weight_decay_end
         wd = 1.0 if end is None else momentum_at(step - 1, self.wd0, end, self.total) / self.wd0
-        return Hyper(lr={"prototypes": 0.0} if step - 1 < self.freeze_steps else {}, weight_decay=wd)
+        lr = {"prototypes": 0.0} if step - 1 < self.freeze_steps else {}
+        if step <= self.dc.freeze_backbone_steps:  # the heads warm up on a frozen backbone
+            lr["backbone"] = 0.0
+        return Hyper(lr=lr, weight_decay=wd)
 
     def after_update(self, step: int, ok: torch.Tensor | None = None) -> None:
         """``teacher = m teacher + (1 - m) student`` after optimizer update ``step``, parameter by
@@ -182,6 +190,11 @@ class DinoModule(TrainModule):
                                                 every=dc.gram_update_frequency, first=dc.gram_it_first_update,
                                                 most=dc.gram_max_updates):  # fmt: skip
             copy_weights(self.teacher["backbone"], gram)  # DINOv3's update_gram / gram_load_ema_teacher
+
+    def evaluated(self) -> dict[str, nn.Module]:
+        """The teacher's backbone, evaluated beside the student's (``dino.evaluate_teacher``): DINOv2 and
+        DINOv3 evaluate the teacher (``dinov2/eval/setup.py`` ``build_model_for_eval`` loads ``teacher``)."""
+        return {"teacher": self.teacher["backbone"]} if self.dc.evaluate_teacher else {}
 
     def layout_plan(self) -> PartsPlan:
         """Under torchrun: each head split over the TP ranks (:func:`~vitscale.tasks.dino_layout.head_plan`,
@@ -238,6 +251,10 @@ class DinoTask(Task):
         if dc.weight_decay_end is not None and cfg.optim.weight_decay <= 0:
             raise ConfigError(f"dino.weight_decay_end={dc.weight_decay_end} needs a start: set optim.weight_decay > 0 "
                              "(DINOv2: 0.04 -> 0.4)")  # fmt: skip
+        steps = cfg.train.max_steps
+        if steps and dc.freeze_backbone_steps >= steps:  # an epoch-long run is checked once its length is known
+            raise ConfigError(f"dino.freeze_backbone_steps={dc.freeze_backbone_steps} freezes the backbone for the whole "
+                              f"{steps}-step run: lower it (e.g. {max(steps // 10, 1)})")  # fmt: skip
         if getattr(mcfg, "pool", None) == "none":
             raise ConfigError("train.task=dino with model.pool=none: DINO's head reads one feature vector per image; "
                              "use pool token, avg or map")  # fmt: skip
@@ -267,6 +284,9 @@ class DinoTask(Task):
         self.watch.for_run(self.total)
         self.temp_warmup = round(dc.warmup_teacher_temp_epochs * per_epoch)
         self.freeze_steps = round(dc.freeze_last_layer_epochs * per_epoch)
+        if dc.freeze_backbone_steps >= self.total:
+            raise ConfigError(f"dino.freeze_backbone_steps={dc.freeze_backbone_steps} freezes the backbone for the whole "
+                              f"{self.total}-step run: lower it (e.g. {max(self.total // 10, 1)})")  # fmt: skip
         self.prefix = model.num_prefix_tokens
         device = next(model.parameters()).device
         unreached = self._freeze_unreached(device)
@@ -287,7 +307,9 @@ class DinoTask(Task):
                    f"centring {dc.centering}; teacher temperature {dc.warmup_teacher_temp} -> {dc.teacher_temp} over "
                    f"{self.temp_warmup} steps, momentum {dc.momentum_teacher} -> {dc.final_momentum_teacher} over {self.total}; "
                    f"prototypes frozen for {self.freeze_steps} steps; iBOT {'on' if self.ibot else 'off'}, KoLeo "
-                   f"{dc.koleo_loss_weight}",
+                   f"{dc.koleo_loss_weight}; patch embedding at {dc.patch_embed_lr_mult:g} x the learning rate"
+                   + (f"; the backbone frozen for {dc.freeze_backbone_steps} steps (the heads warm up)"
+                      if dc.freeze_backbone_steps else ""),
                    "dino: the k-NN and probe evaluations read the student's backbone"]  # fmt: skip
         gram = None
         if dc.gram_loss_weight > 0 and not dc.gram_ema_teacher:  # laid out as the teacher, starting as it does

@@ -103,6 +103,22 @@ class DinoConfig:
     """Epochs during which the heads' last layers (the prototypes) get no gradient (``optim.
     freeze_last_layer_epochs`` ssl_default_config.yaml line 101; dinov2/train/train.py lines 98-100)."""
 
+    # ---- continued pretraining and the backbone's learning rate
+    patch_embed_lr_mult: float = 0.2
+    """Learning-rate multiplier of the backbone's patch embedding (``optim.patch_embed_lr_mult``
+    ssl_default_config.yaml line 103; applied on top of ``optim.layer_decay``, as
+    ``dinov2/utils/param_groups.py`` lines 83-84 do); 1 = the backbone's rate."""
+    freeze_backbone_steps: int = 0
+    """Optimizer updates during which the student's backbone gets learning rate 0 and only the heads
+    train: the head warm-up of a run continued from pretrained weights (``checkpoint.init_from``;
+    LightlyTrain's ``student_freeze_backbone_epochs``, docs.lightly.ai "DINOv2" method page; DINOv3's
+    two-stage freeze). 0 = none. The run's own ``schedule.*`` goes on underneath: a warm-up longer than
+    the freeze ramps the backbone's rate up after it."""
+
+    evaluate_teacher: bool = True
+    """Run the run's evaluations (``knn``, ``linear_probe``, ...) on the EMA teacher's backbone too, logged
+    beside the student's as ``<eval>_<key>_teacher`` (DINOv2 and DINOv3 evaluate the teacher)."""
+
     # ---- DINOv3's Gram anchoring (arXiv 2508.10104 section 4; facebookresearch/dinov3 at 6876159,
     # ``gram`` group of dinov3/configs/ssl_default_config.yaml lines 45-63; :mod:`vitscale.tasks.gram`)
     gram_loss_weight: float = 0.0
@@ -173,6 +189,10 @@ class DinoConfig:
         for key in ("center_momentum", "momentum_teacher", "final_momentum_teacher"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ValueError(f"{key}={getattr(self, key)} must lie in [0, 1]")
+        if not (0.0 <= self.patch_embed_lr_mult < float("inf")):
+            raise ValueError(f"patch_embed_lr_mult={self.patch_embed_lr_mult} must be a finite number >= 0 (DINOv2: 0.2)")
+        if self.freeze_backbone_steps < 0:
+            raise ValueError(f"freeze_backbone_steps={self.freeze_backbone_steps} must be >= 0 (0 = the backbone trains from the start)")
         self._check_gram()
 
     def _check_gram(self) -> None:

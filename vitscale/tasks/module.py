@@ -99,6 +99,11 @@ class TrainModule(nn.Module):
         scalar (1.0 = the update was applied, 0.0 = skipped: what follows the update should not move
         either; None = applied). Read it on the device (a weight), not on the host. Default: nothing."""
 
+    def evaluated(self) -> dict[str, nn.Module]:
+        """Weight sets the run evaluates beside the backbone, by name (metrics ``<eval>_<key>_<name>``:
+        DINO's teacher, as DINOv2 evaluates it). Default: none."""
+        return {}
+
     # ------------------------------------------------------------------------------ layout
     def layout_plan(self) -> PartsPlan:
         """The parts' layout under torchrun. Default: each part an FSDP2 unit of its own."""

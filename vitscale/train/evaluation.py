@@ -1,6 +1,7 @@
 """The trainer's evaluation component: the run's evaluations (``evals:``, else its task's defaults)
 built once at the start — loaders and label files read, so a bad entry fails before training — and
-run when due, on the model and on its EMA (metrics ``<name>_<key>_ema``). ``vitscale eval`` builds the
+run when due, on the model, on its EMA (metrics ``<name>_<key>_ema``) and on the weight sets the
+training module has evaluated beside it (DINO's teacher: ``<name>_<key>_teacher``). ``vitscale eval`` builds the
 same evaluations for a checkpoint (:mod:`vitscale.train.evaluate`)."""
 
 from __future__ import annotations
@@ -52,11 +53,15 @@ class EvalSchedule:
     def due(self, step: int, last: bool) -> list:
         return self.evaluations.due(step, last)
 
-    def run(self, model: nn.Module, ema, due: list) -> dict[str, Any]:
-        """The metrics of the evaluators ``due`` on the model (and on the EMA weights, suffix ``_ema``)."""
+    def run(self, model: nn.Module, ema, due: list, others: dict[str, nn.Module] | None = None) -> dict[str, Any]:
+        """The metrics of the evaluators ``due`` on the model (and on the EMA weights, suffix ``_ema``; on
+        each of ``others``, a training module's evaluated weight sets such as DINO's teacher, suffix
+        ``_<name>``: :meth:`vitscale.tasks.module.TrainModule.evaluated`)."""
         res = self.evaluations.run(model, due)
         if ema is not None:
             res.update(self.evaluations.run(ema.module, due, suffix="_ema"))
+        for name, other in (others or {}).items():
+            res.update(self.evaluations.run(other, due, suffix=f"_{name}"))
         return res
 
 

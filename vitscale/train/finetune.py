@@ -71,8 +71,8 @@ def _exponents(model: nn.Module) -> tuple[dict[str, int], list[str]]:
 
 def layer_decay_groups(model: nn.Module, groups: list[dict], decay: float) -> list[dict]:
     """``groups`` (of :func:`vitscale.train.optim.param_groups`) split by layer: each group's parameters
-    of one exponent ``k`` form a group ``<name>.k<k>`` with ``lr_scale = decay ** k`` and
-    ``layer_exponent = k``."""
+    of one exponent ``k`` form a group ``<name>.k<k>`` with ``lr_scale = decay ** k`` (times the group's
+    own ``lr_scale``: DINOv2's patch-embedding multiplier) and ``layer_exponent = k``."""
     exponents, prefixes = _exponents(model)
     names = {id(p): plain_name(n) for n, p in model.named_parameters()}
     out = []
@@ -81,7 +81,8 @@ def layer_decay_groups(model: nn.Module, groups: list[dict], decay: float) -> li
         for p in g["params"]:
             by.setdefault(_match(names[id(p)], exponents, prefixes)[1], []).append(p)
         for k in sorted(by, reverse=True):
-            out.append({**g, "name": f"{g['name']}.k{k}", "params": by[k], "lr_scale": decay**k, "layer_exponent": k})
+            out.append({**g, "name": f"{g['name']}.k{k}", "params": by[k], "lr_scale": g.get("lr_scale", 1.0) * decay**k,
+                        "layer_exponent": k})
     return out
 
 

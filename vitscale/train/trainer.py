@@ -168,7 +168,7 @@ class Trainer:
             due = self.evals.due(self.step, last)
             if logstep.due(self.step, last, bool(due)):
                 rec = logstep.record(self.step, loss, metrics, grad_norm, self.checkpoints.last)  # the sync point
-                results = self.evals.run(self.model, self.ema, due) if due else {}
+                results = self.evals.run(self.model, self.ema, due, self.module.evaluated()) if due else {}
                 last_eval.update(results)
                 log.log({**rec, **results})  # and report.html drawn again after an evaluation (log.report)
                 logstep.restart()  # evaluation time is not counted in img/s
