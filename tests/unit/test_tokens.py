@@ -155,6 +155,12 @@ def test_the_mask_token_is_a_parameter_only_when_asked():
     assert "mask_token" not in plain.state_dict()
     with pytest.raises(ValueError, match="NaFlex"):
         create_model("naflex_debug", mask_token=True)
+    # only weights of the model itself fill its token: a ViT inside a module (a task's teacher copy)
+    # whose weights are not in the file stays missing, nothing is added under its name
+    outer = torch.nn.ModuleDict({"student": create_model("vit_debug", mask_token=True),
+                                 "teacher": create_model("vit_debug", mask_token=True)})  # fmt: skip
+    missing, unexpected = outer.load_state_dict({f"student.{k}": v for k, v in plain.state_dict().items()}, strict=False)
+    assert not unexpected and "student.mask_token" not in missing and "teacher.mask_token" in missing
 
 
 def test_tokens_are_a_pytree_node():

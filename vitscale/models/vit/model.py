@@ -468,11 +468,11 @@ class VisionTransformer(nn.Module):
         classifier's) leave it at its init, zeros; a model without one ignores one in its weights (a
         DINO run's, loaded to fine-tune), as timm's DINOv2 conversion drops DINOv2's."""
         key = prefix + "mask_token"
+        ref = state_dict.get(prefix + "patch_embed.proj.weight")  # None: these weights are not this model's
         if self.mask_token is None:
             state_dict.pop(key, None)
-        elif key not in state_dict:
-            ref = state_dict.get(prefix + "patch_embed.proj.weight")
-            state_dict[key] = torch.zeros(1, self.num_features, dtype=ref.dtype if ref is not None else torch.float32)
+        elif key not in state_dict and ref is not None:
+            state_dict[key] = torch.zeros(1, self.num_features, dtype=ref.dtype)
 
     def _resample_pos_embed_on_load(self, state_dict, prefix, *args) -> None:
         key = prefix + "pos_embed"
