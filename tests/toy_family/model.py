@@ -27,6 +27,8 @@ class MlpBlock(nn.Module):
 
 class ToyNet(nn.Module):
     supports_dense = False
+    supports_tokens = False
+    supports_intermediates = False
     distill_head = False
     input_modes = ("fixed", "multi")  # no position embedding: any multiple of the patch
 
@@ -90,3 +92,9 @@ class ToyNet(nn.Module):
 
     def forward_dense(self, x, mix=None):
         raise NotImplementedError("ToyNet gives no per-token class logits")
+
+    def forward_tokens(self, x, keep=None, mask=None):
+        raise NotImplementedError("ToyNet gives no token interface")
+
+    def forward_intermediates(self, x, blocks):
+        raise NotImplementedError("ToyNet gives no token interface")

@@ -9,7 +9,7 @@ import torch
 
 from vitscale.distributed.parallelize import ParallelPlan
 from vitscale.models.common.flops import count_flops
-from vitscale.models.contract import Model, VariantConfig, check_model, contract_members
+from vitscale.models.contract import Model, Tokens, VariantConfig, check_model, contract_members
 from vitscale.models.registry import create_model, families, family_of, forward_flops, parallel_plan
 
 FAMILIES = sorted(families())
@@ -74,6 +74,41 @@ def test_dense_logits_or_a_named_refusal(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_tokens_and_intermediates_or_a_named_refusal(family):
+    """What a family declares (``supports_tokens``, ``supports_intermediates``) it gives through the
+    call; what it does not, its methods refuse naming the model."""
+    torch.manual_seed(0)
+    model = create_model(_debug(family)).eval()
+    assert isinstance(model.supports_tokens, bool) and isinstance(model.supports_intermediates, bool)
+    images = model.example_inputs(2, "cpu")[0]
+    if model.supports_tokens:
+        grid = (model.cfg.img_h // model.cfg.patch_dim, model.cfg.img_w // model.cfg.patch_dim)
+        n = grid[0] * grid[1]
+        with torch.no_grad():
+            t = model(images, tokens=True)
+            kept = model(images, tokens=True, keep=torch.arange(1, n, 2)[None].expand(2, -1))
+            torch.testing.assert_close(t.pooled, model(images, pre_logits=True), rtol=0, atol=0)
+        assert isinstance(t, Tokens) and t.grid == grid and t.patches.shape[:2] == (2, n)
+        assert t.prefix.shape[:2] == (2, t.num_prefix) and t.sequence.shape[1] == t.num_prefix + n
+        assert kept.patches.shape[1] == n // 2 and kept.sequence.shape[1] == kept.num_prefix + n // 2
+    else:
+        with pytest.raises(NotImplementedError, match=type(model).__name__):
+            model.forward_tokens(images)
+    if model.supports_intermediates:
+        with torch.no_grad():
+            out = model(images, intermediates=model.cfg.num_layers)
+        assert len(out) == model.cfg.num_layers and out[-1].shape[1] == model.cfg.num_prefix_tokens + t.patches.shape[1]
+    else:
+        with pytest.raises(NotImplementedError, match=type(model).__name__):
+            model.forward_intermediates(images, 1)
+
+
+def test_the_families_that_have_tokens_declare_them():
+    declared = {name: spec.model_cls.supports_tokens for name, spec in families().items()}
+    assert declared["vit"] and not declared["volo"] and not declared["naflex"] and not declared["clip"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_family_initialises_after_to_empty(family):
     torch.manual_seed(0)
     model = create_model(_debug(family), device="meta")
@@ -122,7 +157,8 @@ def test_the_contract_names_its_members():
     members = contract_members()
     for name in ("cfg", "init_weights", "forward_features", "forward_head", "no_weight_decay",
                  "head_parameter_names", "reset_classifier", "set_grad_checkpointing", "example_inputs",
-                 "supports_dense", "forward_dense", "token_grid"):  # fmt: skip
+                 "supports_dense", "forward_dense", "token_grid", "supports_tokens", "forward_tokens",
+                 "supports_intermediates", "forward_intermediates"):  # fmt: skip
         assert name in members
     with pytest.raises(TypeError, match="missing"):
         check_model(torch.nn.Linear(2, 2))

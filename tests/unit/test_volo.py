@@ -110,9 +110,9 @@ def test_token_mix_swaps_box_tokens_only():
     x = torch.randn(2, 3, 32, 32)
     perm = torch.tensor([1, 0])
     with torch.no_grad():
-        mixed = model.forward_tokens(x, TokenMix((0, 0, 4, 4), perm))  # whole grid: sample swap
-        plain = model.forward_tokens(x)
-        empty = model.forward_tokens(x, TokenMix((1, 1, 1, 3), perm))  # empty box: no-op
+        mixed = model.forward_stages(x, TokenMix((0, 0, 4, 4), perm))  # whole grid: sample swap
+        plain = model.forward_stages(x)
+        empty = model.forward_stages(x, TokenMix((1, 1, 1, 3), perm))  # empty box: no-op
     torch.testing.assert_close(mixed, plain[perm])
     torch.testing.assert_close(empty, plain)
 

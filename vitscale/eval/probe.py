@@ -27,7 +27,6 @@ both splits; they are gathered in dataset order, and every rank fits the same pr
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,18 +61,21 @@ def linear_input(tokens: list[torch.Tensor], prefix: int, patch_mean: bool) -> t
 
 
 def check_token_features(model: nn.Module, features: str, blocks: int) -> None:
-    """One line (:class:`ConfigError`) when ``model`` cannot give ``features`` of its last ``blocks`` blocks."""
+    """One line (:class:`ConfigError`) when ``model`` cannot give ``features`` of its last ``blocks``
+    blocks: it must declare ``supports_intermediates`` (the model contract, whose ViT config then
+    names its blocks and class token)."""
     if features == "pooled":
         return
-    if "intermediates" not in inspect.signature(model.forward).parameters:
+    if not model.supports_intermediates:
         raise ConfigError(f"linear probe features={features} reads the tokens of a ViT's last blocks: "
                           f"{type(model).__name__} does not give them; use features=pooled")  # fmt: skip
-    if not (model.cfg.class_token and model.cfg.class_token_length > 0):
+    cfg = model.cfg
+    if not (cfg.class_token and cfg.class_token_length > 0):
         raise ConfigError(f"linear probe features={features} reads the class token: this ViT has none "
                           "(class_token=false or class_token_length=0); use features=pooled")  # fmt: skip
-    if blocks > len(model.blocks):
-        raise ConfigError(f"linear probe blocks={blocks}: the model has {len(model.blocks)} blocks; "
-                          f"read {len(model.blocks)} or fewer")  # fmt: skip
+    if blocks > cfg.num_layers:
+        raise ConfigError(f"linear probe blocks={blocks}: the model has {cfg.num_layers} blocks; "
+                          f"read {cfg.num_layers} or fewer")  # fmt: skip
 
 
 def read_features(model: nn.Module, images: torch.Tensor, features: str = "pooled", blocks: int = 1) -> torch.Tensor:
@@ -84,7 +86,7 @@ def read_features(model: nn.Module, images: torch.Tensor, features: str = "poole
     if features == "pooled":
         return model(images, pre_logits=True)
     tokens = model(images, intermediates=blocks)
-    return linear_input(tokens, model.num_prefix_tokens, features == "class_token_patch_mean")
+    return linear_input(tokens, model.cfg.num_prefix_tokens, features == "class_token_patch_mean")
 
 
 @torch.no_grad()

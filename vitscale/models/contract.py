@@ -11,15 +11,57 @@ what it offers.
 Dense per-token logits (token labeling) are asked through the module call,
 ``model(images, dense=True, mix=mix)``, not through ``forward_dense``, and the pre-logits features
 (probes) as ``model(images, pre_logits=True)``, not through ``forward_head``: under FSDP2 only the
-call runs the root module's hooks that gather its parameters.
+call runs the root module's hooks that gather its parameters. So are a backbone's tokens
+(self-supervised tasks: DINO, MAE), ``model(images, tokens=True, keep=..., mask=...)`` ->
+:class:`Tokens`, and the tokens of its last blocks (DINOv2's linear probe), ``model(images,
+intermediates=n)``; ``supports_tokens`` / ``supports_intermediates`` declare them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
+
+
+@dataclass
+class Tokens:
+    """A backbone's tokens for images ``(B, C, H, W)``, from ``model(images, tokens=True, keep=keep,
+    mask=mask)`` (:meth:`Model.forward_tokens`), each normalised as the backbone normalises: by its
+    final ``norm``, or by ``fc_norm`` where it normalises after pooling (``pool=avg``), as DINOv2's
+    ``x_norm_clstoken`` / ``x_norm_patchtokens`` (facebookresearch/dinov2,
+    ``dinov2/models/vision_transformer.py``, ``forward_features``). ``K`` is the patch count ``N``
+    (``gh * gw``), or ``keep``'s."""
+
+    pooled: torch.Tensor
+    """``(B, D)``: the pooled, normalised features exactly as ``model(images, pre_logits=True)`` gives
+    them — the class token (``pool=token``), ``fc_norm`` of the mean patch token (``avg``), the
+    attention pool's output (``map``); with ``pool=none`` every token's ``(B, P + K, D)``."""
+    prefix: torch.Tensor
+    """``(B, P, D)``: the prefix tokens (class token, registers, a distillation token), normalised."""
+    patches: torch.Tensor
+    """``(B, K, D)``: the patch tokens (the kept ones with ``keep``, in its order), normalised."""
+    sequence: torch.Tensor
+    """``(B, P + K, D)``: the blocks' output through the final ``norm`` (not ``fc_norm``), prefix first:
+    what ``forward_features`` gives (an MAE decoder's input)."""
+    grid: tuple[int, int]
+    """The patch grid ``(gh, gw)`` of the images (``keep`` and ``mask`` index it row-major)."""
+    num_prefix: int
+    """``P``: the prefix tokens before the patches in ``sequence``."""
+
+
+# A pytree node (tensors as leaves, grid and prefix count as context): FSDP2 finds a module call's
+# output tensors by flattening the output (its pre-backward hooks, which gather the parameters again
+# for backward), and torch.compile traces through it.
+pytree.register_pytree_node(
+    Tokens,
+    lambda t: ([t.pooled, t.prefix, t.patches, t.sequence], (t.grid, t.num_prefix)),
+    lambda values, context: Tokens(*values, *context),
+    serialized_type_name="vitscale.models.contract.Tokens",
+)
 
 
 class TokenMixLike(Protocol):
@@ -56,6 +98,14 @@ class Model(Protocol):
     """Outputs of the classifier; 0 = no classifier (features only)."""
     supports_dense: bool
     """Whether ``model(images, dense=True, mix=...)`` gives per-token class logits (token labeling)."""
+    supports_tokens: bool
+    """Whether ``model(images, tokens=True, keep=None, mask=None)`` gives its :class:`Tokens`
+    (:meth:`forward_tokens`; self-supervised pretraining: DINO, MAE)."""
+    supports_intermediates: bool
+    """Whether ``model(images, intermediates=n)`` gives the normalised tokens of its last ``n`` blocks
+    (:meth:`forward_intermediates`; DINOv2's linear-probe features). A model that declares it has a
+    ViT config: ``cfg.num_layers`` blocks, ``cfg.num_prefix_tokens`` prefix tokens, the first a class
+    token when ``cfg.class_token`` and ``cfg.class_token_length > 0``."""
     distill_head: bool
     """Whether ``model(images, distill=True)`` gives ``(class logits, distillation logits)`` from a
     distillation token of its own (DeiT); False: distillation losses use the class logits."""
@@ -107,6 +157,22 @@ class Model(Protocol):
         ``mix`` applied to the tokens (run it as ``model(x, dense=True, mix=mix)``)."""
         ...
 
+    def forward_tokens(self, x: torch.Tensor, keep: torch.Tensor | None = None,
+                       mask: torch.Tensor | None = None) -> Tokens:  # fmt: skip
+        """Images ``(B, C, H, W)`` -> the backbone's :class:`Tokens` (run it as ``model(x, tokens=True,
+        keep=keep, mask=mask)``). ``keep`` ``(B, K)``: indices (row-major in the patch grid) of the
+        patches that go through the blocks, after their position embeddings (MAE's encoder); None:
+        every patch (patch dropout applies in training, as in a plain call: pass every index to
+        bypass it). ``mask`` ``(B, N)`` bool: the masked patches' embeddings replaced by the model's
+        own ``mask_token`` parameter before the position embeddings are added (iBOT, DINOv2's
+        ``prepare_tokens_with_masks``); a model built without a mask token refuses a mask."""
+        ...
+
+    def forward_intermediates(self, x: torch.Tensor, blocks: int) -> list[torch.Tensor]:
+        """Images -> the normalised tokens ``(B, prefix + patches, D)`` after each of the last ``blocks``
+        blocks, oldest first (run it as ``model(x, intermediates=blocks)``)."""
+        ...
+
 
 INPUT_MODES: dict[str, str] = {
     "fixed": "images of one size per run (the configured img_h x img_w)",
@@ -152,4 +218,4 @@ def check_model(model: nn.Module) -> None:
         raise TypeError(f"{type(model).__name__} does not implement the model contract: missing {', '.join(missing)}")
 
 
-__all__ = ["INPUT_MODES", "Model", "TokenMixLike", "VariantConfig", "check_input_mode", "check_model", "contract_members"]
+__all__ = ["INPUT_MODES", "Model", "TokenMixLike", "Tokens", "VariantConfig", "check_input_mode", "check_model", "contract_members"]

@@ -103,6 +103,10 @@ class CLIP(nn.Module):
     """
 
     supports_dense = False
+    # the image tower (``visual``, a ViT) has tokens, but CLIP's pre-logits features are its projected
+    # image embedding, of another width: no Tokens of the CLIP itself
+    supports_tokens = False
+    supports_intermediates = False
     distill_head = False  # no distillation token: distillation losses use the class logits
     input_modes = ("fixed", "multi")  # the image tower resamples its position embeddings
 
@@ -238,6 +242,12 @@ class CLIP(nn.Module):
     def forward_dense(self, x: torch.Tensor, mix=None) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError(_NO_DENSE)
 
+    def forward_tokens(self, x, keep=None, mask=None):
+        raise NotImplementedError(_NO_TOKENS)
+
+    def forward_intermediates(self, x, blocks):
+        raise NotImplementedError(_NO_TOKENS)
+
     def lock_image_tower(self, unlocked_groups: int = 0) -> list[str]:
         """Freeze the image tower and its projection (LiT, Zhai et al. 2022, arXiv 2111.07991), leaving
         the last ``unlocked_groups`` groups trainable — open_clip's ``lock_image_tower`` groups
@@ -282,5 +292,7 @@ def _lock(model: nn.Module, towers: list[nn.Module], groups: list, unlocked: int
 
 
 _NO_DENSE = "CLIP gives no per-token class logits (token labeling needs a ViT or VOLO model)"
+_NO_TOKENS = ("CLIP gives no token interface (tokens, keep, mask, intermediates: its pre-logits features are the projected "
+              "image embedding); self-supervised tasks and token probes need a ViT")
 
 __all__ = ["CLIP", "CausalBlock", "TextTransformer"]

@@ -55,6 +55,8 @@ class NaFlexConfig(ViTConfig):
         super().__post_init__()
         if self.pos_embed != "learned":
             raise ValueError(f"pos_embed={self.pos_embed!r}: a NaFlex ViT has learned position embeddings (pos_embed_type)")
+        if self.mask_token:
+            raise ValueError("mask_token=True: a NaFlex ViT gives no tokens (model(x, tokens=True, mask=...)); use a ViT")
         grid = self.pos_embed_grid
         if grid is not None:  # a YAML list or one side -> (gh, gw)
             grid = tuple(int(g) for g in ((grid, grid) if isinstance(grid, int) else grid))

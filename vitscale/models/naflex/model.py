@@ -34,6 +34,7 @@ from .pos_embed import factorized_table, gather_by_coord, learned_table
 from .state_dict_adapter import state_dict_from_vit
 
 _NO_DENSE = "NaFlexViT gives no per-token class logits (token labeling needs a ViT or VOLO model)"
+_NO_TOKENS = "NaFlexViT gives no token interface (tokens, keep, mask, intermediates): self-supervised tasks and token probes need a ViT"
 
 
 class NaFlexViT(nn.Module):
@@ -44,6 +45,8 @@ class NaFlexViT(nn.Module):
     """
 
     supports_dense = False
+    supports_tokens = False  # not yet: keep / mask of a padded NaFlex sequence (forward_tokens)
+    supports_intermediates = False
     distill_head = False  # no distillation token: distillation losses use the class logits
     input_modes = ("fixed", "multi", "naflex")
 
@@ -71,7 +74,9 @@ class NaFlexViT(nn.Module):
         self._register_load_state_dict_pre_hook(self._convert_on_load)
 
     def _convert_on_load(self, state_dict, prefix, *args) -> None:
-        """A classic ViT's weights (or another grid size) load as this model's (``state_dict_from_vit``)."""
+        """A classic ViT's weights (or another grid size) load as this model's (``state_dict_from_vit``);
+        a ViT's training-only mask token (``ViTConfig.mask_token``) is dropped: a NaFlex ViT has none."""
+        state_dict.pop(prefix + "mask_token", None)
         state_dict_from_vit(state_dict, self.cfg, prefix)
 
     # ------------------------------------------------------------------ init
@@ -198,6 +203,12 @@ class NaFlexViT(nn.Module):
 
     def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
         raise NotImplementedError(_NO_DENSE)
+
+    def forward_tokens(self, x, keep=None, mask=None):
+        raise NotImplementedError(_NO_TOKENS)
+
+    def forward_intermediates(self, x, blocks):
+        raise NotImplementedError(_NO_TOKENS)
 
     # ------------------------------------------------------------------ sizes
     def example_inputs(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:

@@ -104,6 +104,13 @@ class ViTConfig:
     token after the class token(s), with its own classifier (``head_dist``) that the distillation loss
     trains (``distill.*``); at evaluation (and in any plain forward call) the logits are the mean of
     the class and distillation heads, as DeiT and timm's ``VisionTransformerDistilled``."""
+    mask_token: bool = False
+    """A learned mask token ``(1, D)``, initialised to zeros (DINOv2, facebookresearch/dinov2
+    ``dinov2/models/vision_transformer.py`` line 169), that ``model(x, tokens=True, mask=...)`` puts in
+    place of the masked patches' embeddings before their position embeddings are added (iBOT's masked
+    patches, DINOv2 lines 218-221). Training-only: timm's ViTs have none (timm drops DINOv2's on loading,
+    ``timm/models/vision_transformer.py`` ``_convert_dinov2``), so timm weights are written without it,
+    weights without one leave it at its init, and a model without one ignores one in its weights."""
 
     pos_embed: str = "learned"
     """Position information: ``learned`` (a learned table added to the tokens, resampled for other

@@ -110,11 +110,11 @@ def architecture(sd: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 def vit_layer_exponents(model: nn.Module, prefix: str = "") -> dict[str, int]:
     """BEiT's layer-wise LR decay of a ViT (timm ``param_groups_layer_decay`` with the ViT's
-    ``group_matcher``): the embeddings (patch embedding, class / register / distillation tokens,
+    ``group_matcher``): the embeddings (patch embedding, class / register / distillation / mask tokens,
     position embeddings, the pre-norm) ``L + 1`` times, block ``i`` ``L - i`` times, the rest (final
     norm, pooling head, classifier) not at all. ``prefix``: the tower's (``visual.``)."""
     L = len(model.blocks)
-    stem = ("cls_token", "dist_token", "pos_embed", "patch_embed", "norm_pre")
+    stem = ("cls_token", "dist_token", "mask_token", "pos_embed", "patch_embed", "norm_pre")
     out = {prefix + name: L + 1 for name in stem}
     out.update({f"{prefix}blocks.{i}": L - i for i in range(L)})
     return out

@@ -30,6 +30,7 @@ from ..common.checkpointing import run_block, run_blocks
 from ..common.init import init_vit_layers, trunc_normal_
 from ..common.rope import apply_rope, rope_sin_cos
 from ..common.token_mix import TokenMix, apply_token_mix
+from ..contract import Tokens
 from .configs import ViTConfig
 
 
@@ -166,10 +167,14 @@ class VisionTransformer(nn.Module):
     """ViT for classification and as the CLIP vision tower. ``cfg`` is a :class:`ViTConfig`.
 
     Implements :class:`vitscale.models.contract.Model`. Dense per-token logits (token labeling) are its
-    own classifier applied to every patch token (pre-logits features -> head).
+    own classifier applied to every patch token (pre-logits features -> head); its tokens
+    (:meth:`forward_tokens`) and those of its last blocks (:meth:`forward_intermediates`) are asked
+    through the call.
     """
 
     supports_dense = True
+    supports_tokens = True
+    supports_intermediates = True
     input_modes = ("fixed", "multi")  # another image size: position embeddings resampled in _pos_embed
 
     def __init__(self, cfg: ViTConfig, device=None, dtype=None):
@@ -183,6 +188,8 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.empty(1, L, D, device=device, dtype=dtype)) if L > 0 else None
         # DeiT's distillation token, after the class token(s) (timm's VisionTransformerDistilled order)
         self.dist_token = nn.Parameter(torch.empty(1, 1, D, device=device, dtype=dtype)) if cfg.distill_token else None
+        # iBOT's mask token (cfg.mask_token; DINOv2's (1, D), vision_transformer.py line 169): no prefix token
+        self.mask_token = nn.Parameter(torch.empty(1, D, device=device, dtype=dtype)) if cfg.mask_token else None
         n_pos = cfg.num_patches + (P if cfg.pos_embed_prefix else 0)
         learned = cfg.pos_embed == "learned"
         self.pos_embed = nn.Parameter(torch.empty(1, n_pos, D, device=device, dtype=dtype)) if learned else None
@@ -191,6 +198,7 @@ class VisionTransformer(nn.Module):
         build_trunk(self, cfg, device, dtype)
         self.head_dist = self._new_head(cfg.num_classes, device, dtype) if cfg.distill_token else None
         self._register_load_state_dict_pre_hook(self._resample_pos_embed_on_load)
+        self._register_load_state_dict_pre_hook(self._mask_token_on_load)
 
     @property
     def distill_head(self) -> bool:
@@ -213,6 +221,8 @@ class VisionTransformer(nn.Module):
             nn.init.normal_(self.cls_token, std=1e-6)
         if self.dist_token is not None:
             trunc_normal_(self.dist_token, std=0.02)  # as DeiT's (facebookresearch/deit, models.py)
+        if self.mask_token is not None:
+            nn.init.zeros_(self.mask_token)  # as DINOv2's (vision_transformer.py line 169)
         if self.attn_pool is not None:
             trunc_normal_(self.attn_pool.latent, std=self.num_features**-0.5)
         for head in (self.head, self.head_dist):
@@ -227,6 +237,8 @@ class VisionTransformer(nn.Module):
             names.add("cls_token")
         if self.dist_token is not None:
             names.add("dist_token")
+        if self.mask_token is not None:
+            names.add("mask_token")
         if self.attn_pool is not None:
             names.add("attn_pool.latent")
         return names
@@ -300,21 +312,55 @@ class VisionTransformer(nn.Module):
             x = torch.cat([*prefix, x + pos], dim=1)  # (B, P+N, D)
         return self.pos_drop(x)
 
-    def forward_features(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_features(self, x: torch.Tensor, keep: torch.Tensor | None = None,
+                         mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Images ``(B, C, H, W)`` -> normalised tokens ``(B, prefix + patches, D)``.
 
         ``keep``: ``(B, K)`` indices of the patches (row-major in the patch grid) that go through the
         blocks, after their position embeddings (MAE's encoder on the visible patches, He et al. 2021,
         arXiv 2111.06377, section 3; facebookresearch/mae ``models_mae.py`` ``forward_encoder``): the
-        tokens are then ``(B, prefix + K, D)``, the prefix tokens first, patch dropout not applied."""
-        x, grid = self._embed(x, keep)
-        x = run_blocks(self.blocks, x, self.grad_checkpointing, rope=self.rope(grid, x.device))
+        tokens are then ``(B, prefix + K, D)``, the prefix tokens first, patch dropout not applied.
+        ``mask``: ``(B, N)`` bool, the patches whose embeddings the mask token replaces (:meth:`_mask`)."""
+        x, grid = self._embed(x, keep, mask)
+        rope = self.rope(grid, x.device)
+        if rope is not None and keep is not None:  # each image's kept patches' rows, (B, 1, K, Dh)
+            rope = tuple(r[keep][:, None] for r in rope)
+        x = run_blocks(self.blocks, x, self.grad_checkpointing, rope=rope)
         return self.norm(x)
 
-    def _embed(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
+    def forward_tokens(self, x: torch.Tensor, keep: torch.Tensor | None = None,
+                       mask: torch.Tensor | None = None) -> Tokens:  # fmt: skip
+        """Images -> :class:`~vitscale.models.contract.Tokens` (run it as ``model(x, tokens=True, keep=keep,
+        mask=mask)``): ``sequence`` is :meth:`forward_features`, ``pooled`` :meth:`forward_head`'s
+        pre-logits features of it, the prefix and patch tokens through ``fc_norm`` (the identity unless
+        the model normalises after pooling, where ``norm`` is)."""
+        grid = self.token_grid(tuple(x.shape[-2:]))
+        seq = self.forward_features(x, keep, mask)
+        P = self.num_prefix_tokens
+        return Tokens(
+            pooled=self.forward_head(seq, pre_logits=True), prefix=self.fc_norm(seq[:, :P]),
+            patches=self.fc_norm(seq[:, P:]), sequence=seq, grid=grid, num_prefix=P,
+        )  # fmt: skip
+
+    def _mask(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Patch embeddings ``(B, N, D)`` with the mask token in place of the ``mask`` ``(B, N)`` ones,
+        before the position embeddings are added: DINOv2's ``prepare_tokens_with_masks``
+        (facebookresearch/dinov2 ``dinov2/models/vision_transformer.py`` line 218 masks, line 221 adds
+        the position embeddings)."""
+        if self.mask_token is None:
+            raise ValueError(f"a mask needs the model's mask token: {type(self).__name__} was built without one "
+                             "(build it with mask_token=True: model.mask_token=true)")  # fmt: skip
+        if mask.dtype != torch.bool or tuple(mask.shape) != tuple(x.shape[:2]):
+            raise ValueError(f"mask must be bool (batch, patches) = {tuple(x.shape[:2])}, got {mask.dtype} {tuple(mask.shape)}")
+        return torch.where(mask[..., None], self.mask_token.to(x.dtype), x)
+
+    def _embed(self, x: torch.Tensor, keep: torch.Tensor | None = None,
+               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[int, int]]:  # fmt: skip
         """Images -> the tokens the first block takes ``(B, prefix + patches, D)``, and the patch grid."""
         grid = (x.shape[-2] // self.cfg.patch_dim, x.shape[-1] // self.cfg.patch_dim)
         x = self.patch_embed(x)  # (B, N, D)
+        if mask is not None:
+            x = self._mask(x, mask)
         x = self._pos_embed(x, grid)
         if keep is not None:
             P = self.num_prefix_tokens
@@ -386,11 +432,18 @@ class VisionTransformer(nn.Module):
         return cls, tok
 
     def forward(self, x: torch.Tensor, dense: bool = False, mix: TokenMix | None = None, pre_logits: bool = False,
-                distill: bool = False, keep: torch.Tensor | None = None, intermediates: int = 0):  # fmt: skip
+                distill: bool = False, keep: torch.Tensor | None = None, intermediates: int = 0,
+                tokens: bool = False, mask: torch.Tensor | None = None):  # fmt: skip
         """Class logits; ``dense``: and per-token logits; ``pre_logits``: the pooled features;
         ``distill``: ``(class logits, distillation-token logits)`` (DeiT; see :meth:`forward_head`);
-        ``keep``: the normalised tokens of the kept patches only (:meth:`forward_features`; MAE);
+        ``tokens``: the :class:`~vitscale.models.contract.Tokens` of the kept (``keep``) patches, the
+        ``mask`` ones replaced by the mask token (:meth:`forward_tokens`; DINO, MAE);
+        ``keep`` alone: the normalised tokens of the kept patches only (:meth:`forward_features`);
         ``intermediates``: the normalised tokens of the last N blocks (:meth:`forward_intermediates`)."""
+        if tokens:  # through forward() so FSDP's hooks gather the parameters
+            return self.forward_tokens(x, keep, mask)
+        if mask is not None:
+            raise ValueError("a mask is asked with the tokens: model(x, tokens=True, mask=mask)")
         if keep is not None:  # through forward() so FSDP's hooks gather the parameters
             return self.forward_features(x, keep)
         if intermediates:  # through forward() so FSDP's hooks gather the parameters (probes)
@@ -410,6 +463,17 @@ class VisionTransformer(nn.Module):
         return img_hw[0] // self.cfg.patch_dim, img_hw[1] // self.cfg.patch_dim
 
     # ------------------------------------------------------------------ loading
+    def _mask_token_on_load(self, state_dict, prefix, *args) -> None:
+        """The mask token is training-only (``cfg.mask_token``): weights without one (timm's, a
+        classifier's) leave it at its init, zeros; a model without one ignores one in its weights (a
+        DINO run's, loaded to fine-tune), as timm's DINOv2 conversion drops DINOv2's."""
+        key = prefix + "mask_token"
+        ref = state_dict.get(prefix + "patch_embed.proj.weight")  # None: these weights are not this model's
+        if self.mask_token is None:
+            state_dict.pop(key, None)
+        elif key not in state_dict and ref is not None:
+            state_dict[key] = torch.zeros(1, self.num_features, dtype=ref.dtype)
+
     def _resample_pos_embed_on_load(self, state_dict, prefix, *args) -> None:
         key = prefix + "pos_embed"
         pe = state_dict.get(key)

@@ -315,6 +315,15 @@ def _timm_table(cfg: ViTConfig) -> RenameTable:
     )
 
 
+def drop_mask_token(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of ``sd`` without the mask token (``ViTConfig.mask_token``): timm's models have none, and
+    timm drops DINOv2's on loading (huggingface/pytorch-image-models at aa4b585,
+    ``timm/models/vision_transformer.py`` line 1620 in ``_convert_dinov2``; DINOv3's in
+    ``timm/models/eva.py`` line 1222). Reading timm weights leaves a model's own at its init (the
+    model's load hook)."""
+    return {k: v for k, v in sd.items() if k != "mask_token"}
+
+
 def _prefix_tokens_from_timm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Pops timm's ``cls_token (1, 1, D)`` and ``reg_token (1, R, D)``: vitscale's one ``cls_token (1, L, D)``."""
     toks = [sd.pop(k) for k in ("cls_token", "reg_token") if k in sd]
@@ -381,8 +390,9 @@ def state_dict_from_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[st
 
 
 def state_dict_to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
-    """A vitscale ViT state dict -> the state dict of the timm model built from :func:`timm_kwargs`."""
-    sd = dict(sd)
+    """A vitscale ViT state dict -> the state dict of the timm model built from :func:`timm_kwargs`
+    (without the training-only mask token: timm's ViT has none, :func:`drop_mask_token`)."""
+    sd = drop_mask_token(sd)
     split = _prefix_tokens_to_timm(sd, cfg)
     if cfg.parallel_block:
         split.update(_out_proj_to_timm(sd, cfg))

@@ -27,7 +27,14 @@ from torch import nn
 
 from ..common.renames import PASS_THROUGH, Rename, RenameTable, convert, per_head
 from .configs import ViTConfig
-from .state_dict_adapter import _NORMS, _is, _mlp_ratio, _prefix_tokens_from_timm, _prefix_tokens_to_timm
+from .state_dict_adapter import (
+    _NORMS,
+    _is,
+    _mlp_ratio,
+    _prefix_tokens_from_timm,
+    _prefix_tokens_to_timm,
+    drop_mask_token,
+)
 from .timm_meta import build_meta, layout_differences
 
 _ROPES = {"RotaryEmbeddingCat": "axial", "RotaryEmbeddingDinoV3": "dinov3"}
@@ -197,8 +204,9 @@ def state_dict_from_eva(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str
 
 
 def state_dict_to_eva(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
-    """vitscale's RoPE ViT state dict -> that of the timm ``Eva`` built from :func:`eva_kwargs`."""
-    sd = dict(sd)
+    """vitscale's RoPE ViT state dict -> that of the timm ``Eva`` built from :func:`eva_kwargs` (without
+    the training-only mask token, :func:`~vitscale.models.vit.state_dict_adapter.drop_mask_token`)."""
+    sd = drop_mask_token(sd)
     split = _prefix_tokens_to_timm(sd, cfg)
     return {**split, **convert(sd, _table(cfg), to="theirs")}
 

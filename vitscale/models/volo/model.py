@@ -188,6 +188,8 @@ class VOLO(nn.Module):
     """
 
     supports_dense = True
+    supports_tokens = False  # outlooker stem: no patch tokens to keep or mask (the contract's forward_tokens)
+    supports_intermediates = False
     distill_head = False  # no distillation token: distillation losses use the class logits
     # One image size per run. The forward resamples the position embedding for evaluating at another
     # size, but VOLO trains at one size, then fine-tunes at a larger one as a second run (sail-sg/volo
@@ -284,7 +286,7 @@ class VOLO(nn.Module):
         self.cfg = new
 
     # ------------------------------------------------------------------ forward
-    def forward_tokens(self, x: torch.Tensor, mix: TokenMix | None = None) -> torch.Tensor:
+    def forward_stages(self, x: torch.Tensor, mix: TokenMix | None = None) -> torch.Tensor:
         """Images ``(B, C, H, W)`` -> coarse tokens ``(B, gh, gw, D)`` after the transformer stages."""
         x = self.patch_embed(x)  # (B, H/p, W/p, Do)
         x = apply_token_mix(x, mix, self.cfg.pooling_scale)
@@ -301,7 +303,7 @@ class VOLO(nn.Module):
 
     def forward_features(self, x: torch.Tensor, mix: TokenMix | None = None) -> torch.Tensor:
         """Images -> normalised tokens ``(B, 1 + gh*gw, D)`` (class token first)."""
-        x = self.forward_tokens(x, mix)
+        x = self.forward_stages(x, mix)
         B, gh, gw, D = x.shape
         x = torch.cat([self.cls_token.expand(B, -1, -1), x.reshape(B, gh * gw, D)], dim=1)  # (B, 1+N, D)
         x = run_blocks(self.class_blocks, x, self.grad_checkpointing)
@@ -344,6 +346,12 @@ class VOLO(nn.Module):
     def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
         return img_hw[0] // self.cfg.token_stride, img_hw[1] // self.cfg.token_stride
 
+    def forward_tokens(self, x, keep=None, mask=None):
+        raise NotImplementedError(_NO_TOKENS)
+
+    def forward_intermediates(self, x, blocks):
+        raise NotImplementedError(_NO_TOKENS)
+
     # ------------------------------------------------------------------ loading
     def _resample_pos_embed_on_load(self, state_dict, prefix, *args) -> None:
         key = prefix + "pos_embed"
@@ -358,5 +366,8 @@ def _resample_grid_pos(pos: torch.Tensor, new_grid: tuple[int, int]) -> torch.Te
     out = resample_pos_embed(pos.reshape(1, gh * gw, D), new_grid, (gh, gw), 0)  # (1, N', D)
     return out.reshape(1, new_grid[0], new_grid[1], D)
 
+
+_NO_TOKENS = ("VOLO gives no token interface (tokens, keep, mask, intermediates: its convolutional stem and outlookers "
+              "have no patch tokens to keep or mask); self-supervised tasks and token probes need a ViT")
 
 __all__ = ["VOLO", "ClassAttention", "ClassBlock", "OutlookAttention", "Outlooker", "TokenMix", "TransformerBlock"]
