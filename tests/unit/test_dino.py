@@ -76,6 +76,27 @@ def test_dino_loss_pairs_each_student_crop_with_the_other_teacher_crops():
     assert abs(float(got) - want) < 1e-5
 
 
+@pytest.mark.parametrize("n_local", [0, 1, 4])
+def test_dino_loss_divides_as_dinov2_at_any_local_crop_count(n_local):
+    # dinov2/train/ssl_meta_arch.py lines 147-148 at b8931f7: n_global_crops_loss_terms + max(n_local * n_g, 1)
+    b, k, st = 4, 5, 0.1
+    g = [_logits(b, k, s) for s in (1, 2)]
+    loc = [_logits(b, k, 10 + s) for s in range(n_local)]
+    t = [torch.softmax(_logits(b, k, s) / 0.05, dim=-1) for s in (6, 7)]
+
+    def ce(tt, ss):
+        ls = ss.numpy() / st
+        ls = ls - np.log(np.exp(ls).sum(axis=1, keepdims=True))
+        return float(-(tt.numpy() * ls).sum(axis=1).mean())
+
+    terms = (2 - 1) * 2 + max(n_local * 2, 1)
+    want = (ce(t[1], g[0]) + ce(t[0], g[1]) + sum(ce(tt, s) for s in loc for tt in t)) / terms
+    got = dino_loss([x.float() for x in g], [x.float() for x in loc], [x.float() for x in t], st)
+    assert abs(float(got) - want) < 1e-5
+    if n_local == 0:  # the old count (2 pairs) would give 1.5x this
+        assert abs(float(got) * 3 / 2 - (ce(t[1], g[0]) + ce(t[0], g[1])) / 2) < 1e-5
+
+
 def test_koleo_is_minus_the_mean_log_distance_to_the_nearest_other_row():
     x = _logits(9, 5, 3)
     xn = x.numpy() / np.linalg.norm(x.numpy(), axis=1, keepdims=True)

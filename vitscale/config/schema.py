@@ -167,7 +167,8 @@ class TrainConfig:
     """The training loop."""
 
     task: str | None = None
-    """classification | contrastive | token_labeling; None = the model family's default task."""
+    """A task registered in ``vitscale.registry.TASKS`` (a plug-in's too; an unknown name's one-line error
+    lists them); None = the model family's default task."""
     batch_size: int = 64
     """GLOBAL images per optimizer step (over all ranks and micro-steps)."""
     grad_accum: int = 1
