@@ -343,3 +343,20 @@ def test_an_alarm_holds_over_a_share_of_the_run():
     short = Alarm()
     short.for_run(4)  # 5% of 4 steps: 1 step; the three log steps in a row decide
     assert [s for s in range(1, 5) if short(s, True)] == [3]
+
+
+@pytest.mark.parametrize("logged, said", [((1, 2), [2]), ((1, 7), [7]), ((1,), []), ((1, 4, 7), [7]), ((1, 7, 8), [8])])
+def test_a_run_under_three_log_steps_warns_at_its_last(logged, said):
+    """A run logged fewer than HOLD times (its first and last step: train.max_steps=2, or log_every above
+    the run's length) warns at its last step when the signal was past it at every log step; one log step
+    alone never does (a first step cannot tell a random start from a collapse)."""
+    alarm = Alarm()
+    alarm.for_run(logged[-1])
+    assert [s for s in logged if alarm(s, True)] == said
+    back = Alarm()  # past at the last step only: no line
+    back.for_run(2)
+    assert [s for s in (1, 2) if back(s, s == 2)] == []
+    w = TeacherWatch()  # the same through the teacher's signals: a 2-step run of a uniform teacher
+    w.for_run(2)
+    w.keep(torch.full((4, 8), 1 / 8))
+    assert w.read(1)[1] == [] and w.read(2)[1][0].startswith("warning: step 2: the teacher's entropy is 2.079 nats")

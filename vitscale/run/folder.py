@@ -58,6 +58,7 @@ NEUTRAL = (
     "data.prefetch_across_epochs", "data.max_image_pixels",
     "checkpoint.every", "checkpoint.keep", "checkpoint.path", "checkpoint.init_from", "checkpoint.resume",
     "checkpoint.allow_changes", "checkpoint.export_safetensors", "checkpoint.async_mode", "checkpoint.save_on_signal",
+    "checkpoint.signal_deadline",
     "checkpoint.remote",
     "eval", "evals", "log", "parallel",
 )  # fmt: skip
