@@ -143,13 +143,22 @@ EVALUATORS: Registry[Any] = Registry("evaluator", "kind", {
 })  # fmt: skip
 """Evaluators (:class:`vitscale.eval.evaluator.Evaluator` subclasses), the ``kind`` of an ``evals:`` entry."""
 
+TASK_COMMANDS: dict[str, str] = {
+    "label-tokens": "vitscale.tasks.token_labeling_command",
+}
+"""The commands a built-in task brings (its teacher's job: token labeling's ``label-tokens``), command
+name -> the task's module that registers it in :data:`COMMANDS` (``HELP``, ``register``; importing
+nothing heavy at its top). A plug-in task's module registers its command itself."""
+
 COMMANDS: Registry[Any] = Registry("command", "vitscale", {
-    name.replace("_", "-"): f"vitscale.commands.{name}"
-    for name in ("demo", "train", "config", "eval", "export", "report", "data", "models", "bench", "bench_data",
-                 "label_tokens", "convert", "memory")
+    **{name.replace("_", "-"): f"vitscale.commands.{name}"
+       for name in ("demo", "train", "config", "eval", "export", "report", "data", "models", "bench", "bench_data",
+                    "convert", "memory")},
+    **TASK_COMMANDS,
 })  # fmt: skip
 """Commands, in the order ``vitscale --help`` lists them: objects with ``HELP`` (their line there) and
-``register(subparsers)``; a built-in one is its module under ``vitscale.commands``."""
+``register(subparsers)``; a generic one is its module under ``vitscale.commands``, a task's its module
+under ``vitscale.tasks`` (:data:`TASK_COMMANDS`)."""
 
 
 def model_family(name: str) -> Any:
@@ -164,4 +173,4 @@ def model_family(name: str) -> Any:
     raise ConfigError(FAMILIES.unknown(name, [v for f in families for v in f.variants]))
 
 
-__all__ = ["COMMANDS", "EVALUATORS", "FAMILIES", "FORMATS", "TASKS", "Registry", "import_plugins", "model_family"]
+__all__ = ["COMMANDS", "EVALUATORS", "FAMILIES", "FORMATS", "TASK_COMMANDS", "TASKS", "Registry", "import_plugins", "model_family"]

@@ -102,7 +102,11 @@ def test_a_teacher_that_stays_uniform_is_one_warning_line(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [r for r in read_metrics(out) if "loss" in r]
     assert all(r["train_teacher_entropy"] > 0.9 * math.log(64) for r in rows)  # past the threshold at every log step
-    said = [line for line in (p.stdout + p.stderr).splitlines() if "the teacher's entropy" in line]
+    said = [line for line in (p.stdout + p.stderr).splitlines() if line.startswith("warning:") and "the teacher's entropy" in line]
+    # (the live line: the end-of-run lines repeat it, indented)
     assert len(said) == 1, p.stdout[-3000:] + p.stderr[-3000:]
     assert said[0].startswith("warning: step 3: the teacher's entropy is ") and "since step 1" in said[0]
     assert "every target is close to uniform" in said[0]
+    # what the run warned about is in its summary: summary.json and the end-of-run lines (issue 49)
+    assert json.loads((out / "summary.json").read_text())["warnings"] == said
+    assert f"  warnings (1, in summary.json):\n    {said[0]}\n" in p.stdout

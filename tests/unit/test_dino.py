@@ -76,6 +76,27 @@ def test_dino_loss_pairs_each_student_crop_with_the_other_teacher_crops():
     assert abs(float(got) - want) < 1e-5
 
 
+@pytest.mark.parametrize("n_local", [0, 1, 4])
+def test_dino_loss_divides_as_dinov2_at_any_local_crop_count(n_local):
+    # dinov2/train/ssl_meta_arch.py lines 147-148 at b8931f7: n_global_crops_loss_terms + max(n_local * n_g, 1)
+    b, k, st = 4, 5, 0.1
+    g = [_logits(b, k, s) for s in (1, 2)]
+    loc = [_logits(b, k, 10 + s) for s in range(n_local)]
+    t = [torch.softmax(_logits(b, k, s) / 0.05, dim=-1) for s in (6, 7)]
+
+    def ce(tt, ss):
+        ls = ss.numpy() / st
+        ls = ls - np.log(np.exp(ls).sum(axis=1, keepdims=True))
+        return float(-(tt.numpy() * ls).sum(axis=1).mean())
+
+    terms = (2 - 1) * 2 + max(n_local * 2, 1)
+    want = (ce(t[1], g[0]) + ce(t[0], g[1]) + sum(ce(tt, s) for s in loc for tt in t)) / terms
+    got = dino_loss([x.float() for x in g], [x.float() for x in loc], [x.float() for x in t], st)
+    assert abs(float(got) - want) < 1e-5
+    if n_local == 0:  # the old count (2 pairs) would give 1.5x this
+        assert abs(float(got) * 3 / 2 - (ce(t[1], g[0]) + ce(t[0], g[1])) / 2) < 1e-5
+
+
 def test_koleo_is_minus_the_mean_log_distance_to_the_nearest_other_row():
     x = _logits(9, 5, 3)
     xn = x.numpy() / np.linalg.norm(x.numpy(), axis=1, keepdims=True)
@@ -368,3 +389,20 @@ def test_a_frozen_backbone_lets_the_heads_warm_up_and_the_patch_embedding_learns
     with pytest.raises(ConfigError, match=r"^dino.freeze_backbone_steps=4 freezes the backbone for the whole 4-step run"):
         Trainer(load_config("digits_dino", [*args, "dino.freeze_backbone_steps=4", f"train.output_dir={tmp_path / 'b'}"]))
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("logged, said", [((1, 2), [2]), ((1, 7), [7]), ((1,), []), ((1, 4, 7), [7]), ((1, 7, 8), [8])])
+def test_a_run_under_three_log_steps_warns_at_its_last(logged, said):
+    """A run logged fewer than HOLD times (its first and last step: train.max_steps=2, or log_every above
+    the run's length) warns at its last step when the signal was past it at every log step; one log step
+    alone never does (a first step cannot tell a random start from a collapse)."""
+    alarm = Alarm()
+    alarm.for_run(logged[-1])
+    assert [s for s in logged if alarm(s, True)] == said
+    back = Alarm()  # past at the last step only: no line
+    back.for_run(2)
+    assert [s for s in (1, 2) if back(s, s == 2)] == []
+    w = TeacherWatch()  # the same through the teacher's signals: a 2-step run of a uniform teacher
+    w.for_run(2)
+    w.keep(torch.full((4, 8), 1 / 8))
+    assert w.read(1)[1] == [] and w.read(2)[1][0].startswith("warning: step 2: the teacher's entropy is 2.079 nats")

@@ -155,7 +155,7 @@ def test_clipping_folded_into_the_fused_kernels_is_the_in_place_clipping(tmp_pat
             assert unscale is None
             norms["in_place"].append(float(norm))
             t.schedule.apply(step)
-            apply_update(t.optimizer, t.guard.flag(loss.detach(), norm, 1), on_device=True, ema=t.ema, model=t.model)
+            t.ema.update(t.model, apply_update(t.optimizer, t.guard.flag(loss.detach(), norm, 1), on_device=True))
             t.optimizer.zero_grad(set_to_none=True)
         assert norms["folded"] == pytest.approx(norms["in_place"], rel=1e-6)  # the norm before clipping, logged
         a, b = _snapshot(folded), _snapshot(in_place)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..registry import COMMANDS
+from ..registry import COMMANDS, FAMILIES
 
 HELP = "list the model zoo"
 
@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "included; CLIP: image + text tower; the count behind MFU, see docs/benchmarks.md), image size, patch.",
     )
     p.add_argument("pattern", nargs="?", default=None, help="glob filter, e.g. 'vit_*'")
-    p.add_argument("--family", default=None, help="only this family (vit, clip, volo, naflex)")
+    p.add_argument("--family", default=None, help=f"only this family ({', '.join(FAMILIES.names())})")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     p.set_defaults(func=run)
 

@@ -23,8 +23,8 @@ class EvaluatorConfig:
     """The field whose value chooses the class (the config loader's kind mechanism)."""
 
     kind: str = ""
-    """The registered evaluator: classification | class_subset | real | zeroshot | retrieval |
-    linear_probe | fewshot | knn | sizes (or one a plug-in registers)."""
+    """An evaluator registered in ``vitscale.registry.EVALUATORS`` (a plug-in's too; an unknown name's
+    one-line error lists them)."""
     name: str | None = None
     """Prefix of its metrics: ``val`` logs ``val_top1``; None = the evaluator's default (classification:
     ``val``, zeroshot: ``zeroshot``, ...); "" = its metric names as they are."""

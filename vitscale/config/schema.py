@@ -167,7 +167,8 @@ class TrainConfig:
     """The training loop."""
 
     task: str | None = None
-    """classification | contrastive | token_labeling; None = the model family's default task."""
+    """A task registered in ``vitscale.registry.TASKS`` (a plug-in's too; an unknown name's one-line error
+    lists them); None = the model family's default task."""
     batch_size: int = 64
     """GLOBAL images per optimizer step (over all ranks and micro-steps)."""
     grad_accum: int = 1
@@ -292,6 +293,11 @@ class CheckpointConfig:
     128 + the signal's number (SIGTERM 143, SIGUSR1 138, SIGINT 130); the ranks agree on the step.
     A second such signal (a second Ctrl-C) quits at once. Empty: these signals end the run at once,
     as before (SIGTERM, SIGINT), and SIGUSR1 keeps its default action."""
+    signal_deadline: float = 300.0
+    """Seconds a signal of ``save_on_signal`` waits for the step in progress to end (a step that hangs,
+    a start-up that never reaches its first step): past them the run exits with code 128 + the signal's
+    number without saving that step, the line naming the last checkpoint saved (``vitscale.train.preemption``).
+    Counted from the signal to the end of the step; the save that follows is not bounded by it."""
     remote: str | None = None
     """Mirror the run folder's checkpoints (and config.yaml, metrics.jsonl, summary.json, train.log)
     to this fsspec URL after each save, e.g. ``s3://bucket/runs/x`` (open_clip's remote sync): a run
@@ -308,6 +314,7 @@ class CheckpointConfig:
         at_least("checkpoint.every", self.every, 0, "save every N steps; 0 = only at the end")
         at_least("checkpoint.keep", self.keep, 1, "checkpoints kept")
         at_least("checkpoint.remote_wait_s", self.remote_wait_s, 0, "seconds the end of a run waits for an upload")
+        positive("checkpoint.signal_deadline", self.signal_deadline, "seconds a signal waits for the step in progress to end")
         for name in self.save_on_signal:
             check_save_signal(name)
 

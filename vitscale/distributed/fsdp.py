@@ -18,7 +18,9 @@ One code path covers every data-parallel layout, because FSDP2 takes a 1-D mesh 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +81,21 @@ def resolve_precision(precision: PrecisionConfig, device: torch.device | str) ->
     return Precision(param, reduce, _AUTOCAST[mode])
 
 
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` to ``dtype`` (fp32 master weights, as in mixed-precision training), or
+    nothing for None (a resolved ``precision.autocast``: :func:`vitscale.distributed.fsdp.resolve_precision`)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def autocast_factory(device: torch.device, dtype: torch.dtype | None) -> Callable[[], contextlib.AbstractContextManager]:
+    """A zero-argument factory of :func:`autocast` contexts (what tasks call around their forward)."""
+    if dtype is None:
+        return contextlib.nullcontext
+    return functools.partial(autocast, device, dtype)
+
+
 def mixed_precision_policy(param_dtype: torch.dtype, reduce_dtype: torch.dtype = torch.float32):
     """bf16 compute on an all-gathered bf16 copy, fp32 master weights kept sharded, fp32 gradient
     reduction: NeMo's "BF16 O2" (``megatron_amp_O2``). With fp32 params it is a no-op policy."""
@@ -131,6 +148,8 @@ __all__ = [
     "FSDPModule",
     "MixedPrecisionPolicy",
     "apply_fsdp",
+    "autocast",
+    "autocast_factory",
     "dp_mesh_for",
     "fsdp_runs_on",
     "fully_shard",

@@ -58,6 +58,7 @@ NEUTRAL = (
     "data.prefetch_across_epochs", "data.max_image_pixels",
     "checkpoint.every", "checkpoint.keep", "checkpoint.path", "checkpoint.init_from", "checkpoint.resume",
     "checkpoint.allow_changes", "checkpoint.export_safetensors", "checkpoint.async_mode", "checkpoint.save_on_signal",
+    "checkpoint.signal_deadline",
     "checkpoint.remote",
     "eval", "evals", "log", "parallel",
 )  # fmt: skip
@@ -261,19 +262,6 @@ atexit.register(_release_all)  # a process that ends without releasing still rem
 
 
 # ------------------------------------------------------------------------------------- same run?
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists stay values); as :func:`vitscale.config.flatten`, kept
-    here so that comparing two configs stays inside the run folder's own checks."""
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for k, v in tree.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        if not tree and prefix:
-            out[prefix[:-1]] = {}
-        return out
-    return {prefix[:-1]: tree}
-
-
 def neutral_keys() -> tuple[str, ...]:
     """:data:`NEUTRAL`, and the tasks' config groups that declare themselves so (``resume_neutral``: a
     group only another job reads, such as label-tokens')."""
@@ -304,6 +292,8 @@ def config_changes(stored: dict, new: dict, defaults: dict) -> list[tuple[str, A
     """``(key, stored value, new value)`` for every key that changes the run (:func:`neutral_keys`
     left out). A key the stored config lacks (a newer vitscale) counts as its default; a key only
     the stored config has (an older one) is ignored."""
+    from ..config import flatten
+
     old_f, new_f, def_f = flatten(stored), flatten(new), flatten(defaults)
     other_format = old_f.get("data.format", def_f.get("data.format")) != new_f.get("data.format")
     missing = object()

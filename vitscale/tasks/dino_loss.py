@@ -73,10 +73,11 @@ def dino_loss(student_global: list[torch.Tensor], student_local: list[torch.Tens
               teacher_global: list[torch.Tensor], student_temp: float) -> torch.Tensor:  # fmt: skip
     """DINOv2's class-token loss (``dinov2/train/ssl_meta_arch.py`` lines 147-148, 278-304): each
     student global crop against the teacher's targets of the *other* global crop, each local crop
-    against both, every pair's mean over the batch, summed and divided by the number of pairs
-    (``2 x 1`` global plus ``2 x local_crops_number`` local)."""
+    against both, every pair's mean over the batch, summed and divided by the reference's term count
+    (lines 147-148): ``(n_g - 1) n_g`` global terms plus ``max(n_g x local_crops_number, 1)`` local ones,
+    so 3 (not the 2 pairs) at 0 local crops, as DINOv2 divides."""
     n_g = len(teacher_global)
-    pairs = (n_g - 1) * n_g + n_g * len(student_local)
+    pairs = (n_g - 1) * n_g + max(n_g * len(student_local), 1)
     total = student_global[0].new_zeros((), dtype=torch.float32)
     for i, s in enumerate(student_global):
         for j, t in enumerate(teacher_global):

@@ -10,7 +10,8 @@ all equal.
 
 **The warning**: one line when the rank has stayed below :func:`rank_floor` — ``max(2, 1% of min(n,
 d))`` — at :data:`HOLD` log steps in a row and over :data:`HOLD_FRACTION` of the run's steps, and
-again only after it has come back above (:class:`Alarm`). Below 2 the batch's embeddings lie close to
+again only after it has come back above (:class:`Alarm`); a run too short for three log steps warns
+at its last step when the signal was past it at every log step (at least two) of the run. Below 2 the batch's embeddings lie close to
 one line (complete collapse, rank 1, is RankMe's lower bound). The 1% floor for dimensional collapse
 at large batch and width is this project's choice, not the paper's: RankMe gives no universal
 threshold (its use is comparing runs), so the alarm is deliberately loose — a run above it may still
@@ -56,24 +57,37 @@ class Alarm:
     """One warning per excursion of a signal past its threshold: :meth:`__call__` is true at the first
     log step at which the signal has been past it at :data:`HOLD` log steps in a row and over at least
     ``min_span`` steps since the first of them (:attr:`since`), then false until the signal has come
-    back and gone past again. ``min_span`` is 0 until :meth:`for_run` sets it from the run's length."""
+    back and gone past again. ``min_span`` is 0 until :meth:`for_run` sets it from the run's length.
+
+    At the run's last step (known from :meth:`for_run`) fewer log steps in a row suffice when the
+    signal was past it at every log step this alarm saw, at least two: a run logged fewer than
+    :data:`HOLD` times (``train.max_steps=2``, or ``train.log_every`` above the run's length: its first
+    and last steps) can warn too. One log step alone never warns: a run's first step cannot tell a
+    random start from a collapse (a fresh DINO teacher's targets are near uniform)."""
 
     def __init__(self, hold: int = HOLD):
         self.hold, self.count, self.min_span, self.said = hold, 0, 0, False
         self.since: int | None = None
+        self.total: int | None = None  # the run's last step (for_run)
+        self.seen = 0  # log steps this alarm was asked about
 
     def for_run(self, total_steps: int) -> None:
-        """Hold for :data:`HOLD_FRACTION` of a run of ``total_steps`` steps."""
+        """Hold for :data:`HOLD_FRACTION` of a run of ``total_steps`` steps (its last step: the short-run rule)."""
         self.min_span = math.ceil(HOLD_FRACTION * total_steps)
+        self.total = total_steps
 
     def __call__(self, step: int, past: bool) -> bool:
+        self.seen += 1
         if not past:
             self.count, self.since, self.said = 0, None, False
             return False
         self.count += 1
         if self.count == 1:
             self.since = step
-        if self.said or self.count < self.hold or step - self.since < self.min_span:
+        hold = self.hold
+        if self.total is not None and step >= self.total and self.count == self.seen:  # past at every log step
+            hold = min(hold, max(self.seen, 2))
+        if self.said or self.count < hold or step - self.since < self.min_span:
             return False
         self.said = True
         return True

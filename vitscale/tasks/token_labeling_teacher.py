@@ -7,7 +7,7 @@ top-k class logits at every token location and its class-token top-k logits (as 
 (:class:`vitscale.data.token_labels.TokenLabelWriter`; the format is described there). It also
 counts the teacher's class top-1 and the fraction of locations whose top class is the image label.
 
-The caller supplies the model and the loader (``vitscale.train.label_tokens`` assembles the
+The caller supplies the model and the loader (``vitscale.tasks.token_labeling_job`` assembles the
 teacher's run for ``vitscale label-tokens``). Under torchrun each data-parallel rank labels whole
 batches of the split into the same files, and every rank returns the summary of the whole split.
 """

@@ -9,33 +9,18 @@ feature (torch 2.6 is the oldest supported).
 from __future__ import annotations
 
 import contextlib
-import functools
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from ..config.schema import SdpaChoice
 from ..distributed.compile import apply_compile
+from ..distributed.fsdp import autocast, autocast_factory  # the run's numerics, below the layers that use them
 from ..models.registry import family_of, parallel_plan
 
 SDPA_CHOICES = typing.get_args(SdpaChoice)  # the choices of train.sdpa, declared once in the config
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    """``torch.autocast`` to ``dtype`` (fp32 master weights, as in mixed-precision training), or
-    nothing for None (a resolved ``precision.autocast``: :func:`vitscale.distributed.fsdp.resolve_precision`)."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def autocast_factory(device: torch.device, dtype: torch.dtype | None) -> Callable[[], contextlib.AbstractContextManager]:
-    """A zero-argument factory of :func:`autocast` contexts (what tasks call around their forward)."""
-    if dtype is None:
-        return contextlib.nullcontext
-    return functools.partial(autocast, device, dtype)
 
 
 def _backend_order(choice: str):

@@ -110,17 +110,36 @@ def opening_lines(run, schedule, checkpoints) -> list[str]:
     return lines
 
 
+class StepCost:
+    """What a step costs, for ``tflops`` and ``mfu``: ``flops`` (forward FLOPs of one image at the run's
+    size, None when ``log.flops`` is off or the family cannot say), ``flops_at`` (size -> FLOPs per
+    image, for variable resolution), ``peak`` (the device's peak TFLOP/s) and the ``device``."""
+
+    def __init__(self, flops: float | None, flops_at, peak: float | None, device: torch.device | None):
+        self.flops, self.flops_at, self.peak, self.device = flops, flops_at, peak, device
+
+    @classmethod
+    def build(cls, lc, *, model, family, img_size, device: torch.device, autocast) -> StepCost:
+        """The cost of a step of ``model`` (of ``family``, at ``img_size``) on ``device`` with the
+        ``autocast`` dtype, counted when the ``log`` group ``lc`` asks (``log.flops``)."""
+        flops = model_flops(family, model, img_size) if lc.flops else None
+        return cls(flops, functools.partial(model_flops, family, model), device_peak(device, autocast) if flops else None,
+                   device)  # fmt: skip
+
+
 class LogStep:
     """``due(step, last, evaluating)``: whether ``step`` logs (every ``train.log_every`` steps, the
-    first and last, and with every evaluation); :meth:`record` builds its record."""
+    first and last, and with every evaluation); :meth:`record` builds its record. ``info``: where its
+    notes go; ``warn``: where its warnings go (the task's, steps not applied; default ``info``), kept
+    for the summary by :class:`vitscale.train.reporting.Reporting`, which builds it."""
 
     def __init__(self, tc, *, world: int, steps_per_epoch: int, schedule, guard, flops_per_image: float | None,
-                 peak: float | None, info, part_times=None, device: torch.device | None = None, dp_size: int = 1,
-                 flops_at=None, varying: bool = False, task_metrics=None):  # fmt: skip
+                 peak: float | None, info, warn=None, part_times=None, device: torch.device | None = None,
+                 dp_size: int = 1, flops_at=None, varying: bool = False, task_metrics=None):  # fmt: skip
         self.tc, self.world, self.steps_per_epoch = tc, world, steps_per_epoch
         self.part_times = part_times  # the task's parts' seconds since the last record (Task.step_times)
         self.task_metrics = task_metrics  # the task's log-step metrics and warnings (Task.log_metrics)
-        self.schedule, self.guard, self.info = schedule, guard, info
+        self.schedule, self.guard, self.info, self.warn = schedule, guard, info, warn or info
         self.flops, self.peak = flops_per_image, (peak if flops_per_image else None)
         # variable resolution: a step's images and FLOPs at its own size (flops_at: size -> FLOPs per image)
         self.dp_size, self.flops_at, self._flops_of = dp_size, flops_at, {}
@@ -129,20 +148,6 @@ class LogStep:
         self.cuda = device if device is not None and device.type == "cuda" else None
         self.cudagraphs = bool(tc.compile) and uses_cudagraphs(tc.compile_mode)  # mem_peak_gib counts their pools
         self.restart()
-
-    @classmethod
-    def of_run(cls, run, schedule, guard, task, info) -> LogStep:
-        """The log step of the assembled ``run`` (:class:`vitscale.run.Run`): its layout, epoch length
-        and image sizes; with ``log.flops`` the FLOPs of its model's family at each step's size and the
-        device's peak (MFU); ``task``'s parts' times (:meth:`vitscale.tasks.Task.step_times`);
-        ``info``: where its notes go."""
-        tc = run.cfg.train
-        flops = model_flops(run.family, run.model, run.img_size) if run.cfg.log.flops else None
-        return cls(tc, world=run.dims.world_size, steps_per_epoch=run.steps_per_epoch,
-                   schedule=schedule, guard=guard, flops_per_image=flops, info=info,
-                   peak=device_peak(run.device, run.precision.autocast) if flops else None,
-                   part_times=task.step_times, task_metrics=task.log_metrics, device=run.device, dp_size=run.dims.dp_size,
-                   flops_at=functools.partial(model_flops, run.family, run.model), varying=run.loaders.sizes is not None)  # fmt: skip
 
     def restart(self) -> None:
         """Start counting images and time afresh (after a record, an evaluation or a checkpoint)."""
@@ -189,7 +194,7 @@ class LogStep:
             values, lines = self.task_metrics(step)
             rec.update(values)
             for line in lines:
-                self.info(line)
+                self.warn(line)
         if self.flops and self.images:
             rec["tflops"] = achieved_tflops(ips, self.flop_sum / self.images, "train")  # each step at its own size
             if self.peak:
@@ -207,10 +212,10 @@ class LogStep:
         if nonfinite:
             rec["nonfinite_steps"] = nonfinite
             if nonfinite > self.reported_nonfinite:
-                self.info(f"step {step}: {nonfinite - self.reported_nonfinite} step(s) with a non-finite loss or "
+                self.warn(f"step {step}: {nonfinite - self.reported_nonfinite} step(s) with a non-finite loss or "
                           f"gradient norm not applied since the last log ({nonfinite} in the run)")  # fmt: skip
             self.reported_nonfinite = nonfinite
         return rec
 
 
-__all__ = ["LogStep", "batch_shape", "device_peak", "model_flops", "opening_lines", "reduce_mean"]
+__all__ = ["LogStep", "StepCost", "batch_shape", "device_peak", "model_flops", "opening_lines", "reduce_mean"]

@@ -129,6 +129,7 @@ class MetricsLogger:
         self.tb_path = Path(output_dir) / "tb"
         self.bar = None
         self.tb = None
+        self.tb_opened = False
         self.trackers = None  # report.html, W&B, MLflow (log.report, log.wandb, log.mlflow: vitscale.train.trackers)
         self.total = total_steps
         self.mode = "none"
@@ -146,6 +147,7 @@ class MetricsLogger:
             # dynamic_ncols: the bar follows the terminal's width; the postfix is only the loss
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr)
         self.tb = tensorboard_writer(self.tb_path, tensorboard)
+        self.tb_opened = self.tb is not None  # kept after close: the end of the run lists TensorBoard's folder
         if self.tb is None and tensorboard:
             self.info("log.tensorboard=true, but the tensorboard package is not installed (pip install "
                       "tensorboard): no TensorBoard events for this run")  # fmt: skip
@@ -157,15 +159,6 @@ class MetricsLogger:
             settings = flatten(config_to_dict(config)) if config.log.wandb or config.log.mlflow else {}  # the trackers' copy
             self.trackers = Trackers(self.path.parent, config, settings, self.info,
                                      total_steps=total_steps, is_eval=lambda key: is_eval_key(key, self.eval_names))  # fmt: skip
-
-    @classmethod
-    def of_run(cls, run, counters, eval_names) -> MetricsLogger:
-        """The logger of the assembled ``run`` (its ``log`` group; writing on its main rank), from
-        ``counters``' step on (a resume drops the records after it) to their last step."""
-        cfg = run.cfg
-        return cls(cfg.train.output_dir, enabled=run.dims.is_main, total_steps=counters.total_steps,
-                   start_step=counters.step, progress=cfg.log.progress, tensorboard=cfg.log.tensorboard,
-                   eval_names=tuple(eval_names), config=cfg)  # fmt: skip
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop lines a killed run logged after the checkpoint it resumes from."""

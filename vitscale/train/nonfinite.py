@@ -76,12 +76,13 @@ def clip_gradients(params: list[torch.Tensor], max_norm: float, *, world: int,
     return (clip_grad_norm_(params, max_norm) if world > 1 else torch.nn.utils.clip_grad_norm_(params, max_norm)), None
 
 
-def apply_update(optimizer: torch.optim.Optimizer, ok: torch.Tensor, *, on_device: bool, ema=None, model=None,
-                 on_skip=None, grad_scale: torch.Tensor | None = None) -> None:  # fmt: skip
-    """The optimizer step (and the EMA's, of ``model``) of a step whose finite flag is ``ok``: on the
-    device through ``found_inf`` when ``on_device`` (fused kernels; their gradients divided by
-    ``grad_scale`` when given: :func:`clip_gradients`), else decided on the host, calling ``on_skip()``
-    for a step not applied (see the module docstring)."""
+def apply_update(optimizer: torch.optim.Optimizer, ok: torch.Tensor, *, on_device: bool,
+                 grad_scale: torch.Tensor | None = None) -> torch.Tensor | bool:  # fmt: skip
+    """The optimizer step of a step whose finite flag is ``ok``: on the device through ``found_inf``
+    when ``on_device`` (fused kernels; their gradients divided by ``grad_scale`` when given:
+    :func:`clip_gradients`), else decided on the host (see the module docstring). Returns what the
+    parts that follow an update (the EMA) go by: ``ok`` itself on the device (they move by it: not at
+    all on a skipped step), else whether the host applied the step."""
     if on_device:  # no host sync
         optimizer.found_inf = 1.0 - ok
         if grad_scale is not None:
@@ -92,14 +93,11 @@ def apply_update(optimizer: torch.optim.Optimizer, ok: torch.Tensor, *, on_devic
             del optimizer.found_inf
             if grad_scale is not None:
                 del optimizer.grad_scale
-        if ema is not None:
-            ema.update(model, ok)
-    elif bool(ok):  # the host decides (free on the CPU; one sync per step on a GPU)
+        return ok
+    if bool(ok):  # the host decides (free on the CPU; one sync per step on a GPU)
         optimizer.step()
-        if ema is not None:
-            ema.update(model)
-    elif on_skip is not None:
-        on_skip()
+        return True
+    return False
 
 
 class NonFiniteGuard:

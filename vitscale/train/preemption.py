@@ -16,6 +16,13 @@ pipelined — launched after a step, read after the next — so it costs the loo
 where a blocking one added ~1.2 ms to a 2 ms step (2 gloo ranks on a shared 2-core machine:
 ``benchmarks/results/preemption_flag_cpu_202611.json``); the price is one more step before the stop.
 
+A signal is honoured even when the step in progress never ends (a collective whose peer hangs, a
+loader stuck on a file system, a start-up that never reaches its first step): from the first signal a
+deadline runs (``checkpoint.signal_deadline`` seconds, a daemon timer); when the step has not ended by
+then, one line says so, naming the last checkpoint saved, and the process exits with the same code
+128 + the signal's number, without saving the step it could not finish. The deadline is cancelled
+once the ranks have agreed to stop (the step ended): the save that follows is not bounded by it.
+
 A process forked from the trainer (a DataLoader worker) inherits the handler: there it ignores SIGINT
 and SIGUSR1 and the first SIGTERM (a terminal's Ctrl-C and Slurm's signal reach every process of the
 job; the workers must keep feeding the step being finished), and dies on the next SIGTERM (the loader
@@ -70,8 +77,11 @@ class Preemption:
     loader's worker processes, forked later, inherit them; :meth:`agreed` is the per-step decision
     (collective with several ranks)."""
 
-    def __init__(self, names: tuple[str, ...] | list[str]):
+    def __init__(self, names: tuple[str, ...] | list[str], deadline: float | None = None):
         self.signums = [signal_number(n) for n in names]
+        self.deadline = deadline  # seconds from the first signal to the end of the step (None: no deadline)
+        self.last_saved = lambda: None  # the newest checkpoint saved, for the deadline's line (watch)
+        self._timer: threading.Timer | None = None
         self.requested = 0
         self.group = None
         self._previous: dict[int, Any] = {}
@@ -82,10 +92,15 @@ class Preemption:
         self._single = False  # known to be one process (no agreement needed)
 
     @classmethod
-    def of_config(cls, cfg) -> Preemption:
-        """The component of a run config: its signals, ``checkpoint.save_on_signal``. Built from the
-        config, not the assembled run: it is entered before the run is built (see the class)."""
-        return cls(cfg.checkpoint.save_on_signal)
+    def build(cls, cc) -> Preemption:
+        """The component of the ``checkpoint`` group ``cc``: its signals (``save_on_signal``) and their
+        deadline (``signal_deadline``). Built from the config, not the assembled run: it is entered
+        before the run is built (see the class)."""
+        return cls(cc.save_on_signal, cc.signal_deadline)
+
+    def watch(self, last_saved) -> None:
+        """``last_saved()``: the newest checkpoint saved (a path or None), named if the deadline passes."""
+        self.last_saved = last_saved
 
     def _join(self) -> None:
         """With several ranks, the gloo group of the agreement, made by every rank at the same point of the
@@ -115,6 +130,7 @@ class Preemption:
             self._settle()  # the run ended normally: the agreement launched after its last step completes
         self._depth -= 1
         if self._depth == 0:
+            self._cancel()
             for s, handler in self._previous.items():
                 signal.signal(s, handler)
             self._previous.clear()
@@ -130,8 +146,37 @@ class Preemption:
                 raise KeyboardInterrupt
             raise Preempted(f"terminated ({name}, a second signal: no checkpoint saved)", signum)
         self.requested = signum
-        os.write(2, f"vitscale: {name} received: finishing the current step, then saving a checkpoint and "
+        within = f" (within {self.deadline:g} s)" if self.deadline else ""
+        os.write(2, f"vitscale: {name} received: finishing the current step{within}, then saving a checkpoint and "
                     f"exiting (send it again to quit at once)\n".encode())  # fmt: skip
+        if self.deadline:
+            self._timer = threading.Timer(self.deadline, self._expired, (signum,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expired(self, signum: int) -> None:
+        """The deadline passed with the step unfinished: one line naming the last checkpoint, then exit
+        (``os._exit``: the main thread may be stuck where no exception reaches it)."""
+        import sys
+
+        try:
+            last = self.last_saved()
+        except Exception:  # noqa: BLE001 - the exit must happen whatever the record says
+            last = None
+        name = signal.Signals(signum).name
+        saved = f"the last checkpoint saved is {last}: run the same command to resume" if last else "no checkpoint was saved"
+        line = (f"vitscale train: {name}: the step in progress did not end within checkpoint.signal_deadline="
+                f"{self.deadline:g} s; exiting without saving it ({saved})")  # fmt: skip
+        try:
+            print(line, file=sys.stderr, flush=True)  # through train.log's tee when it is open
+        except Exception:  # noqa: BLE001
+            os.write(2, (line + "\n").encode())
+        os._exit(128 + signum)
+
+    def _cancel(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
 
     def agreed(self, segments=None) -> int:
         """The signal every rank stops on after this step (0: go on): the largest number noted by any
@@ -154,8 +199,10 @@ class Preemption:
             flag[0] = self.requested
             self._work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
             self._steps += 1
-        if found and segments is not None:
-            segments.ended = signal.Signals(found).name
+        if found:
+            self._cancel()  # the step ended on every rank: the save that follows is not bounded
+            if segments is not None:
+                segments.ended = signal.Signals(found).name
         return found
 
     def _settle(self) -> None:

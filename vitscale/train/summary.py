@@ -18,6 +18,10 @@ from vitscale.tools.units import UNITS, is_percent
 from .metrics import is_eval_key, shown, strict_json
 
 
+SHOWN_WARNINGS = 5
+"""Warning lines the end of a run repeats (the first ones; summary.json keeps them all)."""
+
+
 def _q(p: Path | str) -> str:
     return shlex.quote(str(p))
 
@@ -120,6 +124,13 @@ def human_summary(summary: dict[str, Any], out: Path, *, config: str | Path, rep
     if isinstance(total, (int, float)):
         head += f", {total:.1f} s in all"
     lines = [head, "  " + final_metrics_line(summary, names)]
+    said = [w for w in summary.get("warnings") or [] if isinstance(w, str)]
+    if said:  # what the run warned about (all of it in summary.json and train.log)
+        more = len(said) - SHOWN_WARNINGS + int(summary.get("warnings_more") or 0)
+        lines.append(f"  warnings ({len(said) + int(summary.get('warnings_more') or 0)}, in summary.json):")
+        lines += [f"    {w}" for w in said[:SHOWN_WARNINGS]]
+        if more > 0:
+            lines.append(f"    ... and {more} more")
     if summary.get("skipped_files"):
         lines.append(f"  skipped {summary['skipped_files']} undecodable files (warnings in train.log)")
     for shard in summary.get("skipped_shards", []):

@@ -127,7 +127,7 @@ class MlflowTracker(Tracker):
 class ReportTracker(Tracker):
     """``log.report``: the run folder's ``report.html`` kept current while the run trains — drawn again
     after each record that carries an evaluation's results, but the last step's (the run's end draws
-    the final report after summary.json: :class:`vitscale.train.finish.RunEnd`)."""
+    the final report after summary.json: :class:`vitscale.train.reporting.Reporting`)."""
 
     name = "report"
     takes_images = False

@@ -7,10 +7,11 @@ seed); the trainer builds its components from that run, each owning its config g
 (``X.of_run(run, …)``) — the checkpoint component (:mod:`.checkpointing`: ``checkpoint.init_from``
 into the family's model, the run's state as DCP ``Stateful`` parts, resume, schedule), the task and
 the training module it builds (:mod:`vitscale.tasks.module`: the backbone and the task's parts),
-optimizer, schedule, EMA, the non-finite
-guard, the evaluations (:mod:`.evaluation`), the log step and logger (:mod:`.logstep`,
-:mod:`.metrics`) and the run's end (:mod:`.finish`) — and holds the loop, which calls each with the
-step. Save-on-signal and the watchdog are built from the config (``of_config``): they are entered
+optimizer, schedule, EMA, the non-finite guard, the evaluations (:mod:`.evaluation`) and what the run
+reports (:mod:`.reporting`: log steps, metrics, trackers, warnings, summary, report, the run's end,
+built from the ``log`` group and named objects) — and holds the loop, which calls each with the step.
+What stops or saves it (:mod:`.stopping`: signals, the watchdog, segments) is built from the
+``checkpoint`` and ``train`` groups: it is entered
 before the run is assembled. No component reads the trainer's state: each is handed what it uses. It never
 branches on a model's name: the task (``train.task`` or the family's default) computes the loss.
 
@@ -42,15 +43,13 @@ from .ema import EMA
 from .evaluation import EvalSchedule
 from .fastpath import autocast_factory, sdpa_backend
 from .finetune import freeze, group_lines
-from .finish import RunEnd
-from .logstep import LogStep, batch_shape, opening_lines
-from .metrics import MetricsLogger
+from .logstep import StepCost, batch_shape, opening_lines
 from .nonfinite import NonFiniteGuard, apply_update, clip_gradients, prepare_optimizer, skips_on_device
 from .optim import build_optimizer, scaled_lr
-from .preemption import Preemption
+from .reporting import Reporting, RunClock, print_run_end
 from .runlog import RunLog
 from .schedules import Schedule
-from .watchdog import Watchdog
+from .stopping import Stopping
 
 
 def _step_seed(seed: int, step: int, rank: int) -> int:
@@ -64,12 +63,14 @@ class Trainer:
     (resumed, or initialised from ``checkpoint.init_from``), the non-finite guard, the evaluations —
     and each is called with the step; :meth:`fit` runs the loop, :meth:`train_step` one update."""
 
-    def __init__(self, cfg: Config, preemption: Preemption | None = None, watchdog: Watchdog | None = None):
-        self.end = RunEnd()  # the run's clock starts: building, the loop, evaluations and export
-        self.preemption = preemption or Preemption.of_config(cfg)  # save on a signal, all ranks agreeing
+    def __init__(self, cfg: Config, stopping: Stopping | None = None):
+        self.clock = RunClock()  # the run's clock starts: building, the loop, evaluations and export
+        # signals (all ranks agreeing, within checkpoint.signal_deadline), the watchdog, segments
+        self.stopping = stopping or Stopping.build(cfg.checkpoint, train=cfg.train, rank=int(os.environ.get("RANK", "0")))
+        self.report: Reporting | None = None  # built when the loop starts (it opens metrics.jsonl)
         self.run = run = assemble(cfg)  # checks, the run folder's lock, data, model
         try:
-            self._build(run, watchdog)
+            self._build(run)
         except BaseException:
             self.close()
             raise
@@ -79,7 +80,7 @@ class Trainer:
         if self.run.claim is not None:
             self.run.claim.release()
 
-    def _build(self, run, watchdog: Watchdog | None) -> None:
+    def _build(self, run) -> None:
         self.cfg = cfg = run.cfg  # resolved (train.compile filled in)
         tc = cfg.train
         self.device, self.loaders, self.model, self.out = run.device, run.loaders, run.model, Path(tc.output_dir)
@@ -120,10 +121,8 @@ class Trainer:
         self.skip_on_device = skips_on_device(self.optimizer)
         self.complete = self.checkpoints.restore()  # a finished run: nothing to train
 
-        # a non-finite step is not applied (and a diverged run stops); no step within train.hang_timeout:
-        # the stacks are written and the run exits 124
+        # a non-finite step is not applied (and a diverged run stops)
         self.guard = NonFiniteGuard.of_run(run, self.counters)
-        self.watchdog = watchdog or Watchdog.of_config(cfg, run.dims.rank)
         if not self.complete:  # a finished run's config.yaml still describes its weights
             self.evals = EvalSchedule.of_run(run, self.task, self.autocast)  # loaders and label files read now
             if run.dims.is_main:  # the config of the checkpoints so far kept beside the new one on an accepted change
@@ -141,44 +140,49 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         try:
             if self.complete:
-                return self.end.finished(self.run, self.checkpoints)
-            log = MetricsLogger.of_run(self.run, self.counters, self.evals.names)
+                return Reporting.finished(self.cfg, self.checkpoints, self.run.dims.is_main)
+            self.report = self._reporting()
             try:
-                self.end.tensorboard = log.tb is not None
-                for line in opening_lines(self.run, self.schedule, self.checkpoints) + self.notices:
-                    log.info(line)
-                with sdpa_backend(self.cfg.train.sdpa), self.preemption, self.watchdog, self.checkpoints:  # kernels as `vitscale bench`
-                    return self._fit(log)
+                self.report.open(opening_lines(self.run, self.schedule, self.checkpoints) + self.notices)
+                with sdpa_backend(self.cfg.train.sdpa), self.stopping, self.checkpoints:  # kernels as `vitscale bench`
+                    return self._fit(self.report)
             finally:  # also when a step fails: the bar ends its line, TensorBoard flushes what it has
-                log.close()
+                self.report.close()
         finally:
             self.close()
 
-    def _fit(self, log: MetricsLogger) -> dict[str, Any]:
-        run, last_eval = self.run, {}
-        logstep = LogStep.of_run(run, self.schedule, self.guard, self.task, log.info)
-        batches = logstep.timed(self._batches())  # the data-wait share of the log line
-        self.counters.segments.start(self.step)  # this start of the job: a segment of the run
-        while self.step < self.counters.total_steps:
+    def _reporting(self) -> Reporting:
+        """What the run reports, from its ``log`` group and the objects it reports on."""
+        run, cfg = self.run, self.cfg
+        from .summary import run_layout
+
+        cost = StepCost.build(cfg.log, model=run.model, family=run.family, img_size=run.img_size, device=run.device,
+                              autocast=run.precision.autocast)  # fmt: skip
+        return Reporting.build(cfg.log, config=cfg, clock=self.clock, dims=run.dims, counters=self.counters,
+                               schedule=self.schedule, guard=self.guard, task=self.task, cost=cost,
+                               steps_per_epoch=run.steps_per_epoch, varying=run.loaders.sizes is not None,
+                               eval_names=self.evals.names, layout=run_layout(run), model_overrides=run.model_overrides)  # fmt: skip
+
+    def _fit(self, report: Reporting) -> dict[str, Any]:
+        stopping, total = self.stopping, self.counters.total_steps
+        batches = report.timed(self._batches())  # the data-wait share of the log line
+        stopping.begin(self.step, segments=self.counters.segments, checkpoints=self.checkpoints)  # a segment of the run
+        while self.step < total:
             self.step += 1
             loss, metrics, grad_norm = self.train_step(batches)
-            logstep.advance(self.step_shape)
-            log.advance()
-            last = self.step == self.counters.total_steps
+            report.step(self.step_shape)
+            last = self.step == total
             due = self.evals.due(self.step, last)
-            if logstep.due(self.step, last, bool(due)):
-                rec = logstep.record(self.step, loss, metrics, grad_norm, self.checkpoints.last)  # the sync point
+            if report.due(self.step, last, bool(due)):
+                rec = report.record(self.step, loss, metrics, grad_norm, self.checkpoints.last)  # the sync point
                 results = self.evals.run(self.model, self.ema, due, self.module.evaluated()) if due else {}
-                last_eval.update(results)
-                log.log({**rec, **results})  # and report.html drawn again after an evaluation (log.report)
-                logstep.restart()  # evaluation time is not counted in img/s
-            stop = self.preemption.agreed(self.counters.segments)  # a signal on any rank: save and stop after this step
+                report.log(rec, results)  # evaluation time not in img/s
+            stop = stopping.agreed()  # a signal on any rank: save and stop after this step
             if self.checkpoints.due(self.step, last) or stop:
                 self.checkpoints.save(self.step, self.guard)
-                logstep.restart()
-            self.preemption.stop(stop, last, self.step, self.checkpoints)  # waits for the write, then exits
-            self.watchdog.beat(self.step)
-        return self.end.finish(run, self.checkpoints, self.guard, log, last_eval)  # summary, weights, report
+                report.restart()
+            stopping.after_step(stop, last, self.step, self.checkpoints)  # a signal: the write waited for, then the exit
+        return report.finish(self.checkpoints, self.guard, self.run.loaders)  # weights, summary, report
 
     def _batches(self):
         while True:  # the loader moves on to the next epoch by itself at the end of one
@@ -237,9 +241,13 @@ class Trainer:
         grad_norm, unscale = clip_gradients(params, max_norm, world=world, fold=self.skip_on_device)
         ok = self.guard.flag(loss, grad_norm, world)  # a non-finite step on any rank is not applied
         self.schedule.apply(self.step)  # the LR, with the module's own schedules (DINOv2's weight decay)
-        apply_update(self.optimizer, ok, on_device=self.skip_on_device, ema=self.ema, model=self.model, grad_scale=unscale,
-                     on_skip=lambda: self.guard.check(self.step, self.checkpoints.last))  # stop once the budget is spent
-        self.module.after_update(self.step, ok)  # e.g. DINO's EMA teacher, weighted by the step's finite flag
+        applied = apply_update(self.optimizer, ok, on_device=self.skip_on_device, grad_scale=unscale)
+        if applied is False:  # the host did not apply it: stop once the budget is spent
+            self.guard.check(self.step, self.checkpoints.last)
+        elif self.ema is not None:  # the EMA follows the update (by the device flag: not at all on a skipped step)
+            self.ema.update(self.model, None if applied is True else applied)
+        # what follows the update in the training module (DINO's EMA teacher), by the same flag
+        self.module.after_update(self.step, None if applied is True else torch.zeros(()) if applied is False else applied)
         precompute_float8_scales(self.model, self.run.float8)  # tensorwise fp8 + FSDP2: all scales in one all-reduce
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
@@ -247,7 +255,8 @@ class Trainer:
     def print_summary(self, summary: dict[str, Any], fmt: str = "human") -> None:
         """Print the end of the run on rank 0: ``human`` (what the run gave and where its outputs are),
         ``json`` (summary.json's contents) or ``none``."""
-        self.end.print(self.run, summary, fmt, () if self.complete else tuple(self.evals.names))
+        print_run_end(self.cfg, summary, fmt, is_main=self.run.dims.is_main, reporting=self.report,
+                      names=() if self.complete else tuple(self.evals.names))  # fmt: skip
 
 
 def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
@@ -259,8 +268,8 @@ def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, 
     rank = int(os.environ.get("RANK", "0"))  # the rank torchrun gave this process (0 without torchrun)
     out = Path(cfg.train.output_dir)
     with RunLog(out / "train.log", enabled=rank == 0, header=command_line()) as runlog, \
-            Preemption.of_config(cfg) as preemption, Watchdog.of_config(cfg, rank) as watchdog:  # start-up included
-        trainer = Trainer(cfg, preemption, watchdog)  # checks the settings and claims the run folder (or refuses: no file written)
+            Stopping.build(cfg.checkpoint, train=cfg.train, rank=rank) as stopping:  # start-up included
+        trainer = Trainer(cfg, stopping)  # checks the settings and claims the run folder (or refuses: no file written)
         trainer.notices[:0] = list(notes)
         runlog.attach()
         result = trainer.fit()

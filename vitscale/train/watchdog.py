@@ -44,10 +44,10 @@ class Watchdog:
         self._depth = 0  # entered once for the whole run (start-up included), again around the loop
 
     @classmethod
-    def of_config(cls, cfg, rank: int) -> Watchdog:
-        """The training run's watchdog: ``train.hang_timeout``, its stacks in ``train.output_dir``.
-        Built from the config: it watches the start-up too, before the run is built."""
-        return cls(cfg.train.hang_timeout, Path(cfg.train.output_dir), rank)
+    def build(cls, tc, *, rank: int) -> Watchdog:
+        """The training run's watchdog from its ``train`` group ``tc``: ``hang_timeout``, its stacks in
+        ``output_dir``, for ``rank``. Built from the config: it watches the start-up too, before the run is built."""
+        return cls(tc.hang_timeout, Path(tc.output_dir), rank)
 
     def beat(self, step: int = 0) -> None:
         """The loop made progress (a step completed)."""

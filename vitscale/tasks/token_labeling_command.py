@@ -16,13 +16,18 @@ Under torchrun the teacher takes the parallel.* layout (FSDP, TP) and the ranks 
 each split, writing into the same files: the output is the one-process output (docs/volo.md).
 """
 
+# Token labeling's own command, registered as every command is (vitscale.registry.COMMANDS: its built-in
+# table names this module among the commands the tasks bring). It is of the command layer (parsing and
+# printing; the job is vitscale.tasks.token_labeling_job), imports nothing heavy at its top (vitscale
+# --help imports it for HELP) and nothing in the task imports it.
+
 from __future__ import annotations
 
 import json
 import sys
 
-from ..registry import COMMANDS
-from . import HelpFormatter, add_overrides, add_shell_flag
+from vitscale.commands import HelpFormatter, add_overrides, add_shell_flag
+from vitscale.registry import COMMANDS
 
 EPILOG = """\
 Examples:
@@ -55,7 +60,7 @@ def run(args) -> int:
     import os
 
     from vitscale.config import load_config
-    from vitscale.train.label_tokens import label_tokens
+    from .token_labeling_job import label_tokens
 
     overrides = [a for a in args.args if "=" in a]
     outs = [a for a in args.args if "=" not in a]

@@ -1,4 +1,5 @@
-"""Dense token labels from a teacher (``vitscale label-tokens``): the teacher's run
+"""Token labeling's teacher job (``vitscale label-tokens``, :mod:`vitscale.tasks.token_labeling_command`):
+dense token labels from a teacher. The teacher's run
 (:func:`vitscale.run.assemble`, purpose ``label``) with its weights, over every split in
 ``teacher.splits``, each labelled by :func:`vitscale.tasks.token_labeling_teacher.label_split`.
 
@@ -80,9 +81,9 @@ def _from_cache(source: str, setting: str) -> str:
 def label_tokens(cfg: Config, out: str) -> dict:
     """Label every split in ``cfg.teacher.splits`` into ``out``; returns a summary (the teacher's
     accuracy per split, and the layout under torchrun). Every rank returns the same summary."""
-    from vitscale.tasks.token_labeling_teacher import label_split
+    from vitscale.distributed.fsdp import autocast_factory
 
-    from .fastpath import autocast_factory
+    from .token_labeling_teacher import label_split
 
     t = cfg.teacher
     if cfg.data.format == "webdataset" and cfg.data.webdataset_mode == "stream":
