@@ -32,6 +32,8 @@ feature width the heads were not built for (the student's or the teacher's).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -186,4 +188,89 @@ def check_match(name: str, adaptor: TeacherAdaptor, *, student_dim: int, student
         raise CheckError(f"{where}: the student's patch grid {gh}x{gw} has no tokens to interpolate")
 
 
-__all__ = ["GRID_MODES", "TOKEN_KINDS", "AdaptorHeads", "AdaptorMLP", "TeacherAdaptor", "check_match", "match_grid", "split_tokens"]
+
+
+# ---------------------------------------------------------------------------------- the task's parts
+class TeacherFeatures(NamedTuple):
+    """One teacher's output for a batch: its summary ``(B, Dt)`` or None, its patch tokens
+    ``(B, th*tw, Dt)`` or None, and their grid ``(th, tw)`` (None without patch tokens)."""
+
+    summary: torch.Tensor | None
+    patches: torch.Tensor | None
+    grid: tuple[int, int] | None
+
+
+class FeatureDistillParts(nn.Module):
+    """What a feature-distillation task trains and keeps besides the student's backbone: every
+    teacher's adaptor heads (:class:`AdaptorHeads`, ``heads.*``: parameters) and its standardisers
+    per token kind (:class:`~vitscale.tasks.feature_distill_norm.FeatureStandardizer`, ``norms.*``:
+    buffers), built from the ``distill.teachers`` entries and the teachers' feature widths
+    (``teacher_dims``). ``forward`` gives the batch's loss and metrics
+    (:func:`~vitscale.tasks.feature_distill_loss.feature_distill_loss`); :meth:`handover` an
+    adaptor's output in its teacher's own space."""
+
+    def __init__(self, student_dim: int, teachers, teacher_dims: dict[str, int]):
+        super().__init__()
+        from .feature_distill_loss import TeacherLoss
+        from .feature_distill_norm import FeatureStandardizer
+
+        self.heads = AdaptorHeads(student_dim, [(t.name, teacher_dims[t.name], tuple(t.tokens), t.head_hidden_dim,
+                                                 t.head_num_inner) for t in teachers])  # fmt: skip
+        self.norms = nn.ModuleDict({
+            t.name: nn.ModuleDict({k: FeatureStandardizer(teacher_dims[t.name], t.standardize, t.standardize_images) for k in t.tokens})
+            for t in teachers
+        })  # fmt: skip
+        self.specs = [TeacherLoss.of(t) for t in teachers]
+        self.grid_modes = {t.name: t.grid_interpolation for t in teachers}
+
+    def describe(self) -> list[str]:
+        """A line per teacher for the run: its heads and its standardisation."""
+        lines = []
+        for name, adaptor in self.heads.teachers.items():
+            std = "; ".join(f"{k}: {n.describe()}" for k, n in self.norms[name].items())
+            lines.append(f"distill: teacher {name!r}: heads {'+'.join(adaptor.kinds)} {adaptor.in_dim}->{adaptor.out_dim}, "
+                         f"standardised {std}")  # fmt: skip
+        return lines
+
+    def check(self, student_dim: int, student_grid: tuple[int, int], teachers: dict[str, TeacherFeatures]) -> None:
+        """:func:`check_match` for every teacher, from one batch's outputs (before the first step)."""
+        for name, adaptor in self.heads.teachers.items():
+            f = teachers[name]
+            dim = next(x.shape[-1] for x in (f.summary, f.patches) if x is not None)
+            check_match(name, adaptor, student_dim=student_dim, student_grid=student_grid, teacher_dim=dim,
+                        teacher_tokens=None if f.patches is None else f.patches.shape[1], teacher_grid=f.grid)  # fmt: skip
+
+    @torch.no_grad()
+    def targets(self, teachers: dict[str, TeacherFeatures], group=None) -> dict[str, dict[str, torch.Tensor]]:
+        """Every teacher's features standardised, by kind (the standardisers absorb them first in
+        training mode: the same on every rank of ``group``)."""
+        out = {}
+        for name, norms in self.norms.items():
+            f = teachers[name]
+            out[name] = {k: n(f.summary if k == "summary" else f.patches, group) for k, n in norms.items()}
+        return out
+
+    def forward(self, summary: torch.Tensor | None, patches: torch.Tensor | None, grid: tuple[int, int],
+                teachers: dict[str, TeacherFeatures], *, group=None, drop: float = 0.0, seed: int = 0, step: int = 0,
+                index: torch.Tensor | None = None, count: torch.Tensor | None = None):  # fmt: skip
+        """``(loss, metrics)`` of the student's ``summary (B, D)`` and ``patches (B, gh*gw, D)`` on
+        ``grid`` against ``teachers`` (the teachers' outputs, by name): the heads' outputs, the patch
+        ones resampled to each teacher's grid, against the standardised teacher features."""
+        from .feature_distill_loss import feature_distill_loss
+
+        preds = self.heads(summary, patches)
+        for name, p in preds.items():
+            if "patch" in p:
+                p["patch"] = match_grid(p["patch"], grid, teachers[name].grid, self.grid_modes[name])
+        return feature_distill_loss(preds, self.targets(teachers, group), self.specs, drop=drop, seed=seed, step=step,
+                                    index=index, count=count)  # fmt: skip
+
+    def handover(self, name: str, summary: torch.Tensor | None, patches: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Teacher ``name``'s adaptor outputs for the student's tokens, de-standardised: estimates of
+        the teacher's own features (on the student's grid) — RADIO's use of its adaptors."""
+        out = self.heads.teachers[name](summary, patches)
+        return {k: self.norms[name][k].destandardize(v) for k, v in out.items()}
+
+
+__all__ = ["GRID_MODES", "TOKEN_KINDS", "AdaptorHeads", "AdaptorMLP", "FeatureDistillParts", "TeacherAdaptor", "TeacherFeatures",
+           "check_match", "match_grid", "split_tokens"]  # fmt: skip
