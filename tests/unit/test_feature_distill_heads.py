@@ -10,7 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from vitscale.errors import CheckError
-from vitscale.tasks.feature_distill_heads import AdaptorHeads, AdaptorMLP, TeacherAdaptor, check_match, match_grid, split_tokens
+from vitscale.tasks.feature_distill_heads import (
+    AdaptorHeads,
+    AdaptorMLP,
+    TeacherAdaptor,
+    check_match,
+    match_grid,
+    split_tokens,
+)
 
 
 def test_mlp_is_fc1_residual_blocks_then_norm_gelu_linear():

@@ -10,7 +10,12 @@ import math
 import pytest
 import torch
 
-from vitscale.tasks.feature_distill_loss import TeacherLoss, combine_teachers, drop_teachers, feature_distill_loss
+from vitscale.tasks.feature_distill_loss import (
+    TeacherLoss,
+    combine_teachers,
+    drop_teachers,
+    feature_distill_loss,
+)
 
 
 def _out(seed, b=3, n=4, dims=(("a", 5), ("b", 7))):

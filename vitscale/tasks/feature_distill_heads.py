@@ -6,14 +6,15 @@ naver/unic at 02269db ``modeling/unic.py`` lines 74-84), and the student's patch
 teacher's.
 
 **The MLP** is RADIO's ``MLP2`` (NVlabs/RADIO at c0f3701, ``radio/adaptor_mlp.py`` lines 52-97: the
-``v2`` MLP of its adaptor factory, ``radio/adaptor_module_factory.py`` lines 22-31): ``fc1`` (student width -> hidden), ``num_inner`` residual blocks
-``x + Linear(GELU(LayerNorm(x)))``, then ``final = Linear(GELU(LayerNorm(x)))`` (hidden -> teacher
-width); no pre-norm (its ``pre_norm=False`` default). RADIO's training code is not public (README.md lines 345-347:
-"Training: Coming Soon"), so the initialisation and the default hidden width come from UNIC, whose training code
-is: every ``Linear`` truncated-normal with std 0.02 and zero bias (``modeling/unic.py`` lines 86-90,
-``lp_args={'std': 0.02}`` main_unic.py lines 50-55), and a hidden width of 4 x the student's
-(``last_hidden_dim=3072`` for its ViT-B's 768, unic.py line 41; UNIC's ``AdaptMLP`` is one hidden
-layer, GELU, no norm by default, unic.py lines 111-166).
+``v2`` MLP of its adaptor factory, ``radio/adaptor_module_factory.py`` lines 22-31): ``fc1`` (student
+width -> hidden), ``num_inner`` residual blocks ``x + Linear(GELU(LayerNorm(x)))``, then ``final =
+Linear(GELU(LayerNorm(x)))`` (hidden -> teacher width); no pre-norm (its ``pre_norm=False`` default).
+RADIO's training code is not public (README.md lines 345-347: "Training: Coming Soon"), so the
+initialisation and the default hidden width come from UNIC, whose training code is: every ``Linear``
+truncated-normal with std 0.02 and zero bias (``modeling/unic.py`` lines 86-90, ``lp_args={'std':
+0.02}`` main_unic.py lines 50-55), and a hidden width of 4 x the student's (``last_hidden_dim=3072``
+for its ViT-B's 768, unic.py line 41; UNIC's ``AdaptMLP`` is one hidden layer, GELU, no norm by
+default, unic.py lines 111-166).
 
 **Patch grids.** A head maps each of the student's patch tokens on the student's own grid ``(gh, gw)``
 (what RADIO's adaptors return: ``radio/adaptor_generic.py`` lines 71-74 reshape to the student's grid).
@@ -28,6 +29,11 @@ the grids equal by resizing the *teacher's input* instead (naver/dune at afad549
 :func:`check_match` refuses, in one line naming the teacher, what cannot be matched: patch tokens
 asked of a teacher that has none, a teacher's patch tokens that are no ``(th, tw)`` grid, and a
 feature width the heads were not built for (the student's or the teacher's).
+
+:class:`FeatureDistillParts` puts a run's pieces together — the heads, each teacher's standardisers
+(:mod:`.feature_distill_norm`) and the loss (:mod:`.feature_distill_loss`) — as the one module a
+feature-distillation task's training module holds beside the student's backbone: its parameters are
+the heads', its buffers the standardisers' statistics (both in its ``state_dict``).
 """
 
 from __future__ import annotations
