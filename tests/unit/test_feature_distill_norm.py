@@ -142,3 +142,16 @@ def test_bad_settings_are_refused():
     s = FeatureStandardizer(8, "running").train()
     with pytest.raises(ValueError, match="width 6 given to a standardiser of width 8"):
         s(torch.zeros(2, 6))
+
+
+def test_autocast_does_not_lower_the_standardisation():
+    x = _features(n=64)
+    s = FeatureStandardizer(12, "phi_s", images=64).train()
+    s(x)
+    want = s.standardize(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = s.standardize(x.bfloat16())
+        back = s.destandardize(want)
+    assert got.dtype == back.dtype == torch.float32
+    torch.testing.assert_close(got, s.standardize(x.bfloat16().float()))  # the input's rounding only, no bf16 matmul
+    torch.testing.assert_close(back, x, atol=1e-4, rtol=1e-5)

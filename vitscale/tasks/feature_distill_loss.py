@@ -79,9 +79,10 @@ def kind_loss(s: torch.Tensor, t: torch.Tensor, spec: TeacherLoss) -> tuple[torc
     (summary) or ``(B, N, D)`` (patches, averaged over the tokens), in float32."""
     if s.shape != t.shape:
         raise ValueError(f"teacher {spec.name!r}: adaptor output {tuple(s.shape)} and teacher features {tuple(t.shape)} differ")
-    s, t = s.float(), t.float()
-    cos = 1 - cosine_loss(s, t)
-    loss = spec.cos_weight * (1 - cos) + spec.smooth_l1_weight * smooth_l1(s, t, spec.smooth_l1_beta)
+    with torch.autocast(s.device.type, enabled=False):  # float32 (DUNE: autocast to float32, losses.py line 58)
+        s, t = s.float(), t.float()
+        cos = 1 - cosine_loss(s, t)
+        loss = spec.cos_weight * (1 - cos) + spec.smooth_l1_weight * smooth_l1(s, t, spec.smooth_l1_beta)
     if loss.ndim == 2:
         loss, cos = loss.mean(dim=1), cos.mean(dim=1)
     return loss, cos

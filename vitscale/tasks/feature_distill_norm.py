@@ -218,7 +218,8 @@ class FeatureStandardizer(nn.Module):
             return
         if x.shape[-1] != self.dim:
             raise ValueError(f"features of width {x.shape[-1]} given to a standardiser of width {self.dim}")
-        parts = moments(x, self.kind == "phi_s")
+        with torch.autocast(x.device.type, enabled=False):
+            parts = moments(x, self.kind == "phi_s")
         parts = reduce_moments((*parts, torch.tensor(float(images), dtype=torch.float64, device=x.device)), group)
         self.absorb(parts)
 
@@ -231,7 +232,8 @@ class FeatureStandardizer(nn.Module):
         self.sum += total
         self.second += second
         self.seen += images.round().long()
-        self._derive()
+        with torch.autocast(self.sum.device.type, enabled=False):
+            self._derive()
         if self.images and int(self.seen) >= self.images:  # a host read during the estimation only
             self.frozen.fill_(True)
             self._frozen = True
@@ -266,22 +268,25 @@ class FeatureStandardizer(nn.Module):
         return self.standardize(x)
 
     def standardize(self, x: torch.Tensor) -> torch.Tensor:
-        """``x (..., D)`` in the standardised space (float32), with the current statistics."""
-        x = x.float()
-        if self.kind == "none":
-            return x
-        if self.kind == "running":
-            return (x - self.mean) / self.std
-        return (x - self.mean) @ self.transform.T
+        """``x (..., D)`` in the standardised space (float32, outside any autocast: DUNE standardises
+        under an autocast to float32, ``model/teacher_norm.py`` line 62), with the current statistics."""
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.float()
+            if self.kind == "none":
+                return x
+            if self.kind == "running":
+                return (x - self.mean) / self.std
+            return (x - self.mean) @ self.transform.T
 
     def destandardize(self, y: torch.Tensor) -> torch.Tensor:
         """The inverse of :meth:`standardize`: an adaptor's output ``y (..., D)`` in the teacher's space."""
-        y = y.float()
-        if self.kind == "none":
-            return y
-        if self.kind == "running":
-            return y * self.std + self.mean
-        return y @ self.inverse.T + self.mean
+        with torch.autocast(y.device.type, enabled=False):
+            y = y.float()
+            if self.kind == "none":
+                return y
+            if self.kind == "running":
+                return y * self.std + self.mean
+            return y @ self.inverse.T + self.mean
 
 
 __all__ = ["STANDARDIZERS", "FeatureStandardizer", "combine", "hadamard", "moments", "reduce_moments", "rotation"]
