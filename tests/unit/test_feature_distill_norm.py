@@ -155,3 +155,17 @@ def test_autocast_does_not_lower_the_standardisation():
     assert got.dtype == back.dtype == torch.float32
     torch.testing.assert_close(got, s.standardize(x.bfloat16().float()))  # the input's rounding only, no bf16 matmul
     torch.testing.assert_close(back, x, atol=1e-4, rtol=1e-5)
+
+
+def test_init_weights_after_the_meta_device_is_a_fresh_standardiser():
+    for kind in ("phi_s", "running"):
+        with torch.device("meta"):
+            m = FeatureStandardizer(12, kind)
+        m = m.to_empty(device="cpu")
+        m.init_weights()
+        fresh = FeatureStandardizer(12, kind)
+        for k, v in fresh.state_dict().items():
+            assert torch.equal(m.state_dict()[k], v), (kind, k)
+        if kind == "phi_s":
+            assert "hadamard" not in fresh.state_dict() and torch.equal(m.hadamard, fresh.hadamard)
+            torch.testing.assert_close(m.hadamard.double(), hadamard(12), atol=1e-7, rtol=0)

@@ -96,3 +96,20 @@ def test_a_student_learns_two_teachers_resumes_exactly_and_hands_over():
     for a, b in ((student, student2), (parts, parts2)):
         for (k, v), w in zip(a.state_dict().items(), b.state_dict().values()):
             assert torch.equal(v, w), k
+
+
+def test_parts_built_on_the_meta_device_initialise_like_fresh_ones():
+    dc = _setup()[2]
+    with torch.device("meta"):
+        meta = FeatureDistillParts(16, dc.teachers, {"dino": 24, "pool": 20})
+    meta = meta.to_empty(device="cpu")
+    meta.init_weights()
+    fresh = FeatureDistillParts(16, dc.teachers, {"dino": 24, "pool": 20})
+    for (k, v), w in zip(fresh.state_dict().items(), meta.state_dict().values()):
+        if k.startswith("norms."):
+            assert torch.equal(v, w), k
+        elif k.endswith("bias") and ".final.0." not in k and ".blocks." not in k:
+            assert torch.count_nonzero(w) == 0, k
+    w = meta.heads.teachers["dino"].heads["patch"].fc1.weight.detach()
+    assert torch.isfinite(w).all() and 0.015 < float(w.std()) < 0.025
+    assert torch.equal(meta.heads.teachers["dino"].heads["patch"].final[0].weight, torch.ones(32))  # LayerNorm reset

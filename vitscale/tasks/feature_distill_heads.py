@@ -46,6 +46,9 @@ from torch import nn
 
 from vitscale.errors import CheckError
 
+from .feature_distill_loss import TeacherLoss, feature_distill_loss
+from .feature_distill_norm import FeatureStandardizer
+
 TOKEN_KINDS = ("summary", "patch")
 """The token kinds a teacher is matched on: its summary token (class token or pooled) and its patch tokens."""
 
@@ -217,9 +220,6 @@ class FeatureDistillParts(nn.Module):
 
     def __init__(self, student_dim: int, teachers, teacher_dims: dict[str, int]):
         super().__init__()
-        from .feature_distill_loss import TeacherLoss
-        from .feature_distill_norm import FeatureStandardizer
-
         self.heads = AdaptorHeads(student_dim, [(t.name, teacher_dims[t.name], tuple(t.tokens), t.head_hidden_dim,
                                                  t.head_num_inner) for t in teachers])  # fmt: skip
         self.norms = nn.ModuleDict({
@@ -228,6 +228,14 @@ class FeatureDistillParts(nn.Module):
         })  # fmt: skip
         self.specs = [TeacherLoss.of(t) for t in teachers]
         self.grid_modes = {t.name: t.grid_interpolation for t in teachers}
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """The heads' initialisation and the standardisers' empty statistics (after a ``to_empty``
+        from the meta device)."""
+        for m in self.modules():
+            if isinstance(m, (AdaptorMLP, FeatureStandardizer)):
+                m.init_weights()
 
     def describe(self) -> list[str]:
         """A line per teacher for the run: its heads and its standardisation."""
@@ -262,8 +270,6 @@ class FeatureDistillParts(nn.Module):
         """``(loss, metrics)`` of the student's ``summary (B, D)`` and ``patches (B, gh*gw, D)`` on
         ``grid`` against ``teachers`` (the teachers' outputs, by name): the heads' outputs, the patch
         ones resampled to each teacher's grid, against the standardised teacher features."""
-        from .feature_distill_loss import feature_distill_loss
-
         preds = self.heads(summary, patches)
         for name, p in preds.items():
             if "patch" in p:

@@ -44,7 +44,9 @@ from identical sums by the same code: every rank holds the same values.
 
 **Checkpoints.** Everything is a buffer (sums, counts, the derived statistics and the frozen flag):
 saved in the task's state and resumed exactly (the derived statistics are stored, not recomputed, so
-an ``eigh`` on another device cannot change a resumed run).
+an ``eigh`` on another device cannot change a resumed run). The Hadamard matrix is a buffer that is
+not saved (it follows from the width); :meth:`FeatureStandardizer.init_weights` sets every buffer
+afresh (a module built on the meta device).
 """
 
 from __future__ import annotations
@@ -180,21 +182,37 @@ class FeatureStandardizer(nn.Module):
         self._frozen = False
         full = kind == "phi_s"
         f64 = torch.float64
-        self.register_buffer("count", torch.zeros((), dtype=f64))  # vectors seen
-        self.register_buffer("seen", torch.zeros((), dtype=torch.int64))  # images seen
-        self.register_buffer("frozen", torch.zeros((), dtype=torch.bool))
-        self.register_buffer("sum", torch.zeros(dim, dtype=f64))
-        self.register_buffer("second", torch.zeros((dim, dim) if full else (dim,), dtype=f64))
-        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("count", torch.empty((), dtype=f64))  # vectors seen
+        self.register_buffer("seen", torch.empty((), dtype=torch.int64))  # images seen
+        self.register_buffer("frozen", torch.empty((), dtype=torch.bool))
+        self.register_buffer("sum", torch.empty(dim, dtype=f64))
+        self.register_buffer("second", torch.empty((dim, dim) if full else (dim,), dtype=f64))
+        self.register_buffer("mean", torch.empty(dim))
+        self.exact = True
         if full:
-            rot, self.exact = rotation(dim)
-            self.register_buffer("hadamard", rot.float())
-            self.register_buffer("transform", torch.eye(dim))  # y = transform @ (x - mean)
-            self.register_buffer("inverse", torch.eye(dim))  # x = mean + inverse @ y
-            self.register_buffer("scale", torch.ones(()))  # alpha
+            self.exact = rotation(dim)[1]
+            self.register_buffer("hadamard", torch.empty(dim, dim), persistent=False)  # from dim: not saved
+            self.register_buffer("transform", torch.empty(dim, dim))  # y = transform @ (x - mean)
+            self.register_buffer("inverse", torch.empty(dim, dim))  # x = mean + inverse @ y
+            self.register_buffer("scale", torch.empty(()))  # alpha
         else:
-            self.exact = True
-            self.register_buffer("std", torch.ones(dim))
+            self.register_buffer("std", torch.empty(dim))
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """The statistics of no image: zero sums, the identity transform (also after a ``to_empty``
+        from the meta device)."""
+        for name in ("count", "seen", "frozen", "sum", "second", "mean"):
+            getattr(self, name).zero_()
+        self._frozen = False
+        if self.kind == "phi_s":
+            self.hadamard.copy_(rotation(self.dim)[0])
+            self.transform.copy_(torch.eye(self.dim))
+            self.inverse.copy_(torch.eye(self.dim))
+            self.scale.fill_(1.0)
+        else:
+            self.std.fill_(1.0)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, kind={self.kind}, images={self.images}, exact={self.exact}"
