@@ -7,9 +7,10 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
   of each image with DINOv2's colour jitter, blur and solarisation, keyed by (``train.seed``,
   micro-step, the sample's dataset index): the same on resume and on any number of ranks.
 - **Student and teacher**: the student is the run's model (its backbone) with a DINO head
-  (:mod:`vitscale.tasks.dino_head`), and with iBOT an learnt mask token (zeros, DINOv2's
-  ``vision_transformer.py`` line 169) put in place of the masked patches' embeddings (line 218) by a
-  hook on the patch embedding; the teacher is a copy of both, updated after every optimizer step as
+  (:mod:`vitscale.tasks.dino_head`); with iBOT the backbone's own learnt mask token (zeros, DINOv2's
+  ``vision_transformer.py`` line 169) takes the masked patches' embeddings (line 218) through the token
+  interface (``model(x, tokens=True, keep=..., mask=...)``, :class:`vitscale.models.contract.Tokens`,
+  which also gives the pooled and the patch features below); the teacher is a copy of both, updated after every optimizer step as
   ``t = m t + (1 - m) s`` (``ssl_meta_arch.py`` lines 356-365) with ``m`` on a cosine from
   ``dino.momentum_teacher`` to ``dino.final_momentum_teacher`` (:func:`~vitscale.tasks.dino_loss.momentum_at`).
   The update follows each optimizer update (:meth:`DinoModule.after_update`, weighted by the step's
@@ -44,7 +45,6 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
 from __future__ import annotations
 
 import copy
-import inspect
 
 import torch
 from torch import nn
@@ -75,20 +75,15 @@ from .module import Hyper, ParamGroup, PartsPlan, TrainModule, trainable
 
 
 class DinoStudent(nn.Module):
-    """The student's training-only parts: its DINO head, an iBOT head of its own (``ibot_separate_head``)
-    and the mask token."""
+    """The student's training-only parts: its DINO head and an iBOT head of its own
+    (``ibot_separate_head``). The mask token is the backbone's own (``model.mask_token``, DINOv2's
+    ``vision_transformer.py`` line 169), asked for by :meth:`DinoTask.model_defaults`."""
 
     def __init__(self, width: int, dc: DinoConfig, ibot: bool):
         super().__init__()
         sizes = dict(nlayers=dc.head_nlayers, hidden_dim=dc.head_hidden_dim, bottleneck_dim=dc.head_bottleneck_dim)
         self.head = DinoHead(width, dc.head_n_prototypes, **sizes)
         self.ibot_head = DinoHead(width, dc.head_n_prototypes, **sizes) if ibot and dc.ibot_separate_head else None
-        self.mask_token = nn.Parameter(torch.zeros(width))
-
-    def forward(self, embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The mask token in place of the masked patches' embeddings (a forward of its own, so that FSDP2
-        gathers the token and reduces its gradient)."""
-        return torch.where(mask[..., None], self.mask_token.to(embeddings.dtype), embeddings)
 
 
 class DinoCentres(nn.Module):
@@ -155,7 +150,7 @@ class DinoModule(TrainModule):
 
     def param_groups(self) -> list[ParamGroup]:
         """The backbone's groups (its patch embedding apart, at ``dino.patch_embed_lr_mult``; both frozen
-        for ``dino.freeze_backbone_steps``), the heads' (and mask token's) as ``heads``, and each head's
+        for ``dino.freeze_backbone_steps``), the heads' as ``heads``, and each head's
         prototypes (``last_layer_parameters``) as ``prototypes``, scheduled by :meth:`hyper`."""
         protos = {id(q) for h in (self.student.head, self.student.ibot_head) if h is not None
                   for q in h.last_layer_parameters()}  # fmt: skip
@@ -198,12 +193,11 @@ class DinoModule(TrainModule):
 
     def layout_plan(self) -> PartsPlan:
         """Under torchrun: each head split over the TP ranks (:func:`~vitscale.tasks.dino_layout.head_plan`,
-        its prototypes on their rows), then each head and the mask token an FSDP2 unit, sharded as its
-        teacher copy (the teacher's backbone is laid out as the student's already)."""
+        its prototypes on their rows), then each head an FSDP2 unit, sharded as its teacher copy (the teacher's backbone is laid out as the student's already)."""
         s, t = self.student, self.teacher
         heads = [h for h in (s.head, s.ibot_head, t["head"], t["ibot_head"] if "ibot_head" in t else None) if h is not None]
         return PartsPlan(tp=[(h, head_plan(), ("last_v", "last_g")) for h in heads],
-                         fsdp=[m for m in (s.head, s.ibot_head, s, t["head"], t["ibot_head"] if "ibot_head" in t else None)
+                         fsdp=[m for m in (s.head, s.ibot_head, t["head"], t["ibot_head"] if "ibot_head" in t else None)
                                if m is not None])  # fmt: skip
 
 
@@ -220,7 +214,6 @@ class DinoTask(Task):
         self.ibot = cfg.dino.ibot_loss_weight > 0
         self.rank = RankWatch(dp_group, "the teacher's class tokens of the first global crops")
         self.watch = TeacherWatch(dp_group)
-        self._mask: torch.Tensor | None = None  # (n, N) bool while the student sees masked global crops
         self.iteration = 0
         self.module: DinoModule | None = None
 
@@ -235,6 +228,9 @@ class DinoTask(Task):
             return
         check_layout(cfg.dino, dims)
         dc, mcfg, name = cfg.dino, model.cfg, model.name
+        if not model.family.model_cls.supports_tokens:
+            raise ConfigError(f"train.task=dino: model {name} does not declare its tokens (supports_tokens): use a ViT "
+                              "(`vitscale models`)")  # fmt: skip
         p = mcfg.patch_dim
         for key in ("global_crops_size", "local_crops_size"):
             size = getattr(dc, key)
@@ -260,8 +256,13 @@ class DinoTask(Task):
                              "use pool token, avg or map")  # fmt: skip
 
     @classmethod
+    def model_defaults(cls, cfg, model_cfg):
+        """iBOT masks the student's patches with the backbone's own mask token (``mask_token``)."""
+        return {"mask_token": True} if cfg.dino.ibot_loss_weight > 0 and hasattr(model_cfg, "mask_token") else {}
+
+    @classmethod
     def parameter_counts(cls, group, backbone):
-        """The student's heads and mask token (trained); the teacher, a copy of the backbone and the heads,
+        """The student's heads (trained); the teacher, a copy of the backbone and the heads,
         and with Gram anchoring the Gram teacher, another copy of the backbone (held). ``group``: the
         ``dino`` group (None: its defaults)."""
         dc = group if group is not None else DinoConfig()
@@ -273,10 +274,6 @@ class DinoTask(Task):
 
     def build(self, run):
         model, dc = self.model, self.dc
-        name = run.cfg.model.name
-        if "keep" not in inspect.signature(model.forward).parameters or not hasattr(model, "patch_embed"):
-            raise ConfigError(f"train.task=dino: model {name} does not give its tokens (forward(images, keep=...)): "
-                              "use a ViT (`vitscale models`)")  # fmt: skip
         keep_root_gathered(run, model)
         self.wd0 = run.cfg.optim.weight_decay
         per_epoch, self.total = run.steps_per_epoch, run.total_steps  # the run's length as the run layer resolved it
@@ -287,7 +284,6 @@ class DinoTask(Task):
         if dc.freeze_backbone_steps >= self.total:
             raise ConfigError(f"dino.freeze_backbone_steps={dc.freeze_backbone_steps} freezes the backbone for the whole "
                               f"{self.total}-step run: lower it (e.g. {max(self.total // 10, 1)})")  # fmt: skip
-        self.prefix = model.num_prefix_tokens
         device = next(model.parameters()).device
         unreached = self._freeze_unreached(device)
         with torch.random.fork_rng(devices=[]):
@@ -303,7 +299,7 @@ class DinoTask(Task):
                    f"{', ...' if len(unreached) > 3 else ''}"] if unreached else [])  # fmt: skip
         notices = [*frozen, f"dino: 2 global crops of {dc.global_crops_size} px, {dc.local_crops_number} local of "
                    f"{dc.local_crops_size} px; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
-                   f"{dc.head_n_prototypes} prototypes ({n_params / 1e6:.2f}M params with the mask token, not exported); "
+                   f"{dc.head_n_prototypes} prototypes ({n_params / 1e6:.2f}M params, not exported); "
                    f"centring {dc.centering}; teacher temperature {dc.warmup_teacher_temp} -> {dc.teacher_temp} over "
                    f"{self.temp_warmup} steps, momentum {dc.momentum_teacher} -> {dc.final_momentum_teacher} over {self.total}; "
                    f"prototypes frozen for {self.freeze_steps} steps; iBOT {'on' if self.ibot else 'off'}, KoLeo "
@@ -327,8 +323,6 @@ class DinoTask(Task):
                             gram)  # fmt: skip
         parallelize_parts(module.layout_plan(), run.dims, run.cfg.precision)  # under torchrun: the heads split over TP, each an FSDP2 unit
         self.module = module
-        if self.ibot:
-            model.patch_embed.register_forward_hook(self._mask_hook)
         return module
 
     # the module's parts, as the loss reads them
@@ -350,15 +344,18 @@ class DinoTask(Task):
 
     def _freeze_unreached(self, device) -> list[str]:
         """Freeze the backbone's parameters DINO's features do not reach (the classifier), found by one
-        backward pass of a blank image in eval mode."""
+        backward pass of a blank image in eval mode (half its patches masked with iBOT, so that the mask
+        token and the patch embedding are both reached)."""
         model, mcfg = self.model, self.model.cfg
         was = model.training
         model.eval()
         try:
             with torch.enable_grad():
                 x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
-                tokens = model(x, keep=torch.arange(mcfg.num_patches, device=device)[None])
-                (self._cls(tokens, model).float().sum() + self._patches(tokens, model).float().sum()).backward()
+                n = mcfg.num_patches
+                half = (torch.arange(n, device=device) % 2 == 0)[None] if self.ibot else None
+                t = model(x, tokens=True, keep=torch.arange(n, device=device)[None], mask=half)
+                (t.pooled.float().sum() + t.patches.float().sum()).backward()
             unreached = [n for n, q in model.named_parameters() if q.requires_grad and q.grad is None]
         finally:
             model.zero_grad(set_to_none=True)
@@ -367,23 +364,6 @@ class DinoTask(Task):
         for n in unreached:
             params[n].requires_grad_(False)
         return unreached
-
-    def _mask_hook(self, module, args, out):
-        """iBOT: the mask token in place of the masked patches' embeddings (DINOv2's
-        ``prepare_tokens_with_masks``, ``vision_transformer.py`` line 218), for the student's global crops."""
-        if self._mask is None or out.shape[0] != self._mask.shape[0]:
-            return out
-        return self.student(out, self._mask)
-
-    # ------------------------------------------------------------------------------------- loss
-    def _cls(self, tokens: torch.Tensor, net: nn.Module) -> torch.Tensor:
-        """The pooled, normalised features of backbone ``net`` (its ``pre_logits``: the class token for
-        ``pool=token``; for ``avg``, ``fc_norm`` of the mean patch token; the MAP pool's output)."""
-        return net.forward_head(tokens, pre_logits=True)
-
-    def _patches(self, tokens: torch.Tensor, net: nn.Module) -> torch.Tensor:
-        """The normalised patch tokens of ``net`` (``fc_norm`` where it normalises after pooling)."""
-        return net.fc_norm(tokens[:, self.prefix :])
 
     def _targets(self, logits: torch.Tensor, temp: float, centre: torch.Tensor) -> torch.Tensor:
         dc = self.dc
@@ -417,11 +397,11 @@ class DinoTask(Task):
             weights = (1 / cpu.sum(-1).clamp(min=1).float())[:, None].expand_as(cpu)[cpu]
             masks, idx, weights = (t.to(images.device, non_blocking=True) for t in (cpu, idx, weights))
         with torch.no_grad(), self.autocast():
-            t_tok = teacher["backbone"](glob, keep=every)
-            t_cls = self._cls(t_tok, teacher["backbone"])
+            t_tok = teacher["backbone"](glob, tokens=True, keep=every)  # vitscale.models.contract.Tokens
+            t_cls = t_tok.pooled
             t_targets = self._targets(teacher["head"](t_cls), temp, self.centres.cls)
             if masks is not None:
-                t_patch = self._patches(t_tok, teacher["backbone"]).flatten(0, 1).index_select(0, idx)
+                t_patch = t_tok.patches.flatten(0, 1).index_select(0, idx)
                 t_head = teacher["ibot_head"] if "ibot_head" in teacher else teacher["head"]
                 t_logits = t_head(t_patch)
                 if dc.centering == "sinkhorn_knopp":
@@ -432,20 +412,16 @@ class DinoTask(Task):
                     update_center(self.centres.patch, t_logits, dc.center_momentum, self.dp_group)
             release(teacher["backbone"])
         with self.autocast():
-            self._mask = masks
-            try:
-                s_tok = model(glob, keep=every)
-            finally:
-                self._mask = None
-            s_cls = self._cls(s_tok, model)
+            s_tok = model(glob, tokens=True, keep=every, mask=masks)  # iBOT: the backbone's mask token in place
+            s_cls = s_tok.pooled
             s_glob = self.student.head(s_cls)
             s_loc = None
             if loc is not None:
                 m = (dc.local_crops_size // p) ** 2
-                s_loc_tok = model(loc, keep=torch.arange(m, device=images.device)[None].expand(loc.shape[0], -1))
-                s_loc = self.student.head(self._cls(s_loc_tok, model))
+                s_loc_tok = model(loc, tokens=True, keep=torch.arange(m, device=images.device)[None].expand(loc.shape[0], -1))
+                s_loc = self.student.head(s_loc_tok.pooled)
             if masks is not None:
-                s_patch = self._patches(s_tok, model).flatten(0, 1).index_select(0, idx)
+                s_patch = s_tok.patches.flatten(0, 1).index_select(0, idx)
                 s_head = self.student.ibot_head if self.student.ibot_head is not None else self.student.head
                 s_patch_logits = s_head(s_patch)
         t_list = [t_targets[:B], t_targets[B:]]
@@ -464,11 +440,11 @@ class DinoTask(Task):
         if self.module.gram_active(it):  # DINOv3's Gram anchoring of the global crops' patch features
             g_net = teacher["backbone"] if dc.gram_ema_teacher else self.module.gram_teacher
             with torch.no_grad(), self.autocast():
-                g_patch = self._patches(t_tok if dc.gram_ema_teacher else g_net(glob, keep=every), g_net)
+                g_patch = (t_tok if dc.gram_ema_teacher else g_net(glob, tokens=True, keep=every)).patches
                 if not dc.gram_ema_teacher:
                     release(g_net)
             with self.autocast():
-                s_all = self._patches(s_tok, model)  # (2B, N, D), the student's on its (masked) crops
+                s_all = s_tok.patches  # (2B, N, D), the student's on its (masked) crops
             if dc.gram_tokens_used != "all":  # the patches the iBOT masks cover, or the others
                 chosen = masks if masks is not None else torch.zeros(s_all.shape[:2], dtype=torch.bool, device=images.device)
                 chosen = chosen if dc.gram_tokens_used == "masked" else ~chosen

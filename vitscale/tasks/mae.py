@@ -8,7 +8,8 @@ line numbers below). Labels are ignored: any image data trains (digits, imagefol
   run draws the same masks, and so does a run whose batch is split over another number of ranks.
 - **Encoder** (``forward_encoder``, lines 150-170): the model's own blocks on the kept patch tokens
   (their position embeddings added first) and its prefix tokens (class token, registers):
-  ``model(images, keep=ids)``, the ViT family's hook (:meth:`VisionTransformer.forward_features`).
+  ``model(images, tokens=True, keep=ids).sequence``, the model contract's token interface
+  (:class:`vitscale.models.contract.Tokens`, declared by ``supports_tokens``).
 - **Decoder** (lines 46-58, ``forward_decoder`` lines 172-196): a linear map to ``mae.decoder_width``,
   the shared learnt mask token in every removed place, the tokens put back in grid order, fixed 2-D
   sin-cos position embeddings (``util/pos_embed.py``; the prefix tokens get none, as MAE's class
@@ -28,8 +29,6 @@ line numbers below). Labels are ignored: any image data trains (digits, imagefol
 """
 
 from __future__ import annotations
-
-import inspect
 
 import torch
 from torch import nn
@@ -186,6 +185,9 @@ class MaeTask(Task):
         if purpose != "train":
             return
         mc, name = cfg.mae, model.name
+        if not model.family.model_cls.supports_tokens:
+            raise ConfigError(f"train.task=mae: model {name} cannot run its encoder on the visible patches only (it "
+                              "declares no tokens: supports_tokens): use a ViT (`vitscale models`)")  # fmt: skip
         if dims.distributed and dims.tp_enabled:
             raise ConfigError("train.task=mae with parallel.tp > 1: its decoder has no tensor-parallel plan yet; "
                              "use FSDP2 (parallel.tp=1)")  # fmt: skip
@@ -212,15 +214,9 @@ class MaeTask(Task):
         ``train.seed``, the same on every rank; an FSDP2 unit of its own under torchrun): the training
         module's one part."""
         model, mc = self.model, self.mc
-        name = run.cfg.model.name
-        if "keep" not in inspect.signature(model.forward).parameters or not hasattr(
-            model, "num_prefix_tokens"
-        ):
-            raise ConfigError(f"train.task=mae: model {name} cannot run its encoder on the visible patches only "
-                              "(forward(images, keep=...)): use a ViT (`vitscale models`)")  # fmt: skip
         mcfg = model.cfg
         n = mcfg.num_patches
-        self.patch, self.prefix = mcfg.patch_dim, model.num_prefix_tokens
+        self.patch, self.prefix = mcfg.patch_dim, mcfg.num_prefix_tokens
         self.token_pool = mcfg.pool == "token"
         self.rank.for_run(run.total_steps)  # the run's length as the run layer resolved it
         device = next(model.parameters()).device
@@ -256,7 +252,7 @@ class MaeTask(Task):
         try:
             with torch.enable_grad():
                 x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
-                tokens = model(x, keep=torch.arange(k, device=device)[None])
+                tokens = model(x, tokens=True, keep=torch.arange(k, device=device)[None]).sequence
                 self.decoder(
                     tokens, torch.arange(n, device=device)[None], self.prefix, mcfg.grid
                 ).float().sum().backward()
@@ -284,7 +280,7 @@ class MaeTask(Task):
         shuffle = shuffle.to(images.device, non_blocking=True)
         ids_restore = shuffle.argsort(dim=1)
         with self.autocast():
-            tokens = model(images, keep=shuffle[:, :k])  # (B, prefix + k, D)
+            tokens = model(images, tokens=True, keep=shuffle[:, :k]).sequence  # (B, prefix + k, D)
             pred = self.decoder(tokens, ids_restore, self.prefix, grid)
         loss = mae_loss(pred, images, ids_restore >= k, self.patch, self.mc.norm_pix_loss)
         self.rank.keep(tokens[:, 0] if self.token_pool else tokens[:, self.prefix :].mean(dim=1))

@@ -60,6 +60,7 @@ def run(args) -> int:
     import os
 
     from vitscale.config import load_config
+
     from .token_labeling_job import label_tokens
 
     overrides = [a for a in args.args if "=" in a]

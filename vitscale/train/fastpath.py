@@ -17,7 +17,10 @@ from torch import nn
 
 from ..config.schema import SdpaChoice
 from ..distributed.compile import apply_compile
-from ..distributed.fsdp import autocast, autocast_factory  # the run's numerics, below the layers that use them
+from ..distributed.fsdp import (  # the run's numerics, below the layers that use them
+    autocast,
+    autocast_factory,
+)
 from ..models.registry import family_of, parallel_plan
 
 SDPA_CHOICES = typing.get_args(SdpaChoice)  # the choices of train.sdpa, declared once in the config

@@ -17,7 +17,6 @@ from vitscale.tools.units import UNITS, is_percent
 
 from .metrics import is_eval_key, shown, strict_json
 
-
 SHOWN_WARNINGS = 5
 """Warning lines the end of a run repeats (the first ones; summary.json keeps them all)."""
 
