@@ -1,4 +1,4 @@
-"""The one parallelize tail: fp8 -> TP -> activation checkpointing -> per-block compile -> FSDP2.
+"""The one parallelize tail: fp8 -> block numerics -> TP -> activation checkpointing -> per-block compile -> FSDP2.
 
 fp8 comes first: torchao's ``Float8Linear`` swapped in for the blocks' linear layers
 (:mod:`vitscale.distributed.float8`), as torchtitan converts before it parallelizes. The order of
@@ -21,6 +21,7 @@ from torch import nn
 from .activation_checkpoint import apply_activation_checkpointing
 from .compile import apply_compile
 from .config import ParallelConfig, PrecisionConfig
+from .epilogue import apply_block_numerics
 from .float8 import apply_float8, fsdp_float8_all_gather
 from .fsdp import apply_fsdp, dp_mesh_for, resolve_precision
 from .parallel_dims import LayoutError, ParallelDims
@@ -91,6 +92,12 @@ def parallelize(
     apply_float8(
         model, [block for stack in stacks for block in stack], precision.fp8, device=dims.device,
         fp8_filter=precision.fp8_filter, fsdp_all_gather=fsdp_float8_all_gather(precision, dims),
+    )  # fmt: skip
+    # the blocks' residual dtype and MLP epilogues (precision.residual / mlp_epilogue): attributes their
+    # forwards read, set before TP and compile trace them
+    apply_block_numerics(
+        [block for stack in stacks for block in stack], residual=precision.residual, mlp_epilogue=precision.mlp_epilogue,
+        autocast=resolve_precision(precision, dims.device).autocast, device=dims.device, fp8=precision.fp8, tp=dims.tp,
     )  # fmt: skip
     if dims.tp_enabled:
         plan.apply_tp(model, dims.tp_mesh())
