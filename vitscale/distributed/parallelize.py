@@ -47,6 +47,9 @@ class ParallelPlan:
     checkpointing, compile and FSDP2 unit; ``parallel.ac_num_layers`` counts within a stack."""
     fsdp_units: Callable[[nn.Module], Sequence[nn.Module]] = no_extra_units
     """Modules besides the blocks that get an FSDP2 unit of their own (e.g. a large MAP head)."""
+    compile_units: Callable[[nn.Module], Sequence[nn.Module]] = no_extra_units
+    """Modules besides the blocks that per-block compile compiles on their own (VOLO's convolutional
+    stem, whose BatchNorms would otherwise run eager)."""
     check_tp: Callable[[Any, int], list[str]] = no_tp_constraints
     """``check_tp(cfg, tp)``: what keeps the TP plan from splitting a model of variant config ``cfg``
     over ``tp`` ranks, one phrase per field (``"num_attention_heads=12 is not divisible by 8"``);
@@ -106,6 +109,7 @@ def parallelize(
     if compile:
         for stack in stacks:
             apply_compile(stack, mode=compile_mode)
+        apply_compile(plan.compile_units(model), mode=compile_mode)
     if dims.distributed:
         p = resolve_precision(precision, dims.device)
         blocks = [block for stack in stacks for block in stack]
