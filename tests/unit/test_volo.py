@@ -226,6 +226,12 @@ def test_stem_runs_channels_last_and_the_parallelize_tail_compiles_it():
     assert built.patch_embed._compiled_call_impl is not None  # nn.Module.compile, in place
     assert all(b._compiled_call_impl is not None for b in built.outlookers)
     assert create_model("volo_debug", device="meta").patch_embed._compiled_call_impl is None
+    before = build_model("volo_debug", ParallelDims(device=torch.device("cpu")), compile=True, init=None,
+                         overrides={"stem_fast": False})  # fmt: skip
+    assert before.patch_embed._compiled_call_impl is None and not before.patch_embed.channels_last
+    with torch.no_grad():
+        before.load_state_dict(model.state_dict())
+        assert not before.patch_embed.train()(x).is_contiguous()  # NCHW: the output a permuted view
 
 
 @pytest.mark.slow

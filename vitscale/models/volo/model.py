@@ -157,7 +157,7 @@ class ClassBlock(nn.Module):
 class ConvStem(nn.Module):
     """Three conv-BN-ReLU layers (the first with stride ``stem_stride``), then a patchifying conv.
 
-    Computed in ``channels_last`` (NHWC) memory: cuDNN's convolutions and BatchNorm run NHWC natively,
+    Computed in ``channels_last`` (NHWC) memory (``VOLOConfig.stem_fast``, the default): cuDNN's convolutions and BatchNorm run NHWC natively,
     so no NCHW <-> NHWC transposes go around each of them on a GPU, and the output — wanted
     channels-last, ``(B, H/p, W/p, D)`` — is then a free view instead of a copy. The parallelize tail
     compiles the stem on its own under ``train.compile`` (``PLAN.compile_units``: the blocks'
@@ -180,9 +180,11 @@ class ConvStem(nn.Module):
         )
         p = cfg.patch_dim // cfg.stem_stride
         self.proj = nn.Conv2d(Ch, cfg.outlook_dim, p, stride=p, device=device, dtype=dtype)
+        self.channels_last = cfg.stem_fast
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous(memory_format=torch.channels_last)  # 3 channels: a cheap copy, once
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)  # 3 channels: a cheap copy, once
         return self.proj(self.conv(x)).permute(0, 2, 3, 1)  # (B, H/p, W/p, D), contiguous
 
 

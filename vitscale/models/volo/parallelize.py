@@ -71,8 +71,9 @@ def all_blocks(model: nn.Module) -> list[list[nn.Module]]:
 
 def stem(model: nn.Module) -> list[nn.Module]:
     """The convolutional stem, compiled on its own under ``train.compile`` (its eager BatchNorms took
-    about 13 ms of a 59 ms VOLO-D1 step on an H100: benchmarks/README.md "GPU speed table")."""
-    return [model.patch_embed]
+    about 13 ms of a 59 ms VOLO-D1 step on an H100: benchmarks/README.md "GPU speed table"); none with
+    ``stem_fast=False``."""
+    return [model.patch_embed] if model.cfg.stem_fast else []
 
 
 PLAN = ParallelPlan(apply_tp=apply_tp, blocks=all_blocks, check_tp=check_tp, compile_units=stem)
