@@ -83,7 +83,7 @@ for arg in "$@"; do
     --dry-run) DRY=1; ARGS_ROWS=0 ;;
     --speed-only) SPEED_ONLY=1; ARGS_ROWS=0 ;;
     --rows) ARGS_ROWS=1 ;;
-    -h|--help) sed -n '2,65p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/{/^#/p}' "$0"; exit 0 ;;
     *)
       if [[ $ARGS_ROWS -eq 1 && " $ALL_ROWS " == *" $arg "* ]]; then ROWS+=("$arg")
       else echo "unknown argument: $arg (--dry-run, --speed-only, --rows NAME..., --help; rows: $ALL_ROWS)" >&2; exit 2; fi ;;
