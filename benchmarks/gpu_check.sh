@@ -7,9 +7,10 @@
 #        the bench's peak memory, and (test_gpu_numerics.py) the cuBLASLt MLP epilogues and the bf16
 #        residual stream, each forward and backward against its eager / float64 reference;
 #      - benchmarks/gpu_curves.py: 20-step bf16 runs of the real trainer against eager — ViT-B/16
-#        (compiled, and with CUDA graphs + async_pinned checkpoints: the graph-memory fix), VOLO-D1
+#        (compiled; with CUDA graphs + async_pinned checkpoints: the graph-memory fix; with the bf16
+#        residual stream), VOLO-D1
 #        (compiled: the stem now compiled too), DINO and MAE pretraining of ViT-B/16 under train.compile
-#        (never run on a GPU before): 9 runs. CURVES=all adds CLIP B/32, NaFlex and ViT-B/16 in fp8
+#        (never run on a GPU before): 10 runs. CURVES=all adds CLIP B/32, NaFlex and ViT-B/16 in fp8
 #        (passed on the H100, 2026-11-28: benchmarks/README.md "GPU correctness check").
 #   2. speed rows, in this order, each `vitscale bench` with a baseline copy of ours ("before") in
 #      the same process, rounds interleaved with the compiled peer where there is one (medians), one
@@ -33,7 +34,7 @@
 # Budget estimate for the default call (one H200 = an H100's compute with faster memory; sources: the
 # H100 call of 2026-11-28, benchmarks/README.md "GPU speed table" and "GPU correctness check"):
 #   startup (nvidia-smi, imports, wheel install)                 ~15 s
-#   1. correctness: 9 trainer runs six at a time (H100: runs of 19-70 s each, 10 runs in 2.5 min
+#   1. correctness: 10 trainer runs six at a time (H100: runs of 19-70 s each, 10 runs in 2.5 min
 #      with the tests at the same time, 87 s on 3 workers) + DINO/MAE, never timed: ~150 s, bounded by
 #      CHECK_TIMEOUT (200 s)                                        ~150 s
 #   2. rows, each: process start and model builds ~15 s, our two per-block compiles ~12 s each
@@ -71,7 +72,7 @@ START=$SECONDS
 CALL_BUDGET=${CALL_BUDGET:-470}
 CHECK_TIMEOUT=${CHECK_TIMEOUT:-200}
 CURVES=${CURVES:-vit_b16 volo_d1 dino_vit_b16 mae_vit_b16}
-VARIANTS="eager compile graphs"
+VARIANTS="eager compile graphs residual"
 if [[ "$CURVES" == all ]]; then CURVES="vit_b16 clip_b32 volo_d1 naflex_b16_gap dino_vit_b16 mae_vit_b16"; VARIANTS+=" fp8"; fi
 ALL_ROWS="vit_b16 volo_d1 vit_h14_fp8 clip_b32 vit_l16 vit_h14 vit_b16_residual clip_b32_graphs vit_b16_autotune vit_h14_fp8_torchao"
 DRY=0

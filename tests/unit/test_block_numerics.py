@@ -157,3 +157,17 @@ def test_where_they_cannot_apply_is_one_line():
     clip = create_model("clip_debug", device="meta")
     done = apply_block_numerics([*clip.visual.blocks, *clip.text.blocks], residual="bf16", autocast=torch.bfloat16, device=CPU)
     assert done["residual"] == len(clip.visual.blocks) and clip.text.blocks[0].residual_dtype is None
+
+
+def test_the_run_config_takes_the_switches(tmp_path):
+    """``precision.residual`` / ``precision.mlp_epilogue`` load from the run config with their
+    defaults (fp32, none) and refuse other values, naming the choices."""
+    from vitscale.config import load_config
+
+    cfg = load_config("digits_vit", [f"train.output_dir={tmp_path}"])
+    assert (cfg.precision.residual, cfg.precision.mlp_epilogue) == ("fp32", "none")
+    cfg = load_config("digits_vit", ["precision.residual=bf16", "precision.mlp_epilogue=cublaslt_tanh"])
+    assert (cfg.precision.residual, cfg.precision.mlp_epilogue) == ("bf16", "cublaslt_tanh")
+    with pytest.raises(ConfigError, match="fp32") as err:
+        load_config("digits_vit", ["precision.residual=fp16"])
+    assert "\n" not in str(err.value)

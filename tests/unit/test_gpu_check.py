@@ -29,7 +29,7 @@ def _curves():
 @pytest.mark.slow
 def test_gpu_check_dry_run_collects_the_tests_and_loads_every_run():
     """The prepared call of issue 50: the tests (the epilogue / residual tests among them) collect,
-    the 9 default curve runs load, and every speed row's ``vitscale bench`` command parses, each
+    the 10 default curve runs load, and every speed row's ``vitscale bench`` command parses, each
     before / after pair in one process (``--baseline``), each profiled (``--profile-top 40``); the
     header states the budget estimate inside the 8-minute call."""
     script = ROOT / "benchmarks" / "gpu_check.sh"
@@ -39,8 +39,8 @@ def test_gpu_check_dry_run_collects_the_tests_and_loads_every_run():
     collected = int(proc.stdout.split("ok   ", 1)[1].split()[0])
     assert collected >= 21, proc.stdout  # every GPU-only path, the epilogues and the bf16 stream included
     runs = proc.stdout.split("dry run: ", 1)[1]
-    assert runs.startswith("9 runs:"), runs
-    for run in ("vit_b16/compile", "vit_b16/graphs", "volo_d1/compile", "dino_vit_b16/compile", "mae_vit_b16/compile"):
+    assert runs.startswith("10 runs:"), runs
+    for run in ("vit_b16/compile", "vit_b16/graphs", "vit_b16/residual", "volo_d1/compile", "dino_vit_b16/compile", "mae_vit_b16/compile"):
         assert run in runs.split("\n", 1)[0]
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok   -m vitscale bench")]
     assert len(rows) == 10 and all("--profile-top 40" in r and "--baseline" in r and "--device cuda" in r for r in rows)
