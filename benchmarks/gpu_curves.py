@@ -1,7 +1,7 @@
 """Short bf16 training runs of the real trainer on a GPU, each against the same run in eager mode: the
 GPU-only paths of a training step (per-block ``torch.compile`` with flash SDPA, the Triton outlook
 kernels of VOLO under per-outlooker compile, FlexAttention with NaFlex key-padding masks, CUDA graphs
-of the compiled blocks, torchao float8, pinned asynchronous checkpoints, peak-memory reporting) run once
+of the compiled blocks, the bf16 residual stream, torchao float8, pinned asynchronous checkpoints, peak-memory reporting) run once
 end to end, their loss curves compared step by step with eager's.
 
 Each run is ``vitscale train`` on ``data.format=synthetic`` (random images keyed by index, fixed
@@ -71,6 +71,8 @@ VARIANTS = {
     "compile": ({"train": {"compile": True}}, None),
     "graphs": ({"train": {"compile": True, "compile_mode": "reduce-overhead"},
                 "checkpoint": {"every": 10, "keep": 2, "async_mode": "async_pinned"}}, ("vit_b16",)),
+    # the residual stream between the blocks held in bf16 (precision.residual, issue 50)
+    "residual": ({"train": {"compile": True}, "precision": {"residual": "bf16"}}, ("vit_b16",)),
     # every block linear in float8 (fp8_filter=auto would keep B/16's small shapes in bf16)
     "fp8": ({"train": {"compile": True}, "precision": {"fp8": "tensorwise", "fp8_filter": "all"}}, ("vit_b16",)),
 }  # fmt: skip
@@ -108,6 +110,8 @@ def run_config(model: str, variant: str, out: Path, args) -> dict:
         cfg["model"]["overrides"].pop("img_size", None)
     for group, values in VARIANTS[variant][0].items():
         cfg.setdefault(group, {}).update(values)
+    if args.tiny and cfg["precision"].get("residual") == "bf16":
+        cfg["precision"]["autocast"] = "bf16"  # the bf16 stream needs bf16 autocast (the CPU's here)
     if args.tiny and cfg["train"].get("compile_mode") == "reduce-overhead":
         cfg["train"]["compile_mode"] = "default"  # no CUDA graphs on a CPU: the rest of the variant stays
     return cfg

@@ -1,17 +1,20 @@
-"""fp8 against bf16 in the real trainer: the same run (model, data order, seed) once per precision,
-the loss curves side by side and the trainer's own img/s.
+"""fp8 (and the blocks' other numerics switches) against bf16 in the real trainer: the same run
+(model, data order, seed) once per precision, the loss curves side by side and the trainer's own img/s.
 
 Each run is ``vitscale train`` on real images — scikit-learn's handwritten digits at the model's
 224 px (``--data digits``), or an image folder with ``train/`` and ``val/`` (``--data PATH``, e.g.
 ``vitscale data digits DIR --size 224`` written where scikit-learn is installed) — for ``--steps``
 steps with per-block compile and bf16 autocast, first with ``precision.fp8=none`` and then with
-each recipe of ``--fp8``. The comparison (issue 15's criterion): the mean logged loss over the last
-``--window`` steps of each fp8 run within ``--tolerance`` (2%) of bf16's; also the largest
+each recipe of ``--fp8``, and with ``--residual-bf16`` a run with ``precision.residual=bf16`` (the
+residual stream held in bf16), with ``--mlp-epilogue MODE`` one with ``precision.mlp_epilogue=MODE``
+(each in bf16 without fp8). The comparison (issue 15's criterion): the mean logged loss over the last
+``--window`` steps of each other run within ``--tolerance`` (2%) of bf16's; also the largest
 step-by-step gap and the steady img/s (median of the logged img/s after ``--skip`` steps, which
 holds the compile warm-up). The run folders stay in ``--out-dir``.
 
     python benchmarks/loss_curve.py --model vit_h14 --batch-size 64 --steps 300 --fp8 tensorwise rowwise \
         --json benchmarks/results/fp8_curve_vit_h14_h100_202611.json
+    python benchmarks/loss_curve.py --model vit_b16 --batch-size 128 --steps 300 --fp8 --residual-bf16
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def run_config(args, fp8: str, out: Path) -> dict:
-    """The ``vitscale train`` config of one run (written into its folder as YAML)."""
+def run_config(args, precision: dict, out: Path) -> dict:
+    """The ``vitscale train`` config of one run (written into its folder as YAML); ``precision``: its
+    ``precision`` settings besides bf16 autocast and ``fp8_filter``."""
     data = {"format": "digits", "img_size": args.img_size} if args.data == "digits" else {
         "format": "imagefolder", "train_path": str(Path(args.data) / "train"), "val_path": str(Path(args.data) / "val"),
     }  # fmt: skip
@@ -46,7 +50,7 @@ def run_config(args, fp8: str, out: Path) -> dict:
         "schedule": {"name": "cosine", "warmup_steps": max(args.steps // 10, 1)},
         "train": {"batch_size": args.batch_size, "max_steps": args.steps, "seed": 0, "grad_clip": 1.0,
                   "log_every": args.log_every, "output_dir": str(out), "compile": args.compile},  # fmt: skip
-        "precision": {"fp8": fp8, "fp8_filter": args.fp8_filter},
+        "precision": {"autocast": "bf16", "fp8_filter": args.fp8_filter, **precision},
         "eval": {"every": 0, "batch_size": 256},
         "checkpoint": {"every": 0, "export_safetensors": False, "resume": False},
         "log": {"progress": "plain"},
@@ -79,8 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="vit_h14")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--fp8", nargs="+", default=["tensorwise"], help="recipes compared with bf16")
-    ap.add_argument("--fp8-filter", default="auto", choices=("auto", "all"))
+    ap.add_argument("--fp8", nargs="*", default=["tensorwise"], help="recipes compared with bf16 (none: --fp8 alone)")
+    ap.add_argument("--fp8-filter", default="auto", choices=("auto", "all", "torchao"))
+    ap.add_argument("--residual-bf16", action="store_true", help="also a run with precision.residual=bf16")
+    ap.add_argument("--mlp-epilogue", choices=("cublaslt", "cublaslt_tanh"), default=None,
+                    help="also a run with precision.mlp_epilogue=MODE (CUDA, nvmath-python)")  # fmt: skip
     ap.add_argument("--data", default="digits", help="digits, or an image folder with train/ and val/")
     ap.add_argument("--img-size", type=int, default=224)
     ap.add_argument("--lr", type=float, default=3e-4)
@@ -100,21 +107,28 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in args.fp8 if r not in RECIPES or r == "none"]
     if bad:
         ap.error(f"--fp8: {bad} (choose from {', '.join(RECIPES[1:])})")
-    runs = {"bf16": "none", **{r: r for r in args.fp8}}
+    runs = {"bf16": {"fp8": "none"}, **{r: {"fp8": r} for r in args.fp8}}
+    if args.residual_bf16:
+        runs["residual_bf16"] = {"fp8": "none", "residual": "bf16"}
+    if args.mlp_epilogue:
+        runs[f"mlp_{args.mlp_epilogue}"] = {"fp8": "none", "mlp_epilogue": args.mlp_epilogue}
+    if len(runs) == 1:
+        ap.error("nothing to compare with bf16: give --fp8 RECIPE..., --residual-bf16 or --mlp-epilogue")
     if args.dry_run:  # every config must load (unknown keys, bad values)
         with tempfile.TemporaryDirectory() as tmp:
-            for label, fp8 in runs.items():
-                (Path(tmp) / f"{label}.yaml").write_text(yaml.safe_dump(run_config(args, fp8, Path(tmp) / label)))
+            for label, prec in runs.items():
+                (Path(tmp) / f"{label}.yaml").write_text(yaml.safe_dump(run_config(args, prec, Path(tmp) / label)))
                 load_config(Path(tmp) / f"{label}.yaml")
-        from vitscale.distributed.float8 import require_torchao
+        if args.fp8:
+            from vitscale.distributed.float8 import require_torchao
 
-        require_torchao()  # a machine without it learns so before its time is spent
+            require_torchao()  # a machine without it learns so before its time is spent
         print(f"dry run: {vars(args)}")
         return 0
     root = Path(args.out_dir or tempfile.mkdtemp(prefix="fp8_curve_"))
-    for label, fp8 in runs.items():
+    for label, prec in runs.items():
         (root / label).mkdir(parents=True, exist_ok=True)
-        (root / label / "run.yaml").write_text(yaml.safe_dump(run_config(args, fp8, root / label)))
+        (root / label / "run.yaml").write_text(yaml.safe_dump(run_config(args, prec, root / label)))
     results: dict = {}
     for label in runs:
         t0 = time.perf_counter()
@@ -129,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         results[label] = read_run(root / label, args.skip)
     base = results.get("bf16", {})
     verdicts = {}
-    for label in args.fp8:
+    for label in [r for r in runs if r != "bf16"]:
         if "losses" in base and "losses" in results.get(label, {}):
             c = compare(base["losses"], results[label]["losses"], args.window)
             c["within_tolerance"] = abs(c["rel_diff_last"]) <= args.tolerance

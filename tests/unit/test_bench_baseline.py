@@ -56,3 +56,26 @@ def test_model_field_baseline_and_refusals(tmp_path, capsys):
         assert main(["bench", "vit_debug", *argv]) == code, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("vitscale bench: ") and text in err[0], err
+
+
+def test_residual_and_epilogue_switches_reach_the_bench(capsys):
+    """``--residual bf16 --baseline residual=fp32`` (bf16 autocast) builds ours with the bf16 stream
+    and the baseline copy without; the switches' refusals come through as one line."""
+    import torch
+
+    from vitscale.bench.harness import BenchSettings, build_impls
+
+    settings = BenchSettings(model="vit_debug", device="cpu", precision="bf16", batch_size=2, steps=1, warmup=0,
+                             rounds=1, residual="bf16", baseline={"residual": "fp32"})  # fmt: skip
+    impls, _ = build_impls(settings)
+    assert [i.label for i in impls] == ["vitscale vit_debug", "vitscale vit_debug (residual=fp32)"]
+    assert {b.residual_dtype for b in impls[0].model.blocks} == {torch.bfloat16}
+    assert {b.residual_dtype for b in impls[1].model.blocks} == {None}
+    for argv, text in (
+        (["--precision", "fp32", "--residual", "bf16"], "precision.residual=bf16 needs bf16 autocast"),
+        (["--precision", "bf16", "--mlp-epilogue", "cublaslt_tanh"], "runs cuBLASLt epilogues on CUDA; this run is on cpu"),
+    ):
+        capsys.readouterr()
+        assert main(["bench", "vit_debug", "--device", "cpu", "--steps", "1", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and text in err[0], err

@@ -95,6 +95,28 @@ def test_size_filter_on_full_sizes():
     assert apply_float8(none, none.blocks, "none").converted == [] and not _float8_names(none)
 
 
+def test_torchao_filter_picks_torchaos_own_shapes_on_h14():
+    """``fp8_filter=torchao`` asks torchao's ``_auto_filter_for_recipe``: on H/14 (1280 wide, MLP 5120)
+    tensorwise keeps all 128 block linears, rowwise only the 32 fc1 (QKV is out 3840 <= 4096 with in
+    1280 <= 2048; proj and fc2 have out 1280 <= 2048) — the same layers as ``auto``, whose thresholds
+    restate torchao's; rowwise_with_gw_hp, for which torchao has no rule, is refused in one line."""
+    for recipe, kinds, n in (("tensorwise", {"attn.qkv_per_head", "attn.proj", "mlp.fc1", "mlp.fc2"}, 128),
+                             ("rowwise", {"mlp.fc1"}, 32)):  # fmt: skip
+        picked = {}
+        for filt in ("torchao", "auto"):
+            m = create_model("vit_h14", device="meta")
+            r = apply_float8(m, m.blocks, recipe, device="cpu", fp8_filter=filt)
+            assert _float8_names(m) == set(r.converted)
+            picked[filt] = r
+        r = picked["torchao"]
+        assert {c.split(".", 2)[2] for c in r.converted} == kinds and len(r.converted) == n, recipe
+        assert r.converted == picked["auto"].converted and len(r.kept) == 128 - n
+        assert set(r.kept.values()) <= {f"torchao's shape filter for {recipe} keeps it in bf16"}
+    m = create_model("vit_debug", device="meta")
+    with pytest.raises(ConfigError, match="torchao's shape filter has no rule for rowwise_with_gw_hp"):
+        apply_float8(m, m.blocks, "rowwise_with_gw_hp", device="cpu", fp8_filter="torchao")
+
+
 def _q(t: torch.Tensor, dtype=torch.float8_e4m3fn, dim=None, pow2=False) -> torch.Tensor:
     """Float8 rounding with a dynamic scale (per tensor, or per row along ``dim``), back to fp32."""
     top = torch.finfo(dtype).max

@@ -28,19 +28,37 @@ def _curves():
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_collects_the_tests_and_loads_every_run():
+    """The prepared call of issue 50: the tests (the epilogue / residual tests among them) collect,
+    the 10 default curve runs load, and every speed row's ``vitscale bench`` command parses, each
+    before / after pair in one process (``--baseline``), each profiled (``--profile-top 40``); the
+    header states the budget estimate inside the 8-minute call."""
     script = ROOT / "benchmarks" / "gpu_check.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
-    proc = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, env=ENV, timeout=300)
+    proc = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, env=ENV, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     collected = int(proc.stdout.split("ok   ", 1)[1].split()[0])
-    assert collected >= 17, proc.stdout  # every GPU-only path: kernels, masks, flash, graphs, fp8, pinned, memory
+    assert collected >= 21, proc.stdout  # every GPU-only path, the epilogues and the bf16 stream included
     runs = proc.stdout.split("dry run: ", 1)[1]
-    assert runs.startswith("14 runs:"), runs
-    for run in ("vit_b16/compile", "vit_b16/graphs", "vit_b16/fp8", "clip_b32/compile", "volo_d1/compile",
-                "naflex_b16_gap/compile", "dino_vit_b16/compile", "mae_vit_b16/compile"):  # fmt: skip
-        assert run in runs
+    assert runs.startswith("10 runs:"), runs
+    for run in ("vit_b16/compile", "vit_b16/graphs", "vit_b16/residual", "volo_d1/compile", "dino_vit_b16/compile", "mae_vit_b16/compile"):
+        assert run in runs.split("\n", 1)[0]
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("ok   -m vitscale bench")]
+    assert len(rows) == 10 and all("--profile-top 40" in r and "--baseline" in r and "--device cuda" in r for r in rows)
+    assert proc.stdout.rstrip().endswith("dry run: 10 speed rows: vit_b16 volo_d1 vit_h14_fp8 clip_b32 vit_l16 vit_h14 "
+                                         "vit_b16_residual clip_b32_graphs vit_b16_autotune vit_h14_fp8_torchao")  # fmt: skip
+    having = lambda *parts: [r for r in rows if all(p in r for p in parts)]  # noqa: E731
+    assert having("bench vit_b16 ", "--compare timm", "--residual bf16", "--mlp-epilogue cublaslt_tanh",
+                  "--baseline residual=fp32", "--baseline mlp_epilogue=none")  # fmt: skip
+    assert having("bench volo_d1 ", "--compare timm", "--baseline stem_fast=False")
+    assert having("bench vit_h14 ", "--fp8 tensorwise", "--fp8-filter all", "--baseline fp8=none")
+    assert having("bench vit_h14 ", "--fp8-filter torchao")
+    assert len(having("bench clip_b32 ", "--compare open_clip", "--compile-mode reduce-overhead")) == 2
     bad = subprocess.run(["bash", str(script), "--fast"], capture_output=True, text=True, env=ENV, timeout=60)
-    assert bad.returncode == 2 and bad.stderr.strip() == "unknown argument: --fast (--dry-run, --help)"
+    assert bad.returncode == 2 and bad.stderr.startswith("unknown argument: --fast (--dry-run, --speed-only, --rows NAME...")
+    bad = subprocess.run(["bash", str(script), "--rows", "vit_b99"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert bad.returncode == 2 and "unknown argument: vit_b99" in bad.stderr
+    helptext = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, env=ENV, timeout=60).stdout
+    assert "Budget estimate" in helptext and "CALL_BUDGET" in helptext and helptext.rstrip().endswith("gpu_curves.py).")
 
 
 def test_gpu_tests_outcomes_reach_the_json(tmp_path):

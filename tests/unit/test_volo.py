@@ -195,3 +195,70 @@ def test_variant_table_is_registered():
 
     assert set(list_models(family="volo")) == set(VARIANTS)
     assert get_family("volo_d3").name == "volo"
+
+
+def test_stem_runs_channels_last_and_the_parallelize_tail_compiles_it():
+    """The convolutional stem computes in channels_last (its output, wanted (B, H, W, D), a contiguous
+    view) the NCHW arithmetic within 1e-5, forward and backward (timm parity: test_timm_parity_both_ways);
+    under ``train.compile`` the parallelize tail compiles it beside the blocks (``PLAN.compile_units``)."""
+    import copy
+
+    from vitscale.distributed.parallel_dims import ParallelDims
+    from vitscale.models.volo.parallelize import PLAN
+    from vitscale.run import build_model
+
+    torch.manual_seed(0)
+    model = create_model("volo_debug").train()
+    stem = model.patch_embed
+    nchw = copy.deepcopy(stem)
+    x = torch.randn(2, 3, 32, 32)
+    out = stem(x)
+    side = 32 // model.cfg.patch_dim
+    assert out.is_contiguous() and out.shape == (2, side, side, model.cfg.outlook_dim)
+    ref = nchw.proj(nchw.conv(x.contiguous())).permute(0, 2, 3, 1)  # the plain NCHW path
+    assert rel_max(out, ref) < 1e-5
+    w = torch.randn_like(out)
+    g = torch.autograd.grad((out * w).sum(), list(stem.parameters()))
+    g_ref = torch.autograd.grad((ref * w).sum(), list(nchw.parameters()))
+    assert max(rel_max(a, b) for a, b in zip(g, g_ref)) < 1e-5
+    assert PLAN.compile_units(model) == [model.patch_embed]
+    built = build_model("volo_debug", ParallelDims(device=torch.device("cpu")), compile=True, init=None)
+    assert built.patch_embed._compiled_call_impl is not None  # nn.Module.compile, in place
+    assert all(b._compiled_call_impl is not None for b in built.outlookers)
+    assert create_model("volo_debug", device="meta").patch_embed._compiled_call_impl is None
+    before = build_model("volo_debug", ParallelDims(device=torch.device("cpu")), compile=True, init=None,
+                         overrides={"stem_fast": False})  # fmt: skip
+    assert before.patch_embed._compiled_call_impl is None and not before.patch_embed.channels_last
+    with torch.no_grad():
+        before.load_state_dict(model.state_dict())
+        assert not before.patch_embed.train()(x).is_contiguous()  # NCHW: the output a permuted view
+
+
+def test_compiled_stem_traces_whole_and_matches_eager():
+    """The stem under torch.compile (``fullgraph=True``: one graph, the BatchNorms' running-statistics
+    updates inside it) computes the eager stem's output, BatchNorm statistics and gradients within
+    1e-5 in training mode. aot_eager runs Dynamo's capture and AOT autograd without generating kernels
+    (inductor's own kernels for it run in gpu_check.sh's volo_d1/compile curve, against eager)."""
+    import copy
+
+    from vitscale.distributed.compile import apply_compile
+
+    torch.manual_seed(0)
+    eager = create_model("volo_debug").train().patch_embed
+    compiled = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting(gm, example):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example)
+
+    apply_compile([compiled], fullgraph=True, backend=counting)
+    x = torch.randn(2, 3, 32, 32)
+    outs = [m(x) for m in (eager, compiled)]
+    assert len(graphs) == 1 and rel_max(outs[1], outs[0]) < 1e-5
+    w = torch.randn_like(outs[0])
+    grads = [torch.autograd.grad((o * w).sum(), list(m.parameters())) for o, m in zip(outs, (eager, compiled))]
+    assert max(rel_max(a, b) for a, b in zip(*grads)) < 1e-5
+    bn = [m.conv[1].running_mean for m in (eager, compiled)]
+    assert rel_max(bn[1], bn[0]) < 1e-5 and bn[0].abs().sum() > 0

@@ -84,16 +84,20 @@ class BenchSettings:
     """Which block linears go to float8 (as ``precision.fp8_filter``)."""
     compile_mode: str = "default"
     """``torch.compile`` mode of our per-block compile (as ``train.compile_mode``)."""
+    residual: str = "fp32"
+    """Our blocks' residual stream under bf16 autocast (as ``precision.residual``): fp32 | bf16."""
+    mlp_epilogue: str = "none"
+    """Our blocks' GELU MLP in cuBLASLt epilogues (as ``precision.mlp_epilogue``): none | cublaslt | cublaslt_tanh."""
     profile_top: int = 0
     """After the timed rounds, profile one step of each implementation and keep its ``profile_top``
     operators with the most device (CUDA) or CPU self time, ms per step (``top_ops`` in the JSON); 0 = none."""
     baseline: dict[str, Any] = field(default_factory=dict)
-    """A second copy of ours with these settings changed (``fp8``, ``fp8_filter``, ``compile_mode``
-    or fields of the model config), alternating rounds with ours: ``speedup_vs_baseline`` (e.g.
+    """A second copy of ours with these settings changed (``fp8``, ``fp8_filter``, ``compile_mode``,
+    ``residual``, ``mlp_epilogue`` or fields of the model config), alternating rounds with ours: ``speedup_vs_baseline`` (e.g.
     ``{"fp8": "none"}``: fp8 against bf16; ``{"parallel_block": False}``: ViT-22B block against the plain one)."""
 
 
-BASELINE_SETTINGS = ("fp8", "fp8_filter", "compile_mode")
+BASELINE_SETTINGS = ("fp8", "fp8_filter", "compile_mode", "residual", "mlp_epilogue")
 
 
 def baseline_settings(settings: BenchSettings) -> BenchSettings:
@@ -190,7 +194,8 @@ def run_config(settings: BenchSettings) -> Config:
         model=ModelConfig(name=settings.model, overrides=dict(settings.overrides)),
         train=TrainConfig(device=settings.device, seed=settings.seed, compile=settings.compile, batch_size=settings.batch_size,
                           compile_mode=settings.compile_mode),  # fmt: skip
-        precision=PrecisionConfig(autocast=_AUTOCAST[settings.precision], fp8=settings.fp8, fp8_filter=settings.fp8_filter),
+        precision=PrecisionConfig(autocast=_AUTOCAST[settings.precision], fp8=settings.fp8, fp8_filter=settings.fp8_filter,
+                                  residual=settings.residual, mlp_epilogue=settings.mlp_epilogue),  # fmt: skip
     )
 
 

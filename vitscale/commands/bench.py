@@ -41,6 +41,7 @@ HELP = "measure img/s, TFLOP/s, MFU and peak memory (optionally against timm / o
 def register(subparsers) -> None:
     from ..bench.harness import COMPARES, PRECISIONS
     from ..distributed.compile import COMPILE_MODES
+    from ..distributed.epilogue import EPILOGUES, RESIDUALS
     from ..distributed.float8 import FILTERS, RECIPES
     from ..train.fastpath import SDPA_CHOICES
 
@@ -110,9 +111,14 @@ def register(subparsers) -> None:
         "--compile-mode", choices=COMPILE_MODES, default="default",
         help="torch.compile mode of our blocks (as train.compile_mode; reduce-overhead = CUDA graphs)",
     )
+    p.add_argument("--residual", choices=RESIDUALS, default="fp32", help="our blocks' residual stream under bf16 "
+                   "autocast (as precision.residual; default fp32)")  # fmt: skip
+    p.add_argument("--mlp-epilogue", choices=EPILOGUES, default="none", help="our blocks' GELU MLP in cuBLASLt "
+                   "epilogues (as precision.mlp_epilogue; default none)")  # fmt: skip
     p.add_argument(
         "--baseline", dest="baseline", type=_override, action="append", default=[], metavar="KEY=VALUE",
-        help="also run ours with this changed (fp8, fp8_filter, compile_mode or a model config field), "
+        help="also run ours with this changed (fp8, fp8_filter, compile_mode, residual, mlp_epilogue or a model "
+        "config field), "
         "alternating rounds: e.g. --baseline fp8=none (repeatable)",
     )
     p.add_argument("--task", default=None, help="the task whose loss the training step times (as train.task; "
@@ -137,7 +143,8 @@ def run(args) -> int:
         warmup=args.warmup, rounds=args.rounds, compile=args.compile, compare=args.compare,
         compare_compiled=args.compare_compiled, precision=args.precision, sdpa=args.sdpa, seed=args.seed,
         overrides=dict(args.overrides), fp8=args.fp8, fp8_filter=args.fp8_filter, compile_mode=args.compile_mode,
-        baseline=dict(args.baseline), task=args.task, profile_top=args.profile_top,
+        baseline=dict(args.baseline), task=args.task, profile_top=args.profile_top, residual=args.residual,
+        mlp_epilogue=args.mlp_epilogue,
     )  # fmt: skip
     from ..bench.harness import baseline_settings, with_defaults
     from ..errors import CheckError

@@ -17,8 +17,12 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"
 """``train.compile_mode`` (``vitscale.distributed.compile``)."""
 Fp8Recipe = Literal["none", "tensorwise", "rowwise", "rowwise_with_gw_hp"]
 """``precision.fp8`` (``vitscale.distributed.float8``)."""
-Fp8Filter = Literal["auto", "all"]
+Fp8Filter = Literal["auto", "all", "torchao"]
 """``precision.fp8_filter``."""
+ResidualDtype = Literal["fp32", "bf16"]
+"""``precision.residual`` (``vitscale.distributed.epilogue``)."""
+MlpEpilogue = Literal["none", "cublaslt", "cublaslt_tanh"]
+"""``precision.mlp_epilogue`` (``vitscale.distributed.epilogue``)."""
 
 
 @dataclass
@@ -59,10 +63,25 @@ class PrecisionConfig:
     fp8_filter: Fp8Filter = "auto"
     """Which block linears go to float8: auto (those whose features are multiples of 16 and whose
     shape is large enough for the recipe to pay on an H100, per torchao's tables) | all (every one
-    whose features are multiples of 16). The patch embedding and the heads always stay in bf16."""
+    whose features are multiples of 16) | torchao (the layers torchao's own shape filter,
+    ``torchao.float8._auto_filter_for_recipe``, keeps: tensorwise and rowwise only). The patch
+    embedding and the heads always stay in bf16."""
+    residual: ResidualDtype = "fp32"
+    """The residual stream between the ViT blocks under bf16 autocast: fp32 (as today: the float32
+    position embedding promotes it) | bf16 (held in bfloat16, as Megatron-core's default
+    ``fp32_residual_connection=False``; half the bytes of each add and LayerNorm read). Needs bf16
+    autocast; stays fp32 until a GPU measurement shows bf16 paying (docs/distributed.md)."""
+    mlp_epilogue: MlpEpilogue = "none"
+    """The ViT blocks' GELU MLP with GELU and the bias gradients inside cuBLASLt's matmul epilogues
+    (nvmath-python; CUDA, bf16 autocast): none | cublaslt (models whose activation is gelu_tanh) |
+    cublaslt_tanh (also exact-GELU models, which then compute the tanh approximation instead: not
+    timm's function any more). docs/distributed.md "Block numerics"."""
     fp8_all_gather: bool = True
     """tensorwise under FSDP2 (dp_shard > 1): all-gather the weights in float8 (half the bytes of
     bf16), their scales computed for all weights at once after each optimizer step."""
 
 
-__all__ = ["ACMethod", "ACMode", "CompileMode", "Fp8Filter", "Fp8Recipe", "ParallelConfig", "PrecisionConfig"]
+__all__ = [
+    "ACMethod", "ACMode", "CompileMode", "Fp8Filter", "Fp8Recipe", "MlpEpilogue", "ParallelConfig", "PrecisionConfig",
+    "ResidualDtype",
+]  # fmt: skip

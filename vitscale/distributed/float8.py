@@ -26,7 +26,9 @@ in / out features are not multiples of 16 (fp8 GEMMs need them) and, with ``prec
 (the default), when its shape is one that torchao's H100 measurements show running slower in fp8
 than in bf16 (torchao/float8/README.md "Performance"; the same thresholds as torchao's own
 ``_auto_filter_for_recipe``): tensorwise needs ``out > 1024`` or ``in > 4096``; rowwise needs
-``out > 2048``, ``in > 1024`` and not both ``out <= 4096`` and ``in <= 2048``.
+``out > 2048``, ``in > 1024`` and not both ``out <= 4096`` and ``in <= 2048``. ``fp8_filter=torchao``
+asks torchao's own ``_auto_filter_for_recipe`` instead (tensorwise and rowwise only): the same
+thresholds today, whatever a later torchao changes them to.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ def check_recipe(recipe: str, fp8_filter: str = "auto") -> None:
         raise ConfigError(f"precision.fp8 must be one of {', '.join(RECIPES)}; got {recipe!r}")
     if fp8_filter not in FILTERS:
         raise ConfigError(f"precision.fp8_filter must be one of {', '.join(FILTERS)}; got {fp8_filter!r}")
+    if fp8_filter == "torchao" and recipe not in ("none", "tensorwise", "rowwise"):
+        raise ConfigError(f"precision.fp8_filter=torchao: torchao's shape filter has no rule for {recipe}; use auto or all")
 
 
 def fp8_emulated(device: torch.device) -> bool:
@@ -107,6 +111,9 @@ def float8_decision(linear: nn.Linear, recipe: str, fp8_filter: str = "auto") ->
         return "features not multiples of 16"
     if fp8_filter == "all":
         return None
+    if fp8_filter == "torchao":
+        keep = require_torchao()._auto_filter_for_recipe(recipe, filter_fqns=[])
+        return None if keep(linear, "") else f"torchao's shape filter for {recipe} keeps it in bf16"
     if recipe == "tensorwise" and out_f <= 1024 and in_f <= 4096:
         return "too small for tensorwise to pay (needs out > 1024 or in > 4096)"
     if recipe.startswith("rowwise") and (out_f <= 2048 or in_f <= 1024 or (out_f <= 4096 and in_f <= 2048)):

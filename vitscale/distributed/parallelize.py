@@ -1,4 +1,4 @@
-"""The one parallelize tail: fp8 -> TP -> activation checkpointing -> per-block compile -> FSDP2.
+"""The one parallelize tail: fp8 -> block numerics -> TP -> activation checkpointing -> per-block compile -> FSDP2.
 
 fp8 comes first: torchao's ``Float8Linear`` swapped in for the blocks' linear layers
 (:mod:`vitscale.distributed.float8`), as torchtitan converts before it parallelizes. The order of
@@ -22,6 +22,7 @@ from torch import nn
 from .activation_checkpoint import apply_activation_checkpointing
 from .compile import apply_compile
 from .config import ParallelConfig, PrecisionConfig
+from .epilogue import apply_block_numerics
 from .float8 import apply_float8, fsdp_float8_all_gather
 from .fsdp import apply_fsdp, dp_mesh_for, resolve_precision
 from .parallel_dims import LayoutError, ParallelDims
@@ -47,6 +48,9 @@ class ParallelPlan:
     checkpointing, compile and FSDP2 unit; ``parallel.ac_num_layers`` counts within a stack."""
     fsdp_units: Callable[[nn.Module], Sequence[nn.Module]] = no_extra_units
     """Modules besides the blocks that get an FSDP2 unit of their own (e.g. a large MAP head)."""
+    compile_units: Callable[[nn.Module], Sequence[nn.Module]] = no_extra_units
+    """Modules besides the blocks that per-block compile compiles on their own (VOLO's convolutional
+    stem, whose BatchNorms would otherwise run eager)."""
     check_tp: Callable[[Any, int], list[str]] = no_tp_constraints
     """``check_tp(cfg, tp)``: what keeps the TP plan from splitting a model of variant config ``cfg``
     over ``tp`` ranks, one phrase per field (``"num_attention_heads=12 is not divisible by 8"``);
@@ -93,6 +97,12 @@ def parallelize(
         model, [block for stack in stacks for block in stack], precision.fp8, device=dims.device,
         fp8_filter=precision.fp8_filter, fsdp_all_gather=fsdp_float8_all_gather(precision, dims),
     )  # fmt: skip
+    # the blocks' residual dtype and MLP epilogues (precision.residual / mlp_epilogue): attributes their
+    # forwards read, set before TP and compile trace them
+    apply_block_numerics(
+        [block for stack in stacks for block in stack], residual=precision.residual, mlp_epilogue=precision.mlp_epilogue,
+        autocast=resolve_precision(precision, dims.device).autocast, device=dims.device, fp8=precision.fp8, tp=dims.tp,
+    )  # fmt: skip
     if dims.tp_enabled:
         plan.apply_tp(model, dims.tp_mesh())
     for stack in stacks:  # each stack counts its own first / every k-th blocks
@@ -100,6 +110,7 @@ def parallelize(
     if compile:
         for stack in stacks:
             apply_compile(stack, mode=compile_mode)
+        apply_compile(plan.compile_units(model), mode=compile_mode)
     if dims.distributed:
         p = resolve_precision(precision, dims.device)
         blocks = [block for stack in stacks for block in stack]

@@ -288,7 +288,7 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
     if layout == "auto":
         layout = "replicated" if n_bytes <= dc.replicate_max_mb * 2**20 or not run.dims.distributed else "sharded"
     dims = run.dims if layout == "sharded" and run.dims.distributed else ParallelDims(device=run.device)
-    no_fp8 = dataclasses.replace(run.cfg.precision, fp8="none")
+    no_fp8 = dataclasses.replace(run.cfg.precision, fp8="none", residual="fp32", mlp_epilogue="none")  # any family
     no_ac = dataclasses.replace(run.cfg.parallel, activation_checkpointing="none")
     parallelize(model, teacher.family.plan(), dims, no_ac, no_fp8, bool(run.cfg.train.compile), run.cfg.train.compile_mode)
     model.to_empty(device=run.device)

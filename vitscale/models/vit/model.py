@@ -27,6 +27,7 @@ from ..common import (
 )
 from ..common.attention import sdpa
 from ..common.checkpointing import run_block, run_blocks
+from ..common.fused_mlp import fused_mlp
 from ..common.init import init_vit_layers, trunc_normal_
 from ..common.rope import apply_rope, rope_sin_cos
 from ..common.token_mix import TokenMix, apply_token_mix
@@ -35,7 +36,17 @@ from .configs import ViTConfig
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm1(x)); x + mlp(norm2(x))."""
+    """Pre-norm transformer block: x + attn(norm1(x)); x + mlp(norm2(x)).
+
+    Two switches, set by ``vitscale.distributed.epilogue`` (``precision.residual`` /
+    ``precision.mlp_epilogue``), off by default: ``residual_dtype`` holds the residual stream in that
+    dtype (the block's input cast to it, each branch's output cast before the add: bf16 under bf16
+    autocast, as Megatron-core's ``fp32_residual_connection=False``); ``mlp_epilogue`` computes the MLP
+    with GELU and the bias gradients in the cuBLASLt epilogues (:mod:`vitscale.models.common.fused_mlp`).
+    """
+
+    residual_dtype: torch.dtype | None = None
+    mlp_epilogue: bool = False
 
     def __init__(self, cfg: ViTConfig, drop_path: float = 0.0, device=None, dtype=None):
         super().__init__()
@@ -64,9 +75,18 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
         """``attn_mask``: None, or which keys each query may attend to (NaFlex padding; see ``sdpa``);
         ``rope``: None, or the patch tokens' rotary ``(sin, cos)`` (``pos_embed='rope'``)."""
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, rope=rope)))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return x
+        rd = self.residual_dtype
+        if rd is None:  # the stream in the dtype the adds promote it to (float32 under autocast)
+            x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, rope=rope)))
+            return x + self.drop_path2(self.ls2(self._mlp(self.norm2(x))))
+        x = x.to(rd)  # the first block's input: promoted by the fp32 position embedding (_pos_embed)
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, rope=rope))).to(rd)
+        return x + self.drop_path2(self.ls2(self._mlp(self.norm2(x)))).to(rd)  # LayerScale's fp32 gamma too
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mlp_epilogue:
+            return fused_mlp(self.mlp, x)
+        return self.mlp(x)
 
 
 class ParallelBlock(nn.Module):
@@ -107,11 +127,16 @@ class ParallelBlock(nn.Module):
         self.ls = LayerScale(D, ls, device, dtype) if ls is not None else nn.Identity()
         self.drop_path = DropPath(drop_path)
 
+    residual_dtype: torch.dtype | None = None
+    """As :attr:`Block.residual_dtype`."""
+
     def init_weights(self) -> None:
         if self.mlp_bias_per_head is not None:
             nn.init.zeros_(self.mlp_bias_per_head)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, rope=None) -> torch.Tensor:
+        if self.residual_dtype is not None:
+            x = x.to(self.residual_dtype)
         B, N, _ = x.shape
         Dh, Fh = self.head_dim, self.mlp_per_head
         y = self.in_proj_per_head(self.norm(x)).reshape(B, N, -1, 3 * Dh + Fh)  # (B, N, H, 3*Dh + F/H)
@@ -128,7 +153,8 @@ class ParallelBlock(nn.Module):
         a = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop if self.training else 0.0).transpose(1, 2)  # (B, N, H, Dh)
         h = self.mlp_drop(self.act(h))
         y = self.out_proj_per_head(torch.cat([a, h], dim=-1).reshape(B, N, -1))  # (B, N, D)
-        return x + self.drop_path(self.ls(self.out_drop(y)))
+        y = self.drop_path(self.ls(self.out_drop(y)))
+        return x + y if self.residual_dtype is None else x + y.to(self.residual_dtype)
 
 
 def build_trunk(model: nn.Module, cfg, device=None, dtype=None) -> None:

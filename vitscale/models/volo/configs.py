@@ -46,6 +46,10 @@ class VOLOConfig:
     """Channels of the three stem convolutions (128 for VOLO-D5)."""
     stem_stride: int = 2
     """Stride of the first stem convolution; the stem's projection takes the rest of ``patch_dim``."""
+    stem_fast: bool = True
+    """The stem in ``channels_last`` memory and, under ``train.compile``, compiled on its own beside the
+    blocks (the same arithmetic within rounding); false: NCHW and eager, as before (the speed table's
+    "before": ``vitscale bench volo_d1 --baseline stem_fast=False``)."""
     pooling_scale: int = 2
     """Patch merging between the outlooker and transformer stages: the coarse grid is img / (patch_dim * pooling_scale)."""
     outlook_kernel: int = 3

@@ -155,7 +155,14 @@ class ClassBlock(nn.Module):
 
 
 class ConvStem(nn.Module):
-    """Three conv-BN-ReLU layers (the first with stride ``stem_stride``), then a patchifying conv."""
+    """Three conv-BN-ReLU layers (the first with stride ``stem_stride``), then a patchifying conv.
+
+    Computed in ``channels_last`` (NHWC) memory (``VOLOConfig.stem_fast``, the default): cuDNN's convolutions and BatchNorm run NHWC natively,
+    so no NCHW <-> NHWC transposes go around each of them on a GPU, and the output — wanted
+    channels-last, ``(B, H/p, W/p, D)`` — is then a free view instead of a copy. The parallelize tail
+    compiles the stem on its own under ``train.compile`` (``PLAN.compile_units``: the blocks'
+    per-block compile does not reach it), fusing the BatchNorms' statistics and ReLUs.
+    """
 
     def __init__(self, cfg: VOLOConfig, device=None, dtype=None):
         super().__init__()
@@ -173,9 +180,12 @@ class ConvStem(nn.Module):
         )
         p = cfg.patch_dim // cfg.stem_stride
         self.proj = nn.Conv2d(Ch, cfg.outlook_dim, p, stride=p, device=device, dtype=dtype)
+        self.channels_last = cfg.stem_fast
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.conv(x)).permute(0, 2, 3, 1)  # (B, H/p, W/p, D)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)  # 3 channels: a cheap copy, once
+        return self.proj(self.conv(x)).permute(0, 2, 3, 1)  # (B, H/p, W/p, D), contiguous
 
 
 class VOLO(nn.Module):

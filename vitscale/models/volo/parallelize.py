@@ -15,6 +15,7 @@ e.g. 14 x 14 = 196 tokens, rarely splits evenly, and the fine grid is channels-l
 - class attention: ``attn.q`` and ``attn.kv_per_head`` (rows ``(H, 2, Dh)``) column, ``attn.proj`` row; MLP as above.
 
 LayerNorms, the convolutional stem, patch merging, embeddings and heads are replicated over TP ranks.
+Under ``train.compile`` the stem is compiled too (``compile_units``), beside the blocks.
 Head counts and MLP widths of both stages must divide by ``tp``.
 """
 
@@ -68,6 +69,13 @@ def all_blocks(model: nn.Module) -> list[list[nn.Module]]:
     return [[*model.outlookers, *model.blocks, *model.class_blocks]]
 
 
-PLAN = ParallelPlan(apply_tp=apply_tp, blocks=all_blocks, check_tp=check_tp)
+def stem(model: nn.Module) -> list[nn.Module]:
+    """The convolutional stem, compiled on its own under ``train.compile`` (its eager BatchNorms took
+    about 13 ms of a 59 ms VOLO-D1 step on an H100: benchmarks/README.md "GPU speed table"); none with
+    ``stem_fast=False``."""
+    return [model.patch_embed] if model.cfg.stem_fast else []
 
-__all__ = ["PLAN", "all_blocks", "apply_tp", "check_tp", "class_block_plan", "outlooker_plan", "transformer_plan"]
+
+PLAN = ParallelPlan(apply_tp=apply_tp, blocks=all_blocks, check_tp=check_tp, compile_units=stem)
+
+__all__ = ["PLAN", "all_blocks", "apply_tp", "check_tp", "class_block_plan", "outlooker_plan", "stem", "transformer_plan"]
