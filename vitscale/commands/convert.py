@@ -18,6 +18,7 @@ its safetensors metadata. Examples:
   vitscale convert runs/vit_b16 vit_b16_ema.safetensors --key ema
   vitscale convert runs/digits_dino teacher.safetensors --key teacher
   vitscale convert runs/dino_vits14 teacher_timm.safetensors --key teacher --to timm
+  vitscale convert runs/dino_vits14 dinov2_teacher/ --key teacher --to transformers
 --key teacher: the EMA teacher's backbone of a self-distillation run (train.task=dino). --to timm: in
 timm's names and layouts, loading with strict=True into timm's model of the same architecture (the
 header's library_model names timm's registered one; the run's overrides, e.g. img_size, are yours to give).
@@ -40,8 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("out", help="output .safetensors path")
     p.add_argument("--key", default="model", choices=["model", "ema", "teacher"],
                    help="which weights: model, ema, or teacher (a train.task=dino run's EMA teacher backbone); default model")
-    p.add_argument("--to", default="vitscale", choices=["vitscale", "timm"],
-                   help="the file's layout: vitscale's (default) or timm's (one file: no --max-shard-size)")
+    p.add_argument("--to", default="vitscale", choices=["vitscale", "timm", "transformers"],
+                   help="the file's layout: vitscale's (default) or timm's (one file: no --max-shard-size); transformers: "
+                   "OUT is a snapshot folder (config.json + model.safetensors) for transformers' from_pretrained")
     p.add_argument("--dtype", default=None, help="cast floating tensors (bf16, fp16, fp32); default: as saved")
     p.add_argument("--max-shard-size", default=None, help="split into files of at most this size (e.g. 5GB)")
     p.set_defaults(func=run)
@@ -54,6 +56,16 @@ def run(args) -> int:
     if args.to != "vitscale" and args.max_shard_size:
         print(f"vitscale convert: --to {args.to} writes one file: drop --max-shard-size", file=sys.stderr)
         return 2
+    if args.to == "transformers":  # OUT: a snapshot folder (vitscale/interop/transformers.py), written once checked
+        import tempfile
+        from pathlib import Path
+
+        from vitscale.interop.transformers import write_transformers_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            files = consolidate(args.checkpoint, Path(tmp) / "model.safetensors", key=args.key, dtype=to_dtype(args.dtype))
+            print(write_transformers_file(files[0], args.out))
+        return 0
     files = consolidate(  # errors: one line (vitscale.cli)
         args.checkpoint, args.out, key=args.key, dtype=to_dtype(args.dtype), max_shard_bytes=parse_size(args.max_shard_size)
     )

@@ -349,6 +349,8 @@ def _named(entries: tuple, key: str) -> tuple:
 def _check_evals(cfg: Config) -> None:
     """``evals`` entries named and under distinct names; each entry's ``data`` changes are ``data.*``
     settings."""
+    if cfg.evals is None:  # unset: the task's default evaluations ([]: none)
+        return
     cfg.evals = _named(cfg.evals, "evals")
     for i, entry in enumerate(cfg.evals):
         if entry.data:

@@ -137,6 +137,16 @@ def write_transformers_folder(model: nn.Module, out: str | os.PathLike, model_ty
     return out
 
 
+def write_transformers_file(weights: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """A vitscale ``.safetensors`` file (its header names its model, as ``vitscale convert`` and
+    ``vitscale train`` write them) as the transformers snapshot folder ``out``: ``vitscale convert ...
+    --to transformers``."""
+    from ..export.source import load_source
+
+    source = load_source(weights)  # the model the header names, its weights loaded strictly
+    return write_transformers_folder(source.model, out, meta={"converted_from": source.name})
+
+
 def create_transformers_model(model: nn.Module, load_weights: bool = True, **config_overrides: Any) -> nn.Module:
     """The transformers model matching a vitscale ViT (with its weights unless ``load_weights=False``),
     built through a snapshot folder written by :func:`write_transformers_folder`."""
@@ -168,5 +178,6 @@ def to_transformers(model: nn.Module) -> dict[str, torch.Tensor]:
 
 __all__ = [
     "ARCHITECTURES", "MODEL_TYPES", "check_config", "create_transformers_model", "from_transformers",
-    "is_transformers_config", "load_transformers", "read_config", "to_transformers", "write_transformers_folder",
+    "is_transformers_config", "load_transformers", "read_config", "to_transformers", "write_transformers_file",
+    "write_transformers_folder",
 ]  # fmt: skip
