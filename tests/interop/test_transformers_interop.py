@@ -140,3 +140,38 @@ def test_refusals_are_one_line(tmp_path):
         with pytest.raises(UserError, match=what):
             write_transformers_folder(model, tmp_path / "out")
         assert not (tmp_path / "out").exists()
+
+
+def test_clip_model_both_towers(tmp_path):
+    vision = {k: v for k, v in SMALL.items()}
+    text = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=100,
+                max_position_embeddings=16, eos_token_id=99, bos_token_id=98)  # fmt: skip
+    hf = T.CLIPModel(T.CLIPConfig(vision_config=vision, text_config=text, projection_dim=24))
+    randomize(hf)
+    hf.save_pretrained(tmp_path / "clip")
+    hf = T.CLIPModel.from_pretrained(tmp_path / "clip").eval()
+    x = torch.randn(2, 3, 32, 32)
+    ids = torch.randint(1, 98, (2, 16), generator=torch.Generator().manual_seed(0))
+    ids[0, 9], ids[1, 15] = 99, 99  # the end-of-text token, where the text is pooled
+
+    def features(model):
+        with torch.no_grad():
+            i, t = model.get_image_features(pixel_values=x), model.get_text_features(input_ids=ids)
+        return getattr(i, "pooler_output", i), getattr(t, "pooler_output", t)
+
+    ref_image, ref_text = features(hf)
+    ours = load_transformers(tmp_path / "clip")
+    assert type(ours).__name__ == "CLIP" and ours.cfg.output_dim == 24
+    with torch.no_grad():
+        assert rel_max(ours.encode_image(x), ref_image) < TOL and rel_max(ours.encode_text(ids), ref_text) < TOL
+    # the same folder read by create_model into a CLIP variant with the folder's shapes
+    shape = {"vision": dict(hidden_size=32, num_layers=2, num_attention_heads=2, ffn_hidden_size=64, patch_dim=8, img_h=32,
+                            img_w=32, activation="quick_gelu"),
+             "text": dict(hidden_size=32, num_layers=2, num_attention_heads=2, ffn_hidden_size=64, vocab_size=100,
+                          encoder_seq_length=16, activation="quick_gelu"), "output_dim": 24}  # fmt: skip
+    model = vitscale.create_model("clip_debug", pretrained=str(tmp_path / "clip"), **shape)
+    with torch.no_grad():
+        assert rel_max(model.encode_text(ids), ref_text) < TOL
+    again = T.CLIPModel.from_pretrained(write_transformers_folder(ours, tmp_path / "back")).eval()
+    image, txt = features(again)
+    assert rel_max(image, ref_image) < TOL and rel_max(txt, ref_text) < TOL

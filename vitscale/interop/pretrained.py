@@ -429,10 +429,13 @@ NOT_COMPARED = ("num_classes", "img_h", "img_w")
 def check_library_config(src: Source, cfg: Any, where: str, key_prefix: str = "model.") -> None:
     """One-line :class:`UserError` when a transformers folder's ``config.json`` describes another
     network than ``cfg`` (settings the weights do not show: the norms' epsilon, the activation, ...)."""
-    if src.format == "transformers" and src.library_config is not None and type(cfg).__name__ == "ViTConfig":
+    if src.format == "transformers" and src.library_config is not None:
         from .transformers import check_config
 
-        check_config(src.library_config, cfg, where, key_prefix)
+        if type(cfg).__name__ == "ViTConfig":
+            check_config(src.library_config, cfg, where, key_prefix)
+        elif type(cfg).__name__ == "CLIPConfig":  # a CLIPModel's image tower (its text tower: by its shapes)
+            check_config(src.library_config, cfg.vision, where, key_prefix + "vision.")
 
 
 def check_architecture(family: FamilySpec, cfg: Any, sd: dict[str, torch.Tensor], where: str, label: str,

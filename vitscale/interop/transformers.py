@@ -101,6 +101,8 @@ def load_transformers(folder: str | os.PathLike, **overrides: Any) -> nn.Module:
     folder = Path(folder)
     hf = read_config(folder)
     where = str(folder)
+    if hf.get("model_type") == "clip" and isinstance(hf.get("text_config"), Mapping):  # CLIPModel: both towers
+        return _load_clip(folder, hf, overrides)
     src = read_source(folder, get_family("vit"), "transformers", setting="pretrained", format_key="pretrained_format")
     head = src.tensors.get("classifier.weight")
     try:
@@ -114,6 +116,26 @@ def load_transformers(folder: str | os.PathLike, **overrides: Any) -> nn.Module:
     return model.eval()
 
 
+def _load_clip(folder: Path, hf: Mapping[str, Any], overrides: dict[str, Any]) -> nn.Module:
+    from ..checkpoint import load_model_weights
+    from ..models.clip import CLIP
+    from ..models.clip.transformers_adapter import config_from_transformers as clip_config
+    from ..models.clip.transformers_adapter import state_dict_from_transformers as clip_from
+    from ..models.registry import get_family
+    from ..models.spec import replace_config
+    from .pretrained import read_source
+
+    src = read_source(folder, get_family("clip"), "transformers", setting="pretrained", format_key="pretrained_format")
+    try:
+        cfg = replace_config(clip_config(hf), overrides)
+        sd = clip_from(src.tensors, cfg)
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{folder}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    model = CLIP(cfg)
+    load_model_weights(model, sd, strict=True, source=str(folder))
+    return model.eval()
+
+
 def write_transformers_folder(model: nn.Module, out: str | os.PathLike, model_type: str | None = None,
                               meta: Mapping[str, str] | None = None) -> Path:  # fmt: skip
     """``model`` (a vitscale ViT) as a transformers snapshot folder ``out`` (``config.json`` and
@@ -122,11 +144,16 @@ def write_transformers_folder(model: nn.Module, out: str | os.PathLike, model_ty
     from ..checkpoint.weights import write_weights
 
     cfg = getattr(model, "cfg", None)
-    if type(cfg).__name__ != "ViTConfig":
-        raise UserError(f"--to transformers converts ViT models (a {type(model).__name__} is not one)")
+    if type(cfg).__name__ not in ("ViTConfig", "CLIPConfig"):
+        raise UserError(f"--to transformers converts ViT and CLIP models (a {type(model).__name__} is neither)")
     try:
-        hf = transformers_config(cfg, model_type)
-        sd = state_dict_to_transformers(model.state_dict(), cfg, hf["model_type"])
+        if type(cfg).__name__ == "CLIPConfig":  # CLIPModel
+            from ..models.clip import transformers_adapter as clip_hf
+
+            hf, sd = clip_hf.transformers_config(cfg), clip_hf.state_dict_to_transformers(model.state_dict(), cfg)
+        else:
+            hf = transformers_config(cfg, model_type)
+            sd = state_dict_to_transformers(model.state_dict(), cfg, hf["model_type"])
     except ValueError as e:
         raise UserError(str(e)) from None
     out = Path(out)

@@ -422,18 +422,10 @@ def state_dict_from_transformers(sd: Mapping[str, torch.Tensor], cfg: ViTConfig)
     if extra:
         raise KeyError(f"{extra[0]!r} is no part of a {kind} backbone vitscale reads")
     H, D = cfg.num_attention_heads, cfg.hidden_size
-    blk, q, k, v = _NAMES[kind][:4]
+    blk = _NAMES[kind][0]
+    out.update(qkv_from(sd, kind, cfg))
     for i in range(cfg.num_layers):
         p = f"{blk}.{i}."
-        ws = [sd.pop(p + n + ".weight") for n in (q, k, v)]
-        out[f"blocks.{i}.attn.qkv_per_head.weight"] = heads_first(torch.cat(ws), 3, H)
-        bq, bk, bv = (sd.pop(p + n + ".bias", None) for n in (q, k, v))
-        if bq is not None and bk is not None and bv is not None:
-            if not cfg.key_bias and kind == "dinov3":
-                raise ValueError("the keys have a bias: the model needs key_bias=True")
-            out[f"blocks.{i}.attn.qkv_per_head.bias"] = heads_first(torch.cat([bq, bk, bv]), 3, H)
-        elif bq is not None and bv is not None:
-            out[f"blocks.{i}.attn.q_bias"], out[f"blocks.{i}.attn.v_bias"] = bq, bv
         if kind == "dinov2" and cfg.mlp_type == "swiglu":
             for t in ("weight", "bias"):
                 g, x = sd.pop(f"{p}mlp.weights_in.{t}").chunk(2)  # [gate; value] (DINOv2's SwiGLUFFNFused)
@@ -446,6 +438,46 @@ def state_dict_from_transformers(sd: Mapping[str, torch.Tensor], cfg: ViTConfig)
         sd.pop("pooler.dense.weight", None), sd.pop("pooler.dense.bias", None)
     out.update(_tokens_from(sd, kind, cfg))
     out.update(convert(sd, _table(kind, cfg), to="ours"))
+    return out
+
+
+def qkv_from(sd: dict[str, torch.Tensor], kind: str, cfg: Any, blk: str | None = None, ours: str = "blocks") -> dict[str, torch.Tensor]:
+    """Pops each block's query / key / value projections (under ``blk``, the kind's block prefix by
+    default): vitscale's ``{ours}.i.attn.qkv_per_head`` (rows per head) and its bias, or ``q_bias`` /
+    ``v_bias`` where the keys have none. ``cfg``: a ViT config (or a text tower's: its heads and depth)."""
+    H = cfg.num_attention_heads
+    blk = blk or _NAMES[kind][0]
+    q, k, v = _NAMES[kind][1:4]
+    out: dict[str, torch.Tensor] = {}
+    for i in range(cfg.num_layers):
+        p, o = f"{blk}.{i}.", f"{ours}.{i}.attn."
+        out[o + "qkv_per_head.weight"] = heads_first(torch.cat([sd.pop(p + n + ".weight") for n in (q, k, v)]), 3, H)
+        bq, bk, bv = (sd.pop(p + n + ".bias", None) for n in (q, k, v))
+        if bq is not None and bk is not None and bv is not None:
+            if not getattr(cfg, "key_bias", True):
+                raise ValueError("the keys have a bias: the model needs key_bias=True")
+            out[o + "qkv_per_head.bias"] = heads_first(torch.cat([bq, bk, bv]), 3, H)
+        elif bq is not None and bv is not None:
+            out[o + "q_bias"], out[o + "v_bias"] = bq, bv
+    return out
+
+
+def qkv_to(sd: dict[str, torch.Tensor], kind: str, cfg: Any, blk: str | None = None, ours: str = "blocks") -> dict[str, torch.Tensor]:
+    """The inverse of :func:`qkv_from` (pops vitscale's tensors)."""
+    H = cfg.num_attention_heads
+    blk = blk or _NAMES[kind][0]
+    q, k, v = _NAMES[kind][1:4]
+    out: dict[str, torch.Tensor] = {}
+    for i in range(cfg.num_layers):
+        p, o = f"{blk}.{i}.", f"{ours}.{i}.attn."
+        for n, t in zip((q, k, v), parts_first(sd.pop(o + "qkv_per_head.weight"), 3, H).chunk(3)):
+            out[f"{p}{n}.weight"] = t
+        b = sd.pop(o + "qkv_per_head.bias", None)
+        if b is not None:
+            for n, t in zip((q, k, v), parts_first(b, 3, H).chunk(3)):
+                out[f"{p}{n}.bias"] = t
+        elif o + "q_bias" in sd:
+            out[f"{p}{q}.bias"], out[f"{p}{v}.bias"] = sd.pop(o + "q_bias"), sd.pop(o + "v_bias")
     return out
 
 
@@ -482,17 +514,10 @@ def state_dict_to_transformers(sd: Mapping[str, torch.Tensor], cfg: ViTConfig, m
     sd = dict(sd)
     H, D = cfg.num_attention_heads, cfg.hidden_size
     out: dict[str, torch.Tensor] = {}
-    blk, q, k, v = _NAMES[kind][:4]
+    blk = _NAMES[kind][0]
+    out.update(qkv_to(sd, kind, cfg))
     for i in range(cfg.num_layers):
         p = f"{blk}.{i}."
-        for n, t in zip((q, k, v), parts_first(sd.pop(f"blocks.{i}.attn.qkv_per_head.weight"), 3, H).chunk(3)):
-            out[f"{p}{n}.weight"] = t
-        b = sd.pop(f"blocks.{i}.attn.qkv_per_head.bias", None)
-        if b is not None:
-            for n, t in zip((q, k, v), parts_first(b, 3, H).chunk(3)):
-                out[f"{p}{n}.bias"] = t
-        elif f"blocks.{i}.attn.q_bias" in sd:
-            out[f"{p}{q}.bias"], out[f"{p}{v}.bias"] = sd.pop(f"blocks.{i}.attn.q_bias"), sd.pop(f"blocks.{i}.attn.v_bias")
         if kind == "dinov2" and cfg.mlp_type == "swiglu":
             for t in ("weight", "bias"):
                 out[f"{p}mlp.weights_in.{t}"] = torch.cat([sd.pop(f"blocks.{i}.mlp.fc1_g.{t}"), sd.pop(f"blocks.{i}.mlp.fc1_x.{t}")])
@@ -527,7 +552,7 @@ def state_dict_to_transformers(sd: Mapping[str, torch.Tensor], cfg: ViTConfig, m
 
 __all__ = [
     "ARCHITECTURES", "COMPARED", "MODEL_TYPES", "config_differences", "config_from_transformers", "kind_of", "model_type_for",
-    "recognizes", "state_dict_from_transformers", "state_dict_to_transformers", "transformers_config", "vision_config",
+    "qkv_from", "qkv_to", "recognizes", "state_dict_from_transformers", "state_dict_to_transformers", "transformers_config", "vision_config",
 ]  # fmt: skip
 
 
