@@ -170,6 +170,9 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        members = [a for a in args if a is not type(None)]
+        if len(members) == 1:  # ``X | None``: X's own error (it names the entry and field at fault)
+            return _coerce(value, members[0], path)
         for a in args:
             if a is type(None):
                 continue
