@@ -135,7 +135,8 @@ def test_refusals_are_one_line(tmp_path):
         load_transformers(folder)
     # written: what transformers' model cannot express is named, and nothing is written
     for overrides, what in (({"norm_type": "rmsnorm"}, "norms other than LayerNorm"),
-                            ({"parallel_block": True, "qk_norm": True}, "ViT-22B blocks")):  # fmt: skip
+                            ({"parallel_block": True, "qk_norm": True}, "ViT-22B blocks"),
+                            ({"pool": "avg"}, "the final norm after avg pooling")):  # fmt: skip
         model = vitscale.create_model("vit_debug", num_classes=0, **overrides)
         with pytest.raises(UserError, match=what):
             write_transformers_folder(model, tmp_path / "out")

@@ -321,6 +321,10 @@ def _unexpressible(cfg: ViTConfig, mt: str) -> list[str]:
             why.append(f"{regs} register tokens")
         if cfg.pool == "map":
             why.append("a MAP head")
+        if cfg.use_fc_norm and cfg.pool != "token":
+            why.append(f"the final norm after {cfg.pool} pooling (transformers' {ARCHITECTURES[mt]} normalises every token before any pooling)")
+        if cfg.num_classes > 0 and cfg.pool != "token":
+            why.append(f"a classifier on {cfg.pool} pooling (ViTForImageClassification's reads the class token)")
         if mt == "dinov2_with_registers" and cfg.pos_embed_prefix:
             why.append("position embeddings on the registers (DINOv2's registers have none: pos_embed_prefix=False)")
         if mt not in ("dinov2_with_registers", "dinov3_vit") and not cfg.pos_embed_prefix:
