@@ -93,10 +93,9 @@ def load_transformers(folder: str | os.PathLike, **overrides: Any) -> nn.Module:
     import dataclasses
 
     from ..checkpoint import load_model_weights
+    from ..models.registry import get_family
     from ..models.vit import VisionTransformer
     from .pretrained import read_source
-
-    from ..models.registry import get_family
 
     folder = Path(folder)
     hf = read_config(folder)

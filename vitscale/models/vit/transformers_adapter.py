@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from ..common.renames import PASS_THROUGH, Rename, RenameTable, convert, heads_first, parts_first
+from ..common.renames import Rename, RenameTable, convert, heads_first, parts_first
 from .configs import ViTConfig
 
 # config.json model_type -> the kind of state dict (its names)
