@@ -18,6 +18,7 @@ its safetensors metadata. Examples:
   vitscale convert runs/vit_b16 vit_b16_ema.safetensors --key ema
   vitscale convert runs/digits_dino teacher.safetensors --key teacher
   vitscale convert runs/dino_vits14 teacher_timm.safetensors --key teacher --to timm
+  vitscale convert runs/dino_vits14 dinov2_teacher/ --key teacher --to transformers
 --key: model, ema, or a weight set the run's task keeps (a self-distillation run's EMA teacher
 backbone: teacher; `vitscale convert RUN OUT --key ?` lists a run's). --to timm: in
 timm's names and layouts, loading with strict=True into timm's model of the same architecture (the
@@ -41,8 +42,9 @@ def register(subparsers) -> None:
     p.add_argument("out", help="output .safetensors path")
     p.add_argument("--key", default="model",
                    help="which weights: model, ema, or a weight set of the run's task (e.g. teacher); default model")
-    p.add_argument("--to", default="vitscale", choices=["vitscale", "timm"],
-                   help="the file's layout: vitscale's (default) or timm's (one file: no --max-shard-size)")
+    p.add_argument("--to", default="vitscale", choices=["vitscale", "timm", "transformers"],
+                   help="the file's layout: vitscale's (default) or timm's (one file: no --max-shard-size); transformers: "
+                   "OUT is a snapshot folder (config.json + model.safetensors) for transformers' from_pretrained")
     p.add_argument("--dtype", default=None, help="cast floating tensors (bf16, fp16, fp32); default: as saved")
     p.add_argument("--max-shard-size", default=None, help="split into files of at most this size (e.g. 5GB)")
     p.set_defaults(func=run)
@@ -58,6 +60,17 @@ def run(args) -> int:
     from vitscale.run.weight_sets import weight_set_prefix
 
     prefix = weight_set_prefix(args.checkpoint, args.key)  # a task's own weight set: asked of the run's task
+    if args.to == "transformers":  # OUT: a snapshot folder (vitscale/interop/transformers.py), written once checked
+        import tempfile
+        from pathlib import Path
+
+        from vitscale.interop.transformers import write_transformers_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            files = consolidate(args.checkpoint, Path(tmp) / "model.safetensors", key=args.key, dtype=to_dtype(args.dtype),
+                                prefix=prefix)  # fmt: skip
+            print(write_transformers_file(files[0], args.out))
+        return 0
     files = consolidate(  # errors: one line (vitscale.cli)
         args.checkpoint, args.out, key=args.key, dtype=to_dtype(args.dtype), max_shard_bytes=parse_size(args.max_shard_size),
         prefix=prefix,

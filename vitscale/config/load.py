@@ -170,6 +170,9 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        members = [a for a in args if a is not type(None)]
+        if len(members) == 1:  # ``X | None``: X's own error (it names the entry and field at fault)
+            return _coerce(value, members[0], path)
         for a in args:
             if a is type(None):
                 continue
@@ -349,6 +352,8 @@ def _named(entries: tuple, key: str) -> tuple:
 def _check_evals(cfg: Config) -> None:
     """``evals`` entries named and under distinct names; each entry's ``data`` changes are ``data.*``
     settings."""
+    if cfg.evals is None:  # unset: the task's default evaluations ([]: none)
+        return
     cfg.evals = _named(cfg.evals, "evals")
     for i, entry in enumerate(cfg.evals):
         if entry.data:

@@ -420,10 +420,10 @@ class Config:
     """Checkpoints."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation (the task's default evaluations when ``evals`` is empty; ``vitscale eval`` probes)."""
-    evals: tuple[EvaluatorConfig, ...] = ()
+    evals: tuple[EvaluatorConfig, ...] | None = None
     """The run's evaluations, each ``{kind, name, every, data, split, ...}`` (``kind``: a registered
-    evaluator; its metrics logged as ``<name>_<metric>``; docs/training.md, "Evaluations"); empty =
-    the task's default evaluations on the val split (``eval.every``)."""
+    evaluator; its metrics logged as ``<name>_<metric>``; docs/training.md, "Evaluations"); unset (null)
+    = the task's default evaluations on the val split (``eval.every``); ``[]`` = none."""
     log: LogConfig = field(default_factory=LogConfig)
     """Logging."""
 

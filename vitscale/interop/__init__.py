@@ -13,6 +13,8 @@ family without an adapter to the library is refused in one line ("no timm adapte
   ``.pth``/``.bin`` file (tensors only: never unpickles arbitrary objects; no network).
 - open_clip: ``from_open_clip``, ``to_open_clip``, ``load_open_clip_checkpoint`` (``open_clip.py`` also has
   ``create_open_clip_model`` and ``open_clip_config``).
+- Hugging Face ``transformers`` snapshot folders (``transformers.py``): ``load_transformers``,
+  ``write_transformers_folder``, ``from_transformers``, ``create_transformers_model``.
 """
 
 from __future__ import annotations

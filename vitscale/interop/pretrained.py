@@ -56,9 +56,10 @@ from ..models.registry import FamilySpec, family_of
 from ..param_names import with_current_names
 from . import hub
 
-FORMATS = ("vitscale", "timm", "open_clip")
+FORMATS = ("vitscale", "timm", "open_clip", "transformers")
 PICKLES = (".pth", ".pt", ".bin", ".tar", ".ckpt")
-# Hub snapshot folders: (library, config file, weights files in order of preference)
+# Hub snapshot folders: (library, config file, weights files in order of preference); a config.json
+# naming a model_type is transformers' (interop/transformers.py), one without timm's
 HUB_LAYOUTS = (
     ("open_clip", "open_clip_config.json", ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")),
     ("timm", "config.json", ("model.safetensors", "pytorch_model.bin")),
@@ -91,6 +92,9 @@ class Source:
     label_names: list[str] | None = None
     """The class names the source gives, in the order of its classifier (a timm Hub config's
     ``label_names``, a vitscale run's ``classnames.txt``)."""
+    library_config: dict[str, Any] | None = None
+    """A transformers snapshot's ``config.json``: compared with the model the weights go into
+    (:func:`vitscale.interop.transformers.check_config`)."""
 
 
 # ----------------------------------------------------------------------------------- reading
@@ -117,6 +121,8 @@ def _read_folder(given, p: Path, family: FamilySpec, fmt, weights, where, format
     for lib, cfg_name, files in HUB_LAYOUTS:
         found = next((p / f for f in files if (p / f).is_file()), None)
         if (p / cfg_name).is_file() and found is not None:
+            if lib == "timm" and _is_transformers_folder(p / cfg_name, where):
+                lib = "transformers"
             layouts.append((lib, p / cfg_name, found))
     if fmt == "vitscale" or not layouts:  # a run folder, checkpoints/ or a step folder
         if fmt not in (None, "vitscale"):
@@ -145,6 +151,11 @@ def _read_file(given, p: Path, family: FamilySpec, fmt, where, format_key) -> So
     if name.endswith(".safetensors"):
         meta = _checked(lambda: read_metadata(p), where)
         tensors = _checked(lambda: read_weights(p), where)
+        if CHECKSUM_KEY in meta and meta.get("library") in FORMATS[1:]:  # vitscale convert --to LIBRARY
+            if fmt not in (None, meta["library"]):
+                raise UserError(f"{where}: its metadata says it holds {meta['library']}'s layout (vitscale convert --to "
+                                f"{meta['library']}), not {fmt}'s; leave {format_key} unset")  # fmt: skip
+            return Source(given, p, meta["library"], f"vitscale's metadata (library={meta['library']})", tensors)
         if CHECKSUM_KEY in meta:  # written by vitscale (export, convert): its own layout
             if fmt not in (None, "vitscale"):
                 raise UserError(f"{where} carries vitscale's metadata ({CHECKSUM_KEY}): it is in vitscale's layout, "
@@ -301,11 +312,31 @@ def _floats(v) -> tuple[float, ...] | None:
     return None
 
 
+def _is_transformers_folder(cfg_file: Path, where: str) -> bool:
+    from .transformers import is_transformers_config
+
+    return is_transformers_config(_read_json(cfg_file, where))
+
+
 def _from_hub_config(src: Source, lib: str, cfg_file: Path, where: str) -> None:
     """The preprocessing and class names a Hub config gives (timm ``pretrained_cfg``, open_clip
-    ``preprocess_cfg``)."""
+    ``preprocess_cfg``, transformers' ``preprocessor_config.json`` and ``id2label``)."""
     cfg = _read_json(cfg_file, where)
-    if lib == "timm":
+    if lib == "transformers":
+        src.library_config = cfg
+        pre = cfg_file.parent / "preprocessor_config.json"
+        pc = _read_json(pre, where) if pre.is_file() else {}
+        pc = {"mean": pc.get("image_mean"), "std": pc.get("image_std")}
+        labels = cfg.get("id2label")
+        names = None
+        if isinstance(labels, dict) and labels and all(isinstance(v, str) for v in labels.values()):
+            try:
+                order = sorted(labels, key=int)
+            except ValueError:
+                order = []
+            if order and not all(labels[k] == f"LABEL_{k}" for k in order):  # transformers' placeholder names
+                names = [labels[k] for k in order]
+    elif lib == "timm":
         pc = cfg.get("pretrained_cfg") if isinstance(cfg.get("pretrained_cfg"), dict) else {}
         size = pc.get("input_size")
         if isinstance(size, list) and len(size) == 3 and all(isinstance(x, int) for x in size):
@@ -395,6 +426,18 @@ def _field(cfg: Any, dotted: str) -> Any:
 NOT_COMPARED = ("num_classes", "img_h", "img_w")
 
 
+def check_library_config(src: Source, cfg: Any, where: str, key_prefix: str = "model.") -> None:
+    """One-line :class:`UserError` when a transformers folder's ``config.json`` describes another
+    network than ``cfg`` (settings the weights do not show: the norms' epsilon, the activation, ...)."""
+    if src.format == "transformers" and src.library_config is not None:
+        from .transformers import check_config
+
+        if type(cfg).__name__ == "ViTConfig":
+            check_config(src.library_config, cfg, where, key_prefix)
+        elif type(cfg).__name__ == "CLIPConfig":  # a CLIPModel's image tower (its text tower: by its shapes)
+            check_config(src.library_config, cfg.vision, where, key_prefix + "vision.")
+
+
 def check_architecture(family: FamilySpec, cfg: Any, sd: dict[str, torch.Tensor], where: str, label: str,
                        key_prefix: str = "model.") -> None:  # fmt: skip
     """One-line :class:`UserError` naming the first config field whose value the weights contradict
@@ -431,6 +474,7 @@ def prepare(model_cfg: Any, family: FamilySpec, given: str, fmt: str | None = No
     :func:`vitscale.checkpoint.load_model_weights`)."""
     where = f"{setting}={given}"
     src = source or read_source(given, family, fmt, weights=weights, setting=setting, format_key=format_key)
+    check_library_config(src, model_cfg, where)  # a transformers config.json's settings, before its tensors
     sd = to_vitscale(src, family, model_cfg, where)
     check_architecture(family, model_cfg, sd, where, label or "model.name with model.overrides")
     return src, sd
@@ -526,6 +570,7 @@ def create_pretrained(name: str, pretrained: str, fmt: str | None = None, **over
     if not overrides and src.model == name:  # a vitscale run or export of this variant: its own overrides
         overrides = dict(src.overrides)
     resolved = variant.with_overrides(overrides)
+    check_library_config(src, resolved.cfg, where, key_prefix="")
     sd = to_vitscale(src, family, resolved.cfg, where)
     classes = file_classes(family, sd)
     if "num_classes" in resolved.fields and "num_classes" not in overrides and classes is not None:

@@ -20,14 +20,22 @@ def evaluate_checkpoint(cfg: Config, path, *, ema: bool = False) -> dict:
     """Load the weights at ``path`` (DCP checkpoint, run folder or .safetensors; the EMA weights with
     ``ema``) into the config's model and evaluate them."""
     run = assemble(cfg, "eval")
-    report = load_model_weights(run.model, read_weights(path, "ema" if ema else "model"), strict=True, source=path)
+    if cfg.eval.probe != "none":  # the probe reads the backbone's features, never the head: a backbone-only file
+        # (no head.*: a num_classes=0 export) or another library's file (timm, transformers) is read as
+        # checkpoint.init_from reads it, the classifier left as initialised
+        from vitscale.interop.pretrained import load_pretrained
+
+        report = load_pretrained(run.model, str(path), setting="checkpoint.path", format_key="checkpoint.init_format",
+                                 weights="ema" if ema else "model")[2]  # fmt: skip
+    else:
+        report = load_model_weights(run.model, read_weights(path, "ema" if ema else "model"), strict=True, source=path)
     autocast = autocast_factory(run.device, run.precision.autocast)
     task = get_task(run.task).for_evaluation(run.cfg, run.model, run.num_classes, run.dims.dp_group(), run.class_names)
     task.device, task.autocast = run.device, autocast
     if cfg.eval.probe != "none":  # a linear / few-shot probe on frozen features instead of the head
         entries = (probe_entry(cfg.eval),)
     else:
-        entries = cfg.evals or eval_entries(task.default_evals(cfg), f"{task.name} default evaluations")
+        entries = cfg.evals if cfg.evals is not None else eval_entries(task.default_evals(cfg), f"{task.name} default evaluations")
     res = run_evaluations(run, task, autocast, entries).run(run.model)
     layout = {"layout": run.dims.describe()} if run.dims.distributed else {}
     return {"checkpoint": str(path), "ema": ema, **layout, **res, **({"load": report} if any(report.values()) else {})}

@@ -22,9 +22,9 @@ def run_evaluations(run: Run, task: Task, autocast, entries: tuple | None = None
     """The evaluations of ``run``: ``entries``, else ``evals:``, else the task's default evaluations
     (dropped when the run has no validation data: it then reports training metrics only)."""
     cfg = run.cfg
-    implicit = entries is None and not cfg.evals
-    if entries is None:
-        entries = cfg.evals or eval_entries(task.default_evals(cfg), f"{task.name} default evaluations")
+    implicit = entries is None and cfg.evals is None
+    if entries is None:  # evals unset: the task's defaults; evals=[]: none
+        entries = cfg.evals if cfg.evals is not None else eval_entries(task.default_evals(cfg), f"{task.name} default evaluations")
     ctx = EvalContext(
         data=RunEvalData(run), device=run.device, autocast=autocast, group=run.dims.dp_group(),
         class_names=list(run.class_names), seed=cfg.train.seed, cpu_threads=cfg.train.cpu_threads,

@@ -9,6 +9,7 @@ from .parallelize import PLAN
 from .serving import serving
 from .state_dict_adapter import OPEN_CLIP
 from .tokenizer import create_tokenizer
+from .transformers_adapter import TRANSFORMERS
 
 register_family(
     FamilySpec(
@@ -17,7 +18,7 @@ register_family(
         variants=VARIANTS,
         task="contrastive",
         parallel_plan=PLAN,
-        adapters={"open_clip": OPEN_CLIP},
+        adapters={"open_clip": OPEN_CLIP, "transformers": TRANSFORMERS},
         tokenizer=create_tokenizer,
         memory=MEMORY_IMAGE_TOWER,
         serving=serving,

@@ -8,6 +8,7 @@ from .memory import MEMORY
 from .model import Block, ParallelBlock, VisionTransformer
 from .parallelize import PLAN
 from .timm_registry import TIMM
+from .transformers_adapter import TRANSFORMERS
 
 register_family(
     FamilySpec(
@@ -16,7 +17,7 @@ register_family(
         variants=VARIANTS,
         task="classification",
         parallel_plan=PLAN,
-        adapters={"timm": TIMM},
+        adapters={"timm": TIMM, "transformers": TRANSFORMERS},
         flops=vit_flops,
         memory=MEMORY,
         recognizes=finetune.RECOGNIZES,

@@ -53,6 +53,12 @@ def unsupported_eva_options(tm: Any) -> list[str]:
     blk = tm.blocks[0]
     if not _is(blk, "EvaBlock"):
         why.append(f"{type(blk).__name__} blocks")
+    elif _is(blk.attn, "AttentionRope"):  # timm's attn_type='rope' (vit_*_rope_224): fused QKV, a key bias too
+        a = blk.attn
+        if a.qkv is None or a.num_kv_heads != a.num_heads or a.gate is not None or not isinstance(a.norm, nn.Identity):
+            why.append("RoPE attention with unfused, grouped or gated projections or a norm inside")
+        elif getattr(rope, "grid_indexing", "ij") != "xy" or a.rotate_half or _ROPES.get(type(rope).__name__) != "axial":
+            why.append("timm's AttentionRope other than axial RoPE on an 'xy' grid with pairs of neighbours (vit_*_rope_224's)")
     elif not _is(blk.attn, "EvaAttention") or blk.attn.qkv is None:
         why.append("attention other than EVA's fused-QKV attention")
     elif not _is(blk.mlp, "Mlp", "SwiGLU"):
@@ -82,7 +88,8 @@ def config_from_eva(tm: Any) -> ViTConfig:
     ref = getattr(rope, "ref_feat_shape", None)
     grid, patch = tm.patch_embed.grid_size, tm.patch_embed.patch_size[0]
     last = tm.blocks[-1]
-    qkv_bias = attn.q_bias is not None
+    rope_attn = _is(attn, "AttentionRope")  # q, k and v biased, or none
+    qkv_bias = (attn.qkv.bias is not None) if rope_attn else attn.q_bias is not None
     swiglu = _is(blk.mlp, "SwiGLU")
     return ViTConfig(
         img_h=grid[0] * patch,
@@ -106,7 +113,7 @@ def config_from_eva(tm: Any) -> ViTConfig:
         head_dropout=tm.head_drop.p,
         qk_norm=not isinstance(attn.q_norm, nn.Identity),
         qkv_bias=qkv_bias,
-        key_bias=not qkv_bias,  # EVA's keys never have a bias; without one at all, the default
+        key_bias=rope_attn or not qkv_bias,  # EVA's keys never have a bias; without one at all, the default
         norm_type=_NORMS[type(blk.norm1).__name__],
         patch_bias=tm.patch_embed.proj.bias is not None,
         norm_eps=blk.norm1.eps,
@@ -127,8 +134,9 @@ def eva_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     why = []
     if cfg.pos_embed != "rope":
         why.append(f"pos_embed={cfg.pos_embed!r} (timm's EVA conversion is for pos_embed='rope')")
-    if cfg.qkv_bias and cfg.key_bias:
-        why.append("a key bias (timm's EVA has q and v biases only: key_bias=False)")
+    xy = _xy(cfg)
+    if cfg.qkv_bias and cfg.key_bias and not xy:
+        why.append("a key bias (timm's EVA has q and v biases only; its AttentionRope, a key bias with axial RoPE on pairs of neighbours)")
     if cfg.activation != "gelu" or not (cfg.proj_bias and cfg.mlp_bias) or cfg.parallel_block or cfg.pre_logits:
         why.append("activation, biases or blocks other than EVA's (gelu, biased projections, standard blocks)")
     if cfg.pool == "map" and cfg.num_prefix_tokens:
@@ -179,7 +187,33 @@ def eva_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         use_post_transformer_norm=cfg.final_norm and not cfg.use_fc_norm,
         use_fc_norm=cfg.final_norm and cfg.use_fc_norm,
         ref_feat_shape=cfg.rope_ref_grid,
+        **({"attn_type": "rope", "rope_grid_indexing": "xy"} if xy else {}),
     )
+
+
+def _xy(cfg: ViTConfig) -> bool:
+    """A RoPE ViT whose timm counterpart is an ``Eva`` with ``attn_type='rope'`` (timm's ``AttentionRope``, as
+    ``vit_*_patch16_rope_224``, naver-ai/rope-vit): q, k and v biased, axial RoPE on pairs of neighbours, on
+    timm's ``rope_grid_indexing='xy'`` grid — the first half of each head's channels turned by the column,
+    the second by the row, where vitscale's axial RoPE turns the first half by the row
+    (``vitscale/models/common/rope.py``). The same network with each head's query and key channels'
+    halves swapped: :func:`_swap_qk_halves`."""
+    return cfg.qkv_bias and cfg.key_bias and cfg.rope_type == "axial" and not cfg.rope_rotate_half
+
+
+def _swap_qk_halves(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    """timm's fused ``attn.qkv`` rows ``(3, H, Dh)``: each head's query and key channels ``[:Dh/2]`` and
+    ``[Dh/2:]`` swapped (its own inverse). A query-key dot product is unchanged by one permutation of both's
+    channels: this moves the row-turned channels where vitscale's RoPE turns by the row."""
+    H = cfg.num_attention_heads
+    Dh = cfg.hidden_size // H
+    out = dict(sd)
+    for key, t in sd.items():
+        if key.startswith("blocks.") and key.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
+            r = t.reshape(3, H, 2, Dh // 2, *t.shape[1:])
+            qk = r[:2].flip(2)
+            out[key] = torch.cat([qk, r[2:]]).reshape(t.shape)
+    return out
 
 
 def _table(cfg: ViTConfig) -> RenameTable:
@@ -198,7 +232,7 @@ def _table(cfg: ViTConfig) -> RenameTable:
 
 def state_dict_from_eva(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
     """A timm ``Eva`` state dict -> vitscale's, for the RoPE ``cfg`` of :func:`config_from_eva`."""
-    sd = dict(sd)
+    sd = _swap_qk_halves(sd, cfg) if _xy(cfg) else dict(sd)
     joined = _prefix_tokens_from_timm(sd)
     return {**joined, **convert(sd, _table(cfg), to="ours")}
 
@@ -208,7 +242,8 @@ def state_dict_to_eva(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, 
     the training-only mask token, :func:`~vitscale.models.vit.state_dict_adapter.drop_mask_token`)."""
     sd = drop_mask_token(sd)
     split = _prefix_tokens_to_timm(sd, cfg)
-    return {**split, **convert(sd, _table(cfg), to="theirs")}
+    out = {**split, **convert(sd, _table(cfg), to="theirs")}
+    return _swap_qk_halves(out, cfg) if _xy(cfg) else out
 
 
 def to_eva(model: nn.Module) -> dict[str, torch.Tensor]:
