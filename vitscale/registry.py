@@ -116,6 +116,7 @@ TASKS: Registry[Any] = Registry("task", "train.task", {
     "token_labeling": "vitscale.tasks.token_labeling",
     "mae": "vitscale.tasks.mae",
     "dino": "vitscale.tasks.dino",
+    "feature_distill": "vitscale.tasks.feature_distill",
 })  # fmt: skip
 """Tasks (:class:`vitscale.tasks.Task` subclasses), ``train.task``."""
 

@@ -9,6 +9,7 @@ schedule and evaluation setting is the recipe's own. A new config is covered by 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tarfile
 from io import BytesIO
@@ -169,7 +170,14 @@ def _overrides(name: str, photos: Path, tmp: Path) -> tuple[list[str], dict]:
     if cfg.train.task == "token_labeling":
         over.append(f"token_label.path={_token_labels(tmp / 'token_labels', n_train, n_classes)}")
     d = getattr(cfg, "distill", None)
-    if d is not None and d.teacher:
+    if d is not None and getattr(d, "teachers", None):  # feature distillation: each teacher a tiny file, its other fields kept
+        entries = []
+        for i, t in enumerate(d.teachers):
+            path, made[f"teacher_{t.name}"] = _weights(cfg, _starts(t.path), tmp / f"teacher{i}.safetensors",
+                                                      model=t.model or cfg.model.name, num_classes=0)  # fmt: skip
+            entries.append({**dataclasses.asdict(t), "path": str(path)})
+        over.append(f"distill.teachers={json.dumps(entries)}")
+    if d is not None and getattr(d, "teacher", None):
         path, made["teacher"] = _weights(cfg, _starts(d.teacher), tmp / "teacher.pth", model=d.teacher_model,
                                          num_classes=n_classes)  # fmt: skip
         over += [
@@ -204,7 +212,7 @@ def test_recipe_trains_and_evaluates_as_it_ships(name, photos, tmp_path, capsys)
         for k in keys:
             want = getattr(getattr(shipped, section), k)
             assert ran[section][k] == (list(want) if isinstance(want, tuple) else want), f"{section}.{k}"
-    assert [e["kind"] for e in ran.get("evals") or []] == [e.kind for e in shipped.evals]
+    assert [e["kind"] for e in ran.get("evals") or []] == [e.kind for e in shipped.evals or []]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2
     scores = [

@@ -71,7 +71,7 @@ from .dino_loss import (
 )
 from .gram import gram_loss, refreshes_after
 from .health import RankWatch, TeacherWatch, frozen_backbone_evals
-from .module import Hyper, ParamGroup, PartsPlan, TrainModule, trainable
+from .module import Hyper, ParamGroup, PartsPlan, TrainModule, freeze_unreached, trainable
 
 
 class DinoStudent(nn.Module):
@@ -343,27 +343,18 @@ class DinoTask(Task):
         return self.module.ema_pairs
 
     def _freeze_unreached(self, device) -> list[str]:
-        """Freeze the backbone's parameters DINO's features do not reach (the classifier), found by one
-        backward pass of a blank image in eval mode (half its patches masked with iBOT, so that the mask
-        token and the patch embedding are both reached)."""
-        model, mcfg = self.model, self.model.cfg
-        was = model.training
-        model.eval()
-        try:
-            with torch.enable_grad():
-                x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
-                n = mcfg.num_patches
-                half = (torch.arange(n, device=device) % 2 == 0)[None] if self.ibot else None
-                t = model(x, tokens=True, keep=torch.arange(n, device=device)[None], mask=half)
-                (t.pooled.float().sum() + t.patches.float().sum()).backward()
-            unreached = [n for n, q in model.named_parameters() if q.requires_grad and q.grad is None]
-        finally:
-            model.zero_grad(set_to_none=True)
-            model.train(was)
-        params = dict(model.named_parameters())
-        for n in unreached:
-            params[n].requires_grad_(False)
-        return unreached
+        """Freeze the backbone's parameters DINO's features do not reach (the classifier): one backward
+        pass of a blank image (:func:`~vitscale.tasks.module.freeze_unreached`), half its patches masked
+        with iBOT, so that the mask token and the patch embedding are both reached."""
+        mcfg, n = self.model.cfg, self.model.cfg.num_patches
+        x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
+        half = (torch.arange(n, device=device) % 2 == 0)[None] if self.ibot else None
+
+        def features(model):
+            t = model(x, tokens=True, keep=torch.arange(n, device=device)[None], mask=half)
+            return t.pooled.float().sum() + t.patches.float().sum()
+
+        return freeze_unreached(self.model, features)
 
     def _targets(self, logits: torch.Tensor, temp: float, centre: torch.Tensor) -> torch.Tensor:
         dc = self.dc

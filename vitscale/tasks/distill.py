@@ -117,9 +117,11 @@ class FiniteWatch:
     long done by then. A step whose teacher logits are not finite is also made non-finite itself
     (its loss NaN: :mod:`vitscale.train.nonfinite` does not apply it), so nothing is learnt from it."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, what: str = "the teacher's logits",
+                 fix: str = "distill.teacher_mean / teacher_std"):  # fmt: skip
         self.cuda = torch.device(device).type == "cuda"
         self.pending: tuple[torch.Tensor, Any, int] | None = None
+        self.what, self.fix = what, fix  # the message's subject and the settings to look at
 
     def record(self, ok: torch.Tensor, step: int) -> None:
         host = torch.empty((), dtype=torch.bool, pin_memory=self.cuda)
@@ -138,8 +140,8 @@ class FiniteWatch:
         if event is not None:
             event.synchronize()
         if not bool(host):
-            raise UserError(f"distill: the teacher's logits at step {step} are not finite (NaN or infinity): its weights "
-                            "or its normalisation (distill.teacher_mean / teacher_std) cannot be right; the run stopped "
+            raise UserError(f"distill: {self.what} at step {step} are not finite (NaN or infinity): its weights "
+                            f"or its normalisation ({self.fix}) cannot be right; the run stopped "
                             "(nothing was learnt from that step)")  # fmt: skip
 
 

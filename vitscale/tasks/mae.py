@@ -41,7 +41,7 @@ from vitscale.patch_layout import patchify
 from .base import Task, register_task
 from .health import RankWatch, frozen_backbone_evals
 from .mae_config import MaeConfig, MaePretrainingConfig
-from .module import TrainModule
+from .module import TrainModule, freeze_unreached
 
 STREAM_MAE_MASK = 12  # keyed-randomness stream tag (vitscale.data.keyed uses 1-9, token labeling 11)
 STREAM_MAE_INIT = 13
@@ -242,29 +242,18 @@ class MaeTask(Task):
 
     def _freeze_unreached(self, mcfg, device) -> list[str]:
         """Freeze the model's parameters that MAE's loss does not reach (the classifier, a pooling
-        head's norm or attention pool: MAE reads the tokens before pooling), found by one backward pass
-        of a blank image in eval mode (no dropout draws): they would get no gradient and no optimizer
-        state, and the checkpointed optimizer would not match a resumed one. Returns their names."""
-        model, n = self.model, mcfg.num_patches
+        head's norm or attention pool: MAE reads the tokens before pooling): one backward pass of a blank
+        image through the encoder and the decoder (:func:`~vitscale.tasks.module.freeze_unreached`).
+        Returns their names."""
+        n = mcfg.num_patches
         k = keep_count(n, self.mc.mask_ratio)
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.enable_grad():
-                x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
-                tokens = model(x, tokens=True, keep=torch.arange(k, device=device)[None]).sequence
-                self.decoder(
-                    tokens, torch.arange(n, device=device)[None], self.prefix, mcfg.grid
-                ).float().sum().backward()
-            unreached = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
-        finally:
-            model.zero_grad(set_to_none=True)
-            self.decoder.zero_grad(set_to_none=True)
-            model.train(was_training)
-        params = dict(model.named_parameters())
-        for name in unreached:
-            params[name].requires_grad_(False)
-        return unreached
+        x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
+
+        def reconstruction(model):
+            tokens = model(x, tokens=True, keep=torch.arange(k, device=device)[None]).sequence
+            return self.decoder(tokens, torch.arange(n, device=device)[None], self.prefix, mcfg.grid)
+
+        return freeze_unreached(self.model, reconstruction, others=(self.decoder,))
 
     def loss(self, model, batch, step):
         images = batch["image"]

@@ -121,6 +121,28 @@ class TrainModule(nn.Module):
                 yield m
 
 
+def freeze_unreached(model: nn.Module, objective, others: tuple[nn.Module, ...] = ()) -> list[str]:
+    """Freeze the parameters of ``model`` that a task's objective does not reach (the classifier of a
+    self-supervised or feature-distillation run), found by one backward pass of ``objective(model)`` (a
+    scalar of a blank input) in eval mode, no dropout drawn: they would get no gradient and no optimizer
+    state, and a checkpointed optimizer would not match a resumed one. ``others``: the task's own
+    modules the pass also went through (their gradients cleared). Returns the frozen names."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.enable_grad():
+            objective(model).float().sum().backward()
+        unreached = [n for n, q in model.named_parameters() if q.requires_grad and q.grad is None]
+    finally:
+        for m in (model, *others):
+            m.zero_grad(set_to_none=True)
+        model.train(was)
+    params = dict(model.named_parameters())
+    for n in unreached:
+        params[n].requires_grad_(False)
+    return unreached
+
+
 def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """``(name, parameter)`` of ``module``'s parameters that require gradients."""
     return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -131,4 +153,5 @@ def as_train_module(model: nn.Module) -> TrainModule:
     return model if isinstance(model, TrainModule) else TrainModule(model)
 
 
-__all__ = ["Hyper", "PARTS_KEY", "ParamGroup", "PartsPlan", "TrainModule", "as_train_module", "trainable"]
+__all__ = ["Hyper", "PARTS_KEY", "ParamGroup", "PartsPlan", "TrainModule", "as_train_module", "freeze_unreached",
+           "trainable"]

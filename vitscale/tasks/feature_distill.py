@@ -1,0 +1,182 @@
+"""Feature distillation from frozen backbones (``train.task=feature_distill``): one student learns the
+summary token and the patch tokens of one or several teachers through adaptor heads of its own — the
+agglomerative distillation of AM-RADIO (arXiv 2312.06709) and UNIC (arXiv 2408.02943), with PHI-S
+standardisation (arXiv 2410.01680). Labels are not read: any image data trains. The method, every key
+and the references: docs/distillation.md.
+
+- **Teachers** (``distill.teachers``): each read as a logit-distillation teacher is
+  (:func:`vitscale.tasks.distill.build`: any file ``checkpoint.init_from`` takes, its own input size
+  and normalisation, laid out as its ``layout`` says, in eval mode without gradients, in the run's
+  precision), and asked for its tokens through the model contract (``model(x, tokens=True)``,
+  :class:`vitscale.models.contract.Tokens`): its summary (class token, or the mean of its patch
+  tokens) and its normalised patch tokens on its own grid.
+- **The training module** (:mod:`vitscale.tasks.module`): the student's backbone and
+  :class:`~vitscale.tasks.feature_distill_heads.FeatureDistillParts` (every teacher's adaptor heads,
+  trained, and its standardisers' statistics, carried) as ``parts.distill``: checkpointed and resumed
+  with the student (``task.distill.*``), left out of ``model.safetensors``; the heads are the ``adaptors``
+  weight set. The teachers are read again from their files on a resume, as the logit teacher is.
+- **Loss**: UNIC's cosine + smooth-L1 per token kind and teacher, weighted per teacher, with UNIC's
+  teacher dropping as an option (:mod:`vitscale.tasks.feature_distill_loss`); per teacher its loss and
+  feature cosines are logged (``train_<name>_loss``, ``train_<name>_<kind>_cos``) with its share of the
+  step time (``<name>_time_pct``).
+- **Bad teachers**: one without tokens (a classifier family that declares none), a grid the student's
+  patches cannot be resampled to, a width the heads cannot take — refused in one line before the first
+  step (:meth:`FeatureDistillParts.check` on one blank batch); a teacher whose features are not finite
+  stops the run one step later naming the teacher and the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from vitscale.config.schema import Config
+from vitscale.errors import ConfigError
+
+from .base import Task, register_task
+from .distill import FiniteWatch
+from .distill_config import DistillConfig
+from .feature_distill_config import FeatureDistillConfig, require_teachers
+from .feature_distill_heads import FeatureDistillParts, TeacherFeatures
+from .health import frozen_backbone_evals
+from .module import TrainModule, freeze_unreached
+
+
+@dataclasses.dataclass
+class FeatureDistillPretrainingConfig(Config):
+    """A whole run of ``train.task=feature_distill``: the common groups and ``distill`` (its teachers)."""
+
+    distill: FeatureDistillConfig = dataclasses.field(default_factory=FeatureDistillConfig)
+    """The teachers and how the student learns them (docs/distillation.md)."""
+
+
+def as_logit_teacher(entry) -> DistillConfig:
+    """A ``distill.teachers`` entry as the one-teacher ``distill`` group the logit teacher is read from
+    (the same fields, with the ``teacher_`` prefix)."""
+    return DistillConfig(teacher=entry.path, teacher_format=entry.format, teacher_model=entry.model,
+                         teacher_overrides=dict(entry.overrides), teacher_weights=entry.weights,
+                         teacher_img_size=entry.img_size, teacher_interpolation=entry.interpolation,
+                         teacher_mean=entry.mean, teacher_std=entry.std, teacher_layout=entry.layout,
+                         replicate_max_mb=entry.replicate_max_mb)  # fmt: skip
+
+
+class FeatureDistillModule(TrainModule):
+    """The student's backbone and the adaptor heads and standardisers of every teacher."""
+
+    weight_sets = {"adaptors": "distill.heads"}
+
+    @property
+    def distill(self) -> FeatureDistillParts:
+        return self.parts["distill"]
+
+
+class FeatureDistillTask(Task):
+    name = "feature_distill"
+    config = FeatureDistillPretrainingConfig
+    weight_sets = FeatureDistillModule.weight_sets
+
+    def __init__(self, cfg, model, num_classes, dp_group=None, class_names=None):
+        super().__init__(cfg, model, num_classes, dp_group, class_names)
+        self.dc: FeatureDistillConfig = cfg.distill
+        self.seed, self.accum = cfg.train.seed, cfg.train.grad_accum
+        self.teachers: dict[str, object] = {}
+        self.watches: dict[str, FiniteWatch] = {}
+
+    @classmethod
+    def check(cls, cfg, model, dims, purpose):
+        """Teachers given, and a student that gives its tokens — before any data is read or model built."""
+        super().check(cfg, model, dims, purpose)
+        if purpose != "train":
+            return
+        require_teachers(cfg.distill)
+        if not model.family.model_cls.supports_tokens:
+            raise ConfigError(f"train.task=feature_distill: the student {model.name} declares no tokens (supports_tokens): "
+                              "use a ViT (`vitscale models`)")  # fmt: skip
+
+    def build(self, run):
+        from .distill import build as build_teacher
+
+        model, lines = self.model, []
+        for entry in self.dc.teachers:
+            got = build_teacher(run, as_logit_teacher(entry), self.autocast, classes=False)
+            teacher = got.teacher
+            if not getattr(teacher.model, "supports_tokens", False):
+                raise ConfigError(f"distill.teachers[{entry.name}]={entry.path}: its model "
+                                  f"{type(teacher.model).__name__} gives no tokens (a backbone of a family that declares "
+                                  "supports_tokens: a ViT) — the student has nothing to match")  # fmt: skip
+            self.teachers[entry.name] = teacher
+            self.watches[entry.name] = FiniteWatch(run.device, f"teacher {entry.name!r}'s features",
+                                                   f"distill.teachers[{entry.name}] mean / std")  # fmt: skip
+            lines += [line.replace("distill: teacher ", f"distill: teacher {entry.name!r}: ", 1) for line in got.lines[:-1]]
+        device = next(model.parameters()).device
+        mcfg = model.cfg
+        x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
+
+        def features(m):
+            t = m(x, tokens=True)
+            return t.pooled.float().sum() + t.patches.float().sum()
+
+        unreached = freeze_unreached(model, features)  # the student's classifier: no feature reaches it
+        if unreached:
+            lines.append(f"distill: {len(unreached)} tensors the features do not reach are frozen: {', '.join(unreached[:3])}"
+                         f"{', ...' if len(unreached) > 3 else ''}")  # fmt: skip
+        feats = {name: self._features(name, x) for name in self.teachers}
+        dims = {name: next(t for t in (f.summary, f.patches) if t is not None).shape[-1] for name, f in feats.items()}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + 48)
+            parts = FeatureDistillParts(model.num_features, self.dc.teachers, dims).to(device)
+        parts.check(model.num_features, mcfg.grid, feats)  # one line per misfit, before the first step
+        lines += parts.describe()
+        module = FeatureDistillModule(model, {"distill": parts}, lines + [
+            "distill: TFLOP/s and MFU count the student's FLOPs only (the teachers' forwards are not counted); "
+            "<name>_time_pct is each teacher's share of the step time"])  # fmt: skip
+        from vitscale.distributed.parallelize import parallelize_parts
+
+        parallelize_parts(module.layout_plan(), run.dims, run.cfg.precision)
+        self.module = module
+        return module
+
+    def _features(self, name: str, images: torch.Tensor) -> TeacherFeatures:
+        """Teacher ``name``'s summary and patch tokens of a batch, float32 (its own size and normalisation)."""
+        entry = next(t for t in self.dc.teachers if t.name == name)
+        tok = self.teachers[name](images, tokens=True)
+        patches = tok.patches.float()
+        summary = (tok.pooled if entry.summary == "class_token" else patches.mean(dim=1)).float()
+        return TeacherFeatures(summary if "summary" in entry.tokens else None,
+                               patches if "patch" in entry.tokens else None, tuple(tok.grid))  # fmt: skip
+
+    def step_times(self):
+        return {name: t.timer.take() for name, t in self.teachers.items()}
+
+    def loss(self, model, batch, step):
+        images = batch["image"]
+        feats = {}
+        for name, watch in self.watches.items():
+            watch.check()  # the previous step's flag: a teacher that emitted NaN / inf stops the run here
+            f = self._features(name, images)
+            ok = torch.stack([torch.isfinite(t).all() for t in (f.summary, f.patches) if t is not None]).all()
+            watch.record(ok, step // self.accum + 1)
+            feats[name] = f
+        with self.autocast():
+            s = model(images, tokens=True)
+        host = batch.get("host", batch)
+        index = host.get("index")
+        loss, metrics = self.module.distill(s.pooled.float(), s.patches.float(), tuple(s.grid), feats,
+                                            group=self.dp_group, drop=self.dc.teacher_drop, seed=self.seed,
+                                            step=step, index=index)  # fmt: skip
+        return loss, metrics
+
+    @staticmethod
+    def bench_loss(out, labels):
+        raise ConfigError("--task feature_distill: the bench times a loss of the model's output on whole images, not "
+                          "the teachers' forwards and the adaptor heads; time a run with `vitscale train`")  # fmt: skip
+
+    @classmethod
+    def default_evals(cls, cfg):
+        return frozen_backbone_evals(cfg)
+
+
+register_task(FeatureDistillTask)
+
+__all__ = ["FeatureDistillModule", "FeatureDistillPretrainingConfig", "FeatureDistillTask", "as_logit_teacher"]
