@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from vitscale.config.schema import Config
 from vitscale.registry import TASKS
+
+if TYPE_CHECKING:
+    from vitscale.data.views import Views
 
 
 class Task:
@@ -84,6 +87,14 @@ class Task:
         ``model.*`` overrides (a key the user sets is theirs). ``model_cfg``: the variant's config.
         Default: none."""
         return {}
+
+    @classmethod
+    def views(cls, cfg: Any) -> Views | None:
+        """The views each training sample yields (:class:`vitscale.data.views.Views`: named crops, their
+        augmentation, block masks), cut by the loader's workers instead of its own crop and augmentation:
+        the training batches then hold them (``global``, ``local``, ``masks``) and no ``image``.
+        Default: None (the loader's ``image``)."""
+        return None
 
     def setup(self, run: Any) -> list[str]:
         """Called once by the trainer with the assembled run (:class:`vitscale.run.Run`: layout, device,
