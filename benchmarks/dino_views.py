@@ -5,7 +5,7 @@ time with its batches already loaded, the training loader's images per second, a
 Two runs, each a real ``Trainer`` of ``vitscale train``:
 
 - ``digits``: the ``digits_dino`` recipe (2 global crops of 32 px, no local crops, iBOT and KoLeo);
-- ``photos``: a small ViT (``vit_debug`` at 224 px, patch 16, width 192, 4 blocks) with DINOv2's
+- ``photos``: a small ViT (``vit_debug`` at 224 px, patch 16, width 96, 2 blocks) with DINOv2's
   2 x 224 + 8 x 96 crops, on an image folder of scikit-learn's two sample photos (``china.jpg``,
   ``flower.jpg``, 427 x 640 JPEGs: ImageNet's size) written 16 times each by this script.
 
@@ -42,8 +42,8 @@ CROP_OPS = ("aten::_upsample_bicubic2d_aa", "aten::_upsample_bilinear2d_aa", "at
             "aten::reflection_pad2d", "aten::remainder", "aten::fmod")  # fmt: skip
 
 SMALL_VIT = ["model.name=vit_debug", "model.overrides.patch_dim=16", "model.overrides.img_h=224", "model.overrides.img_w=224",
-             "model.overrides.hidden_size=192", "model.overrides.ffn_hidden_size=768", "model.overrides.num_attention_heads=3",
-             "model.overrides.num_layers=4", "model.overrides.pool=token", "dino.global_crops_size=224",
+             "model.overrides.hidden_size=96", "model.overrides.ffn_hidden_size=384", "model.overrides.num_attention_heads=2",
+             "model.overrides.num_layers=2", "model.overrides.pool=token", "dino.global_crops_size=224",
              "dino.global_crops_scale=[0.32,1.0]", "dino.local_crops_number=8", "dino.local_crops_size=96",
              "dino.local_crops_scale=[0.05,0.32]", "dino.hflip=0.5", "dino.head_n_prototypes=1024",
              "dino.head_hidden_dim=256", "dino.head_bottleneck_dim=64", "data.format=imagefolder", "data.img_size=224",
