@@ -5,6 +5,8 @@ it needs and registers itself (after torchtitan's ``protocols/train_spec.py``):
   ordinary fields, e.g. ``ContrastiveConfig`` with ``clip`` and ``distill``; the config loader builds a
   run of the task as this class, so ``config.yaml`` holds its groups only);
 - its loss per micro-batch and the training metrics beside it (:meth:`Task.loss`);
+- the views each training sample yields, when it trains on several (:meth:`Task.views`: crops and
+  masks the loader's workers cut, :mod:`vitscale.data.views`);
 - its own up-front checks (:meth:`Task.check`, beside the run's: what needs more than one group;
   a group checks its own fields in its ``__post_init__``);
 - its default evaluations (:meth:`Task.default_evals`: the entries a run gets when its config sets
