@@ -112,6 +112,15 @@ def test_a_jpeg_is_decoded_reduced_when_every_view_keeps_its_pixels(tmp_path):
     assert (fast - full).abs().mean() < 6  # the same box and augmentation, from the reduced decode
 
 
+def test_an_image_smaller_than_the_loaders_is_upsampled_once_for_its_boxes():
+    tf = ViewTransform(data_config(format="digits"), (32, 32), 3, 0, VIEWS)
+    assert tf.grid(8, 8) == (32, 32) and tf.grid(8, 12) == (32, 48) and tf.grid(96, 72) == (96, 72)
+    digit = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    digit[:, 2:6, 3:5] = 255
+    views = tf.tensor_train(digit, 0, 0).image
+    assert views.crops["global"][0].shape == (3, 16, 16) and views.crops["local"][0].shape == (3, 8, 8)
+
+
 def test_dino_views_follow_the_dino_group():
     dc = DinoConfig(global_crops_size=32, local_crops_number=3, local_crops_size=16, gaussian_blur=[1.0, 0.1, 0.5])
     v = dino_views(dc, 4)

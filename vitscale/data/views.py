@@ -200,26 +200,42 @@ class ViewTransform(SampleTransform):
                 v += 1
         return out
 
+    def grid(self, h: int, w: int) -> tuple[int, int]:
+        """The size the boxes are drawn on for an ``h x w`` image: its own, or for an image whose shorter
+        side is under the loader's image (``img_size``: digits' 8 px) that side upsampled to it once
+        (bicubic), so that a box keeps sub-pixel precision instead of whole source pixels."""
+        side = min(self.img_size)
+        if min(h, w) >= side:
+            return h, w
+        f = side / min(h, w)
+        return max(side, round(h * f)), max(side, round(w * f))
+
     def decode(self, src, epoch: int, slot: int, fast: bool = True) -> Augmented:
         draws = self._rngs(epoch, slot)
         boxes: list = []
+        size: list = []
 
         def factor(h: int, w: int) -> int:  # every box from the header's size, then the DCT scale that keeps them all
-            boxes.extend(rrc_box(rng, h, w, c.scale, c.ratio) for _, _, c, rng in draws)
+            size.extend(self.grid(h, w))
+            boxes.extend(rrc_box(rng, *size, c.scale, c.ratio) for _, _, c, rng in draws)
+            if tuple(size) != (h, w):
+                return 1
             return min((draft_factor(b[2], b[3], c.size, c.size) for b, (_, _, c, _) in zip(boxes, draws)), default=8)
 
         t, scale, _ = decode_reduced(src, factor, num_channels=self.num_channels, fast=fast, max_pixels=self.cfg.max_image_pixels)
-        return self._cut(t, scale, boxes, draws, epoch, slot)
+        return self._cut(t, scale, tuple(size), boxes, draws, epoch, slot)
 
     def tensor_train(self, image: torch.Tensor, epoch: int, index: int) -> Augmented:
         draws = self._rngs(epoch, index)
-        h, w = image.shape[-2:]
-        boxes = [rrc_box(rng, h, w, c.scale, c.ratio) for _, _, c, rng in draws]
-        return self._cut(image, 1.0, boxes, draws, epoch, index)
+        size = self.grid(*image.shape[-2:])
+        boxes = [rrc_box(rng, *size, c.scale, c.ratio) for _, _, c, rng in draws]
+        return self._cut(image, 1.0, size, boxes, draws, epoch, index)
 
-    def _cut(self, t: torch.Tensor, scale: float, boxes, draws, epoch: int, index: int) -> Augmented:
+    def _cut(self, t: torch.Tensor, scale: float, size, boxes, draws, epoch: int, index: int) -> Augmented:
         arr = np.ascontiguousarray(t.permute(1, 2, 0).numpy())  # (h, w, C) uint8
         img = Image.fromarray(arr[:, :, 0], mode="L") if arr.shape[2] == 1 else Image.fromarray(arr, mode="RGB")
+        if tuple(size) != tuple(arr.shape[:2]):  # a small image, upsampled once to the boxes' grid
+            img, scale = img.resize((size[1], size[0]), Image.Resampling.BICUBIC), 1.0
         crops: dict[str, list[torch.Tensor]] = {name: [] for name, _ in self.views.crops}
         for (top, left, h, w), (name, k, c, rng) in zip(boxes, draws, strict=True):
             box = (left / scale, top / scale, min(img.width, (left + w) / scale), min(img.height, (top + h) / scale))
