@@ -139,7 +139,7 @@ def check_views(views: Views, cfg_data, img_size: tuple[int, int], task: str) ->
                               f"crop and augmentation are not applied: leave data.{key} out")  # fmt: skip
     side = min(img_size)
     for name, c in views.crops:
-        if not 1 <= c.size <= min(side, MAX_CROP_SIDE):
+        if c.count and not 1 <= c.size <= min(side, MAX_CROP_SIDE):
             raise ConfigError(f"the {name} crops of train.task={task} are {c.size} px, larger than the loader's image "
                               f"({img_size[0]}x{img_size[1]}, data.img_size or the model's): at most {min(side, MAX_CROP_SIDE)} px")  # fmt: skip
         if not 0 <= c.count <= MAX_CROPS:
