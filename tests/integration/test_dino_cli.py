@@ -93,6 +93,32 @@ def test_bad_settings_are_one_line_before_the_first_step(tmp_path, capsys, extra
     assert not (out / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("extra, msg", [
+    (["dino.local_crops_number=10000"], "dino: local_crops_number=10000 must be 0 to 64"),
+    (["dino.global_crops_size=4096"], "dino: global_crops_size=4096 must be at most 1024 pixels"),
+    (["dino.head_n_prototypes=1000000000"], "dino: head_n_prototypes=1000000000 must be 2 to 262144"),
+    (["dino.head_n_prototypes=1"], "dino: head_n_prototypes=1 must be 2 to 262144 (one prototype makes every target 1 and "
+                                   "both losses 0"),
+    (["dino.local_crops_size=48"], "dino: local_crops_size=48 is larger than global_crops_size=32"),
+    (["dino.global_crops_size=64", "dino.local_crops_size=16"], "the global crops of train.task=dino are 64 px, larger "
+                                                                "than the loader's image (32x32"),
+    (["data.auto_augment=rand-m9-mstd0.5-inc1"], "data.auto_augment=rand-m9-mstd0.5-inc1 with train.task=dino: the task's "
+                                                 "views are cut and augmented by the loader's workers"),
+    (["data.rrc_scale=[1.0,1.0]"], "data.rrc_scale=[1.0, 1.0] with train.task=dino"),
+    (["data.hflip=0"], "data.hflip=0.0 with train.task=dino"),
+])  # fmt: skip
+def test_bad_views_and_crop_bounds_are_refused_before_anything_is_written(tmp_path, capsys, extra, msg):
+    """DINO's crop counts and sizes, its prototypes, and the data keys its views would ignore: one line,
+    exit 2, no run folder."""
+    from vitscale.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "digits_dino", *TINY, *extra, f"train.output_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"vitscale train: {msg}") and err.count("\n") == 1, err
+    assert not out.exists()
+
+
 def test_a_teacher_that_stays_uniform_is_one_warning_line(tmp_path):
     """A teacher temperature of 100 flattens every target to uniform (the collapse centring alone brings
     about): the run names it in one line at the third log step past the threshold (``HOLD``), and goes on."""

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from vitscale.data import data_config
+from vitscale.data.views import ViewTransform
 from vitscale.tasks.dino_config import DinoConfig
-from vitscale.tasks.dino_crops import block_mask, ibot_masks, multi_crop
+from vitscale.tasks.dino_crops import dino_views
 from vitscale.tasks.dino_head import DinoHead
 from vitscale.tasks.dino_loss import (
     dino_loss,
@@ -128,19 +130,10 @@ def test_schedules_are_the_references_arrays():
     assert momentum_at(0, 0.992, 1.0, total) == pytest.approx(0.992)
 
 
-def test_crops_are_keyed_by_sample_and_step_not_by_batch_position():
-    dc = DinoConfig(global_crops_size=16, local_crops_size=8, local_crops_number=2)
-    x = torch.rand(2, 3, 24, 24, generator=torch.Generator().manual_seed(0)) * 2 - 1
-    mean = std = [0.5] * 3
-    g, loc = multi_crop(x, [3, 5], 7, 0, mean, std, dc)
-    assert g.shape == (4, 3, 16, 16) and loc.shape == (4, 3, 8, 8)
-    g2, loc2 = multi_crop(x.flip(0), [5, 3], 7, 0, mean, std, dc)  # the same samples, other positions
-    assert torch.equal(g2[[1, 0, 3, 2]], g) and torch.equal(loc2[[1, 0, 3, 2]], loc)
-    g3, _ = multi_crop(x, [3, 5], 8, 0, mean, std, dc)  # another step: other crops
-    assert not torch.equal(g3, g)
-    assert not torch.equal(g[0], g[2])  # the two global crops of a sample differ
-    m1 = ibot_masks([3, 5], 7, 0, (4, 4), 1.0, (0.1, 0.5))
-    assert torch.equal(ibot_masks([5, 3], 7, 0, (4, 4), 1.0, (0.1, 0.5))[[1, 0, 3, 2]], m1)
+def _views(dc, image, index=3, epoch=0):
+    """The views of one in-memory image as the loader's workers cut them (vitscale.data.views)."""
+    tf = ViewTransform(data_config(format="digits"), (24, 24), 3, 0, dino_views(dc, 4))
+    return tf.tensor_train(image, epoch, index).image
 
 
 def test_the_crops_flip_jitter_blur_and_solarise_with_the_configured_probabilities():
@@ -148,28 +141,18 @@ def test_the_crops_flip_jitter_blur_and_solarise_with_the_configured_probabiliti
     on the probabilities), mirrored; the colour jitter, blur and solarisation at probability 1 change them."""
     off = dict(global_crops_size=16, local_crops_size=8, local_crops_number=1, color_jitter=0.0,
                gaussian_blur=[0.0, 0.0, 0.0], solarization=0.0)  # fmt: skip
-    x = (torch.rand(2, 1, 24, 24, generator=torch.Generator().manual_seed(0)) * 2 - 1).expand(-1, 3, -1, -1)
-    mean = std = [0.5] * 3
-    g0, l0 = multi_crop(x, [3, 5], 7, 0, mean, std, DinoConfig(**off, hflip=0.0))
-    g1, l1 = multi_crop(x, [3, 5], 7, 0, mean, std, DinoConfig(**off, hflip=1.0))
-    torch.testing.assert_close(g1, g0.flip(-1), atol=1e-5, rtol=0)
-    torch.testing.assert_close(l1, l0.flip(-1), atol=1e-5, rtol=0)
+    x = (torch.rand(1, 24, 24, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8).expand(3, -1, -1)
+    v0, v1 = _views(DinoConfig(**off, hflip=0.0), x), _views(DinoConfig(**off, hflip=1.0), x)
+    for key in ("global", "local"):
+        for a, b in zip(v0.crops[key], v1.crops[key], strict=True):
+            assert torch.equal(b, a.flip(-1))
+    g0 = torch.stack(v0.crops["global"]).float()
+    assert not torch.equal(g0[0], g0[1])  # the two global crops of a sample differ
     for key, p in (("color_jitter", 1.0), ("gaussian_blur", [1.0, 1.0, 1.0]), ("solarization", 1.0)):
-        g, _ = multi_crop(x, [3, 5], 7, 0, mean, std, DinoConfig(**{**off, key: p}, hflip=0.0))
-        assert not torch.allclose(g, g0, atol=1e-3), key
-
-
-def test_block_masks_cover_at_most_the_asked_patches_in_blocks():
-    import random
-
-    for seed in range(20):
-        rng = random.Random(seed)
-        m = block_mask(rng, 14, 14, 60)
-        assert m.shape == (14, 14) and 0 < int(m.sum()) <= 60
-    assert int(block_mask(random.Random(0), 8, 8, 0).sum()) == 0
-    ms = ibot_masks(list(range(40)), 0, 0, (8, 8), 0.5, (0.1, 0.5))
-    masked = ms.sum(-1)
-    assert 0 < int((masked > 0).sum()) < 80 and int(masked.max()) <= 32  # about half the crops, at most 0.5 of 64
+        g = torch.stack(_views(DinoConfig(**{**off, key: p}, hflip=0.0), x).crops["global"]).float()
+        assert (g - g0).abs().max() > 2, key
+    assert torch.equal(_views(DinoConfig(**off), x).crops["global"][0], _views(DinoConfig(**off), x).crops["global"][0])
+    assert not torch.equal(_views(DinoConfig(**off), x, epoch=1).crops["global"][0], v0.crops["global"][0])
 
 
 def test_head_prototypes_are_weight_normalised():

@@ -22,6 +22,7 @@ from .sampler import EvalShardSampler, ShardedBatchSampler
 from .sizes import SizePlan, eval_size, size_plan
 from .sizesampler import SizedBatchSampler
 from .transforms import SampleTransform
+from .views import Views, ViewTransform, check_views
 
 
 @dataclass
@@ -95,6 +96,7 @@ def build_loader(
     tokenize: Callable[[list[str]], torch.Tensor] | None = None,
     patch: int = 0,
     sizes: SizePlan | None = None,
+    views: Views | None = None,
 ) -> SplitLoader | None:
     """This rank's loader of ``split`` (``train`` / ``val``) of the data ``cfg_data`` points at (any
     format and path), or None when the dataset has no such split.
@@ -109,6 +111,9 @@ def build_loader(
     resolution); ``sizes``: the training steps' sizes and batches (``augment``; :mod:`.sizes`), which
     then replace ``batch_size``. With ``data.seq_lens`` batches are NaFlex batches (``batch["image"]``
     is the dict of ``patches``, ``patch_coord``, ``patch_valid``; ``batch["grid"]`` each image's grid).
+    ``views`` (``augment``; a task's, :mod:`.views`): each sample's crops and masks cut by the workers
+    instead of the loader's crop and augmentation; the batches hold them (``global``, ``local``,
+    ``masks``) and no ``image``.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -133,7 +138,10 @@ def build_loader(
         num_workers=cfg_data.num_workers, pin_memory=cfg_data.pin_memory,
         persistent_workers=cfg_data.persistent_workers, prefetch_factor=cfg_data.prefetch_factor,
     )  # fmt: skip
-    tf = SampleTransform(cfg_data, size, num_channels, seed, train=augment, **naflex)
+    if augment and views is not None:
+        tf: SampleTransform = ViewTransform(cfg_data, size, num_channels, seed, views)
+    else:
+        tf = SampleTransform(cfg_data, size, num_channels, seed, train=augment, **naflex)
     src = data.source
     if not augment and hasattr(src, "leave_out_bad"):  # an evaluation leaves bad files out, never duplicates
         src.leave_out_bad = True
@@ -175,6 +183,8 @@ def build_loaders(
     tokenize: Callable[[list[str]], torch.Tensor] | None = None,
     patch: int = 0,
     grad_accum: int = 1,
+    views: Views | None = None,
+    task: str = "",
 ) -> Loaders:
     """Build this rank's train and val loaders (:func:`build_loader` of each split).
 
@@ -187,8 +197,15 @@ def build_loaders(
     the labels of both splits are mapped to (None: the training split's). ``tokenize``: the model
     family's tokenizer for formats with captions (see :func:`build_loader`). ``patch``: the model's
     patch size and ``grad_accum`` the micro-steps per optimizer step, for variable resolution
-    (``data.image_sizes``, ``data.seq_lens``: :mod:`.sizes`).
+    (``data.image_sizes``, ``data.seq_lens``: :mod:`.sizes`). ``views``: the views task ``task``
+    declares (:meth:`vitscale.tasks.base.Task.views`), which the training loader cuts instead of its
+    own crop and augmentation (:func:`.views.check_views` first: one-line refusals); the evaluation
+    loaders are unchanged.
     """
+    if views is not None and train_augment:
+        check_views(views, cfg_data, _size(cfg_data, img_size), task)
+    else:
+        views = None
     reporter = BadFileReporter()  # shared by train and val: one warning per bad file per run
     common = dict(img_size=img_size, num_channels=num_channels, seed=seed, rank=rank, world_size=world_size,
                   device=device, reporter=reporter, tokenize=tokenize, patch=patch)  # fmt: skip
@@ -197,7 +214,7 @@ def build_loaders(
         sizes = size_plan(cfg_data, patch=patch, batch_size=micro_batch_size * world_size * grad_accum,
                           parts=world_size * grad_accum, seed=seed, accum=grad_accum)  # fmt: skip
     train = build_loader(cfg_data, "train", batch_size=micro_batch_size, augment=train_augment, drop_last=drop_last,
-                         classes=classes, sizes=sizes, **common)  # fmt: skip
+                         classes=classes, sizes=sizes, views=views, **common)  # fmt: skip
     if train is None:
         raise CheckError(f"data.format={cfg_data.format}: the training split has no samples "
                          f"(data.train_path={getattr(cfg_data, 'train_path', None)})")  # fmt: skip

@@ -8,6 +8,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from .naflex import pad_batch, patchify
 from .transforms import SampleTransform
+from .views import ViewSample, collate_views
 
 
 class KeyedDataset(Dataset):
@@ -63,21 +64,25 @@ def _collate_extra(values: list):
 
 
 def collate(samples: list[dict]) -> dict:
-    """Stack samples; ``bad`` becomes the list of (path, reason) of files replaced in the batch.
+    """Stack samples; ``bad`` becomes the list of (path, reason) of files replaced in the batch. A
+    batch of views (:class:`~vitscale.data.views.ViewSample`) has their keys instead of ``image``.
 
     Extra fields of plugin formats are stacked when they are same-shape tensors, made tensors when
     they are numbers, and kept as lists otherwise.
     """
     extra = {k: _collate_extra([s[k] for s in samples]) for k in samples[0] if k not in _KNOWN}
     first = samples[0]["image"]
-    if isinstance(first, dict):  # NaFlex: patches, patch_coord, patch_valid padded to the batch's seq_len
+    image: dict | torch.Tensor | None
+    if isinstance(first, ViewSample):  # a task's views (vitscale.data.views): their own keys, no "image"
+        extra |= collate_views([s["image"] for s in samples])
+        image = None
+    elif isinstance(first, dict):  # NaFlex: patches, patch_coord, patch_valid padded to the batch's seq_len
         grids = [s["image"]["grid"] for s in samples]
         image = pad_batch([s["image"]["patches"] for s in samples], grids, first["seq_len"])
         extra["grid"] = torch.tensor(grids, dtype=torch.long)  # (B, 2) each image's patch grid
     else:
         image = torch.stack([s["image"] for s in samples])  # (B, C, H, W) uint8
-    return extra | {
-        "image": image,
+    return extra | ({"image": image} if image is not None else {}) | {
         "label": torch.tensor([s["label"] for s in samples], dtype=torch.long),
         "index": torch.tensor([s["index"] for s in samples], dtype=torch.long),
         "crop": torch.tensor([s["crop"] for s in samples], dtype=torch.float32),  # (B, 4)

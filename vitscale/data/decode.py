@@ -123,8 +123,9 @@ def check_pixels(height: int, width: int, max_pixels: int) -> None:
         )
 
 
-def _decode_simplejpeg(data: bytes, box_fn, out_size, num_channels: int, max_pixels: int = 0):
-    """-> (uint8 (H', W', C) array, box, (H, W), scale) or None when simplejpeg can't do this file."""
+def _decode_simplejpeg(data: bytes, factor_fn, num_channels: int, max_pixels: int = 0):
+    """-> (uint8 (H', W', C) array, (H, W), scale) or None when simplejpeg can't do this file, or
+    ``("fallback", factor)`` when it is corrupt (PIL then reports it)."""
     sj = _simplejpeg()
     if sj is None or data[:2] != b"\xff\xd8":
         return None
@@ -135,9 +136,7 @@ def _decode_simplejpeg(data: bytes, box_fn, out_size, num_channels: int, max_pix
     if colorspace not in ("Gray", "YCbCr", "RGB", "GRAY") or height <= 0 or width <= 0:
         return None  # CMYK / YCCK / unknown: PIL converts those
     check_pixels(height, width, max_pixels)
-    box = box_fn(height, width)
-    out_size = _out_size(out_size, box)
-    a = draft_factor(box[2], box[3], out_size[0], out_size[1])
+    a = factor_fn(height, width)
     try:
         arr = sj.decode_jpeg(
             data, colorspace="RGB" if num_channels == 3 else "GRAY",
@@ -145,10 +144,58 @@ def _decode_simplejpeg(data: bytes, box_fn, out_size, num_channels: int, max_pix
             fastdct=True, fastupsample=True,  # ~10% faster; ~40 dB PSNR against the accurate IDCT
         )
     except Exception:
-        return "fallback", box  # corrupt / truncated: let PIL decide (it raises BadImageError)
+        return "fallback", a  # corrupt / truncated: let PIL decide (it raises BadImageError)
     if arr.ndim == 2:
         arr = arr[:, :, None]
-    return arr, box, (height, width), width / arr.shape[1]
+    return arr, (height, width), width / arr.shape[1]
+
+
+def decode_reduced(path, factor_fn, *, num_channels: int = 3, fast: bool = True,
+                   max_pixels: int = 0) -> tuple[torch.Tensor, float, tuple[int, int]]:  # fmt: skip
+    """Decode ``path`` (a file, or the encoded bytes) at the DCT reduction ``factor_fn(H, W)`` asks
+    for (1, 2, 4 or 8: :func:`draft_factor`), called exactly once with the header's size before
+    anything is decoded (so the caller draws its boxes from it). With ``fast`` a JPEG is decoded at
+    that scale by libjpeg-turbo through ``simplejpeg`` when installed (fast integer IDCT and plain
+    chroma upsampling), else PIL ``Image.draft``; other files, and every file without ``fast``, at
+    full size. Returns the uint8 tensor (C, h, w), the achieved scale (original pixels per decoded
+    pixel) and the original (H, W). An image of more than ``max_pixels`` pixels (read from the
+    header; 0 = no limit) raises :class:`BadImageError` before anything is decoded."""
+    try:
+        if isinstance(path, (bytes, bytearray)):  # already-read bytes (e.g. a tar member)
+            data = bytes(path)
+        else:
+            data = read_regular(path)  # a FIFO or device: skipped like an undecodable file, never blocks
+    except OSError as e:
+        raise BadImageError(f"{type(e).__name__}: {e}") from None
+    if not data:
+        raise BadImageError("empty file")
+    factor = None
+    if fast:
+        got = _decode_simplejpeg(data, factor_fn, num_channels, max_pixels)
+        if got is not None and isinstance(got[0], str):  # corrupt: PIL reports it
+            factor = got[1]
+        elif got is not None:
+            arr, (h0, w0), scale = got
+            return torch.from_numpy(arr).permute(2, 0, 1), scale, (h0, w0)
+    src = open_image(io.BytesIO(data))
+    try:
+        w0, h0 = src.size
+        if w0 <= 0 or h0 <= 0:
+            raise BadImageError("empty image")
+        check_pixels(h0, w0, max_pixels)
+        if factor is None:
+            factor = factor_fn(h0, w0)
+        scale = apply_draft(src, factor) if fast else 1.0
+        src.load()
+        img = convert_mode(src, num_channels)
+        t = pil_to_uint8_tensor(img)
+    except BadImageError:
+        raise
+    except Exception as e:  # truncated data, decoder errors, bombs, ...
+        raise BadImageError(f"{type(e).__name__}: {e}") from None
+    finally:
+        src.close()
+    return t, scale, (h0, w0)
 
 
 def decode_resized_crop(
@@ -166,50 +213,19 @@ def decode_resized_crop(
 
     The box is drawn from the header's size BEFORE decoding (``box_fn`` is called exactly once), so
     with ``fast`` a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that still has at
-    least ``out_size`` pixels inside the box, by libjpeg-turbo through ``simplejpeg`` when installed
-    (fast integer IDCT and plain chroma upsampling), else PIL ``Image.draft``. The crop is resized as a uint8 tensor (antialiased). Returns the uint8
-    tensor (C, out_h, out_w), the box in original pixels and the original (H, W). An image of more
-    than ``max_pixels`` pixels (read from the header; 0 = no limit) raises :class:`BadImageError`
-    before anything is decoded.
+    least ``out_size`` pixels inside the box (:func:`decode_reduced`). The crop is resized as a uint8
+    tensor (antialiased). Returns the uint8 tensor (C, out_h, out_w), the box in original pixels and
+    the original (H, W).
     """
-    try:
-        if isinstance(path, (bytes, bytearray)):  # already-read bytes (e.g. a tar member)
-            data = bytes(path)
-        else:
-            data = read_regular(path)  # a FIFO or device: skipped like an undecodable file, never blocks
-    except OSError as e:
-        raise BadImageError(f"{type(e).__name__}: {e}") from None
-    if not data:
-        raise BadImageError("empty file")
-    box = None
-    if fast:
-        got = _decode_simplejpeg(data, box_fn, out_size, num_channels, max_pixels)
-        if got is not None and isinstance(got[0], str):  # corrupt: PIL reports it
-            box = got[1]
-        elif got is not None:
-            arr, box, (h0, w0), scale = got
-            size = _out_size(out_size, box)
-            return _crop_resize(torch.from_numpy(arr).permute(2, 0, 1), box, scale, size, interpolation), box, (h0, w0)
-    src = open_image(io.BytesIO(data))
-    try:
-        w0, h0 = src.size
-        if w0 <= 0 or h0 <= 0:
-            raise BadImageError("empty image")
-        check_pixels(h0, w0, max_pixels)
-        if box is None:
-            box = box_fn(h0, w0)
-        out_size = _out_size(out_size, box)
-        scale = apply_draft(src, draft_factor(box[2], box[3], out_size[0], out_size[1])) if fast else 1.0
-        src.load()
-        img = convert_mode(src, num_channels)
-        t = pil_to_uint8_tensor(img)
-    except BadImageError:
-        raise
-    except Exception as e:  # truncated data, decoder errors, bombs, ...
-        raise BadImageError(f"{type(e).__name__}: {e}") from None
-    finally:
-        src.close()
-    return _crop_resize(t, box, scale, out_size, interpolation), box, (h0, w0)
+    drawn = {}
+
+    def factor(h: int, w: int) -> int:
+        box = drawn["box"] = box_fn(h, w)
+        size = drawn["size"] = _out_size(out_size, box)
+        return draft_factor(box[2], box[3], size[0], size[1])
+
+    t, scale, hw = decode_reduced(path, factor, num_channels=num_channels, fast=fast, max_pixels=max_pixels)
+    return _crop_resize(t, drawn["box"], scale, drawn["size"], interpolation), drawn["box"], hw
 
 
 def _out_size(out_size, box) -> tuple[int, int]:

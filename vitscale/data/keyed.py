@@ -13,7 +13,8 @@ import torch
 
 _MASK64 = (1 << 64) - 1
 
-# Stream tags keep independent draws for the same (seed, epoch, index) apart.
+# Stream tags keep independent draws for the same (seed, epoch, index) apart: every tag of the project's
+# index-keyed draws is allotted here (the tasks' too), and :data:`STREAMS` checks that none is used twice.
 STREAM_PERM = 1
 STREAM_SAMPLE = 2
 STREAM_AUGMENT = 3
@@ -23,6 +24,17 @@ STREAM_SYNTHETIC = 6
 STREAM_SPLIT = 7
 STREAM_SIZE = 8
 STREAM_INTERPOLATION = 9
+STREAM_MIX_TOKEN = 11  # token labeling's MixToken boxes (vitscale.tasks.token_labeling)
+STREAM_MAE_MASK = 12  # MAE's random masks (vitscale.tasks.mae)
+STREAM_MAE_INIT = 13  # MAE's decoder initialisation
+STREAM_VIEW_CROP = 14  # a task's views: each crop's box and augmentation (vitscale.data.views)
+STREAM_VIEW_MASK = 15  # a task's views: the block masks of its crops
+STREAM_DINO_INIT = 16  # DINO's heads' initialisation (vitscale.tasks.dino)
+
+STREAMS = {k: v for k, v in globals().items() if k.startswith("STREAM_")}
+"""Every stream tag by name; a tag allotted twice fails the import."""
+if len(set(STREAMS.values())) != len(STREAMS):
+    raise RuntimeError(f"vitscale.data.keyed: a stream tag is allotted twice: {STREAMS}")
 
 
 def _splitmix64(x: int) -> int:

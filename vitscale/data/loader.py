@@ -197,16 +197,23 @@ class ResumableLoader:
         small per-sample tensors also stay on the host, as ``batch["host"]``: what is read on the
         host (token-label rows by index) is read from there, never back from the GPU. Every copy to
         the device is non-blocking: nothing here waits for the GPU's queue."""
-        img = batch.pop("image")
+        img = batch.pop("image", None)  # None: a batch of views (vitscale.data.views), normalised below
         erase = batch.pop("erase")
         bad = batch.pop("bad")
         self.reporter.report_shards(batch.pop("bad_shards", []))
         if self.device is not None:
             host = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
-            img = _to(img, self.device)
+            img = _to(img, self.device) if img is not None else None
             batch = {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
                      for k, v in batch.items()}
             batch["host"] = host
+        batch["skipped"] = self.reporter.report(bad)
+        if img is None:  # views: each crop group (uint8 (N, C, S, S)) normalised as an image batch is
+            for key, v in list(batch.items()):
+                if isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.ndim == 4:
+                    mean, inv_std = self._stats(v.device)
+                    batch[key] = v.float().sub_(mean).mul_(inv_std)
+            return batch
         naflex = isinstance(img, dict)  # a NaFlex batch: patches, patch_coord, patch_valid
         mean, inv_std = self._stats(img["patches"].device if naflex else img.device)
         if naflex:
@@ -223,5 +230,4 @@ class ResumableLoader:
             else:
                 x[b, :, top:top + h, left:left + w] = noise.to(x.device, non_blocking=True)
         batch["image"] = x
-        batch["skipped"] = self.reporter.report(bad)
         return batch

@@ -27,6 +27,7 @@ from ..data import Loaders, build_loaders
 from ..data.classes import check_classes, run_class_names, write_run_class_names
 from ..data.formats import get_format
 from ..data.sizes import check_batches
+from ..data.views import Views, check_views
 from ..distributed.compile import bound_recompiles
 from ..distributed.float8 import Float8Report, float8_report
 from ..distributed.fsdp import Precision, resolve_precision
@@ -155,6 +156,7 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
     if purpose not in ("train", "bench"):  # fp8 is a training recipe: evaluation and labeling run the plain model
         cfg = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, fp8="none"))
     check_run(cfg, dims, purpose, resolved, side)
+    views = _views(cfg, purpose, resolved, side)  # a task's views, checked before anything is written
     # Training: the run folder is writable and has room, nobody else trains in it, and a resume
     # continues the same run; decided on rank 0, and every rank stops together on a refusal.
     held = None
@@ -168,7 +170,7 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         px = side[1] if side is not None else cfg.data.img_size
         img_size = (px, px) if px else (base.img_h, base.img_w)
         where = _data_name(cfg)  # the data's setting, for the messages
-        loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, micro_batch, resolved, batch_size)
+        loaders = None if purpose == "bench" else _loaders(cfg, purpose, dims, img_size, micro_batch, resolved, batch_size, views)
         num_classes = (cfg.data.num_classes or loaders.num_classes) if loaders is not None else None
         # the data against the run: an epoch holds a batch (at every size); the model's class count
         # against the data's; then the run's class names written (for vitscale eval and export)
@@ -272,8 +274,21 @@ def data_tokenizer(family: FamilySpec, data: DataConfig):
     return family.create_tokenizer(data.caption_context_length)
 
 
+def _views(cfg: Config, purpose: str, model: ResolvedModel, side) -> Views | None:
+    """The views the run's task declares for its training samples (``Task.views``), checked against
+    the data config and the loader's image (one-line refusals); None for other purposes."""
+    from vitscale.tasks import get_task
+
+    task = cfg.train.task or model.family.task
+    views = get_task(task).views(cfg) if purpose == "train" else None
+    if views is not None:
+        px = side[1] if side is not None else cfg.data.img_size
+        check_views(views, cfg.data, (px, px) if px else (model.cfg.img_h, model.cfg.img_w), task)
+    return views
+
+
 def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, micro_batch: int,
-             model: ResolvedModel, batch_size: int | None) -> Loaders:  # fmt: skip
+             model: ResolvedModel, batch_size: int | None, views: Views | None = None) -> Loaders:  # fmt: skip
     tokenize = data_tokenizer(model.family, cfg.data)  # a family that reads text hands the data its tokenizer
     # this data-parallel rank's shard; TP ranks of one replica read the same
     patch = model.cfg.patch_dim  # NaFlex patches, token budgets
@@ -281,7 +296,8 @@ def _loaders(cfg: Config, purpose: str, dims: ParallelDims, img_size, micro_batc
                   rank=dims.dp_rank, world_size=dims.dp_size, tokenize=tokenize, patch=patch)  # fmt: skip
     if purpose == "train":
         return build_loaders(cfg.data, micro_batch_size=micro_batch, eval_batch_size=cfg.eval.batch_size,
-                             grad_accum=cfg.train.grad_accum, **common)  # fmt: skip
+                             grad_accum=cfg.train.grad_accum, views=views, task=cfg.train.task or model.family.task,
+                             **common)  # fmt: skip
     # every image once, in order, unaugmented, in whole batches of the one-process job (EvalShardSampler);
     # an evaluation maps the labels to the classes the weights were trained on (their run folder's)
     batch = batch_size or cfg.eval.batch_size

@@ -5,6 +5,8 @@ it needs and registers itself (after torchtitan's ``protocols/train_spec.py``):
   ordinary fields, e.g. ``ContrastiveConfig`` with ``clip`` and ``distill``; the config loader builds a
   run of the task as this class, so ``config.yaml`` holds its groups only);
 - its loss per micro-batch and the training metrics beside it (:meth:`Task.loss`);
+- the views each training sample yields, when it trains on several (:meth:`Task.views`: crops and
+  masks the loader's workers cut, :mod:`vitscale.data.views`);
 - its own up-front checks (:meth:`Task.check`, beside the run's: what needs more than one group;
   a group checks its own fields in its ``__post_init__``);
 - its default evaluations (:meth:`Task.default_evals`: the entries a run gets when its config sets
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -37,6 +39,9 @@ from vitscale.config.schema import Config
 from vitscale.registry import TASKS
 
 from .module import TrainModule
+
+if TYPE_CHECKING:
+    from vitscale.data.views import Views
 
 
 class Task:
@@ -93,6 +98,14 @@ class Task:
         ``model.*`` overrides (a key the user sets is theirs). ``model_cfg``: the variant's config.
         Default: none."""
         return {}
+
+    @classmethod
+    def views(cls, cfg: Any) -> Views | None:
+        """The views each training sample yields (:class:`vitscale.data.views.Views`: named crops, their
+        augmentation, block masks), cut by the loader's workers instead of its own crop and augmentation:
+        the training batches then hold them (``global``, ``local``, ``masks``) and no ``image``.
+        Default: None (the loader's ``image``)."""
+        return None
 
     def build(self, run: Any) -> TrainModule:
         """Called once by the trainer with the assembled run (:class:`vitscale.run.Run`: layout, device,

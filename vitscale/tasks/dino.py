@@ -3,9 +3,10 @@ Learning Robust Visual Features without Supervision", arXiv 2304.07193; referenc
 facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/loss/``,
 ``dinov2/layers/dino_head.py``, ``dinov2/data/``; lines cited in each part). Labels are ignored.
 
-- **Views** (:mod:`vitscale.tasks.dino_crops`): 2 global and ``dino.local_crops_number`` local crops
-  of each image with DINOv2's colour jitter, blur and solarisation, keyed by (``train.seed``,
-  micro-step, the sample's dataset index): the same on resume and on any number of ranks.
+- **Views** (:mod:`vitscale.tasks.dino_crops`, cut by the loader's workers: :mod:`vitscale.data.views`):
+  2 global and ``dino.local_crops_number`` local crops of each image with DINOv2's colour jitter, blur
+  and solarisation, and iBOT's masks, keyed by (``train.seed``, epoch, the sample's dataset index,
+  repeat, view): the same on resume and on any number of ranks.
 - **Student and teacher**: the student is the run's model (its backbone) with a DINO head
   (:mod:`vitscale.tasks.dino_head`); with iBOT the backbone's own learnt mask token (zeros, DINOv2's
   ``vision_transformer.py`` line 169) takes the masked patches' embeddings (line 218) through the token
@@ -56,7 +57,7 @@ from vitscale.errors import ConfigError
 
 from .base import Task, register_task
 from .dino_config import DinoConfig, DinoPretrainingConfig
-from .dino_crops import STREAM_DINO_INIT, ibot_masks, multi_crop
+from .dino_crops import STREAM_DINO_INIT, dino_views
 from .dino_head import DinoHead
 from .dino_layout import check_layout, copy_weights, head_plan, keep_root_gathered, release, teacher_backbone
 from .dino_loss import (
@@ -219,6 +220,12 @@ class DinoTask(Task):
 
     # ------------------------------------------------------------------------------------- setup
     @classmethod
+    def views(cls, cfg):
+        from vitscale.models.registry import resolve_model
+
+        return dino_views(cfg.dino, resolve_model(cfg.model.name, **cfg.model.overrides).cfg.patch_dim)
+
+    @classmethod
     def check(cls, cfg, model, dims, purpose):
         """Refused before any data is read or model built, each in one line: a layout the heads cannot
         take, crops that are not whole patches, KoLeo without a neighbour, a weight-decay end without a
@@ -369,11 +376,8 @@ class DinoTask(Task):
         it = step // self.accum  # the optimizer update this micro-step belongs to (0-based)
         self.iteration = it
         temp = teacher_temp_at(it, dc.warmup_teacher_temp, dc.teacher_temp, self.temp_warmup)
-        images = batch["image"]
-        B = images.shape[0]
-        host = batch.get("host", batch)
-        index = host["index"].tolist() if "index" in host else list(range(B))
-        glob, loc = multi_crop(images, index, step, self.seed, self.mean, self.std, dc)
+        glob, loc = batch["global"], batch.get("local")  # cut by the loader (vitscale.data.views)
+        images, B = glob, glob.shape[0] // 2
         p = self.model.cfg.patch_dim
         grid = (dc.global_crops_size // p, dc.global_crops_size // p)
         n = grid[0] * grid[1]
@@ -382,7 +386,7 @@ class DinoTask(Task):
         teacher.eval()
         masks = None
         if self.ibot:  # drawn on the host, with the masked rows' indices and weights (no read-back)
-            cpu = ibot_masks(index, step, self.seed, grid, dc.ibot_mask_sample_probability, tuple(dc.ibot_mask_ratio_min_max))
+            cpu = batch.get("host", batch)["masks"]
         if self.ibot and cpu.any():  # no masked patch in this batch: no iBOT term, the centre unmoved
             idx = cpu.flatten().nonzero().flatten()
             weights = (1 / cpu.sum(-1).clamp(min=1).float())[:, None].expand_as(cpu)[cpu]

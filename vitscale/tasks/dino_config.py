@@ -12,9 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vitscale.config.schema import Config
+from vitscale.data.views import MAX_CROP_SIDE, MAX_CROPS
 
 CENTERINGS = ("softmax", "sinkhorn_knopp")
 GRAM_TOKENS = ("all", "masked", "unmasked")
+MAX_PROTOTYPES = 262144
+"""Most prototypes of a head (DINOv3's ViT-7B: 262,144): past it the heads' last layers alone outgrow a step."""
 
 
 def _pair(key: str, v, lo: float, hi: float, closed_lo: bool = False) -> tuple[float, float]:
@@ -31,13 +34,15 @@ class DinoConfig:
     global_crops_scale: list[float] = field(default_factory=lambda: [0.32, 1.0])
     """Area range of the two global crops, a fraction of the image (``crops.global_crops_scale`` ssl_default_config.yaml line 108)."""
     global_crops_size: int = 224
-    """Side of the global crops in pixels (ssl_default_config.yaml line 115); a multiple of the patch."""
+    """Side of the global crops in pixels (ssl_default_config.yaml line 115); a multiple of the patch, 1 to 1024, at most
+    the loader's image (``data.img_size``, else the model's)."""
     local_crops_number: int = 8
-    """Local crops per image, seen by the student only (ssl_default_config.yaml line 111); 0 = none."""
+    """Local crops per image, seen by the student only (ssl_default_config.yaml line 111); 0 = none, at most 64."""
     local_crops_scale: list[float] = field(default_factory=lambda: [0.05, 0.32])
     """Area range of the local crops (ssl_default_config.yaml line 112)."""
     local_crops_size: int = 96
-    """Side of the local crops in pixels (ssl_default_config.yaml line 116); a multiple of the patch, at least one patch."""
+    """Side of the local crops in pixels (ssl_default_config.yaml line 116); a multiple of the patch, at least one patch,
+    at most ``global_crops_size``."""
     hflip: float = 0.5
     """Probability of a horizontal flip of each crop (``RandomHorizontalFlip(p=0.5)``, dinov2/data/augmentations.py
     lines 44-60); 0 where a mirrored image is another thing (digits, text)."""
@@ -51,7 +56,8 @@ class DinoConfig:
 
     # ---- the DINO head (dinov2/layers/dino_head.py; lines 43-49)
     head_n_prototypes: int = 65536
-    """Prototypes: the width of the weight-normalised last layer (``dino.head_n_prototypes`` ssl_default_config.yaml line 45)."""
+    """Prototypes: the width of the weight-normalised last layer (``dino.head_n_prototypes`` ssl_default_config.yaml line 45);
+    2 to 262,144."""
     head_bottleneck_dim: int = 256
     """Width of the L2-normalised bottleneck before the prototypes (ssl_default_config.yaml line 46)."""
     head_nlayers: int = 3
@@ -177,8 +183,21 @@ class DinoConfig:
                     "head_nlayers", "head_hidden_dim"):  # fmt: skip
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
-        if self.local_crops_number < 0:
-            raise ValueError(f"local_crops_number={self.local_crops_number} must be >= 0")
+        if not 0 <= self.local_crops_number <= MAX_CROPS:
+            raise ValueError(f"local_crops_number={self.local_crops_number} must be 0 to {MAX_CROPS} (DINOv2: 8; each "
+                             "local crop is another forward pass of the student)")  # fmt: skip
+        for key in ("global_crops_size", "local_crops_size"):
+            if getattr(self, key) > MAX_CROP_SIDE:
+                raise ValueError(f"{key}={getattr(self, key)} must be at most {MAX_CROP_SIDE} pixels (DINOv2: 224 and 96)")
+        if self.local_crops_number and self.local_crops_size > self.global_crops_size:
+            raise ValueError(f"local_crops_size={self.local_crops_size} is larger than global_crops_size="
+                             f"{self.global_crops_size}: the local crops are the small views (DINOv2: 96 of 224)")  # fmt: skip
+        if not 2 <= self.head_n_prototypes <= MAX_PROTOTYPES:
+            raise ValueError(f"head_n_prototypes={self.head_n_prototypes} must be 2 to {MAX_PROTOTYPES} (one prototype "
+                             "makes every target 1 and both losses 0; DINOv2: 65536, DINOv3: 262144)")  # fmt: skip
+        for key, top in (("head_bottleneck_dim", 8192), ("head_hidden_dim", 65536), ("head_nlayers", 16)):
+            if getattr(self, key) > top:
+                raise ValueError(f"{key}={getattr(self, key)} must be at most {top} (DINOv2: 256, 2048, 3)")
         for key in ("loss_weight", "koleo_loss_weight", "ibot_loss_weight", "warmup_teacher_temp_epochs",
                     "freeze_last_layer_epochs", "weight_decay_end"):  # fmt: skip
             if getattr(self, key) is not None and getattr(self, key) < 0:

@@ -43,8 +43,7 @@ from .health import RankWatch, frozen_backbone_evals
 from .mae_config import MaeConfig, MaePretrainingConfig
 from .module import TrainModule, freeze_unreached
 
-STREAM_MAE_MASK = 12  # keyed-randomness stream tag (vitscale.data.keyed uses 1-9, token labeling 11)
-STREAM_MAE_INIT = 13
+STREAM_MAE_MASK, STREAM_MAE_INIT = keyed.STREAM_MAE_MASK, keyed.STREAM_MAE_INIT  # allotted in vitscale.data.keyed
 
 
 # ------------------------------------------------------------------------------------------ masking

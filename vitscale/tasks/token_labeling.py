@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitscale.data import keyed
 from vitscale.data.mixup import smooth_one_hot
 from vitscale.data.token_label_files import LabelFileFolder, WithLabelFiles, label_format
 from vitscale.data.token_label_targets import mix_ground_truth, teacher_class_target, token_label_targets
@@ -38,7 +39,7 @@ from .base import Task, register_task
 from .module import TrainModule
 from .token_labeling_config import TokenLabelingConfig
 
-STREAM_MIX_TOKEN = 11  # keyed-randomness stream tag (vitscale.data.keyed uses 1-7)
+STREAM_MIX_TOKEN = keyed.STREAM_MIX_TOKEN  # allotted in vitscale.data.keyed
 NEEDS_LABELS = "train.task=token_labeling needs token_label.path (a folder from `vitscale label-tokens`)"
 
 
