@@ -28,6 +28,7 @@ from ..shell import SHELL_FLAG, shell_value
 from .data import DataConfig
 from .evals import EvaluatorConfig, check_entries, metric_prefix
 from .kinds import kind_owners, unknown_kind_field
+from .ranges import check_ranges
 from .schema import Config, ModelConfig, config_class, config_classes
 
 
@@ -273,6 +274,7 @@ def _build(cls: type, values: dict, prefix: str = "") -> Any:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from e
+    check_ranges(obj, prefix.rstrip(".") or "config")  # every group's declared bounds (RANGES), past its own checks
     return obj
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -239,6 +239,9 @@ def fewshot(xtr, ytr, xva, yva, num_classes: int, shots, seeds: int, l2: float, 
 class LinearProbeConfig(EvaluatorConfig):
     """``kind: linear_probe``: logistic regression on frozen features of ``fit_split``, scored on ``split``."""
 
+    RANGES: ClassVar[dict[str, tuple]] = {"l2": (0.0, 1e12), "holdout": (0.0, 1.0), "max_iter": (1, 1 << 20), "blocks": (1, 1024)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
+
     fit_split: Literal["train", "val"] = "train"
     """The split of its data the probe is fitted on (its features computed once per evaluation)."""
     l2: tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
@@ -265,6 +268,9 @@ class LinearProbeConfig(EvaluatorConfig):
 @dataclass
 class FewShotConfig(EvaluatorConfig):
     """``kind: fewshot``: big_vision's few-shot ridge regression on k frozen features per class."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"shots": (1, 1 << 16), "seeds": (1, 1024), "l2": (0.0, 1e12)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     fit_split: Literal["train", "val"] = "train"
     """The split the k images per class are drawn from."""
