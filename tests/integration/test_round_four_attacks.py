@@ -6,6 +6,7 @@ made here and reaches vitscale through the CLI, as a stranger's would."""
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -98,3 +99,121 @@ def test_a_sample_key_twice_in_one_shard_is_refused(tmp_path, capsys, members, h
     assert "'k000' is used twice in one shard" in line and "a.tar" in line, line
     if how == "label-tokens":
         assert not out.exists()
+
+
+# ------------------------------------------------------- settings and metadata refused before a step
+TINY_CLIP = ["model.overrides.vision.num_layers=1", "model.overrides.text.num_layers=1"]
+NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+def _names(names) -> str:
+    return "[" + ",".join(names) + "]"
+
+
+REFUSED = [  # (row, recipe, overrides, words in the one line)
+    ("zeroshot names, 3 for 10 classes", "digits_clip", [f"clip.class_names={_names(NAMES[:3])}"],
+     "clip.class_names has 3 names but the data has 10 classes"),
+    ("zeroshot names, 12 for 10 classes", "digits_clip", [f"clip.class_names={_names(NAMES + ['ten', 'eleven'])}"],
+     "has 12 names but the data has 10 classes"),
+    ("zeroshot names in another order", "digits_clip", [f"clip.class_names={_names(NAMES[::-1])}"],
+     "names the data's classes in another order"),
+    ("a name twice", "digits_clip", [f"clip.class_names={_names(NAMES[:9] + ['zero'])}"], "names 'zero' twice"),
+    ("an evaluator's names of the wrong count", "digits_clip",
+     ["evals=[{kind: zeroshot, class_names: [a, b, c]}]"], "zeroshot.class_names has 3 names but the data has 10"),
+    ("a template without {}", "digits_clip", ["clip.zeroshot_templates=[a photo]"], "exactly once, as {}"),
+    ("a template with {1}", "digits_clip", ["clip.zeroshot_templates=['a {1}']"], "it has 1 place(s): {1}"),
+    ("a caption template with two places", "digits_clip", ["clip.caption_templates=['{} and {}']"], "exactly once"),
+    ("an evaluator's template with a lone brace", "digits_clip", ["evals=[{kind: zeroshot, templates: ['a {']}]"],
+     "is not a format string"),
+    ("rand-n100000", "digits_vit", ["data.auto_augment=rand-n100000"], "n100000 in 'rand-n100000' is out of range"),
+    ("rand-m100000", "digits_vit", ["data.auto_augment=rand-m100000-n2"], "m100000"),
+    ("crop_pct=1e6", "digits_vit", ["data.crop_pct=1e6"], "data.crop_pct=1000000.0 must be in [0.1, 2.0]"),
+    ("a missing data folder (README walk)", "digits_vit", ["data.format=imagefolder", "data.train_path=/does/not/exist"],
+     "/does/not/exist"),
+    ("crop_pct=1e6 with border", "digits_vit", ["data.crop_pct=1e6", "data.eval_crop_mode=border"], "data.crop_pct"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row, recipe, overrides, words", REFUSED, ids=[r[0] for r in REFUSED])
+def test_settings_and_metadata_that_contradict_the_data_are_refused_before_a_step(tmp_path, capsys, row, recipe,
+                                                                                  overrides, words):  # fmt: skip
+    """Each a one-line refusal, exit code 2, before a step — and nothing left where the run would have
+    written (the run folder is not there)."""
+    out = tmp_path / "runs" / "x"
+    tiny = TINY_CLIP if recipe == "digits_clip" else TINY_VIT
+    rc = main(["train", recipe, f"train.output_dir={out}", "train.max_steps=1", "train.batch_size=16", *tiny, *QUIET,
+               *overrides])  # fmt: skip
+    line = _one_line(capsys.readouterr().err)
+    assert rc == (1 if "missing" in row else 2) and words in line, (rc, line)  # a missing file: exit code 1
+    assert not out.exists() and not out.parent.exists(), sorted(p.name for p in out.rglob("*"))
+
+
+def _real_file(tmp: Path, text: str) -> Path:
+    (tmp / "real.json").write_text(text)
+    return tmp / "real.json"
+
+
+_ROWS = {str(i): [i % 10] for i in range(300)}  # the digits' val images are named by their index
+REAL = [  # (row, the label file's text, words in the one line)
+    ("an image named twice (two keys of one name)", json.dumps({**_ROWS, "7.png": [1]}), "names the image '7' twice"),
+    ("a key twice in the JSON", json.dumps(_ROWS)[:-1] + ', "7": [3]}', "names '7' twice"),
+    ("a class twice in a list", json.dumps({**_ROWS, "7": [7, 7]}), "names a class twice"),
+    ("every list empty", json.dumps({k: [] for k in _ROWS}), "every list of"),
+    ("a file far larger than the split's labels (one long row)", json.dumps([[1] * 200_000] + [[1]] * 299),
+     "more than a label file of 300 images and 10 classes can need"),
+    ("a deeply nested list", "[" * 5000 + "]" * 5000, "nested too deeply"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row, text, words", REAL, ids=[r[0] for r in REAL])
+def test_a_real_file_that_cannot_describe_the_split_is_refused(tmp_path, capsys, row, text, words):
+    """A ReaL file naming an image twice kept the last list (4.67% instead of 20.67%); a 20 MB file
+    asked for a 24 GB table; empty lists gave no metric and no word; deep nesting a RecursionError."""
+    labels = _real_file(tmp_path, text)
+    out = tmp_path / "run"
+    rc = main(["train", "digits_vit", f"train.output_dir={out}", "train.max_steps=1", "train.batch_size=16", *TINY_VIT,
+               *QUIET, f"evals=[{{kind: real, labels: {labels}}}]"])  # fmt: skip
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 2 and words in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("class_map, words", [
+    ("[0,1,2,3,4,5,6,7,8,9]", "maps data class 0 ('zero') to the teacher's class 0 ('nine')"),  # the identity over a reversed teacher
+    ("[0,0,0,0,0,0,0,0,0,0]", "names the teacher's class 0 for 10 data classes"),
+])  # fmt: skip
+def test_a_class_map_that_contradicts_the_names_is_refused(teacher, tmp_path, capsys, class_map, words):
+    """distill.class_map against the names the project has just read (the teacher run's classnames.txt
+    reversed): the identity, or every class taught by class 0, was used silently."""
+    import shutil
+
+    t = tmp_path / "teacher"
+    shutil.copytree(teacher, t, ignore=shutil.ignore_patterns("run.lock"))
+    names = (t / "classnames.txt").read_text().split()
+    (t / "classnames.txt").write_text("\n".join(names[::-1]) + "\n")
+    capsys.readouterr()
+    out = tmp_path / "run"
+    rc = main(["train", "digits_vit", f"distill.teacher={t}", f"distill.class_map={class_map}", "train.max_steps=1",
+               "train.batch_size=16", f"train.output_dir={out}", *TINY_VIT, *QUIET])  # fmt: skip
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 2 and words in line, line
+    assert not out.exists()
+
+
+def test_rankme_of_overflowing_or_nonfinite_embeddings_is_a_clean_metric():
+    """Weights finite but x1e20: the embeddings near float32's limit made RankMe's SVD end the run with a
+    LinAlgError. The rank does not depend on the scale (the same value); non-finite embeddings (a step
+    the guard did not apply) give no metric — never a traceback, never a bare NaN in metrics.jsonl."""
+    import torch
+
+    from vitscale.tasks.health import RankWatch, effective_rank
+
+    z = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
+    base = float(effective_rank(z))
+    assert 1 < base <= 32
+    assert float(effective_rank(z * 3e36)) == pytest.approx(base, rel=1e-4)  # near float32's max: the same rank
+    watch = RankWatch()
+    watch.keep(torch.full((8, 4), float("inf")))
+    assert watch.read(10) == ({}, [])
+    watch.keep(z * 3e36)
+    assert watch.read(11)[0]["train_rankme"] == pytest.approx(base, rel=1e-4)
