@@ -217,3 +217,81 @@ def test_rankme_of_overflowing_or_nonfinite_embeddings_is_a_clean_metric():
     assert watch.read(10) == ({}, [])
     watch.keep(z * 3e36)
     assert watch.read(11)[0]["train_rankme"] == pytest.approx(base, rel=1e-4)
+
+
+# ------------------------------------------------------------------------- the command line, lows
+def test_command_line_lows_are_one_line(tmp_path, capsys, monkeypatch):
+    """`--import ../x` (a TypeError traceback), `--max-shard-size nan` (a message naming no option), a
+    configs/<name>.yaml in the working folder replacing the built-in recipe without a word, and the
+    pipe: refusal's advice for a list element (syntax the command line refuses)."""
+    capsys.readouterr()
+    assert main(["--import", "../x", "models"]) == 2
+    assert "give a module's name, not a path" in _one_line(capsys.readouterr().err.replace("vitscale:", "vitscale :"))
+
+    from vitscale.checkpoint.consolidate import parse_size
+    from vitscale.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"--max-shard-size 'nan' is not a size"):
+        parse_size("nan")
+    assert parse_size("5GB") == 5_000_000_000
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "digits_vit.yaml").write_text("train:\n  max_steps: 3\n")
+    with pytest.raises(ConfigError, match=r"names both the built-in recipe .* differ: give the path"):
+        load_config("digits_vit")
+    assert load_config("configs/digits_vit.yaml").train.max_steps == 3  # the path: yours
+    (tmp_path / "configs" / "mine.yaml").write_text("train:\n  max_steps: 4\n")
+    assert load_config("mine").train.max_steps == 4  # a name only the working folder has: used
+
+    (tmp_path / "run.yaml").write_text("evals:\n  - kind: classification\n    data: {format: webdataset, val_path: 'pipe:cat x.tar'}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(tmp_path / "run.yaml"))
+    assert "give the whole list on the command line (evals=[...]" in str(e.value), str(e.value)
+
+
+def test_a_lock_read_before_its_owner_wrote_it_names_the_owner(tmp_path):
+    """The lock taken, its record written a moment later: the second run said "host ?, pid ?"."""
+    import fcntl
+    import os
+    import threading
+
+    from vitscale.run.folder import LOCK_NAME, FolderInUse, RunLock
+
+    fd = os.open(tmp_path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the owner has the lock, not yet its record
+    writer = threading.Timer(0.3, lambda: os.write(fd, json.dumps({"host": "box", "pid": 4242}).encode()))
+    writer.start()
+    try:
+        with pytest.raises(FolderInUse, match=r"host box, pid 4242"):
+            RunLock(tmp_path).acquire()
+    finally:
+        writer.join()
+        os.close(fd)
+
+
+def test_under_torchrun_one_rank_prints_a_refusal(tmp_path, capsys, monkeypatch):
+    """Each of 8 ranks printed the same refusal: a refusal (exit code 2, the same on every rank) is
+    printed by rank 0 only, the others exit quietly with its code; another error names its rank."""
+    monkeypatch.setenv("RANK", "3")
+    capsys.readouterr()
+    assert main(["train", "digits_vit", "train.batch_size=0", f"train.output_dir={tmp_path / 'r'}"]) == 2
+    assert capsys.readouterr().err == ""
+    assert main(["eval", "digits_vit", f"checkpoint.path={tmp_path / 'missing'}"]) == 1
+    assert "vitscale eval (rank 3): " in _one_line(capsys.readouterr().err)
+    monkeypatch.setenv("RANK", "0")
+    assert main(["train", "digits_vit", "train.batch_size=0", f"train.output_dir={tmp_path / 'r'}"]) == 2
+    assert "train.batch_size=0" in _one_line(capsys.readouterr().err)
+
+
+def test_bench_fp8_on_a_machine_without_a_gpu_is_one_line(capsys):
+    """The README's `vitscale bench vit_h14 --fp8 ...` pasted on a CPU machine started an fp32 CPU
+    benchmark of 632M parameters (still warming up after 120 s), and --dry-run did not say so."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the line is for one without")
+    for dry in ([], ["--dry-run"]):
+        capsys.readouterr()
+        assert main(["bench", "vit_h14", "--fp8", "tensorwise", *dry]) == 2
+        assert "this machine has no GPU" in _one_line(capsys.readouterr().err)

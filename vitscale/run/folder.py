@@ -132,6 +132,19 @@ def _record() -> dict:
     }
 
 
+def _holder_record(fd: int, wait_s: float = 2.0) -> dict:
+    """The record of the process holding the lock: it writes it just after taking the lock, so a
+    record not there yet is waited for (up to ``wait_s``) rather than reported as "host ?, pid ?"."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        rec = _read_record(fd)
+        if rec or time.monotonic() >= deadline:
+            return rec or {"host": "?", "pid": "?", "started": "just now: its record is not written yet"}
+        time.sleep(0.05)
+
+
 def _read_record(fd: int) -> dict | None:
     os.lseek(fd, 0, os.SEEK_SET)
     data = b""
@@ -172,7 +185,7 @@ class RunLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
             try:
                 if not self._flock(fd):
-                    raise FolderInUse(self._in_use(_read_record(fd) or {}))
+                    raise FolderInUse(self._in_use(_holder_record(fd)))
                 try:
                     same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
                 except FileNotFoundError:
