@@ -1,6 +1,7 @@
 """The VOLO family: outlook attention, D1 … D5 and a tiny debug variant; trains with classification or token labeling."""
 
 from ..registry import FamilySpec, register_family
+from .flops import volo_flops
 from .configs import VARIANTS, VOLOConfig
 from .model import VOLO, OutlookAttention, TokenMix
 from .parallelize import PLAN
@@ -9,6 +10,7 @@ from .state_dict_adapter import RECOGNIZES, TIMM
 register_family(
     FamilySpec(
         name="volo",
+        flops=volo_flops,
         model_cls=VOLO,
         variants=VARIANTS,
         task="classification",
