@@ -1,8 +1,8 @@
 """The VOLO family: outlook attention, D1 … D5 and a tiny debug variant; trains with classification or token labeling."""
 
 from ..registry import FamilySpec, register_family
-from .flops import volo_flops
 from .configs import VARIANTS, VOLOConfig
+from .flops import volo_flops
 from .model import VOLO, OutlookAttention, TokenMix
 from .parallelize import PLAN
 from .state_dict_adapter import RECOGNIZES, TIMM
