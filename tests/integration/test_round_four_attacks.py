@@ -295,3 +295,40 @@ def test_bench_fp8_on_a_machine_without_a_gpu_is_one_line(capsys):
         capsys.readouterr()
         assert main(["bench", "vit_h14", "--fp8", "tensorwise", *dry]) == 2
         assert "this machine has no GPU" in _one_line(capsys.readouterr().err)
+
+
+def _one_class_folder(root: Path) -> Path:
+    for split in ("train", "val"):
+        (root / split / "zero").mkdir(parents=True)
+        for i in range(6):
+            Image.new("L", (8, 8), 10 * i).save(root / split / "zero" / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("case", ["overflowing weights", "one class"])
+def test_a_probe_of_features_that_say_nothing_says_so(teacher, tmp_path, capsys, case):
+    """`vitscale eval` of weights x1e20 (non-finite features) reported 9.67% and a bare NaN in its
+    JSON; a probe of one class reported 100% with no note. Now: no metric and the reason, or the
+    metric with a note; the JSON is JSON."""
+    from safetensors.torch import load_file, save_file
+
+    weights = teacher / "model.safetensors"
+    if case == "overflowing weights":
+        sd = {k: v * 1e20 if v.ndim > 1 else v for k, v in load_file(weights).items()}
+        weights = tmp_path / "big.safetensors"
+        save_file(sd, weights)
+        data = ["data.format=digits"]
+    else:
+        root = _one_class_folder(tmp_path / "one")
+        data = ["data.format=imagefolder", f"data.train_path={root / 'train'}", f"data.val_path={root / 'val'}"]
+    capsys.readouterr()
+    rc = main(["eval", "digits_vit", f"checkpoint.path={weights}", "eval.probe=linear", "eval.probe_max_iter=5",
+               "eval.batch_size=64", *TINY_VIT, *QUIET[:1], *data])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    result = json.loads(out[out.index("{"):])  # strict JSON: a bare NaN would fail here
+    note = json.dumps(result)
+    if case == "overflowing weights":
+        assert "are not finite" in note and "linear_probe_top1" not in note, note
+    else:
+        assert "every prediction is right" in note and "linear_probe_top1" in note, note  # the metric, with its note

@@ -307,7 +307,17 @@ class _Probe(Evaluator):
             xva, yva = extract_features(model, self.loader, c.device, c.autocast, c.group, **which)
             num_classes = int(max(self.num_classes, int(ytr.max()) + 1, int(yva.max()) + 1))
             info = {"feature_dim": int(xtr.shape[1]), "train_images": int(len(ytr)), "val_images": int(len(yva))}
-            return {**self.fit(xtr, ytr, xva, yva, num_classes), **info}
+            bad = int((~torch.isfinite(xtr).all(1)).sum()) + int((~torch.isfinite(xva).all(1)).sum())
+            if bad:  # a fit of NaN features scored 9.67%: no metric, and the reason
+                return {**info, "note": f"the features of {bad} of {len(ytr) + len(yva)} images are not finite "
+                                        f"(weights that overflow?): no {self.name} metric"}  # fmt: skip
+            out = {**self.fit(xtr, ytr, xva, yva, num_classes), **info}
+            seen = int(torch.unique(ytr).numel())
+            if seen < 2 or int(torch.unique(yva).numel()) < 2:  # 100% by construction
+                out["note"] = (f"the {self.cfg.fit_split} split holds {seen} class(es) and the {self.cfg.split} split "
+                               f"{int(torch.unique(yva).numel())}: with one class every prediction is right, the "
+                               f"accuracy says nothing")  # fmt: skip
+            return out
         finally:
             torch.set_num_threads(threads)
 
