@@ -202,6 +202,9 @@ class DataConfig:
                               f"resizes to img_size / crop_pct: 1 = resize only, e.g. 0.875, VOLO-D5's 1.15)")  # fmt: skip
         if self.num_classes is not None:
             at_least("data.num_classes", self.num_classes, 1, "None = from the dataset")
+        if self.repeated_aug < 1:  # as vitscale.data.build says it, now as the config loads
+            raise ConfigError(f"data.repeated_aug={self.repeated_aug} must be a whole number of at least 1 (times each "
+                              "image is drawn per epoch; 1 = off, DeiT: 3)")  # fmt: skip
         check_ranges(self, "data")  # every declared bound (RANGES), past the messages above
         cls = self.kind_config(self.format)
         if type(self) is not cls:
