@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 from ..errors import ConfigError
 from ..registry import FORMATS
 from .kinds import unknown_kind_field
-from .ranges import MAX_IMAGE_SIDE, Bound, at_least, check_ranges, finite, fraction, positive
+from .ranges import MAX_IMAGE_SIDE, Bound, at_least, check_ranges, finite, fraction, image_side, positive
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -202,6 +202,8 @@ class DataConfig:
                               f"resizes to img_size / crop_pct: 1 = resize only, e.g. 0.875, VOLO-D5's 1.15)")  # fmt: skip
         if self.num_classes is not None:
             at_least("data.num_classes", self.num_classes, 1, "None = from the dataset")
+        image_side("data.img_size", self.img_size)  # its own message, before the table's
+        image_side("data.eval_image_size", self.eval_image_size)
         if self.repeated_aug < 1:  # as vitscale.data.build says it, now as the config loads
             raise ConfigError(f"data.repeated_aug={self.repeated_aug} must be a whole number of at least 1 (times each "
                               "image is drawn per epoch; 1 = off, DeiT: 3)")  # fmt: skip
