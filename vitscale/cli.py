@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .errors import EXIT_USAGE
 from .registry import COMMANDS
 
 
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import_plugins(_imports_in(given))  # before the parser: a plug-in may add a command
     except ConfigError as e:
-        print(f"vitscale: {e}", file=sys.stderr)
+        if not _rank():
+            print(f"vitscale: {e}", file=sys.stderr)
         return e.exit_code
     parser = build_parser(_command_in(given) or "")
     args, extra = parser.parse_known_args(given)
@@ -151,5 +153,21 @@ def _report(command: str, e: BaseException, debug: bool, describe) -> int:
     if described is None:
         raise e
     message, code = described
-    print(f"vitscale {command}: {message}", file=sys.stderr)
+    rank = _rank()
+    if rank and code == EXIT_USAGE:  # a refusal every rank reaches alike: rank 0 says it, the others exit with its code
+        return code
+    print(f"vitscale {command}{f' (rank {rank})' if rank else ''}: {message}", file=sys.stderr)
     return code
+
+
+def _rank() -> int:
+    """This process's rank under torchrun / SLURM (``RANK``), 0 otherwise. Under ``torchrun`` each of
+    8 ranks printed the same refusal, and torchrun's own report buried it: a refusal of the command
+    line or the config (exit code 2: the same on every rank) is printed by rank 0 only; another error
+    (one rank's file, its device) is printed by the rank it happened on, named."""
+    import os
+
+    try:
+        return int(os.environ.get("RANK", "0") or 0)
+    except ValueError:
+        return 0

@@ -92,6 +92,11 @@ def import_plugins(modules: list[str]) -> None:
     """Import each of ``modules`` (``vitscale --import``) so it registers its objects; a module that
     fails to import is a :class:`ConfigError` naming it and the error."""
     for module in modules:
+        if not module or "/" in module or "\\" in module or module.endswith(".py") or module.startswith("."):
+            # a path or a relative name (``../x``: a TypeError traceback from importlib before)
+            stem = Path(module.rstrip("/\\")).stem or module
+            raise ConfigError(f"--import {module}: give a module's name, not a path or a relative name (e.g. "
+                              f"PYTHONPATH={Path(module).parent or '.'} vitscale --import {stem} ...)")  # fmt: skip
         try:
             importlib.import_module(module)
         except ImportError as e:

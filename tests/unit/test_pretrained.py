@@ -339,3 +339,25 @@ def test_a_pickle_holding_code_is_refused_and_never_runs(tmp_path):
         assert "refused by torch.load(weights_only=True)" in str(e.value) and "makedirs" in str(e.value)
         assert "\n" not in str(e.value)
     assert not marker.exists()
+
+
+def test_every_pickle_is_read_by_the_one_bounded_reader():
+    """Every tensor read from a file goes through one bounded reader (docs/trust.md, round four): no
+    module of vitscale calls ``torch.load`` but ``vitscale.interop.pretrained.read_pickle`` (and the
+    ``.pt2`` archive check, which only tries each member and keeps nothing). TokenLabeling's label
+    files called it themselves, so a stride-0 file asked for 16 GB."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).parents[2] / "vitscale"
+    allowed = {"interop/pretrained.py", "export/pt2.py"}
+
+    def loads(path: Path) -> list[int]:
+        return [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute) and n.func.attr == "load"
+                and isinstance(n.func.value, ast.Name) and n.func.value.id == "torch"]  # fmt: skip
+
+    calls = [f"{p.relative_to(root)}:{n}" for p in root.rglob("*.py") if str(p.relative_to(root)) not in allowed
+             for n in loads(p)]  # fmt: skip
+    assert not calls, f"torch.load outside the bounded reader (use vitscale.interop.pretrained.read_pickle): {calls}"
+    assert loads(root / "interop/pretrained.py")  # the reader itself is found: the scan can fail

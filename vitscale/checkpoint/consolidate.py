@@ -9,6 +9,7 @@ written on its own, so memory stays at one output file's worth; an index
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -31,9 +32,15 @@ def parse_size(text: str | int | None) -> int | None:
     s = str(text).strip().upper().replace(" ", "")
     num = s.rstrip("KMGTIB")
     unit = s[len(num) :]
-    if unit not in _UNITS:
-        raise ValueError(f"cannot parse size {text!r}: use e.g. 5GB, 500MB, 2GiB")
-    return int(float(num) * _UNITS[unit])
+    try:
+        value = float(num) if unit in _UNITS else None
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < 0 or value * _UNITS[unit] >= 1 << 62:  # nan, inf, -1
+        from ..errors import ConfigError
+
+        raise ConfigError(f"--max-shard-size {text!r} is not a size: use e.g. 5GB, 500MB, 2GiB (0 = one file)")
+    return int(value * _UNITS[unit])
 
 
 def _run_metadata(ckpt: Path) -> dict[str, str]:

@@ -156,6 +156,11 @@ def run(args) -> int:
         variant.with_overrides(baseline_settings(settings).overrides)
     except (TypeError, ValueError) as e:
         raise CheckError(f"--set / --baseline: {e}") from None
+    fp8 = settings.fp8 != "none" or baseline_settings(settings).fp8 != "none"
+    if fp8 and args.device == "auto" and not torch.cuda.is_available():  # the README's fp8 line on a laptop
+        raise CheckError(f"--fp8 {settings.fp8} measures float8 matmuls on a GPU with fp8 tensor cores (H100, L40, ...), "
+                         f"and this machine has no GPU: run it on one (add --device cpu to time torchao's emulation "
+                         f"on the CPU, which is slow and shows no speed-up)")  # fmt: skip
     if args.dry_run:
         on_gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
         settings = with_defaults(settings, "cuda" if on_gpu else "cpu")

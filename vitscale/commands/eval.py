@@ -49,12 +49,35 @@ def run(args) -> int:
         result = evaluate_checkpoint(cfg, cfg.checkpoint.path, ema=args.ema)  # errors: one line (vitscale.cli)
     if int(os.environ.get("RANK", "0")) != 0:  # every rank holds the same result: rank 0 reports it
         return 0
-    text = json.dumps(result, indent=1)
+    text = json.dumps(finite_json(result), indent=1, allow_nan=False)
     print(text)
     if args.output:
         with open(args.output, "w") as f:
             f.write(text + "\n")
     return 0
+
+
+def finite_json(result: dict) -> dict:
+    """``result`` with each non-finite number written as null and named under ``"not_finite"``: a bare
+    ``NaN`` is not JSON (a reader of the file fails on it)."""
+    import math
+
+    bad: list[str] = []
+
+    def clean(v, key):
+        if isinstance(v, float) and not math.isfinite(v):
+            bad.append(key)
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x, f"{key}.{k}" if key else str(k)) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x, f"{key}[{i}]") for i, x in enumerate(v)]
+        return v
+
+    out = clean(result, "")
+    if bad:
+        out["not_finite"] = bad
+    return out
 
 
 COMMANDS.register("eval", sys.modules[__name__])

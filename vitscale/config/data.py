@@ -19,10 +19,16 @@ from typing import Any, ClassVar, Literal
 from ..errors import ConfigError
 from ..registry import FORMATS
 from .kinds import unknown_kind_field
-from .ranges import at_least, finite, fraction, positive
+from .ranges import MAX_IMAGE_SIDE, Bound, at_least, check_ranges, finite, fraction, image_side, positive
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+CROP_PCT_MIN, CROP_PCT_MAX = 0.1, 2.0
+"""``data.crop_pct``'s bounds: the evaluation resize (``img_size / crop_pct``) between half the crop and
+ten times it (timm's recipes use 0.875 to 1.15); ``1e6`` resized every image to nothing (a traceback at
+the final evaluation; ``eval_crop_mode=border`` skipped every image and exited 0)."""
+MAX_SEQ_LEN = (MAX_IMAGE_SIDE // 16) ** 2
+"""Longest NaFlex sequence a run may ask for: an image of the largest side in patches of 16."""
 
 
 # Fields that were replaced: the key is refused with a line saying what to write instead.
@@ -40,6 +46,18 @@ class DataConfig:
     """The field whose value chooses the class (the config loader's kind mechanism)."""
     RETIRED: ClassVar[dict[str, str]] = RETIRED_FIELDS
     """Keys that were replaced, and what to write instead."""
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "img_size": (1, MAX_IMAGE_SIDE), "num_classes": (1, 1 << 22), "mean": (0.0, 1.0), "std": (0.0, 1.0),
+        "num_workers": (0, 256), "prefetch_factor": (1, 64), "max_image_pixels": (0, 1 << 36),
+        "rrc_scale": (0.0, 1.0), "rrc_ratio": (0.0, 100.0), "hflip": (0.0, 1.0), "color_jitter": (0.0, 10.0),
+        "random_erasing": (0.0, 1.0), "mixup_alpha": (0.0, 100.0), "cutmix_alpha": (0.0, 100.0),
+        "mixup_prob": (0.0, 1.0), "mixup_switch_prob": (0.0, 1.0), "crop_pct": (CROP_PCT_MIN, CROP_PCT_MAX),
+        "repeated_aug": (1, 64), "image_sizes": (1, MAX_IMAGE_SIDE), "batch_sizes": (1, 1 << 24),
+        "tokens_per_batch": (0, 1 << 34), "size_stages": (0.0, 1.0), "eval_image_size": (1, MAX_IMAGE_SIDE),
+        "seq_lens": (1, MAX_SEQ_LEN), "eval_seq_len": (1, MAX_SEQ_LEN),
+    }  # fmt: skip
+    """The bounds of the number fields (``vitscale.config.ranges``): means and stds of pixels in [0, 1]
+    lie in [0, 1]; sizes in pixels up to ``MAX_IMAGE_SIDE``."""
 
     format: str = "digits"
     """Dataset format, one registered in ``vitscale.data.formats``: ``digits`` (scikit-learn's
@@ -179,10 +197,17 @@ class DataConfig:
         at_least("data.num_workers", self.num_workers, 0, "loader processes; 0 = load in the main process")
         at_least("data.prefetch_factor", self.prefetch_factor, 1, "batches each worker prepares ahead")
         at_least("data.max_image_pixels", self.max_image_pixels, 0, "0 = no limit")
-        if not self.crop_pct > 0:
-            raise ConfigError(f"data.crop_pct={self.crop_pct} must be positive (1 = resize only, e.g. 0.875)")
+        if not CROP_PCT_MIN <= self.crop_pct <= CROP_PCT_MAX:  # 1e6 resized every image to nothing
+            raise ConfigError(f"data.crop_pct={self.crop_pct} must be in [{CROP_PCT_MIN}, {CROP_PCT_MAX}] (the evaluation "
+                              f"resizes to img_size / crop_pct: 1 = resize only, e.g. 0.875, VOLO-D5's 1.15)")  # fmt: skip
         if self.num_classes is not None:
             at_least("data.num_classes", self.num_classes, 1, "None = from the dataset")
+        image_side("data.img_size", self.img_size)  # its own message, before the table's
+        image_side("data.eval_image_size", self.eval_image_size)
+        if self.repeated_aug < 1:  # as vitscale.data.build says it, now as the config loads
+            raise ConfigError(f"data.repeated_aug={self.repeated_aug} must be a whole number of at least 1 (times each "
+                              "image is drawn per epoch; 1 = off, DeiT: 3)")  # fmt: skip
+        check_ranges(self, "data")  # every declared bound (RANGES), past the messages above
         cls = self.kind_config(self.format)
         if type(self) is not cls:
             raise ConfigError(f"data.format={self.format} is configured by {cls.__name__}, not {type(self).__name__} "
@@ -226,6 +251,8 @@ class PathFields:
 
 @dataclass
 class ValSplitField:
+    RANGES: ClassVar[dict[str, Bound]] = {"val_split": (0.0, 1.0)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
     val_split: float = 0.0
     """Fraction held out for validation when there is no ``val_path`` (imagefolder, by a fixed
     seed-0 stratified split) and the size of synthetic's validation set relative to ``synthetic_size``;
@@ -238,12 +265,19 @@ class ValSplitField:
 
 @dataclass
 class CaptionFields:
+    RANGES: ClassVar[dict[str, Bound]] = {"caption_context_length": (1, 8192)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
     caption_context_length: int = 77
     """Tokens per caption (open_clip's 77; longer captions are cut, ending in the end-of-text token)."""
 
 
 @dataclass
 class RemoteFields:
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "remote_retries": (0, 100), "remote_backoff_s": (0.0, 3600.0), "remote_timeout_s": (0.0, 86400.0),
+        "remote_deadline_s": (0.0, 7 * 86400.0),
+    }  # fmt: skip
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
     remote_retries: int = 3
     """Remote files (fsspec URLs, ``pipe:`` commands): times a transient error (connection reset,
     timeout, HTTP 5xx / 408 / 429, a failed command) is retried, each after twice the previous wait;
@@ -267,6 +301,8 @@ class RemoteFields:
 
 @dataclass
 class StreamFields:
+    RANGES: ClassVar[dict[str, Bound]] = {"samples_per_epoch": (1, 1 << 40), "shuffle_buffer": (0, 100_000)}
+    """A shuffle buffer holds encoded samples (about 100 KB each): 100,000 is about 10 GB a worker."""
     samples_per_epoch: int | None = None
     """Stream mode: samples per epoch (all ranks), which sets the loader length and so
     ``train.epochs``; None = what the data says (shards: number of shards x samples in the first;

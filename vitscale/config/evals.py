@@ -19,6 +19,9 @@ pre-logits representation, or DINOv2's linear-evaluation features (``vitscale.ev
 class EvaluatorConfig:
     """One entry of ``evals:``: which evaluator, the prefix of its metrics, when, and on what data."""
 
+    RANGES: ClassVar[dict[str, tuple]] = {"every": (0, 1 << 30), "batch_size": (1, 1 << 20)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
+
     KIND: ClassVar[str] = "kind"
     """The field whose value chooses the class (the config loader's kind mechanism)."""
 

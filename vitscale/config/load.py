@@ -28,6 +28,7 @@ from ..shell import SHELL_FLAG, shell_value
 from .data import DataConfig
 from .evals import EvaluatorConfig, check_entries, metric_prefix
 from .kinds import kind_owners, unknown_kind_field
+from .ranges import check_ranges
 from .schema import Config, ModelConfig, config_class, config_classes
 
 
@@ -51,16 +52,30 @@ def builtin_configs() -> list[str]:
     return sorted(names)
 
 
+def _check_shadowing(stem: str, found: list[Path]) -> None:
+    """A ``configs/<name>.yaml`` in the working folder that differs from the built-in recipe of that
+    name (the package's, in an installed vitscale) is refused rather than used in its place without a
+    word: the path says which one is meant."""
+    cwd = (Path.cwd() / "configs").resolve()
+    if cwd == (Path(__file__).resolve().parent.parent.parent / "configs").resolve():  # the checkout's own recipes
+        return
+    mine = [f for f in found if f.parent.resolve() == cwd]
+    builtin = [f for f in found if f.parent.resolve() != cwd]
+    if mine and builtin and mine[0].read_bytes() != builtin[-1].read_bytes():
+        raise ConfigError(f"{stem!r} names both the built-in recipe ({builtin[-1]}) and configs/{stem}.yaml in the working "
+                          f"folder, which differ: give the path to use yours (configs/{stem}.yaml), or rename it")  # fmt: skip
+
+
 def find_config(name_or_path: str | os.PathLike) -> Path:
     """A YAML path, or the file of a built-in config name (``digits_vit``)."""
     p = Path(name_or_path)
     if p.is_file():
         return p
     stem = p.name[: -len(".yaml")] if p.name.endswith(".yaml") else p.name
-    for d in config_dirs():
-        cand = d / f"{stem}.yaml"
-        if cand.is_file():
-            return cand
+    found = [d / f"{stem}.yaml" for d in config_dirs() if (d / f"{stem}.yaml").is_file()]
+    if found:
+        _check_shadowing(stem, found)
+        return found[0]
     close = difflib.get_close_matches(stem, builtin_configs(), n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else f" Built-in configs: {', '.join(builtin_configs())}."
     raise ConfigError(f"no config file or built-in config named {str(name_or_path)!r}.{hint}")
@@ -276,6 +291,7 @@ def _build(cls: type, values: dict, prefix: str = "") -> Any:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from e
+    check_ranges(obj, prefix.rstrip(".") or "config")  # every group's declared bounds (RANGES), past its own checks
     return obj
 
 
@@ -445,8 +461,13 @@ def _refuse_shell(tree: Any, given: Any, path: Path) -> None:
         return
     key, value = found
     shown = value if len(value) <= 60 else value[:57] + "..."
+    if "[" in key:  # a list element cannot be set alone on the command line: the whole list can
+        top = key.split("[", 1)[0]
+        how = f"give the whole list on the command line ({top}=[...], the entry's other keys included)"
+    else:
+        how = f"give {key}=... on the command line"
     raise ConfigError(f"{path}: {key}={shown!r} runs a shell command (pipe:), and vitscale runs no command read from a "
-                      f"file: give {key}=... on the command line, or add {SHELL_FLAG} (Python: "
+                      f"file: {how}, or add {SHELL_FLAG} (Python: "
                       f"allow_shell_from_config=True) if you trust {path}")  # fmt: skip
 
 

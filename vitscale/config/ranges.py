@@ -1,7 +1,28 @@
 """The range checks of config fields, called from each group's ``__post_init__`` (beside the fields they
 check) and by ``vitscale.run.checks`` for what needs the model, the layout or the data. Each failure is
 one line naming the key, its value and what it means: a :class:`~vitscale.errors.ConfigError` (exit code
-2) unless ``error`` says otherwise."""
+2) unless ``error`` says otherwise.
+
+**Every number has a range.** Each config group (a dataclass: the groups of ``Config``, every data
+format's, task's and evaluator's) declares the bounds of each of its int / float fields beside them, in
+a class attribute ``RANGES``::
+
+    @dataclass
+    class MyGroup:
+        RANGES: ClassVar[dict[str, Bound]] = {"steps": (0, 10**9), "ratio": (0.0, 1.0)}
+        \"\"\"The bounds of its number fields.\"\"\"
+        steps: int = 0
+        ratio: float = 0.5
+
+        def __post_init__(self):
+            check_ranges(self, "my")
+
+A bound is ``(low, high)``, both inclusive (``math.inf`` where a value has no upper bound, said on
+purpose); a tuple field's bound holds for each element, and ``None`` (unset) always passes. Sizes,
+counts and lengths get a finite upper bound (past it a typo allocates the machine away). Mixins'
+tables merge along the class's MRO, so a format's class inherits its field groups'.
+:func:`check_ranges` enforces the table; ``tests/unit/test_config_ranges.py`` walks the whole schema
+and fails, naming the line to add, on a number field without a bound."""
 
 from __future__ import annotations
 
@@ -68,4 +89,66 @@ def finite(group: Any, prefix: str) -> None:
         raise ConfigError(not_finite_message(*found))
 
 
-__all__ = ["MAX_IMAGE_SIDE", "at_least", "finite", "fraction", "image_side", "nonfinite", "not_finite_message", "positive"]
+Bound = tuple
+"""``(low, high)``: the inclusive bounds of a number field (of each element of a tuple field)."""
+
+COUNT_MAX = 1 << 30
+"""Upper bound of a count that only has to be finite (steps, samples): past 10^9 a value is a typo."""
+
+
+def declared_ranges(cls: type) -> dict[str, Bound]:
+    """``RANGES`` of ``cls`` merged along its MRO (a subclass's or a later mixin's entry wins)."""
+    out: dict[str, Bound] = {}
+    for k in reversed(cls.__mro__):
+        out.update(vars(k).get("RANGES", {}))
+    return out
+
+
+def _numbers(name: str, value: Any):
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, (int, float)):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _numbers(f"{name}[{i}]", v)
+
+
+def _shown(x) -> str:
+    return "inf" if x == math.inf else "-inf" if x == -math.inf else f"{x:,}" if isinstance(x, int) and abs(x) >= 10_000 else str(x)
+
+
+def check_ranges(group: Any, prefix: str | None) -> None:
+    """Every declared bound of ``group`` holds (:func:`declared_ranges`): one line naming the key
+    (``prefix.field``; ``prefix`` None: the field alone in a ValueError, which the config loader
+    prefixes with the entry's path, as for ``evals:`` entries)."""
+    for name, bound in declared_ranges(type(group)).items():
+        low, high = bound[0], bound[1]
+        for key, v in _numbers(name, getattr(group, name, None)):
+            if not (low <= v <= high):
+                where = f"{prefix}.{key}" if prefix else key
+                text = f"{where}={v} is out of range: use {_shown(low)} to {_shown(high)}"
+                raise ConfigError(text) if prefix else ValueError(text)
+
+
+def number_fields(cls: type) -> list[str]:
+    """The fields of the dataclass ``cls`` that hold an int or a float (alone, optional, or in a tuple /
+    list), bool excluded."""
+    import typing
+
+    def numeric(t) -> bool:
+        if t in (int, float):
+            return True
+        return any(numeric(a) for a in typing.get_args(t) if a is not type(None) and a is not Ellipsis)
+
+    hints = typing.get_type_hints(cls)
+    return [f.name for f in dataclasses.fields(cls) if numeric(hints[f.name])]
+
+
+def undeclared(cls: type) -> list[str]:
+    """The number fields of ``cls`` without a bound in its ``RANGES`` (:func:`number_fields`)."""
+    have = declared_ranges(cls)
+    return [name for name in number_fields(cls) if name not in have]
+
+
+__all__ = ["COUNT_MAX", "Bound", "check_ranges", "declared_ranges", "number_fields", "undeclared", "MAX_IMAGE_SIDE", "at_least", "finite", "fraction", "image_side", "nonfinite", "not_finite_message", "positive"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from vitscale.distributed.config import CompileMode, ParallelConfig, PrecisionConfig
 
@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..registry import TASKS, model_family
 from .data import DataConfig, data_config
 from .evals import EvaluatorConfig, ProbeFeatures
-from .ranges import at_least, finite, fraction, positive
+from .ranges import COUNT_MAX, Bound, at_least, check_ranges, finite, fraction, positive
 
 SAVE_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT")
 """The signals ``checkpoint.save_on_signal`` may name."""
@@ -73,6 +73,12 @@ class ModelConfig:
 class OptimConfig:
     """The optimizer."""
 
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "lr": (0.0, 1e3), "lr_scale_batch": (0, 1 << 24), "betas": (0.0, 1.0), "momentum": (0.0, 1.0),
+        "weight_decay": (0.0, 1e3), "head_weight_decay": (0.0, 1e3), "layer_decay": (0.0, 1.0), "eps": (0.0, 1.0),
+    }  # fmt: skip
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
+
     name: Literal["adamw", "adam", "sgd", "lamb"] = "adamw"
     """adamw | adam | sgd | lamb. Adam's weight decay is the L2 kind (NeMo's recipe), AdamW's is decoupled;
     lamb is LAMB (arXiv 1904.00962) as DeiT III trains with it (apex ``FusedLAMB``: decoupled decay and a
@@ -121,11 +127,18 @@ class OptimConfig:
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
             raise ConfigError(f"optim.layer_decay={self.layer_decay} must be in (0, 1] (each layer's LR factor towards the "
                               "input, e.g. 0.65 or 0.75; unset = off)")  # fmt: skip
+        check_ranges(self, "optim")  # every declared bound (RANGES), past the messages above
 
 
 @dataclass
 class ScheduleConfig:
     """The learning-rate schedule, a pure function of the step (so a resume needs only the step)."""
+
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "warmup_steps": (0, COUNT_MAX), "warmup_epochs": (0.0, 1e6), "cooldown_steps": (0, COUNT_MAX),
+        "cooldown_epochs": (0.0, 1e6), "min_lr": (0.0, 1e3), "rsqrt_timescale": (1, COUNT_MAX),
+    }  # fmt: skip
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     name: Literal["cosine", "rsqrt", "constant"] = "cosine"
     """cosine (linear warmup, cosine decay to min_lr) | rsqrt (linear warmup, reciprocal square root,
@@ -153,6 +166,7 @@ class ScheduleConfig:
         at_least("schedule.cooldown_epochs", self.cooldown_epochs, 0, "0 = no cooldown")
         at_least("schedule.min_lr", self.min_lr, 0, "the cosine's final learning rate")
         at_least("schedule.rsqrt_timescale", self.rsqrt_timescale, 1, "steps")
+        check_ranges(self, "schedule")  # every declared bound (RANGES), past the messages above
 
 
 def run_length(tc: TrainConfig, batches_per_epoch: int) -> tuple[int, int]:
@@ -165,6 +179,15 @@ def run_length(tc: TrainConfig, batches_per_epoch: int) -> tuple[int, int]:
 @dataclass
 class TrainConfig:
     """The training loop."""
+
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "batch_size": (1, 1 << 24), "grad_accum": (1, 1 << 16), "max_steps": (0, COUNT_MAX), "epochs": (0.0, 1e6),
+        "seed": (0, (1 << 63) - 1), "label_smoothing": (0.0, 1.0), "bce_target_thresh": (0.0, 1.0),
+        "grad_clip": (0.0, math.inf), "ema_decay": (0.0, 1.0), "log_every": (1, COUNT_MAX), "cpu_threads": (0, 4096),
+        "max_nonfinite_steps": (-1, COUNT_MAX), "max_consecutive_nonfinite": (-1, COUNT_MAX),
+        "hang_timeout": (0.0, 7 * 86400.0),
+    }  # fmt: skip
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     task: str | None = None
     """A task registered in ``vitscale.registry.TASKS`` (a plug-in's too; an unknown name's one-line error
@@ -248,11 +271,15 @@ class TrainConfig:
         fraction("train.label_smoothing", self.label_smoothing, "0 = none, e.g. 0.1")
         if self.bce_target_thresh is not None:
             fraction("train.bce_target_thresh", self.bce_target_thresh, "targets above it become 1; DeiT III: 0")
+        check_ranges(self, "train")  # every declared bound (RANGES), past the messages above
 
 
 @dataclass
 class CheckpointConfig:
     """Checkpoints (torch.distributed.checkpoint, atomic, last K kept) and weights export."""
+
+    RANGES: ClassVar[dict[str, Bound]] = {"every": (0, COUNT_MAX), "keep": (1, 1 << 16), "remote_wait_s": (0.0, 7 * 86400.0)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     every: int = 0
     """Save every N steps; 0 = only at the end."""
@@ -317,12 +344,20 @@ class CheckpointConfig:
         positive("checkpoint.signal_deadline", self.signal_deadline, "seconds a signal waits for the step in progress to end")
         for name in self.save_on_signal:
             check_save_signal(name)
+        check_ranges(self, "checkpoint")  # every declared bound (RANGES), past the messages above
 
 
 @dataclass
 class EvalConfig:
     """Evaluation on the val split when ``evals:`` is empty (the task's default evaluations), and the
     probes of ``vitscale eval``."""
+
+    RANGES: ClassVar[dict[str, Bound]] = {
+        "every": (0, COUNT_MAX), "batch_size": (1, 1 << 20), "probe_l2": (0.0, 1e12), "probe_holdout": (0.0, 1.0),
+        "probe_max_iter": (1, 1 << 20), "probe_blocks": (1, 1024), "shots": (1, 1 << 16), "fewshot_seeds": (1, 1024),
+        "fewshot_l2": (0.0, 1e12),
+    }  # fmt: skip
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     every: int = 0
     """Evaluate every N steps; 0 = only at the end (the task's default evaluations)."""
@@ -368,6 +403,7 @@ class EvalConfig:
         at_least("eval.every", self.every, 0, "evaluate every N steps; 0 = only at the end")
         at_least("eval.batch_size", self.batch_size, 1, "images per evaluation batch")
         at_least("eval.probe_blocks", self.probe_blocks, 1, "the last blocks whose class tokens the linear probe reads")
+        check_ranges(self, "eval")  # every declared bound (RANGES), past the messages above
 
 
 @dataclass

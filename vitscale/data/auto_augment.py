@@ -326,11 +326,23 @@ def _sections(spec: str, rest: str, allowed: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+SECTION_RANGES = {"m": (0, 30), "n": (1, 16), "p": (0.0, 1.0), "mstd": (0.0, math.inf), "mmax": (0, 30), "inc": (0, 1)}
+"""Each section's bounds: ``m`` / ``mmax`` magnitudes out of 10 (timm's scale, which ``mmax`` may lift
+past 10; 30 is three times the strongest), ``n`` ops per image (the RandAugment paper searches 1 to 3;
+past 16 an image is noise, and ``n100000`` drew 100,000 ops per image: no step, SIGTERM ignored),
+``p`` a probability, ``mstd`` a standard deviation (above 100: uniform), ``inc`` a switch."""
+
+
 def _number(spec: str, key: str, text: str, kind=float):
     try:
-        return kind(text)
+        value = kind(text)
     except ValueError:
         raise ConfigError(f"{_KEY}: {key}{text} in {spec!r} is not a number ({_FORMS})") from None
+    low, high = SECTION_RANGES[key]
+    if not low <= value <= high:
+        raise ConfigError(f"{_KEY}: {key}{text} in {spec!r} is out of range: {key} takes {low} to {high} "
+                          f"({_FORMS})")  # fmt: skip
+    return value
 
 
 def parse_auto_augment(spec: str, *, mean=(0.5, 0.5, 0.5), interpolation: str = "bilinear") -> Policy | None:

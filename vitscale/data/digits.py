@@ -13,6 +13,7 @@ import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -166,6 +167,9 @@ FORMAT = register_format(DataFormat(
 @dataclass
 class DigitsAspectData(DataConfig):
     """``data.format=digits_aspect``."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"digits_sizes": (1, 512)}  # MAX_DIGITS_SIDE: held in memory
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     format: str = "digits_aspect"
     digits_sizes: tuple[tuple[int, int], ...] = ((24, 40), (32, 32), (40, 24))

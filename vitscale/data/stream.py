@@ -45,6 +45,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..errors import CheckError
 from . import keyed
 from .dataset import collate, for_transfer
 from .decode import BadImageError
@@ -148,11 +149,13 @@ class StreamDataset(IterableDataset):
                 for n, raw in enumerate(read_retrying(lambda unit=unit: self.reader.read(unit), name, self.remote)):
                     got = True
                     yield (u << 32) | n, name, raw
+            except CheckError as e:  # the data breaks a rule (a key twice in a shard): never skipped
+                raise StreamStop(f"{name}: {e}") from None
             except Exception as e:  # retried already where it could help: skip this unit
                 self._failed.append((name, describe_error(e)))
             failing = 0 if got else failing + 1
             if self.resampled and failing > self.patience():  # drawn without end: never stop otherwise
-                raise StreamStop(f"{failing} shards in a row could not be read (the last: {name}: "
+                raise StreamStop(f"(data.resampled) {failing} shards in a row could not be read (the last: {name}: "
                                  f"{self._failed[-1][1] if self._failed else 'empty'})")  # fmt: skip
 
     def patience(self) -> int:
@@ -211,7 +214,7 @@ class StreamDataset(IterableDataset):
                 # shuffle buffer read ahead: it is passed too)
                 if self.resampled and bad_run > max(2 * self.shuffle_buffer, 1024) and self._drawn - good_at > self.patience():
                     yield {"epoch": epoch, "empty": True, "bad": bad[-100:], "bad_shards": self._take_failed(),
-                           "stop": f"no good sample in {bad_run} tries over {self._drawn - good_at} shards drawn in a "
+                           "stop": f"(data.resampled) no good sample in {bad_run} tries over {self._drawn - good_at} shards drawn in a "
                                    f"row (the last: {name}:{raw.get('key')}: {e})"}  # fmt: skip
                     return
                 continue
@@ -331,7 +334,7 @@ class StreamLoader(ResumableLoader):
                     if item.get("stop"):
                         from ..errors import UserError
 
-                        raise UserError(f"data.train_path (data.resampled): {item['stop']}: check the data")
+                        raise UserError(f"data.train_path: {item['stop']}: check the data")
                     continue
                 delivered += 1
                 yield self.postprocess(item)

@@ -6,6 +6,7 @@ images (recipe tests, benchmarks). ``data.val_split`` sizes a separate validatio
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..config.data import DataConfig, ValSplitField
 from .formats import DataFormat, Split, register_format
@@ -18,6 +19,9 @@ VAL_KEY = 1_000_003  # the val set is keyed apart, so its images differ from the
 @dataclass
 class SyntheticData(ValSplitField, DataConfig):
     """``data.format=synthetic``."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"synthetic_size": (1, 1 << 30)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     format: str = "synthetic"
     synthetic_size: int = 1024

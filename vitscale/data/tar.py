@@ -15,6 +15,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..errors import CheckError
 from .files import open_regular
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp")  # image members of a sample, in preference order
@@ -57,6 +58,18 @@ class LabelError(ValueError):
     """A sample's label member is missing or not a class index."""
 
 
+class DuplicateKeyError(CheckError):
+    """A shard names one sample twice: a key that comes back after another key's members, or one
+    member name twice. Two images under one key would be merged (index mode kept one silently) or
+    read as two samples with one key (a stream: token labels found by key put one image's labels on
+    the other); a duplicate is refused, never merged or dropped."""
+
+
+def _duplicate(name: str, key: str, first: str) -> DuplicateKeyError:
+    return DuplicateKeyError(f"sample key {key!r} is used twice in one shard ({first}, then {name}): each key must "
+                             f"name one sample (its members together, once each); rename or remove the duplicate")  # fmt: skip
+
+
 def split_key(name: str) -> tuple[str, str]:
     """WebDataset's key / extension split: the extension starts at the first dot of the basename."""
     folder, base = os.path.split(name)
@@ -91,6 +104,8 @@ def iter_samples(stream, url: str) -> Iterator[dict]:
     current: dict | None = None
     stream = _Counted(stream)
     last = ""
+    seen: dict[str, str] = {}  # key -> its first member: a key is one run of consecutive members
+    members: set[str] = set()  # the member names of the current sample
     with tarfile.open(fileobj=stream, mode="r|") as tf:
         for m in tf:
             if not m.isfile():
@@ -98,9 +113,16 @@ def iter_samples(stream, url: str) -> Iterator[dict]:
             key, ext = split_key(m.name)
             last = m.name
             if current is None or current["__key__"] != key:
+                if key in seen:
+                    raise _duplicate(m.name, key, seen[key])
+                seen[key] = m.name
+                members = set()
                 if current is not None:
                     yield current
                 current = {"__key__": key, "__url__": url}
+            if m.name in members:
+                raise _duplicate(m.name, key, m.name)
+            members.add(m.name)
             problem = too_large(m.name, m.size, ext)
             if problem:  # not read: the stream skips its bytes; the sample is bad, with the reason
                 current.setdefault("__too_large__", problem)
@@ -163,6 +185,7 @@ def index_shard(path: str, small_exts: tuple[str, ...], url: str = "") -> list[d
     JSON); images are not read. A cut or corrupt shard raises ``tarfile.ReadError``."""
     samples: list[dict] = []
     by_key: dict[str, dict] = {}
+    names: set[str] = set()
     with open_regular(path) as f, tarfile.open(fileobj=f, mode="r:") as tf:  # a FIFO is refused, never blocks
         size = os.fstat(f.fileno()).st_size
         for m in tf:
@@ -172,9 +195,13 @@ def index_shard(path: str, small_exts: tuple[str, ...], url: str = "") -> list[d
                 raise tarfile.ReadError(f"unexpected end of data in {m.name}")
             key, ext = split_key(m.name)
             g = by_key.get(key)
+            if g is not None and (g is not samples[-1] or m.name in names):  # refused, never merged
+                raise _duplicate(m.name, key, g["_first"] if m.name not in names else m.name)
             if g is None:
-                g = by_key[key] = {"__key__": key, "image": None, "_rank": len(IMAGE_EXTS)}
+                g = by_key[key] = {"__key__": key, "image": None, "_rank": len(IMAGE_EXTS), "_first": m.name}
                 samples.append(g)
+                names = set()
+            names.add(m.name)
             if ext in IMAGE_EXTS and IMAGE_EXTS.index(ext) < g["_rank"]:
                 g["image"], g["_rank"] = TarMember(path, m.offset_data, m.size, m.name, url), IMAGE_EXTS.index(ext)
             elif ext in small_exts and ext not in g:
@@ -184,9 +211,9 @@ def index_shard(path: str, small_exts: tuple[str, ...], url: str = "") -> list[d
                 g[ext] = tf.extractfile(m).read()
         _check_end(size, tf.offset, samples[-1]["__key__"] if samples else "")
     for g in samples:
-        del g["_rank"]
+        del g["_rank"], g["_first"]
     return samples
 
 
-__all__ = ["CAPTION_EXTS", "IMAGE_EXTS", "MEMBER_MAX", "SMALL_MEMBER_MAX", "LabelError", "TarMember", "caption_of", "image_ext", "index_shard",
+__all__ = ["CAPTION_EXTS", "IMAGE_EXTS", "MEMBER_MAX", "SMALL_MEMBER_MAX", "DuplicateKeyError", "LabelError", "TarMember", "caption_of", "image_ext", "index_shard",
            "iter_samples", "label_of", "split_key", "too_large"]

@@ -7,7 +7,8 @@ lines 264-272): ``<root>/<class folder>/<image file name up to its first dot>.pt
 whole image, ``[1]`` their class indices (integers stored as floats). A sample of an image folder
 finds its file by its class folder (the image's parent folder) and name, as ``dataset.py`` does.
 
-Every file is read with ``torch.load(weights_only=True)`` (no code runs from it) when its sample is
+Every file is read by the one bounded reader (``vitscale.interop.pretrained.read_pickle``:
+``torch.load(weights_only=True)``, no code runs from it, a view over fewer bytes than it claims refused) when its sample is
 loaded — in the DataLoader workers (:class:`WithLabelFiles`: a batch's ``"token_label_maps"``), so the
 training process never waits for them; a file that is not such a tensor — another kind of object, another shape or dtype, class
 indices outside ``[0, C)``, a map of another size than the folder's first — is refused in one line
@@ -86,8 +87,13 @@ class LabelFileFolder:
         if not path.is_file():
             raise CheckError(f"{where} does not exist: the label folder (token_label.path) has no file for this "
                              "training image (<class>/<image name>.pt)")  # fmt: skip
+        from vitscale.errors import UserError
+        from vitscale.interop.pretrained import read_pickle  # the one bounded reader of a pickle
+
         try:
-            t = torch.load(path, map_location="cpu", weights_only=True)
+            t = read_pickle(path, where)  # a stride-0 view is refused before any value is read (16 GB once)
+        except UserError as e:
+            raise CheckError(f"{e}: TokenLabeling's files hold one [2, k, H, W] half tensor") from None
         except Exception as e:  # noqa: BLE001 - any unreadable file is the same one-line refusal
             raise CheckError(f"{where} is not a tensor file torch.load(weights_only=True) reads "
                              f"({type(e).__name__}): TokenLabeling's files hold one [2, k, H, W] half tensor") from None  # fmt: skip

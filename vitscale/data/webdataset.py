@@ -35,7 +35,16 @@ from .classes import classes_from_labels, read_class_names
 from .formats import DataFormat, Split, register_format
 from .remote import RemoteOptions, check_urls, describe_error, expand, local_copy, open_stream, read_retrying
 from .stream import StreamSource, UnitReader
-from .tar import CAPTION_EXTS, LabelError, caption_of, image_ext, index_shard, iter_samples, label_of
+from .tar import (
+    CAPTION_EXTS,
+    DuplicateKeyError,
+    LabelError,
+    caption_of,
+    image_ext,
+    index_shard,
+    iter_samples,
+    label_of,
+)
 
 log = logging.getLogger("vitscale.data")
 
@@ -78,6 +87,8 @@ def _index(cfg, name: str, path: str, classes, opts: RemoteOptions, tokenize) ->
         try:
             local = local_copy(url, opts)
             samples = index_shard(local, _small_exts(cfg.label_key), url=url if local != url else "")
+        except DuplicateKeyError as e:
+            raise CheckError(f"{field}: shard {url}: {e}") from None
         except (tarfile.ReadError, EOFError, OSError) as e:
             raise CheckError(f"{field}: shard {url} cannot be read ({describe_error(e)}): replace or remove it") from None
         except Exception as e:  # an HTTP error answer, ...
@@ -167,6 +178,8 @@ def _first_shard(reader: ShardReader, url: str, whole: bool) -> list[dict]:
             out.append(raw)
             if not whole:
                 break
+    except DuplicateKeyError as e:
+        raise CheckError(f"data.train_path: the first shard {url}: {e}") from None
     except Exception as e:
         raise CheckError(f"data.train_path: the first shard {url} cannot be read: {describe_error(e)}") from None
     return out

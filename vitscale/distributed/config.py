@@ -7,7 +7,7 @@ They live here, beside the code that applies them (:mod:`vitscale.distributed.pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 ACMode = Literal["none", "full", "selective"]
 """``parallel.activation_checkpointing``."""
@@ -28,6 +28,9 @@ MlpEpilogue = Literal["none", "cublaslt", "cublaslt_tanh"]
 @dataclass
 class ParallelConfig:
     """Parallel layout (implemented in vitscale.distributed); the product of the sizes = world size."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"dp_replicate": (1, 1 << 20), "dp_shard": (-1, 1 << 20), "tp": (1, 1 << 10), "ac_num_layers": (0, 1 << 16), "timeout": (1.0, 7 * 86400.0)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     dp_replicate: int = 1
     """Data-parallel replicas (DDP / HSDP outer dimension)."""

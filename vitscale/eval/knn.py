@@ -15,7 +15,7 @@ first ``min(5, k)``, line 178). ``k`` = 20 and ``temperature`` = 0.07: DINO's re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +51,9 @@ def knn_classify(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.T
 @dataclass
 class KnnConfig(EvaluatorConfig):
     """``kind: knn``: DINO's weighted k-NN classifier, the ``fit_split`` as the bank, scored on ``split``."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"k": (1, 1 << 16), "temperature": (0.0, 1e3)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     fit_split: Literal["train", "val"] = "train"
     """The split whose features are the bank of labelled neighbours (DINO: ImageNet train)."""

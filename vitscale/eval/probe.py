@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -241,6 +241,9 @@ def fewshot(xtr, ytr, xva, yva, num_classes: int, shots, seeds: int, l2: float, 
 class LinearProbeConfig(EvaluatorConfig):
     """``kind: linear_probe``: logistic regression on frozen features of ``fit_split``, scored on ``split``."""
 
+    RANGES: ClassVar[dict[str, tuple]] = {"l2": (0.0, 1e12), "holdout": (0.0, 1.0), "max_iter": (1, 1 << 20), "blocks": (1, 1024)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
+
     fit_split: Literal["train", "val"] = "train"
     """The split of its data the probe is fitted on (its features computed once per evaluation)."""
     l2: tuple[float, ...] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
@@ -267,6 +270,9 @@ class LinearProbeConfig(EvaluatorConfig):
 @dataclass
 class FewShotConfig(EvaluatorConfig):
     """``kind: fewshot``: big_vision's few-shot ridge regression on k frozen features per class."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"shots": (1, 1 << 16), "seeds": (1, 1024), "l2": (0.0, 1e12)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     fit_split: Literal["train", "val"] = "train"
     """The split the k images per class are drawn from."""
@@ -303,7 +309,17 @@ class _Probe(Evaluator):
             xva, yva = extract_features(model, self.loader, c.device, c.autocast, c.group, **which)
             num_classes = int(max(self.num_classes, int(ytr.max()) + 1, int(yva.max()) + 1))
             info = {"feature_dim": int(xtr.shape[1]), "train_images": int(len(ytr)), "val_images": int(len(yva))}
-            return {**self.fit(xtr, ytr, xva, yva, num_classes), **info}
+            bad = int((~torch.isfinite(xtr).all(1)).sum()) + int((~torch.isfinite(xva).all(1)).sum())
+            if bad:  # a fit of NaN features scored 9.67%: no metric, and the reason
+                return {**info, "note": f"the features of {bad} of {len(ytr) + len(yva)} images are not finite "
+                                        f"(weights that overflow?): no {self.name} metric"}  # fmt: skip
+            out = {**self.fit(xtr, ytr, xva, yva, num_classes), **info}
+            seen = int(torch.unique(ytr).numel())
+            if seen < 2 or int(torch.unique(yva).numel()) < 2:  # 100% by construction
+                out["note"] = (f"the {self.cfg.fit_split} split holds {seen} class(es) and the {self.cfg.split} split "
+                               f"{int(torch.unique(yva).numel())}: with one class every prediction is right, the "
+                               f"accuracy says nothing")  # fmt: skip
+            return out
         finally:
             torch.set_num_threads(threads)
 

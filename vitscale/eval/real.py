@@ -51,22 +51,62 @@ def sample_name(key: str) -> str:
     return os.path.splitext(os.path.basename(str(key).replace("\\", "/")))[0]
 
 
-def read_label_lists(path: str | Path, num_classes: int) -> dict[str, list[int]]:
+def label_file_limit(num_images: int | None, num_classes: int) -> int:
+    """The most bytes a label file of ``num_images`` images and ``num_classes`` classes can need: each
+    image named once (a name and its brackets, 64 bytes) with every class at most once (its digits, a
+    comma and a space), capped at :data:`MAX_LABELS_FILE`. A file past it is not this split's (a 20 MB
+    file of one long row once asked for a 24 GB table)."""
+    if num_images is None:
+        return MAX_LABELS_FILE
+    return min(MAX_LABELS_FILE, 4096 + num_images * (64 + num_classes * (len(str(max(num_classes - 1, 0))) + 2)))
+
+
+def _no_key_twice(pairs):
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise _Twice(k)
+        seen[k] = v
+    return seen
+
+
+class _Twice(ValueError):
+    pass
+
+
+def read_label_lists(path: str | Path, num_classes: int, num_images: int | None = None) -> dict[str, list[int]]:
     """The lists of ``path`` by image name, checked: ImageNet's list of lists (named
-    :func:`imagenet_val_name`), or an object of name -> list of class indices below ``num_classes``."""
+    :func:`imagenet_val_name`), or an object of name -> list of class indices below ``num_classes``,
+    each class at most once a list, each image named once (a key twice, or two keys of one sample
+    name such as ``a.JPEG`` and ``a.png``, kept the last list silently). ``num_images``: the split's
+    size, which bounds the file's (:func:`label_file_limit`)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"real: labels={str(path)!r} is not a file (a JSON list of label lists, as real.json)")
-    if path.stat().st_size > MAX_LABELS_FILE:
-        raise ConfigError(f"real: {path} is larger than {MAX_LABELS_FILE >> 20} MB: not a label file")
+    limit = label_file_limit(num_images, num_classes)
+    size = path.stat().st_size
+    if size > limit:
+        raise ConfigError(f"real: {path} is {size} bytes, more than a label file of {num_images} images and {num_classes} "
+                          f"classes can need ({limit}): not this split's label file")  # fmt: skip
     try:
-        lists = json.loads(path.read_text(encoding="utf-8"))
+        lists = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_key_twice)
+    except _Twice as e:
+        raise ConfigError(f"real: {path} names {e.args[0]!r} twice: each image once") from None
+    except RecursionError:
+        raise ConfigError(f"real: {path} is nested too deeply: a list of lists of class indices, one per image") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"real: {path} is not JSON ({e})") from None
     if isinstance(lists, list):
         lists = {imagenet_val_name(i): row for i, row in enumerate(lists)}
     elif isinstance(lists, dict):
-        lists = {sample_name(k): row for k, row in lists.items()}
+        by_name: dict[str, list] = {}
+        for k, row in lists.items():
+            name = sample_name(k)
+            if name in by_name:
+                raise ConfigError(f"real: {path} names the image {name!r} twice ({k!r} and an earlier key of the same "
+                                  f"name): each image once")  # fmt: skip
+            by_name[name] = row
+        lists = by_name
     ok = isinstance(lists, dict) and all(
         isinstance(row, list) and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < num_classes for c in row)
         for row in lists.values()
@@ -74,6 +114,12 @@ def read_label_lists(path: str | Path, num_classes: int) -> dict[str, list[int]]
     if not ok:
         raise ConfigError(f"real: {path} must be a list of lists of class indices (0 to {num_classes - 1}), one per image "
                           "(or an object of file name -> such a list)")  # fmt: skip
+    for name, row in lists.items():
+        if len(set(row)) != len(row):
+            raise ConfigError(f"real: {path}: the list of {name!r} names a class twice ({row[:8]}): each class once")
+    if lists and not any(lists.values()):
+        raise ConfigError(f"real: every list of {path} is empty: no image has a class to count (an empty list leaves "
+                          f"its image out)")  # fmt: skip
     return lists
 
 
@@ -128,8 +174,9 @@ class Real(Evaluator):
     def __init__(self, cfg: RealConfig, ctx):
         super().__init__(cfg, ctx)
         self.loader = ctx.data.loader(cfg.data, cfg.split, cfg.batch_size)
-        lists = read_label_lists(cfg.labels, max(ctx.data.classes(cfg.data)[0], len(ctx.class_names)))
-        rows = lists_by_name(lists, split_names(self.loader, cfg.split), cfg.labels, cfg.split)
+        names = split_names(self.loader, cfg.split)
+        lists = read_label_lists(cfg.labels, max(ctx.data.classes(cfg.data)[0], len(ctx.class_names)), len(names))
+        rows = lists_by_name(lists, names, cfg.labels, cfg.split)
         self.table = padded(rows, ctx.device)  # row j: the list of the split's sample j, matched by name
 
     def __call__(self, model):
@@ -139,5 +186,5 @@ class Real(Evaluator):
 
 register_evaluator("real", Real)
 
-__all__ = ["Real", "RealConfig", "imagenet_val_name", "lists_by_name", "padded", "read_label_lists", "real_hits", "sample_name",
+__all__ = ["Real", "RealConfig", "imagenet_val_name", "label_file_limit", "lists_by_name", "padded", "read_label_lists", "real_hits", "sample_name",
            "split_names"]

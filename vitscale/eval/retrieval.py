@@ -8,6 +8,7 @@ percentage of images whose own caption is among the k most similar captions; ``i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -36,6 +37,9 @@ def retrieval_recall(
 @dataclass
 class RetrievalConfig(EvaluatorConfig):
     """``kind: retrieval``: image <-> text recall@K of an image-text model on captioned data."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"ks": (1, 1 << 20)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     ks: tuple[int, ...] = (1, 5, 10)
     """The K of recall@K."""

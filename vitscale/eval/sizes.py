@@ -10,7 +10,10 @@ summary.json, metrics.jsonl and report.html like every ``*_top1``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+from ..config.data import MAX_SEQ_LEN
+from ..config.ranges import MAX_IMAGE_SIDE
 from ..errors import ConfigError
 from .classification import ClassificationConfig, evaluate_classification
 from .evaluator import Evaluator, register_evaluator
@@ -19,6 +22,9 @@ from .evaluator import Evaluator, register_evaluator
 @dataclass
 class SizesConfig(ClassificationConfig):
     """``kind: sizes``: top-1 / top-5 and loss of the model's classifier at each of several sizes."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"seq_lens": (1, MAX_SEQ_LEN), "image_sizes": (1, MAX_IMAGE_SIDE)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     seq_lens: tuple[int, ...] = ()
     """NaFlex sequence lengths to evaluate at (a run with ``data.seq_lens``), e.g. ``[36, 64, 100]``;

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -34,6 +34,9 @@ MAX_CLASSES_FILE = 16 << 20  # bytes: far above a list of 21k class names
 @dataclass
 class ClassSubsetConfig(EvaluatorConfig):
     """``kind: class_subset``: top-1 with the logits restricted to a subset of the model's classes."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"classes": (0, 1 << 22)}  # a class index (a name passes)
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     classes: tuple[int | str, ...] = ()
     """The subset: class indices of the model, or class names of the run's data (e.g. WordNet ids)."""

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import json
 import re
+import string
 from dataclasses import dataclass
 from importlib import resources
 
@@ -49,6 +50,45 @@ def check_data_classes(name: str, data_classes: list[str]) -> None:
         i = next(i for i, (a, b) in enumerate(zip(data_classes, want["wnids"])) if a != b)
         raise ConfigError(f"eval.classnames={name}: the val data's class {i} is {data_classes[i]}, the set's "
                           f"{want['wnids'][i]}: the classes are not in the set's order")  # fmt: skip
+
+
+def check_templates(where: str, templates) -> None:
+    """Each prompt template holds the class name's place exactly once, as ``{}``: a template without it
+    gives every class the same prompt (a classifier of identical rows), ``{1}`` / ``{name}`` / a second
+    ``{}`` fail at the first evaluation, mid-run. One line naming the template."""
+    if not templates:
+        raise ConfigError(f"{where} is empty: give at least one template holding {{}} (the class name's place)")
+    for t in templates:
+        try:
+            fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(str(t)) if f is not None]
+        except ValueError as e:  # a lone brace
+            raise ConfigError(f"{where}: template {t!r} is not a format string ({e}): write the class name's place as "
+                              f"{{}} and a literal brace as {{{{ or }}}}") from None  # fmt: skip
+        if fields != [("", "", None)]:
+            raise ConfigError(f"{where}: template {t!r} must hold the class name's place exactly once, as {{}} "
+                              f"(it has {len(fields)} place(s): {', '.join('{' + f + '}' for f, _, _ in fields) or 'none'})")  # fmt: skip
+
+
+def check_class_names(where: str, names, data_names, num_classes: int | None = None) -> None:
+    """Class names given for prompts or captions, against the data they describe: one a class (the
+    data's count, when known), none twice, and — when the data names its classes and these are the
+    same names — in the data's order. One line when not (3 or 12 names for 10 classes were used as they
+    came: a prompt per name, labels read against the wrong rows)."""
+    names = [str(n) for n in names]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"{where} names {twice!r} twice: each class needs a name of its own")
+    count = len(data_names) if data_names else num_classes
+    if count and len(names) != count:
+        raise ConfigError(f"{where} has {len(names)} names but the data has {count} classes"
+                          + (f" ({', '.join(map(str, list(data_names)[:5]))}{', ...' if len(data_names) > 5 else ''})" if data_names else "")
+                          + ": give one name a class, in label order, or leave it out for the data's own")  # fmt: skip
+    if data_names:
+        for theirs in (list(map(str, data_names)), readable_class_names(list(data_names))):
+            if set(theirs) == set(names) and theirs != names:
+                i = next(i for i, (a, b) in enumerate(zip(names, theirs)) if a != b)
+                raise ConfigError(f"{where} names the data's classes in another order (class {i} is {theirs[i]!r} in "
+                                  f"the data, {names[i]!r} here): give them in label order, or leave it out")  # fmt: skip
 
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -153,6 +193,10 @@ class ZeroShotConfig(EvaluatorConfig):
     ImageNet class names and the 80 templates of the CLIP paper's zero-shot ImageNet evaluation (the
     val data must hold those 1,000 classes in ImageNet's order); None = neither."""
 
+    def __post_init__(self):
+        super().__post_init__()
+        check_templates("zeroshot.templates", self.templates)
+
 
 class ZeroShotEvaluator(Evaluator):
     config = ZeroShotConfig
@@ -171,7 +215,10 @@ class ZeroShotEvaluator(Evaluator):
             check_data_classes(cfg.classnames, list(ctx.data.classes(cfg.data)[1]))
             self.names, self.templates = list(named["class_names"]), tuple(named["templates"])
         else:
-            self.names = list(cfg.class_names) if cfg.class_names else readable_class_names(ctx.data.classes(cfg.data)[1])
+            count, data_names = ctx.data.classes(cfg.data)
+            if cfg.class_names:  # checked against the data before use
+                check_class_names(f"{self.name}.class_names", cfg.class_names, data_names, count)
+            self.names = list(cfg.class_names) if cfg.class_names else readable_class_names(data_names)
 
     @torch.no_grad()
     def __call__(self, model):
@@ -189,6 +236,6 @@ class ZeroShotEvaluator(Evaluator):
 register_evaluator("zeroshot", ZeroShotEvaluator)
 
 __all__ = [
-    "ZeroShotConfig", "ZeroShotEvaluator", "collect_embeddings", "readable_class_names", "round_embeddings",
+    "ZeroShotConfig", "ZeroShotEvaluator", "check_class_names", "check_templates", "collect_embeddings", "readable_class_names", "round_embeddings",
     "zeroshot_accuracy", "zeroshot_classifier",
 ]  # fmt: skip

@@ -64,7 +64,9 @@ def _read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    sd = torch.load(path, map_location="cpu", weights_only=True)  # tensors and containers only
+    from .pretrained import read_pickle
+
+    sd = read_pickle(path, str(path))  # the one bounded reader: tensors and containers only, views checked
     for key in ("state_dict", "model", "module", "state_dict_ema"):
         if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
             sd = sd[key]

@@ -190,10 +190,13 @@ def _checked(read, where: str):
         raise UserError(f"{where}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
-def _load_pickle(p: Path, where: str) -> dict[str, torch.Tensor]:
-    """The tensors of a third-party pickle through ``torch.load(weights_only=True)`` (PyTorch's
-    allow-listed unpickler: tensors and plain containers, no code); a training checkpoint's model is
-    taken from its ``state_dict`` / ``model`` / ``module`` entry."""
+def read_pickle(p: str | Path, where: str) -> Any:
+    """The one bounded reader of a PyTorch pickle (``.pth``, ``.pt``, ``.bin``): ``torch.load(
+    weights_only=True)`` (PyTorch's allow-listed unpickler: tensors and plain containers, no code),
+    then every tensor in it checked by :func:`pickled_tensor_problem` before anything reads its
+    values (a stride-0 view of a few bytes as 2^32 elements asked for 16 GB when converted). Every
+    pickle vitscale reads — teachers, fine-tuning sources, TokenLabeling's label files — comes
+    through here; a problem is a :class:`UserError` naming ``where`` and the tensor."""
     import pickle
 
     try:
@@ -206,6 +209,29 @@ def _load_pickle(p: Path, where: str) -> dict[str, torch.Tensor]:
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{where}: not a readable PyTorch file (truncated or damaged?): {first[:200]}") from None
+    for name, t in _tensors_in(obj):
+        problem = pickled_tensor_problem(t)
+        if problem:
+            raise UserError(f"{where}: tensor {name!r} {problem}: not plain weights, nothing of it is read")
+    return obj
+
+
+def _tensors_in(obj, prefix: str = "", depth: int = 0):
+    """(name, tensor) of every tensor in a loaded pickle's containers (dicts, lists, tuples)."""
+    if isinstance(obj, torch.Tensor):
+        yield prefix or "(the file's tensor)", obj
+    elif depth < 16 and isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _tensors_in(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
+    elif depth < 16 and isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _tensors_in(v, f"{prefix}[{i}]", depth + 1)
+
+
+def _load_pickle(p: Path, where: str) -> dict[str, torch.Tensor]:
+    """The tensors of a third-party pickle through :func:`read_pickle`; a training checkpoint's model
+    is taken from its ``state_dict`` / ``model`` / ``module`` entry."""
+    obj = read_pickle(p, where)
     for key in ("state_dict", "model", "module", "state_dict_ema"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
@@ -215,10 +241,6 @@ def _load_pickle(p: Path, where: str) -> dict[str, torch.Tensor]:
     tensors = {k.removeprefix("module."): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     if not tensors:
         raise UserError(f"{where}: holds no tensors")
-    for name, t in tensors.items():
-        problem = _pickled_tensor_problem(t)
-        if problem:
-            raise UserError(f"{where}: tensor {name!r} {problem}: not plain weights, nothing of it is read")
     from ..checkpoint.state import NonFiniteWeights, nonfinite_names, some_names
 
     bad = nonfinite_names(tensors, limit=4)
@@ -227,7 +249,7 @@ def _load_pickle(p: Path, where: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _pickled_tensor_problem(t: torch.Tensor) -> str | None:
+def pickled_tensor_problem(t: torch.Tensor) -> str | None:
     """Why a tensor from a pickle is not plain weights, else None: a layout other than dense (sparse,
     quantized), a shape past the bounds of :func:`vitscale.checkpoint.geometry.shape_problem`, or a view
     over fewer bytes than it claims (a pickle may rebuild any strides: a stride-0 view of 8 bytes as

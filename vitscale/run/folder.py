@@ -133,6 +133,19 @@ def _record() -> dict:
     }
 
 
+def _holder_record(fd: int, wait_s: float = 2.0) -> dict:
+    """The record of the process holding the lock: it writes it just after taking the lock, so a
+    record not there yet is waited for (up to ``wait_s``) rather than reported as "host ?, pid ?"."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        rec = _read_record(fd)
+        if rec or time.monotonic() >= deadline:
+            return rec or {"host": "?", "pid": "?", "started": "just now: its record is not written yet"}
+        time.sleep(0.05)
+
+
 def _read_record(fd: int) -> dict | None:
     os.lseek(fd, 0, os.SEEK_SET)
     data = b""
@@ -173,7 +186,7 @@ class RunLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
             try:
                 if not self._flock(fd):
-                    raise FolderInUse(self._in_use(_read_record(fd) or {}))
+                    raise FolderInUse(self._in_use(_holder_record(fd)))
                 try:
                     same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
                 except FileNotFoundError:
@@ -339,15 +352,40 @@ class Claim:
     """The folder's lock (rank 0), None on the other ranks."""
     accepted: list[tuple[str, Any, Any]] = field(default_factory=list)
     """Changes ``checkpoint.allow_changes`` accepted for this resume."""
+    created: list[Path] = field(default_factory=list)
+    """The folders this claim made (``train.output_dir`` and the parents it lacked, deepest first): a
+    run refused before it starts (:meth:`write_config` never called) removes them again."""
+    started: bool = False
+    """The run's ``config.yaml`` was written: from here on the folder is the run's record."""
 
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()
+        if not self.started and self.created:  # refused before it started: nothing left behind
+            self._remove_created()
+
+    def _remove_created(self) -> None:
+        """Remove what a run refused before its start wrote in folders it made: the files it writes
+        before ``config.yaml`` (the run's ``classnames.txt``), then each folder if empty — nothing else (a
+        folder that holds anything more is left as it is)."""
+        from ..data.classes import CLASSNAMES_FILE
+
+        folder = self.created[0]
+        for name in (CLASSNAMES_FILE,):
+            path = folder / name
+            with contextlib.suppress(OSError):
+                if path.is_file() and not path.is_symlink():
+                    path.unlink()
+        for f in self.created:
+            with contextlib.suppress(OSError):
+                f.rmdir()  # only when empty
+        self.created = []
 
     def write_config(self, cfg: Any, resumed_step: int | None) -> None:
         """The run's ``config.yaml`` in ``train.output_dir`` (written by the main rank); on a resume
         from the checkpoint of ``resumed_step`` (None: none) with accepted changes, the config the
         checkpoints so far were trained with is kept beside it (:func:`write_config`)."""
+        self.started = True
         keep = resumed_step if resumed_step is not None and self.accepted else None
         write_config(cfg, Path(cfg.train.output_dir), before_step=keep)
 
@@ -413,7 +451,9 @@ def claim(cfg: Any, is_main: bool, share=None, before=None, restore=None) -> Cla
     error: UserError | None = None
     lock = None
     accepted: list = []
+    created: list[Path] = []
     if is_main:
+        created = _missing_folders(folder)  # before the folder's own checks, which may make it
         try:
             if before is not None:
                 before(cfg)
@@ -425,6 +465,7 @@ def claim(cfg: Any, is_main: bool, share=None, before=None, restore=None) -> Cla
         except UserError as e:
             if lock is not None:
                 lock.release()
+            Claim(lock=None, created=created).release()  # folders it made for nothing: removed
             error = e
     if share is not None:
         outcome = share(None if error is None else (error.exit_code, str(error)))
@@ -433,7 +474,16 @@ def claim(cfg: Any, is_main: bool, share=None, before=None, restore=None) -> Cla
             error.exit_code = outcome[0]
     if error is not None:
         raise error
-    return Claim(lock=lock, accepted=accepted)
+    return Claim(lock=lock, accepted=accepted, created=created)
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its parents that do not exist yet, deepest first."""
+    out, f = [], Path(os.path.abspath(folder))
+    while not f.exists() and f != f.parent:
+        out.append(f)
+        f = f.parent
+    return out
 
 
 __all__ = [

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitscale.eval.zeroshot import readable_class_names
+from vitscale.eval.zeroshot import check_class_names, readable_class_names
 from vitscale.models.registry import family_of
 from vitscale.tasks.contrastive_loss import build_contrastive_loss
 
@@ -47,6 +47,8 @@ class ContrastiveTask(Task):
             gather_with_grad=cc.gather_with_grad,
             group=dp_group,  # the data-parallel ranks: the loss spans their whole batch
         )
+        if cc.class_names:  # against the data they describe, before use (a wrong count: IndexError at step 1)
+            check_class_names("clip.class_names", cc.class_names, self.class_names, num_classes)
         self.class_names = list(cc.class_names) if cc.class_names else readable_class_names(self.class_names)
         self.templates = list(cc.caption_templates)
         self._caption_tokens = None  # (K, T, L) tokens of every (class, template), built on first use

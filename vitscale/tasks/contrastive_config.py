@@ -8,6 +8,7 @@ The default prompt is the CLIP paper's ("A photo of a {label}.", Radford et al. 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from vitscale.config.ranges import at_least
 from vitscale.config.schema import Config
@@ -20,6 +21,9 @@ DEFAULT_TEMPLATES = ("a photo of a {}.",)
 @dataclass
 class ClipConfig:
     """CLIP / SigLIP training and evaluation (NeMo ``model.local_loss`` / ``model.gather_with_grad``)."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"context_length": (1, 8192), "lock_image_unlocked_groups": (0, 1 << 16), "lock_text_unlocked_layers": (0, 1 << 16)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     local_loss: bool = False
     """Score only the local rows against the global batch (B x W*B logits instead of W*B x W*B; NeMo
@@ -58,6 +62,10 @@ class ClipConfig:
     the projection)."""
 
     def __post_init__(self):
+        from vitscale.eval.zeroshot import check_templates
+
+        check_templates("clip.caption_templates", self.caption_templates)
+        check_templates("clip.zeroshot_templates", self.zeroshot_templates)
         at_least("clip.lock_image_unlocked_groups", self.lock_image_unlocked_groups, 0, "0 = the whole tower locked")
         at_least("clip.lock_text_unlocked_layers", self.lock_text_unlocked_layers, 0, "0 = the whole tower locked")
 

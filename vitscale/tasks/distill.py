@@ -341,6 +341,17 @@ def _class_map(dc: DistillConfig, where: str, name: str, n_teacher: int, teacher
         if len(cm) != n_data or not all(isinstance(i, int) and 0 <= i < n_teacher for i in cm):
             raise ConfigError(f"distill.class_map: give the teacher's class index (0 to {n_teacher - 1}) of each of the "
                               f"data's {n_data} classes, in the data's order; got {len(cm)} entries")  # fmt: skip
+        if len(set(cm)) != len(cm):  # two data classes taught by one teacher class (all zeros: every class as class 0)
+            twice = next(i for i in cm if cm.count(i) > 1)
+            raise ConfigError(f"distill.class_map names the teacher's class {twice} for {cm.count(twice)} data classes: "
+                              "each data class needs a teacher class of its own")  # fmt: skip
+        data_n, teacher_n = _named(data_names), _named(teacher_names)
+        if teacher_n and len(data_n) == n_data and len(teacher_n) == n_teacher:  # both named: the map must agree
+            bad = next((i for i, t in enumerate(cm) if teacher_n[t] != data_n[i]), None)
+            if bad is not None:
+                raise ConfigError(f"distill.class_map maps data class {bad} ({data_n[bad]!r}) to the teacher's class "
+                                  f"{cm[bad]} ({teacher_n[cm[bad]]!r}): the names contradict the map; give the "
+                                  "teacher's index of the class of the same name")  # fmt: skip
         return cm
     if n_teacher != n_data:
         raise ConfigError(f"{where}: the teacher ({name}) predicts {n_teacher} classes, the data has {n_data}: a "

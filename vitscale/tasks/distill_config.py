@@ -8,7 +8,7 @@ component those tasks call. Off unless ``distill.teacher`` is set.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from vitscale.config.ranges import at_least, fraction, image_side, positive
 from vitscale.config.schema import Config
@@ -17,6 +17,13 @@ from vitscale.config.schema import Config
 @dataclass
 class DistillConfig:
     """Online distillation (DeiT, Touvron et al. 2021, arXiv 2012.12877; open_clip ``--distill-model``)."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {
+        "teacher_img_size": (1, 8192), "teacher_mean": (0.0, 1.0), "teacher_std": (0.0, 1.0),
+        "replicate_max_mb": (0.0, float(1 << 30)), "class_map": (0, 1 << 22), "alpha": (0.0, 1.0), "tau": (0.0, 1e3),
+        "clip_weight": (0.0, 1e3),
+    }  # fmt: skip
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     teacher: str | None = None
     """The teacher's weights, given as ``checkpoint.init_from`` is: a vitscale run folder, checkpoint

@@ -34,8 +34,21 @@ EPS = 1e-7  # RankMe's epsilon (arXiv 2210.02885, section 3)
 
 def effective_rank(z: torch.Tensor) -> torch.Tensor:
     """RankMe of the embeddings ``z`` ``(n, d)``: ``exp`` of the entropy of the L1-normalised singular
-    values; a 0-dimensional float32 tensor on ``z``'s device (an SVD: call it at log steps only)."""
-    s = torch.linalg.svdvals(z.detach().float())
+    values; a 0-dimensional float32 tensor on ``z``'s device (an SVD: call it at log steps only). NaN
+    when ``z`` holds a non-finite number (its step was not applied: the non-finite guard's to report).
+    The rank does not change with the scale of ``z``, so ``z`` is divided by its largest magnitude first:
+    finite embeddings near float32's limit (weights x 1e20) no longer overflow inside the SVD, which
+    then failed with ``LinAlgError``."""
+    z = z.detach().float()
+    if not bool(torch.isfinite(z).all()):
+        return torch.tensor(float("nan"), device=z.device)
+    top = z.abs().max()
+    if top > 0:
+        z = z / top
+    try:
+        s = torch.linalg.svdvals(z)
+    except torch.linalg.LinAlgError:  # no convergence: no value this log step, never a traceback
+        return torch.tensor(float("nan"), device=z.device)
     p = s / s.sum().clamp_min(torch.finfo(torch.float32).tiny) + EPS
     return torch.exp(-(p * p.log()).sum())
 
@@ -130,6 +143,8 @@ class RankWatch:
             return {}, []
         z = gather_rows(self.last, self.group)
         rank = float(effective_rank(z))
+        if not math.isfinite(rank):  # the last step's embeddings were not finite: no metric (a bare NaN in JSON)
+            return {}, []
         floor = rank_floor(*z.shape)
         lines = []
         if self.alarm(step, rank < floor):

@@ -9,6 +9,7 @@ recipe sets its own decoder (``configs/digits_mae.yaml``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from vitscale.config.schema import Config
 
@@ -16,6 +17,9 @@ from vitscale.config.schema import Config
 @dataclass
 class MaeConfig:
     """MAE: which patches the encoder sees, the light decoder that predicts the others, the target."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"mask_ratio": (0.0, 1.0), "decoder_width": (1, 1 << 16), "decoder_depth": (1, 1024), "decoder_heads": (1, 1024), "decoder_mlp_ratio": (0.0, 64.0)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     mask_ratio: float = 0.75
     """Fraction of each image's patches removed before the encoder, drawn per sample (facebookresearch/mae

@@ -15,6 +15,12 @@ from vitscale.errors import ConfigError
 class TokenLabelConfig:
     """Token labeling (Jiang et al. 2021): dense teacher labels + MixToken (``train.task=token_labeling``)."""
 
+    RANGES: ClassVar[dict[str, tuple]] = {
+        "beta": (0.0, 1e3), "cls_weight": (0.0, 1e3), "mix_token_alpha": (0.0, 100.0), "mix_token_prob": (0.0, 1.0),
+        "sampling_ratio": (0, 1 << 10),
+    }  # fmt: skip
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
+
     path: str | None = None
     """Label folder: one ``vitscale label-tokens`` wrote (``token_labels.json`` + memmapped arrays), or
     TokenLabeling's (``<class>/<image>.pt`` files: the published NFNet-F6 maps; image folders only)."""
@@ -62,6 +68,9 @@ class TokenLabelConfig:
 @dataclass
 class TeacherConfig:
     """The teacher of ``vitscale label-tokens``: any vitscale model, or a timm model converted."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"topk": (1, 1 << 10), "batch_size": (1, 1 << 20), "img_size": (1, 8192)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     # Read by ``vitscale label-tokens`` only: a resumed training run accepts any change to it
     # (vitscale.run.folder.neutral_key).

@@ -4,6 +4,7 @@ from ..registry import FamilySpec, register_family
 from ..vit.memory import MEMORY_IMAGE_TOWER
 from . import finetune
 from .configs import VARIANTS, CLIPConfig, CLIPTextConfig
+from .flops import clip_flops
 from .model import CLIP, CausalBlock, TextTransformer
 from .parallelize import PLAN
 from .serving import serving
@@ -21,6 +22,7 @@ register_family(
         adapters={"open_clip": OPEN_CLIP, "transformers": TRANSFORMERS},
         tokenizer=create_tokenizer,
         memory=MEMORY_IMAGE_TOWER,
+        flops=clip_flops,
         serving=serving,
         recognizes=finetune.RECOGNIZES,
         architecture=finetune.architecture,

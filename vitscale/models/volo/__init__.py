@@ -2,6 +2,7 @@
 
 from ..registry import FamilySpec, register_family
 from .configs import VARIANTS, VOLOConfig
+from .flops import volo_flops
 from .model import VOLO, OutlookAttention, TokenMix
 from .parallelize import PLAN
 from .state_dict_adapter import RECOGNIZES, TIMM
@@ -9,6 +10,7 @@ from .state_dict_adapter import RECOGNIZES, TIMM
 register_family(
     FamilySpec(
         name="volo",
+        flops=volo_flops,
         model_cls=VOLO,
         variants=VARIANTS,
         task="classification",
