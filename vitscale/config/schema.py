@@ -278,7 +278,8 @@ class TrainConfig:
 class CheckpointConfig:
     """Checkpoints (torch.distributed.checkpoint, atomic, last K kept) and weights export."""
 
-    RANGES: ClassVar[dict[str, Bound]] = {"every": (0, COUNT_MAX), "keep": (1, 1 << 16), "remote_wait_s": (0.0, 7 * 86400.0)}
+    RANGES: ClassVar[dict[str, Bound]] = {"every": (0, COUNT_MAX), "keep": (1, 1 << 16), "remote_wait_s": (0.0, 7 * 86400.0),
+                                          "signal_deadline": (1e-3, 7 * 86400.0)}  # fmt: skip
     """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     every: int = 0

@@ -10,7 +10,9 @@ converted to optimizer steps with the run's epoch length.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from vitscale.config.ranges import COUNT_MAX
 from vitscale.config.schema import Config
 from vitscale.data.views import MAX_CROP_SIDE, MAX_CROPS
 
@@ -29,6 +31,22 @@ def _pair(key: str, v, lo: float, hi: float, closed_lo: bool = False) -> tuple[f
 @dataclass
 class DinoConfig:
     """DINOv2: the crops, the heads, the teacher and its targets, the losses and their weights."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {
+        "global_crops_scale": (0.0, 1.0), "local_crops_scale": (0.0, 1.0), "global_crops_size": (1, MAX_CROP_SIDE),
+        "local_crops_size": (1, MAX_CROP_SIDE), "local_crops_number": (0, MAX_CROPS), "hflip": (0.0, 1.0),
+        "color_jitter": (0.0, 1.0), "gaussian_blur": (0.0, 1.0), "solarization": (0.0, 1.0),
+        "head_n_prototypes": (2, MAX_PROTOTYPES), "head_bottleneck_dim": (1, 1 << 16), "head_nlayers": (1, 64),
+        "head_hidden_dim": (1, 1 << 17), "loss_weight": (0.0, 1e6), "koleo_loss_weight": (0.0, 1e6),
+        "ibot_loss_weight": (0.0, 1e6), "ibot_mask_sample_probability": (0.0, 1.0), "ibot_mask_ratio_min_max": (0.0, 1.0),
+        "center_momentum": (0.0, 1.0), "student_temp": (1e-6, 1e3), "teacher_temp": (1e-6, 1e3),
+        "warmup_teacher_temp": (1e-6, 1e3), "warmup_teacher_temp_epochs": (0.0, 1e6), "momentum_teacher": (0.0, 1.0),
+        "final_momentum_teacher": (0.0, 1.0), "weight_decay_end": (0.0, 1e3), "freeze_last_layer_epochs": (0.0, 1e6),
+        "patch_embed_lr_mult": (0.0, 1e3), "freeze_backbone_steps": (0, COUNT_MAX), "gram_loss_weight": (0.0, 1e6),
+        "gram_it_load_ema_teacher": (0, COUNT_MAX), "gram_update_frequency": (1, COUNT_MAX),
+        "gram_it_first_update": (0, COUNT_MAX), "gram_max_updates": (0, COUNT_MAX),
+    }  # fmt: skip
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     # ---- multi-crop (dinov2/data/augmentations.py; ssl_default_config.yaml lines 107-116)
     global_crops_scale: list[float] = field(default_factory=lambda: [0.32, 1.0])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from vitscale.config.ranges import at_least, finite, fraction, image_side, positive
 from vitscale.errors import ConfigError
@@ -153,6 +153,9 @@ class FeatureTeacherConfig:
 class FeatureDistillConfig:
     """Feature distillation from frozen teachers (AM-RADIO arXiv 2312.06709, UNIC arXiv 2408.02943,
     PHI-S arXiv 2410.01680): the future ``train.task=feature_distill`` (docs/distillation.md)."""
+
+    RANGES: ClassVar[dict[str, tuple]] = {"teacher_drop": (0.0, 1.0)}
+    """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
     teachers: list[FeatureTeacherConfig] = field(default_factory=list)
     """The teachers, one entry each (``name``, ``path``, ... : :class:`FeatureTeacherConfig`); at least
