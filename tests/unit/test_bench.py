@@ -102,7 +102,7 @@ def test_clip_debug_infer_against_open_clip():
 
 
 def test_compare_must_fit_the_family():
-    with pytest.raises(NotImplementedError, match=r"^no timm adapter for family clip \(its adapters: open_clip\)$"):
+    with pytest.raises(NotImplementedError, match=r"^no timm adapter for family clip \(its adapters: open_clip, transformers\)$"):
         run_bench(
             BenchSettings("clip_debug", device="cpu", steps=1, warmup=0, compare="timm"), log=lambda s: None
         )

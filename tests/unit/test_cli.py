@@ -84,7 +84,7 @@ def test_overrides_may_follow_an_option(capsys):
         ("data.format=nope", "data.format: unknown data format 'nope' (choose one of csv, digits, digits_aspect, imagefolder, "
          "parquet, synthetic, webdataset; a plug-in's: load it with vitscale --import MODULE)"),
         ("train.task=clasification", "train.task: unknown task 'clasification'; did you mean 'classification'? (choose one of "
-         "classification, contrastive, dino, mae, token_labeling; a plug-in's: load it with vitscale --import MODULE)"),
+         "classification, contrastive, dino, feature_distill, mae, token_labeling; a plug-in's: load it with vitscale --import MODULE)"),
         ("data.interpolation=cubic", "data.interpolation: 'cubic' is not one of bilinear, bicubic"),
         ("token_label.cls_target=teacher", "token_label is a group of train.task=token_labeling, not of "
          "train.task=classification (this run's): set train.task to it, or remove token_label"),

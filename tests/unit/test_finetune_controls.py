@@ -157,7 +157,7 @@ def test_distillation_settings_are_checked_up_front(tmp_path):
     def check_run(cfg, dims, purpose):  # the run's checks, of the model as vitscale.run.assemble resolves it
         check(cfg, dims, purpose, resolve_run_model(cfg))
     # a task without distillation has no distill group: refused as the config loads
-    with pytest.raises(ConfigError, match=re.escape("distill is a group of train.task=classification / contrastive, "
+    with pytest.raises(ConfigError, match=re.escape("distill is a group of train.task=classification / contrastive / feature_distill, "
                                                     "not of train.task=token_labeling (this run's)")):
         load_config("digits_vit", ["train.task=token_labeling", "distill.teacher=t.pth"])
     # a group checks its own fields as it is built: the config does not load
@@ -171,7 +171,9 @@ def test_distillation_settings_are_checked_up_front(tmp_path):
     ):
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(config, overrides)
-    assert load_config("digits_vit", ["distill.alpha=1.5"]).distill.alpha == 1.5  # no teacher: not read, not checked
+    # no teacher: not read, yet out of its range all the same (issue 49: every number has a range, checked as it loads)
+    with pytest.raises(ConfigError, match=re.escape("distill.alpha=1.5 is out of range: use 0.0 to 1.0")):
+        load_config("digits_vit", ["distill.alpha=1.5"])
     # what needs more than one group: the run's checks, the task's (Task.check) among them
     with pytest.raises(CheckError, match=re.escape("train.task=token_labeling needs token_label.path")):
         check_run(load_config("digits_vit", ["train.task=token_labeling"]), dims, "train")

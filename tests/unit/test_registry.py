@@ -20,7 +20,7 @@ from vitscale.tasks.base import TASKS
     [
         (get_family, "vit_b61", "model.name: unknown model 'vit_b61'; did you mean 'vit_b16'? (`vitscale models` lists them;"),
         (TASKS.get, "contrastve", "train.task: unknown task 'contrastve'; did you mean 'contrastive'? (choose one of "
-         "classification, contrastive, dino, mae, token_labeling;"),
+         "classification, contrastive, dino, feature_distill, mae, token_labeling;"),
         (FORMATS.get, "imagefoldr", "data.format: unknown data format 'imagefoldr'; did you mean 'imagefolder'? (choose one of "
          "csv, digits, digits_aspect, imagefolder, parquet, synthetic, webdataset;"),
         (EVALUATORS.get, "zeroshoot", "kind: unknown evaluator 'zeroshoot'; did you mean 'zeroshot'? (choose one of "),

@@ -11,7 +11,7 @@ from helpers import assert_same_batch, take
 from vitscale.data import build_loaders, data_config
 from vitscale.data.keyed import epoch_permutation
 from vitscale.data.sampler import ShardedBatchSampler
-from vitscale.errors import CheckError
+from vitscale.errors import CheckError, ConfigError
 
 N, SEED = 96, 3
 
@@ -155,7 +155,7 @@ def test_workers_give_the_same_batches():
 
 @pytest.mark.parametrize("value", [0, -2])
 def test_fewer_than_one_repeat_is_refused(value):
-    with pytest.raises(CheckError, match=rf"data.repeated_aug={value} must be a whole number of at least 1"):
+    with pytest.raises((CheckError, ConfigError), match=rf"data.repeated_aug={value} must be a whole number of at least 1"):
         _train(_cfg(repeated_aug=value))
 
 

@@ -82,7 +82,7 @@ def _trainer_on_meta(config: str, overrides: list[str], tmp_path) -> Trainer:
     cfg = load_config(config, [*FAST, f"train.output_dir={tmp_path / 'run'}", "train.device=cpu", "optim.fused=foreach", *overrides])
     t = Trainer(cfg)
     meta = torch.device("meta")
-    t.model.to(meta)  # the same Parameter objects: the optimizer still holds them
+    t.module.to(meta)  # the model and the task's parts: the same Parameter objects, the optimizer still holds them
     if t.ema is not None:
         t.ema.module.to(meta)
     t.device = t.task.device = t.loaders.train.device = meta

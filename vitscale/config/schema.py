@@ -74,7 +74,7 @@ class OptimConfig:
     """The optimizer."""
 
     RANGES: ClassVar[dict[str, Bound]] = {
-        "lr": (0.0, 1e3), "lr_scale_batch": (0, 1 << 24), "betas": (0.0, 1.0), "momentum": (0.0, 1.0),
+        "lr": (0.0, 1e9), "lr_scale_batch": (0, 1 << 24), "betas": (0.0, 1.0), "momentum": (0.0, 1.0),
         "weight_decay": (0.0, 1e3), "head_weight_decay": (0.0, 1e3), "layer_decay": (0.0, 1.0), "eps": (0.0, 1.0),
     }  # fmt: skip
     """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""

@@ -96,7 +96,8 @@ def group_lines(model: nn.Module, optimizer, layer_decay: float | None, peak_lr:
     exponents, prefixes = _exponents(model)
     by: dict[int, list] = {}
     for g in optimizer.param_groups:
-        by.setdefault(g.get("layer_exponent", 0), []).append(g)
+        if "layer_exponent" in g:  # the model's groups (a task's own, its heads, are not split by layer)
+            by.setdefault(g["layer_exponent"], []).append(g)
     for k in sorted(by, reverse=True):
         gs = by[k]
         layers = sorted({_match(names[id(p)], exponents, prefixes)[0] for g in gs for p in g["params"]})
