@@ -59,7 +59,7 @@ class Checkpointing:
     """``cc``: the ``checkpoint`` config group; ``counters``: the trainer's counters. Built before the
     training module (:meth:`initialise` reads ``checkpoint.init_from`` into the family's model), then
     given the run's state (:meth:`track`: the training module, the optimizer, the EMA) and resumed
-    (:meth:`restore`). :meth:`of_run` builds it for an assembled run."""
+    (:meth:`restore`). :meth:`build` builds it from the ``checkpoint`` group."""
 
     def __init__(self, root: Path, cc: Any, counters: RunCounters):
         self.cc, self.counters = cc, counters
@@ -77,10 +77,10 @@ class Checkpointing:
         self._latest: list = []  # the newest intact checkpoint, looked for once (collective)
 
     @classmethod
-    def of_run(cls, run, counters: RunCounters) -> Checkpointing:
-        """The checkpoint component of the assembled ``run`` (:class:`vitscale.run.Run`): its
-        ``checkpoint`` group, ``<train.output_dir>/checkpoints``, with the trainer's ``counters``."""
-        return cls(Path(run.cfg.train.output_dir) / "checkpoints", run.cfg.checkpoint, counters)
+    def build(cls, cc: Any, *, output_dir: str | Path, counters: RunCounters) -> Checkpointing:
+        """The checkpoint component of a run: its ``checkpoint`` group ``cc``, writing under
+        ``<output_dir>/checkpoints``, with the trainer's ``counters``."""
+        return cls(Path(output_dir) / "checkpoints", cc, counters)
 
     def latest(self) -> Path | None:
         """The checkpoint a resume starts from (``checkpoint.resume``), looked for once; None if none."""

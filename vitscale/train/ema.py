@@ -34,14 +34,14 @@ class EMA:
             p.requires_grad_(False)
 
     @classmethod
-    def of_run(cls, run) -> EMA | None:
-        """The EMA of the assembled ``run``'s model, the family's model a task trains (``train.ema_decay``;
+    def build(cls, decay: float, *, model: nn.Module, new_model=None) -> EMA | None:
+        """The EMA of ``model``, the family's model a task trains, at ``decay`` (``train.ema_decay``;
         None when 0; a task's own parts have none: they are not exported). A sharded model cannot be
-        deep-copied: with several ranks, a second model laid out like it (:meth:`vitscale.run.Run.new_model`)."""
-        decay = run.cfg.train.ema_decay
+        deep-copied: with several ranks, ``new_model()`` builds a second model laid out like it
+        (:meth:`vitscale.run.Run.new_model`)."""
         if decay <= 0:
             return None
-        return cls(run.model, decay, module=run.new_model() if run.dims.world_size > 1 else None)
+        return cls(model, decay, module=new_model() if new_model is not None else None)
 
     @torch.no_grad()
     def update(self, model: nn.Module, ok: torch.Tensor | None = None) -> None:

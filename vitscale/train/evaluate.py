@@ -7,12 +7,12 @@ results are those of one process (every rank returns them)."""
 from __future__ import annotations
 
 from vitscale.checkpoint import load_model_weights, read_weights
-from vitscale.config import Config, eval_entries
+from vitscale.config import Config
 from vitscale.eval.probe import probe_entry
 from vitscale.run import assemble
 from vitscale.tasks import get_task
 
-from .evaluation import run_evaluations
+from .evaluation import eval_context, select_evaluations
 from .fastpath import autocast_factory
 
 
@@ -32,11 +32,9 @@ def evaluate_checkpoint(cfg: Config, path, *, ema: bool = False) -> dict:
     autocast = autocast_factory(run.device, run.precision.autocast)
     task = get_task(run.task).for_evaluation(run.cfg, run.model, run.num_classes, run.dims.dp_group(), run.class_names)
     task.device, task.autocast = run.device, autocast
-    if cfg.eval.probe != "none":  # a linear / few-shot probe on frozen features instead of the head
-        entries = (probe_entry(cfg.eval),)
-    else:
-        entries = cfg.evals if cfg.evals is not None else eval_entries(task.default_evals(cfg), f"{task.name} default evaluations")
-    res = run_evaluations(run, task, autocast, entries).run(run.model)
+    # a linear / few-shot probe on frozen features instead of the head; else evals:, else the task's defaults
+    entries = (probe_entry(cfg.eval),) if cfg.eval.probe != "none" else cfg.evals
+    res = select_evaluations(entries, task, cfg, eval_context(run, task, autocast), training=False).run(run.model)
     layout = {"layout": run.dims.describe()} if run.dims.distributed else {}
     return {"checkpoint": str(path), "ema": ema, **layout, **res, **({"load": report} if any(report.values()) else {})}
 

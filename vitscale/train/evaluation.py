@@ -18,33 +18,38 @@ from vitscale.run.evaldata import RunEvalData
 from vitscale.tasks import Task
 
 
-def run_evaluations(run: Run, task: Task, autocast, entries: tuple | None = None) -> Evaluations:
-    """The evaluations of ``run``: ``entries``, else ``evals:``, else the task's default evaluations
-    (dropped when the run has no validation data: it then reports training metrics only)."""
+def eval_context(run: Run, task: Task, autocast) -> EvalContext:
+    """What every evaluation of ``run`` reads beside its own entry: the run's evaluation data, device,
+    data-parallel group, class names and seed, and ``task``'s tokenizer and text fitting, under ``autocast``."""
     cfg = run.cfg
-    implicit = entries is None and cfg.evals is None
-    if entries is None:  # evals unset: the task's defaults; evals=[]: none
-        entries = cfg.evals if cfg.evals is not None else eval_entries(task.default_evals(cfg), f"{task.name} default evaluations")
-    ctx = EvalContext(
+    return EvalContext(
         data=RunEvalData(run), device=run.device, autocast=autocast, group=run.dims.dp_group(),
         class_names=list(run.class_names), seed=cfg.train.seed, cpu_threads=cfg.train.cpu_threads,
         tokenizer=task.tokenizer, fit_text=task.fit_context,
     )  # fmt: skip
-    return Evaluations(list(entries), ctx, implicit=implicit)
+
+
+def select_evaluations(evals: tuple | None, task: Task, cfg, context: EvalContext, *, training: bool = True) -> Evaluations:
+    """``evals`` (the config's ``evals:`` or the entries a command gives), else ``task``'s default
+    evaluations for ``cfg`` — in a ``training`` run dropped when it has no validation data (it then
+    reports training metrics only); ``vitscale eval`` refuses instead; ``evals=[]``: none."""
+    implicit = evals is None and training
+    if evals is None:
+        evals = eval_entries(task.default_evals(cfg), f"{task.name} default evaluations")
+    return Evaluations(list(evals), context, implicit=implicit)
 
 
 class EvalSchedule:
     """When the trainer evaluates what: every entry at its period (``every``) and all at the end.
-    :meth:`of_run` builds it for an assembled run."""
+    :meth:`build` builds it from the ``evals`` group and the run's evaluation context."""
 
     def __init__(self, evaluations: Evaluations):
         self.evaluations = evaluations
 
     @classmethod
-    def of_run(cls, run: Run, task: Task, autocast) -> EvalSchedule:
-        """The evaluations of the assembled ``run`` (``evals:``, else ``task``'s defaults), run under
-        ``autocast``."""
-        return cls(run_evaluations(run, task, autocast))
+    def build(cls, evals: tuple | None, *, task: Task, cfg, context: EvalContext) -> EvalSchedule:
+        """The evaluations ``evals`` (``evals:``; None: ``task``'s defaults for ``cfg``) in ``context``."""
+        return cls(select_evaluations(evals, task, cfg, context))
 
     @property
     def names(self) -> list[str]:
@@ -65,4 +70,4 @@ class EvalSchedule:
         return res
 
 
-__all__ = ["EvalSchedule", "run_evaluations"]
+__all__ = ["EvalSchedule", "eval_context", "select_evaluations"]

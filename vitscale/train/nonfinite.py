@@ -114,12 +114,11 @@ class NonFiniteGuard:
         self.checked_total = self.start_total = int(start_total)
 
     @classmethod
-    def of_run(cls, run, counters) -> NonFiniteGuard:
-        """The guard of the assembled ``run`` (its device, ``train.max_nonfinite_steps``,
+    def build(cls, tc, *, device: torch.device, counters) -> NonFiniteGuard:
+        """The guard of a run on ``device`` from its ``train`` group ``tc`` (``train.max_nonfinite_steps``,
         ``train.max_consecutive_nonfinite``), counting on from ``counters.nonfinite_steps`` (the
         run's so far, after a resume)."""
-        tc = run.cfg.train
-        return cls(run.device, tc.max_nonfinite_steps, tc.max_consecutive_nonfinite, counters.nonfinite_steps)
+        return cls(device, tc.max_nonfinite_steps, tc.max_consecutive_nonfinite, counters.nonfinite_steps)
 
     def to(self, device: torch.device) -> NonFiniteGuard:
         self._counts = self._counts.to(device)

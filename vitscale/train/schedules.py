@@ -79,7 +79,7 @@ class Schedule:
     """A step's hyperparameters: every param group's LR set to ``initial_lr * factor(step)``, times what
     the run's training module schedules itself (``hyper``: :meth:`vitscale.tasks.module.TrainModule.hyper`,
     a factor per group's schedule key — DINO's frozen prototypes — and a weight-decay factor — DINOv2's
-    cosine weight decay). :meth:`of_run` builds it for an assembled run."""
+    cosine weight decay). :meth:`build` builds it from the ``schedule`` group."""
 
     def __init__(self, optimizer, cfg: ScheduleConfig, total_steps: int, warmup: int, peak_lr: float,
                  notice: str | None = None, hyper=None):  # fmt: skip
@@ -88,13 +88,13 @@ class Schedule:
         self.hyper = hyper
 
     @classmethod
-    def of_run(cls, run, optimizer, peak_lr: float, hyper=None) -> Schedule:
-        """The schedule of the assembled ``run`` (its ``schedule`` group, over the run's length,
-        :attr:`vitscale.run.Run.total_steps`) for ``optimizer`` at ``peak_lr``, with the training
-        module's own ``hyper``; epochs converted to steps, the warmup fitted to the run (:attr:`notice`)."""
-        per_epoch, total = run.steps_per_epoch, run.total_steps
-        warmup, notice = fit_warmup(warmup_steps(run.cfg.schedule, per_epoch), total)
-        return cls(optimizer, in_steps(run.cfg.schedule, per_epoch), total, warmup, peak_lr, notice, hyper)
+    def build(cls, sc: ScheduleConfig, *, optimizer, peak_lr: float, steps_per_epoch: int, total_steps: int,
+              hyper=None) -> Schedule:  # fmt: skip
+        """The schedule of the ``schedule`` group ``sc`` over a run of ``total_steps`` (``steps_per_epoch``
+        a pass of its data) for ``optimizer`` at ``peak_lr``, with the training module's own ``hyper``;
+        epochs converted to steps, the warmup fitted to the run (:attr:`notice`)."""
+        warmup, notice = fit_warmup(warmup_steps(sc, steps_per_epoch), total_steps)
+        return cls(optimizer, in_steps(sc, steps_per_epoch), total_steps, warmup, peak_lr, notice, hyper)
 
     def factor(self, step: int) -> float:
         return lr_factor(self.cfg, step, self.total, self.warmup, self.peak)

@@ -4,7 +4,7 @@ One call into the run layer, :func:`vitscale.run.assemble`, gives the finished r
 resolved, the checks, the run folder claimed, device, layout, data, the model on the meta device ->
 its family's plan through the parallelize tail -> ``to_empty`` -> ``init_weights()`` under the run's
 seed); the trainer builds its components from that run, each owning its config group
-(``X.of_run(run, …)``) — the checkpoint component (:mod:`.checkpointing`: ``checkpoint.init_from``
+(``X.build(cfg.<group>, <named objects>)``, as torchtitan's ``config.X.build(...)``) — the checkpoint component (:mod:`.checkpointing`: ``checkpoint.init_from``
 into the family's model, the run's state as DCP ``Stateful`` parts, resume, schedule), the task and
 the training module it builds (:mod:`vitscale.tasks.module`: the backbone and the task's parts),
 optimizer, schedule, EMA, the non-finite guard, the evaluations (:mod:`.evaluation`) and what the run
@@ -40,7 +40,7 @@ from vitscale.tools.env import command_line
 
 from .checkpointing import Checkpointing, RunCounters
 from .ema import EMA
-from .evaluation import EvalSchedule
+from .evaluation import EvalSchedule, eval_context
 from .fastpath import autocast_factory, sdpa_backend
 from .finetune import freeze, group_lines
 from .logstep import StepCost, batch_shape, opening_lines
@@ -96,7 +96,7 @@ class Trainer:
         # training module from it (its parts: a teacher, heads, a decoder; a distillation teacher; locks),
         # then model.freeze, before the optimizer
         self.counters = RunCounters(self.loaders.train, run.total_steps)
-        self.checkpoints = Checkpointing.of_run(run, self.counters)
+        self.checkpoints = Checkpointing.build(cfg.checkpoint, output_dir=tc.output_dir, counters=self.counters)
         self.notices = list(self.checkpoints.initialise(self.model))  # what checkpoint.init_from loaded, resampled, re-initialised
         self.autocast = autocast_factory(self.device, run.precision.autocast)
         self.task = get_task(run.task)(cfg, self.model, run.num_classes, run.dims.dp_group(), run.class_names)
@@ -108,12 +108,13 @@ class Trainer:
         peak_lr = scaled_lr(cfg.optim, tc.batch_size)
         self.optimizer = build_optimizer(self.module, cfg.optim, peak_lr)
         self.notices += group_lines(self.model, self.optimizer, cfg.optim.layer_decay, peak_lr)
-        self.schedule = Schedule.of_run(run, self.optimizer, peak_lr, self.module.hyper)
+        self.schedule = Schedule.build(cfg.schedule, optimizer=self.optimizer, peak_lr=peak_lr, hyper=self.module.hyper,
+                                       steps_per_epoch=run.steps_per_epoch, total_steps=run.total_steps)
         self.notices += [self.schedule.notice] if self.schedule.notice else []
         if self.loaders.val is None and not cfg.evals:
             self.notices.append(f"no validation data: this run reports training metrics only "
                                 f"({validation_hint(cfg.data.format)})")  # fmt: skip
-        self.ema = EMA.of_run(run)  # train.ema_decay (None when 0): of the family's model
+        self.ema = EMA.build(tc.ema_decay, model=self.model, new_model=run.new_model if run.dims.world_size > 1 else None)  # of the family's model
 
         # the run's state: resumed from the newest checkpoint
         self.checkpoints.track(self.module, self.optimizer, self.ema)
@@ -122,9 +123,9 @@ class Trainer:
         self.complete = self.checkpoints.restore()  # a finished run: nothing to train
 
         # a non-finite step is not applied (and a diverged run stops)
-        self.guard = NonFiniteGuard.of_run(run, self.counters)
+        self.guard = NonFiniteGuard.build(tc, device=self.device, counters=self.counters)
         if not self.complete:  # a finished run's config.yaml still describes its weights
-            self.evals = EvalSchedule.of_run(run, self.task, self.autocast)  # loaders and label files read now
+            self.evals = EvalSchedule.build(cfg.evals, task=self.task, cfg=cfg, context=eval_context(run, self.task, self.autocast))  # loaders and label files read now
             if run.dims.is_main:  # the config of the checkpoints so far kept beside the new one on an accepted change
                 run.claim.write_config(cfg, self.step if self.checkpoints.resumed_from else None)
 
