@@ -32,7 +32,10 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
 - **The prototypes** have learning rate 0 for the first ``dino.freeze_last_layer_epochs``, as DINOv2's
   ``last_layer_lr_schedule`` (``dinov2/train/train.py`` lines 98-100): their own parameter group,
   scheduled by the module (:meth:`DinoModule.hyper`); their gradient still counts in the clipping norm
-  and AdamW's moments, as there, and no weight decay moves them.
+  and AdamW's moments, as there, and no weight decay moves them. Their layer is DINOv2's weight-normalised
+  one, DINO v1's unit prototypes or DINOv3's plain linear layer (``dino.head_last_layer``), optionally
+  after a batch-normalised MLP (DINO v1's ``dino.head_use_bn``); ``train.grad_clip_scope: part`` clips
+  the backbone and each head apart (:meth:`DinoModule.clip_parts`).
 - **Weight decay**: constant ``optim.weight_decay``, or DINOv2's cosine to ``dino.weight_decay_end``
   (:meth:`DinoModule.hyper`).
 - **Layout** (:mod:`vitscale.tasks.dino_layout`): one process, or FSDP2 data parallelism and tensor
@@ -312,7 +315,8 @@ class DinoTask(Task):
                    f"{', ...' if len(unreached) > 3 else ''}"] if unreached else [])  # fmt: skip
         notices = [*frozen, f"dino: 2 global crops of {dc.global_crops_size} px, {dc.local_crops_number} local of "
                    f"{dc.local_crops_size} px; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
-                   f"{dc.head_n_prototypes} prototypes ({n_params / 1e6:.2f}M params, not exported); "
+                   f"{dc.head_n_prototypes} prototypes ({dc.head_last_layer}{', batch norm' if dc.head_use_bn else ''}; "
+                   f"{n_params / 1e6:.2f}M params, not exported); "
                    f"centring {dc.centering}; teacher temperature {dc.warmup_teacher_temp} -> {dc.teacher_temp} over "
                    f"{self.temp_warmup} steps, momentum {dc.momentum_teacher} -> {dc.final_momentum_teacher} over {self.total}; "
                    f"prototypes frozen for {self.freeze_steps} steps; iBOT {'on' if self.ibot else 'off'}, KoLeo "
