@@ -223,7 +223,8 @@ class TrainConfig:
     """What ``grad_clip`` clips: ``global`` (the norm of every gradient together, as
     ``torch.nn.utils.clip_grad_norm_``), ``part`` (each part of the training module on its own: the
     backbone and each trained part of the task, DINO's heads each apart, as DINOv2 and DINOv3 clip each
-    of the student's modules, facebookresearch/dinov3 ``dinov3/train/train.py`` lines 488-493) or
+    of the student's modules, facebookresearch/dinov2 ``dinov2/train/train.py`` lines 257-259 and dinov3
+    ``dinov3/train/train.py`` lines 488-493) or
     ``parameter`` (each parameter's gradient on its own, as DINO v1's ``utils.clip_gradients``,
     facebookresearch/dino ``utils.py`` lines 132-141). The logged ``grad_norm`` is the global norm before
     clipping in every case."""

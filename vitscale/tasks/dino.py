@@ -193,7 +193,7 @@ class DinoModule(TrainModule):
 
     def clip_parts(self) -> list[nn.Module]:
         """The backbone, the DINO head and the iBOT head each on its own, as DINOv2 and DINOv3 clip the
-        student's modules (``dinov3/train/train.py`` lines 488-493, ``for k, v in student.items()``)."""
+        student's modules (``dinov2/train/train.py`` lines 257-259, ``dinov3/train/train.py`` lines 488-493)."""
         return [m for m in (self.backbone, self.student.head, self.student.ibot_head) if m is not None]
 
     def evaluated(self) -> dict[str, nn.Module]:
