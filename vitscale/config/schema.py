@@ -217,7 +217,17 @@ class TrainConfig:
     the others 0 (timm's ``--bce-target-thresh``; DeiT III's ``--bce-loss`` binarises at 0: both
     classes of a mixed pair are positives). None = the soft targets as they are."""
     grad_clip: float = 0.0
-    """Clip the global gradient norm to this value; 0 = off (the norm is still logged)."""
+    """Clip the gradient norm to this value (of what ``grad_clip_scope`` names); 0 = off (the global norm is
+    still logged)."""
+    grad_clip_scope: Literal["global", "part", "parameter"] = "global"
+    """What ``grad_clip`` clips: ``global`` (the norm of every gradient together, as
+    ``torch.nn.utils.clip_grad_norm_``), ``part`` (each part of the training module on its own: the
+    backbone and each trained part of the task, DINO's heads each apart, as DINOv2 and DINOv3 clip each
+    of the student's modules, facebookresearch/dinov2 ``dinov2/train/train.py`` lines 257-259 and dinov3
+    ``dinov3/train/train.py`` lines 488-493) or
+    ``parameter`` (each parameter's gradient on its own, as DINO v1's ``utils.clip_gradients``,
+    facebookresearch/dino ``utils.py`` lines 132-141). The logged ``grad_norm`` is the global norm before
+    clipping in every case."""
     ema_decay: float = 0.0
     """EMA of the weights with this decay (e.g. 0.9999); 0 = off. Evaluation then also reports EMA."""
     output_dir: str = "runs/default"

@@ -67,7 +67,52 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float = float(
     return norm
 
 
-__all__ = ["clip_grad_norm_", "grad_norm", "local_shard", "move_towards"]
+@torch.no_grad()
+def grad_norms(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
+    """Each parameter's gradient L2 norm, ``(P,)`` float32 in the order given (every parameter with a
+    gradient), every shard counted once, on any layout: as :func:`grad_norm`, the local squared sums
+    of one ``(mesh, sharded mesh dims)`` group all-reduced together, one all-reduce per sharded mesh
+    dimension and group, not one per parameter."""
+    grads = [p.grad for p in parameters]
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    if not local:
+        return torch.zeros(0)
+    sq = torch.stack([torch.linalg.vector_norm(x.float()) ** 2 for x in local])
+    groups: dict = defaultdict(list)
+    for i, g in enumerate(grads):
+        if isinstance(g, DTensor):
+            groups[(g.device_mesh, _sharded_mesh_dims(g))].append(i)
+    for (mesh, dims), idx in groups.items():
+        if not dims:
+            continue
+        at = torch.tensor(idx, device=sq.device)
+        part = sq.index_select(0, at)
+        for d in dims:
+            dist.all_reduce(part, group=mesh.get_group(d))
+        sq.index_copy_(0, at, part)
+    return sq.sqrt()
+
+
+@torch.no_grad()
+def clip_grad_norms_(parameters: Iterable[torch.Tensor], groups: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The gradients of each group of ``parameters`` (``groups``: a group number per parameter with a
+    gradient) scaled in place to a norm of at most ``max_norm``, each group on its own, by
+    ``min(1, max_norm / (norm + 1e-6))`` (``torch.nn.utils.clip_grad_norm_``'s factor, and DINO's
+    per-parameter ``utils.clip_gradients``, facebookresearch/dino ``utils.py`` lines 132-141). Returns the
+    global norm of all of them before clipping (what the run logs)."""
+    params = [p for p in parameters if p.grad is not None]
+    norms = grad_norms(params)
+    if not params:
+        return torch.zeros(())
+    groups = groups.to(norms.device)
+    sq = torch.zeros(int(groups.max()) + 1, device=norms.device).index_add_(0, groups, norms.square())
+    coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0).index_select(0, groups)
+    for p, c in zip(params, coef.unbind(), strict=True):
+        local_shard(p.grad).mul_(c.to(p.grad.dtype))
+    return sq.sum().sqrt()
+
+
+__all__ = ["clip_grad_norm_", "clip_grad_norms_", "grad_norm", "grad_norms", "local_shard", "move_towards"]
 
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,10 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
 - **The prototypes** have learning rate 0 for the first ``dino.freeze_last_layer_epochs``, as DINOv2's
   ``last_layer_lr_schedule`` (``dinov2/train/train.py`` lines 98-100): their own parameter group,
   scheduled by the module (:meth:`DinoModule.hyper`); their gradient still counts in the clipping norm
-  and AdamW's moments, as there, and no weight decay moves them.
+  and AdamW's moments, as there, and no weight decay moves them. Their layer is DINOv2's weight-normalised
+  one, DINO v1's unit prototypes or DINOv3's plain linear layer (``dino.head_last_layer``), optionally
+  after a batch-normalised MLP (DINO v1's ``dino.head_use_bn``); ``train.grad_clip_scope: part`` clips
+  the backbone and each head apart (:meth:`DinoModule.clip_parts`).
 - **Weight decay**: constant ``optim.weight_decay``, or DINOv2's cosine to ``dino.weight_decay_end``
   (:meth:`DinoModule.hyper`).
 - **Layout** (:mod:`vitscale.tasks.dino_layout`): one process, or FSDP2 data parallelism and tensor
@@ -82,7 +85,8 @@ class DinoStudent(nn.Module):
 
     def __init__(self, width: int, dc: DinoConfig, ibot: bool):
         super().__init__()
-        sizes = dict(nlayers=dc.head_nlayers, hidden_dim=dc.head_hidden_dim, bottleneck_dim=dc.head_bottleneck_dim)
+        sizes = dict(nlayers=dc.head_nlayers, hidden_dim=dc.head_hidden_dim, bottleneck_dim=dc.head_bottleneck_dim,
+                     last_layer=dc.head_last_layer, use_bn=dc.head_use_bn)
         self.head = DinoHead(width, dc.head_n_prototypes, **sizes)
         self.ibot_head = DinoHead(width, dc.head_n_prototypes, **sizes) if ibot and dc.ibot_separate_head else None
 
@@ -187,6 +191,11 @@ class DinoModule(TrainModule):
                                                 most=dc.gram_max_updates):  # fmt: skip
             copy_weights(self.teacher["backbone"], gram)  # DINOv3's update_gram / gram_load_ema_teacher
 
+    def clip_parts(self) -> list[nn.Module]:
+        """The backbone, the DINO head and the iBOT head each on its own, as DINOv2 and DINOv3 clip the
+        student's modules (``dinov2/train/train.py`` lines 257-259, ``dinov3/train/train.py`` lines 488-493)."""
+        return [m for m in (self.backbone, self.student.head, self.student.ibot_head) if m is not None]
+
     def evaluated(self) -> dict[str, nn.Module]:
         """The teacher's backbone, evaluated beside the student's (``dino.evaluate_teacher``): DINOv2 and
         DINOv3 evaluate the teacher (``dinov2/eval/setup.py`` ``build_model_for_eval`` loads ``teacher``)."""
@@ -197,7 +206,7 @@ class DinoModule(TrainModule):
         its prototypes on their rows), then each head an FSDP2 unit, sharded as its teacher copy (the teacher's backbone is laid out as the student's already)."""
         s, t = self.student, self.teacher
         heads = [h for h in (s.head, s.ibot_head, t["head"], t["ibot_head"] if "ibot_head" in t else None) if h is not None]
-        return PartsPlan(tp=[(h, head_plan(), ("last_v", "last_g")) for h in heads],
+        return PartsPlan(tp=[(h, head_plan(), h.row_names) for h in heads],
                          fsdp=[m for m in (s.head, s.ibot_head, t["head"], t["ibot_head"] if "ibot_head" in t else None)
                                if m is not None])  # fmt: skip
 
@@ -306,7 +315,8 @@ class DinoTask(Task):
                    f"{', ...' if len(unreached) > 3 else ''}"] if unreached else [])  # fmt: skip
         notices = [*frozen, f"dino: 2 global crops of {dc.global_crops_size} px, {dc.local_crops_number} local of "
                    f"{dc.local_crops_size} px; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
-                   f"{dc.head_n_prototypes} prototypes ({n_params / 1e6:.2f}M params, not exported); "
+                   f"{dc.head_n_prototypes} prototypes ({dc.head_last_layer}{', batch norm' if dc.head_use_bn else ''}; "
+                   f"{n_params / 1e6:.2f}M params, not exported); "
                    f"centring {dc.centering}; teacher temperature {dc.warmup_teacher_temp} -> {dc.teacher_temp} over "
                    f"{self.temp_warmup} steps, momentum {dc.momentum_teacher} -> {dc.final_momentum_teacher} over {self.total}; "
                    f"prototypes frozen for {self.freeze_steps} steps; iBOT {'on' if self.ibot else 'off'}, KoLeo "
@@ -384,6 +394,8 @@ class DinoTask(Task):
         every = torch.arange(n, device=images.device)[None].expand(2 * B, -1)
         teacher = self.teacher
         teacher.eval()
+        if dc.head_use_bn:  # DINO v1 never sets its teacher to eval: its head normalises by the batch's statistics
+            teacher["head"].train()
         masks = None
         if self.ibot:  # drawn on the host, with the masked rows' indices and weights (no read-back)
             cpu = batch.get("host", batch)["masks"]
@@ -409,12 +421,14 @@ class DinoTask(Task):
         with self.autocast():
             s_tok = model(glob, tokens=True, keep=every, mask=masks)  # iBOT: the backbone's mask token in place
             s_cls = s_tok.pooled
-            s_glob = self.student.head(s_cls)
             s_loc = None
-            if loc is not None:
+            if loc is None:
+                s_glob = self.student.head(s_cls)
+            else:  # one head pass over every crop's class token (DINO's MultiCropWrapper, utils.py lines 610-629;
+                # DINOv3 ssl_meta_arch.py lines 557-565): a batch-normalised head sees the batch DINO's does
                 m = (dc.local_crops_size // p) ** 2
                 s_loc_tok = model(loc, tokens=True, keep=torch.arange(m, device=images.device)[None].expand(loc.shape[0], -1))
-                s_loc = self.student.head(s_loc_tok.pooled)
+                s_glob, s_loc = self.student.head(torch.cat([s_cls, s_loc_tok.pooled])).split([2 * B, loc.shape[0]])
             if masks is not None:
                 s_patch = s_tok.patches.flatten(0, 1).index_select(0, idx)
                 s_head = self.student.ibot_head if self.student.ibot_head is not None else self.student.head

@@ -17,6 +17,8 @@ from vitscale.config.schema import Config
 from vitscale.data.views import MAX_CROP_SIDE, MAX_CROPS
 
 CENTERINGS = ("softmax", "sinkhorn_knopp")
+LAST_LAYERS = ("weight_norm", "normalized", "linear")
+"""The forms of the heads' last layer, the prototypes (:mod:`vitscale.tasks.dino_head`)."""
 GRAM_TOKENS = ("all", "masked", "unmasked")
 MAX_PROTOTYPES = 262144
 """Most prototypes of a head (DINOv3's ViT-7B: 262,144): past it the heads' last layers alone outgrow a step."""
@@ -82,6 +84,18 @@ class DinoConfig:
     """Linear layers of the MLP before the bottleneck (ssl_default_config.yaml line 47)."""
     head_hidden_dim: int = 2048
     """Hidden width of the MLP (ssl_default_config.yaml line 48)."""
+    head_last_layer: str = "weight_norm"
+    """The prototypes' layer (:mod:`vitscale.tasks.dino_head`): ``weight_norm`` (``g * V / ||V||``, ``g``
+    trained from 1: DINOv2's ``dinov2/layers/dino_head.py`` lines 27-28, DINO v1's ``--norm_last_layer
+    false``), ``normalized`` (``V / ||V||``, ``g`` held at 1: DINO v1's default ``--norm_last_layer true``,
+    facebookresearch/dino ``main_dino.py`` lines 57-60, ``vision_transformer.py`` lines 276-279) or
+    ``linear`` (a plain linear layer: DINOv3's ``dinov3/layers/dino_head.py`` line 32)."""
+    head_use_bn: bool = False
+    """A batch norm after each hidden linear layer of the heads' MLP (DINO v1's ``--use_bn_in_head``,
+    ``main_dino.py`` line 64, ``vision_transformer.py`` lines 265-271): the student's head normalises over
+    every crop's class token of the micro-batch in one pass, the teacher's over the global crops', by the
+    batch's statistics (DINO v1's teacher is never put in eval mode). One process only (DINO v1
+    synchronises them over the GPUs, ``SyncBatchNorm``, ``main_dino.py`` lines 196-201), and without iBOT."""
     loss_weight: float = 1.0
     """Weight of the DINO class-token loss (ssl_default_config.yaml line 44)."""
     koleo_loss_weight: float = 0.1
@@ -195,6 +209,13 @@ class DinoConfig:
                 raise ValueError(f"{key}={getattr(self, key)} must be probabilities within [0, 1]")
         if not 0.0 <= self.ibot_mask_sample_probability <= 1.0:
             raise ValueError(f"ibot_mask_sample_probability={self.ibot_mask_sample_probability} must lie in [0, 1]")
+        if self.head_last_layer not in LAST_LAYERS:
+            raise ValueError(f"head_last_layer={self.head_last_layer!r}: choose one of {', '.join(LAST_LAYERS)} "
+                             "(DINOv2: weight_norm, DINO v1: normalized, DINOv3: linear)")  # fmt: skip
+        if self.head_use_bn and self.ibot_loss_weight > 0:
+            raise ValueError("head_use_bn=true with iBOT (ibot_loss_weight > 0): a batch-normalised head (DINO v1's) "
+                             "would normalise the masked patches by a batch of as few as one row; set "
+                             "ibot_loss_weight=0, as DINO v1 has no iBOT")  # fmt: skip
         if self.centering not in CENTERINGS:
             raise ValueError(f"centering={self.centering!r}: choose one of {', '.join(CENTERINGS)}")
         for key in ("global_crops_size", "local_crops_size", "head_n_prototypes", "head_bottleneck_dim",

@@ -12,8 +12,8 @@ and applied by the parallelize tail (:func:`vitscale.distributed.parallelize.par
 tensor parallelism (``parallel.tp``) every head, the student's and the teacher's alike, gets the
 plan of :func:`head_plan` before its FSDP2 unit (Megatron style, as the ViT's MLP: the first linear
 layer column parallel, the second row parallel with a replicated output, any further layer replicated)
-and its prototypes split over the TP ranks, whole prototypes per rank (``last_v`` and ``last_g``
-sharded on their rows, so each prototype's weight norm is local); :class:`~vitscale.tasks.dino_head.DinoHead`
+and its prototypes split over the TP ranks, whole prototypes per rank (``last_v`` and ``last_g``, or
+DINOv3's plain ``last_v``, sharded on their rows, so each prototype's weight norm is local); :class:`~vitscale.tasks.dino_head.DinoHead`
 gathers the logits (``Replicate``) before the softmax, centring and Sinkhorn-Knopp, which then run on
 the whole logits on every TP rank. :func:`check_layout` refuses, in one line before the first step, a
 prototype count or head width that ``parallel.tp`` does not divide."""
@@ -34,7 +34,13 @@ from vitscale.errors import CheckError
 def check_layout(dc, dims) -> None:
     """One line before any data is read or model built for heads (of :class:`~vitscale.tasks.dino_config.DinoConfig`
     ``dc``) that ``parallel.tp`` cannot split: the prototypes, and the hidden units of a head of two
-    or more layers."""
+    or more layers; and a batch-normalised head (``dino.head_use_bn``) under torchrun, whose statistics
+    DINO v1 synchronises over the GPUs (``SyncBatchNorm``, facebookresearch/dino ``main_dino.py`` lines
+    196-201) and vitscale does not yet."""
+    if dc.head_use_bn and dims.distributed:
+        raise CheckError(f"dino.head_use_bn=true on {dims.world_size} processes: DINO v1 synchronises the head's batch "
+                         "statistics over every GPU (SyncBatchNorm), which vitscale does not yet; run it in one "
+                         "process or set dino.head_use_bn=false")  # fmt: skip
     if not (dims.distributed and dims.tp_enabled):
         return
     fields = {"dino.head_n_prototypes": dc.head_n_prototypes}

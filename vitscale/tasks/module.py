@@ -9,6 +9,8 @@ declares what the rest of the run needs of it, so that no other layer knows a ta
   decay as it splits the backbone's), and what the task schedules itself per step
   (:meth:`TrainModule.hyper`: a learning-rate factor per schedule key, a weight-decay factor);
 - what happens after an optimizer update (:meth:`TrainModule.after_update`: an EMA teacher);
+- the modules whose gradients are clipped each on its own with ``train.grad_clip_scope=part``
+  (:meth:`TrainModule.clip_parts`);
 - the weight sets it can hand over by name (:attr:`TrainModule.weight_sets`: ``backbone`` always,
   e.g. ``teacher``), where the checkpoint keeps them;
 - the parts' layout under torchrun (:meth:`TrainModule.layout_plan`, applied by
@@ -110,6 +112,11 @@ class TrainModule(nn.Module):
         return PartsPlan(fsdp=list(self.parts.values()))
 
     # ------------------------------------------------------------------------------ grads
+    def clip_parts(self) -> list[nn.Module]:
+        """The modules ``train.grad_clip_scope=part`` clips each on its own: the backbone, then each part
+        (one that trains nothing has no gradient and is left out). Default: ``[backbone, *parts]``."""
+        return [self.backbone, *self.parts.values()]
+
     def set_requires_gradient_sync(self, flag: bool) -> None:
         """FSDP2's gradient reduction on or off for every unit of the module (grad accumulation)."""
         for m in self.fsdp_units():

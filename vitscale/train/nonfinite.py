@@ -19,11 +19,13 @@ How the update is skipped, without making the host wait for the device where it 
   computation is not asynchronous); on a GPU it is one synchronisation per step: the host waits
   for the backward pass before launching the optimizer.
 
-Gradient clipping (``train.grad_clip``) with fused kernels is folded into the same call: the
+Gradient clipping (``train.grad_clip``) of the global norm with fused kernels is folded into the same call: the
 kernels divide every gradient by ``grad_scale`` as they read it (the other argument ``GradScaler``
 passes), so :func:`clip_gradients` computes the norm and hands ``max(1, (norm + 1e-6) / max_norm)`` to
 :func:`apply_update` instead of rewriting every gradient first (``torch.nn.utils.clip_grad_norm_``'s
-in-place multiply): one pass over the gradients less per step, the same update.
+in-place multiply): one pass over the gradients less per step, the same update. Clipping each part or
+each parameter on its own (``train.grad_clip_scope``: DINOv2 / DINOv3, DINO v1) scales the gradients in
+place first, whatever the optimizer.
 
 A skipped step keeps its number: the learning rate is a pure function of the step (nothing to undo)
 and the data moves on. The counts live on the device and are read at log steps and before every
@@ -61,13 +63,17 @@ def prepare_optimizer(optimizer: torch.optim.Optimizer) -> None:
                 optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
 
 
-def clip_gradients(params: list[torch.Tensor], max_norm: float, *, world: int,
-                   fold: bool) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def clip_gradients(params: list[torch.Tensor], max_norm: float, *, world: int, fold: bool,
+                   groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """The global gradient norm of ``params`` (before clipping) and the clipping to ``max_norm``
     (``inf`` = none): with ``fold`` (fused kernels) the divisor for :func:`apply_update`'s
-    ``grad_scale``, gradients untouched; else done in place, divisor None."""
-    from ..distributed.utils import clip_grad_norm_, grad_norm
+    ``grad_scale``, gradients untouched; else done in place, divisor None. ``groups``: a group number
+    per parameter, each group clipped on its own (``train.grad_clip_scope``: ``part``, ``parameter``),
+    in place; None: one group, the global norm."""
+    from ..distributed.utils import clip_grad_norm_, clip_grad_norms_, grad_norm
 
+    if groups is not None and max_norm != float("inf"):
+        return clip_grad_norms_(params, groups, max_norm), None
     if fold and max_norm != float("inf"):
         grads = [p.grad for p in params]
         norm = grad_norm(params) if world > 1 else torch.nn.utils.get_total_norm(grads)

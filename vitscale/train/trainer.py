@@ -120,6 +120,7 @@ class Trainer:
         self.checkpoints.track(self.module, self.optimizer, self.ema)
         prepare_optimizer(self.optimizer)
         self.skip_on_device = skips_on_device(self.optimizer)
+        self._clip_ids: tuple[tuple[int, ...], torch.Tensor | None] | None = None  # train.grad_clip_scope's groups
         self.complete = self.checkpoints.restore()  # a finished run: nothing to train
 
         # a non-finite step is not applied (and a diverged run stops)
@@ -239,7 +240,8 @@ class Trainer:
         params = [p for p in self.module.parameters() if p.grad is not None]
         max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
         # fused kernels clip as they read the gradients (grad_scale); else in place, as PyTorch does
-        grad_norm, unscale = clip_gradients(params, max_norm, world=world, fold=self.skip_on_device)
+        grad_norm, unscale = clip_gradients(params, max_norm, world=world, fold=self.skip_on_device,
+                                            groups=self._clip_groups(params))  # fmt: skip
         ok = self.guard.flag(loss, grad_norm, world)  # a non-finite step on any rank is not applied
         self.schedule.apply(self.step)  # the LR, with the module's own schedules (DINOv2's weight decay)
         applied = apply_update(self.optimizer, ok, on_device=self.skip_on_device, grad_scale=unscale)
@@ -252,6 +254,24 @@ class Trainer:
         precompute_float8_scales(self.model, self.run.float8)  # tensorwise fp8 + FSDP2: all scales in one all-reduce
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
+
+    def _clip_groups(self, params: list[torch.Tensor]) -> torch.Tensor | None:
+        """A group number per parameter of ``params`` for ``train.grad_clip_scope`` (None: ``global``):
+        each parameter its own (``parameter``), or the index of the training module's part that holds it
+        (``part``: :meth:`~vitscale.tasks.module.TrainModule.clip_parts`; a parameter of none, its own)."""
+        scope = self.cfg.train.grad_clip_scope
+        if scope == "global" or self.cfg.train.grad_clip <= 0:
+            return None
+        ids = tuple(id(q) for q in params)
+        if self._clip_ids is None or self._clip_ids[0] != ids:  # the same parameters every step: built once
+            if scope == "parameter":
+                groups = torch.arange(len(params))
+            else:
+                parts = self.module.clip_parts()
+                part_of = {id(q): i for i, m in enumerate(parts) for q in m.parameters()}
+                groups = torch.tensor([part_of.get(id(q), len(parts) + i) for i, q in enumerate(params)])
+            self._clip_ids = (ids, groups.to(self.device))
+        return self._clip_ids[1]
 
     def print_summary(self, summary: dict[str, Any], fmt: str = "human") -> None:
         """Print the end of the run on rank 0: ``human`` (what the run gave and where its outputs are),
