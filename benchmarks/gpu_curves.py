@@ -114,6 +114,8 @@ def run_config(model: str, variant: str, out: Path, args) -> dict:
         cfg["precision"]["autocast"] = "bf16"  # the bf16 stream needs bf16 autocast (the CPU's here)
     if args.tiny and cfg["train"].get("compile_mode") == "reduce-overhead":
         cfg["train"]["compile_mode"] = "default"  # no CUDA graphs on a CPU: the rest of the variant stays
+    if cfg["train"].get("compile") and args.compile_backend != "inductor":  # Dynamo's graphs, no code generation
+        cfg["train"].update(compile_backend=args.compile_backend, compile_mode="default")
     return cfg
 
 
@@ -230,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
                     "the deadline, one not started by then is not started (default 0: none)")  # fmt: skip
     ap.add_argument("--tiny", action="store_true", help="each family's debug model on the CPU, fp32 "
                     "(this script's own test; the compiled variants still compile)")  # fmt: skip
+    ap.add_argument("--compile-backend", default="inductor", choices=("inductor", "aot_eager"),
+                    help="train.compile_backend of the compiled variants (aot_eager: the graphs and their "
+                    "recompiles without inductor's code generation, for this script's CPU test)")  # fmt: skip
     ap.add_argument("--out-dir", default=None, help="run folders (default: a temporary folder)")
     ap.add_argument("--json", help="write the runs and comparisons here")
     ap.add_argument("--dry-run", action="store_true", help="load every run's config, run nothing")

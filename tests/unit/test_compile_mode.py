@@ -37,6 +37,31 @@ def test_modes_and_refusals():
         check_compile_mode("fast", compile=True, device_type="cuda", world_size=1)
     with pytest.raises(ConfigError, match="must be one of"):
         apply_compile([nn.Linear(2, 2)], mode="fast")
+    # train.compile_backend: the modes are inductor's
+    check_compile_mode("default", compile=True, device_type="cpu", world_size=1, backend="aot_eager")
+    with pytest.raises(ConfigError, match="train.compile_mode=max-autotune-no-cudagraphs is inductor's"):
+        check_compile_mode("max-autotune-no-cudagraphs", compile=True, device_type="cpu", world_size=1, backend="eager")
+    with pytest.raises(ConfigError, match="train.compile_backend must be one of inductor, aot_eager, eager"):
+        check_compile_mode("default", compile=True, device_type="cpu", world_size=1, backend="tvm")
+
+
+def test_aot_eager_backend_compiles_without_code_generation():
+    """``train.compile_backend=aot_eager``: each block through Dynamo and AOTAutograd, run by eager
+    kernels — the same numbers as eager, and one graph per block."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(2)]
+    ref = [nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(2)]
+    for r, b in zip(ref, blocks):
+        r.load_state_dict(b.state_dict())
+    torch._dynamo.reset()
+    counters.clear()
+    apply_compile(blocks, backend="aot_eager")
+    x = torch.randn(4, 8)
+    got, want = blocks[1](blocks[0](x)), ref[1](ref[0](x))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["inductor"]
 
 
 def test_static_shapes_guard():

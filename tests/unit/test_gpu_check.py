@@ -110,12 +110,13 @@ def test_curve_comparison_and_verdicts():
 @pytest.mark.slow
 def test_gpu_curves_tiny_runs_on_the_cpu(tmp_path):
     """The script end to end on the CPU: a NaFlex debug model's padded batches, eager and per-block
-    compiled, through ``vitscale train``; the compiled curve follows eager's (fp32); the ``graphs``
+    compiled (``aot_eager``: Dynamo's graphs and recompiles, without inductor's code generation), through
+    ``vitscale train``; the compiled curve follows eager's (fp32); the ``graphs``
     variant (on a CPU without its CUDA graphs) writes its async_pinned checkpoints and they are found."""
     out = tmp_path / "curves.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_curves.py"), "--tiny", "--models",
                            "naflex_b16_gap", "vit_b16", "--variants", "eager", "compile", "graphs", "--steps", "10",
-                           "--window", "2", "--skip", "vit_b16/compile",
+                           "--window", "2", "--skip", "vit_b16/compile", "--compile-backend", "aot_eager",
                            "--jobs", "2", "--out-dir", str(tmp_path / "runs"), "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -126,7 +127,7 @@ def test_gpu_curves_tiny_runs_on_the_cpu(tmp_path):
     assert len(run["losses"]) == 10 and run["problems"] == []
     assert run["vs_eager"]["first_rel"] < 1e-4 and run["vs_eager"]["max_rel"] < 1e-3  # fp32: compile reorders sums only
     cfg = (tmp_path / "runs" / "naflex_b16_gap-compile" / "config.yaml").read_text()
-    assert "seq_lens:\n  - 10\n  - 20" in cfg and "compile: true" in cfg
+    assert "seq_lens:\n  - 10\n  - 20" in cfg and "compile: true" in cfg and "compile_backend: aot_eager" in cfg
     graphs = data["runs"]["vit_b16/graphs"]
     assert graphs["checkpoints"] == ["step_00000010"] and graphs["problems"] == []  # every 10, keep 2: one save
     assert "all runs agree with eager" in proc.stdout

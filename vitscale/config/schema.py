@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from vitscale.distributed.config import CompileMode, ParallelConfig, PrecisionConfig
+from vitscale.distributed.config import CompileBackend, CompileMode, ParallelConfig, PrecisionConfig
 
 from ..errors import ConfigError
 from ..registry import TASKS, model_family
@@ -243,6 +243,11 @@ class TrainConfig:
     | max-autotune-no-cudagraphs (autotuned GEMM / Triton configs, long compiles) | max-autotune
     (both). The CUDA-graph modes are refused, with the reason, where they are unsafe
     (``vitscale.distributed.compile.check_compile_mode``)."""
+    compile_backend: CompileBackend = "inductor"
+    """``torch.compile`` backend of the per-block compile: inductor (generated kernels: the fast path) |
+    aot_eager (Dynamo's graphs through AOTAutograd, run by eager kernels: no code generation, to check in
+    seconds that a model compiles and recompiles as it should) | eager (Dynamo's graphs only). The
+    compile modes are inductor's (``torch.compile``'s documentation, docs.pytorch.org/docs/stable/generated/torch.compile.html)."""
     sdpa: SdpaChoice = "auto"
     """Attention kernels (``F.scaled_dot_product_attention`` backends), as ``vitscale bench --sdpa``:
     auto (flash > cuDNN > memory-efficient > math, first that fits) | flash | cudnn | efficient |

@@ -21,32 +21,42 @@ from torch import nn
 
 from vitscale.errors import ConfigError  # a setting that cannot run here: one line from the CLI
 
-from .config import CompileMode
+from .config import CompileBackend, CompileMode
 
 COMPILE_MODES = typing.get_args(CompileMode)  # the choices of train.compile_mode, declared once in its field
+COMPILE_BACKENDS = typing.get_args(CompileBackend)  # train.compile_backend's
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
-def apply_compile(blocks: Sequence[nn.Module], fullgraph: bool = False, mode: str = "default", **kwargs) -> None:
-    """Compile every block in place; call after activation checkpointing and before FSDP."""
+def apply_compile(blocks: Sequence[nn.Module], fullgraph: bool = False, mode: str = "default",
+                  backend: str = "inductor", **kwargs) -> None:  # fmt: skip
+    """Compile every block in place with ``backend`` (a mode is inductor's: the others take none); call
+    after activation checkpointing and before FSDP."""
     if mode not in COMPILE_MODES:
         raise ConfigError(f"compile mode must be one of {', '.join(COMPILE_MODES)}; got {mode!r}")
+    if backend not in COMPILE_BACKENDS:
+        raise ConfigError(f"compile backend must be one of {', '.join(COMPILE_BACKENDS)}; got {backend!r}")
     for block in blocks:
-        block.compile(fullgraph=fullgraph, mode=mode, **kwargs)
+        block.compile(fullgraph=fullgraph, backend=backend, mode=mode if backend == "inductor" else None, **kwargs)
 
 
 def uses_cudagraphs(mode: str) -> bool:
     return mode in CUDAGRAPH_MODES
 
 
-def check_compile_mode(mode: str, *, compile: bool, device_type: str, world_size: int) -> None:
+def check_compile_mode(mode: str, *, compile: bool, device_type: str, world_size: int, backend: str = "inductor") -> None:
     """Refuse, in one line, a compile mode that cannot run as asked: any mode but ``default``
-    without compile; the CUDA-graph modes off CUDA or under several processes (FSDP2 / TP issue
-    collectives and hooks around every block, which a recorded graph would replay without)."""
+    without compile or with a backend other than inductor (the modes are inductor's); the CUDA-graph
+    modes off CUDA or under several processes (FSDP2 / TP issue collectives and hooks around every
+    block, which a recorded graph would replay without)."""
     if mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile_mode must be one of {', '.join(COMPILE_MODES)}; got {mode!r}")
+    if backend not in COMPILE_BACKENDS:
+        raise ConfigError(f"train.compile_backend must be one of {', '.join(COMPILE_BACKENDS)}; got {backend!r}")
     if mode == "default":
         return
+    if backend != "inductor":
+        raise ConfigError(f"train.compile_mode={mode} is inductor's; train.compile_backend={backend} takes none (use default)")
     if not compile:
         raise ConfigError(f"train.compile_mode={mode} needs train.compile=true (per-block torch.compile)")
     if not uses_cudagraphs(mode):

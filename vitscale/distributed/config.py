@@ -15,6 +15,8 @@ ACMethod = Literal["block", "uniform"]
 """``parallel.ac_method``."""
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
 """``train.compile_mode`` (``vitscale.distributed.compile``)."""
+CompileBackend = Literal["inductor", "aot_eager", "eager"]
+"""``train.compile_backend`` (``vitscale.distributed.compile``)."""
 Fp8Recipe = Literal["none", "tensorwise", "rowwise", "rowwise_with_gw_hp"]
 """``precision.fp8`` (``vitscale.distributed.float8``)."""
 Fp8Filter = Literal["auto", "all", "torchao"]

@@ -85,9 +85,10 @@ def parallelize(
     precision: PrecisionConfig,
     compile: bool,
     compile_mode: str = "default",
+    compile_backend: str = "inductor",
 ) -> nn.Module:
     """Apply fp8 (``precision.fp8``), the layout of ``dims``, the activation checkpointing of
-    ``parallel``, per-block ``torch.compile`` (in ``compile_mode``) and FSDP2 with the mixed precision
+    ``parallel``, per-block ``torch.compile`` (in ``compile_mode``, by ``compile_backend``) and FSDP2 with the mixed precision
     of ``precision`` to a model of the family whose ``plan`` is given. Works on the meta device;
     returns the same module."""
     check_layout(plan, model.cfg, dims.tp)
@@ -109,8 +110,8 @@ def parallelize(
         apply_activation_checkpointing(stack, parallel.activation_checkpointing, parallel.ac_method, parallel.ac_num_layers)
     if compile:
         for stack in stacks:
-            apply_compile(stack, mode=compile_mode)
-        apply_compile(plan.compile_units(model), mode=compile_mode)
+            apply_compile(stack, mode=compile_mode, backend=compile_backend)
+        apply_compile(plan.compile_units(model), mode=compile_mode, backend=compile_backend)
     if dims.distributed:
         p = resolve_precision(precision, dims.device)
         blocks = [block for stack in stacks for block in stack]

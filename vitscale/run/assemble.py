@@ -191,12 +191,13 @@ def assemble(cfg: Config, purpose: Purpose = "train", *, model: nn.Module | None
         if model is None:
             model = build_model(
                 resolved, dims, parallel=cfg.parallel, precision=cfg.precision,
-                compile=compile, compile_mode=tc.compile_mode, seed=tc.seed,
+                compile=compile, compile_mode=tc.compile_mode, compile_backend=tc.compile_backend, seed=tc.seed,
             )  # fmt: skip
         else:  # built elsewhere (converted from timm): on the device, then laid out like a built one
             model = model.to(device)
             if dims.distributed:
-                parallelize(model, resolved.family.plan(), dims, cfg.parallel, cfg.precision, compile, tc.compile_mode)
+                parallelize(model, resolved.family.plan(), dims, cfg.parallel, cfg.precision, compile, tc.compile_mode,
+                            tc.compile_backend)  # fmt: skip
         family = resolved.family
         blocks = [block for stack in family.plan().blocks(model) for block in stack]
         float8 = float8_report(model, blocks, cfg.precision.fp8, cfg.precision.fp8_filter)

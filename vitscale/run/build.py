@@ -30,6 +30,7 @@ def build_model(
     precision: PrecisionConfig | None = None,
     compile: bool = False,
     compile_mode: str = "default",
+    compile_backend: str = "inductor",
     seed: int = 0,
     init: str | None = "auto",
     dtype: torch.dtype | None = None,
@@ -37,7 +38,7 @@ def build_model(
     """Registered model ``model`` (a variant name, its config with ``overrides``; or a model resolved
     already, :class:`vitscale.models.registry.ResolvedModel`, e.g. :attr:`vitscale.run.Run.resolved`)
     on ``dims.device``, parallelized with ``parallel`` / ``precision`` / per-block ``compile`` (in
-    ``compile_mode``), initialised from ``seed`` by ``init`` (``auto`` | ``reference`` | ``sharded``,
+    ``compile_mode``, by ``compile_backend``), initialised from ``seed`` by ``init`` (``auto`` | ``reference`` | ``sharded``,
     see :mod:`vitscale.distributed.init`; None = left uninitialised, e.g. an EMA copy that is filled
     from the model)."""
     if isinstance(model, ResolvedModel):
@@ -52,7 +53,7 @@ def build_model(
     built = on_meta()
     parallelize(
         built, resolved.family.plan(), dims, parallel or ParallelConfig(), precision or PrecisionConfig(),
-        compile, compile_mode,
+        compile, compile_mode, compile_backend,
     )  # fmt: skip
     built.to_empty(device=dims.device)
     if init is not None:

@@ -151,7 +151,7 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
         check_layout(model.family.plan(), model.cfg, dims.tp, cfg.model.name)
     if purpose in ("train", "bench"):
         check_compile_mode(tc.compile_mode, compile=bool(tc.compile), device_type=dims.device.type,
-                           world_size=dims.world_size)  # fmt: skip
+                           world_size=dims.world_size, backend=tc.compile_backend)  # fmt: skip
         if cfg.precision.fp8 != "none":
             check_recipe(cfg.precision.fp8, cfg.precision.fp8_filter)
             require_torchao()  # before any data is read: one line on how to install it

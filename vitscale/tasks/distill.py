@@ -292,7 +292,8 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
     dims = run.dims if layout == "sharded" and run.dims.distributed else ParallelDims(device=run.device)
     no_fp8 = dataclasses.replace(run.cfg.precision, fp8="none", residual="fp32", mlp_epilogue="none")  # any family
     no_ac = dataclasses.replace(run.cfg.parallel, activation_checkpointing="none")
-    parallelize(model, teacher.family.plan(), dims, no_ac, no_fp8, bool(run.cfg.train.compile), run.cfg.train.compile_mode)
+    parallelize(model, teacher.family.plan(), dims, no_ac, no_fp8, bool(run.cfg.train.compile), run.cfg.train.compile_mode,
+                run.cfg.train.compile_backend)  # fmt: skip
     model.to_empty(device=run.device)
     init_weights(model, dims, 0, None, "sharded")  # non-persistent buffers; every weight is then loaded
     _, loaded, _ = load_pretrained(model, dc.teacher, fmt, setting="distill.teacher", format_key="distill.teacher_format",
