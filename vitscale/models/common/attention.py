@@ -66,8 +66,8 @@ class Attention(nn.Module):
         self.v_bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype)) if qv else None
         self.q_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
         self.k_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
-        # EVA-02's options (ViTConfig.rope_type='mixed', attn_inner_norm): RoPE-Mixed's learned
-        # frequencies of this layer's heads, and a norm over the heads' outputs before the projection
+        # RoPE-Mixed's learned frequencies of this layer's heads (ViTConfig.rope_type='mixed', arXiv
+        # 2403.13298) and EVA-02-CLIP's norm over the heads' outputs before the projection (attn_inner_norm)
         self.rope_temperature = rope_temperature
         self.rope_freqs = (
             nn.Parameter(torch.empty(num_heads, 2, self.head_dim // 2, device=device, dtype=dtype)) if rope_mixed else None
