@@ -24,6 +24,9 @@ DEBUG_QK_LS = dict(qk_norm=True, layer_scale_init=0.1, num_layers=3)
 # timm's SBB RoPE ViT at debug width: axial RoPE on the patch tokens, q / v biases sharded per head,
 # and a SwiGLU MLP (gate and value projections column parallel, as DINOv3 S+/H+/7B).
 MINI_ROPE = dict(MINI_22B, layer_scale_init=0.1, mlp_type="swiglu")
+# RoPE-ViT's RoPE-Mixed + APE at debug width: learned per-head RoPE frequencies sharded with their heads,
+# a learned position table beside RoPE, q / k / v biases.
+MINI_MIXED = dict(MINI_22B, layer_scale_init=0.1)
 
 CASES = [
     ("fsdp", dict(dp_shard=2), "vit_debug", DEBUG, STEPS),
@@ -38,6 +41,7 @@ CASES = [
     ("fsdp_lamb", dict(dp_shard=2), "vit_debug", DEBUG, 4, "none", "lamb"),
     ("tp_lamb", dict(dp_shard=1, tp=2), "vit_debug", DEBUG_QK_LS, 4, "none", "lamb"),
     ("tp_rope", dict(dp_shard=1, tp=2), "vit_b16_rope_reg1_gap_256", MINI_ROPE, 4),
+    ("tp_rope_mixed", dict(dp_shard=1, tp=2), "vit_s16_rope_mixed_ape", MINI_MIXED, 4),
 ]
 
 

@@ -448,6 +448,15 @@ def _field(cfg: Any, dotted: str) -> Any:
 NOT_COMPARED = ("num_classes", "img_h", "img_w")
 
 
+def _derived_doc(cfg: Any, dotted: str) -> str | None:
+    """The docstring of the property ``dotted`` of ``cfg`` when it is one (a value derived from several
+    fields, which cannot be set itself), else None."""
+    head, _, attr = dotted.rpartition(".")
+    owner = _field(cfg, head) if head else cfg
+    prop = getattr(type(owner), attr, None)
+    return (prop.__doc__ or attr).strip() if isinstance(prop, property) else None
+
+
 def check_library_config(src: Source, cfg: Any, where: str, key_prefix: str = "model.") -> None:
     """One-line :class:`UserError` when a transformers folder's ``config.json`` describes another
     network than ``cfg`` (settings the weights do not show: the norms' epsilon, the activation, ...)."""
@@ -476,9 +485,13 @@ def check_architecture(family: FamilySpec, cfg: Any, sd: dict[str, torch.Tensor]
         name, value, have = diffs[0]
         more = f" (and {len(diffs) - 1} more: {', '.join(d[0] for d in diffs[1:4])})" if len(diffs) > 1 else ""
         other = f"{key_prefix}name" if key_prefix else "the model name"
+        derived = _derived_doc(cfg, name)  # a property of several fields (the ViT's learned_pos_table)
+        if derived is None:
+            fix = f"set {key_prefix}{name}={json.dumps(value)} (or {other} to the weights' variant)"
+        else:
+            fix = f"set {other} to the weights' variant, or the settings that give {name}={json.dumps(value)} ({derived})"
         raise UserError(f"{where} holds a {family.name} with {name}={value!r}; the model ({label}) has "
-                        f"{name}={have!r}{more}: set {key_prefix}{name}={json.dumps(value)} (or {other} to the "
-                        "weights' variant)")  # fmt: skip
+                        f"{name}={have!r}{more}: {fix}")  # fmt: skip
 
 
 def file_classes(family: FamilySpec, sd: dict[str, torch.Tensor]) -> int | None:

@@ -12,7 +12,7 @@ from torch import nn
 
 from ...distributed.parallelize import ParallelPlan
 from ..vit.parallelize import apply_tp as apply_vit_tp
-from ..vit.parallelize import tower_problems
+from ..vit.parallelize import inner_norm_problems, tower_problems
 
 
 def apply_tp(model: nn.Module, tp_mesh) -> None:
@@ -26,7 +26,8 @@ def tower_blocks(model: nn.Module) -> list[nn.ModuleList]:
 
 def check_tp(cfg, tp: int) -> list[str]:
     """Both towers' heads and MLP widths split over ``tp`` ranks."""
-    return tower_problems(cfg.vision, tp, "vision.") + tower_problems(cfg.text, tp, "text.")
+    return [*tower_problems(cfg.vision, tp, "vision."), *tower_problems(cfg.text, tp, "text."),
+            *inner_norm_problems(cfg.vision, tp, "vision.")]  # fmt: skip
 
 
 PLAN = ParallelPlan(apply_tp=apply_tp, blocks=tower_blocks, check_tp=check_tp)

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..common.renames import Rename, RenameTable, convert, per_head, transposed
 from ..spec import StateDictAdapter, is_library_model, keys_have
-from ..vit.configs import ViTConfig
+from ..vit.configs import ViTConfig, eva_options
 from .configs import OPENAI_MEAN, OPENAI_STD, CLIPConfig, CLIPTextConfig
 from .model import CLIP
 
@@ -199,6 +199,8 @@ def open_clip_config(model_or_cfg: Any) -> dict[str, Any]:
         or v.pool not in ("token", "avg")
     ):
         raise ValueError("this vision tower has options open_clip's VisionTransformer lacks")
+    if eva_options(v):
+        raise ValueError(f"open_clip's VisionTransformer lacks {', '.join(eva_options(v))}")
     if v.img_h != v.img_w or v.norm_eps != 1e-5 or t.norm_eps != 1e-5:
         raise ValueError("open_clip needs square images and LayerNorm eps 1e-5")
     if v.activation != t.activation or v.activation not in ("gelu", "quick_gelu"):

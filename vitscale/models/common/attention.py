@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .norms import make_norm
-from .rope import apply_rope
+from .rope import apply_rope, init_mixed_freqs, mixed_rope_sin_cos
 
 
 def sdpa(q, k, v, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False):
@@ -46,6 +46,9 @@ class Attention(nn.Module):
         proj_drop: float = 0.0,
         key_bias: bool = True,
         rope_rotate_half: bool = False,
+        rope_mixed: bool = False,
+        rope_temperature: float = 10.0,
+        inner_norm: bool = False,
         device=None,
         dtype=None,
     ):
@@ -63,6 +66,13 @@ class Attention(nn.Module):
         self.v_bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype)) if qv else None
         self.q_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
         self.k_norm = make_norm(self.head_dim, norm_eps, norm_bias, device, dtype, norm_type) if qk_norm else nn.Identity()
+        # RoPE-Mixed's learned frequencies of this layer's heads (ViTConfig.rope_type='mixed', arXiv
+        # 2403.13298) and EVA-02-CLIP's norm over the heads' outputs before the projection (attn_inner_norm)
+        self.rope_temperature = rope_temperature
+        self.rope_freqs = (
+            nn.Parameter(torch.empty(num_heads, 2, self.head_dim // 2, device=device, dtype=dtype)) if rope_mixed else None
+        )
+        self.norm = make_norm(dim, norm_eps, norm_bias, device, dtype, norm_type) if inner_norm else None
         self.proj = nn.Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -70,10 +80,13 @@ class Attention(nn.Module):
         for b in (self.q_bias, self.v_bias):
             if b is not None:
                 nn.init.zeros_(b)
+        if self.rope_freqs is not None:
+            init_mixed_freqs(self.rope_freqs, self.rope_temperature)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None):  # fmt: skip
-        """``rope``: ``(sin, cos)`` of the trailing patch tokens (:func:`vitscale.models.common.rope.apply_rope`)."""
+        """``rope``: ``(sin, cos)`` of the trailing patch tokens (:func:`vitscale.models.common.rope.apply_rope`),
+        or with mixed RoPE their positions (:func:`~vitscale.models.common.rope.rope_positions`)."""
         B, N, _ = x.shape
         # -1 heads: under tensor parallelism this rank holds only its share of the heads.
         qkv = self.qkv_per_head(x).reshape(B, N, -1, 3, self.head_dim)  # (B, N, H, 3, D)
@@ -83,8 +96,12 @@ class Attention(nn.Module):
             v = v + self.v_bias.view(-1, 1, self.head_dim)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
+            if self.rope_freqs is not None:  # positions -> this layer's own angles
+                rope = mixed_rope_sin_cos(rope, self.rope_freqs, self.rope_rotate_half)
             q, k = apply_rope(q, rope, self.rope_rotate_half), apply_rope(k, rope, self.rope_rotate_half)
         drop = self.attn_drop if self.training else 0.0
         x = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=drop, is_causal=is_causal)  # (B, H, N, D)
         x = x.transpose(1, 2).reshape(B, N, -1)  # (B, N, H*D)
+        if self.norm is not None:
+            x = self.norm(x)
         return self.proj_drop(self.proj(x))

@@ -55,16 +55,25 @@ class Mlp(nn.Module):
 class SwiGLU(nn.Module):
     """Gated MLP: ``fc2(silu(fc1_g(x)) * fc1_x(x))`` (Shazeer 2020, arXiv 2002.05202), with the gate and
     value projections as two layers — timm's ``SwiGLU`` layout (``fc1_g``, ``fc1_x``, ``fc2``), which
-    DINOv3's larger models use. Three matmuls of width ``hidden`` instead of two."""
+    DINOv3's larger models use. Three matmuls of width ``hidden`` instead of two.
 
-    def __init__(self, dim: int, hidden: int, bias: bool = True, dropout: float = 0.0, device=None, dtype=None):
+    ``norm``: a norm module over the ``hidden`` gated units before ``fc2`` (EVA-02's sub-LN, Fang et al.
+    2023, arXiv 2303.11331; timm's ``SwiGLU(norm_layer=...)``, ``scale_mlp=True`` in ``timm/models/eva.py``);
+    None: none."""
+
+    def __init__(self, dim: int, hidden: int, bias: bool = True, dropout: float = 0.0, device=None, dtype=None,
+                 norm: nn.Module | None = None):  # fmt: skip
         super().__init__()
         self.fc1_g = nn.Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
         self.fc1_x = nn.Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
         self.act = nn.SiLU()
         self.drop1 = nn.Dropout(dropout)
+        self.norm = norm
         self.fc2 = nn.Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
         self.drop2 = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1_g(x)) * self.fc1_x(x))))
+        h = self.drop1(self.act(self.fc1_g(x)) * self.fc1_x(x))
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.drop2(self.fc2(h))

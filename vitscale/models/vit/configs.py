@@ -118,11 +118,14 @@ class ViTConfig:
     attention layer, nothing learned: timm's EVA family, DINOv3) or ``none``."""
     rope_type: str = "axial"
     """With ``pos_embed='rope'``, the positions: ``axial`` (patch indices, timm's ``RotaryEmbeddingCat``
-    as EVA-02 and ``vit_*_rope_*`` use it) or ``dinov3`` (patch centres normalised to [-1, 1] per axis,
-    angles 2 pi coord / period: DINOv3, arXiv 2508.10104). See ``vitscale/models/common/rope.py``."""
+    as EVA-02 and ``vit_*_rope_*`` use it), ``dinov3`` (patch centres normalised to [-1, 1] per axis,
+    angles 2 pi coord / period: DINOv3, arXiv 2508.10104) or ``mixed`` (RoPE-Mixed, arXiv 2403.13298:
+    every head of every block learns its own 2D frequencies, ``attn.rope_freqs``, on patch indices).
+    See ``vitscale/models/common/rope.py``."""
     rope_temperature: float = 10000.0
     """RoPE frequency base: frequency f of Dh/4 is temperature^(-f/(Dh/4)) (``dinov3``: the periods
-    are temperature^(f/(Dh/4)); DINOv3 uses 100)."""
+    are temperature^(f/(Dh/4)); DINOv3 uses 100; ``mixed``: the magnitudes the learned frequencies start
+    from, RoPE-Mixed uses 10)."""
     rope_rotate_half: bool = False
     """RoPE channel pairs: False = neighbours (x0, x1), (x2, x3)...; True = x_i with x_(i+Dh/2)
     (DINOv3's layout)."""
@@ -138,6 +141,55 @@ class ViTConfig:
     """With ``qkv_bias``: whether the keys get a bias too. False: only queries and values do, as
     separate ``attn.q_bias`` / ``attn.v_bias`` parameters (timm's EVA, DINOv3's masked key bias). Without
     RoPE a key bias cannot change attention; with it, it can."""
+
+    # EVA-02 (Fang et al. 2023, arXiv 2303.11331) and RoPE-ViT (Heo et al. 2024, arXiv 2403.13298) as
+    # timm 1.0.31 builds them (timm/models/eva.py: eva02_* lines 2069-2250, vit_*_patch16_rope_* lines
+    # 2689-2980); rope_type='mixed' is one more value of rope_type.
+    rope_ape: bool = False
+    """With ``pos_embed='rope'``: a learned position table added to the tokens too, exactly as
+    ``pos_embed='learned'`` adds one (``pos_embed_prefix``, resampled for other image sizes) — absolute
+    and rotary positions together: EVA-02's ``use_abs_pos_emb`` beside its RoPE, RoPE-ViT's ``+ APE``
+    models (timm ``vit_*_patch16_rope_ape_224``, ``..._rope_mixed_ape_224``)."""
+    attn_inner_norm: bool = False
+    """A norm over the attention's concatenated head outputs before its output projection (timm
+    ``scale_attn_inner``: EVA-02-CLIP's ``eva02_base_patch16_clip_224``, arXiv 2303.15389)."""
+    mlp_inner_norm: bool = False
+    """``mlp_type='swiglu'`` only: a norm over the gated hidden units before ``fc2`` (EVA-02's sub-LN in
+    its B and L SwiGLU, timm ``scale_mlp``)."""
+    qkv_fused: bool = True
+    """How a library's checkpoint stores the attention's input projections: True one fused ``attn.qkv``,
+    False three (``attn.q_proj`` with the query bias, ``k_proj`` without one, ``v_proj``: timm's ``Eva``
+    with ``qkv_fused=False``, EVA-02 B and L). The network is the same either way — vitscale computes
+    one fused projection (``attn.qkv_per_head``) — so this only says which layout ``from_timm`` read and
+    ``to_timm`` writes."""
+    swiglu_packed: bool = False
+    """``mlp_type='swiglu'`` only: how a library's checkpoint stores the gate and value projections: True
+    one packed ``mlp.fc1``, the gate's rows first (timm ``GluMlp`` with ``gate_last=False``, its
+    ``SwiGLUPacked``: EVA-02 Ti and S), False two (``fc1_g``, ``fc1_x``). The same network either way —
+    vitscale keeps the two — so, like ``qkv_fused``, only the layout ``to_timm`` writes."""
+
+    def _check_eva_options(self) -> None:
+        """Refusals of the EVA-02 / RoPE-ViT options above (and of ``rope_type='mixed'``)."""
+        if self.rope_ape and self.pos_embed != "rope":
+            raise ValueError(f"rope_ape=True adds a learned table beside RoPE: it needs pos_embed='rope', not {self.pos_embed!r}")
+        if self.pos_embed == "rope" and self.rope_type == "mixed" and self.parallel_block:
+            raise ValueError("rope_type='mixed' is not supported with parallel_block (its frequencies live in the attention layer)")
+        if self.mlp_inner_norm and self.mlp_type != "swiglu":
+            raise ValueError("mlp_inner_norm=True is a norm inside the SwiGLU MLP (EVA-02's): it needs mlp_type='swiglu'")
+        if self.swiglu_packed and self.mlp_type != "swiglu":
+            raise ValueError("swiglu_packed=True is a layout of the SwiGLU's fc1: it needs mlp_type='swiglu'")
+        if self.parallel_block and (self.attn_inner_norm or not self.qkv_fused):
+            raise ValueError("attn_inner_norm and qkv_fused=False are not supported with parallel_block")
+
+    @property
+    def learned_pos_table(self) -> bool:
+        """Whether the model has a learned position table: ``pos_embed='learned'``, or ``'rope'`` with ``rope_ape``."""
+        return self.pos_embed == "learned" or (self.pos_embed == "rope" and self.rope_ape)
+
+    @property
+    def learned_rope_freqs(self) -> bool:
+        """Whether the attention layers learn RoPE frequencies: ``pos_embed='rope'`` with ``rope_type='mixed'``."""
+        return self.pos_embed == "rope" and self.rope_type == "mixed"
 
     def __post_init__(self) -> None:
         if self.rope_ref_grid is not None and not isinstance(self.rope_ref_grid, tuple):
@@ -186,6 +238,7 @@ class ViTConfig:
             raise ValueError("key_bias=False is not supported with parallel_block")
         if self.parallel_block and self.qkv_bias and not self.mlp_bias:
             raise ValueError("parallel_block with qkv_bias=True needs mlp_bias=True (one fused bias)")
+        self._check_eva_options()
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -208,6 +261,24 @@ class ViTConfig:
         return replace(self, img_h=img_h, img_w=img_w if img_w is not None else img_h)
 
 
+def eva_options(cfg: ViTConfig, layouts: bool = True) -> list[str]:
+    """The EVA-02 / RoPE-ViT options ``cfg`` sets, one phrase each (empty: none): what a conversion to a
+    library model without them (timm's ``VisionTransformer``, transformers, open_clip) refuses.
+    ``layouts``: also the checkpoint-layout flags (``qkv_fused=False``, ``swiglu_packed``), which change
+    only how timm's ``Eva`` stores the same network."""
+    rope = cfg.pos_embed == "rope"
+    out = [
+        *(["a learned position table beside RoPE (rope_ape)"] if rope and cfg.rope_ape else []),
+        *(["mixed RoPE's learned frequencies (rope_type='mixed')"] if rope and cfg.rope_type == "mixed" else []),
+        *(["a norm inside the attention (attn_inner_norm)"] if cfg.attn_inner_norm else []),
+        *(["a norm inside the SwiGLU (mlp_inner_norm)"] if cfg.mlp_inner_norm else []),
+    ]
+    if layouts:
+        out += ["unfused q / k / v projections (qkv_fused=False)"] if not cfg.qkv_fused else []
+        out += ["a packed SwiGLU fc1 (swiglu_packed)"] if cfg.swiglu_packed else []
+    return out
+
+
 def _vit(hidden, ffn, heads, layers, patch, **kw) -> ViTConfig:
     return ViTConfig(
         hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=heads, num_layers=layers, patch_dim=patch, **kw
@@ -224,6 +295,20 @@ _DINOV3 = dict(
 # 1e-5, class-token pooling, no classifier; the reg4 ones add 4 registers after the class token (Darcet et
 # al. 2023, arXiv 2309.16588) and give position embeddings to the patches only (timm's no_embed_class).
 _DINOV2 = dict(img_h=518, img_w=518, num_classes=0, layer_scale_init=1e-5)
+
+# EVA-02 (Fang et al. 2023, arXiv 2303.11331) as timm 1.0.31 registers it (timm/models/eva.py lines 2069-2122,
+# eva02_{tiny,small,base}_patch14_224; line 2231, eva02_base_patch16_clip_224): 224 px, a class token, a
+# learned position table beside axial RoPE on patch indices rescaled to a 16 x 16 grid (base 10000), a
+# SwiGLU 8/3 D wide, q / v biases, mean pooling with fc norm, no classifier.
+_EVA02 = dict(num_classes=0, pool="avg", key_bias=False, mlp_type="swiglu", pos_embed="rope", rope_ref_grid=(16, 16), rope_ape=True)
+# RoPE-ViT (Heo et al. 2024, arXiv 2403.13298; naver-ai/rope-vit) as timm registers it (timm/models/eva.py
+# lines 2689-2980, vit_{small,base}_patch16_rope{,_mixed}{,_ape}_224): 224 px, a class token, LayerScale 1e-5,
+# q / k / v biases, class-token pooling after the final norm; axial RoPE base 100 (timm's 'xy' grid:
+# timm_eva.py swaps each head's query / key halves) or mixed RoPE, learned, from base 10; the _ape ones add
+# a learned table on the patches (no_embed_class).
+_ROPEVIT = dict(layer_scale_init=1e-5, pos_embed="rope", rope_temperature=100.0)
+_MIXED = dict(_ROPEVIT, rope_type="mixed", rope_temperature=10.0)
+_APE = dict(rope_ape=True, pos_embed_prefix=False)
 _REG4 = dict(class_token_length=5, pos_embed_prefix=False)
 
 # Sizes. B/16 … G/14: the model table of NeMo's ViT documentation ("Model size (M) / Hidden size /
@@ -283,4 +368,25 @@ VARIANTS: dict[str, ViTConfig] = {
         img_h=256, img_w=256, class_token=False, class_token_length=1, pool="avg", layer_scale_init=1e-5,
         key_bias=False, pos_embed="rope", rope_ref_grid=(16, 16),
     ),
+    # EVA-02 Ti / S / B (eva02_{tiny,small,base}_patch14_224; the _336 / _448 ones are the same at another
+    # image size): Ti and S store the SwiGLU packed (timm GluMlp), B has its sub-LN inside the SwiGLU and
+    # unfused q / k / v projections; EVA-02-CLIP B/16's image tower (eva02_base_patch16_clip_224) adds a norm
+    # inside the attention, pools the class token after the final norm, and its "classifier" is the 512-wide
+    # CLIP projection.
+    "vit_ti14_eva02": _vit(192, 512, 3, 12, 14, **_EVA02, swiglu_packed=True),
+    "vit_s14_eva02": _vit(384, 1024, 6, 12, 14, **_EVA02, swiglu_packed=True),
+    "vit_b14_eva02": _vit(768, 2048, 12, 12, 14, **_EVA02, mlp_inner_norm=True, qkv_fused=False),
+    "vit_b16_eva02_clip": _vit(
+        768, 2048, 12, 12, 16, **{**_EVA02, "pool": "token", "num_classes": 512},
+        mlp_inner_norm=True, qkv_fused=False, attn_inner_norm=True,
+    ),
+    # RoPE-ViT S / B: RoPE-Axial, + APE, RoPE-Mixed, RoPE-Mixed + APE
+    "vit_s16_rope": _vit(384, 1536, 6, 12, 16, **_ROPEVIT),
+    "vit_b16_rope": _vit(768, 3072, 12, 12, 16, **_ROPEVIT),
+    "vit_s16_rope_ape": _vit(384, 1536, 6, 12, 16, **_ROPEVIT, **_APE),
+    "vit_b16_rope_ape": _vit(768, 3072, 12, 12, 16, **_ROPEVIT, **_APE),
+    "vit_s16_rope_mixed": _vit(384, 1536, 6, 12, 16, **_MIXED),
+    "vit_b16_rope_mixed": _vit(768, 3072, 12, 12, 16, **_MIXED),
+    "vit_s16_rope_mixed_ape": _vit(384, 1536, 6, 12, 16, **_MIXED, **_APE),
+    "vit_b16_rope_mixed_ape": _vit(768, 3072, 12, 12, 16, **_MIXED, **_APE),
 }  # fmt: skip

@@ -90,8 +90,14 @@ def vit_architecture(sd: Mapping[str, torch.Tensor], prefix: str = "") -> dict[s
         out["qkv_bias"] = get("blocks.0.attn.qkv_per_head.bias") is not None or qv_only
         if qv_only:
             out["key_bias"] = False
-    if get("pos_embed") is not None:  # RoPE and no position embedding leave nothing to see
-        out["pos_embed"] = "learned"
+    if not parallel and layers:  # EVA-02's norms inside the attention and the SwiGLU
+        out["attn_inner_norm"] = get("blocks.0.attn.norm.weight") is not None
+        out["mlp_inner_norm"] = get("blocks.0.mlp.norm.weight") is not None
+    if layers:  # RoPE-Mixed's learned frequencies, or none
+        out["learned_rope_freqs"] = get("blocks.0.attn.rope_freqs") is not None
+    # a learned table: pos_embed='learned', or RoPE with rope_ape (which the weights cannot tell
+    # apart but for mixed RoPE); RoPE alone and no position embedding leave nothing to see
+    out["learned_pos_table"] = get("pos_embed") is not None
     cls = get("cls_token")
     out["class_token_length"] = int(cls.shape[1]) if cls is not None else 0
     out["distill_token"] = get("dist_token") is not None

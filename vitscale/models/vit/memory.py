@@ -27,7 +27,8 @@ def block_activation_elems(cfg: ViTConfig, tokens: int, tp: int = 1, ac: str = "
     LayerNorm outputs ``2D`` (the all-gathered matmul inputs: full), the QKV output and the
     attention output ``4D / tp``, fc1 and activation outputs ``2F / tp``; QK-norm adds the
     normalised q and k, ``2D / tp``, and RoPE the rotated ones, ``2D / tp``; a SwiGLU MLP its second
-    input projection and the gated product, ``2F / tp``. ViT-22B parallel block: LayerNorm input ``D / tp`` and output
+    input projection and the gated product, ``2F / tp``; EVA-02's norms inside the attention and the
+    SwiGLU their outputs, ``D`` and ``F``. ViT-22B parallel block: LayerNorm input ``D / tp`` and output
     ``D``, then ``(5D + 3F) / tp`` (in_proj_per_head output, attention output, the MLP pre-activation and
     the concatenated out_proj_per_head input), ``+ 2D / tp`` with QK-norm.
     ``selective``: the block input, the matmul and attention outputs are kept, LayerNorms and
@@ -37,11 +38,12 @@ def block_activation_elems(cfg: ViTConfig, tokens: int, tp: int = 1, ac: str = "
     qk = 2 * D if cfg.qk_norm else 0
     qk += 2 * D if cfg.pos_embed == "rope" else 0  # the rotated q and k
     glu = 2 * F if cfg.mlp_type == "swiglu" else 0  # the second input projection's output and the product
+    inner = (D if cfg.attn_inner_norm else 0) + (F if cfg.mlp_inner_norm else 0)  # EVA-02's inner norms' outputs
     if cfg.parallel_block:
         none = D / tp + D + (5 * D + 3 * F + qk) / tp
         selective = D / tp + (3 * D + F + D + D) / tp  # input, in_proj_per_head out, attention out, out_proj_per_head out
     else:
-        none = 2 * D / tp + 2 * D + (4 * D + 2 * F + qk + glu) / tp
+        none = 2 * D / tp + 2 * D + (4 * D + 2 * F + qk + glu + inner) / tp
         selective = D / tp + (3 * D + D + D + F + glu // 2 + D) / tp  # input, qkv, attention, proj, fc1(s), fc2 outputs
     return tokens * (min(selective, none) if ac == "selective" else none)
 

@@ -29,7 +29,7 @@ from ..common.attention import sdpa
 from ..common.checkpointing import run_block, run_blocks
 from ..common.fused_mlp import fused_mlp
 from ..common.init import init_vit_layers, trunc_normal_
-from ..common.rope import apply_rope, rope_sin_cos
+from ..common.rope import apply_rope, gather_rope, rope_positions, rope_sin_cos
 from ..common.token_mix import TokenMix, apply_token_mix
 from ..contract import Tokens
 from .configs import ViTConfig
@@ -56,14 +56,17 @@ class Block(nn.Module):
             D, cfg.num_attention_heads, qkv_bias=cfg.qkv_bias, proj_bias=cfg.proj_bias, qk_norm=cfg.qk_norm,
             norm_eps=eps, norm_bias=nb, norm_type=nt, attn_drop=cfg.attention_dropout, proj_drop=cfg.hidden_dropout,
             key_bias=cfg.key_bias, rope_rotate_half=cfg.rope_rotate_half,
-            device=device, dtype=dtype,
+            rope_mixed=cfg.learned_rope_freqs, rope_temperature=cfg.rope_temperature,
+            inner_norm=cfg.attn_inner_norm, device=device, dtype=dtype,
         )  # fmt: skip
         ls = cfg.layer_scale_init
         self.ls1 = LayerScale(D, ls, device, dtype) if ls is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = make_norm(D, eps, nb, device, dtype, nt)
         if cfg.mlp_type == "swiglu":
-            self.mlp = SwiGLU(D, cfg.ffn_hidden_size, bias=cfg.mlp_bias, dropout=cfg.hidden_dropout, device=device, dtype=dtype)
+            inner = make_norm(cfg.ffn_hidden_size, eps, nb, device, dtype, nt) if cfg.mlp_inner_norm else None  # EVA-02's sub-LN
+            self.mlp = SwiGLU(D, cfg.ffn_hidden_size, bias=cfg.mlp_bias, dropout=cfg.hidden_dropout, device=device, dtype=dtype,
+                              norm=inner)  # fmt: skip
         else:
             self.mlp = Mlp(
                 D, cfg.ffn_hidden_size, bias=cfg.mlp_bias, activation=cfg.activation, dropout=cfg.hidden_dropout,
@@ -217,7 +220,7 @@ class VisionTransformer(nn.Module):
         # iBOT's mask token (cfg.mask_token; DINOv2's (1, D), vision_transformer.py line 169): no prefix token
         self.mask_token = nn.Parameter(torch.empty(1, D, device=device, dtype=dtype)) if cfg.mask_token else None
         n_pos = cfg.num_patches + (P if cfg.pos_embed_prefix else 0)
-        learned = cfg.pos_embed == "learned"
+        learned = cfg.learned_pos_table  # pos_embed='learned', or RoPE with rope_ape
         self.pos_embed = nn.Parameter(torch.empty(1, n_pos, D, device=device, dtype=dtype)) if learned else None
         self.pos_drop = nn.Dropout(cfg.hidden_dropout)
         self.patch_drop = PatchDropout(cfg.drop_patch_rate, P) if cfg.drop_patch_rate > 0 else nn.Identity()
@@ -267,6 +270,9 @@ class VisionTransformer(nn.Module):
             names.add("mask_token")
         if self.attn_pool is not None:
             names.add("attn_pool.latent")
+        # RoPE-Mixed's frequencies, as timm's RotaryEmbeddingMixed.no_weight_decay
+        names |= {f"blocks.{i}.attn.rope_freqs" for i, b in enumerate(self.blocks)
+                  if getattr(getattr(b, "attn", None), "rope_freqs", None) is not None}  # fmt: skip
         return names
 
     def head_parameter_names(self) -> set[str]:
@@ -311,12 +317,16 @@ class VisionTransformer(nn.Module):
     def _pos_prefix(self) -> int:
         return self.num_prefix_tokens if self.cfg.pos_embed_prefix else 0
 
-    def rope(self, grid: tuple[int, int], device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def rope(self, grid: tuple[int, int], device=None) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None:
         """The patch tokens' rotary ``(sin, cos)``, each ``(gh*gw, Dh)`` float32, for a token ``grid``
-        (None without ``pos_embed='rope'``); a caller that keeps only some patches gathers its rows."""
+        (None without ``pos_embed='rope'``; ``rope_type='mixed'``: their ``(gh*gw, 2)`` positions, which
+        each attention layer turns into its own angles); a caller that keeps only some patches gathers
+        its rows (:func:`~vitscale.models.common.rope.gather_rope`)."""
         c = self.cfg
         if c.pos_embed != "rope":
             return None
+        if c.rope_type == "mixed":
+            return rope_positions(grid, c.rope_grid_offset, device=device)
         return rope_sin_cos(
             grid, c.hidden_size // c.num_attention_heads, c.rope_type, c.rope_temperature, c.rope_rotate_half,
             c.rope_grid_offset, c.rope_ref_grid, device=device,
@@ -349,8 +359,8 @@ class VisionTransformer(nn.Module):
         ``mask``: ``(B, N)`` bool, the patches whose embeddings the mask token replaces (:meth:`_mask`)."""
         x, grid = self._embed(x, keep, mask)
         rope = self.rope(grid, x.device)
-        if rope is not None and keep is not None:  # each image's kept patches' rows, (B, 1, K, Dh)
-            rope = tuple(r[keep][:, None] for r in rope)
+        if rope is not None and keep is not None:  # each image's kept patches' rows
+            rope = gather_rope(rope, keep)
         x = run_blocks(self.blocks, x, self.grad_checkpointing, rope=rope)
         return self.norm(x)
 

@@ -8,7 +8,7 @@ Tensor parallel plans (Megatron style), one readable dict per block type:
   inputs are all-gathered; ``attn.qkv_per_head`` and ``mlp.fc1`` are column parallel (whole heads per rank
   thanks to the ``(H, 3, Dh)`` QKV row layout; without a key bias, ``attn.q_bias`` / ``v_bias`` are
   sharded alike, whole heads); RoPE's angles are recomputed each forward, replicated, nothing to
-  shard; ``attn.proj`` and ``mlp.fc2`` row parallel with a
+  shard (RoPE-Mixed's learned ``attn.rope_freqs`` ``(H, 2, Dh/2)``: whole heads, as the q / v biases); ``attn.proj`` and ``mlp.fc2`` row parallel with a
   reduce-scatter back onto token shards; QK-norms see their heads' shard.
 - ``ParallelBlock`` (ViT-22B): ``in_proj_per_head`` (QKV + fc1 fused, rows grouped per head) column parallel,
   ``out_proj_per_head`` row parallel, its ``mlp_bias_per_head (H, F/H)`` sharded on dim 0.
@@ -47,7 +47,8 @@ def block_plan() -> dict[str, Any]:
     """TP + SP plan of the standard pre-norm ``Block`` (paths relative to the block)."""
     return {
         "norm1": sequence_parallel(),
-        "attn": [*_styles(gather_sequence_input()), ShardedLocalParams({"q_bias": 0, "v_bias": 0})],  # (H*Dh,): whole heads
+        # q / v biases (H*Dh,), RoPE-Mixed's frequencies (H, 2, Dh/2): this rank's heads
+        "attn": [*_styles(gather_sequence_input()), ShardedLocalParams({"q_bias": 0, "v_bias": 0, "rope_freqs": 0})],
         "attn.qkv_per_head": colwise(),
         "attn.q_norm": head_parallel_norm(1),  # q: (B, H/tp, N, Dh)
         "attn.k_norm": head_parallel_norm(1),
@@ -113,9 +114,19 @@ def tower_problems(cfg: Any, tp: int, where: str = "") -> list[str]:
 
 
 def check_tp(cfg: Any, tp: int) -> list[str]:
-    return tower_problems(cfg, tp)
+    return tower_problems(cfg, tp) + inner_norm_problems(cfg, tp)
+
+
+def inner_norm_problems(cfg: Any, tp: int, where: str = "") -> list[str]:
+    """EVA-02's norms inside the attention (over every head's output) and inside the SwiGLU (over every
+    hidden unit) need what tensor parallelism splits across ranks: refused with ``tp > 1``."""
+    if tp <= 1:
+        return []
+    spans = {"attn_inner_norm": "every head's output", "mlp_inner_norm": "every hidden unit"}
+    return [f"{where}{k}=true normalises over {what}, which tensor parallelism splits" for k, what in spans.items()
+            if getattr(cfg, k, False)]  # fmt: skip
 
 
 PLAN = ParallelPlan(apply_tp=apply_tp, blocks=lambda model: [model.blocks], fsdp_units=map_head, check_tp=check_tp)
 
-__all__ = ["PLAN", "apply_tp", "block_plan", "check_tp", "map_head_plan", "parallel_block_plan", "tower_problems"]
+__all__ = ["PLAN", "apply_tp", "block_plan", "check_tp", "inner_norm_problems", "map_head_plan", "parallel_block_plan", "tower_problems"]

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..common.renames import PASS_THROUGH, Rename, RenameTable, convert, per_head
-from .configs import ViTConfig
+from .configs import ViTConfig, eva_options
 
 # ----------------------------------------------------------------------------- row permutations
 
@@ -235,6 +235,9 @@ def timm_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     """Keyword arguments for ``timm.models.vision_transformer.VisionTransformer`` matching ``cfg``."""
     if cfg.pre_logits:
         raise ValueError("timm has no pre-logits (tanh) layer: a model with pre_logits=True has no timm equivalent")
+    eva = eva_options(cfg)
+    if eva:  # pos_embed='rope' goes to timm's Eva (timm_eva.py); these, without RoPE, nowhere in timm
+        raise ValueError(f"without RoPE, timm has no model with {', '.join(eva)} (timm's VisionTransformer lacks them)")
     if not cfg.parallel_block and cfg.proj_bias != cfg.mlp_bias:
         raise ValueError("timm ties the attention-projection and MLP biases (proj_bias); set them equal")
     if not cfg.norm_bias and cfg.norm_type == "layernorm":
@@ -431,6 +434,18 @@ TIMM_NAMES = {
     "vit_hplus16_dinov3": "vit_huge_plus_patch16_dinov3",
     "vit_7b16_dinov3": "vit_7b_patch16_dinov3",
     "vit_b16_rope_reg1_gap_256": "vit_base_patch16_rope_reg1_gap_256",
+    "vit_ti14_eva02": "eva02_tiny_patch14_224",
+    "vit_s14_eva02": "eva02_small_patch14_224",
+    "vit_b14_eva02": "eva02_base_patch14_224",
+    "vit_b16_eva02_clip": "eva02_base_patch16_clip_224",
+    "vit_s16_rope": "vit_small_patch16_rope_224",
+    "vit_b16_rope": "vit_base_patch16_rope_224",
+    "vit_s16_rope_ape": "vit_small_patch16_rope_ape_224",
+    "vit_b16_rope_ape": "vit_base_patch16_rope_ape_224",
+    "vit_s16_rope_mixed": "vit_small_patch16_rope_mixed_224",
+    "vit_b16_rope_mixed": "vit_base_patch16_rope_mixed_224",
+    "vit_s16_rope_mixed_ape": "vit_small_patch16_rope_mixed_ape_224",
+    "vit_b16_rope_mixed_ape": "vit_base_patch16_rope_mixed_ape_224",
 }
 
 

@@ -9,9 +9,16 @@ and keys (``pos_embed='rope'`` here). What differs from timm's ``VisionTransform
   here, ``key_bias=False``); the fused QKV rows (timm ``attn.qkv``, vitscale ``attn.qkv_per_head``)
   are permuted per head as for the ViT.
 - Prefix tokens: ``cls_token`` and ``reg_token``, joined as for the ViT.
-- SwiGLU MLP (DINOv3 S+/H+/7B): timm's two-layer ``SwiGLU``, the same names (``fc1_g``, ``fc1_x``, ``fc2``).
+- SwiGLU MLP (DINOv3 S+/H+/7B): timm's two-layer ``SwiGLU``, the same names (``fc1_g``, ``fc1_x``, ``fc2``);
+  timm's packed ``GluMlp`` (EVA-02 Ti/S, ``swiglu_packed``): one ``fc1``, gate rows then value rows;
+  EVA-02 B's norm inside the SwiGLU (``mlp_inner_norm``): ``mlp.norm``, the same name.
+- Unfused projections (EVA-02 B, ``qkv_fused=False``): timm's ``attn.q_proj`` / ``k_proj`` / ``v_proj``
+  stacked into one fused QKV (their biases: ``q_bias`` / ``v_bias``, or the fused bias with a key bias).
 - RoPE: timm's ``RotaryEmbeddingCat`` (index grid) -> ``rope_type='axial'``, its
-  ``RotaryEmbeddingDinoV3`` -> ``rope_type='dinov3'``; neither stores anything in the state dict.
+  ``RotaryEmbeddingDinoV3`` -> ``rope_type='dinov3'`` (neither stores anything in the state dict), its
+  ``RotaryEmbeddingMixed`` -> ``rope_type='mixed'``: timm's ``rope.freqs`` ``(2, L, H, Dh/2)`` is each
+  block's ``attn.rope_freqs`` ``(H, 2, Dh/2)``. A learned table beside RoPE (``rope_ape``):
+  ``pos_embed``, the same name and layout as the ViT's.
 
 A timm model is converted only when the ``Eva`` rebuilt from the derived config has the same module
 tree, settings and shapes (``layout_differences``); anything else is refused in one line.
@@ -37,34 +44,43 @@ from .state_dict_adapter import (
 )
 from .timm_meta import build_meta, layout_differences
 
-_ROPES = {"RotaryEmbeddingCat": "axial", "RotaryEmbeddingDinoV3": "dinov3"}
+_ROPES = {"RotaryEmbeddingCat": "axial", "RotaryEmbeddingDinoV3": "dinov3", "RotaryEmbeddingMixed": "mixed"}
 
 
 def unsupported_eva_options(tm: Any) -> list[str]:
     """What a timm ``Eva`` uses that :func:`config_from_eva` does not read (empty: nothing)."""
     why: list[str] = []
     rope = getattr(tm, "rope", None)
+    kind = _ROPES.get(type(rope).__name__)
     if rope is None:
         why.append("no rotary position embeddings (an Eva without RoPE)")
-    elif type(rope).__name__ not in _ROPES:
-        why.append(f"{type(rope).__name__} rotary embeddings (axial RotaryEmbeddingCat or RotaryEmbeddingDinoV3 convert)")
-    if tm.pos_embed is not None:
-        why.append("learned and rotary position embeddings together (EVA-02)")
+    elif kind is None:
+        why.append(f"{type(rope).__name__} rotary embeddings (RotaryEmbeddingCat, RotaryEmbeddingDinoV3 and RotaryEmbeddingMixed convert)")
+    elif kind == "mixed" and getattr(rope, "grid_indexing", "xy") != "xy":
+        why.append("mixed RoPE on an 'ij' grid (RoPE-ViT's, as timm registers it, is on an 'xy' grid)")
     blk = tm.blocks[0]
     if not _is(blk, "EvaBlock"):
         why.append(f"{type(blk).__name__} blocks")
-    elif _is(blk.attn, "AttentionRope"):  # timm's attn_type='rope' (vit_*_rope_224): fused QKV, a key bias too
+    elif _is(blk.attn, "AttentionRope"):  # timm's attn_type='rope' (vit_*_rope_*_224): q, k and v biased alike
         a = blk.attn
-        if a.qkv is None or a.num_kv_heads != a.num_heads or a.gate is not None or not isinstance(a.norm, nn.Identity):
-            why.append("RoPE attention with unfused, grouped or gated projections or a norm inside")
-        elif getattr(rope, "grid_indexing", "ij") != "xy" or a.rotate_half or _ROPES.get(type(rope).__name__) != "axial":
-            why.append("timm's AttentionRope other than axial RoPE on an 'xy' grid with pairs of neighbours (vit_*_rope_224's)")
-    elif not _is(blk.attn, "EvaAttention") or blk.attn.qkv is None:
-        why.append("attention other than EVA's fused-QKV attention")
-    elif not _is(blk.mlp, "Mlp", "SwiGLU"):
-        why.append(f"a {type(blk.mlp).__name__} MLP (packed gate and value: timm's GluMlp)")
-    elif _is(blk.mlp, "SwiGLU") and not isinstance(blk.mlp.norm, nn.Identity):
-        why.append("a norm inside the SwiGLU MLP (timm scale_mlp)")
+        if a.num_kv_heads != a.num_heads or a.gate is not None:
+            why.append("RoPE attention with grouped or gated projections")
+        elif a.rotate_half or kind == "dinov3":
+            why.append("timm's AttentionRope (biased keys) with half-split or DINOv3 RoPE (vit_*_rope_*_224's: axial or mixed, neighbours)")
+        elif kind == "axial" and getattr(rope, "grid_indexing", "ij") != "xy":
+            why.append("timm's AttentionRope with axial RoPE on an 'ij' grid (vit_*_rope_224's: an 'xy' grid)")
+    elif not _is(blk.attn, "EvaAttention") or blk.attn.gate is not None:
+        why.append("attention other than EVA's (fused or unfused QKV, no gate)")
+    if _is(blk, "EvaBlock"):
+        if getattr(blk, "gamma_1", None) is not None and getattr(blk, "gamma_2", None) is None:
+            why.append("LayerScale on the attention branch only (timm attn_only_layer_scale)")
+        mlp = blk.mlp
+        if _is(mlp, "GluMlp") and not (_is(mlp.act, "SiLU") and not mlp.gate_last and isinstance(mlp.norm, nn.Identity)):
+            why.append("a GluMlp other than timm's packed SwiGLU (SiLU on the first half, no norm)")
+        elif _is(mlp, "Mlp") and not isinstance(mlp.norm, nn.Identity):
+            why.append("a norm inside a GELU MLP (timm scale_mlp without swiglu_mlp; vitscale's is inside a SwiGLU)")
+        elif not _is(mlp, "Mlp", "SwiGLU", "GluMlp"):
+            why.append(f"a {type(mlp).__name__} MLP")
     if tm.global_pool not in ("token", "avg", "map", ""):
         why.append(f"global_pool={tm.global_pool!r}")
     if tm.global_pool == "map" and tm.num_prefix_tokens:
@@ -83,14 +99,19 @@ def config_from_eva(tm: Any) -> ViTConfig:
     if why:
         raise ValueError("; ".join(why))
     blk, rope = tm.blocks[0], tm.rope
-    attn = blk.attn
+    attn, mlp = blk.attn, blk.mlp
     kind = _ROPES[type(rope).__name__]
     ref = getattr(rope, "ref_feat_shape", None)
     grid, patch = tm.patch_embed.grid_size, tm.patch_embed.patch_size[0]
     last = tm.blocks[-1]
     rope_attn = _is(attn, "AttentionRope")  # q, k and v biased, or none
-    qkv_bias = (attn.qkv.bias is not None) if rope_attn else attn.q_bias is not None
-    swiglu = _is(blk.mlp, "SwiGLU")
+    fused = attn.qkv is not None
+    if fused:
+        qkv_bias = (attn.qkv.bias is not None) if rope_attn else attn.q_bias is not None
+    else:
+        qkv_bias = attn.q_proj.bias is not None
+    packed, swiglu = _is(mlp, "GluMlp"), _is(mlp, "SwiGLU", "GluMlp")
+    ffn = mlp.fc1.out_features // 2 if packed else (mlp.fc1_x if swiglu else mlp.fc1).out_features
     return ViTConfig(
         img_h=grid[0] * patch,
         img_w=grid[1] * patch,
@@ -98,7 +119,7 @@ def config_from_eva(tm: Any) -> ViTConfig:
         num_channels=tm.patch_embed.proj.in_channels,
         num_layers=len(tm.blocks),
         hidden_size=tm.embed_dim,
-        ffn_hidden_size=(blk.mlp.fc1_x if swiglu else blk.mlp.fc1).out_features,
+        ffn_hidden_size=ffn,
         num_attention_heads=attn.num_heads,
         hidden_dropout=attn.proj_drop.p,
         attention_dropout=attn.attn_drop.p,
@@ -120,12 +141,18 @@ def config_from_eva(tm: Any) -> ViTConfig:
         activation="gelu",
         mlp_type="swiglu" if swiglu else "mlp",
         layer_scale_init=blk.init_values,
+        pos_embed_prefix=not tm.no_embed_class,
         pos_embed="rope",
         rope_type=kind,
         rope_temperature=float(rope.temperature),
-        rope_rotate_half=bool(rope.rotate_half),
-        rope_grid_offset=float(rope.grid_offset),
+        rope_rotate_half=bool(getattr(rope, "rotate_half", False)),
+        rope_grid_offset=float(getattr(rope, "grid_offset", 0.0)),
         rope_ref_grid=tuple(ref) if ref is not None else None,
+        rope_ape=tm.pos_embed is not None,
+        attn_inner_norm=not isinstance(attn.norm, nn.Identity),
+        mlp_inner_norm=_is(mlp, "SwiGLU") and not isinstance(mlp.norm, nn.Identity),
+        qkv_fused=fused,
+        swiglu_packed=packed,
     )
 
 
@@ -134,9 +161,14 @@ def eva_kwargs(cfg: ViTConfig) -> dict[str, Any]:
     why = []
     if cfg.pos_embed != "rope":
         why.append(f"pos_embed={cfg.pos_embed!r} (timm's EVA conversion is for pos_embed='rope')")
-    xy = _xy(cfg)
-    if cfg.qkv_bias and cfg.key_bias and not xy:
-        why.append("a key bias (timm's EVA has q and v biases only; its AttentionRope, a key bias with axial RoPE on pairs of neighbours)")
+    xy, rope_attn, mixed = _xy(cfg), _rope_attention(cfg), cfg.rope_type == "mixed"
+    if cfg.qkv_bias and cfg.key_bias and not rope_attn:
+        why.append("a key bias (timm's EVA has q and v biases only; its AttentionRope, a key bias with axial or mixed "
+                   "RoPE on pairs of neighbours)")  # fmt: skip
+    if mixed and (cfg.rope_rotate_half or cfg.rope_grid_offset):
+        why.append("mixed RoPE with half-split pairs or a grid offset (timm's RotaryEmbeddingMixed: neighbours, patch indices)")
+    if cfg.swiglu_packed and cfg.mlp_inner_norm:
+        why.append("a packed SwiGLU with a norm inside (timm's Eva packs it only without: GluMlp)")
     if cfg.activation != "gelu" or not (cfg.proj_bias and cfg.mlp_bias) or cfg.parallel_block or cfg.pre_logits:
         why.append("activation, biases or blocks other than EVA's (gelu, biased projections, standard blocks)")
     if cfg.pool == "map" and cfg.num_prefix_tokens:
@@ -166,8 +198,12 @@ def eva_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         qk_norm=cfg.qk_norm,
         mlp_ratio=_mlp_ratio(cfg.ffn_hidden_size, cfg.hidden_size),
         # SwiGLU: timm's two-layer SwiGLU is built only with an alignment (1: the width as it is)
+        # timm's two-layer SwiGLU is built with an alignment or a norm inside (scale_mlp), its packed GluMlp without
         swiglu_mlp=cfg.mlp_type == "swiglu",
-        swiglu_align_to=1 if cfg.mlp_type == "swiglu" else 0,
+        swiglu_align_to=1 if cfg.mlp_type == "swiglu" and not cfg.swiglu_packed else 0,
+        scale_mlp=cfg.mlp_inner_norm,
+        scale_attn_inner=cfg.attn_inner_norm,
+        qkv_fused=cfg.qkv_fused,
         drop_rate=cfg.head_dropout,
         pos_drop_rate=cfg.hidden_dropout,
         proj_drop_rate=cfg.hidden_dropout,
@@ -177,9 +213,10 @@ def eva_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         init_values=cfg.layer_scale_init,
         class_token=class_token,
         num_reg_tokens=cfg.class_token_length - int(class_token),
-        use_abs_pos_emb=False,
+        no_embed_class=not cfg.pos_embed_prefix,
+        use_abs_pos_emb=cfg.rope_ape,
         use_rot_pos_emb=True,
-        rope_type={"axial": "cat", "dinov3": "dinov3"}[cfg.rope_type],
+        rope_type={"axial": "cat", "dinov3": "dinov3", "mixed": "mixed"}[cfg.rope_type],
         rope_grid_offset=cfg.rope_grid_offset,
         rope_temperature=cfg.rope_temperature,
         rope_rotate_half=cfg.rope_rotate_half,
@@ -187,7 +224,8 @@ def eva_kwargs(cfg: ViTConfig) -> dict[str, Any]:
         use_post_transformer_norm=cfg.final_norm and not cfg.use_fc_norm,
         use_fc_norm=cfg.final_norm and cfg.use_fc_norm,
         ref_feat_shape=cfg.rope_ref_grid,
-        **({"attn_type": "rope", "rope_grid_indexing": "xy"} if xy else {}),
+        **({"attn_type": "rope"} if rope_attn else {}),
+        **({"rope_grid_indexing": "xy"} if xy or mixed else {}),
     )
 
 
@@ -199,6 +237,14 @@ def _xy(cfg: ViTConfig) -> bool:
     (``vitscale/models/common/rope.py``). The same network with each head's query and key channels'
     halves swapped: :func:`_swap_qk_halves`."""
     return cfg.qkv_bias and cfg.key_bias and cfg.rope_type == "axial" and not cfg.rope_rotate_half
+
+
+def _rope_attention(cfg: ViTConfig) -> bool:
+    """Whether ``cfg``'s timm counterpart uses timm's ``AttentionRope`` (``attn_type='rope'``): biased
+    queries, keys and values with :func:`_xy`'s axial RoPE or with mixed RoPE on pairs of neighbours
+    (RoPE-ViT, naver-ai/rope-vit, as timm registers ``vit_*_patch16_rope_mixed_224``)."""
+    mixed = cfg.rope_type == "mixed" and cfg.qkv_bias and cfg.key_bias and not cfg.rope_rotate_half
+    return _xy(cfg) or mixed
 
 
 def _swap_qk_halves(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
@@ -230,9 +276,75 @@ def _table(cfg: ViTConfig) -> RenameTable:
     )
 
 
+def _join_qkv(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> None:
+    """In place: each block's unfused timm ``attn.q_proj`` / ``k_proj`` / ``v_proj`` (``qkv_fused=False``)
+    -> the fused ``attn.qkv`` rows ``[q; k; v]`` timm's fused attention has; their biases -> ``attn.q_bias``
+    / ``attn.v_bias`` (EvaAttention: the keys have none) or the fused ``attn.qkv.bias`` (AttentionRope)."""
+    for i in range(cfg.num_layers):
+        a = f"blocks.{i}.attn."
+        if a + "q_proj.weight" not in sd:
+            continue
+        sd[a + "qkv.weight"] = torch.cat([sd.pop(a + f"{x}_proj.weight") for x in "qkv"])
+        q, k, v = (sd.pop(a + f"{x}_proj.bias", None) for x in "qkv")
+        if k is not None:
+            sd[a + "qkv.bias"] = torch.cat([q, k, v])
+        elif q is not None:
+            sd[a + "q_bias"], sd[a + "v_bias"] = q, v
+
+
+def _split_qkv(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> None:
+    """In place, the inverse of :func:`_join_qkv` (for ``qkv_fused=False``)."""
+    for i in range(cfg.num_layers):
+        a = f"blocks.{i}.attn."
+        for x, w in zip("qkv", sd.pop(a + "qkv.weight").chunk(3)):
+            sd[a + f"{x}_proj.weight"] = w
+        if a + "qkv.bias" in sd:
+            for x, b in zip("qkv", sd.pop(a + "qkv.bias").chunk(3)):
+                sd[a + f"{x}_proj.bias"] = b
+        elif a + "q_bias" in sd:
+            sd[a + "q_proj.bias"], sd[a + "v_proj.bias"] = sd.pop(a + "q_bias"), sd.pop(a + "v_bias")
+
+
+def _unpack_swiglu(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> None:
+    """In place: timm's packed ``mlp.fc1`` (``GluMlp``, ``gate_last=False``: the gate's rows first) ->
+    ``mlp.fc1_g`` and ``mlp.fc1_x`` (``swiglu_packed``)."""
+    if cfg.mlp_type != "swiglu":
+        return
+    for key in [k for k in sd if k.startswith("blocks.") and ".mlp.fc1." in k]:
+        g, x = sd.pop(key).chunk(2)
+        sd[key.replace(".fc1.", ".fc1_g.")], sd[key.replace(".fc1.", ".fc1_x.")] = g, x
+
+
+def _pack_swiglu(sd: dict[str, torch.Tensor]) -> None:
+    """In place, the inverse of :func:`_unpack_swiglu`."""
+    for key in [k for k in sd if k.startswith("blocks.") and ".mlp.fc1_g." in k]:
+        sd[key.replace(".fc1_g.", ".fc1.")] = torch.cat([sd.pop(key), sd.pop(key.replace(".fc1_g.", ".fc1_x."))])
+
+
+def _mixed_freqs_from_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> None:
+    """In place: timm's ``rope.freqs`` ``(2, L, H, Dh/2)`` (``'xy'`` grid: [0] multiplies the column,
+    [1] the row) -> each block's ``attn.rope_freqs`` ``(H, 2, Dh/2)``, the same order."""
+    freqs = sd.pop("rope.freqs", None)
+    if freqs is not None:
+        for i in range(cfg.num_layers):
+            sd[f"blocks.{i}.attn.rope_freqs"] = freqs[:, i].transpose(0, 1).contiguous()
+
+
+def _mixed_freqs_to_timm(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> None:
+    """In place, the inverse of :func:`_mixed_freqs_from_timm`."""
+    if cfg.rope_type == "mixed":
+        sd["rope.freqs"] = torch.stack([sd.pop(f"blocks.{i}.attn.rope_freqs").transpose(0, 1) for i in range(cfg.num_layers)], dim=1)
+
+
 def state_dict_from_eva(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
-    """A timm ``Eva`` state dict -> vitscale's, for the RoPE ``cfg`` of :func:`config_from_eva`."""
-    sd = _swap_qk_halves(sd, cfg) if _xy(cfg) else dict(sd)
+    """A timm ``Eva`` state dict -> vitscale's, for the RoPE ``cfg`` of :func:`config_from_eva`. Unfused
+    projections and a packed SwiGLU are read as they are found (whatever ``qkv_fused`` and
+    ``swiglu_packed`` say: the same network)."""
+    sd = dict(sd)
+    _join_qkv(sd, cfg)
+    _unpack_swiglu(sd, cfg)
+    _mixed_freqs_from_timm(sd, cfg)
+    sd = _swap_qk_halves(sd, cfg) if _xy(cfg) else sd
     joined = _prefix_tokens_from_timm(sd)
     return {**joined, **convert(sd, _table(cfg), to="ours")}
 
@@ -241,9 +353,15 @@ def state_dict_to_eva(sd: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, 
     """vitscale's RoPE ViT state dict -> that of the timm ``Eva`` built from :func:`eva_kwargs` (without
     the training-only mask token, :func:`~vitscale.models.vit.state_dict_adapter.drop_mask_token`)."""
     sd = drop_mask_token(sd)
+    _mixed_freqs_to_timm(sd, cfg)
     split = _prefix_tokens_to_timm(sd, cfg)
     out = {**split, **convert(sd, _table(cfg), to="theirs")}
-    return _swap_qk_halves(out, cfg) if _xy(cfg) else out
+    out = _swap_qk_halves(out, cfg) if _xy(cfg) else out
+    if not cfg.qkv_fused:
+        _split_qkv(out, cfg)
+    if cfg.swiglu_packed:
+        _pack_swiglu(out)
+    return out
 
 
 def to_eva(model: nn.Module) -> dict[str, torch.Tensor]:

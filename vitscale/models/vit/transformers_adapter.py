@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from ..common.renames import Rename, RenameTable, convert, heads_first, parts_first
-from .configs import ViTConfig
+from .configs import ViTConfig, eva_options
 
 # config.json model_type -> the kind of state dict (its names)
 MODEL_TYPES = {
@@ -333,6 +333,7 @@ def _unexpressible(cfg: ViTConfig, mt: str) -> list[str]:
             why.append(f"an MLP {cfg.ffn_hidden_size} wide, which no integer mlp_ratio gives at hidden size {D}")
     if kind == "dinov3" and (cfg.rope_type != "dinov3" or not cfg.rope_rotate_half or cfg.rope_grid_offset or cfg.rope_ref_grid):
         why.append("RoPE other than DINOv3's (rope_type='dinov3', rope_rotate_half, no offset or reference grid)")
+    why += eva_options(cfg, layouts=False)  # EVA-02 / RoPE-ViT options transformers' ViTs lack
     if kind == "dinov3" and cfg.mlp_type == "swiglu" and cfg.activation != "silu" and cfg.activation != "gelu":
         why.append(f"a SwiGLU with the {cfg.activation} activation")
     return why
