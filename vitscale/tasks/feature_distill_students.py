@@ -341,10 +341,15 @@ def student_process(layout: StudentLayout, rank: int, scfg, timeout_s: float, gr
     if device.type == "cuda":
         torch.cuda.set_device(device)
     store, _, _ = next(rendezvous("env://", timeout=timeout))  # torchrun's store (its agent's, or rank 0's)
-    ctrl = dist.ProcessGroupGloo(dist.PrefixStore("vitscale/students/job/", store), rank, layout.world, timeout)
+    # The store outlives a job (torchrun's agent keeps it across restarts; rank 0's is shared by every client
+    # in the process): each job's keys under a prefix of their own, the jobs counted per restart. Every rank
+    # adds once before the job's groups connect, so all of one job's adds come before any of the next's.
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefix = f"vitscale/students/{restart}/{(store.add(f'vitscale/students/{restart}/jobs', 1) - 1) // layout.world}/"
+    ctrl = dist.ProcessGroupGloo(dist.PrefixStore(prefix + "job/", store), rank, layout.world, timeout)
     data = ctrl
     if device.type == "cuda":
-        data = dist.ProcessGroupNCCL(dist.PrefixStore("vitscale/students/job-nccl/", store), rank, layout.world, timeout)
+        data = dist.ProcessGroupNCCL(dist.PrefixStore(prefix + "job-nccl/", store), rank, layout.world, timeout)
     node = torch.tensor([int(os.environ.get("GROUP_RANK", "0") or 0)])  # torchrun's node rank
     nodes = [torch.empty_like(node) for _ in range(layout.world)]
     ctrl.allgather([nodes], [node]).wait()
@@ -355,7 +360,7 @@ def student_process(layout: StudentLayout, rank: int, scfg, timeout_s: float, gr
         if size > 1:  # the student's ranks: its run's world
             kw = {"device_id": device} if device.type == "cuda" else {}
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout, rank=r, world_size=size,
-                                    store=dist.PrefixStore(f"vitscale/students/{name}/", store), **kw)  # fmt: skip
+                                    store=dist.PrefixStore(f"{prefix}{name}/", store), **kw)  # fmt: skip
         _ACTIVE = StudentExchange(layout, rank, ctrl, data, device, grad_accum)
         yield _ACTIVE
     finally:
