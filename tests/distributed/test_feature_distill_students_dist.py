@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from _launch import free_port, needs_cpu_fsdp, run_distributed
-from helpers import assert_curves_close, read_losses
+from helpers import assert_curves_close, read_losses, read_metrics
 from safetensors import safe_open
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -84,6 +84,7 @@ def test_two_students_from_one_teacher_forward_follow_their_runs_alone(tmp_path,
     assert_curves_close(read_losses(students / "small"), small, range(1, STEPS + 1), "student small (rank 0)", TOL)
     assert_curves_close(read_losses(students / "wide"), wide, range(1, STEPS + 1), "student wide (ranks 1-2)", TOL)
     assert "this rank: 4 of every 12 images" in (students / "wide" / "train.log").read_text()  # the forward shared by 3 ranks
+    assert all("students_exchange_time_pct" in r and "t_time_pct" in r for r in read_metrics(students / "wide") if "loss" in r)
     for name, width in (("small", 32), ("wide", 48)):  # each student's own export: its backbone alone
         with safe_open(students / name / "model.safetensors", "pt") as f:
             assert f.get_tensor("pos_embed").shape[-1] == width and not any(k.startswith("task.") for k in f.keys())

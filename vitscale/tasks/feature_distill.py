@@ -164,7 +164,10 @@ class FeatureDistillTask(Task):
         return self.exchange.features(images, index, step, compute)
 
     def step_times(self):
-        return {name: t.timer.take() for name, t in self.teachers.items()}
+        times = {name: t.timer.take() for name, t in self.teachers.items()}
+        if self.exchange is not None:  # distill.students: sending the features, waiting for the job's ranks
+            times["students_exchange"] = self.exchange.timer.take()
+        return times
 
     @classmethod
     def job(cls, cfg):

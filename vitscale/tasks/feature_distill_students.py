@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from vitscale.errors import ConfigError, UserError
 
-from .distill import FiniteWatch
+from .distill import FiniteWatch, StepTimer
 from .feature_distill_heads import TeacherFeatures
 
 _ACTIVE: StudentExchange | None = None
@@ -225,6 +225,7 @@ class StudentExchange:
         self.plans: dict[int, tuple[TeacherPlan, dict[str, torch.Tensor]]] = {}
         self.weights: dict[tuple[int, ...], torch.Tensor] = {}
         self.watch = FiniteWatch(device)  # a later exchange's agreement: read one call late
+        self.timer = StepTimer(self.device)  # the exchanges' time (waiting for the job's other ranks included)
         self.calls = 0
 
     def plan(self, m: int) -> tuple[TeacherPlan, dict[str, torch.Tensor]]:
@@ -270,7 +271,8 @@ class StudentExchange:
         failed = self.watch.failed_step()
         if failed is not None:
             raise UserError(self._mismatch(failed))
-        m = self._agree(micro_step, images)
+        with self.timer():
+            m = self._agree(micro_step, images)
         plan, ix = self.plan(m)
         n = images.shape[0]
         x = images.index_select(0, ix["rows"])
@@ -288,7 +290,8 @@ class StudentExchange:
         payload = torch.cat([*parts, self._checksum(x)[:, None], sent_index], dim=1)
         send = payload.index_select(0, ix["send"]).contiguous()
         recv = payload.new_empty((n, payload.shape[1]))
-        self.data.alltoall_base(recv, send, plan.recv_splits, plan.send_splits, dist.AllToAllOptions()).wait()
+        with self.timer():
+            self.data.alltoall_base(recv, send, plan.recv_splits, plan.send_splits, dist.AllToAllOptions()).wait()
         recv = recv.index_select(0, ix["order"])
         got_index = recv[:, -2:].contiguous().view(torch.int64).reshape(n)
         ok = torch.isclose(recv[:, -3], self._checksum(images), rtol=1e-4, atol=1e-3).all()
