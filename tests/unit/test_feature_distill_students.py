@@ -109,6 +109,12 @@ def test_each_students_run_config_is_the_jobs_with_its_model_and_changes():
     with pytest.raises(CheckError, match=r"distill.students\[b\]: train.batch_size=12 must be divisible by data-parallel "
                                           "size 5"):  # fmt: skip
         check_student_runs([a, b], StudentLayout(("a", "b"), ((0,), (1, 2, 3, 4, 5))))
+    streamed = load_config(BASE[0], BASE[1:] + ["data.format=webdataset", "data.webdataset_mode=stream", "data.train_path=s.tar",
+                                                "distill.students=[{name: a}, {name: b}]"])  # fmt: skip
+    runs = [student_config(streamed, s) for s in streamed.distill.students]
+    assert len(check_student_runs(runs, StudentLayout(("a", "b"), ((0,), (1,))))) == 2  # as many ranks: the same streams
+    with pytest.raises(ConfigError, match="data.webdataset_mode=stream: a stream's batches depend on the number of ranks"):
+        check_student_runs(runs, StudentLayout(("a", "b"), ((0,), (1, 2))))
     with pytest.raises(ConfigError, match=r"distill.students\[b\]: model: "):
         student_config(cfg, type(cfg.distill.students[0])(name="b", overrides={"hidden_size": -3}))
 

@@ -176,8 +176,9 @@ def student_config(cfg, student):
 
 def check_student_runs(cfgs: list, layout: StudentLayout) -> list[str]:
     """The up-front checks of every student's run (:func:`vitscale.run.checks.check_run`, on its own
-    number of ranks), run on every rank before any process group exists; and one image size and
-    channel count for all. Returns a line per student (its model and ranks)."""
+    number of ranks), run on every rank before any process group exists; one image size and channel
+    count for all; streamed data only for students of one rank count. Returns a line per student (its
+    model and ranks)."""
     from vitscale.distributed.parallel_dims import LayoutError, ParallelDims, resolve_device
     from vitscale.run.assemble import resolve_run_model
     from vitscale.run.checks import check_run
@@ -207,6 +208,13 @@ def check_student_runs(cfgs: list, layout: StudentLayout) -> list[str]:
                               "see the same images — give them one image size (data.img_size, or the models' img_size)")  # fmt: skip
         seen = seen or (name, shape)
         lines.append(f"{name} ({scfg.model.name}, ranks {','.join(map(str, ranks))})")
+    d = cfgs[0].data
+    streamed = next((f"{k}=stream" for k in ("webdataset_mode", "parquet_mode") if getattr(d, k, None) == "stream"), None)
+    if streamed and len({len(r) for r in layout.ranks}) > 1:
+        raise ConfigError(f"distill.students with data.{streamed}: a stream's batches depend on the number of ranks "
+                          "(vitscale/data/stream.py), so students on different numbers of ranks would read different images; "
+                          f"give every student as many ranks (now {', '.join(f'{n}: {len(r)}' for n, r in zip(layout.names, layout.ranks))}) "
+                          "or index the data (the default mode)")  # fmt: skip
     return lines
 
 
