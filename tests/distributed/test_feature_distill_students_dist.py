@@ -5,7 +5,8 @@ process, within 2e-4, although each image's teacher forward ran on one rank of t
 student has its own run folder and export. Then, on 2 processes: plain feature distillation on 2 ranks
 follows the one-process curve (issue 48 item 6); the two students resume from their step-2 checkpoints
 (``wide``'s written by 2 ranks, read by 1) onto the same curves; students whose checkpoints are at
-different steps are refused, naming them."""
+different steps are refused, naming them; and the exchange alone gives each rank its own images'
+features, or stops when a student's images are not the other's."""
 
 from __future__ import annotations
 
@@ -50,14 +51,42 @@ def _students(small: str, wide: str) -> str:
     return f"distill.students=[{{name: small, ranks: {small}}}, {{name: wide, ranks: {wide}, overrides: {{hidden_size: 48}}}}]"
 
 
-def _two_ranks(teacher: str, root: str) -> list[int]:
-    """Inside 2 ranks: plain feature distillation on both, the students' resume, the refused resume."""
+def _two_ranks(teacher: str, root: str) -> list:
+    """Inside 2 ranks: plain feature distillation on both, the students' resume, the refused resume, the
+    exchange alone (:func:`_exchange`)."""
     from vitscale.cli import main
 
     root = Path(root)
     return [main(_args(teacher, root / "plain")),
             main(_args(teacher, root / "resumed", _students("[0]", "[1]"))),
-            main(_args(teacher, root / "apart", _students("[0]", "[1]")))]  # fmt: skip
+            main(_args(teacher, root / "apart", _students("[0]", "[1]"))), _exchange(False), _exchange(True)]  # fmt: skip
+
+
+def _exchange(differ: bool) -> list:
+    """The exchange alone, on 2 ranks (students ``a`` on rank 0, ``b`` on rank 1, 6 images each): the
+    features each rank gets are its own images' (computed half here, half on the other rank); with
+    rank 1's images not rank 0's, the mismatch is found. Returns ``[error or None, max difference]``."""
+    import torch
+
+    from vitscale.config import load_config
+    from vitscale.errors import UserError
+    from vitscale.tasks.feature_distill_heads import TeacherFeatures
+    from vitscale.tasks.feature_distill_students import StudentLayout, student_process
+
+    def teacher(x):  # a fixed function of the images: summary (B, 3) and patches (B, 16, 3) on a 4x4 grid
+        return {"t": TeacherFeatures(x.mean((2, 3)), torch.nn.functional.avg_pool2d(x, 2).flatten(2).transpose(1, 2), (4, 4))}
+
+    rank = int(os.environ["RANK"])
+    images = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(100 * rank * differ))
+    index = torch.arange(6)
+    with student_process(StudentLayout(("a", "b"), ((0,), (1,))), rank, load_config("digits_vit"), 60, 1) as ex:
+        try:
+            got = ex.features(images, index, 0, teacher)["t"]
+        except UserError as e:
+            return [str(e), None]
+        want = teacher(images)["t"]
+        ex.finish()
+        return [None, max((got.summary - want.summary).abs().max().item(), (got.patches - want.patches).abs().max().item())]
 
 
 def _seed(src: Path, dst: Path, step: int = 2) -> None:
@@ -100,6 +129,8 @@ def test_two_students_from_one_teacher_forward_follow_their_runs_alone(tmp_path,
     resumed = tmp_path / "resumed" / "students"
     assert_curves_close(read_losses(resumed / "small"), small, range(3, STEPS + 1), "student small resumed", TOL)
     assert_curves_close(read_losses(resumed / "wide"), wide, range(3, STEPS + 1), "student wide resumed on 1 rank", TOL)
-    assert all(rc[:2] == [0, 0] and rc[2] == 1 for rc in rcs), rcs
+    assert all(rc[:3] == [0, 0, 1] for rc in rcs), rcs
+    assert [rc[3] for rc in rcs] == [[None, 0.0], [None, 0.0]]  # the exchange alone: each rank its own images' features
+    assert all("the students' batches were not the same images" in rc[4][0] for rc in rcs), rcs  # another image: stopped
     assert "the students are at different steps (small: step 3, wide: step 1)" in err, err[-3000:]
     assert not (tmp_path / "apart" / "students" / "wide" / "checkpoints").exists()
