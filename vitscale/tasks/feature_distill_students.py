@@ -17,8 +17,8 @@ one job".
   the ``M`` images, within one), that rank runs the teachers on it, and one ``all_to_all`` over the job
   (:class:`StudentExchange`) sends each image's features to its holder in every student. DINOv3 loads
   ``M / W`` images per rank, runs its teacher on them and all-gathers the outputs to every rank
-  (``SSLMetaArch.broadcast_to_subgroups``); here the students' own loaders read their shares and each
-  rank receives only the features of its own images.
+  (``SSLMetaArch.broadcast_to_subgroups``, ``dinov3/train/ssl_meta_arch.py`` line 807); here the
+  students' own loaders read their shares and each rank receives only the features of its own images.
 - **Checks**: the students' runs are checked up front, on every rank, before any process group exists
   (their configs, layouts, and that they see images of one size); at every exchange the ranks compare
   their micro-step and batch shape (students resumed from checkpoints of different steps are refused,

@@ -1,7 +1,7 @@
 """``distill.students`` of ``train.task=feature_distill``: one teacher forward, several students in one job
 (DINOv3's multi-student distillation, facebookresearch/dinov3 ``dinov3/train/multidist_meta_arch.py``;
 its students are listed with their ranks in ``multidistillation.students``,
-``dinov3/configs/config.py`` lines 121-160). Each entry names a student variant and the ranks of the
+``dinov3/configs/config.py`` lines 121-170). Each entry names a student variant and the ranks of the
 job it trains on; :mod:`vitscale.tasks.feature_distill_students` trains it (docs/distillation.md,
 "Several students in one job")::
 
