@@ -107,6 +107,14 @@ class Task:
         Default: None (the loader's ``image``)."""
         return None
 
+    @classmethod
+    def job(cls, cfg: Any) -> Callable[..., dict[str, Any]] | None:
+        """How :func:`vitscale.train.train` trains ``cfg`` when it is not one run: a function
+        ``fn(cfg, summary=..., notes=...)`` that trains it and returns the summary (feature distillation's
+        ``distill.students``: one run per student, on its own ranks). Default: None (one run, the
+        trainer's)."""
+        return None
+
     def build(self, run: Any) -> TrainModule:
         """Called once by the trainer with the assembled run (:class:`vitscale.run.Run`: layout, device,
         data settings; the family's model already holds ``checkpoint.init_from``'s weights) after

@@ -132,14 +132,19 @@ class FiniteWatch:
             event.record()
         self.pending = (host, event, step)
 
-    def check(self) -> None:
+    def failed_step(self) -> int | None:
+        """The step of the previous call if its flag was false, else None (also with no call pending)."""
         if self.pending is None:
-            return
+            return None
         host, event, step = self.pending
         self.pending = None
         if event is not None:
             event.synchronize()
-        if not bool(host):
+        return None if bool(host) else step
+
+    def check(self) -> None:
+        step = self.failed_step()
+        if step is not None:
             raise UserError(f"distill: {self.what} at step {step} are not finite (NaN or infinity): its weights "
                             f"or its normalisation ({self.fix}) cannot be right; the run stopped "
                             "(nothing was learnt from that step)")  # fmt: skip

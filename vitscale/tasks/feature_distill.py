@@ -82,6 +82,9 @@ class FeatureDistillTask(Task):
         self.seed, self.accum = cfg.train.seed, cfg.train.grad_accum
         self.teachers: dict[str, object] = {}
         self.watches: dict[str, FiniteWatch] = {}
+        from .feature_distill_students import active_exchange
+
+        self.exchange = active_exchange()  # distill.students: the teachers' forward shared by the job's students
 
     @classmethod
     def check(cls, cfg, model, dims, purpose):
@@ -90,6 +93,9 @@ class FeatureDistillTask(Task):
         if purpose != "train":
             return
         require_teachers(cfg.distill)
+        if cfg.distill.students:
+            raise ConfigError("distill.students: a job of several students trains one run per student; start it with "
+                              "vitscale.train.train (`vitscale train`), which does")  # fmt: skip
         if not model.family.model_cls.supports_tokens:
             raise ConfigError(f"train.task=feature_distill: the student {model.name} declares no tokens (supports_tokens): "
                               "use a ViT (`vitscale models`)")  # fmt: skip
@@ -146,22 +152,46 @@ class FeatureDistillTask(Task):
         return TeacherFeatures(summary if "summary" in entry.tokens else None,
                                patches if "patch" in entry.tokens else None, tuple(tok.grid))  # fmt: skip
 
+    def _teacher_features(self, images, index, step) -> dict[str, TeacherFeatures]:
+        """Every teacher's features of the micro-batch: computed here, or (``distill.students``) this rank's
+        share computed here and the rest received from the job's other ranks."""
+
+        def compute(x):
+            return {name: self._features(name, x) for name in self.teachers}
+
+        if self.exchange is None:
+            return compute(images)
+        return self.exchange.features(images, index, step, compute)
+
     def step_times(self):
-        return {name: t.timer.take() for name, t in self.teachers.items()}
+        times = {name: t.timer.take() for name, t in self.teachers.items()}
+        if self.exchange is not None:  # distill.students: sending the features, waiting for the job's ranks
+            times["students_exchange"] = self.exchange.timer.take()
+        return times
+
+    @classmethod
+    def job(cls, cfg):
+        """``distill.students``: the job trains one run per student
+        (:func:`vitscale.tasks.feature_distill_students.train_students`)."""
+        if not cfg.distill.students:
+            return None
+        from .feature_distill_students import train_students
+
+        return train_students
 
     def loss(self, model, batch, step):
         images = batch["image"]
-        feats = {}
-        for name, watch in self.watches.items():
-            watch.check()  # the previous step's flag: a teacher that emitted NaN / inf stops the run here
-            f = self._features(name, images)
-            ok = torch.stack([torch.isfinite(t).all() for t in (f.summary, f.patches) if t is not None]).all()
-            watch.record(ok, step // self.accum + 1)
-            feats[name] = f
-        with self.autocast():
-            s = model(images, tokens=True)
         host = batch.get("host", batch)
         index = host.get("index")
+        for watch in self.watches.values():
+            watch.check()  # the previous step's flag: a teacher that emitted NaN / inf stops the run here
+        feats = self._teacher_features(images, index, step)
+        for name, watch in self.watches.items():
+            f = feats[name]
+            ok = torch.stack([torch.isfinite(t).all() for t in (f.summary, f.patches) if t is not None]).all()
+            watch.record(ok, step // self.accum + 1)
+        with self.autocast():
+            s = model(images, tokens=True)
         loss, metrics = self.module.distill(s.pooled.float(), s.patches.float(), tuple(s.grid), feats,
                                             group=self.dp_group, drop=self.dc.teacher_drop, seed=self.seed,
                                             step=step, index=index)  # fmt: skip

@@ -29,6 +29,7 @@ from vitscale.errors import ConfigError
 
 from .feature_distill_heads import GRID_MODES, TOKEN_KINDS
 from .feature_distill_norm import STANDARDIZERS
+from .feature_distill_students_config import StudentConfig, check_students
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
@@ -164,6 +165,10 @@ class FeatureDistillConfig:
     """UNIC's teacher dropping: for each image, every teacher but the one with the highest loss is left
     out of the loss with this probability (naver/unic ``--t_drop_prob``, ``main_unic.py`` lines 75-80:
     0.5 there); 0 = off. In [0, 1)."""
+    students: list[StudentConfig] = field(default_factory=list)
+    """Several students in one job, each on its own ranks, from one teacher forward per batch (DINOv3's
+    multi-student distillation: :class:`~vitscale.tasks.feature_distill_students_config.StudentConfig`,
+    docs/distillation.md); empty = one student, the run's own model."""
 
     def __post_init__(self):
         fraction("distill.teacher_drop", self.teacher_drop, "the probability of dropping a teacher per image, UNIC: 0.5")
@@ -174,6 +179,7 @@ class FeatureDistillConfig:
                                   "give each teacher its own name")  # fmt: skip
             seen[t.name] = i
             finite(t, f"distill.teachers[{i}]")
+        check_students(self.students)
 
 
 def require_teachers(dc: FeatureDistillConfig) -> None:
