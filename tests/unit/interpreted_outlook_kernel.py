@@ -67,11 +67,11 @@ def test_kernel_matches_eager_fp32(geometry):
 
 
 def _released_settings() -> dict[tuple, list[str]]:
-    """The distinct outlook settings (heads, head width, K, padding, stride) of volo_d1 ... volo_d5."""
+    """The distinct outlook settings (head width, K, padding, stride) of volo_d1 ... volo_d5."""
     out: dict[tuple, list[str]] = {}
     for name in (f"volo_d{i}" for i in range(1, 6)):
         c = VARIANTS[name]
-        key = (c.outlook_heads, c.outlook_dim // c.outlook_heads, c.outlook_kernel, c.outlook_padding, c.outlook_stride)
+        key = (c.outlook_dim // c.outlook_heads, c.outlook_kernel, c.outlook_padding, c.outlook_stride)
         out.setdefault(key, []).append(name)
     return out
 
@@ -81,8 +81,11 @@ RELEASED = _released_settings()
 
 @pytest.mark.parametrize("setting", RELEASED.keys(), ids=["+".join(v) for v in RELEASED.values()])
 def test_kernel_matches_eager_at_released_head_settings(setting):
-    heads, dh, K, P, S = setting
-    v, logits, grad = _inputs(1, 3, 3, heads, dh, K, P, S)
+    """The released models' head width and window (one setting for all five: 32-wide heads, K 3, padding 1,
+    stride 2), at 2 heads: their 6, 8 or 12 heads are programs of the same code at other channel offsets (one
+    program per head: the grid's last axis), which 2 heads already exercise."""
+    dh, K, P, S = setting
+    v, logits, grad = _inputs(1, 3, 3, 2, dh, K, P, S)
     got = _run(outlook_attention, v, logits, grad, K, P, S, dh**-0.5)
     ref = _run(outlook_reference, v, logits, grad, K, P, S, dh**-0.5)
     for name, a, b in zip(("out", "d values", "d logits"), got, ref):

@@ -27,7 +27,7 @@ def test_kernels_match_eager_in_the_triton_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     cases = Path(__file__).with_name("interpreted_outlook_kernel.py")
     # the interpreter runs on one core: the cases in two halves (about equal times) at once, one per core
-    half = "compiled_outlooker or released_head_settings or auto_picks"
+    half = "k5_pad2 or volo_odd or compiled_outlooker or released_head_settings or no_padding or stride_eq_k"
     runs = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(cases), "-k", k],
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for k in (half, f"not ({half})")]  # fmt: skip
@@ -39,7 +39,7 @@ def test_kernels_match_eager_in_the_triton_interpreter():
         summary = out.strip().splitlines()[-1]
         assert re.fullmatch(r"(\d+) passed, (\d+) deselected in .*", summary), tail  # nothing skipped
         passed += int(summary.split()[0])
-    assert passed >= 14, passed  # every case ran, in one half or the other
+    assert passed >= 12, passed  # every case ran, in one half or the other
 
 
 def test_kernels_compile_for_h100_without_a_gpu():
