@@ -110,9 +110,10 @@ class Task:
     @classmethod
     def job(cls, cfg: Any) -> Callable[..., dict[str, Any]] | None:
         """How :func:`vitscale.train.train` trains ``cfg`` when it is not one run: a function
-        ``fn(cfg, summary=..., notes=...)`` that trains it and returns the summary (feature distillation's
-        ``distill.students``: one run per student, on its own ranks). Default: None (one run, the
-        trainer's)."""
+        ``fn(cfg, train, summary=..., notes=...)`` that trains it — each of its runs by calling ``train``
+        (:func:`vitscale.train.train`, handed over: no task imports the trainer) — and returns the summary
+        (feature distillation's ``distill.students``: one run per student, on its own ranks). Default:
+        None (one run, the trainer's)."""
         return None
 
     def build(self, run: Any) -> TrainModule:

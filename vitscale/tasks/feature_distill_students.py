@@ -387,12 +387,12 @@ def student_process(layout: StudentLayout, rank: int, scfg, timeout_s: float, gr
 
 
 # ---------------------------------------------------------------------------------------------- the job
-def train_students(cfg, *, summary: str = "human", notes=()) -> dict[str, Any]:
+def train_students(cfg, train, *, summary: str = "human", notes=()) -> dict[str, Any]:
     """Train this rank's student of ``distill.students`` (every rank of the torchrun job runs this):
-    the layout and every student's run checked, the groups made, then the student's own run
-    (:func:`vitscale.train.train`) in ``<train.output_dir>/students/<name>/``. Returns its summary."""
+    the layout and every student's run checked, the groups made, then the student's own run (``train``:
+    :func:`vitscale.train.train`, which hands itself over) in ``<train.output_dir>/students/<name>/``.
+    Returns its summary."""
     from vitscale.config.load import save_config
-    from vitscale.train.trainer import train
 
     if dist.is_available() and dist.is_initialized():
         raise UserError("distill.students: this process is in a process group already; a job of several students makes its "

@@ -288,7 +288,7 @@ def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, 
     from loading the config, printed with the run's opening lines."""
     job = get_task(cfg.train.task).job(cfg) if cfg.train.task else None
     if job is not None:  # a task whose config is several runs (feature_distill's distill.students)
-        return job(cfg, summary=summary, notes=notes)
+        return job(cfg, train, summary=summary, notes=notes)  # each of its runs trained by this function
     rank = int(os.environ.get("RANK", "0"))  # the rank torchrun gave this process (0 without torchrun)
     out = Path(cfg.train.output_dir)
     with RunLog(out / "train.log", enabled=rank == 0, header=command_line()) as runlog, \
