@@ -82,8 +82,9 @@ def _jpeg(a) -> bytes:
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    """``{root}/folder/{train,val}/{china,flower}/*.jpg`` (6 + 2 per class) and the same images as captioned
-    WebDataset shards ``{root}/wds/{train,val}/00000.tar`` (``jpg``, ``txt``, ``cls``; ``classnames.txt`` beside)."""
+    """``{root}/folder/{train,val}/{china,flower}/*.jpg`` (6 + 2 per class), the same images as captioned
+    WebDataset shards ``{root}/wds/{train,val}/00000.tar`` (``jpg``, ``txt``, ``cls``; ``classnames.txt`` beside),
+    and the training images as one flat folder without classes ``{root}/flat/*.jpg`` (``data.format=images``)."""
     root = tmp_path_factory.mktemp("photos")
     for split, n in (("train", 6), ("val", 2)):
         (root / "wds" / split).mkdir(parents=True)
@@ -93,6 +94,9 @@ def photos(tmp_path_factory):
                 data = _jpeg(a)
                 (root / "folder" / split / PHOTO_CLASSES[c]).mkdir(parents=True, exist_ok=True)
                 (root / "folder" / split / PHOTO_CLASSES[c] / f"{k}.jpg").write_bytes(data)
+                if split == "train":
+                    (root / "flat").mkdir(exist_ok=True)
+                    (root / "flat" / f"{PHOTO_CLASSES[c]}{k}.jpg").write_bytes(data)
                 caption = ("a photo of a chinese temple" if c == 0 else "a photo of a flower") + f", crop {k}"
                 for ext, payload in (("jpg", data), ("txt", caption.encode()), ("cls", str(c).encode())):
                     info = tarfile.TarInfo(f"{PHOTO_CLASSES[c]}{k:03d}.{ext}")
@@ -161,6 +165,8 @@ def _overrides(name: str, photos: Path, tmp: Path) -> tuple[list[str], dict]:
             f"data.train_path={photos / 'folder' / 'train'}",
             f"data.val_path={photos / 'folder' / 'val'}",
         ]
+    elif fmt == "images":  # your own photos: a flat folder without classes; the labelled folder for the k-NN and probe
+        over += [f"data.train_path={photos / 'flat'}", f"data.val_path={photos / 'folder' / 'val'}"]
     elif fmt == "webdataset":
         over += [f"data.train_path={photos / 'wds' / 'train'}", f"data.val_path={photos / 'wds' / 'val'}"]
     elif fmt in ("digits", "digits_aspect"):
