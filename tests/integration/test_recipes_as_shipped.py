@@ -1,6 +1,7 @@
 """Every config in ``vitscale/configs/`` trains as it ships: 2 steps at its own resolution on real photos
-(scikit-learn's two sample photos as an image folder, or as captioned WebDataset shards for the CLIP
-recipes; the digits recipes on their built-in digits), then its evaluation once. Only the data paths
+(scikit-learn's two sample photos as an image folder, as a flat folder without classes for a recipe of
+one's own photos — its k-NN and probe on the image folder —, or as captioned WebDataset shards for the
+CLIP recipes; the digits recipes on their built-in digits), then its evaluation once. Only the data paths
 (and the files a recipe starts from: init weights, a teacher, token labels, each a tiny real file
 written here in the format the recipe names) and the model's size (width and depth; patch size and
 image size kept) are replaced, plus the batch and the step count: every augmentation, sampler, loss,
