@@ -63,7 +63,7 @@ def images_split(cfg: DataConfig, name: str, *, img_size=None, num_channels: int
         paths = list_images(cfg.train_path)
         if not paths:
             raise CheckError(f"data.train_path={cfg.train_path}: no images ({', '.join(IMG_EXTENSIONS)}) below it")
-        return Split(FileSource(paths, [-1] * len(paths), cfg.fast_decode), [], info={"labels": "none"})
+        return Split(FileSource(paths, [-1] * len(paths), cfg.fast_decode), [])
     changes = labelled_data(cfg)
     if changes is None:
         return None
