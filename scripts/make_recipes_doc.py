@@ -20,18 +20,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "vitscale" / "configs"
 OUT = ROOT / "docs" / "recipes.md"
-PATTERNS = ("imagenet*.yaml", "laion*.yaml", "clip_*.yaml")
+PATTERNS = ("imagenet*.yaml", "laion*.yaml", "clip_*.yaml", "dino_*.yaml")
 OPERATIONAL = {"train.output_dir", "train.log_every", "data.num_workers", "eval.every", "eval.batch_size", "checkpoint.every",
                "checkpoint.keep", "parallel.dp_shard", "data.train_path", "data.val_path"}  # fmt: skip
 
 INTRO = """# Recipes
 
-Every ImageNet and LAION recipe vitscale ships, field by field: the value a run gets and the source
+Every ImageNet and LAION recipe vitscale ships, and the one-GPU recipe for your own images
+(`dino_vits16_1gpu`), field by field: the value a run gets and the source
 its line in the YAML cites (a paper's table, a repository's file and line). *header*: the recipe's
 header comment cites it for the whole recipe; *vitscale*: an operational setting (folders, workers,
 logging and checkpoint periods, the parallel layout) that does not change what is computed. Each
 recipe's header says what it should reach and on what hardware; none of these headlines was
-reproduced on this project's CPU machine (no ImageNet or LAION here). Every config in
+reproduced on this project's CPU machine (no ImageNet, LAION or GPU here). Every config in
 `vitscale/configs/` trains as it ships in `tests/integration/test_recipes_as_shipped.py`: 2 steps at its
 own resolution on real photos (scikit-learn's sample photos as an image folder, or as captioned
 WebDataset shards), then its evaluation once; only the data paths, the files it starts from (init

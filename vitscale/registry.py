@@ -128,6 +128,7 @@ TASKS: Registry[Any] = Registry("task", "train.task", {
 FORMATS: Registry[Any] = Registry("data format", "data.format", {
     "digits": "vitscale.data.digits",
     "digits_aspect": "vitscale.data.digits",
+    "images": "vitscale.data.images",  # before imagefolder: `data inspect` calls a folder holding images itself "images"
     "imagefolder": "vitscale.data.imagefolder",
     "synthetic": "vitscale.data.synthetic",
     "webdataset": "vitscale.data.webdataset",

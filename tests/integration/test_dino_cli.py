@@ -58,9 +58,10 @@ def test_digits_dino_pretrains_reports_signals_and_knn_and_resumes_exactly(tmp_p
     assert 0 <= rows[-1]["knn_top1"] <= rows[-1]["knn_top5"] <= 100 and "linear_probe_top1" in rows[-1]
     assert f"centring {centering}" in p.stdout
     page = (run / "report.html").read_text()
-    assert '<figure id="plot-collapse">' in page
+    assert '<figure id="plot-collapse">' in page and "no evaluation results logged" not in page
     panels = {panel.id: keys for panel, keys in plan([read_run(run)], compare=False)}
-    assert panels["collapse"] == list(SIGNALS)  # the teacher's signals beside the rank, in one panel
+    # each collapse signal on its own axis (a rank and two values in nats of different scales)
+    assert [panels[p] for p in ("collapse", "teacher_entropy", "teacher_kl")] == [[s] for s in SIGNALS]
     with safe_open(run / "model.safetensors", "pt") as f:  # the backbone alone: no head, no teacher
         keys = list(f.keys())
     assert "pos_embed" in keys and not any(k.startswith("task_parts.") for k in keys)

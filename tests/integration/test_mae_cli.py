@@ -50,6 +50,9 @@ def test_digits_mae_pretrains_reports_knn_and_rank_resumes_and_hands_over(tmp_pa
     assert "mae: mask ratio 0.75 (16 of 64 patches seen)" in p.stdout
     page = (run / "report.html").read_text()
     assert '<figure id="plot-collapse">' in page and '<figure id="plot-knn">' in page
+    # the report opens with the k-NN and probe the run ended with (the task's default evaluations)
+    assert "no evaluation results logged" not in page and '<figure id="plot-linear_probe">' in page
+    assert f'<div class="v">{rows[-1]["knn_top1"]:.2f}%</div><div class="k">knn_top1</div>' in page
     with safe_open(run / "model.safetensors", "pt") as f:  # the backbone alone: no decoder
         keys = list(f.keys())
     assert "pos_embed" in keys and not any(k.startswith("task_parts.") for k in keys)

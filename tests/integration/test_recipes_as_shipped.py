@@ -1,6 +1,7 @@
 """Every config in ``vitscale/configs/`` trains as it ships: 2 steps at its own resolution on real photos
-(scikit-learn's two sample photos as an image folder, or as captioned WebDataset shards for the CLIP
-recipes; the digits recipes on their built-in digits), then its evaluation once. Only the data paths
+(scikit-learn's two sample photos as an image folder, as a flat folder without classes for a recipe of
+one's own photos — its k-NN and probe on the image folder —, or as captioned WebDataset shards for the
+CLIP recipes; the digits recipes on their built-in digits), then its evaluation once. Only the data paths
 (and the files a recipe starts from: init weights, a teacher, token labels, each a tiny real file
 written here in the format the recipe names) and the model's size (width and depth; patch size and
 image size kept) are replaced, plus the batch and the step count: every augmentation, sampler, loss,
@@ -82,8 +83,9 @@ def _jpeg(a) -> bytes:
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    """``{root}/folder/{train,val}/{china,flower}/*.jpg`` (6 + 2 per class) and the same images as captioned
-    WebDataset shards ``{root}/wds/{train,val}/00000.tar`` (``jpg``, ``txt``, ``cls``; ``classnames.txt`` beside)."""
+    """``{root}/folder/{train,val}/{china,flower}/*.jpg`` (6 + 2 per class), the same images as captioned
+    WebDataset shards ``{root}/wds/{train,val}/00000.tar`` (``jpg``, ``txt``, ``cls``; ``classnames.txt`` beside),
+    and the training images as one flat folder without classes ``{root}/flat/*.jpg`` (``data.format=images``)."""
     root = tmp_path_factory.mktemp("photos")
     for split, n in (("train", 6), ("val", 2)):
         (root / "wds" / split).mkdir(parents=True)
@@ -93,6 +95,9 @@ def photos(tmp_path_factory):
                 data = _jpeg(a)
                 (root / "folder" / split / PHOTO_CLASSES[c]).mkdir(parents=True, exist_ok=True)
                 (root / "folder" / split / PHOTO_CLASSES[c] / f"{k}.jpg").write_bytes(data)
+                if split == "train":
+                    (root / "flat").mkdir(exist_ok=True)
+                    (root / "flat" / f"{PHOTO_CLASSES[c]}{k}.jpg").write_bytes(data)
                 caption = ("a photo of a chinese temple" if c == 0 else "a photo of a flower") + f", crop {k}"
                 for ext, payload in (("jpg", data), ("txt", caption.encode()), ("cls", str(c).encode())):
                     info = tarfile.TarInfo(f"{PHOTO_CLASSES[c]}{k:03d}.{ext}")
@@ -161,6 +166,8 @@ def _overrides(name: str, photos: Path, tmp: Path) -> tuple[list[str], dict]:
             f"data.train_path={photos / 'folder' / 'train'}",
             f"data.val_path={photos / 'folder' / 'val'}",
         ]
+    elif fmt == "images":  # your own photos: a flat folder without classes; the labelled folder for the k-NN and probe
+        over += [f"data.train_path={photos / 'flat'}", f"data.val_path={photos / 'folder' / 'val'}"]
     elif fmt == "webdataset":
         over += [f"data.train_path={photos / 'wds' / 'train'}", f"data.val_path={photos / 'wds' / 'val'}"]
     elif fmt in ("digits", "digits_aspect"):

@@ -81,7 +81,7 @@ def test_overrides_may_follow_an_option(capsys):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("data.format=nope", "data.format: unknown data format 'nope' (choose one of csv, digits, digits_aspect, imagefolder, "
+        ("data.format=nope", "data.format: unknown data format 'nope' (choose one of csv, digits, digits_aspect, imagefolder, images, "
          "parquet, synthetic, webdataset; a plug-in's: load it with vitscale --import MODULE)"),
         ("train.task=clasification", "train.task: unknown task 'clasification'; did you mean 'classification'? (choose one of "
          "classification, contrastive, dino, feature_distill, mae, token_labeling; a plug-in's: load it with vitscale --import MODULE)"),
@@ -111,7 +111,7 @@ def test_every_command_reports_a_config_error_the_same_way(command, tmp_path, ca
     monkeypatch.chdir(tmp_path)  # `vitscale demo` would train into ./runs/demo
     assert main([*command, "data.format=nope"]) == 2
     assert _err_lines(capsys) == [f"vitscale {command[0]}: data.format: unknown data format 'nope' (choose one of csv, digits, "
-                                  "digits_aspect, imagefolder, parquet, synthetic, webdataset; a plug-in's: load it with "
+                                  "digits_aspect, imagefolder, images, parquet, synthetic, webdataset; a plug-in's: load it with "
                                   "vitscale --import MODULE)"]  # fmt: skip
     assert list(tmp_path.iterdir()) == []
 

@@ -22,7 +22,7 @@ from vitscale.tasks.base import TASKS
         (TASKS.get, "contrastve", "train.task: unknown task 'contrastve'; did you mean 'contrastive'? (choose one of "
          "classification, contrastive, dino, feature_distill, mae, token_labeling;"),
         (FORMATS.get, "imagefoldr", "data.format: unknown data format 'imagefoldr'; did you mean 'imagefolder'? (choose one of "
-         "csv, digits, digits_aspect, imagefolder, parquet, synthetic, webdataset;"),
+         "csv, digits, digits_aspect, imagefolder, images, parquet, synthetic, webdataset;"),
         (EVALUATORS.get, "zeroshoot", "kind: unknown evaluator 'zeroshoot'; did you mean 'zeroshot'? (choose one of "),
         (COMMANDS.get, "trian", "vitscale: unknown command 'trian'; did you mean 'train'? (choose one of "),
     ],

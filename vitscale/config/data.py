@@ -62,7 +62,8 @@ class DataConfig:
     format: str = "digits"
     """Dataset format, one registered in ``vitscale.data.formats``: ``digits`` (scikit-learn's
     handwritten digits, no files needed), ``digits_aspect`` (the same, stretched to several aspect
-    ratios: NaFlex demos), ``imagefolder`` (``<path>/<class>/<image>`` trees),
+    ratios: NaFlex demos), ``imagefolder`` (``<path>/<class>/<image>`` trees), ``images`` (a folder of
+    images without classes, any nesting: the tasks that read no labels),
     ``synthetic`` (random images, deterministic labels), ``webdataset`` (tar shards, local or remote),
     ``csv`` (image paths + captions), ``parquet`` (image + label / caption columns); see docs/data.md."""
     img_size: int | None = None
@@ -242,11 +243,12 @@ def data_config(format: str = "digits", **fields: Any) -> DataConfig:
 @dataclass
 class PathFields:
     train_path: str | None = None
-    """Training data: the image folder's root (``imagefolder``), the shards (``webdataset``), the file
-    (``csv``), the ``.parquet`` files (``parquet``)."""
+    """Training data: the image folder's root (``imagefolder``, ``images``), the shards (``webdataset``),
+    the file (``csv``), the ``.parquet`` files (``parquet``)."""
     val_path: str | None = None
     """Validation data, as ``train_path``; None = no validation data (``imagefolder``: hold out
-    ``val_split`` of train)."""
+    ``val_split`` of train). ``images``: a labelled class folder (``<root>/<class>/<image>``) that the
+    k-NN and probes read."""
 
 
 @dataclass

@@ -80,6 +80,14 @@ class DataFormat:
     """``class_names(cfg)``: the class names without reading the whole dataset, or None if unknown."""
     summary: str = ""
     """One line for listings (``vitscale data inspect --help``, error messages)."""
+    labels: bool = True
+    """Its samples may carry class labels. False (``images``: a folder of images, no classes): a run of a
+    task that reads labels (:attr:`vitscale.tasks.Task.reads_labels`) is refused before anything is
+    read, and the evaluations that read the run's data read :attr:`labelled` instead."""
+    labelled: Callable[[Any], dict | None] | None = None
+    """A format without labels: ``labelled(cfg)``, the ``data:`` changes to ``cfg`` that give the labelled
+    data its evaluations read in its place (``images``: its ``val_path``, a class folder, as an
+    ``imagefolder``), or None when ``cfg`` names none (:mod:`vitscale.run.evaldata`)."""
 
 
 def register_format(fmt: DataFormat) -> DataFormat:

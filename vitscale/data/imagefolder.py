@@ -48,7 +48,8 @@ def find_classes(root: str) -> list[str]:
                              f"add it there or remove the folder")  # fmt: skip
         return listed
     if not folders:
-        raise FileNotFoundError(f"image folder {root!r} has no class subfolders (<root>/<class>/<image>)")
+        raise CheckError(f"image folder {root!r} has no class subfolders (<root>/<class>/<image>); a folder of images "
+                         "without classes is data.format=images, for the tasks that read no labels")  # fmt: skip
     return folders
 
 
@@ -57,13 +58,17 @@ def _key(path: str) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _images(top: str, seen_dirs: set, seen_files: set, repeated: list[str], special: list | None = None) -> list[str]:
+def _images(top: str, seen_dirs: set, seen_files: set, repeated: list[str], special: list | None = None,
+            hidden: bool = True) -> list[str]:  # fmt: skip
     """Image files under ``top`` following folder links, each folder entered and each file listed once;
-    entries that are not regular files (a FIFO named ``x.png``) go to ``special``, never opened."""
+    entries that are not regular files (a FIFO named ``x.png``) go to ``special``, never opened.
+    ``hidden=False``: folders and files whose names start with a dot are passed over."""
     found = []
     for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
         keep = []
         for d in sorted(dirnames):
+            if not hidden and d.startswith("."):
+                continue
             full = os.path.join(dirpath, d)
             try:
                 k = _key(full)
@@ -76,7 +81,7 @@ def _images(top: str, seen_dirs: set, seen_files: set, repeated: list[str], spec
             keep.append(d)
         dirnames[:] = keep
         for f in filenames:
-            if not f.lower().endswith(IMG_EXTENSIONS):
+            if not f.lower().endswith(IMG_EXTENSIONS) or (not hidden and f.startswith(".")):
                 continue
             full = os.path.join(dirpath, f)
             try:
@@ -108,6 +113,13 @@ def scan(root: str, class_to_idx: dict[str, int]) -> tuple[list[str], list[int]]
         found = _images(os.path.join(root, name), seen_dirs, seen_files, repeated, special)
         paths += found
         labels += [class_to_idx[name]] * len(found)
+    report_skipped(root, repeated, special)
+    return paths, labels
+
+
+def report_skipped(root: str, repeated: list[str], special: list[tuple[str, str]]) -> None:
+    """One warning for the folder links :func:`_images` passed over, one for the entries that are not
+    regular files."""
     if repeated:
         shown = ", ".join(f"{p} -> {os.path.realpath(p)}" for p in repeated[:3]) + (", ..." if len(repeated) > 3 else "")
         log.warning(
@@ -116,7 +128,6 @@ def scan(root: str, class_to_idx: dict[str, int]) -> tuple[list[str], list[int]]
         )  # fmt: skip
     if special:
         log.warning("%s", describe_skipped(f"image folder {root}", special))
-    return paths, labels
 
 
 def _split(paths, labels, fraction: float):

@@ -43,12 +43,15 @@ import torch
 from torch import nn
 
 from ..config.evals import EvaluatorConfig, check_entries, metric_prefix
-from ..errors import UserError
+from ..errors import EXIT_USAGE, UserError
 from ..registry import EVALUATORS
 
 
 class MissingSplit(UserError):
-    """An evaluator's data has no such split (no validation data, say)."""
+    """An evaluator's data has no such split (no validation data, say), or no labels where it reads
+    them: the config must change (exit code 2, as a failed up-front check)."""
+
+    exit_code = EXIT_USAGE
 
 
 class EvalData(Protocol):

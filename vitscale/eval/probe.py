@@ -38,7 +38,7 @@ from vitscale.data import keyed
 from vitscale.errors import ConfigError
 
 from ..config.evals import ProbeFeatures
-from .evaluator import Evaluator, EvaluatorConfig, register_evaluator
+from .evaluator import Evaluator, EvaluatorConfig, MissingSplit, register_evaluator
 from .gather import gather_ordered
 
 STREAM_PROBE_SPLIT = 101
@@ -297,6 +297,10 @@ class _Probe(Evaluator):
         if not isinstance(getattr(self.fit_loader, "dataset", None), KeyedDataset):
             raise ValueError("probes read the whole train split: not available for data.webdataset_mode=stream")
         self.num_classes = ctx.data.classes(cfg.data)[0]
+        if not self.num_classes:  # unlabelled samples (label -1): no class to fit or score
+            raise MissingSplit(f"evals: {self.name} ({cfg.kind}) fits and scores class labels, and its data has none: "
+                               "give it labelled data (data.val_path of data.format=images, or the entry's own data: "
+                               "{format: imagefolder, ...})")  # fmt: skip
 
     def __call__(self, model):
         c = self.ctx

@@ -237,11 +237,14 @@ def _given_model(cfg: Config, model: nn.Module) -> ResolvedModel:
 def model_overrides(cfg: Config, num_classes: int | None, model: ResolvedModel) -> dict[str, Any]:
     """The overrides of ``model`` (``cfg.model`` resolved: ``model.overrides`` and what the task
     implies) plus the data's class count and ``data.img_size`` for the fields the variant's config has
-    and the overrides do not set."""
+    and the overrides do not set. Data whose format carries no labels (``data.format=images``) gives
+    the model no classifier (``num_classes=0``: a backbone, as DINOv2's ship)."""
     fields = model.fields
     over = dict(model.overrides)
     if num_classes and "num_classes" in fields and "num_classes" not in over:
         over["num_classes"] = num_classes
+    elif num_classes == 0 and "num_classes" in fields and "num_classes" not in over and not get_format(cfg.data.format).labels:
+        over["num_classes"] = 0
     if cfg.data.img_size and {"img_h", "img_w"} <= fields:
         over.setdefault("img_h", cfg.data.img_size)
         over.setdefault("img_w", cfg.data.img_size)

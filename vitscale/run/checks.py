@@ -100,6 +100,20 @@ def _check_training(cfg: Config, dims: ParallelDims) -> None:
                          "parameters); leave optim.fused at auto with optim.name=lamb")  # fmt: skip
 
 
+def _check_labels(task, fmt_name: str) -> None:
+    """A task whose training reads labels (:attr:`vitscale.tasks.Task.reads_labels`) on a format whose
+    samples carry none (``DataFormat.labels``): one line naming the tasks that train there."""
+    from ..data import get_format
+    from ..registry import TASKS
+
+    if not task.reads_labels or get_format(fmt_name).labels:
+        return
+    free = ", ".join(name for name, cls in TASKS.items() if not cls.reads_labels)
+    raise CheckError(f"train.task={task.name} reads class labels and data.format={fmt_name} has none (a folder of images "
+                     f"without classes): put the images in class folders (<root>/<class>/<image>) and use "
+                     f"data.format=imagefolder, or train a task that reads no labels (train.task={free})")  # fmt: skip
+
+
 def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedModel,
               side: tuple[str, int | None] | None = None) -> None:  # fmt: skip
     """:class:`CheckError` (or RuntimeError for the machine) naming the setting to change, for a run
@@ -137,8 +151,11 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
         check_input_mode(model.family.model_cls, "multi", f"data.image_sizes={list(d.image_sizes)}", cfg.model.name)
     if d.seq_lens:
         check_input_mode(model.family.model_cls, "naflex", f"data.seq_lens={list(d.seq_lens)}", cfg.model.name)
-    # the task's own settings and parts (its teacher)
-    get_task(tc.task or model.family.task).check(cfg, model, dims, purpose)
+    # the task's own settings and parts (its teacher), and what it reads of the data
+    task = get_task(tc.task or model.family.task)
+    if purpose in ("train", "label"):
+        _check_labels(task, d.format)
+    task.check(cfg, model, dims, purpose)
     # the parallel layer's, on this machine: FSDP2 on this device, the model's TP plan over parallel.tp
     # ranks, the compile mode, float8 (its recipe, torchao, the GPU)
     if dims.distributed and not fsdp_runs_on(dims.device.type):  # not an AttributeError in the first step

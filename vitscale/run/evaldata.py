@@ -8,6 +8,13 @@ that ask for the same. Labels are mapped to the classes of the data's training s
 its validation labels: the run's ``class_names`` (the model's classes, by name) while the evaluator
 keeps the run's ``format`` and ``train_path``; else the classes its own training data declares (the
 format's ``class_names``: class folders, ``classnames.txt``); else the split's own.
+
+Data whose format carries no labels (``DataFormat.labels``: ``data.format=images``) is read through
+the labelled data its format names in its place (``DataFormat.labelled``: the images format's
+``val_path``, a class folder, as an ``imagefolder`` split into a fit and a scored part): the k-NN and
+probes of a run on one's own photos fit and score there. Without one, an evaluation of such data is a
+:class:`MissingSplit` naming what to set (a task's default evaluations are then dropped: the run
+reports its training signals only).
 """
 
 from __future__ import annotations
@@ -48,6 +55,22 @@ class RunEvalData:
             return None
         return fmt.class_names(data_cfg)
 
+    def _labelled(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data``, or where the data it names carries no labels, the labelled data its format names in
+        its place (module docstring); :class:`MissingSplit` when there is none."""
+        cfg = self.run.cfg
+        data_cfg = replace_fields(cfg.data, data, "evals.data.") if data else cfg.data
+        fmt = get_format(data_cfg.format)
+        if fmt.labels:
+            return data
+        found = fmt.labelled(data_cfg) if fmt.labelled is not None else None
+        if found is None:
+            whose = f"the evaluation data {json.dumps(data, default=str)}" if data else "the run's data"
+            raise MissingSplit(f"evals: {whose} (data.format={fmt.name}) has no labels for an evaluation to read: set "
+                               "data.val_path to a labelled class folder (<root>/<class>/<image>), or give the entry "
+                               "its own data: {format: imagefolder, train_path: ..., val_path: ...}")  # fmt: skip
+        return {**data, **found}
+
     def _split(self, data: dict[str, Any], split: str, batch: int) -> SplitLoader | None:
         run, cfg = self.run, self.run.cfg
         key = (json.dumps(data, sort_keys=True, default=str), split, batch)
@@ -65,6 +88,7 @@ class RunEvalData:
 
     def loader(self, data: dict[str, Any], split: str, batch_size: int | None):
         run, batch = self.run, self._batch(batch_size)
+        data = self._labelled(data)
         own = run.loaders is not None and not data and batch == run.cfg.eval.batch_size
         if own and split == "val":
             found = run.loaders.val  # the run's own val split, as it was built
@@ -81,6 +105,7 @@ class RunEvalData:
 
     def classes(self, data: dict[str, Any]) -> tuple[int, list[str]]:
         run = self.run
+        data = self._labelled(data)
         if run.loaders is not None and not self._own(data):
             return int(run.num_classes or 0), list(run.class_names)
         built = next((b for (d, _, _), b in self._built.items() if b is not None

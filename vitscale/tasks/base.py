@@ -5,8 +5,10 @@ it needs and registers itself (after torchtitan's ``protocols/train_spec.py``):
   ordinary fields, e.g. ``ContrastiveConfig`` with ``clip`` and ``distill``; the config loader builds a
   run of the task as this class, so ``config.yaml`` holds its groups only);
 - its loss per micro-batch and the training metrics beside it (:meth:`Task.loss`);
-- the views each training sample yields, when it trains on several (:meth:`Task.views`: crops and
-  masks the loader's workers cut, :mod:`vitscale.data.views`);
+- what it reads of the data: whether its loss reads class labels (:attr:`Task.reads_labels`; a task
+  that does not trains on a folder of images without classes, ``data.format=images``), and the views
+  each training sample yields, when it trains on several (:meth:`Task.views`: crops and masks the
+  loader's workers cut, :mod:`vitscale.data.views`);
 - its own up-front checks (:meth:`Task.check`, beside the run's: what needs more than one group;
   a group checks its own fields in its ``__post_init__``);
 - its default evaluations (:meth:`Task.default_evals`: the entries a run gets when its config sets
@@ -60,6 +62,11 @@ class Task:
     as fields (``ContrastiveConfig``: ``clip``, ``distill``)."""
     tokenizer: Any = None
     """The text tokenizer of an image-text task (zero-shot prompts), else None."""
+    reads_labels: bool = True
+    """Whether training reads the samples' class labels (or captions made from them). False for a task
+    whose loss reads the images alone (DINO, MAE, feature distillation): it also trains on data whose
+    samples carry none (a format with ``labels=False``: ``data.format=images``), where a task that
+    reads them is refused before anything is read (:func:`vitscale.run.checks.check_run`)."""
     weight_sets: dict[str, str] = {}
     """The weight sets its training module's checkpoint holds besides the family's model
     (:attr:`vitscale.tasks.module.TrainModule.weight_sets`), read without building the module."""

@@ -214,6 +214,7 @@ class DinoModule(TrainModule):
 class DinoTask(Task):
     name = "dino"
     config = DinoPretrainingConfig
+    reads_labels = False  # its loss reads the images alone (vitscale.tasks.base.Task.reads_labels)
     weight_sets = DinoModule.weight_sets
 
     def __init__(self, cfg, model, num_classes, dp_group=None, class_names=None):

@@ -74,6 +74,7 @@ class FeatureDistillModule(TrainModule):
 class FeatureDistillTask(Task):
     name = "feature_distill"
     config = FeatureDistillPretrainingConfig
+    reads_labels = False  # its loss reads the images alone (vitscale.tasks.base.Task.reads_labels)
     weight_sets = FeatureDistillModule.weight_sets
 
     def __init__(self, cfg, model, num_classes, dp_group=None, class_names=None):

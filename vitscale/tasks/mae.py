@@ -166,6 +166,7 @@ class MaeTask(Task):
 
     name = "mae"
     config = MaePretrainingConfig
+    reads_labels = False  # its loss reads the images alone (vitscale.tasks.base.Task.reads_labels)
 
     def __init__(self, cfg, model: nn.Module, num_classes: int | None, dp_group=None, class_names=None):
         super().__init__(cfg, model, num_classes, dp_group, class_names)

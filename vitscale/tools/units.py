@@ -21,9 +21,23 @@ PERCENT_KEYS = (
 UNITS = {"accuracy": "%", "recall": "%", "mfu": "%"}
 
 
+# Suffixes of the metrics of other weights evaluated beside the model's: its EMA (``_ema``) and a training
+# module's evaluated weight sets (``_<name>``: vitscale.tasks.module.TrainModule.evaluated, DINO's teacher).
+WEIGHT_SET_SUFFIXES = ("_ema", "_teacher")
+
+
+def base_key(key: str) -> str:
+    """The metric a key is of, whichever weights it was evaluated on: ``knn_top1_teacher`` -> ``knn_top1``."""
+    for suffix in WEIGHT_SET_SUFFIXES:
+        if key.endswith(suffix):
+            return key[: -len(suffix)]
+    return key
+
+
 def is_percent(key: str) -> bool:
-    """True for a logged key that is a ratio (in percent), e.g. ``val_top1``, ``mfu``, ``val_top1_ema``."""
-    base = key[: -len("_ema")] if key.endswith("_ema") else key
+    """True for a logged key that is a ratio (in percent), e.g. ``val_top1``, ``mfu``, ``val_top1_ema``,
+    ``knn_top1_teacher``."""
+    base = base_key(key)
     return any(fnmatch.fnmatchcase(base, p) for p in PERCENT_KEYS)
 
 
@@ -40,4 +54,4 @@ def percent(fraction: float) -> float:
     return 100.0 * fraction
 
 
-__all__ = ["PERCENT_KEYS", "UNITS", "count", "is_percent", "percent"]
+__all__ = ["PERCENT_KEYS", "UNITS", "WEIGHT_SET_SUFFIXES", "base_key", "count", "is_percent", "percent"]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vitscale.safe_write import open_append, write_atomic
-from vitscale.tools.units import is_percent
+from vitscale.tools.units import base_key, is_percent
 
 # The keys of a training line, in order, with their format; other numbers logged by a task (e.g. CLIP's
 # logit_scale) follow, then img/s and MFU. Evaluation results (EVAL_PREFIXES) go on a line of their own.
@@ -62,7 +62,7 @@ def is_eval_key(key: str, names: tuple[str, ...] = ()) -> bool:
 
 def shown(key: str) -> bool:
     """Whether an evaluation's metric shows on the terminal's lines: not its details, recall@K only for K=1."""
-    base = key.removesuffix("_ema")
+    base = base_key(key)
     return not base.endswith(DETAILS) and ("_recall@" not in base or base.endswith("@1"))
 
 

@@ -11,12 +11,14 @@ import math
 from typing import Any
 
 from vitscale.config import flatten
+from vitscale.tools.units import base_key
 
 from .plots import draw, full_scale, plan, resume_steps, size_of
 from .run import Run
 
 # Keys of summary.json / metrics.jsonl that are evaluation results (the report's headline): those of the
-# tasks' default evaluations, and ``<name>_*`` for each entry of the run's ``evals:`` (its config.yaml).
+# built-in tasks' default evaluations, and ``<name>_*`` for each of the run's evaluations (its config.yaml's
+# ``evals:``, else its task's defaults: ``Run.eval_names``).
 EVAL_PATTERNS = ("val_*", "zeroshot_*", "*retrieval_recall@*")
 # Details of an evaluation left out of the headline (they stay in the summary table).
 DETAILS = ("*_images", "*_feature_dim", "*_l2", "*_seeds", "*_note")
@@ -68,10 +70,9 @@ def _fmt(v: Any) -> str:
 
 
 def eval_patterns(run: Run | None) -> tuple[str, ...]:
-    """:data:`EVAL_PATTERNS` and ``<name>_*`` of each named entry of ``run``'s ``evals:``."""
-    evals = ((run.config or {}).get("evals") if run is not None else None) or []
-    names = [e["name"] for e in evals if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"]]
-    return EVAL_PATTERNS + tuple(f"{n}_*" for n in names)
+    """:data:`EVAL_PATTERNS` and ``<name>_*`` of each of ``run``'s evaluations (:attr:`Run.eval_names`)."""
+    names = run.eval_names if run is not None else []
+    return EVAL_PATTERNS + tuple(f"{n}_*" for n in names if f"{n}_*" not in EVAL_PATTERNS)
 
 
 def _is_eval(key: str, run: Run | None = None) -> bool:
@@ -92,7 +93,7 @@ def final_metrics(run: Run) -> dict[str, float]:
     from .plots import _key_order
 
     patterns = eval_patterns(run)
-    keep = lambda k: any(fnmatch.fnmatchcase(k, p) for p in patterns) and not any(fnmatch.fnmatchcase(k, d) for d in DETAILS)  # noqa: E731
+    keep = lambda k: any(fnmatch.fnmatchcase(k, p) for p in patterns) and not any(fnmatch.fnmatchcase(base_key(k), d) for d in DETAILS)  # noqa: E731
     if run.finished and run.summary:
         found = {k: v for k, v in run.summary.items() if keep(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
     else:

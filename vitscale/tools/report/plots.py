@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from vitscale.tools.units import is_percent
+from vitscale.tools.units import base_key, is_percent
 
 from .run import Run, Series
 
@@ -57,10 +57,20 @@ PANELS = (
           alt="CLIP image-to-text and text-to-image retrieval recall@K over steps", pair_style=True),
     Panel("knn", "k-NN classification", "top-k accuracy (%)", ("knn_top*",), percent=True,
           alt="weighted k-NN top-1 and top-5 accuracy of frozen features over steps"),
-    Panel("collapse", "Collapse signals", "effective rank (RankMe); teacher entropy, KL (nats)",
-          ("train_rankme", "train_teacher_entropy", "train_teacher_kl_uniform"), zero_y=True,
-          alt="effective rank of the batch's embeddings over steps (RankMe; a collapsing representation falls to 1), "
-              "and a self-distillation teacher's entropy and KL divergence from uniform (nats)"),
+    Panel("linear_probe", "Linear probe", "top-k accuracy (%)", ("linear_probe_top*",), percent=True,
+          alt="top-1 and top-5 accuracy of a linear probe of frozen features over steps"),
+    # the collapse signals, each on its own axis: a rank (1 to min(n, d)) and two values in nats whose scales
+    # differ by orders of magnitude (digits_dino: entropy ~5, KL ~0.01) would flatten one another
+    Panel("collapse", "Collapse signals: effective rank", "effective rank (RankMe)", ("train_rankme",), zero_y=True,
+          alt="effective rank of the batch's embeddings over steps (RankMe; a collapsing representation falls to 1)"),
+    Panel("teacher_entropy", "Collapse signals: the teacher's entropy", "mean entropy of a target (nats)",
+          ("train_teacher_entropy",), zero_y=True,
+          alt="mean entropy of a self-distillation teacher's targets over steps, in nats (near log K: every target "
+              "close to uniform)"),
+    Panel("teacher_kl", "Collapse signals: the teacher's KL from uniform", "KL(mean target || uniform) (nats)",
+          ("train_teacher_kl_uniform",), zero_y=True,
+          alt="KL divergence of a self-distillation teacher's mean target from uniform over steps, in nats (near "
+              "log K: the batch's mass on few prototypes)"),
     Panel("lr", "Learning rate", "learning rate", ("lr",), sci_y=True, alt="learning rate over steps"),
     Panel("throughput", "Throughput", "images / s", ("img_per_s",), alt="training images per second over steps"),
     Panel("time_shares", "Where the time goes", "share of wall time (%)", ("data_wait", "*_time_pct"), percent=True,
@@ -93,7 +103,7 @@ def full_scale(key: str, run: Run | None = None) -> float | None:
     """The value of ``key`` that means 100% in ``run``'s files (None: not a ratio)."""
     if not is_percent(key):
         return None
-    base = key.removesuffix("_ema")
+    base = base_key(key)
     if run is not None and run.legacy_units and any(fnmatch.fnmatchcase(base, p) for p in LEGACY_FRACTIONS):
         return 1.0
     return 100.0
@@ -111,12 +121,11 @@ DETAILS = ("*_images", "*_feature_dim", "*_l2")
 
 
 def _eval_names(runs: list[Run]) -> list[str]:
-    """The names of the runs' ``evals:`` entries (their config.yaml), in order."""
+    """The names of the runs' evaluations (their ``evals:``, else their task's defaults:
+    :attr:`Run.eval_names`), in order."""
     names: list[str] = []
     for run in runs:
-        for e in ((run.config or {}).get("evals") or []):
-            if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"] and e["name"] not in names:
-                names.append(e["name"])
+        names += [n for n in run.eval_names if n not in names]
     return names
 
 
@@ -140,7 +149,7 @@ def size_of(key: str) -> tuple[str, int, str] | None:
 
 
 def _is_loss(key: str) -> bool:
-    return key.removesuffix("_ema").endswith("loss")
+    return base_key(key).endswith("loss")
 
 
 def _by_unit(p: Panel, keys: list[str]) -> list[tuple[Panel, list[str]]]:
@@ -170,7 +179,7 @@ def plan(runs: list[Run], compare: bool) -> list[tuple[Panel, list[str]]]:
     keys: list[str] = []
     for run in runs:
         keys += [k for k in run.series if k not in keys and run.series[k].finite()[0]]
-    keys = [k for k in keys if not any(fnmatch.fnmatchcase(k.removesuffix("_ema"), d) for d in DETAILS)]
+    keys = [k for k in keys if not any(fnmatch.fnmatchcase(base_key(k), d) for d in DETAILS)]
     if "mfu" in keys and "tflops" in keys:
         keys.remove("tflops")
     grouped: dict[str, tuple[Panel, list[str]]] = {}
@@ -210,7 +219,7 @@ def _key_order(k: str) -> tuple:
     # train before val, top-1 before top-5, recall@1 before @10, the model before its EMA; a sizes
     # evaluation's keys by size, then metric
     sized = size_of(k)
-    return (k.endswith("_ema"), not k.startswith(("loss", "train")), sized[1] if sized else 0, _num_suffix(k), k)
+    return (base_key(k) != k, not k.startswith(("loss", "train")), sized[1] if sized else 0, _num_suffix(base_key(k)), k)
 
 
 def _num_suffix(k: str) -> float:

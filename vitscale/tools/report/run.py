@@ -96,11 +96,39 @@ class Run:
         has no "units"); an unfinished one is taken to be current."""
         return self.summary is not None and "units" not in self.summary
 
+    @cached_property
+    def eval_names(self) -> list[str]:
+        """The metric prefixes of the run's evaluations, as the run resolved them: its config.yaml's
+        ``evals:`` entries, or when it sets none (``evals: null``) its task's default evaluations
+        (``Task.default_evals``: a self-supervised run's ``knn`` and ``linear_probe``); [] when the
+        config cannot say (none, or one this vitscale does not read: the built-in names only)."""
+        return run_eval_names(self.config)
+
     def total_steps(self) -> int | None:
         """train.max_steps when the config sets it (0 = derived from epochs, unknown here)."""
         train = (self.config or {}).get("train") or {}
         n = train.get("max_steps") if isinstance(train, dict) else None
         return n if isinstance(n, int) and n > 0 else None
+
+
+def run_eval_names(config: dict[str, Any] | None) -> list[str]:
+    """:attr:`Run.eval_names` of a run whose config.yaml holds ``config``."""
+    if not isinstance(config, dict):
+        return []
+    evals = config.get("evals")
+    if evals is not None:
+        entries = evals if isinstance(evals, list) else []
+        return [e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"]]
+    try:  # the task's defaults, from the config as the run read it (nothing in it runs: it is only parsed)
+        from vitscale.config import config_from_dict, eval_entries
+        from vitscale.models.registry import get_family
+        from vitscale.tasks import get_task
+
+        cfg = config_from_dict(config)
+        task = get_task(cfg.train.task or get_family(cfg.model.name).task)
+        return [e.name for e in eval_entries(task.default_evals(cfg), f"{task.name} default evaluations") if e.name]
+    except Exception:  # noqa: BLE001 — another version's config, a plug-in not imported: the built-in names
+        return []
 
 
 def read_metrics(path: Path, run: Run) -> None:
