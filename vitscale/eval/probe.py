@@ -127,13 +127,20 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, num_classes: int, l2: float, 
     opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe",
                             tolerance_grad=tol, tolerance_change=tol * 1e-3)  # fmt: skip
 
-    def closure():
-        opt.zero_grad()
-        loss = F.cross_entropy(x @ w + b, y) + 0.5 * l2 * (w * w).sum()
-        loss.backward()
+    onehot = F.one_hot(y, num_classes).to(x.dtype)
+    n = x.shape[0]
+
+    def closure():  # the loss and its gradient in closed form (softmax - one-hot): no autograd graph per evaluation
+        with torch.no_grad():
+            logits = torch.addmm(b, x, w)
+            logp = logits.log_softmax(1)
+            loss = -(logp * onehot).sum() / n + 0.5 * l2 * (w * w).sum()
+            d = (logp.exp() - onehot) / n
+            w.grad = torch.addmm(w, x.T, d, beta=l2)  # x^T d + l2 w
+            b.grad = d.sum(0)
         return loss
 
-    with torch.enable_grad(), _threads_for(x):
+    with _threads_for(x):
         opt.step(closure)
     return w.detach(), b.detach()
 
