@@ -28,7 +28,7 @@ def run_evaluations(run: Run, task: Task, autocast, entries: tuple | None = None
     ctx = EvalContext(
         data=RunEvalData(run), device=run.device, autocast=autocast, group=run.dims.dp_group(),
         class_names=list(run.class_names), seed=cfg.train.seed, cpu_threads=cfg.train.cpu_threads,
-        tokenizer=task.tokenizer, fit_text=task.fit_context,
+        tokenizer=task.tokenizer, fit_text=task.fit_context, task=task,
     )  # fmt: skip
     return Evaluations(list(entries), ctx, implicit=implicit)
 
