@@ -97,7 +97,8 @@ def parse(path: Path) -> tuple[list[str], list[tuple[str, str, str]]]:
     """(header comment lines, [(dotted key, value text, source comment)]) of one recipe file."""
     header: list[str] = []
     rows: list[tuple[str, str, str]] = []
-    stack: list[tuple[int, str]] = []  # (indent, key) of the mappings above
+    stack: list[tuple[int, str]] = []  # (indent, key) of the mappings above; ``[i]`` for a list's i-th item
+    items: dict[tuple[str, ...], int] = {}  # the items seen of each block list
     started = False
     for raw in path.read_text().splitlines():
         code, comment = _split_comment(raw)
@@ -110,10 +111,18 @@ def parse(path: Path) -> tuple[list[str], list[tuple[str, str, str]]]:
             continue
         started = True
         indent = len(code) - len(code.lstrip())
-        key, _, value = code.strip().partition(":")
+        text = code.strip()
+        if text.startswith("- "):  # a block list's item (``distill.teachers``): its keys are ``list[i].key``
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            parent = tuple(k for _, k in stack)
+            items[parent] = items.get(parent, -1) + 1
+            stack.append((indent, f"[{items[parent]}]"))
+            indent, text = indent + 2, text[2:]
+        key, _, value = text.partition(":")
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        dotted = ".".join([k for _, k in stack] + [key.strip()])
+        dotted = ".".join([k for _, k in stack] + [key.strip()]).replace(".[", "[")
         if value.strip():
             rows.append((dotted, value.strip(), comment))
         else:

@@ -35,6 +35,12 @@ class CheckError(UserError, ValueError):
     exit_code = EXIT_USAGE
 
 
+class NonFiniteError(UserError):
+    """The run stopped on non-finite numbers: more non-finite steps than its budget allows
+    (:mod:`vitscale.train.nonfinite`), or a teacher's non-finite outputs (:mod:`vitscale.tasks.distill`);
+    the checkpoints so far are kept (exit code 1)."""
+
+
 class ConfigError(UserError, ValueError):
     """A config that cannot be loaded or run here: unknown key, wrong type, bad value, missing file, a
     setting this machine cannot run (exit code 2). Raised by the config loader and by any layer that

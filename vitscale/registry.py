@@ -147,6 +147,7 @@ EVALUATORS: Registry[Any] = Registry("evaluator", "kind", {
     "fewshot": "vitscale.eval.probe",
     "knn": "vitscale.eval.knn",
     "sizes": "vitscale.eval.sizes",
+    "feature_distill": "vitscale.tasks.feature_distill_eval",
 })  # fmt: skip
 """Evaluators (:class:`vitscale.eval.evaluator.Evaluator` subclasses), the ``kind`` of an ``evals:`` entry."""
 

@@ -1,8 +1,11 @@
-"""``vitscale train ... train.task=feature_distill``: a student learns two frozen teachers of other widths
-(files written here, as a user's would be) through its adaptor heads, with no labels; a resume from the
-step-2 checkpoint continues the curve exactly (heads and PHI-S statistics included); the exported weights
-are the student's backbone alone and the heads are a weight set ``vitscale convert --key adaptors``
-writes; a teacher that gives no tokens is refused in one line with nothing trained."""
+"""``vitscale train ... train.task=feature_distill``: a student learns three frozen teachers of other widths
+(files written here, as a user's would be: two ViTs and a CLIP) through its adaptor heads, with no labels;
+each teacher's val-split cosines and loss, and the CLIP's zero-shot through the student's adaptor, are
+evaluated and reach summary.json; a resume from the step-2 checkpoint continues the curve exactly (heads
+and PHI-S statistics included); the exported weights are the student's backbone alone and the heads are a
+weight set ``vitscale convert --key adaptors`` writes. Bad teachers are refused in one line before the
+first step with nothing written; a teacher whose features are not finite stops the run one step later,
+naming the teacher and the step, the checkpoint before it intact."""
 
 from __future__ import annotations
 
@@ -12,10 +15,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from helpers import read_metrics
 from safetensors import safe_open
 
-pytestmark = pytest.mark.slow
+from vitscale.cli import main
 
 RUN = ["train.max_steps=4", "train.log_every=1", "train.batch_size=16", "log.progress=plain", "log.report=false",
        "log.flops=false", "checkpoint.every=2", "checkpoint.keep=5", "eval.probe_l2=[1e-3]", "data.num_workers=0"]  # fmt: skip
@@ -30,18 +34,31 @@ def _teacher(path, width: int, model: str = "vit_debug") -> str:
     from vitscale.checkpoint import write_weights
 
     over = {"num_classes": 0, "hidden_size": width, "ffn_hidden_size": 2 * width} if model == "vit_debug" else {"num_classes": 0}
+    torch.manual_seed(width)  # the same teacher in every process: the run's curve is the test's to check
     m = create_model(model, **over)
     write_weights(m.state_dict(), path, {"model": model, "overrides": json.dumps(over)})
     return str(path)
 
 
-def test_two_teachers_into_one_student_trains_resumes_and_hands_over(tmp_path):
-    a, b = _teacher(tmp_path / "a.safetensors", 32), _teacher(tmp_path / "b.safetensors", 48)
-    teachers = f"distill.teachers=[{{name: wide, path: {b}}}, {{name: narrow, path: {a}, standardize: running}}]"
+def _clip(path) -> str:
+    from vitscale import create_model
+    from vitscale.checkpoint import write_weights
+
+    torch.manual_seed(0)
+    write_weights(create_model("clip_debug").state_dict(), path, {"model": "clip_debug", "overrides": "{}"})
+    return str(path)
+
+
+@pytest.mark.slow
+def test_three_teachers_into_one_student_trains_evaluates_resumes_and_hands_over(tmp_path):
+    a, b, c = _teacher(tmp_path / "a.safetensors", 32), _teacher(tmp_path / "b.safetensors", 48), _clip(tmp_path / "c.safetensors")
+    teachers = (f"distill.teachers=[{{name: wide, path: {b}}}, {{name: narrow, path: {a}, standardize: running}}, "
+                f"{{name: clip, path: {c}, standardize: running}}]")  # fmt: skip
     run = tmp_path / "run"
     p = vitscale("train", "digits_vit", "train.task=feature_distill", teachers, *RUN, f"train.output_dir={run}")
     assert p.returncode == 0, p.stderr[-3000:]
     assert "distill: teacher 'wide': heads summary+patch" in p.stdout and "PHI-S" in p.stdout
+    assert "distill: teacher 'clip': a CLIP: matched on its image tower" in p.stdout
     rows = [r for r in read_metrics(run) if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:  # per teacher: its loss, its feature cosines, its share of the step time
@@ -50,6 +67,15 @@ def test_two_teachers_into_one_student_trains_resumes_and_hands_over(tmp_path):
     assert rows[-1]["train_wide_patch_cos"] > rows[0]["train_wide_patch_cos"]  # the student moves towards the teacher
     summary = json.loads((run / "summary.json").read_text())
     assert "knn_top1" in summary and "linear_probe_top1" in summary
+    for name, kinds in (("wide", ("summary", "patch")), ("narrow", ("summary", "patch")), ("clip", ("summary", "patch"))):
+        assert summary[f"val_{name}_loss"] > 0  # the val split's, at the end (the task's default evaluations)
+        for kind in kinds:
+            assert -1 <= summary[f"val_{name}_{kind}_cos"] <= 1
+    for key in ("val_clip_zeroshot_top1", "val_clip_zeroshot_top5", "val_clip_teacher_zeroshot_top1"):
+        assert 0 <= summary[key] <= 100  # through the student's adaptor for the CLIP, and the CLIP itself
+    assert not any(k.startswith(("val_wide_zero", "val_narrow_zero")) for k in summary)  # no text tower: no zero-shot
+    last = [r for r in read_metrics(run) if "val_wide_summary_cos" in r]
+    assert last and last[-1]["val_wide_summary_cos"] == summary["val_wide_summary_cos"]
     with safe_open(run / "model.safetensors", "pt") as f:  # the student's backbone alone
         assert "pos_embed" in f.keys() and not any(k.startswith(("task.", "distill.", "heads.")) for k in f.keys())
     out = tmp_path / "adaptors.safetensors"
@@ -57,7 +83,7 @@ def test_two_teachers_into_one_student_trains_resumes_and_hands_over(tmp_path):
     assert p2.returncode == 0, p2.stderr[-2000:]
     with safe_open(out, "pt") as f:
         keys = set(f.keys())
-    assert any(k.startswith("teachers.wide.") for k in keys) and any(k.startswith("teachers.narrow.") for k in keys)
+    assert {k.split(".")[1] for k in keys} == {"wide", "narrow", "clip"}
 
     part = tmp_path / "part"  # resume from the step-2 checkpoint: the same curve
     (part / "checkpoints").mkdir(parents=True)
@@ -69,6 +95,7 @@ def test_two_teachers_into_one_student_trains_resumes_and_hands_over(tmp_path):
     assert [[r[k] for k in keys] for r in again] == [[r[k] for k in keys] for r in rows[2:]]
 
 
+@pytest.mark.slow
 def test_a_teacher_without_tokens_is_refused_before_anything_trains(tmp_path):
     v = _teacher(tmp_path / "volo.safetensors", 0, model="volo_debug")
     p = vitscale("train", "digits_vit", "train.task=feature_distill", f"distill.teachers=[{{name: v, path: {v}}}]", *RUN,
@@ -79,3 +106,83 @@ def test_a_teacher_without_tokens_is_refused_before_anything_trains(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
     p = vitscale("train", "digits_vit", "train.task=feature_distill", *RUN, f"train.output_dir={tmp_path / 'none'}")
     assert p.returncode == 2 and "distill.teachers is empty" in p.stderr
+
+
+# ------------------------------------------------------------------------------- refused before the first step
+QUICK = ["train.max_steps=2", "train.batch_size=8", "log.progress=none", "log.report=false", "log.flops=false",
+         "data.num_workers=0", "evals=[]", "checkpoint.every=1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def teacher_files(tmp_path_factory):
+    """A tiny ViT teacher, one that pools no summary (``pool: none``), and a file that holds no backbone."""
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("teachers")
+    save_file({"encoder.weight": torch.zeros(4, 4)}, root / "junk.safetensors")
+    return {"ok": _teacher(root / "ok.safetensors", 32), "none": _teacher_pooling_none(root / "none.safetensors"),
+            "junk": str(root / "junk.safetensors")}  # fmt: skip
+
+
+def _teacher_pooling_none(path) -> str:
+    from vitscale import create_model
+    from vitscale.checkpoint import write_weights
+
+    over = {"num_classes": 0, "hidden_size": 32, "ffn_hidden_size": 64, "pool": "none"}
+    write_weights(create_model("vit_debug", **over).state_dict(), path, {"model": "vit_debug", "overrides": json.dumps(over)})
+    return str(path)
+
+
+@pytest.mark.parametrize("teachers, code, says", [
+    ("[{name: g, path: {junk}}]", 1, "distill.teachers[g]={junk}: its names (encoder.weight, ...) are none the vit family reads"),
+    ("[{name: g, path: {ok}, img_size: 36}]", 2, "distill.teachers[g]={ok}: its model vit_debug cannot take 36x36 images "
+     "(distill.teachers[g].img_size): image 36x36 is not divisible by patch_dim 8"),
+    ("[{name: g, path: {none}}]", 2, "distill.teachers[g]: its summary is (1, 17, 32), not one vector per image"),
+    ("[{name: g, path: {ok}}, {name: g, path: {none}}]", 2, "distill.teachers[1] and distill.teachers[0] are both named 'g'"),
+    ("[{name: g, path: {ok}, weight: 0}]", 2, "distill.teachers[0]: weight=0.0 must be greater than 0"),
+    ("[{name: g, path: {ok}}, {name: h, path: {ok}, weight: -0.5}]", 2, "distill.teachers[1]: weight=-0.5 must be greater than 0"),
+], ids=["not_a_backbone", "no_whole_grid", "summary_not_a_vector", "same_name", "zero_weight", "negative_weight"])  # fmt: skip
+def test_a_bad_teacher_is_refused_in_one_line_before_the_first_step(teacher_files, teachers, code, says, tmp_path, capsys):
+    def fill(text: str) -> str:
+        for key, path in teacher_files.items():
+            text = text.replace("{" + key + "}", path)
+        return text
+
+    run = tmp_path / "run"
+    capsys.readouterr()
+    rc = main(["train", "digits_vit", "train.task=feature_distill", f"distill.teachers={fill(teachers)}", *QUICK,
+               f"train.output_dir={run}"])  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == code and len(err) == 1 and fill(says) in err[0], err
+    assert not run.exists()  # nothing written: no run folder, no checkpoint, no metrics
+
+
+def test_a_teacher_with_nonfinite_features_stops_the_run_one_step_later(teacher_files, tmp_path, capsys):
+    """Finite weights whose features overflow (the final norm's scale at 3e38): the step is not applied,
+    its batch not absorbed by the standardisers, and the next step stops the run with the non-finite
+    guard's error (exit 1) naming the teacher and the step; the checkpoint of that step holds the model
+    before it and finite statistics; nothing is exported."""
+    from safetensors.torch import load_file
+
+    from vitscale import create_model
+    from vitscale.checkpoint import write_weights
+
+    over = {"num_classes": 0, "hidden_size": 32, "ffn_hidden_size": 64}
+    sd = create_model("vit_debug", **over).state_dict()
+    sd["norm.weight"] = torch.full_like(sd["norm.weight"], 3e38)
+    bad = tmp_path / "overflow.safetensors"
+    write_weights(sd, bad, {"model": "vit_debug", "overrides": json.dumps(over)})
+    run = tmp_path / "run"
+    capsys.readouterr()
+    rc = main(["train", "digits_vit", "train.task=feature_distill", f"distill.teachers=[{{name: ok, path: {teacher_files['ok']}}}, "
+               f"{{name: bad, path: {bad}}}]", *QUICK, "train.max_steps=4", "train.log_every=1", f"train.output_dir={run}"])  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 1 and len(err) == 1, err
+    assert "distill: teacher 'bad''s features at step 1 are not finite" in err[0], err
+    rows = [r for r in read_metrics(run) if "loss" in r]
+    assert [r["step"] for r in rows] == [1] and rows[0]["loss"] == rows[0]["train_bad_loss"] == "nan"  # not applied
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000001"]
+    assert not (run / "model.safetensors").exists() and not (run / "summary.json").exists()
+    state = load_file(run / "checkpoints" / "step_00000001" / "task-rank00000.safetensors")
+    assert all(torch.isfinite(v.double()).all() for v in state.values())
+    assert float(state["task.distill.norms.bad.summary.count"]) == 0 and float(state["task.distill.norms.ok.summary.count"]) == 8

@@ -180,9 +180,15 @@ def _overrides(name: str, photos: Path, tmp: Path) -> tuple[list[str], dict]:
     if d is not None and getattr(d, "teachers", None):  # feature distillation: each teacher a tiny file, its other fields kept
         entries = []
         for i, t in enumerate(d.teachers):
-            path, made[f"teacher_{t.name}"] = _weights(cfg, _starts(t.path), tmp / f"teacher{i}.safetensors",
-                                                      model=t.model or cfg.model.name, num_classes=0)  # fmt: skip
-            entries.append({**dataclasses.asdict(t), "path": str(path)})
+            kind = t.format or _starts(t.path)  # a timm file: a .pth of timm's names, its variant named by the entry
+            name = t.model or cfg.model.name
+            size = {**dict(t.overrides), **SHRINK[_family(name)], "num_classes": dict(t.overrides).get("num_classes", 0)}
+            path, made[f"teacher_{t.name}"] = _weights(cfg, kind, tmp / f"teacher{i}{'.pth' if kind == 'timm' else '.safetensors'}",
+                                                      model=name, **size)  # fmt: skip
+            entry = {**dataclasses.asdict(t), "path": str(path)}
+            if t.model:  # the entry names the variant: its overrides are those of the tiny file
+                entry["overrides"] = size
+            entries.append(entry)
         over.append(f"distill.teachers={json.dumps(entries)}")
     if d is not None and getattr(d, "teacher", None):
         path, made["teacher"] = _weights(cfg, _starts(d.teacher), tmp / "teacher.pth", model=d.teacher_model,

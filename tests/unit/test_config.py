@@ -78,7 +78,7 @@ def test_save_and_reload_round_trip(tmp_path):
 
 @pytest.mark.parametrize("name", ["digits_vit", "imagenet_vit_b16", "imagenet_vit_b16_ft512", "imagenet21k_vit_b16_ft384",
                                   "imagenet_deit_b_distilled", "clip_b32_locked_image", "digits_mae",
-                                  "digits_dino", "imagenet_dino_vitl14"])  # fmt: skip
+                                  "digits_dino", "imagenet_dino_vitl14", "imagenet_unic_vitb16"])  # fmt: skip
 def test_builtin_configs_load_and_open_with_a_comment(name):
     from vitscale.config import find_config
 

@@ -169,3 +169,25 @@ def test_init_weights_after_the_meta_device_is_a_fresh_standardiser():
         if kind == "phi_s":
             assert "hadamard" not in fresh.state_dict() and torch.equal(m.hadamard, fresh.hadamard)
             torch.testing.assert_close(m.hadamard.double(), hadamard(12), atol=1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["phi_s", "running"])
+def test_a_batch_with_a_nonfinite_feature_is_not_absorbed(kind):
+    """A teacher that emits NaN / inf: its step is not applied and stops the run; the statistics (which a
+    checkpoint of that step saves) stay those of the batches before it, then go on as without it."""
+    x = _features(n=32)
+    s = FeatureStandardizer(12, kind).train()
+    s(x[:16])
+    before = {k: v.clone() for k, v in s.state_dict().items()}
+    bad = x[16:24].clone()
+    bad[3, 5] = float("nan")
+    bad[0, 0] = float("inf")
+    s(bad)
+    for k, v in s.state_dict().items():
+        assert torch.equal(before[k], v), k
+    s(x[24:])
+    ref = FeatureStandardizer(12, kind).train()
+    ref(x[:16])
+    ref(x[24:])
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(s.state_dict()[k], v, atol=0, rtol=0, msg=k)

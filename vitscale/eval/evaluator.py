@@ -88,6 +88,9 @@ class EvalContext:
     """Cuts batch caption tokens to the text tower's context (image-text models)."""
     cache: dict = field(default_factory=dict)
     """Results shared by the evaluators of one round (image embeddings of a loader); emptied after it."""
+    task: Any = None
+    """The run's task (:class:`vitscale.tasks.base.Task`), built for training (its parts: feature
+    distillation's teachers and heads, read by its own evaluator) or for ``vitscale eval``; None = none."""
 
     def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
         if key not in self.cache:

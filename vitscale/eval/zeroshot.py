@@ -198,6 +198,22 @@ class ZeroShotConfig(EvaluatorConfig):
         check_templates("zeroshot.templates", self.templates)
 
 
+def prompt_classes(cfg, ctx, name: str) -> tuple[list[str], tuple[str, ...]]:
+    """The class names and prompt templates of a zero-shot classifier for the data of the evaluator
+    entry ``cfg`` (its ``classnames`` set, else its ``class_names`` checked against the data, else the
+    data's own, made readable; and its ``templates``). ``name``: the entry's metric prefix (messages)."""
+    if cfg.classnames:
+        if cfg.class_names:
+            raise ConfigError(f"{name}: classnames={cfg.classnames} names the classes already: drop class_names")
+        named = classname_set(cfg.classnames)
+        check_data_classes(cfg.classnames, list(ctx.data.classes(cfg.data)[1]))
+        return list(named["class_names"]), tuple(named["templates"])
+    count, data_names = ctx.data.classes(cfg.data)
+    if cfg.class_names:  # checked against the data before use
+        check_class_names(f"{name}.class_names", cfg.class_names, data_names, count)
+    return (list(cfg.class_names) if cfg.class_names else readable_class_names(data_names)), tuple(cfg.templates)
+
+
 class ZeroShotEvaluator(Evaluator):
     config = ZeroShotConfig
     default_name = "zeroshot"
@@ -207,18 +223,7 @@ class ZeroShotEvaluator(Evaluator):
         if ctx.tokenizer is None:
             raise ConfigError("evals: zeroshot needs an image-text model (a CLIP) and its tokenizer")
         self.loader = ctx.data.loader(cfg.data, cfg.split, cfg.batch_size)
-        self.templates = cfg.templates
-        if cfg.classnames:
-            if cfg.class_names:
-                raise ConfigError(f"zeroshot: classnames={cfg.classnames} names the classes already: drop class_names")
-            named = classname_set(cfg.classnames)
-            check_data_classes(cfg.classnames, list(ctx.data.classes(cfg.data)[1]))
-            self.names, self.templates = list(named["class_names"]), tuple(named["templates"])
-        else:
-            count, data_names = ctx.data.classes(cfg.data)
-            if cfg.class_names:  # checked against the data before use
-                check_class_names(f"{self.name}.class_names", cfg.class_names, data_names, count)
-            self.names = list(cfg.class_names) if cfg.class_names else readable_class_names(data_names)
+        self.names, self.templates = prompt_classes(cfg, ctx, self.name)
 
     @torch.no_grad()
     def __call__(self, model):
@@ -236,6 +241,7 @@ class ZeroShotEvaluator(Evaluator):
 register_evaluator("zeroshot", ZeroShotEvaluator)
 
 __all__ = [
-    "ZeroShotConfig", "ZeroShotEvaluator", "check_class_names", "check_templates", "collect_embeddings", "readable_class_names", "round_embeddings",
+    "ZeroShotConfig", "ZeroShotEvaluator", "check_class_names", "check_templates", "collect_embeddings", "prompt_classes",
+    "readable_class_names", "round_embeddings",
     "zeroshot_accuracy", "zeroshot_classifier",
 ]  # fmt: skip

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitscale.errors import ConfigError, UserError
+from vitscale.errors import ConfigError, NonFiniteError, UserError
 
 from .distill_config import DistillConfig
 
@@ -115,7 +115,9 @@ class FiniteWatch:
     """A device flag read one call late, without making the host wait: each call copies its flag to
     the host asynchronously (pinned memory and an event on CUDA) and reads the previous call's,
     long done by then. A step whose teacher logits are not finite is also made non-finite itself
-    (its loss NaN: :mod:`vitscale.train.nonfinite` does not apply it), so nothing is learnt from it."""
+    (its loss NaN: :mod:`vitscale.train.nonfinite` does not apply it), so nothing is learnt from it; the
+    next call stops the run with a :class:`~vitscale.errors.NonFiniteError` (exit
+    code 1: the checkpoints written so far are kept, nothing more is saved or exported)."""
 
     def __init__(self, device: torch.device, what: str = "the teacher's logits",
                  fix: str = "distill.teacher_mean / teacher_std"):  # fmt: skip
@@ -143,11 +145,13 @@ class FiniteWatch:
         return None if bool(host) else step
 
     def check(self) -> None:
+        """The non-finite guard's stop (vitscale.train.nonfinite's error: exit 1, the checkpoints kept) when the
+        last step's outputs were not finite."""
         step = self.failed_step()
         if step is not None:
-            raise UserError(f"distill: {self.what} at step {step} are not finite (NaN or infinity): its weights "
-                            f"or its normalisation ({self.fix}) cannot be right; the run stopped "
-                            "(nothing was learnt from that step)")  # fmt: skip
+            raise NonFiniteError(f"distill: {self.what} at step {step} are not finite (NaN or infinity): its weights "
+                                 f"or its normalisation ({self.fix}) cannot be right; the run stopped (nothing was "
+                                 "learnt from that step: it was not applied)")  # fmt: skip
 
 
 class Distillation:
@@ -284,7 +288,12 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
     teacher = resolve_model(name, **overrides)  # every rank: rank 0 sent the name and overrides
     base = teacher.cfg
     if side and {"img_h", "img_w"} <= teacher.fields:
-        teacher = teacher.with_overrides({**overrides, "img_h": side, "img_w": side})
+        try:  # a side that is no multiple of its patch size: one line naming the setting, not a ValueError
+            teacher = teacher.with_overrides({**overrides, "img_h": side, "img_w": side})
+        except (TypeError, ValueError) as e:
+            said = "distill.teacher_img_size" if dc.teacher_img_size else "the teacher's source"
+            raise ConfigError(f"{where}: its model {name} cannot take {side}x{side} images ({said}): {e} (give a "
+                              "multiple of its patch size)") from None  # fmt: skip
     size = (side, side) if side else (base.img_h, base.img_w)
 
     model = teacher.create(device="meta")

@@ -1,6 +1,6 @@
 """Feature distillation from frozen backbones (``train.task=feature_distill``): one student learns the
 summary token and the patch tokens of one or several teachers through adaptor heads of its own — the
-agglomerative distillation of AM-RADIO (arXiv 2312.06709) and UNIC (arXiv 2408.02943), with PHI-S
+agglomerative distillation of AM-RADIO (arXiv 2312.06709) and UNIC (arXiv 2408.05088), with PHI-S
 standardisation (arXiv 2410.01680). Labels are not read: any image data trains. The method, every key
 and the references: docs/distillation.md.
 
@@ -19,10 +19,15 @@ and the references: docs/distillation.md.
   teacher dropping as an option (:mod:`vitscale.tasks.feature_distill_loss`); per teacher its loss and
   feature cosines are logged (``train_<name>_loss``, ``train_<name>_<kind>_cos``) with its share of the
   step time (``<name>_time_pct``).
-- **Bad teachers**: one without tokens (a classifier family that declares none), a grid the student's
-  patches cannot be resampled to, a width the heads cannot take — refused in one line before the first
-  step (:meth:`FeatureDistillParts.check` on one blank batch); a teacher whose features are not finite
-  stops the run one step later naming the teacher and the step.
+- **Evaluation**: the frozen-backbone evaluations (``knn``, ``linear_probe``) and ``kind: feature_distill``
+  (:mod:`vitscale.tasks.feature_distill_eval`): per teacher the val split's feature cosines and loss,
+  and zero-shot classification through the student's adaptor for a CLIP teacher.
+- **Bad teachers**: a file that is not a backbone, one without tokens (a classifier family that declares
+  none), an input that is no whole grid of its patches, a summary or width the heads cannot take —
+  refused in one line before the first step (:mod:`vitscale.tasks.feature_distill_teachers`,
+  :meth:`FeatureDistillParts.check` on one blank batch); a teacher whose features are not finite
+  makes its step non-finite (not applied, its batch not absorbed by the standardisers) and stops the
+  run one step later naming the teacher and the step (:class:`vitscale.errors.NonFiniteError`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from .distill import FiniteWatch
 from .distill_config import DistillConfig
 from .feature_distill_config import FeatureDistillConfig, require_teachers
 from .feature_distill_heads import FeatureDistillParts, TeacherFeatures
+from .feature_distill_teachers import check_features, read_teacher, teacher_features
 from .health import frozen_backbone_evals
 from .module import TrainModule, freeze_unreached
 
@@ -82,10 +88,18 @@ class FeatureDistillTask(Task):
         self.dc: FeatureDistillConfig = cfg.distill
         self.seed, self.accum = cfg.train.seed, cfg.train.grad_accum
         self.teachers: dict[str, object] = {}
+        self.entries: dict = {}  # name -> its distill.teachers entry (built once, in build)
+        self.clips: dict[str, torch.nn.Module] = {}  # name -> the whole CLIP of a CLIP teacher (zero-shot)
         self.watches: dict[str, FiniteWatch] = {}
         from .feature_distill_students import active_exchange
 
         self.exchange = active_exchange()  # distill.students: the teachers' forward shared by the job's students
+
+    @classmethod
+    def for_evaluation(cls, cfg, model, num_classes, dp_group=None, class_names=None):
+        from .feature_distill_eval import StudentOnly
+
+        return StudentOnly(cfg, model, num_classes, dp_group, class_names)  # vitscale eval: the student alone
 
     @classmethod
     def check(cls, cfg, model, dims, purpose):
@@ -102,20 +116,15 @@ class FeatureDistillTask(Task):
                               "use a ViT (`vitscale models`)")  # fmt: skip
 
     def build(self, run):
-        from .distill import build as build_teacher
-
         model, lines = self.model, []
         for entry in self.dc.teachers:
-            got = build_teacher(run, as_logit_teacher(entry), self.autocast, classes=False)
-            teacher = got.teacher
-            if not getattr(teacher.model, "supports_tokens", False):
-                raise ConfigError(f"distill.teachers[{entry.name}]={entry.path}: its model "
-                                  f"{type(teacher.model).__name__} gives no tokens (a backbone of a family that declares "
-                                  "supports_tokens: a ViT) — the student has nothing to match")  # fmt: skip
-            self.teachers[entry.name] = teacher
+            got = read_teacher(run, entry, self.autocast)  # a CLIP's image tower; refusals in one line
+            self.entries[entry.name], self.teachers[entry.name] = entry, got.teacher
+            if got.clip is not None:
+                self.clips[entry.name] = got.clip
             self.watches[entry.name] = FiniteWatch(run.device, f"teacher {entry.name!r}'s features",
                                                    f"distill.teachers[{entry.name}] mean / std")  # fmt: skip
-            lines += [line.replace("distill: teacher ", f"distill: teacher {entry.name!r}: ", 1) for line in got.lines[:-1]]
+            lines += got.lines
         device = next(model.parameters()).device
         mcfg = model.cfg
         x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
@@ -129,7 +138,7 @@ class FeatureDistillTask(Task):
             lines.append(f"distill: {len(unreached)} tensors the features do not reach are frozen: {', '.join(unreached[:3])}"
                          f"{', ...' if len(unreached) > 3 else ''}")  # fmt: skip
         feats = {name: self._features(name, x) for name in self.teachers}
-        dims = {name: next(t for t in (f.summary, f.patches) if t is not None).shape[-1] for name, f in feats.items()}
+        dims = {name: check_features(name, f) for name, f in feats.items()}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + 48)
             parts = FeatureDistillParts(model.num_features, self.dc.teachers, dims).to(device)
@@ -144,14 +153,9 @@ class FeatureDistillTask(Task):
         self.module = module
         return module
 
-    def _features(self, name: str, images: torch.Tensor) -> TeacherFeatures:
+    def _features(self, name: str, images: torch.Tensor, timed: bool = True) -> TeacherFeatures:
         """Teacher ``name``'s summary and patch tokens of a batch, float32 (its own size and normalisation)."""
-        entry = next(t for t in self.dc.teachers if t.name == name)
-        tok = self.teachers[name](images, tokens=True)
-        patches = tok.patches.float()
-        summary = (tok.pooled if entry.summary == "class_token" else patches.mean(dim=1)).float()
-        return TeacherFeatures(summary if "summary" in entry.tokens else None,
-                               patches if "patch" in entry.tokens else None, tuple(tok.grid))  # fmt: skip
+        return teacher_features(self.teachers[name], self.entries[name], images, timed=timed)
 
     def _teacher_features(self, images, index, step) -> dict[str, TeacherFeatures]:
         """Every teacher's features of the micro-batch: computed here, or (``distill.students``) this rank's
@@ -187,15 +191,18 @@ class FeatureDistillTask(Task):
         for watch in self.watches.values():
             watch.check()  # the previous step's flag: a teacher that emitted NaN / inf stops the run here
         feats = self._teacher_features(images, index, step)
+        finite = []
         for name, watch in self.watches.items():
             f = feats[name]
             ok = torch.stack([torch.isfinite(t).all() for t in (f.summary, f.patches) if t is not None]).all()
             watch.record(ok, step // self.accum + 1)
+            finite.append(ok)
         with self.autocast():
             s = model(images, tokens=True)
         loss, metrics = self.module.distill(s.pooled.float(), s.patches.float(), tuple(s.grid), feats,
                                             group=self.dp_group, drop=self.dc.teacher_drop, seed=self.seed,
                                             step=step, index=index)  # fmt: skip
+        loss = torch.where(torch.stack(finite).all(), loss, torch.nan)  # a non-finite teacher: the step is not applied
         return loss, metrics
 
     @staticmethod
@@ -205,7 +212,8 @@ class FeatureDistillTask(Task):
 
     @classmethod
     def default_evals(cls, cfg):
-        return frozen_backbone_evals(cfg)
+        # the frozen-backbone ones and the teachers' val-split cosines / zero-shot (feature_distill_eval)
+        return frozen_backbone_evals(cfg) + [{"kind": "feature_distill", "name": "val", "every": cfg.eval.every}]
 
 
 register_task(FeatureDistillTask)

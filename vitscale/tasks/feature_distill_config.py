@@ -152,7 +152,7 @@ class FeatureTeacherConfig:
 
 @dataclass
 class FeatureDistillConfig:
-    """Feature distillation from frozen teachers (AM-RADIO arXiv 2312.06709, UNIC arXiv 2408.02943,
+    """Feature distillation from frozen teachers (AM-RADIO arXiv 2312.06709, UNIC arXiv 2408.05088,
     PHI-S arXiv 2410.01680): the future ``train.task=feature_distill`` (docs/distillation.md)."""
 
     RANGES: ClassVar[dict[str, tuple]] = {"teacher_drop": (0.0, 1.0)}

@@ -1,7 +1,7 @@
 """Adaptor heads of feature distillation (the future ``train.task=feature_distill``): the student's
 summary token and patch tokens mapped into each teacher's feature space by an MLP per teacher and per
 token kind (AM-RADIO, Ranzinger et al. 2023, arXiv 2312.06709: "adaptor heads"; UNIC, Sariyildiz et
-al. 2024, arXiv 2408.02943: a head per teacher for the class token and one for the patch tokens,
+al. 2024, arXiv 2408.05088: a head per teacher for the class token and one for the patch tokens,
 naver/unic at 02269db ``modeling/unic.py`` lines 74-84), and the student's patch grid matched to each
 teacher's.
 

@@ -1,6 +1,6 @@
 """Losses of feature distillation (the future ``train.task=feature_distill``): the student's adaptor
 outputs against each teacher's standardised features (:mod:`.feature_distill_norm`), per token kind,
-per teacher, then over the teachers — UNIC's loss (Sariyildiz et al. 2024, arXiv 2408.02943;
+per teacher, then over the teachers — UNIC's loss (Sariyildiz et al. 2024, arXiv 2408.05088;
 naver/unic at 02269db, ``modeling/losses.py``; the same in naver/dune at afad549, ``model/losses.py``).
 
 **Per token** (UNIC losses.py lines 54-56, 86-102): ``cos_weight x (1 - cos(s, t)) + smooth_l1_weight x

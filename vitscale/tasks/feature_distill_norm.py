@@ -35,6 +35,8 @@ squares, in float64) of the teacher's features over the first ``images`` images 
 image of the run); then they are frozen. Each update standardises the batch with statistics that
 include it (the first step already has a batch's statistics, not the identity). Patch features count
 every patch token (DUNE: aggregated over the batch and token dimensions, teacher_norm.py line 19).
+A batch holding a non-finite feature (on any rank) is not absorbed: its step is not applied and
+stops the run, and the statistics stay those of the batches before it.
 
 **Several ranks.** A rank's batch moments are summed over the data-parallel group with one
 ``all_reduce`` (:func:`reduce_moments`) before they are absorbed: the sums, hence the statistics,
@@ -239,7 +241,11 @@ class FeatureStandardizer(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             parts = moments(x, self.kind == "phi_s")
         parts = reduce_moments((*parts, torch.tensor(float(images), dtype=torch.float64, device=x.device)), group)
-        self.absorb(parts)
+        # a batch with a non-finite feature on any rank (summed: non-finite on every rank alike) is not
+        # absorbed — its step is not applied and stops the run (the task's FiniteWatch): the statistics a
+        # checkpoint of that step saves are the ones before it (on the device: no host read)
+        ok = torch.stack([torch.isfinite(p).all() for p in parts]).all()
+        self.absorb(tuple(torch.where(ok, p, torch.zeros_like(p)) for p in parts))
 
     @torch.no_grad()
     def absorb(self, parts: tuple[torch.Tensor, ...]) -> None:

@@ -25,7 +25,7 @@ def eval_context(run: Run, task: Task, autocast) -> EvalContext:
     return EvalContext(
         data=RunEvalData(run), device=run.device, autocast=autocast, group=run.dims.dp_group(),
         class_names=list(run.class_names), seed=cfg.train.seed, cpu_threads=cfg.train.cpu_threads,
-        tokenizer=task.tokenizer, fit_text=task.fit_context,
+        tokenizer=task.tokenizer, fit_text=task.fit_context, task=task,
     )  # fmt: skip
 
 

@@ -39,11 +39,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..errors import UserError
-
-
-class NonFiniteError(UserError):
-    """The run stopped: more non-finite steps than its budget allows."""
+from ..errors import NonFiniteError, UserError  # noqa: F401 - NonFiniteError: raised here, exported
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
