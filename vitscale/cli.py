@@ -16,6 +16,7 @@ family, task, data format, evaluator or command (``vitscale.registry``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from .errors import EXIT_USAGE
@@ -68,6 +69,29 @@ def _imports_in(argv: list[str]) -> list[str]:
     return out
 
 
+_invoked: list[str] | None = None
+"""The arguments :func:`main` was called with, as ``["vitscale", *argv]``, while it runs (None: from
+``sys.argv``); kept here, not in ``vitscale.tools``, so that a command that needs no torch imports none."""
+
+
+@contextlib.contextmanager
+def invoked(argv: list[str] | None):
+    """While a command runs: ``main(argv)`` called with arguments (in a notebook, a test, a script)
+    records ``vitscale <argv>`` as its command line instead of the interpreter's ``sys.argv``."""
+    global _invoked
+    saved, _invoked = _invoked, (["vitscale", *argv] if argv is not None else None)
+    try:
+        yield
+    finally:
+        _invoked = saved
+
+
+def invoked_argv() -> list[str] | None:
+    """The command line :func:`main` was called with while it runs (``vitscale.tools.env.command_line``
+    records it); None outside it or when it reads ``sys.argv``."""
+    return _invoked
+
+
 DEBUG_HELP = "show the full traceback of an error (also: VITSCALE_DEBUG=1)"
 IMPORT_HELP = ("import a Python module first (repeatable), so that it registers its model family, task, data format, "
                "evaluator or command (a plug-in)")  # fmt: skip
@@ -96,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     from .signals import EXIT_TERMINATED, Terminated, sigterm_raises
-    from .tools.env import invoked
 
     debug = bool(args.debug) or debug_enabled()
     joined = _in_process_group()
