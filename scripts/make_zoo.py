@@ -12,7 +12,6 @@ and building every model (15 s on a loaded 2-core machine, against a fraction of
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -38,19 +37,9 @@ def render() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if vitscale/models/zoo.json is not what the models give")
-    args = ap.parse_args()
-    text = render()
-    rel = ZOO.relative_to(ROOT)
-    if args.check:
-        if not ZOO.is_file() or ZOO.read_text() != text:
-            print(f"{rel} is out of date: run python scripts/make_zoo.py", file=sys.stderr)
-            return 1
-        return 0
-    ZOO.write_text(text)
-    print(f"wrote {rel} ({sum(len(r) for r in json.loads(text)['families'].values())} variants)")
-    return 0
+    from generated_file import write_or_check
+
+    return write_or_check(ZOO, render, "scripts/make_zoo.py", __doc__, "the models")
 
 
 if __name__ == "__main__":
