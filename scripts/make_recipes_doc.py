@@ -13,7 +13,6 @@ file through ``vitscale.safe_yaml``), so the table shows what a run gets.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -154,18 +153,9 @@ def render() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if docs/recipes.md is not what the configs give")
-    args = ap.parse_args()
-    text = render()
-    if args.check:
-        if not OUT.is_file() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} is out of date: run python scripts/make_recipes_doc.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)} ({len(text.splitlines())} lines)")
-    return 0
+    from generated_file import write_or_check
+
+    return write_or_check(OUT, render, "scripts/make_recipes_doc.py", __doc__, "the configs")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ family, task, data format, evaluator or command (``vitscale.registry``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from .errors import EXIT_USAGE
@@ -25,7 +26,7 @@ from .registry import COMMANDS
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``vitscale`` parser. Every command is listed; ``command`` (the one being run) is registered in
     full, the others by their one-line ``HELP`` only. None: every command in full (to walk them all)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="vitscale",
         description="Train Vision Transformers (ViT, ViT-22B, CLIP, VOLO) at every scale.",
     )
@@ -43,6 +44,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for p in sub.choices.values():  # `vitscale train ... --debug` works too
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its usage error said as every refusal is (once under torchrun:
+    :func:`vitscale.launcher.say`); each command's subparser is one too."""
+
+    def error(self, message: str):
+        from .launcher import say
+
+        say(f"{self.format_usage()}{self.prog}: error: {message}", EXIT_USAGE)
+        self.exit(EXIT_USAGE)
 
 
 def _command_in(argv: list[str]) -> str | None:
@@ -68,6 +80,29 @@ def _imports_in(argv: list[str]) -> list[str]:
     return out
 
 
+_invoked: list[str] | None = None
+"""The arguments :func:`main` was called with, as ``["vitscale", *argv]``, while it runs (None: from
+``sys.argv``); kept here, not in ``vitscale.tools``, so that a command that needs no torch imports none."""
+
+
+@contextlib.contextmanager
+def invoked(argv: list[str] | None):
+    """While a command runs: ``main(argv)`` called with arguments (in a notebook, a test, a script)
+    records ``vitscale <argv>`` as its command line instead of the interpreter's ``sys.argv``."""
+    global _invoked
+    saved, _invoked = _invoked, (["vitscale", *argv] if argv is not None else None)
+    try:
+        yield
+    finally:
+        _invoked = saved
+
+
+def invoked_argv() -> list[str] | None:
+    """The command line :func:`main` was called with while it runs (``vitscale.tools.env.command_line``
+    records it); None outside it or when it reads ``sys.argv``."""
+    return _invoked
+
+
 DEBUG_HELP = "show the full traceback of an error (also: VITSCALE_DEBUG=1)"
 IMPORT_HELP = ("import a Python module first (repeatable), so that it registers its model family, task, data format, "
                "evaluator or command (a plug-in)")  # fmt: skip
@@ -75,6 +110,7 @@ IMPORT_HELP = ("import a Python module first (repeatable), so that it registers 
 
 def main(argv: list[str] | None = None) -> int:
     from .errors import debug_enabled, describe
+    from .launcher import say
 
     given = sys.argv[1:] if argv is None else list(argv)
     from .errors import ConfigError
@@ -83,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import_plugins(_imports_in(given))  # before the parser: a plug-in may add a command
     except ConfigError as e:
-        if not _rank():
-            print(f"vitscale: {e}", file=sys.stderr)
+        say(f"vitscale: {e}", e.exit_code)
         return e.exit_code
     parser = build_parser(_command_in(given) or "")
     args, extra = parser.parse_known_args(given)
@@ -93,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         if rc is not None:
             return rc
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+        from .launcher import rank
+
+        if not rank():
+            parser.print_help()
+        return EXIT_USAGE
     from .signals import EXIT_TERMINATED, Terminated, sigterm_raises
-    from .tools.env import invoked
 
     debug = bool(args.debug) or debug_enabled()
     joined = _in_process_group()
@@ -132,8 +169,10 @@ def _extra_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 
             hint = option_hint(extra)
             if hint:
-                print(f"vitscale {args.command}: {hint}", file=sys.stderr)
-                return 2
+                from .launcher import say
+
+                say(f"vitscale {args.command}: {hint}", EXIT_USAGE)
+                return EXIT_USAGE
         else:
             setattr(args, dest, [*getattr(args, dest), *extra])
             return None
@@ -153,21 +192,8 @@ def _report(command: str, e: BaseException, debug: bool, describe) -> int:
     if described is None:
         raise e
     message, code = described
-    rank = _rank()
-    if rank and code == EXIT_USAGE:  # a refusal every rank reaches alike: rank 0 says it, the others exit with its code
-        return code
-    print(f"vitscale {command}{f' (rank {rank})' if rank else ''}: {message}", file=sys.stderr)
+    from .launcher import rank, say
+
+    r = rank()
+    say(f"vitscale {command}{f' (rank {r})' if r else ''}: {message}", code)  # a refusal: once, under torchrun
     return code
-
-
-def _rank() -> int:
-    """This process's rank under torchrun / SLURM (``RANK``), 0 otherwise. Under ``torchrun`` each of
-    8 ranks printed the same refusal, and torchrun's own report buried it: a refusal of the command
-    line or the config (exit code 2: the same on every rank) is printed by rank 0 only; another error
-    (one rank's file, its device) is printed by the rank it happened on, named."""
-    import os
-
-    try:
-        return int(os.environ.get("RANK", "0") or 0)
-    except ValueError:
-        return 0

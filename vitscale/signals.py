@@ -47,7 +47,8 @@ def sigterm_raises():
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if signal.getsignal(signal.SIGTERM) is handler:  # one set meanwhile stays (a rank leaving: vitscale.launcher)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def loader_worker_signals() -> None:

@@ -284,17 +284,41 @@ def test_under_torchrun_one_rank_prints_a_refusal(tmp_path, capsys, monkeypatch)
     assert "train.batch_size=0" in _one_line(capsys.readouterr().err)
 
 
-def test_bench_fp8_on_a_machine_without_a_gpu_is_one_line(capsys):
+@pytest.mark.parametrize("argv, words", [
+    (["bench", "vit_h14", "--fp8", "tensorwise", "--baseline", "fp8=none"], "this machine has no GPU"),  # the README's line
+    (["bench", "vit_h14", "--device", "cuda"], "this machine has no GPU"),  # was a RuntimeError traceback (--dry-run
+    # with --device cuda checks a command line for a GPU machine: it passes, below)
+    (["bench", "vit_h14", "--mlp-epilogue", "cublaslt", "--set", "activation=gelu_tanh"], "runs cuBLASLt epilogues on CUDA"),
+    (["bench", "vit_h14", "--compile", "--compile-mode", "reduce-overhead"], "which need a CUDA device"),
+], ids=["fp8", "device-cuda", "mlp-epilogue", "cuda-graphs"])  # fmt: skip
+def test_bench_fp8_on_a_machine_without_a_gpu_is_one_line(capsys, argv, words):
     """The README's `vitscale bench vit_h14 --fp8 ...` pasted on a CPU machine started an fp32 CPU
-    benchmark of 632M parameters (still warming up after 120 s), and --dry-run did not say so."""
+    benchmark of 632M parameters (still warming up after 120 s), and --dry-run did not say so; every
+    other GPU-only option of the bench is one line too, before a model is built and in --dry-run."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the line is for one without")
     for dry in ([], ["--dry-run"]):
         capsys.readouterr()
-        assert main(["bench", "vit_h14", "--fp8", "tensorwise", *dry]) == 2
-        assert "this machine has no GPU" in _one_line(capsys.readouterr().err)
+        if dry and "--device" in argv:
+            assert main([*argv, *dry]) == 0 and '"device": "cuda"' in capsys.readouterr().out
+            continue
+        assert main([*argv, *dry]) == 2
+        assert words in _one_line(capsys.readouterr().err)
+
+
+def test_train_on_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
+    """`train.device=cuda` on a machine without a GPU: a RuntimeError traceback; now one line, exit 2,
+    no run folder."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the line is for one without")
+    capsys.readouterr()
+    assert main(["train", "digits_vit", "train.device=cuda", f"train.output_dir={tmp_path / 'r'}"]) == 2
+    assert "this machine has no GPU" in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "r").exists()
 
 
 def _one_class_folder(root: Path) -> Path:

@@ -164,6 +164,12 @@ def run(args) -> int:
     if args.dry_run:
         on_gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
         settings = with_defaults(settings, "cuda" if on_gpu else "cpu")
+        from ..distributed.compile import check_compile_mode
+        from ..distributed.epilogue import check_epilogue_device
+
+        for s in (settings, baseline_settings(settings)):  # what needs a GPU, said before its time is spent
+            check_compile_mode(s.compile_mode, compile=bool(s.compile), device_type="cuda" if on_gpu else "cpu", world_size=1)
+            check_epilogue_device(s.mlp_epilogue, "cuda" if on_gpu else "cpu")
         if settings.fp8 != "none" or baseline_settings(settings).fp8 != "none":
             from ..distributed.float8 import require_torchao
 

@@ -54,9 +54,10 @@ def run(args) -> int:
     from vitscale.checkpoint.consolidate import consolidate, parse_size
     from vitscale.distributed.fsdp import to_dtype
 
-    if args.to != "vitscale" and args.max_shard_size:
-        print(f"vitscale convert: --to {args.to} writes one file: drop --max-shard-size", file=sys.stderr)
-        return 2
+    if args.to != "vitscale" and args.max_shard_size:  # a refusal: one line (vitscale.cli)
+        from vitscale.errors import ConfigError
+
+        raise ConfigError(f"--to {args.to} writes one file: drop --max-shard-size")
     from vitscale.run.weight_sets import weight_set_prefix
 
     prefix = weight_set_prefix(args.checkpoint, args.key)  # a task's own weight set: asked of the run's task

@@ -39,9 +39,10 @@ def run(args) -> int:
     from vitscale.config import load_config
 
     cfg = load_config(args.config, args.overrides, allow_shell=args.allow_shell)  # a config error: one line, exit code 2 (vitscale.cli)
-    if not cfg.checkpoint.path:
-        print("vitscale eval: set checkpoint.path=PATH (run folder, step folder or .safetensors)", file=sys.stderr)
-        return 2
+    if not cfg.checkpoint.path:  # a refusal: one line, said once under torchrun (vitscale.cli)
+        from vitscale.errors import ConfigError
+
+        raise ConfigError("set checkpoint.path=PATH (run folder, step folder or .safetensors)")
     from vitscale.train.evaluate import evaluate_checkpoint
     from vitscale.train.fastpath import sdpa_backend
 

@@ -89,9 +89,10 @@ def run(args) -> int:
             ):
                 print(f"  {label:<36} {b / GIB:8.2f} GiB")
             print(f"  {'total per rank':<36} {e.total_gib:8.2f} GiB")
-    except (KeyError, ValueError, TypeError) as err:
-        print(f"vitscale memory: {err}", file=sys.stderr)
-        return 2
+    except (KeyError, ValueError, TypeError) as err:  # a refusal: one line (vitscale.cli)
+        from vitscale.errors import ConfigError
+
+        raise ConfigError(str(err)) from None
     return 0
 
 

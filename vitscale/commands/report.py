@@ -55,9 +55,10 @@ def run(args) -> int:
             path = write_report(args.runs[0], args.out)
         else:
             path = write_comparison(args.runs, args.out or DEFAULT_COMPARISON)
-    except FileNotFoundError as e:
-        print(f"vitscale report: {e}", file=sys.stderr)
-        return 2
+    except FileNotFoundError as e:  # a refusal: one line (vitscale.cli)
+        from vitscale.errors import ConfigError
+
+        raise ConfigError(str(e)) from None
     print(f"report: {path}  (open {Path(path).resolve().as_uri()} in a browser)")
     return 0
 

@@ -73,6 +73,13 @@ def epilogue_decision(block: nn.Module, mode: str) -> str | None:
     return None
 
 
+def check_epilogue_device(mlp_epilogue: str, device_type: str) -> None:
+    """The cuBLASLt epilogues run on CUDA only: one line elsewhere (``vitscale bench --dry-run`` asks
+    before anything is built, :func:`apply_block_numerics` as it applies them)."""
+    if mlp_epilogue != "none" and device_type != "cuda":
+        raise ConfigError(f"precision.mlp_epilogue={mlp_epilogue} runs cuBLASLt epilogues on CUDA; this run is on {device_type}")
+
+
 def apply_block_numerics(blocks: Sequence[nn.Module], *, residual: str = "fp32", mlp_epilogue: str = "none",
                          autocast: torch.dtype | None, device: torch.device | str, fp8: str = "none",
                          tp: int = 1) -> dict[str, int]:  # fmt: skip
@@ -97,8 +104,7 @@ def apply_block_numerics(blocks: Sequence[nn.Module], *, residual: str = "fp32",
         done["residual"] = len(takers)
     if mlp_epilogue != "none":
         setting = f"precision.mlp_epilogue={mlp_epilogue}"
-        if torch.device(device).type != "cuda":
-            raise ConfigError(f"{setting} runs cuBLASLt epilogues on CUDA; this run is on {torch.device(device).type}")
+        check_epilogue_device(mlp_epilogue, torch.device(device).type)
         _needs_bf16(setting, autocast)
         if fp8 != "none":
             raise ConfigError(f"{setting} does not combine with precision.fp8={fp8} (its float8 linears would be bypassed)")
@@ -118,4 +124,4 @@ def apply_block_numerics(blocks: Sequence[nn.Module], *, residual: str = "fp32",
     return done
 
 
-__all__ = ["EPILOGUES", "RESIDUALS", "apply_block_numerics", "epilogue_decision"]
+__all__ = ["EPILOGUES", "RESIDUALS", "apply_block_numerics", "check_epilogue_device", "epilogue_decision"]

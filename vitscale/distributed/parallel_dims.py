@@ -150,7 +150,10 @@ def resolve_device(device: str | torch.device | None = "auto", local_rank: int =
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device cuda was asked for but CUDA is not available: use device auto or cpu")
+        from ..errors import ConfigError  # a GPU-only setting on a machine without one: one line, exit 2
+
+        raise ConfigError("device cuda was asked for, and this machine has no GPU (CUDA is not available): "
+                          "use device auto or cpu")  # fmt: skip
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
     return device

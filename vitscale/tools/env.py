@@ -7,7 +7,6 @@ is None or left out, never an error.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import shlex
@@ -41,27 +40,14 @@ def git_commit() -> str | None:
         return None
 
 
-# The arguments ``vitscale.cli.main(argv)`` was called with, while it runs (None: from sys.argv).
-_invoked: list[str] | None = None
-
-
-@contextlib.contextmanager
-def invoked(argv: list[str] | None):
-    """While a command runs: ``main(argv)`` called with arguments (in a notebook, a test, a script)
-    records ``vitscale <argv>`` as its command line instead of the interpreter's ``sys.argv``."""
-    global _invoked
-    saved, _invoked = _invoked, (["vitscale", *argv] if argv is not None else None)
-    try:
-        yield
-    finally:
-        _invoked = saved
-
-
 def command_line(argv: list[str] | None = None) -> str:
     """The command as a person would type it again: ``vitscale train digits_vit ...`` (the console
     script, or ``vitscale.cli.main`` called with arguments), ``python -m vitscale ...`` (``-m``, also
     what torchrun starts on every rank)."""
-    argv = list(argv if argv is not None else _invoked if _invoked is not None else sys.argv)
+    from vitscale.cli import invoked_argv  # set while vitscale.cli.main(argv) runs
+
+    called = invoked_argv()
+    argv = list(argv if argv is not None else called if called is not None else sys.argv)
     if not argv:
         return ""
     first = Path(argv[0])
@@ -105,4 +91,4 @@ def environment(device: torch.device | None = None, layout: dict[str, Any] | Non
     return env
 
 
-__all__ = ["command_line", "environment", "git_commit", "invoked"]
+__all__ = ["command_line", "environment", "git_commit"]
