@@ -131,10 +131,10 @@ def test_every_shell_command_in_a_config_file_is_refused(tmp_path, capsys, where
     [
         # the README's demo config pointed at a user's own images: trained on the built-in digits, exit 0
         (["data.train_path=/does/not/exist"],
-         "data.train_path is read by data.format=imagefolder / webdataset / csv / parquet, not by data.format=digits"),
-        (["data.val_path=/data/val"], "data.val_path is read by data.format=imagefolder / webdataset / csv / parquet, "
+         "data.train_path is read by data.format=images / imagefolder / webdataset / csv / parquet, not by data.format=digits"),
+        (["data.val_path=/data/val"], "data.val_path is read by data.format=images / imagefolder / webdataset / csv / parquet, "
                                       "not by data.format=digits"),
-        (["data.format=synthetic", "data.train_path=/data/train"], "data.train_path is read by data.format=imagefolder"),
+        (["data.format=synthetic", "data.train_path=/data/train"], "data.train_path is read by data.format=images / imagefolder"),
         (["data.format=webdataset", "data.train_path=/data/x.tar", "data.val_split=0.2"],
          "data.val_split is read by data.format=imagefolder / synthetic, not by data.format=webdataset"),
         (["data.webdataset_mode=stream"], "data.webdataset_mode is read by data.format=webdataset, not by data.format=digits"),

@@ -140,7 +140,7 @@ def test_config_lists_a_tasks_group_and_every_evaluator(capsys):
     assert main(["config", "evals"]) == 0
     out = capsys.readouterr().out
     kinds = [line.split()[1] for line in out.splitlines() if line.startswith("kind: ")]
-    assert kinds == ["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot", "knn", "sizes"]
+    assert kinds == ["classification", "class_subset", "real", "zeroshot", "retrieval", "linear_probe", "fewshot", "knn", "sizes", "feature_distill"]
     assert "  every = 0  (int)\n    Evaluate every N training steps" in out
     assert "  shots = [1, 5, 10, 25]  (list of int)" in out  # a kind's own field
 
