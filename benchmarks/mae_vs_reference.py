@@ -24,7 +24,12 @@ Per seed:
   recipe's thread count;
 - **reference without its final LayerNorm**: the same with ``model.norm`` replaced by the identity
   before training (the decoder then reads the blocks' output, as vitscale's MAE did on a mean-pooled
-  ViT before it read the tokens through ``fc_norm``).
+  ViT before it read the tokens through ``fc_norm``);
+- **reference from vitscale's initial encoder** (``--sides reference_vitscale_init``, an ablation): the
+  reference with its encoder's initial weights replaced by those of the vitscale run of the same seed
+  (the model ``vitscale.run.assemble`` builds for it, in timm's naming by vitscale's timm adapter; MAE's
+  Xavier-uniform linear layers and N(0, 0.02) class token become vitscale's truncated normal 0.02 and
+  N(0, 1e-6)), its decoder still MAE's.
 
 Every encoder is then evaluated by ``vitscale eval`` (in this process: ``vitscale.cli.main``) with the
 vitscale run's own ``config.yaml`` — the MAE task's default evaluations, DINO's k-NN (k = 20, T = 0.07)
@@ -80,7 +85,8 @@ READOUTS = {  # name -> (model overrides of the evaluation, the key the final La
     "mean_of_normed": (["model.overrides.fc_norm=false"], "norm"),
     "class_token": (["model.overrides.pool=token"], "norm"),
 }
-SIDES = ("vitscale", "reference", "reference_no_final_norm")
+SIDES = ("vitscale", "reference", "reference_no_final_norm", "reference_vitscale_init")
+DEFAULT_SIDES = SIDES[:3]
 
 
 # ----------------------------------------------------------------------------- the reference's code
@@ -138,9 +144,10 @@ def reference_model(mae, cfg, final_norm: bool):
     return model
 
 
-def train_reference(mae, seed: int, final_norm: bool, work: Path, extra: list[str]) -> dict:
-    """MAE's model trained on vitscale's batches of ``digits_mae train.seed=SEED`` (module docstring).
-    Returns its encoder's tensors in timm's naming, its wall time and its losses."""
+def train_reference(mae, seed: int, final_norm: bool, work: Path, extra: list[str], vitscale_init: bool = False) -> dict:
+    """MAE's model trained on vitscale's batches of ``digits_mae train.seed=SEED`` (module docstring; with
+    ``vitscale_init`` its encoder starting from vitscale's initial weights). Returns its encoder's tensors
+    in timm's naming, the vitscale model's (unread) classifier, its wall time and its losses."""
     import itertools
 
     import numpy as np
@@ -160,6 +167,14 @@ def train_reference(mae, seed: int, final_norm: bool, work: Path, extra: list[st
     torch.manual_seed(seed)  # main_pretrain.py lines 116-118
     np.random.seed(seed)
     model = reference_model(mae, cfg, final_norm).train()
+    if vitscale_init:  # the encoder from the vitscale run's initial weights (timm's naming): the decoder stays MAE's
+        from vitscale.interop import to_timm
+
+        start = {("norm." + k[8:] if k.startswith("fc_norm.") else k): v for k, v in to_timm(run.model).items()
+                 if not k.startswith("head.")}  # fmt: skip
+        got = model.load_state_dict(start, strict=False)
+        if got.unexpected_keys or not all(k.startswith(("decoder_", "mask_token")) for k in got.missing_keys):
+            raise SystemExit(f"vitscale's encoder does not fit the reference's: {got}")
     peak = scaled_lr(cfg.optim, cfg.train.batch_size)
     groups = param_groups_weight_decay(model, cfg.optim.weight_decay)  # MAE's add_weight_decay (line 179)
     opt = torch.optim.AdamW(groups, lr=peak, betas=tuple(cfg.optim.betas))  # line 180
@@ -181,7 +196,8 @@ def train_reference(mae, seed: int, final_norm: bool, work: Path, extra: list[st
     if not final_norm:  # read through a LayerNorm at its initialisation (module docstring)
         D = sd["cls_token"].shape[-1]
         sd["norm.weight"], sd["norm.bias"] = torch.ones(D), torch.zeros(D)
-    return {"encoder_timm": sd, "wall_s": wall, "losses": losses}
+    head = {k: v.detach().clone() for k, v in run.model.state_dict().items() if k.startswith("head.")}
+    return {"encoder_timm": sd, "head": head, "wall_s": wall, "losses": losses}
 
 
 # ----------------------------------------------------------------------------- the evaluation
@@ -199,15 +215,16 @@ def encoder_files(encoder: dict, head: dict, out: Path) -> dict[str, Path]:
     return files
 
 
-def evaluate(config_yaml: Path, files: dict[str, Path], out: Path) -> dict:
-    """``vitscale eval CONFIG checkpoint.path=FILE`` of each read-out: its k-NN and probe figures."""
+def evaluate(config: list[str], files: dict[str, Path], out: Path) -> dict:
+    """``vitscale eval CONFIG checkpoint.path=FILE`` of each read-out (``config``: the vitscale run's
+    ``config.yaml``, or the recipe's name and overrides): its k-NN and probe figures."""
     from vitscale.cli import main
 
     res = {}
     for name, path in files.items():
         dest = out / f"eval_{name}.json"
         with contextlib.redirect_stdout(io.StringIO()):
-            rc = main(["eval", str(config_yaml), f"checkpoint.path={path}", *READOUTS[name][0], "--output", str(dest)])
+            rc = main(["eval", *config, f"checkpoint.path={path}", *READOUTS[name][0], "--output", str(dest)])
         if rc != 0:
             raise SystemExit(f"vitscale eval of {path} ({name}) failed: exit {rc}")
         got = json.loads(dest.read_text())
@@ -234,23 +251,31 @@ def vitscale_side(seed: int, work: Path, extra: list[str]) -> tuple[dict, dict, 
     return record, encoder, head
 
 
-def reference_side(mae, seed: int, final_norm: bool, like: dict, work: Path, extra: list[str]) -> tuple[dict, dict]:
-    """The reference trained (``final_norm``: with its final LayerNorm): its record and encoder (``final.*``),
-    checked to hold the tensors of vitscale's encoder ``like``, of the same shapes."""
+def reference_side(mae, seed: int, final_norm: bool, work: Path, extra: list[str], vitscale_init: bool = False
+                   ) -> tuple[dict, dict, dict]:  # fmt: skip
+    """The reference trained (``final_norm``: with its final LayerNorm; ``vitscale_init``: from vitscale's
+    initial encoder): its record, its encoder (``final.*``, checked to hold the tensors of vitscale's
+    model of the recipe, of the same shapes) and the vitscale model's classifier."""
+    import torch
+
     from vitscale.config import load_config
     from vitscale.models.vit.state_dict_adapter import state_dict_from_timm
     from vitscale.run.assemble import resolve_run_model
 
-    got = train_reference(mae, seed, final_norm, work / f"reference_data_{seed}_{int(final_norm)}", extra)
-    vcfg = resolve_run_model(load_config(CONFIG, extra)).cfg
-    sd = state_dict_from_timm(got["encoder_timm"], vcfg)  # vitscale's timm adapter: qkv rows per head
+    got = train_reference(mae, seed, final_norm, work / f"reference_data_{seed}_{int(final_norm)}_{int(vitscale_init)}",
+                          extra, vitscale_init)  # fmt: skip
+    resolved = resolve_run_model(load_config(CONFIG, extra))
+    sd = state_dict_from_timm(got["encoder_timm"], resolved.cfg)  # vitscale's timm adapter: qkv rows per head
     encoder = {("final." + k[5:] if k.startswith("norm.") else k): v for k, v in sd.items()}
+    with torch.device("meta"):  # the recipe's vitscale model, shapes only
+        like = {("final." + k[8:] if k.startswith("fc_norm.") else k): v
+                for k, v in resolved.create().state_dict().items() if not k.startswith("head.")}  # fmt: skip
     differ = sorted(k for k in encoder.keys() | like.keys() if k not in encoder or k not in like or
                     encoder[k].shape != like[k].shape)  # fmt: skip
     if differ:
         raise SystemExit(f"the reference's encoder and vitscale's differ in tensors: {differ[:6]}")
     last = got["losses"][max(got["losses"])]
-    return {"seed": seed, "wall_s": got["wall_s"], "last_loss": last}, encoder
+    return {"seed": seed, "wall_s": got["wall_s"], "last_loss": last}, encoder, got["head"]
 
 
 def summarize(records: list[dict]) -> dict:
@@ -274,8 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="overrides of the recipe for every side (a smoke test: train.max_steps=20)")
+    ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(DEFAULT_SIDES),
+                    help="what to train (in this order), each seed; default: the first three")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    args.sides = [s for s in SIDES if s in args.sides]
     import torch
 
     from vitscale.config import load_config
@@ -287,39 +315,45 @@ def main(argv: list[str] | None = None) -> int:
         "reference": {"models_mae.py_sha256": sha256(args.mae_src / "models_mae.py"),
                       "util/pos_embed.py_sha256": sha256(args.mae_src / "util" / "pos_embed.py")},
         "commands": {"vitscale": " ".join(["vitscale train", CONFIG, *args.set, "train.seed=SEED", *QUIET]),
-                     "eval": "vitscale eval RUN/config.yaml checkpoint.path=FILE [READOUT overrides] --output JSON"},
+                     "eval": "vitscale eval RUN/config.yaml (else digits_mae train.seed=SEED) checkpoint.path=FILE "
+                             "[READOUT overrides] --output JSON"},
         "readouts": {k: v[0] for k, v in READOUTS.items()},
-        "runs": {s: [] for s in SIDES},
+        "runs": {s: [] for s in args.sides},
     }  # fmt: skip
+    sides = args.sides
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for seed in args.seeds:
-            record, encoder, head = vitscale_side(seed, work, args.set)
-            config_yaml = work / f"vitscale_{seed}" / "config.yaml"
-            record["eval"] = evaluate(config_yaml, encoder_files(encoder, head, work / f"files_v{seed}"), work)
-            doc["runs"]["vitscale"].append(record)
-            same = record["eval"]["normed_of_mean"] == record["run_summary"]
-            print(f"seed {seed}: the run's own evaluation {'equals' if same else 'DIFFERS from'} vitscale eval's "
-                  f"normed_of_mean ({record['run_summary']})", flush=True)  # fmt: skip
-            for side, final_norm in (("reference", True), ("reference_no_final_norm", False)):
-                rec, enc = reference_side(mae, seed, final_norm, encoder, work, args.set)
-                rec["eval"] = evaluate(config_yaml, encoder_files(enc, head, work / f"files_{side}_{seed}"), work)
+            config = [CONFIG, *args.set, f"train.seed={seed}"]  # the evaluations' config: the recipe's for this seed
+            if "vitscale" in sides:
+                record, encoder, head = vitscale_side(seed, work, args.set)
+                config = [str(work / f"vitscale_{seed}" / "config.yaml")]  # the same settings, as the run wrote them
+                record["eval"] = evaluate(config, encoder_files(encoder, head, work / f"files_v{seed}"), work)
+                doc["runs"]["vitscale"].append(record)
+                same = record["eval"]["normed_of_mean"] == record["run_summary"]
+                print(f"seed {seed}: the run's own evaluation {'equals' if same else 'DIFFERS from'} vitscale eval's "
+                      f"normed_of_mean ({record['run_summary']})", flush=True)  # fmt: skip
+            for side in sides[1:] if sides[0] == "vitscale" else sides:
+                final_norm, vitscale_init = side != "reference_no_final_norm", side == "reference_vitscale_init"
+                rec, enc, head = reference_side(mae, seed, final_norm, work, args.set, vitscale_init)
+                rec["eval"] = evaluate(config, encoder_files(enc, head, work / f"files_{side}_{seed}"), work)
                 doc["runs"][side].append(rec)
-            for side in SIDES:
+            for side in sides:
                 r = doc["runs"][side][-1]
                 print(f"seed {seed} {side}: {r['wall_s']:.0f} s, last loss {r['last_loss']:.4f}; " + "; ".join(
                     f"{n} knn {e['knn_top1']:.2f}% probe {e['linear_probe_top1']:.2f}%" for n, e in r["eval"].items()),
                     flush=True)  # fmt: skip
-    doc["summary"] = {side: summarize(doc["runs"][side]) for side in SIDES}
-    doc["vitscale_minus_reference"] = {
-        other: {k: doc["summary"]["vitscale"][k]["mean"] - v["mean"] for k, v in doc["summary"][other].items()}
-        for other in SIDES[1:]
-    }
+    doc["summary"] = {side: summarize(doc["runs"][side]) for side in sides}
+    if "vitscale" in sides:
+        doc["vitscale_minus_reference"] = {
+            other: {k: doc["summary"]["vitscale"][k]["mean"] - v["mean"] for k, v in doc["summary"][other].items()}
+            for other in sides if other != "vitscale"
+        }
     doc["loadavg_after"] = list(os.getloadavg())
-    for side in SIDES:
+    for side in sides:
         print(f"{side} over seeds {args.seeds}: " + ", ".join(
             f"{k} {v['mean']:.2f} +- {v['stdev']:.2f}%" for k, v in doc["summary"][side].items()))  # fmt: skip
-    for other, diff in doc["vitscale_minus_reference"].items():
+    for other, diff in doc.get("vitscale_minus_reference", {}).items():
         print(f"vitscale - {other}: " + ", ".join(f"{k} {v:+.2f}" for k, v in diff.items()))
     if args.json:
         write_json(doc, args.json)
