@@ -12,8 +12,8 @@ read from its summary.json and metrics.jsonl.
   ``--cost-rounds`` times; the median ``img_per_s`` of the log records after step 10 (evaluations and
   checkpoints are not counted in it).
 
-    python benchmarks/mae_digits.py --seeds 0 1 2 --json benchmarks/results/mae_digits_cpu_202611.json \\
-        2>&1 | tee benchmarks/results/mae_digits_cpu_202611.log
+    nice -n 10 python benchmarks/mae_digits.py --seeds 0 1 2 --json benchmarks/results/mae_digits_cpu_202612.json \\
+        2>&1 | tee benchmarks/results/mae_digits_cpu_202612.log
 
 Every run trains on one thread (``train.cpu_threads: 1``), one at a time.
 """

@@ -1,6 +1,7 @@
 """``vitscale train digits_mae`` as a user runs it, on a tiny backbone: it pretrains without labels,
 logs the embeddings' effective rank at every log step (metrics.jsonl, report.html) and ends with the
-k-NN evaluation; a resumed run continues on the same curve (decoder and masks restored); the exported
+k-NN evaluation; its decoder reads the tokens through the encoder's final LayerNorm and its position
+table stays MAE's fixed sin-cos one; a resumed run continues on the same curve (decoder and masks restored); the exported
 weights are the backbone alone, which a classification fine-tune takes through
 ``checkpoint.init_from``; a mask ratio outside (0, 1) is refused in one line."""
 
@@ -13,9 +14,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from helpers import read_metrics
 from safetensors import safe_open
 from safetensors.torch import load_file
+
+from vitscale.models.common.pos_embed import sincos_2d
 
 BACKBONE = [
     "model.hidden_size=32",
@@ -48,6 +52,10 @@ def test_digits_mae_pretrains_reports_knn_and_rank_resumes_and_hands_over(tmp_pa
     assert 0 <= rows[-1]["knn_top1"] <= rows[-1]["knn_top5"] <= 100 and "linear_probe_top1" in rows[-1]
     assert "val_top1" not in rows[-1]  # labels are not trained on: no classification evaluation
     assert "mae: mask ratio 0.75 (16 of 64 patches seen)" in p.stdout
+    # the decoder reads the tokens through the mean-pooled model's fc_norm (MAE's final LayerNorm, trained):
+    # only the classifier is unreached; the position table is MAE's fixed sin-cos one, not trained either
+    assert ("mae: 2 tensors the objective does not reach are frozen (no gradient, not in the optimizer): "
+            "head.weight, head.bias\n") in p.stdout  # fmt: skip
     page = (run / "report.html").read_text()
     assert '<figure id="plot-collapse">' in page and '<figure id="plot-knn">' in page
     # the report opens with the k-NN and probe the run ended with (the task's default evaluations)
@@ -56,6 +64,8 @@ def test_digits_mae_pretrains_reports_knn_and_rank_resumes_and_hands_over(tmp_pa
     with safe_open(run / "model.safetensors", "pt") as f:  # the backbone alone: no decoder
         keys = list(f.keys())
     assert "pos_embed" in keys and not any(k.startswith("task_parts.") for k in keys)
+    table = torch.cat([torch.zeros(1, 32), sincos_2d(32, 8, 8)])[None]
+    assert torch.equal(load_file(run / "model.safetensors")["pos_embed"], table)
 
     # resume from the step-2 checkpoint: the same losses and evaluation (the decoder and masks restored)
     part = tmp_path / "part"

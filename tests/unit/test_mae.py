@@ -1,6 +1,7 @@
 """MAE's parts against direct computations: the keyed masks, the loss (float64, MAE's formula written
-out), the encoder on the visible patches (the blocks on the gathered sequence), the decoder's sin-cos
-table; the knn evaluator against a brute-force numpy vote on the digits; RankMe against numpy's SVD."""
+out), the encoder on the visible patches (the blocks on the gathered sequence) and through its final
+LayerNorm, the decoder's sin-cos table; the knn evaluator against a brute-force numpy vote on the
+digits; RankMe against numpy's SVD."""
 
 from __future__ import annotations
 
@@ -84,6 +85,40 @@ def test_the_encoder_on_the_visible_patches_is_the_blocks_on_the_gathered_sequen
         want = model.norm(seq)
     assert got.shape == (3, P + 5, 32) and torch.allclose(got, want, atol=1e-6)
     assert torch.equal(model(x), model.forward_head(model.forward_features(x)))  # the plain path is unchanged
+
+
+def test_the_decoder_reads_every_token_through_the_encoders_final_layernorm():
+    """MAE's ``forward_encoder`` ends in ``self.norm(x)`` (facebookresearch/mae ``models_mae.py`` line
+    168): the decoder's input is the blocks' output through the model's final LayerNorm — its
+    ``fc_norm`` on a mean-pooled ViT (whose ``norm`` is the identity), its ``norm`` on a class-token
+    one — so MAE's loss reaches that norm, and only the classifier is left frozen."""
+    from vitscale.tasks.mae import MaeDecoder, encoded
+    from vitscale.tasks.module import freeze_unreached
+
+    kw = dict(hidden_size=32, ffn_hidden_size=64, num_layers=1, num_attention_heads=2, patch_dim=4)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    for pool in ("avg", "token"):
+        torch.manual_seed(0)
+        model = resolve_model("vit_debug", pool=pool, **kw).create()
+        final = model.fc_norm if pool == "avg" else model.norm
+        assert isinstance(final, torch.nn.LayerNorm)
+        with torch.no_grad():  # not the identity it starts as
+            final.weight.uniform_(0.5, 1.5)
+            final.bias.normal_()
+        n = model.cfg.num_patches
+        keep = draw_shuffle(torch.arange(2), 0, 0, n)[:, :16]
+        got = encoded(model(x, tokens=True, keep=keep))
+        blocks = model(x, keep=keep)  # forward_features: the blocks' output through norm (avg: the identity)
+        assert got.shape == (2, 1 + 16, 32)
+        assert torch.allclose(got, final(blocks) if pool == "avg" else blocks, atol=1e-6)
+        assert pool == "token" or not torch.allclose(got, blocks, atol=1e-3)  # avg: normalised where it was not
+        decoder = MaeDecoder(32, 4 * 4 * 3, MaeConfig(decoder_width=16, decoder_depth=1, decoder_heads=2))
+        restore = torch.arange(n)[None].expand(2, -1)
+
+        def reconstruction(m, decoder=decoder, keep=keep, restore=restore):
+            return decoder(encoded(m(x, tokens=True, keep=keep)), restore, m.num_prefix_tokens, m.cfg.grid)
+
+        assert freeze_unreached(model, reconstruction, others=(decoder,)) == ["head.weight", "head.bias"]
 
 
 def test_decoder_position_table_is_the_2d_sincos_formula():

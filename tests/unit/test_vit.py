@@ -266,3 +266,35 @@ def test_patch_init_fan_in_is_torch_conv_default_as_timm_keeps_it():
         vitscale.create_model("vit_debug", patch_init="xavier")
     with pytest.raises(ValueError, match="NaFlex ViT's patch projection is a Linear"):
         vitscale.create_model("naflex_debug", patch_init="fan_in")
+
+
+def test_pos_embed_sincos_is_maes_fixed_table_and_converts_to_timm_exactly():
+    """``pos_embed_sincos``: the position table holds MAE's fixed 2-D sin-cos embeddings (zeros for the
+    class token: facebookresearch/mae ``models_mae.py`` lines 37 and 68-69) and is never trained (no
+    gradient, not in the optimizer); it is still the model's ``pos_embed``, so timm's ViT reads it as its
+    learned table (the same outputs, and the same table back) and a resize keeps it fixed."""
+    from vitscale.interop import create_timm_model, from_timm, to_timm
+    from vitscale.models.common.pos_embed import sincos_2d
+    from vitscale.train.optim import param_groups
+
+    kw = dict(patch_dim=4, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, num_layers=1, pool="avg")
+    torch.manual_seed(0)
+    model = vitscale.create_model("vit_debug", pos_embed_sincos=True, **kw).eval()
+    table = torch.cat([torch.zeros(1, 32), sincos_2d(32, 8, 8)])[None]
+    assert not model.pos_embed.requires_grad and torch.equal(model.pos_embed, table)
+    grouped = {id(p) for g in param_groups(model, 0.05, None) for p in g["params"]}
+    assert id(model.pos_embed) not in grouped and len(grouped) == sum(1 for _ in model.parameters()) - 1
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        tm = create_timm_model(model).eval()
+        assert torch.equal(to_timm(model)["pos_embed"], table) and (tm(x) - model(x)).abs().max() < 1e-5
+        back = from_timm(tm)  # timm's table is a learned one: read as one, with the same values
+        assert back.cfg.pos_embed == "learned" and not back.cfg.pos_embed_sincos and back.pos_embed.requires_grad
+        assert torch.equal(back.pos_embed, table)
+    model.set_image_size(64)
+    assert model.pos_embed.shape == (1, 1 + 256, 32) and not model.pos_embed.requires_grad
+    for bad in (dict(pos_embed="rope"), dict(hidden_size=30, num_attention_heads=2)):
+        with pytest.raises(ValueError, match="pos_embed_sincos=True fills the position table"):
+            vitscale.create_model("vit_debug", pos_embed_sincos=True, **{**kw, **bad})
+    with pytest.raises(ValueError, match="NaFlex ViT's position table is learned"):
+        vitscale.create_model("naflex_debug", pos_embed_sincos=True)

@@ -46,7 +46,8 @@ class Tokens:
     """``(B, K, D)``: the patch tokens (the kept ones with ``keep``, in its order), normalised."""
     sequence: torch.Tensor
     """``(B, P + K, D)``: the blocks' output through the final ``norm`` (not ``fc_norm``), prefix first:
-    what ``forward_features`` gives (an MAE decoder's input)."""
+    what ``forward_features`` gives (a model that normalises after pooling: not normalised; MAE's
+    decoder reads ``prefix`` and ``patches``, :func:`vitscale.tasks.mae.encoded`)."""
     grid: tuple[int, int]
     """The patch grid ``(gh, gw)`` of the images (``keep`` and ``mask`` index it row-major)."""
     num_prefix: int

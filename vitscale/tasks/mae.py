@@ -7,9 +7,15 @@ line numbers below). Labels are ignored: any image data trains (digits, imagefol
   ``(train.seed, micro-step, the sample's dataset index)`` (:mod:`vitscale.data.keyed`), so a resumed
   run draws the same masks, and so does a run whose batch is split over another number of ranks.
 - **Encoder** (``forward_encoder``, lines 150-170): the model's own blocks on the kept patch tokens
-  (their position embeddings added first) and its prefix tokens (class token, registers):
-  ``model(images, tokens=True, keep=ids).sequence``, the model contract's token interface
-  (:class:`vitscale.models.contract.Tokens`, declared by ``supports_tokens``).
+  (their position embeddings added first) and its prefix tokens (class token, registers), every token
+  then through the model's final LayerNorm, as MAE's ``self.norm(x)`` (line 168):
+  ``model(images, tokens=True, keep=ids)``'s ``prefix`` and ``patches``, the model contract's token
+  interface (:class:`vitscale.models.contract.Tokens`, declared by ``supports_tokens``). That norm is
+  the family's ``norm`` on a class-token model and its ``fc_norm`` on a mean-pooled one (``pool: avg``,
+  which normalises after pooling): either way the LayerNorm the pooled features pass through, so MAE
+  trains it. MAE's encoder adds fixed 2-D sin-cos position embeddings (lines 37, 68-69): the ViT's
+  ``pos_embed_sincos: true`` (the digits recipe sets it; a learned table is the model's choice, said in
+  a line at the start).
 - **Decoder** (lines 46-58, ``forward_decoder`` lines 172-196): a linear map to ``mae.decoder_width``,
   the shared learnt mask token in every removed place, the tokens put back in grid order, fixed 2-D
   sin-cos position embeddings (``util/pos_embed.py``; the prefix tokens get none, as MAE's class
@@ -24,8 +30,9 @@ line numbers below). Labels are ignored: any image data trains (digits, imagefol
   (``(ph, pw, C)`` order, ``patchify`` line 105), each patch normalised by its own mean and variance
   with ``mae.norm_pix_loss``, averaged over the removed patches only.
 - **Health**: at log steps the effective rank of the batch's embeddings (``train_rankme``,
-  :mod:`vitscale.tasks.health`): the encoder's output on the visible patches, pooled as the model pools
-  (its class token for ``pool=token``, else the mean of the patch tokens).
+  :mod:`vitscale.tasks.health`): the encoder's normalised output on the visible patches (the decoder's
+  input), pooled as the model pools (its class token for ``pool=token``, else the mean of the patch
+  tokens).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from torch import nn
 from vitscale.data import keyed
 from vitscale.distributed.parallelize import parallelize_parts
 from vitscale.errors import ConfigError
+from vitscale.models.common.pos_embed import sincos_2d
 from vitscale.patch_layout import patchify
 
 from .base import Task, register_task
@@ -63,6 +71,14 @@ def draw_shuffle(index: torch.Tensor, step: int, seed: int, num_patches: int) ->
     return torch.stack(rows).argsort(dim=1)
 
 
+def encoded(out) -> torch.Tensor:
+    """The decoder's input ``(B, P + K, D)`` from the model's :class:`~vitscale.models.contract.Tokens`:
+    the prefix and kept patch tokens, each through the model's final LayerNorm (``norm``, or ``fc_norm``
+    where the model normalises after pooling), as MAE's ``forward_encoder`` ends (``models_mae.py``
+    line 168: ``x = self.norm(x)``)."""
+    return torch.cat([out.prefix, out.patches], dim=1)
+
+
 # ------------------------------------------------------------------------------------------ loss
 def mae_loss(
     pred: torch.Tensor, images: torch.Tensor, removed: torch.Tensor, patch: int, norm_pix: bool
@@ -81,26 +97,6 @@ def mae_loss(
 
 
 # ------------------------------------------------------------------------------------------ decoder
-def sincos_2d(width: int, gh: int, gw: int, device=None) -> torch.Tensor:
-    """Fixed 2-D sin-cos position embeddings ``(gh * gw, width)`` float32 of a row-major patch grid: the
-    first half encodes the column, the second the row, each as ``[sin(pos * w_k), cos(pos * w_k)]`` with
-    ``w_k = 10000^(-k / (width / 4))`` (MAE's ``util/pos_embed.py``, after Vaswani et al. 2017).
-    Computed on ``device`` (no host-to-device copy)."""
-    if width % 4:
-        raise ValueError(f"sin-cos position embeddings need a width divisible by 4, got {width}")
-    q = width // 4
-    f64 = dict(dtype=torch.float64, device=device)
-    omega = 1.0 / 10000 ** (torch.arange(q, **f64) / q)  # (W/4,)
-    rows = torch.arange(gh, **f64).repeat_interleave(gw)
-    cols = torch.arange(gw, **f64).repeat(gh)
-
-    def one(pos):
-        out = pos[:, None] * omega[None]  # (N, W/4)
-        return torch.cat([out.sin(), out.cos()], dim=1)
-
-    return torch.cat([one(cols), one(rows)], dim=1).float()
-
-
 class MaeDecoder(nn.Module):
     """MAE's light decoder (module docstring). ``forward(tokens, ids_restore, prefix)``: the encoder's
     tokens ``(B, prefix + K, D)`` -> predicted pixels of every patch ``(B, N, P*P*C)``."""
@@ -227,10 +223,17 @@ class MaeTask(Task):
         n_dec = sum(p.numel() for p in decoder.parameters())
         self.decoder = decoder.to(device)
         unreached = self._freeze_unreached(mcfg, device)
+        choices = []  # where the model departs from MAE's encoder, said once
+        if getattr(mcfg, "pos_embed", None) == "learned" and not getattr(mcfg, "pos_embed_sincos", False):
+            choices.append("mae: the encoder's position embeddings are learned (MAE's are fixed 2-D sin-cos, models_mae.py "
+                           "lines 37, 68-69: model.overrides.pos_embed_sincos=true)")  # fmt: skip
+        if not getattr(mcfg, "final_norm", True):
+            choices.append("mae: the model has no final LayerNorm (final_norm=false): the decoder reads the blocks' output "
+                           "(MAE's encoder ends in one, models_mae.py line 168)")  # fmt: skip
         frozen = ([f"mae: {len(unreached)} tensors the objective does not reach are frozen (no gradient, not in the "
                    f"optimizer): {', '.join(unreached[:3])}{', ...' if len(unreached) > 3 else ''}"]
                   if unreached else [])  # fmt: skip
-        notices = [*frozen, f"mae: mask ratio {mc.mask_ratio} ({keep_count(n, mc.mask_ratio)} of {n} patches seen), decoder "
+        notices = [*frozen, *choices, f"mae: mask ratio {mc.mask_ratio} ({keep_count(n, mc.mask_ratio)} of {n} patches seen), decoder "
                    f"{mc.decoder_depth} x {mc.decoder_width} ({mc.decoder_heads} heads, {n_dec / 1e6:.2f}M params, not "
                    f"exported), {'per-patch normalised' if mc.norm_pix_loss else 'raw'} pixel targets",
                    "mae: TFLOP/s and MFU count the encoder on every patch (the family's count), not the visible patches "
@@ -241,16 +244,16 @@ class MaeTask(Task):
         return module
 
     def _freeze_unreached(self, mcfg, device) -> list[str]:
-        """Freeze the model's parameters that MAE's loss does not reach (the classifier, a pooling
-        head's norm or attention pool: MAE reads the tokens before pooling): one backward pass of a blank
-        image through the encoder and the decoder (:func:`~vitscale.tasks.module.freeze_unreached`).
-        Returns their names."""
+        """Freeze the model's parameters that MAE's loss does not reach (the classifier, a MAP head's
+        attention pool: MAE reads the tokens before pooling): one backward pass of a blank image through
+        the encoder and the decoder (:func:`~vitscale.tasks.module.freeze_unreached`). Returns their
+        names."""
         n = mcfg.num_patches
         k = keep_count(n, self.mc.mask_ratio)
         x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
 
         def reconstruction(model):
-            tokens = model(x, tokens=True, keep=torch.arange(k, device=device)[None]).sequence
+            tokens = encoded(model(x, tokens=True, keep=torch.arange(k, device=device)[None]))
             return self.decoder(tokens, torch.arange(n, device=device)[None], self.prefix, mcfg.grid)
 
         return freeze_unreached(self.model, reconstruction, others=(self.decoder,))
@@ -269,7 +272,7 @@ class MaeTask(Task):
         shuffle = shuffle.to(images.device, non_blocking=True)
         ids_restore = shuffle.argsort(dim=1)
         with self.autocast():
-            tokens = model(images, tokens=True, keep=shuffle[:, :k]).sequence  # (B, prefix + k, D)
+            tokens = encoded(model(images, tokens=True, keep=shuffle[:, :k]))  # (B, prefix + k, D)
             pred = self.decoder(tokens, ids_restore, self.prefix, grid)
         loss = mae_loss(pred, images, ids_restore >= k, self.patch, self.mc.norm_pix_loss)
         self.rank.keep(tokens[:, 0] if self.token_pool else tokens[:, self.prefix :].mean(dim=1))
@@ -293,4 +296,4 @@ class MaeTask(Task):
 
 register_task(MaeTask)
 
-__all__ = ["MaeDecoder", "MaeTask", "draw_shuffle", "keep_count", "mae_loss", "sincos_2d"]
+__all__ = ["MaeDecoder", "MaeTask", "draw_shuffle", "encoded", "keep_count", "mae_loss", "sincos_2d"]

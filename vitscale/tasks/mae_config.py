@@ -38,7 +38,8 @@ class MaeConfig:
     """Attention heads of the decoder's blocks (``models_mae.py`` line 27, ``decoder_num_heads=16``)."""
     decoder_mlp_ratio: float = 4.0
     """MLP hidden width of the decoder's blocks over ``decoder_width`` (``models_mae.py`` line 227,
-    ``mlp_ratio=4``)."""
+    ``mlp_ratio=4``: MAE's decoder blocks take the encoder's ratio, lines 39-40 and 53-54, 4 in every
+    published model; a backbone of another ratio sets its own, as ``configs/digits_mae.yaml``)."""
 
     def __post_init__(self):
         if not 0.0 < self.mask_ratio < 1.0:

@@ -6,7 +6,7 @@ from .heads import AttentionPoolHead
 from .mlp import Mlp, SwiGLU, make_activation
 from .norms import LayerScale, make_norm
 from .patch_embed import PatchEmbed
-from .pos_embed import resample_pos_embed
+from .pos_embed import resample_pos_embed, sincos_2d
 
 __all__ = [
     "Attention",
@@ -20,4 +20,5 @@ __all__ = [
     "make_activation",
     "make_norm",
     "resample_pos_embed",
+    "sincos_2d",
 ]

@@ -1,4 +1,5 @@
-"""Position-embedding resampling: the high-resolution fine-tuning path (ViT, ViT-22B)."""
+"""Position embeddings shared by the families: resampling a learned table (the high-resolution
+fine-tuning path: ViT, ViT-22B) and the fixed 2-D sin-cos table (MAE's encoder and decoder)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,24 @@ def resample_pos_embed(
     grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=True)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], D).to(orig_dtype)  # (1, N', D)
     return torch.cat([prefix, grid], dim=1)
+
+
+def sincos_2d(width: int, gh: int, gw: int, device=None) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embeddings ``(gh * gw, width)`` float32 of a row-major patch grid: the
+    first half encodes the column, the second the row, each as ``[sin(pos * w_k), cos(pos * w_k)]`` with
+    ``w_k = 10000^(-k / (width / 4))`` (facebookresearch/mae at efb2a80 ``util/pos_embed.py``
+    ``get_2d_sincos_pos_embed``, after Vaswani et al. 2017, arXiv 1706.03762, section 3.5). Computed
+    in float64 on ``device`` (no host-to-device copy)."""
+    if width % 4:
+        raise ValueError(f"sin-cos position embeddings need a width divisible by 4, got {width}")
+    q = width // 4
+    f64 = dict(dtype=torch.float64, device=device)
+    omega = 1.0 / 10000 ** (torch.arange(q, **f64) / q)  # (W/4,)
+    rows = torch.arange(gh, **f64).repeat_interleave(gw)
+    cols = torch.arange(gw, **f64).repeat(gh)
+
+    def one(pos):
+        out = pos[:, None] * omega[None]  # (N, W/4)
+        return torch.cat([out.sin(), out.cos()], dim=1)
+
+    return torch.cat([one(cols), one(rows)], dim=1).float()

@@ -55,6 +55,8 @@ class NaFlexConfig(ViTConfig):
         super().__post_init__()
         if self.pos_embed != "learned":
             raise ValueError(f"pos_embed={self.pos_embed!r}: a NaFlex ViT has learned position embeddings (pos_embed_type)")
+        if self.pos_embed_sincos:
+            raise ValueError("pos_embed_sincos=True: a NaFlex ViT's position table is learned (pos_embed_type); use a ViT")
         if self.mask_token:
             raise ValueError("mask_token=True: a NaFlex ViT gives no tokens (model(x, tokens=True, mask=...)); use a ViT")
         grid = self.pos_embed_grid

@@ -116,6 +116,12 @@ class ViTConfig:
     """Position information: ``learned`` (a learned table added to the tokens, resampled for other
     image sizes), ``rope`` (2D rotary embeddings of the patch tokens' queries and keys in every
     attention layer, nothing learned: timm's EVA family, DINOv3) or ``none``."""
+    pos_embed_sincos: bool = False
+    """With ``pos_embed='learned'``: the table holds fixed 2-D sin-cos embeddings of the patch grid (zeros
+    for the prefix tokens) and is never trained, as MAE's encoder (facebookresearch/mae ``models_mae.py``
+    lines 37 and 68-69, ``util/pos_embed.py``). It is still the model's ``pos_embed``: saved, loaded,
+    resampled and converted as a learned table is (a timm or transformers ViT reads it as its learned
+    one; a model without the flag that loads it trains it, as MAE's fine-tuning does)."""
     rope_type: str = "axial"
     """With ``pos_embed='rope'``, the positions: ``axial`` (patch indices, timm's ``RotaryEmbeddingCat``
     as EVA-02 and ``vit_*_rope_*`` use it), ``dinov3`` (patch centres normalised to [-1, 1] per axis,
@@ -198,6 +204,9 @@ class ViTConfig:
             raise ValueError(f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
+        if self.pos_embed_sincos and (self.pos_embed != "learned" or self.hidden_size % 4):
+            raise ValueError(f"pos_embed_sincos=True fills the position table (pos_embed='learned', got {self.pos_embed!r}) "
+                             f"with a sin and a cos of each axis: hidden_size divisible by 4, got {self.hidden_size}")  # fmt: skip
         if self.pos_embed == "rope":
             if (self.hidden_size // self.num_attention_heads) % 4:
                 raise ValueError(

@@ -24,6 +24,7 @@ from ..common import (
     make_activation,
     make_norm,
     resample_pos_embed,
+    sincos_2d,
 )
 from ..common.attention import sdpa
 from ..common.checkpointing import run_block, run_blocks
@@ -192,6 +193,25 @@ def build_trunk(model: nn.Module, cfg, device=None, dtype=None) -> None:
     model.head = nn.Linear(D, cfg.num_classes, device=device, dtype=dtype) if cfg.num_classes > 0 else nn.Identity()
 
 
+@torch.no_grad()
+def fill_sincos_pos_embed(pos_embed: torch.Tensor, cfg) -> None:
+    """Write ``pos_embed_sincos``'s table into ``pos_embed`` ``(1, n_pos, D)``: a zero row for each
+    prefix token that takes one (``pos_embed_prefix``; MAE's class token, ``util/pos_embed.py``
+    ``cls_token=True``), then :func:`~vitscale.models.common.pos_embed.sincos_2d` of the patch grid
+    (facebookresearch/mae ``models_mae.py`` lines 68-69). A DTensor gets its shard of it; a local
+    shard of the (size-1) first dimension, all of it or none."""
+    D = cfg.hidden_size
+    grid = sincos_2d(D, *cfg.grid, device=pos_embed.device)
+    prefix = cfg.num_prefix_tokens if cfg.pos_embed_prefix else 0
+    table = torch.cat([grid.new_zeros(prefix, D), grid])[None].to(pos_embed.dtype)
+    if hasattr(pos_embed, "device_mesh"):  # a DTensor (sharded init on several GPUs)
+        from vitscale.distributed.tensor_parallel import distribute_tensor
+
+        pos_embed.copy_(distribute_tensor(table, pos_embed.device_mesh, pos_embed.placements))
+    else:
+        pos_embed.copy_(table[: pos_embed.shape[0]])
+
+
 class VisionTransformer(nn.Module):
     """ViT for classification and as the CLIP vision tower. ``cfg`` is a :class:`ViTConfig`.
 
@@ -220,8 +240,9 @@ class VisionTransformer(nn.Module):
         # iBOT's mask token (cfg.mask_token; DINOv2's (1, D), vision_transformer.py line 169): no prefix token
         self.mask_token = nn.Parameter(torch.empty(1, D, device=device, dtype=dtype)) if cfg.mask_token else None
         n_pos = cfg.num_patches + (P if cfg.pos_embed_prefix else 0)
-        learned = cfg.learned_pos_table  # pos_embed='learned', or RoPE with rope_ape
-        self.pos_embed = nn.Parameter(torch.empty(1, n_pos, D, device=device, dtype=dtype)) if learned else None
+        learned = cfg.learned_pos_table  # pos_embed='learned', or RoPE with rope_ape; pos_embed_sincos: fixed, never trained
+        self.pos_embed = (nn.Parameter(torch.empty(1, n_pos, D, device=device, dtype=dtype), requires_grad=not cfg.pos_embed_sincos)
+                          if learned else None)  # fmt: skip
         self.pos_drop = nn.Dropout(cfg.hidden_dropout)
         self.patch_drop = PatchDropout(cfg.drop_patch_rate, P) if cfg.drop_patch_rate > 0 else nn.Identity()
         build_trunk(self, cfg, device, dtype)
@@ -244,7 +265,9 @@ class VisionTransformer(nn.Module):
         init_vit_layers(self)
         if self.cfg.patch_init == "fan_in":
             self.patch_embed.proj.reset_parameters()  # U(+-1/sqrt(fan_in)), weight and bias
-        if self.pos_embed is not None:
+        if self.pos_embed is not None and self.cfg.pos_embed_sincos:
+            fill_sincos_pos_embed(self.pos_embed, self.cfg)
+        elif self.pos_embed is not None:
             trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
@@ -310,7 +333,7 @@ class VisionTransformer(nn.Module):
         if self.pos_embed is not None:
             with torch.no_grad():
                 pe = resample_pos_embed(self.pos_embed.data, new.grid, self.cfg.grid, self._pos_prefix())
-            self.pos_embed = nn.Parameter(pe)
+            self.pos_embed = nn.Parameter(pe, requires_grad=self.pos_embed.requires_grad)  # sincos: still fixed
         self.cfg = new  # RoPE: the angles follow the grid at every forward
 
     # ------------------------------------------------------------------ forward
@@ -523,4 +546,4 @@ class VisionTransformer(nn.Module):
         state_dict[key] = resample_pos_embed(pe, self.cfg.grid, (side, side), n_prefix)
 
 
-__all__ = ["Block", "ParallelBlock", "VisionTransformer"]
+__all__ = ["Block", "ParallelBlock", "VisionTransformer", "fill_sincos_pos_embed"]
