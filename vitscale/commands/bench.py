@@ -168,7 +168,8 @@ def run(args) -> int:
         from ..distributed.epilogue import check_epilogue_device
 
         for s in (settings, baseline_settings(settings)):  # what needs a GPU, said before its time is spent
-            check_compile_mode(s.compile_mode, compile=bool(s.compile), device_type="cuda" if on_gpu else "cpu", world_size=1)
+            compiled = s.compile if s.compile is not None else on_gpu  # unset: compiled on a GPU, as the bench runs it
+            check_compile_mode(s.compile_mode, compile=bool(compiled), device_type="cuda" if on_gpu else "cpu", world_size=1)
             check_epilogue_device(s.mlp_epilogue, "cuda" if on_gpu else "cpu")
         if settings.fp8 != "none" or baseline_settings(settings).fp8 != "none":
             from ..distributed.float8 import require_torchao
