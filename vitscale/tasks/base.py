@@ -175,6 +175,30 @@ class Task:
         return tokens
 
 
+class PretrainingTask(Task):
+    """A task that trains the backbone for its features, not a classifier (DINO, MAE, feature
+    distillation): its run's default evaluations read the frozen backbone (``knn`` and ``linear_probe``:
+    :func:`vitscale.tasks.health.frozen_backbone_evals`), and ``vitscale bench`` refuses it in one line —
+    the bench's step is a loss of the model's output on whole images, not what the task's step holds
+    (:attr:`bench_step`; :attr:`bench_hint` says how to time it instead)."""
+
+    bench_step = "the task's own step"
+    bench_hint = "time a run with `vitscale train`"
+
+    @classmethod
+    def bench_loss(cls, out: Any, labels: torch.Tensor) -> torch.Tensor:
+        from vitscale.errors import ConfigError
+
+        raise ConfigError(f"--task {cls.name}: the bench times a loss of the model's output on whole images, not "
+                          f"{cls.bench_step}; {cls.bench_hint}")  # fmt: skip
+
+    @classmethod
+    def default_evals(cls, cfg: Any) -> list[dict[str, Any]]:
+        from .health import frozen_backbone_evals
+
+        return frozen_backbone_evals(cfg)
+
+
 def first_output(out: Any) -> torch.Tensor:
     """The logits of a model's output: the tensor itself, a dict's ``logits`` (else its first value),
     a tuple's first element."""

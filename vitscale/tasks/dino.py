@@ -58,7 +58,7 @@ from vitscale.distributed.parallelize import parallelize_parts
 from vitscale.distributed.utils import move_towards
 from vitscale.errors import ConfigError
 
-from .base import Task, register_task
+from .base import PretrainingTask, register_task
 from .dino_config import DinoConfig, DinoPretrainingConfig
 from .dino_crops import STREAM_DINO_INIT, dino_views
 from .dino_head import DinoHead
@@ -74,7 +74,7 @@ from .dino_loss import (
     update_center,
 )
 from .gram import gram_loss, refreshes_after
-from .health import RankWatch, TeacherWatch, frozen_backbone_evals
+from .health import RankWatch, TeacherWatch
 from .module import Hyper, ParamGroup, PartsPlan, TrainModule, freeze_unreached, trainable
 
 
@@ -211,8 +211,9 @@ class DinoModule(TrainModule):
                                if m is not None])  # fmt: skip
 
 
-class DinoTask(Task):
+class DinoTask(PretrainingTask):
     name = "dino"
+    bench_step, bench_hint = "DINO's crops, teacher and heads", "time a DINO step with `vitscale train`"
     config = DinoPretrainingConfig
     reads_labels = False  # its loss reads the images alone (vitscale.tasks.base.Task.reads_labels)
     weight_sets = DinoModule.weight_sets
@@ -473,14 +474,6 @@ class DinoTask(Task):
         m2, w2 = self.watch.read(step)
         return {**m1, **m2}, [*w1, *w2]
 
-    @staticmethod
-    def bench_loss(out, labels):
-        raise ConfigError("--task dino: the bench times a loss of the model's output on whole images, not DINO's "
-                          "crops, teacher and heads; time a DINO step with `vitscale train`")  # fmt: skip
-
-    @classmethod
-    def default_evals(cls, cfg):
-        return frozen_backbone_evals(cfg)
 
 
 register_task(DinoTask)

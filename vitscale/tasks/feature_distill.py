@@ -39,13 +39,12 @@ import torch
 from vitscale.config.schema import Config
 from vitscale.errors import ConfigError
 
-from .base import Task, register_task
+from .base import PretrainingTask, register_task
 from .distill import FiniteWatch
 from .distill_config import DistillConfig
 from .feature_distill_config import FeatureDistillConfig, require_teachers
 from .feature_distill_heads import FeatureDistillParts, TeacherFeatures
 from .feature_distill_teachers import check_features, read_teacher, teacher_features
-from .health import frozen_backbone_evals
 from .module import TrainModule, freeze_unreached
 
 
@@ -77,8 +76,9 @@ class FeatureDistillModule(TrainModule):
         return self.parts["distill"]
 
 
-class FeatureDistillTask(Task):
+class FeatureDistillTask(PretrainingTask):
     name = "feature_distill"
+    bench_step = "the teachers' forwards and the adaptor heads"
     config = FeatureDistillPretrainingConfig
     reads_labels = False  # its loss reads the images alone (vitscale.tasks.base.Task.reads_labels)
     weight_sets = FeatureDistillModule.weight_sets
@@ -205,15 +205,10 @@ class FeatureDistillTask(Task):
         loss = torch.where(torch.stack(finite).all(), loss, torch.nan)  # a non-finite teacher: the step is not applied
         return loss, metrics
 
-    @staticmethod
-    def bench_loss(out, labels):
-        raise ConfigError("--task feature_distill: the bench times a loss of the model's output on whole images, not "
-                          "the teachers' forwards and the adaptor heads; time a run with `vitscale train`")  # fmt: skip
-
     @classmethod
     def default_evals(cls, cfg):
         # the frozen-backbone ones and the teachers' val-split cosines / zero-shot (feature_distill_eval)
-        return frozen_backbone_evals(cfg) + [{"kind": "feature_distill", "name": "val", "every": cfg.eval.every}]
+        return super().default_evals(cfg) + [{"kind": "feature_distill", "name": "val", "every": cfg.eval.every}]
 
 
 register_task(FeatureDistillTask)

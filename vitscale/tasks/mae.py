@@ -46,8 +46,8 @@ from vitscale.errors import ConfigError
 from vitscale.models.common.pos_embed import sincos_2d
 from vitscale.patch_layout import patchify
 
-from .base import Task, register_task
-from .health import RankWatch, frozen_backbone_evals
+from .base import PretrainingTask, register_task
+from .health import RankWatch
 from .mae_config import MaeConfig, MaePretrainingConfig
 from .module import TrainModule, freeze_unreached
 
@@ -156,11 +156,13 @@ class MaeDecoder(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ task
-class MaeTask(Task):
+class MaeTask(PretrainingTask):
     """Its evaluations (when the run sets no ``evals:``): ``knn`` every ``eval.every`` steps and at the
     end, ``linear_probe`` (``eval.probe_*``) at the end; its log-step metric: ``train_rankme``."""
 
     name = "mae"
+    bench_step = "MAE's masked encoder and decoder"
+    bench_hint = "time an MAE step with `vitscale train` (benchmarks/mae_digits.py)"
     config = MaePretrainingConfig
     reads_labels = False  # its loss reads the images alone (vitscale.tasks.base.Task.reads_labels)
 
@@ -281,17 +283,6 @@ class MaeTask(Task):
     def log_metrics(self, step):
         return self.rank.read(step)
 
-    @staticmethod
-    def bench_loss(out, labels):
-        """Not timed by ``vitscale bench`` (whose step is the model's forward on whole images, then a loss
-        of its output): refused in one line rather than timing another task's loss."""
-        raise ConfigError("--task mae: the bench times a loss of the model's output on whole images, "
-                          "not MAE's masked encoder and decoder; time an MAE step with `vitscale train` "
-                          "(benchmarks/mae_digits.py)")  # fmt: skip
-
-    @classmethod
-    def default_evals(cls, cfg):
-        return frozen_backbone_evals(cfg)
 
 
 register_task(MaeTask)
