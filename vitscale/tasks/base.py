@@ -79,6 +79,10 @@ class Task:
         self.class_names = list(class_names or [])
         self.autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         self.device = torch.device("cpu")
+        self.runtime: Any = None
+        """What the run that trains this task was handed by the task's own :meth:`job` (``train(cfg,
+        runtime=...)``), None for a plain run: the runtime object one part of a job shares with the others
+        (feature distillation's students: the job's exchange of the teachers' features)."""
 
     @classmethod
     def for_evaluation(cls, cfg: Any, model: nn.Module, num_classes: int | None, dp_group=None,

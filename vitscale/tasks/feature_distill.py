@@ -91,9 +91,6 @@ class FeatureDistillTask(PretrainingTask):
         self.entries: dict = {}  # name -> its distill.teachers entry (built once, in build)
         self.clips: dict[str, torch.nn.Module] = {}  # name -> the whole CLIP of a CLIP teacher (zero-shot)
         self.watches: dict[str, FiniteWatch] = {}
-        from .feature_distill_students import active_exchange
-
-        self.exchange = active_exchange()  # distill.students: the teachers' forward shared by the job's students
 
     @classmethod
     def for_evaluation(cls, cfg, model, num_classes, dp_group=None, class_names=None):
@@ -164,14 +161,14 @@ class FeatureDistillTask(PretrainingTask):
         def compute(x):
             return {name: self._features(name, x) for name in self.teachers}
 
-        if self.exchange is None:
+        if self.runtime is None:  # a run of its own; under distill.students the job's StudentExchange
             return compute(images)
-        return self.exchange.features(images, index, step, compute)
+        return self.runtime.features(images, index, step, compute)
 
     def step_times(self):
         times = {name: t.timer.take() for name, t in self.teachers.items()}
-        if self.exchange is not None:  # distill.students: sending the features, waiting for the job's ranks
-            times["students_exchange"] = self.exchange.timer.take()
+        if self.runtime is not None:  # distill.students: sending the features, waiting for the job's ranks
+            times["students_exchange"] = self.runtime.timer.take()
         return times
 
     @classmethod

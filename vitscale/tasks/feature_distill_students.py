@@ -44,14 +44,6 @@ from vitscale.errors import ConfigError, UserError
 from .distill import FiniteWatch, StepTimer
 from .feature_distill_heads import TeacherFeatures
 
-_ACTIVE: StudentExchange | None = None
-
-
-def active_exchange() -> StudentExchange | None:
-    """The exchange of this process's student while :func:`train_students` trains it, else None."""
-    return _ACTIVE
-
-
 # ---------------------------------------------------------------------------------------------- layout
 @dataclass(frozen=True)
 class StudentLayout:
@@ -339,8 +331,7 @@ def student_process(layout: StudentLayout, rank: int, scfg, timeout_s: float, gr
     """This process as rank ``rank`` of the job and its student's rank: the job's groups (over
     torchrun's store), the student's default process group (more than one rank) and environment
     (``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` of the student; ``LOCAL_RANK`` kept: the device),
-    and the exchange the task finds (:func:`active_exchange`); all undone on the way out."""
-    global _ACTIVE
+    and the job's exchange (handed to the student's run as its task's ``runtime``); all undone on the way out."""
     from torch.distributed.rendezvous import rendezvous
 
     from vitscale.distributed.parallel_dims import resolve_device
@@ -372,10 +363,8 @@ def student_process(layout: StudentLayout, rank: int, scfg, timeout_s: float, gr
             kw = {"device_id": device} if device.type == "cuda" else {}
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout, rank=r, world_size=size,
                                     store=dist.PrefixStore(f"{prefix}{name}/", store), **kw)  # fmt: skip
-        _ACTIVE = StudentExchange(layout, rank, ctrl, data, device, grad_accum)
-        yield _ACTIVE
+        yield StudentExchange(layout, rank, ctrl, data, device, grad_accum)
     finally:
-        _ACTIVE = None
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -413,10 +402,10 @@ def train_students(cfg, train, *, summary: str = "human", notes=()) -> dict[str,
     with student_process(layout, rank, cfgs[k], cfg.parallel.timeout, cfg.train.grad_accum) as exchange:
         if rank == 0:  # the job's own config: `torchrun ... -m vitscale train <output_dir>/students.yaml` resumes it
             save_config(cfg, Path(cfg.train.output_dir) / "students.yaml")
-        result = train(cfgs[k], summary=summary, notes=lines)
+        result = train(cfgs[k], summary=summary, notes=lines, runtime=exchange)  # the task's runtime: the exchange
         exchange.finish()
     return result
 
 
-__all__ = ["StudentExchange", "StudentLayout", "TeacherPlan", "active_exchange", "check_student_runs", "student_config",
+__all__ = ["StudentExchange", "StudentLayout", "TeacherPlan", "check_student_runs", "student_config",
            "student_layout", "student_process", "teacher_plan", "train_students"]

@@ -63,7 +63,7 @@ class Trainer:
     (resumed, or initialised from ``checkpoint.init_from``), the non-finite guard, the evaluations —
     and each is called with the step; :meth:`fit` runs the loop, :meth:`train_step` one update."""
 
-    def __init__(self, cfg: Config, stopping: Stopping | None = None):
+    def __init__(self, cfg: Config, stopping: Stopping | None = None, runtime: Any = None):
         self.clock = RunClock()  # the run's clock starts: building, the loop, evaluations and export
         # signals (all ranks agreeing, within checkpoint.signal_deadline), the watchdog, segments
         self.stopping = stopping or Stopping.build(cfg.checkpoint, train=cfg.train, rank=int(os.environ.get("RANK", "0")))
@@ -100,7 +100,7 @@ class Trainer:
         self.notices = list(self.checkpoints.initialise(self.model))  # what checkpoint.init_from loaded, resampled, re-initialised
         self.autocast = autocast_factory(self.device, run.precision.autocast)
         self.task = get_task(run.task)(cfg, self.model, run.num_classes, run.dims.dp_group(), run.class_names)
-        self.task.autocast, self.task.device = self.autocast, self.device
+        self.task.autocast, self.task.device, self.task.runtime = self.autocast, self.device, runtime
         self.module = self.task.build(run)
         self.notices += self.module.notices + freeze(self.model, cfg.model.freeze)
 
@@ -280,12 +280,14 @@ class Trainer:
                       names=() if self.complete else tuple(self.evals.names))  # fmt: skip
 
 
-def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, ...] = (),
+          runtime: Any = None) -> dict[str, Any]:
     """Train per ``cfg``; returns the summary (also written to ``<output_dir>/summary.json``).
 
     Rank 0 keeps what it prints in ``<output_dir>/train.log`` (``vitscale.train.runlog``) and ends
     with the summary in the form ``summary`` names: ``human``, ``json`` or ``none``. ``notes``: lines
-    from loading the config, printed with the run's opening lines."""
+    from loading the config, printed with the run's opening lines. ``runtime``: what a task's job hands
+    each run it trains (:attr:`vitscale.tasks.base.Task.runtime`)."""
     job = get_task(cfg.train.task).job(cfg) if cfg.train.task else None
     if job is not None:  # a task whose config is several runs (feature_distill's distill.students)
         return job(cfg, train, summary=summary, notes=notes)  # each of its runs trained by this function
@@ -293,7 +295,7 @@ def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, 
     out = Path(cfg.train.output_dir)
     with RunLog(out / "train.log", enabled=rank == 0, header=command_line()) as runlog, \
             Stopping.build(cfg.checkpoint, train=cfg.train, rank=rank) as stopping:  # start-up included
-        trainer = Trainer(cfg, stopping)  # checks the settings and claims the run folder (or refuses: no file written)
+        trainer = Trainer(cfg, stopping, runtime)  # checks the settings and claims the run folder (or refuses: no file written)
         trainer.notices[:0] = list(notes)
         runlog.attach()
         result = trainer.fit()
