@@ -25,9 +25,9 @@ OPERATIONAL = {"train.output_dir", "train.log_every", "data.num_workers", "eval.
 
 INTRO = """# Recipes
 
-Every ImageNet and LAION recipe vitscale ships, and the one-GPU recipe for your own images
-(`dino_vits16_1gpu`), field by field: the value a run gets and the source
-its line in the YAML cites (a paper's table, a repository's file and line). *header*: the recipe's
+Every ImageNet and LAION recipe vitscale ships, and the one-GPU recipes for your own images
+(`dino_vits16_1gpu` from scratch, `dino_vits14_continue` from DINOv2's released weights), field by
+field: the value a run gets and the source its line in the YAML cites (a paper's table, a repository's file and line). *header*: the recipe's
 header comment cites it for the whole recipe; *vitscale*: an operational setting (folders, workers,
 logging and checkpoint periods, the parallel layout) that does not change what is computed. Each
 recipe's header says what it should reach and on what hardware; none of these headlines was

@@ -4,8 +4,9 @@ one's own photos — its k-NN and probe on the image folder —, or as captioned
 CLIP recipes; the digits recipes on their built-in digits), then its evaluation once. Only the data paths
 (and the files a recipe starts from: init weights, a teacher, token labels, each a tiny real file
 written here in the format the recipe names) and the model's size (width and depth; patch size and
-image size kept) are replaced, plus the batch and the step count: every augmentation, sampler, loss,
-schedule and evaluation setting is the recipe's own. A new config is covered by being in the folder.
+image size kept) are replaced, plus the batch and the step count (a DINO recipe's head warm-up on a
+frozen backbone, ``dino.freeze_backbone_steps``, the first of the 2 steps): every augmentation, sampler,
+loss, schedule and evaluation setting is the recipe's own. A new config is covered by being in the folder.
 """
 
 from __future__ import annotations
@@ -121,8 +122,9 @@ def _token_labels(root: Path, num_samples: int, num_classes: int) -> Path:
 
 def _weights(cfg, kind: str, path: Path, *, model: str | None = None, **extra):
     """Tiny weights of ``model`` (default: the recipe's own) at its variant's resolution, written as ``kind``:
-    ``timm`` (a ``.pth`` of timm's names), ``open_clip`` (a ``.safetensors`` of open_clip's names) or
-    ``vitscale`` (an exported ``.safetensors``); returns the path and the model."""
+    ``timm`` (a ``.pth`` of timm's names), ``open_clip`` (a ``.safetensors`` of open_clip's names),
+    ``transformers`` (a snapshot folder that transformers itself writes, ``save_pretrained``, of its own
+    random initialisation) or ``vitscale`` (an exported ``.safetensors``); returns the path and the model."""
     from safetensors.torch import save_file
 
     from vitscale.checkpoint import export_safetensors
@@ -137,6 +139,12 @@ def _weights(cfg, kind: str, path: Path, *, model: str | None = None, **extra):
     m = vitscale.create_model(name, **size)
     if kind == "timm":
         torch.save(to_timm(m), path)
+    elif kind == "transformers":
+        from vitscale.interop.transformers import create_transformers_model, load_transformers
+
+        # transformers' own random weights (not m's), saved by transformers
+        create_transformers_model(m, load_weights=False).save_pretrained(path)
+        m = load_transformers(path)
     elif kind == "open_clip":
         save_file({k: v.contiguous() for k, v in to_open_clip(m).items()}, path)
     else:
@@ -145,12 +153,14 @@ def _weights(cfg, kind: str, path: Path, *, model: str | None = None, **extra):
 
 
 def _starts(source: str) -> str:
-    """The format of the weights a recipe names: a timm / LAION Hub id, else a vitscale run."""
+    """The format of the weights a recipe names: a timm, LAION or Meta (transformers) Hub id, else vitscale's."""
     return (
         "timm"
         if source.startswith("hf-hub:timm/")
         else "open_clip"
         if source.startswith("hf-hub:laion/")
+        else "transformers"
+        if source.startswith("hf-hub:facebook/")
         else "vitscale"
     )
 
@@ -202,10 +212,12 @@ def _overrides(name: str, photos: Path, tmp: Path) -> tuple[list[str], dict]:
     if init:
         kind = _starts(init)
         headless = {"num_classes": 0} if kind == "timm" and "in21k" in init else {}  # ImageNet-21k's backbone
-        path, made["init"] = _weights(
-            cfg, kind, tmp / ("init.pth" if kind == "timm" else "init.safetensors"), **headless
-        )
+        file = {"timm": "init.pth", "transformers": "init"}.get(kind, "init.safetensors")  # transformers: a folder
+        path, made["init"] = _weights(cfg, kind, tmp / file, **headless)
         over.append(f"checkpoint.init_from={path}")
+    dino = getattr(cfg, "dino", None)
+    if dino is not None and dino.freeze_backbone_steps:  # the heads' warm-up: the first of the 2 steps
+        over.append("dino.freeze_backbone_steps=1")
     return over, made
 
 
@@ -270,6 +282,34 @@ def _image_tower_locked(run, log, made):
     assert not torch.equal(end["text_proj.weight"], start["text_proj.weight"])  # the text tower trained
 
 
+def _heads_warm_up_on_the_start(run, log, made):
+    """The backbone read from transformers' folder, frozen for step 1 while the heads train, and the teacher
+    starting as the student: after step 2 the teacher is ``m s0 + (1 - m) s2`` exactly (``s0`` the start,
+    ``s2`` the student after step 2; ``m`` DINOv2's cosine momentum at iteration 1 of 2: a student that
+    had moved on step 1 would leave ``(1 - m1) (s1 - s0)`` in it)."""
+    import math
+
+    from safetensors.torch import load_file
+
+    assert "(transformers: a transformers Hub snapshot folder" in log
+    assert "the backbone frozen for 1 steps" in log
+    assert main(["convert", str(run), str(run / "teacher.safetensors"), "--key", "teacher"]) == 0
+    start, student = made["init"].state_dict(), load_file(run / "model.safetensors")
+    teacher = load_file(run / "teacher.safetensors")
+    # iBOT's mask token is not read from a transformers folder (vitscale/models/vit/transformers_adapter.py):
+    # it starts at DINOv2's zeros
+    start["mask_token"] = torch.zeros_like(student["mask_token"])
+    dino = yaml.safe_load((run / "config.yaml").read_text())["dino"]  # the recipe's momentum_teacher -> final
+    m0, m1 = dino["momentum_teacher"], dino["final_momentum_teacher"]
+    m = m1 + (m0 - m1) * (1 + math.cos(math.pi * 1 / 2)) / 2
+    keys = [k for k in student if k != "pos_embed"]  # pos_embed: the start's 518-px table resampled to 224 px
+    assert len(keys) == 20 and set(keys) <= set(start)
+    assert max((student[k] - start[k]).abs().max().item() for k in keys) > 1e-5  # step 2 moved the backbone
+    for k in keys:
+        want = m * start[k] + (1 - m) * student[k]
+        torch.testing.assert_close(teacher[k], want, rtol=3e-7, atol=1e-8)  # about 2 float32 ulp
+
+
 CHECKS = {  # what else a recipe's own run shows
     "imagenet21k_vit_b16_ft384": (_pos_embed_resampled,),
     "imagenet_vit_b16_ft512": (_pos_embed_resampled,),
@@ -277,4 +317,5 @@ CHECKS = {  # what else a recipe's own run shows
     "imagenet_deit_b_distilled": (_teacher_read,),
     "imagenet_deit3_b16": (_bce_from_log2,),
     "clip_b32_locked_image": (_image_tower_locked,),
+    "dino_vits14_continue": (_heads_warm_up_on_the_start,),
 }
