@@ -250,13 +250,15 @@ class DinoTask(PretrainingTask):
             raise ConfigError(f"train.task=dino: model {name} does not declare its tokens (supports_tokens): use a ViT "
                               "(`vitscale models`)")  # fmt: skip
         p = mcfg.patch_dim
-        for key in ("global_crops_size", "local_crops_size"):
-            size = getattr(dc, key)
-            if key == "local_crops_size" and dc.local_crops_number == 0:
-                continue
-            if size < p or size % p:
-                raise ConfigError(f"dino.{key}={size} must be a multiple of the patch ({p} pixels of {name}), at least "
-                                 f"one patch: e.g. dino.{key}={max(p, size // p * p)}")  # fmt: skip
+        mixed = bool(dc.global_local_crop_pairs_ratios)
+        for g, l, _ in dc.pairs():
+            for key, size in (("global_crops_size", g), ("local_crops_size", l)):
+                if key == "local_crops_size" and dc.local_crops_number == 0:
+                    continue
+                if size < p or size % p:
+                    shown = f"dino.{key}s has {size}, which" if mixed else f"dino.{key}={size}"
+                    raise ConfigError(f"{shown} must be a multiple of the patch ({p} pixels of {name}), at least "
+                                     f"one patch: e.g. {max(p, size // p * p)}")  # fmt: skip
         micro = cfg.train.batch_size // max(dims.dp_size * cfg.train.grad_accum, 1)
         if dc.koleo_loss_weight > 0 and micro < 2:
             raise ConfigError(f"dino.koleo_loss_weight={dc.koleo_loss_weight} with {micro} image per rank and "
@@ -315,8 +317,11 @@ class DinoTask(PretrainingTask):
         n_params = sum(q.numel() for q in student.parameters())
         frozen = ([f"dino: {len(unreached)} tensors the objective does not reach are frozen: {', '.join(unreached[:3])}"
                    f"{', ...' if len(unreached) > 3 else ''}"] if unreached else [])  # fmt: skip
-        notices = [*frozen, f"dino: 2 global crops of {dc.global_crops_size} px, {dc.local_crops_number} local of "
-                   f"{dc.local_crops_size} px; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
+        crops = (f"2 global crops of {dc.global_crops_size} px, {dc.local_crops_number} local of {dc.local_crops_size} px"
+                 if not dc.global_local_crop_pairs_ratios else
+                 f"2 global and {dc.local_crops_number} local crops a step at one of the sizes "
+                 + ", ".join(f"{g}/{l} px ({w:g})" for g, l, w in dc.pairs()) + " (global/local, share of the steps)")  # fmt: skip
+        notices = [*frozen, f"dino: {crops}; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
                    f"{dc.head_n_prototypes} prototypes ({dc.head_last_layer}{', batch norm' if dc.head_use_bn else ''}; "
                    f"{n_params / 1e6:.2f}M params, not exported); "
                    f"centring {dc.centering}; teacher temperature {dc.warmup_teacher_temp} -> {dc.teacher_temp} over "
@@ -391,8 +396,7 @@ class DinoTask(PretrainingTask):
         glob, loc = batch["global"], batch.get("local")  # cut by the loader (vitscale.data.views)
         images, B = glob, glob.shape[0] // 2
         p = self.model.cfg.patch_dim
-        grid = (dc.global_crops_size // p, dc.global_crops_size // p)
-        n = grid[0] * grid[1]
+        n = (glob.shape[-2] // p) * (glob.shape[-1] // p)  # the step's global crops (a mixture: its pair's size)
         every = torch.arange(n, device=images.device)[None].expand(2 * B, -1)
         teacher = self.teacher
         teacher.eval()
@@ -428,7 +432,7 @@ class DinoTask(PretrainingTask):
                 s_glob = self.student.head(s_cls)
             else:  # one head pass over every crop's class token (DINO's MultiCropWrapper, utils.py lines 610-629;
                 # DINOv3 ssl_meta_arch.py lines 557-565): a batch-normalised head sees the batch DINO's does
-                m = (dc.local_crops_size // p) ** 2
+                m = (loc.shape[-2] // p) * (loc.shape[-1] // p)
                 s_loc_tok = model(loc, tokens=True, keep=torch.arange(m, device=images.device)[None].expand(loc.shape[0], -1))
                 s_glob, s_loc = self.student.head(torch.cat([s_cls, s_loc_tok.pooled])).split([2 * B, loc.shape[0]])
             if masks is not None:
