@@ -191,6 +191,17 @@ class DinoModule(TrainModule):
                                                 most=dc.gram_max_updates):  # fmt: skip
             copy_weights(self.teacher["backbone"], gram)  # DINOv3's update_gram / gram_load_ema_teacher
 
+    def parts_initialised(self, parts: tuple[str, ...]) -> list[str]:
+        """A kept teacher without a kept Gram teacher: the Gram teacher starts as the kept teacher's
+        backbone (as :meth:`DinoTask.build` starts it as the teacher's), DINOv3's high-resolution
+        stage loading its Gram teacher from the previous stage's teacher (``gram.ckpt``,
+        ``dinov3/train/ssl_meta_arch.py`` lines 306-322)."""
+        gram = self.gram_teacher
+        if gram is None or "teacher" not in parts or "gram_teacher" in parts:
+            return []
+        copy_weights(self.teacher["backbone"], gram)
+        return ["checkpoint.init_parts: the Gram teacher starts as the kept teacher's backbone"]
+
     def clip_parts(self) -> list[nn.Module]:
         """The backbone, the DINO head and the iBOT head each on its own, as DINOv2 and DINOv3 clip the
         student's modules (``dinov2/train/train.py`` lines 257-259, ``dinov3/train/train.py`` lines 488-493)."""
@@ -280,17 +291,37 @@ class DinoTask(PretrainingTask):
         """iBOT masks the student's patches with the backbone's own mask token (``mask_token``)."""
         return {"mask_token": True} if cfg.dino.ibot_loss_weight > 0 and hasattr(model_cfg, "mask_token") else {}
 
+    @staticmethod
+    def _skeleton(dc: DinoConfig, backbone: nn.Module) -> dict[str, nn.Module]:
+        """The training module's parts as :meth:`build` makes them, on the meta device, around
+        ``backbone`` (shared, not copied: only their names and shapes are read)."""
+        with torch.device("meta"):
+            student = DinoStudent(backbone.num_features, dc, dc.ibot_loss_weight > 0)
+            centres = DinoCentres(dc.head_n_prototypes)
+        teacher = nn.ModuleDict({"backbone": backbone, "head": student.head})
+        if student.ibot_head is not None:
+            teacher["ibot_head"] = student.ibot_head
+        parts = {"student": student, "teacher": teacher, "centres": centres}
+        if dc.gram_loss_weight > 0 and not dc.gram_ema_teacher:
+            parts["gram_teacher"] = backbone
+        return parts
+
     @classmethod
     def parameter_counts(cls, group, backbone):
         """The student's heads (trained); the teacher, a copy of the backbone and the heads,
         and with Gram anchoring the Gram teacher, another copy of the backbone (held). ``group``: the
         ``dino`` group (None: its defaults)."""
         dc = group if group is not None else DinoConfig()
-        with torch.device("meta"):
-            student = DinoStudent(backbone.num_features, dc, dc.ibot_loss_weight > 0)
+        parts = cls._skeleton(dc, backbone)
         count = lambda m: sum(q.numel() for q in m.parameters()) if m is not None else 0  # noqa: E731
-        gram = count(backbone) if dc.gram_loss_weight > 0 and not dc.gram_ema_teacher else 0  # the Gram teacher
-        return count(student), count(backbone) + count(student.head) + count(student.ibot_head) + gram
+        return count(parts["student"]), count(parts["teacher"]) + count(parts.get("gram_teacher"))
+
+    @classmethod
+    def part_shapes(cls, cfg, backbone):
+        """``student`` (its heads), ``teacher`` (backbone and heads), ``centres`` and with a Gram
+        teacher of its own ``gram_teacher``, each tensor's name and shape (``checkpoint.init_parts``)."""
+        return {f"{name}.{k}": tuple(v.shape) for name, m in cls._skeleton(cfg.dino, backbone).items()
+                for k, v in m.state_dict().items()}  # fmt: skip
 
     def build(self, run):
         model, dc = self.model, self.dc
