@@ -54,6 +54,13 @@ def test_a_stage_keeps_the_previous_stages_heads_teacher_and_centres(tmp_path, c
     optim = read_weights(stage / "checkpoints" / "step_00000001", "optim", prefix="optim.")
     steps = {float(v) for k, v in optim.items() if k.endswith(".step")}
     assert steps == {1.0}, steps  # AdamW's moments afresh: one update, not the previous stage's 2 + 1
+    # DINOv3's way: the student too starts as the previous stage's teacher (backbone and heads)
+    dv3 = tmp_path / "dv3"
+    assert main(["train", "digits_dino", *args[:-1], "dino.student_from_teacher=true", f"train.output_dir={dv3}"]) == 0
+    got, model = _parts(dv3, 1), read_weights(dv3 / "checkpoints" / "step_00000001")
+    assert all(torch.equal(got[f"student.head.{k}"], before[f"teacher.head.{k}"]) for k in ("last_v", "mlp.0.weight"))
+    assert all(torch.equal(v, before[f"teacher.backbone.{k}"]) for k, v in model.items())
+    assert not torch.equal(before["student.head.mlp.0.weight"], before["teacher.head.mlp.0.weight"])  # the two differed
     # without init_parts the stage builds its heads afresh: the previous stage's trained heads are not there
     fresh = tmp_path / "fresh"
     assert main(["train", "digits_dino", *[a for a in args if a != keep], f"train.output_dir={fresh}"]) == 0
@@ -68,6 +75,8 @@ def test_a_stage_keeps_the_previous_stages_heads_teacher_and_centres(tmp_path, c
         "heads of another size": (["dino.head_n_prototypes=128", keep], "holds student.head.last_v as 64x16, this run's student has 128x16"),
         "no checkpoint": ([keep, f"checkpoint.init_from={first / 'model.safetensors'}"], "is none (no checkpoint at"),
         "a part the task has not": (["checkpoint.init_parts=[heads]"], "train.task=dino has no part 'heads' to keep"),
+        "the student from no teacher": (["checkpoint.init_parts=[student]", "dino.student_from_teacher=true"],
+                                        "dino.student_from_teacher=true starts the student from the previous stage's teacher"),
     }
     for name, (extra, text) in cases.items():
         out = tmp_path / "refused"

@@ -196,11 +196,18 @@ class DinoModule(TrainModule):
         backbone (as :meth:`DinoTask.build` starts it as the teacher's), DINOv3's high-resolution
         stage loading its Gram teacher from the previous stage's teacher (``gram.ckpt``,
         ``dinov3/train/ssl_meta_arch.py`` lines 306-322)."""
+        lines, teacher = [], self.teacher
+        if "teacher" in parts and self.dc.student_from_teacher:  # DINOv3's resume_from_teacher_chkpt
+            copy_weights(teacher["backbone"], self.backbone)
+            copy_weights(teacher["head"], self.student.head)
+            if self.student.ibot_head is not None:  # the teacher's own iBOT head, or its shared one
+                copy_weights(teacher["ibot_head"] if "ibot_head" in teacher else teacher["head"], self.student.ibot_head)
+            lines.append("dino.student_from_teacher: the student's backbone and heads start as the kept teacher's")
         gram = self.gram_teacher
-        if gram is None or "teacher" not in parts or "gram_teacher" in parts:
-            return []
-        copy_weights(self.teacher["backbone"], gram)
-        return ["checkpoint.init_parts: the Gram teacher starts as the kept teacher's backbone"]
+        if gram is not None and "teacher" in parts and "gram_teacher" not in parts:
+            copy_weights(teacher["backbone"], gram)
+            lines.append("checkpoint.init_parts: the Gram teacher starts as the kept teacher's backbone")
+        return lines
 
     def clip_parts(self) -> list[nn.Module]:
         """The backbone, the DINO head and the iBOT head each on its own, as DINOv2 and DINOv3 clip the
@@ -268,8 +275,9 @@ class DinoTask(PretrainingTask):
                     continue
                 if size < p or size % p:
                     shown = f"dino.{key}s has {size}, which" if mixed else f"dino.{key}={size}"
+                    fix = f"{max(p, size // p * p)}" if mixed else f"dino.{key}={max(p, size // p * p)}"
                     raise ConfigError(f"{shown} must be a multiple of the patch ({p} pixels of {name}), at least "
-                                     f"one patch: e.g. {max(p, size // p * p)}")  # fmt: skip
+                                     f"one patch: e.g. {fix}")  # fmt: skip
         micro = cfg.train.batch_size // max(dims.dp_size * cfg.train.grad_accum, 1)
         if dc.koleo_loss_weight > 0 and micro < 2:
             raise ConfigError(f"dino.koleo_loss_weight={dc.koleo_loss_weight} with {micro} image per rank and "
@@ -282,6 +290,9 @@ class DinoTask(PretrainingTask):
         if steps and dc.freeze_backbone_steps >= steps:  # an epoch-long run is checked once its length is known
             raise ConfigError(f"dino.freeze_backbone_steps={dc.freeze_backbone_steps} freezes the backbone for the whole "
                               f"{steps}-step run: lower it (e.g. {max(steps // 10, 1)})")  # fmt: skip
+        if dc.student_from_teacher and "teacher" not in cfg.checkpoint.init_parts:
+            raise ConfigError("dino.student_from_teacher=true starts the student from the previous stage's teacher: keep it "
+                             "with checkpoint.init_parts=[teacher] (and checkpoint.init_from that stage's run folder)")  # fmt: skip
         if getattr(mcfg, "pool", None) == "none":
             raise ConfigError("train.task=dino with model.pool=none: DINO's head reads one feature vector per image; "
                              "use pool token, avg or map")  # fmt: skip

@@ -172,6 +172,13 @@ class DinoConfig:
     two-stage freeze). 0 = none. The run's own ``schedule.*`` goes on underneath: a warm-up longer than
     the freeze ramps the backbone's rate up after it."""
 
+    student_from_teacher: bool = False
+    """A stage started from the previous stage's teacher (``checkpoint.init_parts`` keeping ``teacher``):
+    the student's backbone and heads start as the kept teacher's, instead of the previous stage's
+    student (``checkpoint.init_from``'s backbone, ``student`` of ``init_parts``) — DINOv3's stages
+    (``student.resume_from_teacher_chkpt``: the student loads the previous teacher's backbone and
+    heads, then the EMA teacher copies the student, ``dinov3/train/ssl_meta_arch.py`` lines 328-337)."""
+
     evaluate_teacher: bool = True
     """Run the run's evaluations (``knn``, ``linear_probe``, ...) on the EMA teacher's backbone too, logged
     beside the student's as ``<eval>_<key>_teacher`` (DINOv2 and DINOv3 evaluate the teacher)."""
