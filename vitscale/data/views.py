@@ -28,6 +28,11 @@ The collate stacks them crop-major (every sample's crop 0, then every sample's c
 ``(2B, C, G, G)``, ``local`` ``(L*B, C, S, S)``), and ``masks`` ``(n*B, gh*gw)`` bool of the masked
 group's crops — uint8 until the loader normalises them as it normalises ``image`` (on the device when
 it has one: :meth:`vitscale.data.loader.ResumableLoader.postprocess`). Such a batch has no ``image``.
+
+A mixture (:attr:`Views.mixture`: the same groups at other sizes, DINOv3's crop-size pairs) cuts one
+choice per optimizer step, drawn from ``(train.seed, epoch, step)`` (:func:`mixture_index`) and handed
+to the workers with each sample by the sampler (:class:`vitscale.data.sampler.ShardedBatchSampler`);
+a sample's boxes and augmentation are the same whichever choice its step cuts.
 """
 
 from __future__ import annotations

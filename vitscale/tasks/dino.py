@@ -195,7 +195,7 @@ class DinoModule(TrainModule):
         """A kept teacher without a kept Gram teacher: the Gram teacher starts as the kept teacher's
         backbone (as :meth:`DinoTask.build` starts it as the teacher's), DINOv3's high-resolution
         stage loading its Gram teacher from the previous stage's teacher (``gram.ckpt``,
-        ``dinov3/train/ssl_meta_arch.py`` lines 306-322)."""
+        ``dinov3/train/ssl_meta_arch.py`` lines 308-327)."""
         lines, teacher = [], self.teacher
         if "teacher" in parts and self.dc.student_from_teacher:  # DINOv3's resume_from_teacher_chkpt
             copy_weights(teacher["backbone"], self.backbone)
@@ -269,8 +269,8 @@ class DinoTask(PretrainingTask):
                               "(`vitscale models`)")  # fmt: skip
         p = mcfg.patch_dim
         mixed = bool(dc.global_local_crop_pairs_ratios)
-        for g, l, _ in dc.pairs():
-            for key, size in (("global_crops_size", g), ("local_crops_size", l)):
+        for g, loc, _ in dc.pairs():
+            for key, size in (("global_crops_size", g), ("local_crops_size", loc)):
                 if key == "local_crops_size" and dc.local_crops_number == 0:
                     continue
                 if size < p or size % p:
@@ -362,7 +362,7 @@ class DinoTask(PretrainingTask):
         crops = (f"2 global crops of {dc.global_crops_size} px, {dc.local_crops_number} local of {dc.local_crops_size} px"
                  if not dc.global_local_crop_pairs_ratios else
                  f"2 global and {dc.local_crops_number} local crops a step at one of the sizes "
-                 + ", ".join(f"{g}/{l} px ({w:g})" for g, l, w in dc.pairs()) + " (global/local, share of the steps)")  # fmt: skip
+                 + ", ".join(f"{g}/{loc} px ({w:g})" for g, loc, w in dc.pairs()) + " (global/local, share of the steps)")  # fmt: skip
         notices = [*frozen, f"dino: {crops}; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
                    f"{dc.head_n_prototypes} prototypes ({dc.head_last_layer}{', batch norm' if dc.head_use_bn else ''}; "
                    f"{n_params / 1e6:.2f}M params, not exported); "

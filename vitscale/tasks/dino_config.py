@@ -302,9 +302,9 @@ class DinoConfig:
         for key, sizes in (("global_crops_sizes", gs), ("local_crops_sizes", ls)):
             if not all(1 <= v <= MAX_CROP_SIDE for v in sizes):
                 raise ValueError(f"{key}={list(sizes)} must be sides of 1 to {MAX_CROP_SIDE} pixels")
-        if self.local_crops_number and any(l > g for g, l in zip(gs, ls)):
-            g, l = next((g, l) for g, l in zip(gs, ls) if l > g)
-            raise ValueError(f"local_crops_sizes: a pair's local side {l} is larger than its global side {g}: the local "
+        if self.local_crops_number and any(loc > g for g, loc in zip(gs, ls)):
+            g, loc = next((g, loc) for g, loc in zip(gs, ls) if loc > g)
+            raise ValueError(f"local_crops_sizes: a pair's local side {loc} is larger than its global side {g}: the local "
                              "crops are the small views")  # fmt: skip
         defaults = {f.name: f.default for f in fields(type(self)) if f.name in ("global_crops_size", "local_crops_size")}
         for key, first in (("global_crops_size", gs[0]), ("local_crops_size", ls[0])):

@@ -32,7 +32,7 @@ def dino_views(dc, patch: int) -> Views:
     (2 crops), ``local`` (``dc.local_crops_number``), and with iBOT the global crops' masks; with
     DINOv3's mixture of crop sizes (``dc.global_local_crop_pairs_ratios``) one such views per pair,
     a step cutting one pair (:attr:`vitscale.data.views.Views.mixture`)."""
-    choices = [(w, _views(dc, g, l, patch)) for g, l, w in dc.pairs()]
+    choices = [(w, _views(dc, g, loc, patch)) for g, loc, w in dc.pairs()]
     if len(choices) == 1:
         return choices[0][1]
     first = choices[0][1]

@@ -102,7 +102,7 @@ class Checkpointing:
         :func:`vitscale.run.checks.check_init_parts`) unless the run resumes: every tensor of each part
         from the checkpoint, strictly (position embeddings resampled by the backbone's own hook), rank 0
         reading and every rank getting its shard. The optimizer and the step counter are not read: they
-        start afresh, as a stage of DINOv3 does (``dinov3/train/train.py`` ``do_train`` lines 393-410:
+        start afresh, as a stage of DINOv3 does (``dinov3/train/train.py`` ``do_train`` lines 389-414:
         only the run's own checkpoints are resumed). Returns what loading did, a line each."""
         parts = tuple(self.cc.init_parts)
         if not parts or self.latest() is not None:
