@@ -310,6 +310,13 @@ class CheckpointConfig:
     from the local Hugging Face cache (never downloaded). Converted through the model family's
     adapter; position embeddings resampled, a classifier of another class count re-initialised,
     each said in a line (docs/finetuning.md)."""
+    init_parts: tuple[str, ...] = ()
+    """Parts of the training module (``train.task``'s: DINO's ``student`` heads, ``teacher``, ``centres``,
+    ``gram_teacher``) that start, with the backbone, from ``init_from``'s checkpoint (a vitscale run
+    folder or step folder of the same task): a stage of a pretraining that continues the previous
+    stage's heads and teacher, with its own optimizer and step counter starting afresh (DINOv3's
+    high-resolution stage, docs/ssl.md). Empty: the backbone alone (the parts built afresh). A part
+    the checkpoint lacks is refused in one line before the run starts; ignored when the run resumes."""
     init_format: Literal["vitscale", "timm", "open_clip"] | None = None
     """The format of ``init_from``, overriding what the file tells; None = told from the file (its kind,
     vitscale's metadata, its names: vitscale names its per-head projections ``*_per_head``, timm's

@@ -97,6 +97,7 @@ def build_loader(
     patch: int = 0,
     sizes: SizePlan | None = None,
     views: Views | None = None,
+    grad_accum: int = 1,
 ) -> SplitLoader | None:
     """This rank's loader of ``split`` (``train`` / ``val``) of the data ``cfg_data`` points at (any
     format and path), or None when the dataset has no such split.
@@ -113,7 +114,8 @@ def build_loader(
     is the dict of ``patches``, ``patch_coord``, ``patch_valid``; ``batch["grid"]`` each image's grid).
     ``views`` (``augment``; a task's, :mod:`.views`): each sample's crops and masks cut by the workers
     instead of the loader's crop and augmentation; the batches hold them (``global``, ``local``,
-    ``masks``) and no ``image``.
+    ``masks``) and no ``image``; with a mixture of views (:attr:`.views.Views.mixture`) each optimizer
+    step of ``grad_accum`` micro-batches cuts one choice.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -148,6 +150,11 @@ def build_loader(
     if hasattr(src, "build_loader") and (cfg_data.image_sizes or cfg_data.seq_lens):
         raise CheckError(f"data.format={cfg_data.format} streams its samples, which variable resolution (data.image_sizes, "
                          "data.seq_lens) does not read yet: use an indexed source (an image folder, indexed shards)")  # fmt: skip
+    mixture = views.weights if augment and views is not None else ()
+    if mixture and hasattr(src, "build_loader"):
+        raise CheckError(f"data.format={cfg_data.format} streams its samples, which a mixture of crop sizes (a task's "
+                         "views, e.g. dino.global_local_crop_pairs_ratios) does not read yet: use an indexed source "
+                         "(an image folder, indexed shards)")  # fmt: skip
     if augment:
         _check_repeated_aug(cfg_data, streamed=hasattr(src, "build_loader"))
     if hasattr(src, "build_loader"):  # streaming sources build their own loader (in stream order)
@@ -158,7 +165,8 @@ def build_loader(
         loader = ResumableLoader(KeyedDataset(src, tf), sampler, **common, across_epochs=cfg_data.prefetch_across_epochs)
     elif augment:
         sampler = ShardedBatchSampler(len(src), batch_size, seed=seed, rank=rank, world_size=world_size,
-                                      shuffle=True, drop_last=drop_last, repeats=cfg_data.repeated_aug)  # fmt: skip
+                                      shuffle=True, drop_last=drop_last, repeats=cfg_data.repeated_aug, mixture=mixture,
+                                      accum=grad_accum)  # fmt: skip
         loader = ResumableLoader(KeyedDataset(src, tf), sampler, **common, across_epochs=cfg_data.prefetch_across_epochs)
     else:
         sampler = EvalShardSampler(len(src), batch_size, rank=rank, world_size=world_size)
@@ -214,7 +222,7 @@ def build_loaders(
         sizes = size_plan(cfg_data, patch=patch, batch_size=micro_batch_size * world_size * grad_accum,
                           parts=world_size * grad_accum, seed=seed, accum=grad_accum)  # fmt: skip
     train = build_loader(cfg_data, "train", batch_size=micro_batch_size, augment=train_augment, drop_last=drop_last,
-                         classes=classes, sizes=sizes, views=views, **common)  # fmt: skip
+                         classes=classes, sizes=sizes, views=views, grad_accum=grad_accum, **common)  # fmt: skip
     if train is None:
         raise CheckError(f"data.format={cfg_data.format}: the training split has no samples "
                          f"(data.train_path={getattr(cfg_data, 'train_path', None)})")  # fmt: skip

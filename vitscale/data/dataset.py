@@ -18,7 +18,8 @@ class KeyedDataset(Dataset):
     length: :class:`vitscale.data.sizesampler.SizedBatchSampler`; None: the transform's own), and
     ``dataset[(epoch, index, size, repeat)]``: repeat ``repeat`` of the image, augmented with its own
     keys (``data.repeated_aug``: :class:`vitscale.data.sampler.ShardedBatchSampler`,
-    :meth:`SampleTransform.repeated`). A NaFlex transform's sample holds
+    :meth:`SampleTransform.repeated`); ``dataset[(epoch, index, None, repeat, choice)]``: choice
+    ``choice`` of a mixture of views (:meth:`vitscale.data.views.ViewTransform.variant`). A NaFlex transform's sample holds
     its ``patches`` ``(N_i, P*P*C)`` uint8, its ``grid`` and the ``seq_len`` its batch pads to."""
 
     def __init__(self, source, transform: SampleTransform):
@@ -33,6 +34,8 @@ class KeyedDataset(Dataset):
         tf = self.transform.at(size) if size else self.transform
         if len(rest) > 1 and rest[1]:
             tf = tf.repeated(rest[1])
+        if len(rest) > 2:  # a mixture of views: the step's choice (vitscale.data.sampler.ShardedBatchSampler)
+            tf = tf.variant(rest[2])
         pad = int(index) < 0  # an evaluation sampler's padding item: sample 0, marked by index -1
         s = self.source.sample(0 if pad else int(index), int(epoch), tf)
         image: dict | torch.Tensor = s.aug.image

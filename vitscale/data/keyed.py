@@ -30,6 +30,7 @@ STREAM_MAE_INIT = 13  # MAE's decoder initialisation
 STREAM_VIEW_CROP = 14  # a task's views: each crop's box and augmentation (vitscale.data.views)
 STREAM_VIEW_MASK = 15  # a task's views: the block masks of its crops
 STREAM_DINO_INIT = 16  # DINO's heads' initialisation (vitscale.tasks.dino)
+STREAM_VIEW_PAIR = 17  # a task's views: which of its mixture's crop sizes an optimizer step cuts (vitscale.data.views)
 
 STREAMS = {k: v for k, v in globals().items() if k.startswith("STREAM_")}
 """Every stream tag by name; a tag allotted twice fails the import."""

@@ -9,6 +9,11 @@ their augmentation without sharing state (works with persistent workers), and on
 on through the following epochs (``set_position(..., through_epochs=True)``) with every batch keyed
 exactly as in an iteration of its own epoch.
 
+A task's mixture of views (``mixture``: the weights of :attr:`vitscale.data.views.Views.mixture`,
+DINOv3's crop-size pairs) cuts one choice per optimizer step (``accum`` micro-batches): items are
+``(epoch, index, None, repeat, choice)``, the choice drawn by :func:`vitscale.data.views.mixture_index`
+from ``(seed, epoch, step)``, so it is the same on every rank and after a resume.
+
 Repeated augmentation (``repeats`` = ``data.repeated_aug`` > 1; DeiT, facebookresearch/deit
 ``samplers.py`` ``RASampler``, on by default with 3 repeats in its ``main.py``): the epoch's sample
 stream is the keyed permutation with each entry repeated ``repeats`` times in a row — stream position
@@ -34,6 +39,7 @@ import math
 import torch
 
 from .keyed import epoch_permutation
+from .views import mixture_index
 
 
 class ShardedBatchSampler:
@@ -41,7 +47,8 @@ class ShardedBatchSampler:
     ``(epoch, index, None, repeat)``) from ``start`` onward in ``epoch``."""
 
     def __init__(self, n: int, micro_batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1,
-                 shuffle: bool = True, drop_last: bool = True, repeats: int = 1):
+                 shuffle: bool = True, drop_last: bool = True, repeats: int = 1, mixture: tuple[float, ...] = (),
+                 accum: int = 1):  # fmt: skip
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
         if not 0 <= rank < world_size:
@@ -52,6 +59,7 @@ class ShardedBatchSampler:
         self.repeats = int(repeats)
         self.rank, self.world = rank, world_size
         self.shuffle, self.drop_last = shuffle, drop_last
+        self.mixture, self.accum = tuple(mixture), max(int(accum), 1)
         self.global_batch = micro_batch_size * world_size
         if drop_last and n < self.global_batch:
             raise ValueError(
@@ -82,6 +90,13 @@ class ShardedBatchSampler:
         ``(epoch, index, None, repeat)`` (``None``: the transform's own size)."""
         if perm is None:
             perm = epoch_permutation(self.n, self.seed, epoch, self.shuffle)
+        if self.mixture:  # a mixture of views: the step's choice with every item (vitscale.data.views.mixture_index)
+            k = mixture_index(self.mixture, self.seed, epoch, b // self.accum)
+            pos = self._chunk(perm, b)
+            if self.repeats == 1:
+                return [(epoch, i, None, 0, k) for i in pos]
+            images = perm[torch.tensor(pos, dtype=torch.long) // self.repeats].tolist()
+            return [(epoch, i, None, p % self.repeats, k) for i, p in zip(images, pos)]
         if self.repeats == 1:
             return [(epoch, i) for i in self._chunk(perm, b)]
         pos = self._chunk(perm, b)

@@ -28,10 +28,16 @@ The collate stacks them crop-major (every sample's crop 0, then every sample's c
 ``(2B, C, G, G)``, ``local`` ``(L*B, C, S, S)``), and ``masks`` ``(n*B, gh*gw)`` bool of the masked
 group's crops — uint8 until the loader normalises them as it normalises ``image`` (on the device when
 it has one: :meth:`vitscale.data.loader.ResumableLoader.postprocess`). Such a batch has no ``image``.
+
+A mixture (:attr:`Views.mixture`: the same groups at other sizes, DINOv3's crop-size pairs) cuts one
+choice per optimizer step, drawn from ``(train.seed, epoch, step)`` (:func:`mixture_index`) and handed
+to the workers with each sample by the sampler (:class:`vitscale.data.sampler.ShardedBatchSampler`);
+a sample's boxes and augmentation are the same whichever choice its step cuts.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import random
@@ -96,13 +102,41 @@ class BlockMasks:
 @dataclass(frozen=True)
 class Views:
     """The views each training sample yields: named crop groups (their order numbers the views) and
-    the block masks of one of them."""
+    the block masks of one of them; or, with ``mixture``, one of several such views per optimizer step
+    (:func:`mixture_index`: the same crop groups at other sizes, e.g. DINOv3's pairs of global and
+    local crop sizes), ``crops`` and ``masks`` then being the first choice's."""
 
     crops: tuple[tuple[str, Crops], ...]
     masks: BlockMasks | None = None
+    mixture: tuple[tuple[float, Views], ...] = ()
+    """``(weight, views)`` of each choice (weights summing to 1); empty: these views at every step."""
 
     def group(self, name: str) -> Crops:
         return dict(self.crops)[name]
+
+    def choices(self) -> list[Views]:
+        """Every views a step may cut: the mixture's, else these."""
+        return [v for _, v in self.mixture] or [self]
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        return tuple(w for w, _ in self.mixture)
+
+
+def mixture_index(weights: tuple[float, ...], seed: int, epoch: int, step: int) -> int:
+    """Which choice of a mixture of views (``weights``, :attr:`Views.mixture`) optimizer step ``step``
+    of ``epoch`` (0-based, within the epoch) cuts: a weighted draw keyed by ``(seed, epoch, step)``,
+    so every rank, micro-batch and resume of that step cuts the same sizes. DINOv3 draws one of its
+    loaders per batch by the pairs' ratios, the same on every rank (facebookresearch/dinov3
+    ``dinov3/data/meta_loaders.py`` ``CombinedDataLoader``, ``GLOBAL_HOMOGENEOUS``, lines 46-66)."""
+    if len(weights) < 2:
+        return 0
+    u, acc = keyed.py_rng(seed, epoch, step, keyed.STREAM_VIEW_PAIR).random() * sum(weights), 0.0
+    for k, w in enumerate(weights):
+        acc += w
+        if u < acc:
+            return k
+    return len(weights) - 1
 
 
 @dataclass
@@ -138,7 +172,7 @@ def check_views(views: Views, cfg_data, img_size: tuple[int, int], task: str) ->
                               f"loader's workers as the task declares them (docs/data.md \"Views\"), so the loader's own "
                               f"crop and augmentation are not applied: leave data.{key} out")  # fmt: skip
     side = min(img_size)
-    for name, c in views.crops:
+    for name, c in (item for v in views.choices() for item in v.crops):
         if c.count and not 1 <= c.size <= min(side, MAX_CROP_SIDE):
             raise ConfigError(f"the {name} crops of train.task={task} are {c.size} px, larger than the loader's image "
                               f"({img_size[0]}x{img_size[1]}, data.img_size or the model's): at most {min(side, MAX_CROP_SIDE)} px")  # fmt: skip
@@ -191,6 +225,15 @@ class ViewTransform(SampleTransform):
         self.views = views
         self.augment = None  # the loader's own augmentation is not applied (check_views refuses its keys)
         self.jitter = {name: ColorJitter(*c.jitter_strength) for name, c in views.crops}
+
+    def variant(self, k: int) -> ViewTransform:
+        """This transform cutting choice ``k`` of the views' mixture (:func:`mixture_index`, a step's,
+        given with the sample by the sampler): the same draws, other sizes."""
+        if not self.views.mixture:
+            return self
+        other = copy.copy(self)
+        other.views = self.views.mixture[int(k)][1]
+        return other
 
     def _rngs(self, epoch: int, index: int) -> list[tuple[str, int, Crops, random.Random]]:
         out, v = [], 0
@@ -288,4 +331,4 @@ def collate_views(samples: list[ViewSample]) -> dict[str, torch.Tensor]:
 
 
 __all__ = ["IGNORED_KEYS", "BlockMasks", "Crops", "ViewSample", "ViewTransform", "Views", "block_mask", "check_views",
-           "collate_views"]  # fmt: skip
+           "collate_views", "mixture_index"]  # fmt: skip

@@ -156,6 +156,8 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
     if purpose in ("train", "label"):
         _check_labels(task, d.format)
     task.check(cfg, model, dims, purpose)
+    if purpose == "train":
+        check_init_parts(cfg, model, task)
     # the parallel layer's, on this machine: FSDP2 on this device, the model's TP plan over parallel.tp
     # ranks, the compile mode, float8 (its recipe, torchao, the GPU)
     if dims.distributed and not fsdp_runs_on(dims.device.type):  # not an AttributeError in the first step
@@ -173,6 +175,57 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
             check_recipe(cfg.precision.fp8, cfg.precision.fp8_filter)
             require_torchao()  # before any data is read: one line on how to install it
             fp8_emulated(dims.device)  # an older GPU: refused with the reason
+
+
+def check_init_parts(cfg: Config, model: ResolvedModel, task) -> None:
+    """``checkpoint.init_parts`` can be kept: ``checkpoint.init_from`` is a vitscale checkpoint (run or
+    step folder) whose ``task.*`` tensors hold every tensor of each kept part this run's ``task``
+    builds (:meth:`vitscale.tasks.Task.part_shapes`, names only: shapes are checked as they load, where
+    position embeddings may be resampled). Only the checkpoint's index is read. Nothing to check when
+    the run resumes from its own checkpoint (which holds every part)."""
+    from ..checkpoint.discovery import find_checkpoint, list_checkpoints
+    from ..checkpoint.integrity import CheckpointError
+    from ..tasks.module import PARTS_KEY
+
+    cc = cfg.checkpoint
+    if not cc.init_parts:
+        return
+    key = f"checkpoint.init_parts={list(cc.init_parts)}"
+    if not cc.init_from:
+        raise CheckError(f"{key} keeps parts of checkpoint.init_from's training module: set checkpoint.init_from to the "
+                         "previous stage's run folder (or one of its step folders)")  # fmt: skip
+    if cc.resume and list_checkpoints(Path(cfg.train.output_dir) / "checkpoints"):
+        return
+    shapes = task.part_shapes(cfg, model.create(device="meta"))
+    names = sorted({k.split(".", 1)[0] for k in shapes})
+    for part in cc.init_parts:
+        if part not in names:
+            raise CheckError(f"{key}: train.task={task.name} has no part {part!r} to keep (its parts: "
+                             f"{', '.join(names) or 'none'}); the backbone is checkpoint.init_from's in any case")  # fmt: skip
+    where = f"checkpoint.init_from={cc.init_from}"
+    try:
+        ckpt, idx = find_checkpoint(cc.init_from, keys=set())  # the index alone: the tensors are checked as they load
+    except (FileNotFoundError, CheckpointError, OSError) as e:
+        raise CheckError(f"{key} reads the parts from a vitscale checkpoint, and {where} is none "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__}): give the previous stage's run "
+                         "folder or step folder (an exported .safetensors holds the backbone only)") from None  # fmt: skip
+    have = {k[len(PARTS_KEY) + 1 :]: tuple(t["shape"]) for k, t in idx["tensors"].items() if k.startswith(f"{PARTS_KEY}.")}
+    for part in cc.init_parts:
+        mine = {k: v for k, v in shapes.items() if k.split(".", 1)[0] == part}
+        missing = [k for k in mine if k not in have]
+        if missing:
+            shown = ", ".join(missing[:3]) + (f", ... ({len(missing) - 3} more)" if len(missing) > 3 else "")
+            raise CheckError(f"{key}: {ckpt} lacks {len(missing)} tensors of the {part} this run keeps ({shown}): it was "
+                             f"written with other {task.name} settings or another task; keep only what it holds, or "
+                             f"leave {part} out of checkpoint.init_parts to build it afresh")  # fmt: skip
+        # the position embeddings load resampled to this run's grid (the backbone's own hook)
+        other = [k for k, v in mine.items() if have[k] != v and not k.endswith("pos_embed")]
+        if other:
+            k = other[0]
+            raise CheckError(f"{key}: {ckpt} holds {k} as {'x'.join(map(str, have[k]))}, this run's {part} has "
+                             f"{'x'.join(map(str, mine[k]))}{f' ({len(other)} tensors differ)' if len(other) > 1 else ''}: "
+                             f"set the {task.name} group's sizes as the run that wrote it, or leave {part} out of "
+                             "checkpoint.init_parts")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- the folder
@@ -216,4 +269,4 @@ def check_output_folder(cfg: Config, model: ResolvedModel) -> None:
         )
 
 
-__all__ = ["MAX_IMAGE_SIDE", "check_output_folder", "check_run", "checkpoint_bytes"]
+__all__ = ["MAX_IMAGE_SIDE", "check_init_parts", "check_output_folder", "check_run", "checkpoint_bytes"]

@@ -56,7 +56,7 @@ NEUTRAL = (
     "train.max_nonfinite_steps", "train.max_consecutive_nonfinite", "train.hang_timeout",
     "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor",
     "data.prefetch_across_epochs", "data.max_image_pixels",
-    "checkpoint.every", "checkpoint.keep", "checkpoint.path", "checkpoint.init_from", "checkpoint.resume",
+    "checkpoint.every", "checkpoint.keep", "checkpoint.path", "checkpoint.init_from", "checkpoint.init_parts", "checkpoint.resume",
     "checkpoint.allow_changes", "checkpoint.export_safetensors", "checkpoint.async_mode", "checkpoint.save_on_signal",
     "checkpoint.signal_deadline",
     "checkpoint.remote",

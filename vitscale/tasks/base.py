@@ -144,6 +144,14 @@ class Task:
         defaults). Default: none."""
         return 0, 0
 
+    @classmethod
+    def part_shapes(cls, cfg: Any, backbone: nn.Module) -> dict[str, tuple[int, ...]]:
+        """The tensors of the training module's parts this run's config ``cfg`` builds around
+        ``backbone`` (a model of the family on the meta device), by name under the parts
+        (``teacher.head.mlp.0.weight``) with their shapes: what ``checkpoint.init_parts`` may keep,
+        checked against the checkpoint before the run starts. Default: none (no part to keep)."""
+        return {}
+
     def step_times(self) -> dict[str, float]:
         """Seconds the task's named parts took since the last call (``{"teacher": s}``), read at log
         steps only; logged as ``<part>_time_pct`` of the step time. Default: none."""

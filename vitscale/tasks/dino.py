@@ -191,6 +191,24 @@ class DinoModule(TrainModule):
                                                 most=dc.gram_max_updates):  # fmt: skip
             copy_weights(self.teacher["backbone"], gram)  # DINOv3's update_gram / gram_load_ema_teacher
 
+    def parts_initialised(self, parts: tuple[str, ...]) -> list[str]:
+        """A kept teacher without a kept Gram teacher: the Gram teacher starts as the kept teacher's
+        backbone (as :meth:`DinoTask.build` starts it as the teacher's), DINOv3's high-resolution
+        stage loading its Gram teacher from the previous stage's teacher (``gram.ckpt``,
+        ``dinov3/train/ssl_meta_arch.py`` lines 308-327)."""
+        lines, teacher = [], self.teacher
+        if "teacher" in parts and self.dc.student_from_teacher:  # DINOv3's resume_from_teacher_chkpt
+            copy_weights(teacher["backbone"], self.backbone)
+            copy_weights(teacher["head"], self.student.head)
+            if self.student.ibot_head is not None:  # the teacher's own iBOT head, or its shared one
+                copy_weights(teacher["ibot_head"] if "ibot_head" in teacher else teacher["head"], self.student.ibot_head)
+            lines.append("dino.student_from_teacher: the student's backbone and heads start as the kept teacher's")
+        gram = self.gram_teacher
+        if gram is not None and "teacher" in parts and "gram_teacher" not in parts:
+            copy_weights(teacher["backbone"], gram)
+            lines.append("checkpoint.init_parts: the Gram teacher starts as the kept teacher's backbone")
+        return lines
+
     def clip_parts(self) -> list[nn.Module]:
         """The backbone, the DINO head and the iBOT head each on its own, as DINOv2 and DINOv3 clip the
         student's modules (``dinov2/train/train.py`` lines 257-259, ``dinov3/train/train.py`` lines 488-493)."""
@@ -250,13 +268,16 @@ class DinoTask(PretrainingTask):
             raise ConfigError(f"train.task=dino: model {name} does not declare its tokens (supports_tokens): use a ViT "
                               "(`vitscale models`)")  # fmt: skip
         p = mcfg.patch_dim
-        for key in ("global_crops_size", "local_crops_size"):
-            size = getattr(dc, key)
-            if key == "local_crops_size" and dc.local_crops_number == 0:
-                continue
-            if size < p or size % p:
-                raise ConfigError(f"dino.{key}={size} must be a multiple of the patch ({p} pixels of {name}), at least "
-                                 f"one patch: e.g. dino.{key}={max(p, size // p * p)}")  # fmt: skip
+        mixed = bool(dc.global_local_crop_pairs_ratios)
+        for g, loc, _ in dc.pairs():
+            for key, size in (("global_crops_size", g), ("local_crops_size", loc)):
+                if key == "local_crops_size" and dc.local_crops_number == 0:
+                    continue
+                if size < p or size % p:
+                    shown = f"dino.{key}s has {size}, which" if mixed else f"dino.{key}={size}"
+                    fix = f"{max(p, size // p * p)}" if mixed else f"dino.{key}={max(p, size // p * p)}"
+                    raise ConfigError(f"{shown} must be a multiple of the patch ({p} pixels of {name}), at least "
+                                     f"one patch: e.g. {fix}")  # fmt: skip
         micro = cfg.train.batch_size // max(dims.dp_size * cfg.train.grad_accum, 1)
         if dc.koleo_loss_weight > 0 and micro < 2:
             raise ConfigError(f"dino.koleo_loss_weight={dc.koleo_loss_weight} with {micro} image per rank and "
@@ -269,6 +290,9 @@ class DinoTask(PretrainingTask):
         if steps and dc.freeze_backbone_steps >= steps:  # an epoch-long run is checked once its length is known
             raise ConfigError(f"dino.freeze_backbone_steps={dc.freeze_backbone_steps} freezes the backbone for the whole "
                               f"{steps}-step run: lower it (e.g. {max(steps // 10, 1)})")  # fmt: skip
+        if dc.student_from_teacher and "teacher" not in cfg.checkpoint.init_parts:
+            raise ConfigError("dino.student_from_teacher=true starts the student from the previous stage's teacher: keep it "
+                             "with checkpoint.init_parts=[teacher] (and checkpoint.init_from that stage's run folder)")  # fmt: skip
         if getattr(mcfg, "pool", None) == "none":
             raise ConfigError("train.task=dino with model.pool=none: DINO's head reads one feature vector per image; "
                              "use pool token, avg or map")  # fmt: skip
@@ -278,17 +302,37 @@ class DinoTask(PretrainingTask):
         """iBOT masks the student's patches with the backbone's own mask token (``mask_token``)."""
         return {"mask_token": True} if cfg.dino.ibot_loss_weight > 0 and hasattr(model_cfg, "mask_token") else {}
 
+    @staticmethod
+    def _skeleton(dc: DinoConfig, backbone: nn.Module) -> dict[str, nn.Module]:
+        """The training module's parts as :meth:`build` makes them, on the meta device, around
+        ``backbone`` (shared, not copied: only their names and shapes are read)."""
+        with torch.device("meta"):
+            student = DinoStudent(backbone.num_features, dc, dc.ibot_loss_weight > 0)
+            centres = DinoCentres(dc.head_n_prototypes)
+        teacher = nn.ModuleDict({"backbone": backbone, "head": student.head})
+        if student.ibot_head is not None:
+            teacher["ibot_head"] = student.ibot_head
+        parts = {"student": student, "teacher": teacher, "centres": centres}
+        if dc.gram_loss_weight > 0 and not dc.gram_ema_teacher:
+            parts["gram_teacher"] = backbone
+        return parts
+
     @classmethod
     def parameter_counts(cls, group, backbone):
         """The student's heads (trained); the teacher, a copy of the backbone and the heads,
         and with Gram anchoring the Gram teacher, another copy of the backbone (held). ``group``: the
         ``dino`` group (None: its defaults)."""
         dc = group if group is not None else DinoConfig()
-        with torch.device("meta"):
-            student = DinoStudent(backbone.num_features, dc, dc.ibot_loss_weight > 0)
+        parts = cls._skeleton(dc, backbone)
         count = lambda m: sum(q.numel() for q in m.parameters()) if m is not None else 0  # noqa: E731
-        gram = count(backbone) if dc.gram_loss_weight > 0 and not dc.gram_ema_teacher else 0  # the Gram teacher
-        return count(student), count(backbone) + count(student.head) + count(student.ibot_head) + gram
+        return count(parts["student"]), count(parts["teacher"]) + count(parts.get("gram_teacher"))
+
+    @classmethod
+    def part_shapes(cls, cfg, backbone):
+        """``student`` (its heads), ``teacher`` (backbone and heads), ``centres`` and with a Gram
+        teacher of its own ``gram_teacher``, each tensor's name and shape (``checkpoint.init_parts``)."""
+        return {f"{name}.{k}": tuple(v.shape) for name, m in cls._skeleton(cfg.dino, backbone).items()
+                for k, v in m.state_dict().items()}  # fmt: skip
 
     def build(self, run):
         model, dc = self.model, self.dc
@@ -315,8 +359,11 @@ class DinoTask(PretrainingTask):
         n_params = sum(q.numel() for q in student.parameters())
         frozen = ([f"dino: {len(unreached)} tensors the objective does not reach are frozen: {', '.join(unreached[:3])}"
                    f"{', ...' if len(unreached) > 3 else ''}"] if unreached else [])  # fmt: skip
-        notices = [*frozen, f"dino: 2 global crops of {dc.global_crops_size} px, {dc.local_crops_number} local of "
-                   f"{dc.local_crops_size} px; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
+        crops = (f"2 global crops of {dc.global_crops_size} px, {dc.local_crops_number} local of {dc.local_crops_size} px"
+                 if not dc.global_local_crop_pairs_ratios else
+                 f"2 global and {dc.local_crops_number} local crops a step at one of the sizes "
+                 + ", ".join(f"{g}/{loc} px ({w:g})" for g, loc, w in dc.pairs()) + " (global/local, share of the steps)")  # fmt: skip
+        notices = [*frozen, f"dino: {crops}; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
                    f"{dc.head_n_prototypes} prototypes ({dc.head_last_layer}{', batch norm' if dc.head_use_bn else ''}; "
                    f"{n_params / 1e6:.2f}M params, not exported); "
                    f"centring {dc.centering}; teacher temperature {dc.warmup_teacher_temp} -> {dc.teacher_temp} over "
@@ -391,8 +438,7 @@ class DinoTask(PretrainingTask):
         glob, loc = batch["global"], batch.get("local")  # cut by the loader (vitscale.data.views)
         images, B = glob, glob.shape[0] // 2
         p = self.model.cfg.patch_dim
-        grid = (dc.global_crops_size // p, dc.global_crops_size // p)
-        n = grid[0] * grid[1]
+        n = (glob.shape[-2] // p) * (glob.shape[-1] // p)  # the step's global crops (a mixture: its pair's size)
         every = torch.arange(n, device=images.device)[None].expand(2 * B, -1)
         teacher = self.teacher
         teacher.eval()
@@ -428,7 +474,7 @@ class DinoTask(PretrainingTask):
                 s_glob = self.student.head(s_cls)
             else:  # one head pass over every crop's class token (DINO's MultiCropWrapper, utils.py lines 610-629;
                 # DINOv3 ssl_meta_arch.py lines 557-565): a batch-normalised head sees the batch DINO's does
-                m = (dc.local_crops_size // p) ** 2
+                m = (loc.shape[-2] // p) * (loc.shape[-1] // p)
                 s_loc_tok = model(loc, tokens=True, keep=torch.arange(m, device=images.device)[None].expand(loc.shape[0], -1))
                 s_glob, s_loc = self.student.head(torch.cat([s_cls, s_loc_tok.pooled])).split([2 * B, loc.shape[0]])
             if masks is not None:

@@ -9,7 +9,7 @@ converted to optimizer steps with the run's epoch length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from vitscale.config.ranges import COUNT_MAX
@@ -37,6 +37,8 @@ class DinoConfig:
     RANGES: ClassVar[dict[str, tuple]] = {
         "global_crops_scale": (0.0, 1.0), "local_crops_scale": (0.0, 1.0), "global_crops_size": (1, MAX_CROP_SIDE),
         "local_crops_size": (1, MAX_CROP_SIDE), "local_crops_number": (0, MAX_CROPS), "hflip": (0.0, 1.0),
+        "global_crops_sizes": (1, MAX_CROP_SIDE), "local_crops_sizes": (1, MAX_CROP_SIDE),
+        "global_local_crop_pairs_ratios": (0.0, 1.0),
         "color_jitter": (0.0, 1.0), "gaussian_blur": (0.0, 1.0), "solarization": (0.0, 1.0),
         "head_n_prototypes": (2, MAX_PROTOTYPES), "head_bottleneck_dim": (1, 1 << 16), "head_nlayers": (1, 64),
         "head_hidden_dim": (1, 1 << 17), "loss_weight": (0.0, 1e6), "koleo_loss_weight": (0.0, 1e6),
@@ -63,6 +65,23 @@ class DinoConfig:
     local_crops_size: int = 96
     """Side of the local crops in pixels (ssl_default_config.yaml line 116); a multiple of the patch, at least one patch,
     at most ``global_crops_size``."""
+    # ---- DINOv3's mixture of crop sizes (facebookresearch/dinov3 at 6876159, ``crops`` group of
+    # dinov3/configs/train/dinov3_vit7b16_high_res_adapt.yaml lines 162-179; dinov3/train/train.py
+    # ``build_multi_resolution_data_loader_from_cfg`` lines 334-377)
+    global_crops_sizes: list[int] = field(default_factory=list)
+    """The global crops' side of each pair of a mixture (``crops.global_crops_size`` as a list, lines
+    162-167: [512, 768, 768, 768, 768] in the high-resolution stage); each a multiple of the patch.
+    Empty: one pair, (``global_crops_size``, ``local_crops_size``), at every step. With a mixture those
+    two keys are left at their defaults or set to the first pair."""
+    local_crops_sizes: list[int] = field(default_factory=list)
+    """The local crops' side of each pair (``crops.local_crops_size`` as a list, lines 168-173: [112,
+    112, 168, 224, 336]); at most the pair's global side."""
+    global_local_crop_pairs_ratios: list[float] = field(default_factory=list)
+    """The share of optimizer steps that cut each pair (``crops.global_local_crop_pairs_ratios``, lines
+    174-179: [0.3, 0.3, 0.3, 0.05, 0.05]); each in (0, 1], summing to 1. Each step draws one pair by
+    these weights, keyed by (``train.seed``, epoch, step): the same on every rank, micro-batch and
+    resume (DINOv3 draws one of its per-pair loaders per batch, the same on every rank, from an
+    unkeyed generator seeded once: ``dinov3/data/meta_loaders.py`` lines 46-66)."""
     hflip: float = 0.5
     """Probability of a horizontal flip of each crop (``RandomHorizontalFlip(p=0.5)``, dinov2/data/augmentations.py
     lines 44-60); 0 where a mirrored image is another thing (digits, text)."""
@@ -153,6 +172,13 @@ class DinoConfig:
     two-stage freeze). 0 = none. The run's own ``schedule.*`` goes on underneath: a warm-up longer than
     the freeze ramps the backbone's rate up after it."""
 
+    student_from_teacher: bool = False
+    """A stage started from the previous stage's teacher (``checkpoint.init_parts`` keeping ``teacher``):
+    the student's backbone and heads start as the kept teacher's, instead of the previous stage's
+    student (``checkpoint.init_from``'s backbone, ``student`` of ``init_parts``) — DINOv3's stages
+    (``student.resume_from_teacher_chkpt``: the student loads the previous teacher's backbone and
+    heads, then the EMA teacher copies the student, ``dinov3/train/ssl_meta_arch.py`` lines 328-337)."""
+
     evaluate_teacher: bool = True
     """Run the run's evaluations (``knn``, ``linear_probe``, ...) on the EMA teacher's backbone too, logged
     beside the student's as ``<eval>_<key>_teacher`` (DINOv2 and DINOv3 evaluate the teacher)."""
@@ -228,6 +254,7 @@ class DinoConfig:
         for key in ("global_crops_size", "local_crops_size"):
             if getattr(self, key) > MAX_CROP_SIDE:
                 raise ValueError(f"{key}={getattr(self, key)} must be at most {MAX_CROP_SIDE} pixels (DINOv2: 224 and 96)")
+        self._check_pairs()
         if self.local_crops_number and self.local_crops_size > self.global_crops_size:
             raise ValueError(f"local_crops_size={self.local_crops_size} is larger than global_crops_size="
                              f"{self.global_crops_size}: the local crops are the small views (DINOv2: 96 of 224)")  # fmt: skip
@@ -252,6 +279,38 @@ class DinoConfig:
         if self.freeze_backbone_steps < 0:
             raise ValueError(f"freeze_backbone_steps={self.freeze_backbone_steps} must be >= 0 (0 = the backbone trains from the start)")
         self._check_gram()
+
+    def pairs(self) -> list[tuple[int, int, float]]:
+        """``(global side, local side, share of the steps)`` of each crop-size pair: the mixture's, else
+        the one pair of ``global_crops_size`` and ``local_crops_size``."""
+        if not self.global_local_crop_pairs_ratios:
+            return [(self.global_crops_size, self.local_crops_size, 1.0)]
+        return list(zip(self.global_crops_sizes, self.local_crops_sizes, self.global_local_crop_pairs_ratios))
+
+    def _check_pairs(self) -> None:
+        """The mixture's three lists (DINOv3 asserts their lengths equal: ``train.py`` line 356)."""
+        gs, ls, rs = self.global_crops_sizes, self.local_crops_sizes, self.global_local_crop_pairs_ratios
+        if not (gs or ls or rs):
+            return
+        if not (len(gs) == len(ls) == len(rs) >= 1):
+            raise ValueError(f"global_crops_sizes={list(gs)}, local_crops_sizes={list(ls)} and global_local_crop_pairs_ratios="
+                             f"{list(rs)} must have one entry per crop-size pair each (DINOv3's high-resolution stage: "
+                             "[512, 768, 768, 768, 768], [112, 112, 168, 224, 336], [0.3, 0.3, 0.3, 0.05, 0.05])")  # fmt: skip
+        if not all(0.0 < r <= 1.0 for r in rs) or abs(sum(rs) - 1.0) > 1e-6:
+            raise ValueError(f"global_local_crop_pairs_ratios={list(rs)} must be shares in (0, 1] summing to 1 (the "
+                             "fraction of steps that cut each pair)")  # fmt: skip
+        for key, sizes in (("global_crops_sizes", gs), ("local_crops_sizes", ls)):
+            if not all(1 <= v <= MAX_CROP_SIDE for v in sizes):
+                raise ValueError(f"{key}={list(sizes)} must be sides of 1 to {MAX_CROP_SIDE} pixels")
+        if self.local_crops_number and any(loc > g for g, loc in zip(gs, ls)):
+            g, loc = next((g, loc) for g, loc in zip(gs, ls) if loc > g)
+            raise ValueError(f"local_crops_sizes: a pair's local side {loc} is larger than its global side {g}: the local "
+                             "crops are the small views")  # fmt: skip
+        defaults = {f.name: f.default for f in fields(type(self)) if f.name in ("global_crops_size", "local_crops_size")}
+        for key, first in (("global_crops_size", gs[0]), ("local_crops_size", ls[0])):
+            if getattr(self, key) not in (defaults[key], first):
+                raise ValueError(f"{key}={getattr(self, key)} with a mixture of crop sizes ({key}s={list(gs if key[0] == 'g' else ls)}): "
+                                 f"the mixture sets the sizes; leave {key} out or set it to the first pair's, {first}")  # fmt: skip
 
     def _check_gram(self) -> None:
         """The Gram keys (DINOv3's own assertions, ``dinov3/train/ssl_meta_arch.py`` lines 218-231, and ranges)."""

@@ -29,13 +29,23 @@ JITTER = (0.4, 0.4, 0.2, 0.1)  # augmentations.py line 66
 
 def dino_views(dc, patch: int) -> Views:
     """The views of ``dc`` (the ``dino`` group) for a backbone of ``patch``-pixel patches: ``global``
-    (2 crops), ``local`` (``dc.local_crops_number``), and with iBOT the global crops' masks."""
+    (2 crops), ``local`` (``dc.local_crops_number``), and with iBOT the global crops' masks; with
+    DINOv3's mixture of crop sizes (``dc.global_local_crop_pairs_ratios``) one such views per pair,
+    a step cutting one pair (:attr:`vitscale.data.views.Views.mixture`)."""
+    choices = [(w, _views(dc, g, loc, patch)) for g, loc, w in dc.pairs()]
+    if len(choices) == 1:
+        return choices[0][1]
+    first = choices[0][1]
+    return Views(first.crops, first.masks, mixture=tuple(choices))
+
+
+def _views(dc, global_size: int, local_size: int, patch: int) -> Views:
     aug = dict(flip=dc.hflip, jitter=dc.color_jitter, jitter_strength=JITTER, grey=0.2)
-    glob = Crops(2, dc.global_crops_size, tuple(dc.global_crops_scale), blur=tuple(dc.gaussian_blur[:2]),
+    glob = Crops(2, global_size, tuple(dc.global_crops_scale), blur=tuple(dc.gaussian_blur[:2]),
                  solarize=(0.0, dc.solarization), **aug)  # fmt: skip
-    loc = Crops(dc.local_crops_number, dc.local_crops_size, tuple(dc.local_crops_scale), blur=(dc.gaussian_blur[2],),
+    loc = Crops(dc.local_crops_number, local_size, tuple(dc.local_crops_scale), blur=(dc.gaussian_blur[2],),
                 solarize=(0.0,), **aug)  # fmt: skip
-    g = dc.global_crops_size // patch
+    g = global_size // patch
     masks = None
     if dc.ibot_loss_weight > 0:
         masks = BlockMasks((g, g), dc.ibot_mask_sample_probability, tuple(dc.ibot_mask_ratio_min_max), crops="global")

@@ -101,6 +101,12 @@ class TrainModule(nn.Module):
         scalar (1.0 = the update was applied, 0.0 = skipped: what follows the update should not move
         either; None = applied). Read it on the device (a weight), not on the host. Default: nothing."""
 
+    def parts_initialised(self, parts: tuple[str, ...]) -> list[str]:
+        """Called once ``parts`` were read from ``checkpoint.init_from``'s checkpoint
+        (``checkpoint.init_parts``), before the optimizer is built: what follows from them (DINO's Gram
+        teacher from the kept teacher), a line each. Default: nothing."""
+        return []
+
     def evaluated(self) -> dict[str, nn.Module]:
         """Weight sets the run evaluates beside the backbone, by name (metrics ``<eval>_<key>_<name>``:
         DINO's teacher, as DINOv2 evaluates it). Default: none."""

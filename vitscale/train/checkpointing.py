@@ -96,6 +96,37 @@ class Checkpointing:
             _, self.init_lines, _ = load_pretrained(model, self.cc.init_from, self.cc.init_format, from_rank0=True)
         return self.init_lines
 
+    def initialise_parts(self, module: TrainModule) -> list[str]:
+        """Read ``checkpoint.init_parts`` of the training ``module`` from ``checkpoint.init_from``'s
+        checkpoint (``task.<part>.*``; its tensors checked against the module's up front,
+        :func:`vitscale.run.checks.check_init_parts`) unless the run resumes: every tensor of each part
+        from the checkpoint, strictly (position embeddings resampled by the backbone's own hook), rank 0
+        reading and every rank getting its shard. The optimizer and the step counter are not read: they
+        start afresh, as a stage of DINOv3 does (``dinov3/train/train.py`` ``do_train`` lines 389-414:
+        only the run's own checkpoints are resumed). Returns what loading did, a line each."""
+        parts = tuple(self.cc.init_parts)
+        if not parts or self.latest() is not None:
+            return []
+        from vitscale.checkpoint import load_model_weights
+        from vitscale.checkpoint.weights import read_weights
+
+        given = self.cc.init_from
+        reads = not dist.is_initialized() or dist.get_rank() == 0
+        sd = read_weights(given, PARTS_KEY, prefix=f"{PARTS_KEY}.") if reads else None
+        lines = []
+        for part in parts:
+            own = module.parts[part].state_dict()
+            mine, unused = None, 0
+            if sd is not None:  # the part's own tensors; what this run's part has not (an iBOT head it builds none of) stays
+                theirs = {k[len(part) + 1 :]: v for k, v in sd.items() if k.startswith(f"{part}.")}
+                mine = {k: v for k, v in theirs.items() if k in own}
+                unused = len(theirs) - len(mine)
+            load_model_weights(module.parts[part], mine, strict=True, source=f"checkpoint.init_from={given} ({part})",
+                               from_rank0=True)  # fmt: skip
+            left = f"; {unused} of its tensors this run has no use for left out" if unused else ""
+            lines.append(f"checkpoint.init_parts: {part} ({len(own)} tensors) from {given}{left}")
+        return lines + module.parts_initialised(parts)
+
     def track(self, module: TrainModule, optimizer, ema=None) -> None:
         """The state this component saves and resumes: the training ``module`` (``model``: its backbone;
         ``task``: its parts), the ``optimizer``'s state keyed by the same names (the backbone's own,

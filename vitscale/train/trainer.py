@@ -102,6 +102,7 @@ class Trainer:
         self.task = get_task(run.task)(cfg, self.model, run.num_classes, run.dims.dp_group(), run.class_names)
         self.task.autocast, self.task.device, self.task.runtime = self.autocast, self.device, runtime
         self.module = self.task.build(run)
+        self.notices += self.checkpoints.initialise_parts(self.module)  # checkpoint.init_parts: a stage keeps the previous one's
         self.notices += self.module.notices + freeze(self.model, cfg.model.freeze)
 
         # the optimizer and its learning-rate schedule (with what the module schedules itself)
