@@ -70,7 +70,7 @@ class Trainer:
         self.report: Reporting | None = None  # built when the loop starts (it opens metrics.jsonl)
         self.run = run = assemble(cfg)  # checks, the run folder's lock, data, model
         try:
-            self._build(run)
+            self._build(run, runtime)
         except BaseException:
             self.close()
             raise
@@ -80,7 +80,7 @@ class Trainer:
         if self.run.claim is not None:
             self.run.claim.release()
 
-    def _build(self, run) -> None:
+    def _build(self, run, runtime: Any = None) -> None:
         self.cfg = cfg = run.cfg  # resolved (train.compile filled in)
         tc = cfg.train
         self.device, self.loaders, self.model, self.out = run.device, run.loaders, run.model, Path(tc.output_dir)
