@@ -72,14 +72,17 @@ def _shard(path: Path, n: int) -> Path:
 
 @pytest.mark.slow
 def test_sigterm_during_a_step_waiting_on_a_silent_stream_exits_at_the_deadline(tmp_path):
-    """``vitscale train`` on a stream that sends 16 samples (two steps of 8), saving each step, then goes
-    silent: the third step waits for data that does not come. SIGTERM then: before the deadline the run
-    said it would finish the step; after it (1 s), it exits 143 naming step 2's checkpoint."""
-    shard = _shard(tmp_path / "a.tar", 16)
+    """``vitscale train`` on a stream that sends 17 samples (two steps of 8 and one more), saving each step,
+    then goes silent: the third step waits for data that does not come (the 17th sample is whole only at the
+    end of its archive). SIGTERM then: before the deadline the run said it would finish the step; after it
+    (1 s), it exits 143 naming step 2's checkpoint. ``data.samples_per_epoch`` is set, so start-up reads the
+    first sample only (not the whole first shard), and no shuffle buffer: neither waits for the silent
+    command to end before the third step."""
+    shard = _shard(tmp_path / "a.tar", 17)
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "vitscale", "train", "digits_vit", "data.format=webdataset", "data.webdataset_mode=stream",
-           f"data.train_path=pipe:cat {shard}; exec sleep 30", "data.num_classes=10", "data.num_workers=0",
-           "data.remote_timeout_s=120", "train.batch_size=8", "train.max_steps=10", "checkpoint.every=1",
+           f"data.train_path=pipe:cat {shard}; exec sleep 30", "data.num_classes=10", "data.samples_per_epoch=24",
+           "data.shuffle_buffer=0", "data.num_workers=0", "data.remote_timeout_s=120", "train.batch_size=8", "train.max_steps=10", "checkpoint.every=1",
            "checkpoint.signal_deadline=1", "model.num_layers=1", "model.hidden_size=16", "model.ffn_hidden_size=32",
            "log.flops=false", "log.progress=plain", "log.report=false", "eval.every=0", f"train.output_dir={out}"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
