@@ -265,6 +265,10 @@ def test_a_teacher_emitting_nonfinite_logits_stops_the_run_naming_the_step(teach
     capsys.readouterr()
     assert _distill(path, tmp_path / "run", "train.max_steps=4") == 1
     assert "distill: the teacher's logits at step 1 are not finite" in _one_line(capsys.readouterr().err)
+    # the run's last step: no later step reads its flag, so it is read at once (it trained on NaN, exit 0, before)
+    assert _distill(path, tmp_path / "last", "train.max_steps=1") == 1
+    assert "distill: the teacher's logits at step 1 are not finite" in _one_line(capsys.readouterr().err)
+    assert not (tmp_path / "last" / "model.safetensors").exists()
 
 
 # ------------------------------------------------------------------------------------- nothing hangs

@@ -161,7 +161,7 @@ def test_a_teacher_with_nonfinite_features_stops_the_run_one_step_later(teacher_
     """Finite weights whose features overflow (the final norm's scale at 3e38): the step is not applied,
     its batch not absorbed by the standardisers, and the next step stops the run with the non-finite
     guard's error (exit 1) naming the teacher and the step; the checkpoint of that step holds the model
-    before it and finite statistics; nothing is exported."""
+    before it and finite statistics; nothing is exported. A non-finite last step stops the run at that step."""
     from safetensors.torch import load_file
 
     from vitscale import create_model
@@ -186,3 +186,10 @@ def test_a_teacher_with_nonfinite_features_stops_the_run_one_step_later(teacher_
     state = load_file(run / "checkpoints" / "step_00000001" / "task-rank00000.safetensors")
     assert all(torch.isfinite(v.double()).all() for v in state.values())
     assert float(state["task.distill.norms.bad.summary.count"]) == 0 and float(state["task.distill.norms.ok.summary.count"]) == 8
+
+    last = tmp_path / "last"  # the run's last step is the bad one: no later step reads its flag, it is read at once
+    rc = main(["train", "digits_vit", "train.task=feature_distill", f"distill.teachers=[{{name: bad, path: {bad}}}]", *QUICK,
+               "train.max_steps=1", f"train.output_dir={last}"])  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 1 and len(err) == 1 and "distill: teacher 'bad''s features at step 1 are not finite" in err[0], err
+    assert not (last / "model.safetensors").exists() and not (last / "summary.json").exists()

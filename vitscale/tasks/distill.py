@@ -78,7 +78,8 @@ class Teacher:
     """A teacher model in inference (eval mode, ``no_grad``), with its input adapter and its timer."""
 
     def __init__(self, model: nn.Module, *, scale: torch.Tensor, shift: torch.Tensor, size: tuple[int, int] | None,
-                 interpolation: str, autocast, device: torch.device, class_map: list[int] | None = None):  # fmt: skip
+                 interpolation: str, autocast, device: torch.device, class_map: list[int] | None = None,
+                 last_step: int = 0):  # fmt: skip
         self.model = model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
@@ -86,7 +87,7 @@ class Teacher:
         self.size, self.interpolation, self.autocast = size, interpolation, autocast
         self.class_map = torch.tensor(class_map, device=device) if class_map is not None else None
         self.timer = StepTimer(device)
-        self.watch = FiniteWatch(device)
+        self.watch = FiniteWatch(device, last_step=last_step)
 
     def images(self, x: torch.Tensor) -> torch.Tensor:
         """The student's normalised images ``(B, C, H, W)`` as the teacher takes them."""
@@ -120,10 +121,13 @@ class FiniteWatch:
     code 1: the checkpoints written so far are kept, nothing more is saved or exported)."""
 
     def __init__(self, device: torch.device, what: str = "the teacher's logits",
-                 fix: str = "distill.teacher_mean / teacher_std"):  # fmt: skip
+                 fix: str = "distill.teacher_mean / teacher_std", last_step: int = 0):  # fmt: skip
         self.cuda = torch.device(device).type == "cuda"
         self.pending: tuple[torch.Tensor, Any, int] | None = None
         self.what, self.fix = what, fix  # the message's subject and the settings to look at
+        # the run's last optimizer step (Run.total_steps; 0: unknown): no later call reads its flag, so it is
+        # read at once (the host waits for it once), and a non-finite last step stops the run as any other
+        self.last_step = last_step
 
     def record(self, ok: torch.Tensor, step: int) -> None:
         host = torch.empty((), dtype=torch.bool, pin_memory=self.cuda)
@@ -133,6 +137,8 @@ class FiniteWatch:
             event = torch.cuda.Event()
             event.record()
         self.pending = (host, event, step)
+        if self.last_step and step >= self.last_step:
+            self.check()
 
     def failed_step(self) -> int | None:
         """The step of the previous call if its flag was false, else None (also with no call pending)."""
@@ -320,7 +326,7 @@ def build(run, dc: DistillConfig, autocast, *, classes: bool) -> Distillation:
     shift = (torch.tensor(s_mean) - torch.tensor(mean)) / torch.tensor(std)
     interp = dc.teacher_interpolation or (pre.get("interpolation") if pre.get("interpolation") in ("bilinear", "bicubic") else "bicubic")
     teacher = Teacher(model, scale=scale, shift=shift, size=size, interpolation=interp, autocast=autocast, device=run.device,
-                      class_map=class_map)  # fmt: skip
+                      class_map=class_map, last_step=run.total_steps)  # fmt: skip
     n_params = sum(p.numel() for p in model.parameters())
     lines = [*loaded, f"distill: teacher {name} ({n_params / 1e6:.2f}M params, {layout}) at {size[0]}x{size[1]}, "
              f"mean {_fmt(mean)} std {_fmt(std)} ({said}), eval mode without gradients",

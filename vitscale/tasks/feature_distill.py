@@ -120,7 +120,7 @@ class FeatureDistillTask(PretrainingTask):
             if got.clip is not None:
                 self.clips[entry.name] = got.clip
             self.watches[entry.name] = FiniteWatch(run.device, f"teacher {entry.name!r}'s features",
-                                                   f"distill.teachers[{entry.name}] mean / std")  # fmt: skip
+                                                   f"distill.teachers[{entry.name}] mean / std", run.total_steps)  # fmt: skip
             lines += got.lines
         device = next(model.parameters()).device
         mcfg = model.cfg

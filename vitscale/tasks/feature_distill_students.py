@@ -44,6 +44,7 @@ from vitscale.errors import ConfigError, UserError
 from .distill import FiniteWatch, StepTimer
 from .feature_distill_heads import TeacherFeatures
 
+
 # ---------------------------------------------------------------------------------------------- layout
 @dataclass(frozen=True)
 class StudentLayout:
