@@ -73,7 +73,7 @@ class StateDictAdapter:
     (``state_dict_adapter.py``)."""
 
     library: str
-    """The library: ``timm`` or ``open_clip``."""
+    """The library: ``timm``, ``open_clip`` or ``transformers``."""
     accepts: Callable[[nn.Module], bool]
     """Whether a model of the library is this family's counterpart (decided by its class; imports
     nothing: :func:`is_library_model`)."""
@@ -98,6 +98,33 @@ class StateDictAdapter:
     """Whether a state dict (a mapping of names to tensors: its names, and shapes where a naming shows
     in them) is in the library's naming of this family (``keys_have``): how a file's format is told
     when it carries no vitscale metadata. None: never recognised (the format must be named)."""
+
+
+def _from_transformers(m: nn.Module) -> nn.Module:
+    from vitscale.interop.transformers import from_transformers
+
+    return from_transformers(m)
+
+
+def _create_transformers(model: nn.Module, load_weights: bool = True, **overrides: Any) -> nn.Module:
+    from vitscale.interop.transformers import create_transformers_model
+
+    return create_transformers_model(model, load_weights, **overrides)
+
+
+def transformers_adapter(*, accepts: Callable[[nn.Module], bool],
+                         to_state_dict: Callable[[dict[str, torch.Tensor], Any], dict[str, torch.Tensor]],
+                         library_kwargs: Callable[[Any], dict[str, Any]],
+                         from_state_dict: Callable[[dict[str, torch.Tensor], Any], dict[str, torch.Tensor]],
+                         recognizes: Callable[[Collection[str]], bool]) -> StateDictAdapter:  # fmt: skip
+    """A family's adapter to Hugging Face ``transformers``: the family gives its renames both ways
+    (``to_state_dict(state_dict, cfg)``, ``from_state_dict``), its config mapping and how it tells
+    its classes and files; building and reading the library's models is :mod:`vitscale.interop.transformers`'s,
+    the same for every family (imported when first called: no slot imports ``transformers``)."""
+    return StateDictAdapter(library="transformers", accepts=accepts, from_library=_from_transformers,
+                            to_library=lambda model: to_state_dict(model.state_dict(), model.cfg),
+                            library_kwargs=library_kwargs, create=_create_transformers,
+                            from_state_dict=from_state_dict, recognizes=recognizes)  # fmt: skip
 
 
 class Tokenizer(Protocol):

@@ -117,31 +117,11 @@ def _accepts(m: Any) -> bool:
     return is_library_model(m, "transformers", "CLIPModel")
 
 
-def _from_library(m: Any) -> Any:
-    from ...interop.transformers import from_transformers
-
-    return from_transformers(m)
-
-
-def _create(model: Any, load_weights: bool = True, **overrides: Any) -> Any:
-    from ...interop.transformers import create_transformers_model
-
-    return create_transformers_model(model, load_weights, **overrides)
-
-
 def _adapter():
-    from ..spec import StateDictAdapter
+    from ..spec import transformers_adapter
 
-    return StateDictAdapter(
-        library="transformers",
-        accepts=_accepts,
-        from_library=_from_library,
-        to_library=lambda model: state_dict_to_transformers(model.state_dict(), model.cfg),
-        library_kwargs=transformers_config,
-        create=_create,
-        from_state_dict=state_dict_from_transformers,
-        recognizes=recognizes,
-    )
+    return transformers_adapter(accepts=_accepts, to_state_dict=state_dict_to_transformers, library_kwargs=transformers_config,
+                                from_state_dict=state_dict_from_transformers, recognizes=recognizes)  # fmt: skip
 
 
 TRANSFORMERS = _adapter()
