@@ -35,11 +35,12 @@ def scores(summary: dict) -> dict:
             if k.startswith(("knn", "linear_probe")) and k.endswith(("_top1", "_top5")) and isinstance(v, (int, float))}  # fmt: skip
 
 
-def train(args: list[str], out: Path) -> tuple[dict, list[dict], float]:
-    """``vitscale train ARGS`` into ``out``: its summary, its metrics rows and its wall time (s)."""
+def train(args: list[str], out: Path, cwd: Path = ROOT, env: dict | None = None) -> tuple[dict, list[dict], float]:
+    """``vitscale train ARGS`` into ``out``, run in ``cwd`` (with ``env``, else this process's
+    environment): its summary, its metrics rows and its wall time (s)."""
     cmd = [sys.executable, "-m", "vitscale", "train", *args, f"train.output_dir={out}", *QUIET]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=cwd, env=env)
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return json.loads((out / "summary.json").read_text()), rows, wall
