@@ -3,8 +3,9 @@
 each teacher's val-split cosines and loss, and the CLIP's zero-shot through the student's adaptor, are
 evaluated and reach summary.json; a resume from the step-2 checkpoint continues the curve exactly (heads
 and PHI-S statistics included); the exported weights are the student's backbone alone and the heads are a
-weight set ``vitscale convert --key adaptors`` writes. Bad teachers are refused in one line before the
-first step with nothing written; a teacher whose features are not finite stops the run one step later,
+weight set ``vitscale convert --key adaptors`` writes; ``vitscale eval`` of a checkpoint gives the numbers the
+run logged for it (heads read from it, teachers read again), and leaves the entry out or refuses it without
+them. Bad teachers are refused in one line before the first step with nothing written; a teacher whose features are not finite stops the run one step later,
 naming the teacher and the step, the checkpoint before it intact."""
 
 from __future__ import annotations
@@ -193,3 +194,50 @@ def test_a_teacher_with_nonfinite_features_stops_the_run_one_step_later(teacher_
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert rc == 1 and len(err) == 1 and "distill: teacher 'bad''s features at step 1 are not finite" in err[0], err
     assert not (last / "model.safetensors").exists() and not (last / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_vitscale_eval_of_a_checkpoint_gives_the_runs_last_feature_distill_numbers(tmp_path, capsys):
+    """``vitscale eval RUN/config.yaml checkpoint.path=RUN`` reads the student, its adaptor heads and
+    standardisers from the run's last checkpoint and the teachers (a ViT, PHI-S; a CLIP, running, with its
+    zero-shot) from distill.teachers: its ``val_*`` numbers are those the run logged at its end. A weights
+    file (the student alone) or a teacher file gone: the entry is left out of the defaults with a note (k-NN
+    and the probe still run), and refused in one line (exit 2) when evals: names it."""
+    a, c = _teacher(tmp_path / "a.safetensors", 32), _clip(tmp_path / "c.safetensors")
+    run = tmp_path / "run"
+    assert main(["train", "digits_vit", "train.task=feature_distill", *RUN, "train.max_steps=2", "log.progress=none",
+                 f"distill.teachers=[{{name: vit, path: {a}}}, {{name: clip, path: {c}, standardize: running}}]",
+                 f"train.output_dir={run}"]) == 0  # fmt: skip
+    logged = [r for r in read_metrics(run) if "val_vit_loss" in r][-1]  # the final evaluation, after step 2
+    want = {k: v for k, v in logged.items() if k.startswith("val_")}
+    assert {"val_vit_summary_cos", "val_vit_patch_cos", "val_clip_patch_cos", "val_clip_zeroshot_top1",
+            "val_clip_teacher_zeroshot_top5"} <= want.keys()  # fmt: skip
+    config = str(run / "config.yaml")
+
+    def evaluate(*args):
+        capsys.readouterr()
+        rc = main(["eval", config, *args])
+        out, err = capsys.readouterr()
+        return rc, (json.loads(out) if rc == 0 else None), [line for line in err.splitlines() if line.strip()]
+
+    for path in (run, run / "checkpoints" / "step_00000002"):  # the run folder (its newest checkpoint), a step folder
+        rc, got, err = evaluate(f"checkpoint.path={path}")
+        assert rc == 0 and err == [], err
+        assert {k for k in got if k.startswith("val_")} == want.keys()
+        for k, v in want.items():
+            assert got[k] == pytest.approx(v, abs=1e-6), k
+        assert got["knn_top1"] == logged["knn_top1"] and "linear_probe_top1" in got
+
+    weights = run / "model.safetensors"  # the student's backbone alone
+    rc, got, err = evaluate(f"checkpoint.path={weights}")
+    assert rc == 0 and "knn_top1" in got and "linear_probe_top1" in got and not any(k.startswith("val_") for k in got)
+    assert len(err) == 1 and err[0].startswith("note: evals: kind feature_distill left out") and "weights file" in err[0], err
+    rc, _, err = evaluate(f"checkpoint.path={weights}", "evals=[{kind: feature_distill}]")
+    assert rc == 2 and len(err) == 1 and "holds the student's backbone alone, not the adaptor heads" in err[0], err
+
+    (tmp_path / "a.safetensors").rename(tmp_path / "gone.safetensors")  # a teacher file gone
+    rc, got, err = evaluate(f"checkpoint.path={run}")
+    assert rc == 0 and "knn_top1" in got and not any(k.startswith("val_") for k in got)
+    assert len(err) == 1 and "left out" in err[0] and f"distill.teachers[vit]={a}: no such file" in err[0], err
+    rc, _, err = evaluate(f"checkpoint.path={run}", "evals=[{kind: feature_distill}]")
+    assert rc == 2 and len(err) == 1 and f"distill.teachers[vit]={a}: no such file" in err[0], err

@@ -87,19 +87,22 @@ def test_the_entry_loads_in_evals_and_refuses_bad_templates():
                                    "evals=[{kind: feature_distill, templates: [a photo]}]"])  # fmt: skip
 
 
-def test_vitscale_eval_leaves_the_teachers_evaluation_out_and_refuses_it_when_named():
-    """``vitscale eval`` loads the student's weights alone (no teachers, no heads): its default evaluations
-    are the frozen-backbone ones, and an entry naming ``feature_distill`` is refused in one line."""
+def test_vitscale_eval_without_the_heads_leaves_the_teachers_evaluation_out_and_refuses_it_when_named():
+    """``vitscale eval``'s task before (or without) the run's heads and teachers read from a checkpoint
+    (tests/integration/test_feature_distill_cli.py reads them): its default evaluations are the
+    frozen-backbone ones, and an entry naming ``feature_distill`` is refused in one line saying why."""
     from vitscale.eval.evaluator import EvalContext
     from vitscale.tasks import get_task
-    from vitscale.tasks.feature_distill_eval import FeatureDistillEvaluator, NotTrained
+    from vitscale.tasks.feature_distill_eval import FeatureDistillEvaluator, FromCheckpoint, NotTrained
 
     cfg = load_config("digits_vit", ["train.task=feature_distill", "distill.teachers=[{name: a, path: x}]"])
     task = get_task("feature_distill")
     assert [e["kind"] for e in task.default_evals(cfg)] == ["knn", "linear_probe", "feature_distill"]
-    student_only = task.for_evaluation(cfg, None, 10)
-    assert [e["kind"] for e in student_only.default_evals(cfg)] == ["knn", "linear_probe"]
-    with pytest.raises(NotTrained, match="which vitscale eval does not build") as e:
+    evaluating = task.for_evaluation(cfg, None, 10)
+    assert isinstance(evaluating, FromCheckpoint) and evaluating.module is None
+    assert [e["kind"] for e in evaluating.default_evals(cfg)] == ["knn", "linear_probe"]
+    evaluating.missing = "checkpoint.path=w.safetensors is a weights file"
+    with pytest.raises(NotTrained, match="reads the run's adaptor heads and teachers: checkpoint.path=w.safetensors") as e:
         FeatureDistillEvaluator(FeatureDistillEvalConfig(kind="feature_distill"), EvalContext(data=None, device=torch.device("cpu"),
-                                                                                             task=student_only))  # fmt: skip
+                                                                                             task=evaluating))  # fmt: skip
     assert "\n" not in str(e.value)

@@ -91,6 +91,14 @@ class Task:
         needs more than the model and the data (token labeling evaluates as classification)."""
         return cls(cfg, model, num_classes, dp_group, class_names)
 
+    def read_for_evaluation(self, run: Any, path: Any, evals: tuple | None) -> list[str]:
+        """Called by ``vitscale eval`` on the task :meth:`for_evaluation` gave, once the model holds the
+        weights of the checkpoint at ``path``, with the assembled ``run``: read what the task's own
+        evaluations need besides the model (feature distillation's teachers and adaptor heads).
+        ``evals``: the entries that will run (None: the task's defaults). Returns notes, a line each
+        (what was left out, and why). Default: nothing."""
+        return []
+
     @classmethod
     def check(cls, cfg: Any, model: Any, dims: Any, purpose: str) -> None:
         """The task's own up-front checks of a run (:func:`vitscale.run.checks.check_run` calls it, before

@@ -21,7 +21,8 @@ and the references: docs/distillation.md.
   step time (``<name>_time_pct``).
 - **Evaluation**: the frozen-backbone evaluations (``knn``, ``linear_probe``) and ``kind: feature_distill``
   (:mod:`vitscale.tasks.feature_distill_eval`): per teacher the val split's feature cosines and loss,
-  and zero-shot classification through the student's adaptor for a CLIP teacher.
+  and zero-shot classification through the student's adaptor for a CLIP teacher — in the run, and by
+  ``vitscale eval`` of one of its checkpoints (the heads read from it, the teachers read again).
 - **Bad teachers**: a file that is not a backbone, one without tokens (a classifier family that declares
   none), an input that is no whole grid of its patches, a summary or width the heads cannot take —
   refused in one line before the first step (:mod:`vitscale.tasks.feature_distill_teachers`,
@@ -91,12 +92,15 @@ class FeatureDistillTask(PretrainingTask):
         self.entries: dict = {}  # name -> its distill.teachers entry (built once, in build)
         self.clips: dict[str, torch.nn.Module] = {}  # name -> the whole CLIP of a CLIP teacher (zero-shot)
         self.watches: dict[str, FiniteWatch] = {}
+        self.module: FeatureDistillModule | None = None  # the training module (build)
 
     @classmethod
     def for_evaluation(cls, cfg, model, num_classes, dp_group=None, class_names=None):
-        from .feature_distill_eval import StudentOnly
+        """``vitscale eval``'s task: the student, and the run's heads and teachers read for ``kind:
+        feature_distill`` (:class:`~vitscale.tasks.feature_distill_eval.FromCheckpoint`)."""
+        from .feature_distill_eval import FromCheckpoint
 
-        return StudentOnly(cfg, model, num_classes, dp_group, class_names)  # vitscale eval: the student alone
+        return FromCheckpoint(cfg, model, num_classes, dp_group, class_names)
 
     @classmethod
     def check(cls, cfg, model, dims, purpose):

@@ -26,15 +26,21 @@ adaptor heads and standardisers (:class:`~vitscale.tasks.feature_distill_heads.F
 
 The teachers' forwards here are not counted in their share of the step time. Every rank evaluates its
 shard; the per-image values are gathered in dataset order (padding samples left out), so the metrics
-are those of the whole split on every rank. The evaluation reads the parts a training run builds:
-``vitscale eval`` (which loads the student's weights alone: :class:`StudentOnly`) leaves it out of the
-task's default evaluations, and refuses it when ``evals:`` names it.
+are those of the whole split on every rank.
+
+The evaluation reads the parts a training run builds. ``vitscale eval`` of a checkpoint of the run
+(:class:`FromCheckpoint`) reads them from it — the heads and the standardisers' statistics, beside the
+student — with the teachers of ``distill.teachers`` read again as the run read them, and evaluates
+through this same evaluator: its numbers are the run's for that checkpoint. Without them (a weights
+file holds the student alone; a teacher file gone) it leaves the entry out of its default evaluations
+with a note, and refuses it in one line when ``evals:`` names it.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -50,19 +56,59 @@ from .feature_distill_loss import TeacherLoss, kind_loss, teacher_loss
 from .health import frozen_backbone_evals
 
 
-class StudentOnly(FeatureDistillTask):
-    """The task ``vitscale eval`` evaluates a feature-distillation checkpoint with
-    (:meth:`FeatureDistillTask.for_evaluation`): it loads the student's weights alone, so its default
-    evaluations are the frozen-backbone ones (``knn``, ``linear_probe``) without ``feature_distill``."""
-
-    @classmethod
-    def default_evals(cls, cfg):
-        return frozen_backbone_evals(cfg)
-
-
 class NotTrained(MissingSplit):
-    """The evaluation needs a feature-distillation training run's parts (teachers, heads), not built here
-    (``vitscale eval``): dropped from the task's default evaluations, refused when ``evals:`` names it."""
+    """The evaluation needs a feature-distillation run's parts (teachers, heads), which this task does not
+    hold (``vitscale eval`` of a file without the heads, a teacher gone): dropped from the task's default
+    evaluations with a note, refused in one line when ``evals:`` names it."""
+
+
+class FromCheckpoint(FeatureDistillTask):
+    """The task ``vitscale eval`` evaluates a feature-distillation checkpoint with
+    (:meth:`FeatureDistillTask.for_evaluation`): ``vitscale eval`` loads the student's weights, and
+    :meth:`read_for_evaluation` the rest of the training module from the same checkpoint — the
+    ``adaptors`` weight set (:attr:`FeatureDistillModule.weight_sets`) and the standardisers' statistics,
+    the part ``task.distill.*``, read strictly as ``checkpoint.init_parts`` reads a part — around the
+    teachers of ``distill.teachers`` read again as the run read them (:meth:`FeatureDistillTask.build`,
+    :func:`~vitscale.tasks.feature_distill_teachers.read_teacher`). ``kind: feature_distill`` then
+    evaluates as it did in the run. When they cannot be read (a weights file: the student's backbone
+    alone; a teacher file gone) its default evaluations are the frozen-backbone ones (``knn``,
+    ``linear_probe``), with a note saying why, and an entry naming it is refused in one line."""
+
+    def __init__(self, cfg, model, num_classes, dp_group=None, class_names=None):
+        super().__init__(cfg, model, num_classes, dp_group, class_names)
+        self.missing = "they were not read"  # why self.module is None: the note and the refusal
+
+    def default_evals(self, cfg):  # an instance's (the classmethod's): whether the parts were read
+        return super().default_evals(cfg) if self.module is not None else frozen_backbone_evals(cfg)
+
+    def read_for_evaluation(self, run, path, evals):
+        if evals is not None and not any(e.kind == "feature_distill" for e in evals):
+            return []  # no entry reads them: the teachers are not read
+        from vitscale.checkpoint import load_model_weights, read_weights
+        from vitscale.errors import describe
+        from vitscale.run.weight_sets import weight_set_prefix
+
+        from .module import PARTS_KEY
+
+        where = f"checkpoint.path={path}"
+        try:
+            if not Path(path).is_dir():
+                raise NotTrained(f"{where} is a weights file, which holds the student's backbone alone, not the adaptor "
+                                 "heads: give the run folder or one of its step folders")  # fmt: skip
+            weight_set_prefix(path, "adaptors")  # a checkpoint of a run of this task (one line otherwise)
+            state = read_weights(path, PARTS_KEY, prefix=f"{PARTS_KEY}.")
+            module = self.build(run)  # the teachers, read as the run read them; heads of the run's shapes
+            load_model_weights(module.parts, state, strict=True, source=f"{where} ({PARTS_KEY}.*)")
+        except Exception as e:
+            said = describe(e)
+            if said is None:  # a bug: its traceback
+                raise
+            self.module, self.missing = None, said[0].splitlines()[0]
+            if evals is None:
+                return [f"evals: kind feature_distill left out of the {self.name} default evaluations: {self.missing}"]
+            return []  # named: refused by its evaluator
+        module.parts.eval()
+        return []
 
 
 @dataclass
@@ -136,9 +182,12 @@ class FeatureDistillEvaluator(Evaluator):
     def __init__(self, cfg: FeatureDistillEvalConfig, ctx):
         super().__init__(cfg, ctx)
         task = ctx.task
-        if not isinstance(task, FeatureDistillTask) or getattr(task, "module", None) is None:
-            raise NotTrained("evals: kind feature_distill evaluates the teachers and adaptor heads of a train.task="
-                             "feature_distill training run (vitscale train), which vitscale eval does not build")  # fmt: skip
+        if not isinstance(task, FeatureDistillTask):
+            raise NotTrained(f"evals: kind feature_distill evaluates the teachers and adaptor heads of a train.task="
+                             f"feature_distill run, not of train.task={getattr(task, 'name', None)}")  # fmt: skip
+        if task.module is None:
+            why = getattr(task, "missing", "its training module is not built")
+            raise NotTrained(f"evals: kind feature_distill reads the run's adaptor heads and teachers: {why}")
         self.task = task
         self.loader = ctx.data.loader(cfg.data, cfg.split, cfg.batch_size)
         self.specs = {name: TeacherLoss.of(entry) for name, entry in task.entries.items()}
@@ -198,4 +247,4 @@ class FeatureDistillEvaluator(Evaluator):
 
 register_evaluator("feature_distill", FeatureDistillEvaluator)
 
-__all__ = ["FeatureDistillEvalConfig", "FeatureDistillEvaluator", "NotTrained", "StudentOnly", "batch_values"]
+__all__ = ["FeatureDistillEvalConfig", "FeatureDistillEvaluator", "FromCheckpoint", "NotTrained", "batch_values"]

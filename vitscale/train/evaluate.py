@@ -6,6 +6,8 @@ results are those of one process (every rank returns them)."""
 
 from __future__ import annotations
 
+import sys
+
 from vitscale.checkpoint import load_model_weights, read_weights
 from vitscale.config import Config
 from vitscale.eval.probe import probe_entry
@@ -34,6 +36,9 @@ def evaluate_checkpoint(cfg: Config, path, *, ema: bool = False) -> dict:
     task.device, task.autocast = run.device, autocast
     # a linear / few-shot probe on frozen features instead of the head; else evals:, else the task's defaults
     entries = (probe_entry(cfg.eval),) if cfg.eval.probe != "none" else cfg.evals
+    for note in task.read_for_evaluation(run, path, entries):  # the task's own parts (feature distillation's heads)
+        if run.dims.is_main:
+            print(f"note: {note}", file=sys.stderr)
     res = select_evaluations(entries, task, cfg, eval_context(run, task, autocast), training=False).run(run.model)
     layout = {"layout": run.dims.describe()} if run.dims.distributed else {}
     return {"checkpoint": str(path), "ema": ema, **layout, **res, **({"load": report} if any(report.values()) else {})}
