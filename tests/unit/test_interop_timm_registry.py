@@ -24,8 +24,7 @@ from vitscale.models.vit import VisionTransformer  # noqa: E402
 from vitscale.models.vit.state_dict_adapter import config_from_timm, state_dict_from_timm, state_dict_to_timm  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def registry() -> dict[str, tuple[torch.nn.Module, str | None]]:
+def _registry() -> dict[str, tuple[torch.nn.Module, str | None]]:
     """name -> (timm model on the meta device, None or why vitscale cannot express it)."""
     return {name: (tm, timm_vit_reason(tm)) for name, tm in timm_vit_models()}
 
@@ -35,7 +34,16 @@ def _shapes(sd: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
 
 
 @pytest.mark.slow
-def test_the_registry_is_enumerated(registry):
+def test_the_registry_is_enumerated_round_trips_on_meta_and_matches_the_docs_table():
+    """One enumeration of the registry (the costly part: a pytest-xdist worker each would build it
+    again for every test that shares it), then its three checks in turn."""
+    registry = _registry()
+    _enumerated(registry)
+    _every_expressible_round_trips_on_meta(registry)
+    _unexpressible_names_match_the_docs_table(registry)
+
+
+def _enumerated(registry):
     # timm 1.0 registers ~200 of them; the classic ones are found, other architectures are not
     assert len(registry) > 100
     for name in ("vit_base_patch16_224", "deit_tiny_patch16_224", "vit_base_r50_s16_224"):
@@ -44,8 +52,7 @@ def test_the_registry_is_enumerated(registry):
     assert "eva02_base_patch14_224" not in registry and "resnet50" not in registry
 
 
-@pytest.mark.slow
-def test_every_expressible_timm_vit_round_trips_on_meta(registry):
+def _every_expressible_round_trips_on_meta(registry):
     """timm -> vitscale -> timm maps every tensor key for key and shape for shape; strict loads both ways.
 
     (``timm_vit_reason`` has already checked that the timm model rebuilt from the vitscale config is
@@ -70,8 +77,7 @@ def test_every_expressible_timm_vit_round_trips_on_meta(registry):
     assert len(exact) > 100
 
 
-@pytest.mark.slow
-def test_unexpressible_names_match_the_docs_table(registry):
+def _unexpressible_names_match_the_docs_table(registry):
     """docs/timm_vits.md is current: the same verdict and reason for every name it shares with this timm."""
     version, table = parse_table(DOC.read_text())
     actual = {name: reason for name, (_, reason) in registry.items()}
