@@ -180,7 +180,7 @@ def check_run(cfg: Config, dims: ParallelDims, purpose: str, model: ResolvedMode
 def check_init_parts(cfg: Config, model: ResolvedModel, task) -> None:
     """``checkpoint.init_parts`` can be kept: ``checkpoint.init_from`` is a vitscale checkpoint (run or
     step folder) whose ``task.*`` tensors hold every tensor of each kept part this run's ``task``
-    builds (:meth:`vitscale.tasks.Task.part_shapes`, names only: shapes are checked as they load, where
+    builds (:meth:`vitscale.tasks.Task.parts_on_meta`, names only: shapes are checked as they load, where
     position embeddings may be resampled). Only the checkpoint's index is read. Nothing to check when
     the run resumes from its own checkpoint (which holds every part)."""
     from ..checkpoint.discovery import find_checkpoint, list_checkpoints
@@ -196,7 +196,8 @@ def check_init_parts(cfg: Config, model: ResolvedModel, task) -> None:
                          "previous stage's run folder (or one of its step folders)")  # fmt: skip
     if cc.resume and list_checkpoints(Path(cfg.train.output_dir) / "checkpoints"):
         return
-    shapes = task.part_shapes(cfg, model.create(device="meta"))
+    parts = task.parts_on_meta(getattr(cfg, task.name, None), model.create(device="meta"))
+    shapes = {f"{name}.{k}": tuple(v.shape) for name, m in parts.items() for k, v in m.state_dict().items()}
     names = sorted({k.split(".", 1)[0] for k in shapes})
     for part in cc.init_parts:
         if part not in names:

@@ -21,7 +21,7 @@ it needs and registers itself (after torchtitan's ``protocols/train_spec.py``):
   sets it hands over; components that need the layout, such as a distillation teacher; changes to the
   model before the optimizer sees it, such as CLIP's tower locks), and the time its parts took
   (:meth:`Task.step_times`, for the throughput line);
-- what it adds to the family's model, counted for ``vitscale memory`` (:meth:`Task.parameter_counts`).
+- what it adds to the family's model, counted for ``vitscale memory`` (:meth:`Task.parts_on_meta`).
 
 The trainer never branches on a model's name: ``train.task``, else the family's default task
 (``FamilySpec.task``), picks a class from this registry. ``tests/unit/test_new_task.py`` adds a task
@@ -144,20 +144,17 @@ class Task:
         distillation teacher) and change the model (freeze parameters). Default: the model alone."""
         return TrainModule(self.model)
 
-    @classmethod
-    def parameter_counts(cls, group: Any, backbone: nn.Module) -> tuple[int, int]:
-        """``(trained, held)``: the parameters this task's training module adds to ``backbone`` (a model
-        of the family, on the meta device or not) that the optimizer trains, and those it only holds
-        (a teacher), for ``vitscale memory`` (``group``: the task's config group, None for its
-        defaults). Default: none."""
-        return 0, 0
+    held_parts: tuple[str, ...] = ()
+    """The parts of :meth:`parts_on_meta` the training module holds without training them (a teacher)."""
 
     @classmethod
-    def part_shapes(cls, cfg: Any, backbone: nn.Module) -> dict[str, tuple[int, ...]]:
-        """The tensors of the training module's parts this run's config ``cfg`` builds around
-        ``backbone`` (a model of the family on the meta device), by name under the parts
-        (``teacher.head.mlp.0.weight``) with their shapes: what ``checkpoint.init_parts`` may keep,
-        checked against the checkpoint before the run starts. Default: none (no part to keep)."""
+    def parts_on_meta(cls, group: Any, backbone: nn.Module) -> dict[str, nn.Module]:
+        """The training module's parts as :meth:`build` makes them around ``backbone`` (a model of the
+        family, on the meta device: shared, not copied), by name, on the meta device (``group``: the
+        task's config group, None for its defaults): what ``vitscale memory --task`` counts (trained,
+        or held: :attr:`held_parts`) and what ``checkpoint.init_parts`` checks a previous stage's
+        checkpoint against, tensor by tensor (``teacher.head.mlp.0.weight``), before the run starts.
+        Default: none."""
         return {}
 
     def step_times(self) -> dict[str, float]:

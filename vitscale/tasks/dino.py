@@ -302,10 +302,13 @@ class DinoTask(PretrainingTask):
         """iBOT masks the student's patches with the backbone's own mask token (``mask_token``)."""
         return {"mask_token": True} if cfg.dino.ibot_loss_weight > 0 and hasattr(model_cfg, "mask_token") else {}
 
-    @staticmethod
-    def _skeleton(dc: DinoConfig, backbone: nn.Module) -> dict[str, nn.Module]:
-        """The training module's parts as :meth:`build` makes them, on the meta device, around
-        ``backbone`` (shared, not copied: only their names and shapes are read)."""
+    held_parts = ("teacher", "gram_teacher")  # the teacher's backbone and heads; the Gram teacher's backbone
+
+    @classmethod
+    def parts_on_meta(cls, group, backbone):
+        """``student`` (its heads: trained), ``teacher`` (a copy of the backbone and the heads) and
+        ``centres``, and with a Gram teacher of its own ``gram_teacher`` (another copy of the backbone)."""
+        dc = group if group is not None else DinoConfig()
         with torch.device("meta"):
             student = DinoStudent(backbone.num_features, dc, dc.ibot_loss_weight > 0)
             centres = DinoCentres(dc.head_n_prototypes)
@@ -316,23 +319,6 @@ class DinoTask(PretrainingTask):
         if dc.gram_loss_weight > 0 and not dc.gram_ema_teacher:
             parts["gram_teacher"] = backbone
         return parts
-
-    @classmethod
-    def parameter_counts(cls, group, backbone):
-        """The student's heads (trained); the teacher, a copy of the backbone and the heads,
-        and with Gram anchoring the Gram teacher, another copy of the backbone (held). ``group``: the
-        ``dino`` group (None: its defaults)."""
-        dc = group if group is not None else DinoConfig()
-        parts = cls._skeleton(dc, backbone)
-        count = lambda m: sum(q.numel() for q in m.parameters()) if m is not None else 0  # noqa: E731
-        return count(parts["student"]), count(parts["teacher"]) + count(parts.get("gram_teacher"))
-
-    @classmethod
-    def part_shapes(cls, cfg, backbone):
-        """``student`` (its heads), ``teacher`` (backbone and heads), ``centres`` and with a Gram
-        teacher of its own ``gram_teacher``, each tensor's name and shape (``checkpoint.init_parts``)."""
-        return {f"{name}.{k}": tuple(v.shape) for name, m in cls._skeleton(cfg.dino, backbone).items()
-                for k, v in m.state_dict().items()}  # fmt: skip
 
     def build(self, run):
         model, dc = self.model, self.dc

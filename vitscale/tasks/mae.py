@@ -200,12 +200,11 @@ class MaeTask(PretrainingTask):
                              "embeddings)")  # fmt: skip
 
     @classmethod
-    def parameter_counts(cls, group, backbone):
-        """The decoder (trained); nothing held. ``group``: the ``mae`` group (None: its defaults)."""
+    def parts_on_meta(cls, group, backbone):
+        """The decoder (trained)."""
         mc, bcfg = (group if group is not None else MaeConfig()), backbone.cfg
         with torch.device("meta"):
-            decoder = MaeDecoder(backbone.num_features, bcfg.patch_dim**2 * bcfg.num_channels, mc, bcfg.norm_eps)
-        return sum(p.numel() for p in decoder.parameters()), 0
+            return {"decoder": MaeDecoder(backbone.num_features, bcfg.patch_dim**2 * bcfg.num_channels, mc, bcfg.norm_eps)}
 
     def build(self, run):
         """Check the backbone can run on the visible patches, then build the decoder (weights keyed by

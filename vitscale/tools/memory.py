@@ -119,7 +119,7 @@ def estimate(
     FSDP's MixedPrecisionPolicy or autocast; fp32). ``ac``: none | full | selective (all blocks).
     The model's family gives the parameter and activation counts (its memory model) and says
     whether ``tp`` splits it (its parallel plan's ``check_tp``). ``task``: a task's name (``train.task``)
-    counts the parameters its training module adds (:meth:`vitscale.tasks.Task.parameter_counts`: the
+    counts the parameters its training module adds (:meth:`vitscale.tasks.Task.parts_on_meta`: the
     heads, a teacher, a decoder; ``task_cfg`` its config group, None for its defaults); their activations
     are not counted (a teacher runs without autograd).
     """
@@ -150,7 +150,12 @@ def estimate(
         unsharded = int(2 * 2 * unit * cb)  # (params + grads) of the current and the prefetched unit
     activation_bytes = int(act_elems * micro_batch * cb)
     recompute_bytes = int(recompute_elems * micro_batch * cb)
-    trained, held = TASKS.get(task).parameter_counts(task_cfg, meta) if task else (0, 0)
+    trained = held = 0
+    if task:  # the task's parts (vitscale.tasks.base.Task.parts_on_meta): trained, or held (a teacher)
+        task_cls = TASKS.get(task)
+        for name, part in task_cls.parts_on_meta(task_cfg, meta).items():
+            n = sum(q.numel() for q in part.parameters())
+            held, trained = (held + n, trained) if name in task_cls.held_parts else (held, trained + n)
     per = {"adamw": 8, "adam": 8, "lamb": 8, "sgd": 4}[optimizer]
     held_rank = (p_rank + (held - P) / dp_shard) if held else 0  # the teacher's backbone sharded as the model
     task_bytes = int((8 + per) * trained / dp_shard + 4 * held_rank)
