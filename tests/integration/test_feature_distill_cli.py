@@ -85,6 +85,16 @@ def test_three_teachers_into_one_student_trains_evaluates_resumes_and_hands_over
     with safe_open(out, "pt") as f:
         keys = set(f.keys())
     assert {k.split(".")[1] for k in keys} == {"wide", "narrow", "clip"}
+    # the report: each teacher's loss beside the run's, the cosines on a panel of their own, the time shares
+    from vitscale.tools.report import read_run
+    from vitscale.tools.report.plots import plan
+
+    panels = {p.id: keys for p, keys in plan([read_run(run)], compare=False)}
+    assert {"train_wide_loss", "train_narrow_loss", "train_clip_loss"} <= set(panels["loss"])
+    assert {"train_wide_summary_cos", "train_wide_patch_cos", "train_narrow_summary_cos", "train_clip_patch_cos"} <= set(
+        panels["teacher_cos"])  # fmt: skip
+    assert {"wide_time_pct", "narrow_time_pct", "clip_time_pct"} <= set(panels["time_shares"])
+    assert not [pid for pid in panels if pid.startswith("other-")], sorted(panels)
 
     part = tmp_path / "part"  # resume from the step-2 checkpoint: the same curve
     (part / "checkpoints").mkdir(parents=True)

@@ -71,6 +71,11 @@ PANELS = (
           ("train_teacher_kl_uniform",), zero_y=True,
           alt="KL divergence of a self-distillation teacher's mean target from uniform over steps, in nats (near "
               "log K: the batch's mass on few prototypes)"),
+    # feature distillation (vitscale.tasks.feature_distill): the student's adaptors against each teacher, by
+    # token kind (train_<teacher>_summary_cos, train_<teacher>_patch_cos); each teacher's loss is in "loss"
+    Panel("teacher_cos", "Feature distillation: cosine to each teacher", "cosine similarity", ("train_*_cos",),
+          alt="cosine between the student's adaptor outputs and each teacher's features (summary token, patch "
+              "tokens) over steps"),
     Panel("lr", "Learning rate", "learning rate", ("lr",), sci_y=True, alt="learning rate over steps"),
     Panel("throughput", "Throughput", "images / s", ("img_per_s",), alt="training images per second over steps"),
     Panel("time_shares", "Where the time goes", "share of wall time (%)", ("data_wait", "*_time_pct"), percent=True,
