@@ -5,8 +5,9 @@ process, within 2e-4, although each image's teacher forward ran on one rank of t
 student has its own run folder and export. Then, on 2 processes: plain feature distillation on 2 ranks
 follows the one-process curve (issue 48 item 6); the two students resume from their step-2 checkpoints
 (``wide``'s written by 2 ranks, read by 1) onto the same curves; students whose checkpoints are at
-different steps are refused, naming them; and the exchange alone gives each rank its own images'
-features, or stops when a student's images are not the other's."""
+different steps are refused, naming them; the exchange alone gives each rank its own images'
+features, or stops when a student's images are not the other's; and a signal to one rank of the job
+stops every student after the same step, from which the same command resumes them."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from safetensors import safe_open
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 STEPS, TOL = 4, 2e-4
+STOP_STEPS = 16  # the signalled job's length: the signal lands well before its end
 RUN = ["train.task=feature_distill", "train.max_steps=4", "train.log_every=1", "train.batch_size=12", "log.progress=none",
        "log.report=false", "log.flops=false", "checkpoint.every=2", "checkpoint.keep=5", "eval.every=0", "evals=[]",
        "model.num_layers=1", "model.hidden_size=32", "model.ffn_hidden_size=64", "schedule.warmup_steps=0"]  # fmt: skip
@@ -59,7 +61,33 @@ def _two_ranks(teacher: str, root: str) -> list:
     root = Path(root)
     return [main(_args(teacher, root / "plain")),
             main(_args(teacher, root / "resumed", _students("[0]", "[1]"))),
-            main(_args(teacher, root / "apart", _students("[0]", "[1]"))), _exchange(False), _exchange(True)]  # fmt: skip
+            main(_args(teacher, root / "apart", _students("[0]", "[1]"))), _exchange(False), _exchange(True),
+            *_stopped_on_one_rank(teacher, root / "stopped")]  # fmt: skip
+
+
+def _stopped_on_one_rank(teacher: str, out: Path) -> list:
+    """A job of two one-rank students in which rank 0 alone is sent SIGUSR1 once its first step is
+    logged: the stop is agreed over the job, so both students stop after the same step with a checkpoint
+    (a student stopping alone would leave the other waiting for its features); the same command then
+    resumes both to the end. Returns both calls' exit codes."""
+    import signal
+    import threading
+    import time
+
+    from vitscale.cli import main
+
+    args = _args(teacher, out, _students("[0]", "[1]"), f"train.max_steps={STOP_STEPS}", "checkpoint.every=0",
+                 "checkpoint.save_on_signal=[SIGUSR1]")  # fmt: skip
+    if int(os.environ["RANK"]) == 0:
+        metrics = out / "students" / "small" / "metrics.jsonl"
+
+        def send() -> None:
+            while not (metrics.is_file() and metrics.stat().st_size):
+                time.sleep(0.005)
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+        threading.Thread(target=send, daemon=True).start()
+    return [main(args), main(args)]
 
 
 def _exchange(differ: bool) -> list:
@@ -134,3 +162,14 @@ def test_two_students_from_one_teacher_forward_follow_their_runs_alone(tmp_path,
     assert all("the students' batches were not the same images" in rc[4][0] for rc in rcs), rcs  # another image: stopped
     assert "the students are at different steps (small: step 3, wide: step 1)" in err, err[-3000:]
     assert not (tmp_path / "apart" / "students" / "wide" / "checkpoints").exists()
+    stopped = tmp_path / "stopped" / "students"  # SIGUSR1 to rank 0 alone: both students stop after one step
+    assert all(rc[5] != 0 and rc[6] == 0 for rc in rcs), rcs
+    lines = {n: [ln for ln in (stopped / n / "train.log").read_text().splitlines() if "stopped by SIGUSR1 after step" in ln]
+             for n in ("small", "wide")}  # fmt: skip
+    assert all(len(v) == 1 for v in lines.values()), lines
+    step = int(lines["small"][0].split("after step ")[1].split(";")[0])
+    assert step < STOP_STEPS and f"after step {step};" in lines["wide"][0], lines
+    for n in ("small", "wide"):  # then resumed from that step's checkpoint to the end, each on its own curve
+        steps = [r["step"] for r in read_metrics(stopped / n) if "loss" in r]
+        assert steps == list(range(1, STOP_STEPS + 1)), (n, steps)
+        assert f"resumed from {stopped / n / 'checkpoints'}/step_{step:08d}" in (stopped / n / "train.log").read_text()

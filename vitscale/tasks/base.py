@@ -82,7 +82,9 @@ class Task:
         self.runtime: Any = None
         """What the run that trains this task was handed by the task's own :meth:`job` (``train(cfg,
         runtime=...)``), None for a plain run: the runtime object one part of a job shares with the others
-        (feature distillation's students: the job's exchange of the teachers' features)."""
+        (feature distillation's students: the job's exchange of the teachers' features). A runtime with a
+        ``stop_group`` has the stop on a signal agreed over that group (the whole job) rather than the run's
+        own ranks."""
 
     @classmethod
     def for_evaluation(cls, cfg: Any, model: nn.Module, num_classes: int | None, dp_group=None,

@@ -218,8 +218,12 @@ class StudentExchange:
     each exchange's micro-step and batch shape; ``data`` (gloo on CPU, NCCL on CUDA) carries the
     features."""
 
-    def __init__(self, layout: StudentLayout, rank: int, ctrl, data, device: torch.device, grad_accum: int = 1):
+    def __init__(self, layout: StudentLayout, rank: int, ctrl, data, device: torch.device, grad_accum: int = 1,
+                 stop_group=None):  # fmt: skip
         self.layout, self.rank, self.ctrl, self.data = layout, rank, ctrl, data
+        # the job's ranks agree on a signal's stop (vitscale.train.preemption), so every student stops after the
+        # same step: its own group, as the exchange's groups carry the steps' traffic
+        self.stop_group = stop_group
         self.device, self.accum = torch.device(device), grad_accum
         self.student, self.student_rank = layout.place(rank)
         self.size = len(layout.ranks[self.student])
@@ -350,6 +354,7 @@ def student_process(layout: StudentLayout, rank: int, scfg, timeout_s: float, gr
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefix = f"vitscale/students/{restart}/{(store.add(f'vitscale/students/{restart}/jobs', 1) - 1) // layout.world}/"
     ctrl = dist.ProcessGroupGloo(dist.PrefixStore(prefix + "job/", store), rank, layout.world, timeout)
+    stop = dist.ProcessGroupGloo(dist.PrefixStore(prefix + "job-stop/", store), rank, layout.world, timeout)
     data = ctrl
     if device.type == "cuda":
         data = dist.ProcessGroupNCCL(dist.PrefixStore(prefix + "job-nccl/", store), rank, layout.world, timeout)
@@ -364,15 +369,15 @@ def student_process(layout: StudentLayout, rank: int, scfg, timeout_s: float, gr
             kw = {"device_id": device} if device.type == "cuda" else {}
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout, rank=r, world_size=size,
                                     store=dist.PrefixStore(f"{prefix}{name}/", store), **kw)  # fmt: skip
-        yield StudentExchange(layout, rank, ctrl, data, device, grad_accum)
+        yield StudentExchange(layout, rank, ctrl, data, device, grad_accum, stop)
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        _backend_shutdown(*({id(data): data, id(ctrl): ctrl}.values()))
-        del store, ctrl, data
+        _backend_shutdown(*({id(data): data, id(ctrl): ctrl, id(stop): stop}.values()))
+        del store, ctrl, data, stop
         gc.collect()  # the store's server (rank 0's, without torchrun's agent) freed with it: a next job may rendezvous
 
 

@@ -77,7 +77,7 @@ class Preemption:
     loader's worker processes, forked later, inherit them; :meth:`agreed` is the per-step decision
     (collective with several ranks)."""
 
-    def __init__(self, names: tuple[str, ...] | list[str], deadline: float | None = None):
+    def __init__(self, names: tuple[str, ...] | list[str], deadline: float | None = None, group=None):
         self.signums = [signal_number(n) for n in names]
         self.deadline = deadline  # seconds from the first signal to the end of the step (None: no deadline)
         self.last_saved = lambda: None  # the newest checkpoint saved, for the deadline's line (watch)
@@ -90,13 +90,20 @@ class Preemption:
         self._work = None  # the agreement under way (launched after the previous step)
         self._steps = 0
         self._single = False  # known to be one process (no agreement needed)
+        if group is not None:  # the agreement's group given (a job of several runs: its ranks, all of them)
+            import torch
+
+            self.group = group
+            self._flags = [torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)]
 
     @classmethod
-    def build(cls, cc) -> Preemption:
+    def build(cls, cc, group=None) -> Preemption:
         """The component of the ``checkpoint`` group ``cc``: its signals (``save_on_signal``) and their
         deadline (``signal_deadline``). Built from the config, not the assembled run: it is entered
-        before the run is built (see the class)."""
-        return cls(cc.save_on_signal, cc.signal_deadline)
+        before the run is built (see the class). ``group``: a gloo process group the agreement spans
+        instead of the run's own ranks (None: the run's; a job of several runs gives its whole job's, so
+        that every run stops after the same step)."""
+        return cls(cc.save_on_signal, cc.signal_deadline, group)
 
     def watch(self, last_saved) -> None:
         """``last_saved()``: the newest checkpoint saved (a path or None), named if the deadline passes."""

@@ -29,10 +29,11 @@ class Stopping:
         self._stack: list[contextlib.ExitStack] = []
 
     @classmethod
-    def build(cls, cc, *, train, rank: int) -> Stopping:
+    def build(cls, cc, *, train, rank: int, agreement=None) -> Stopping:
         """From the ``checkpoint`` group ``cc`` (the signals and their deadline), the ``train`` group
-        (``hang_timeout``, ``output_dir``) and this process's ``rank``."""
-        return cls(Preemption.build(cc), Watchdog.build(train, rank=rank))
+        (``hang_timeout``, ``output_dir``) and this process's ``rank``; ``agreement``: the process group
+        a signal's stop is agreed over when it is not the run's own (:meth:`Preemption.build`)."""
+        return cls(Preemption.build(cc, agreement), Watchdog.build(train, rank=rank))
 
     def __enter__(self) -> Stopping:
         stack = contextlib.ExitStack()

@@ -288,14 +288,17 @@ def train(cfg: Config, *, summary: str = "human", notes: list[str] | tuple[str, 
     Rank 0 keeps what it prints in ``<output_dir>/train.log`` (``vitscale.train.runlog``) and ends
     with the summary in the form ``summary`` names: ``human``, ``json`` or ``none``. ``notes``: lines
     from loading the config, printed with the run's opening lines. ``runtime``: what a task's job hands
-    each run it trains (:attr:`vitscale.tasks.base.Task.runtime`)."""
+    each run it trains (:attr:`vitscale.tasks.base.Task.runtime`); one with a ``stop_group`` (a gloo
+    process group over the whole job) has a signal's stop agreed over the job, so that its runs all stop
+    after the same step."""
     job = get_task(cfg.train.task).job(cfg) if cfg.train.task else None
     if job is not None:  # a task whose config is several runs (feature_distill's distill.students)
         return job(cfg, train, summary=summary, notes=notes)  # each of its runs trained by this function
     rank = int(os.environ.get("RANK", "0"))  # the rank torchrun gave this process (0 without torchrun)
     out = Path(cfg.train.output_dir)
     with RunLog(out / "train.log", enabled=rank == 0, header=command_line()) as runlog, \
-            Stopping.build(cfg.checkpoint, train=cfg.train, rank=rank) as stopping:  # start-up included
+            Stopping.build(cfg.checkpoint, train=cfg.train, rank=rank,
+                           agreement=getattr(runtime, "stop_group", None)) as stopping:  # start-up included
         trainer = Trainer(cfg, stopping, runtime)  # checks the settings and claims the run folder (or refuses: no file written)
         trainer.notices[:0] = list(notes)
         runlog.attach()
