@@ -44,7 +44,7 @@ from .base import PretrainingTask, register_task
 from .distill import FiniteWatch
 from .distill_config import DistillConfig
 from .feature_distill_config import FeatureDistillConfig, require_teachers
-from .feature_distill_heads import FeatureDistillParts, TeacherFeatures
+from .feature_distill_heads import FeatureDistillParts, TeacherFeatures, student_tokens
 from .feature_distill_teachers import check_features, read_teacher, teacher_features
 from .module import TrainModule, freeze_unreached
 
@@ -115,6 +115,11 @@ class FeatureDistillTask(PretrainingTask):
         if not model.family.model_cls.supports_tokens:
             raise ConfigError(f"train.task=feature_distill: the student {model.name} declares no tokens (supports_tokens): "
                               "use a ViT (`vitscale models`)")  # fmt: skip
+        ladder = [t.name for t in cfg.distill.teachers if t.head_ladder]
+        if ladder and not (model.family.model_cls.supports_intermediates and model.cfg.class_token
+                           and model.cfg.class_token_length > 0):  # fmt: skip
+            raise ConfigError(f"distill.teachers[{ladder[0]}].head_ladder: the ladder reads every block's class token, "
+                              f"which the student {model.name} does not give (a ViT with a class token does)")  # fmt: skip
 
     def build(self, run):
         model, lines = self.model, []
@@ -130,9 +135,11 @@ class FeatureDistillTask(PretrainingTask):
         mcfg = model.cfg
         x = torch.zeros(1, mcfg.num_channels, mcfg.img_h, mcfg.img_w, device=device)
 
-        def features(m):
-            t = m(x, tokens=True)
-            return t.pooled.float().sum() + t.patches.float().sum()
+        blocks = mcfg.num_layers if any(t.head_ladder for t in self.dc.teachers) else 0  # UNIC's ladder: every block
+
+        def features(m):  # what the heads read: the tokens of the last block, or of every block (a ladder)
+            summary, patches, _ = student_tokens(m, x, blocks)
+            return sum(t.sum() for t in (*summary, *patches)) if blocks else summary.sum() + patches.sum()
 
         unreached = freeze_unreached(model, features)  # the student's classifier: no feature reaches it
         if unreached:
@@ -142,7 +149,7 @@ class FeatureDistillTask(PretrainingTask):
         dims = {name: check_features(name, f) for name, f in feats.items()}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + 48)
-            parts = FeatureDistillParts(model.num_features, self.dc.teachers, dims).to(device)
+            parts = FeatureDistillParts(model.num_features, self.dc.teachers, dims, blocks).to(device)
         parts.check(model.num_features, mcfg.grid, feats)  # one line per misfit, before the first step
         lines += parts.describe()
         module = FeatureDistillModule(model, {"distill": parts}, lines + [
@@ -198,11 +205,10 @@ class FeatureDistillTask(PretrainingTask):
             ok = torch.stack([torch.isfinite(t).all() for t in (f.summary, f.patches) if t is not None]).all()
             watch.record(ok, step // self.accum + 1)
             finite.append(ok)
-        with self.autocast():
-            s = model(images, tokens=True)
-        loss, metrics = self.module.distill(s.pooled.float(), s.patches.float(), tuple(s.grid), feats,
-                                            group=self.dp_group, drop=self.dc.teacher_drop, seed=self.seed,
-                                            step=step, index=index)  # fmt: skip
+        with self.autocast():  # the last block's tokens, or every block's for a ladder (student_tokens)
+            summary, patches, grid = self.module.distill.student_inputs(model, images)
+        loss, metrics = self.module.distill(summary, patches, grid, feats, group=self.dp_group, drop=self.dc.teacher_drop,
+                                            seed=self.seed, step=step, index=index)  # fmt: skip
         loss = torch.where(torch.stack(finite).all(), loss, torch.nan)  # a non-finite teacher: the step is not applied
         return loss, metrics
 

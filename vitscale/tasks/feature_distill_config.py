@@ -89,6 +89,16 @@ class FeatureTeacherConfig:
     head_num_inner: int = 0
     """Residual inner blocks of the adaptor MLPs (RADIO's ``num_inner``, ``radio/adaptor_mlp.py``
     line 54: 0 = ``fc1`` then ``final``)."""
+    head_ladder: bool = False
+    """UNIC's ladder of projectors (arXiv 2408.05088, its abstract; naver/unic ``modeling/unic.py`` lines
+    33-108): heads on the student's tokens after every block, their sum the prediction of this teacher's
+    features (docs/distillation.md, "Adaptor heads"). UNIC's default (``main_unic.py`` lines 50-55: every
+    block). Off: one head on the last block's tokens. The student must give its blocks' class tokens (a ViT
+    with a class token: ``supports_intermediates``)."""
+    head_ladder_hidden_dim: int | None = None
+    """``head_ladder``: hidden width of the heads on blocks 1..L-1 (the last block's is
+    ``head_hidden_dim``); None = the student's width (UNIC's ``hidden_dim=768`` for its ViT-B's 768,
+    ``modeling/unic.py`` line 40)."""
     grid_interpolation: Literal["bilinear", "bicubic"] = "bilinear"
     """How the student's patch grid is resampled to the teacher's when they differ (the adaptor's output
     on the ``(B, D, gh, gw)`` map, ``align_corners=False``)."""
@@ -135,6 +145,12 @@ class FeatureTeacherConfig:
         if self.head_hidden_dim is not None:
             at_least("head_hidden_dim", self.head_hidden_dim, 1, "the adaptor MLPs' hidden width", error=ValueError)
         at_least("head_num_inner", self.head_num_inner, 0, "residual inner blocks of the adaptor MLPs", error=ValueError)
+        if not isinstance(self.head_ladder, bool):
+            raise ValueError(f"head_ladder={self.head_ladder!r}: true (UNIC's ladder of projectors) or false")
+        if self.head_ladder_hidden_dim is not None:
+            if not self.head_ladder:
+                raise ValueError("head_ladder_hidden_dim is the ladder's width: set head_ladder: true, or leave it out")
+            at_least("head_ladder_hidden_dim", self.head_ladder_hidden_dim, 1, "the ladder's hidden width", error=ValueError)
         for key in ("cos_weight", "smooth_l1_weight", "summary_weight", "patch_weight"):
             at_least(key, getattr(self, key), 0, "a loss weight", error=ValueError)
         if self.cos_weight + self.smooth_l1_weight <= 0:

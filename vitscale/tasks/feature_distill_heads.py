@@ -34,6 +34,25 @@ feature width the heads were not built for (the student's or the teacher's).
 (:mod:`.feature_distill_norm`) and the loss (:mod:`.feature_distill_loss`) — as the one module a
 feature-distillation task's training module holds beside the student's backbone: its parameters are
 the heads', its buffers the standardisers' statistics (both in its ``state_dict``).
+
+**The ladder of projectors** (a teacher's ``head_ladder``; UNIC's "ladder of expendable projectors",
+arXiv 2408.05088, its abstract): the student's tokens after *every* block ``b = 1..L`` feed a head of
+their own, and the teacher's prediction is their sum, per token kind,
+
+    ``y_kind = sum_{b=1..L} head_{kind,b}(x_{kind,b})``
+
+— naver/unic at 02269db ``modeling/unic.py``: ``UNIC.forward`` (lines 18-30) collects each block's class
+token ``x[:, 0]`` and patch tokens ``x[:, 1 + registers:]``, ``LP.__init__`` (lines 33-84) builds a
+head per teacher, kind and block (``which_blocks`` = every block by default, lines 48-50), the last
+block's ``last_hidden_dim`` wide (3072), the others' ``hidden_dim`` (768 for its ViT-B: here the
+student's width by default, ``head_ladder_hidden_dim``), and ``LP.forward`` (lines 92-108) sums them in
+block order. UNIC turns it on always (``main_unic.py`` lines 50-55: ``--lp_args`` ``{'std': 0.02}``,
+every block). Here the last block's head is the teacher's own head (``heads.<kind>``, the same as without
+the ladder) and blocks ``1..L-1`` are ``ladder.<kind>.<b-1>``; each head is the MLP above. Each block's
+tokens are read as the linear probe reads them (``model(images, intermediates=L)``: through the
+student's final norm, DINOv2's ``get_intermediate_layers(norm=True)``), where UNIC's student hands its
+blocks' raw outputs to the heads (``UNIC.forward`` applies no norm). The resampling to a teacher's grid
+is applied to the sum.
 """
 
 from __future__ import annotations
@@ -90,53 +109,103 @@ class AdaptorMLP(nn.Module):
 
 class TeacherAdaptor(nn.Module):
     """One teacher's heads: ``summary`` and / or ``patch`` (:data:`TOKEN_KINDS`), each an :class:`AdaptorMLP`
-    from the student's width ``in_dim`` to the teacher's ``out_dim``."""
+    from the student's width ``in_dim`` to the teacher's ``out_dim``. ``ladder``: the student's depth ``L``
+    for UNIC's ladder of projectors (module docstring: ``L - 1`` more heads per kind, ``ladder_hidden_dim``
+    wide, None = ``in_dim``, on blocks ``1..L-1``; the sum of all ``L``); 0 = none."""
 
-    def __init__(self, in_dim: int, out_dim: int, kinds=TOKEN_KINDS, hidden_dim: int | None = None, num_inner: int = 0):
+    def __init__(self, in_dim: int, out_dim: int, kinds=TOKEN_KINDS, hidden_dim: int | None = None, num_inner: int = 0,
+                 ladder: int = 0, ladder_hidden_dim: int | None = None):  # fmt: skip
         super().__init__()
         unknown = [k for k in kinds if k not in TOKEN_KINDS]
         if unknown or not kinds:
             raise ValueError(f"token kinds {list(kinds)}: give one or both of {', '.join(TOKEN_KINDS)}")
+        if ladder < 0:
+            raise ValueError(f"ladder={ladder}: the student's depth (>= 1), or 0 for no ladder")
         hidden = hidden_dim or 4 * in_dim  # UNIC's last_hidden_dim: 4 x the student's width
         self.heads = nn.ModuleDict({k: AdaptorMLP(in_dim, hidden, out_dim, num_inner) for k in TOKEN_KINDS if k in kinds})
-        self.in_dim, self.out_dim = in_dim, out_dim
+        self.in_dim, self.out_dim, self.depth = in_dim, out_dim, ladder
+        if ladder:  # built after the heads: a run without the ladder draws its heads' initialisation as before
+            rung = ladder_hidden_dim or in_dim  # UNIC's hidden_dim=768 for its ViT-B's 768 (unic.py line 40)
+            self.ladder = nn.ModuleDict({k: nn.ModuleList(AdaptorMLP(in_dim, rung, out_dim, num_inner) for _ in range(ladder - 1))
+                                         for k in self.heads})  # fmt: skip
 
     @property
     def kinds(self) -> tuple[str, ...]:
         return tuple(self.heads.keys())
 
-    def forward(self, summary: torch.Tensor | None, patches: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    def forward(self, summary, patches) -> dict[str, torch.Tensor]:
         """``{kind: adaptor output}``: ``summary (B, D) -> (B, Dt)``, ``patches (B, N, D) -> (B, N, Dt)``
-        (the student's grid)."""
+        (the student's grid). Each may be a list of every block's tokens, oldest first
+        (:func:`student_tokens` with a ladder): a ladder sums its heads over them, a teacher without one
+        reads the last block's."""
         out = {}
         for kind, head in self.heads.items():
             x = summary if kind == "summary" else patches
             if x is None:
                 raise ValueError(f"the {kind} head has no input: give the student's {kind} tokens")
-            out[kind] = head(x)
+            if not self.depth:
+                out[kind] = head(x[-1] if isinstance(x, list | tuple) else x)
+                continue
+            if not isinstance(x, list | tuple) or len(x) != self.depth:
+                got = f"{len(x)} blocks'" if isinstance(x, list | tuple) else "the last block's"
+                raise ValueError(f"the {kind} ladder sums heads on all {self.depth} blocks' tokens, given {got}: "
+                                 "read them with student_tokens(model, images, blocks)")  # fmt: skip
+            y = 0
+            for rung, xb in zip(self.ladder[kind], x[:-1], strict=True):  # blocks 1..L-1, in order (UNIC's LP.forward)
+                y = y + rung(xb)
+            out[kind] = y + head(x[-1])
         return out
 
 
 class AdaptorHeads(nn.Module):
     """Every teacher's :class:`TeacherAdaptor`, by teacher name (a weight set of its own: the student's
     export stays the family's plain backbone). ``teachers``: ``(name, teacher width, token kinds,
-    hidden width or None, num_inner)`` per teacher."""
+    hidden width or None, num_inner)`` per teacher, optionally followed by ``(ladder depth,
+    ladder hidden width or None)``."""
 
     def __init__(self, student_dim: int, teachers):
         super().__init__()
         self.student_dim = student_dim
         self.teachers = nn.ModuleDict()
-        for name, dim, kinds, hidden, inner in teachers:
+        for name, dim, kinds, hidden, inner, *ladder in teachers:
             if name in self.teachers:
                 raise ValueError(f"two teachers named {name!r}: give each its own name")
-            self.teachers[name] = TeacherAdaptor(student_dim, dim, kinds, hidden, inner)
+            self.teachers[name] = TeacherAdaptor(student_dim, dim, kinds, hidden, inner, *ladder)
 
-    def forward(self, summary: torch.Tensor | None, patches: torch.Tensor | None) -> dict[str, dict[str, torch.Tensor]]:
+    @property
+    def depth(self) -> int:
+        """The blocks whose tokens the heads read: the student's depth with a ladder, else 0 (the last
+        block's tokens alone, :func:`student_tokens`)."""
+        return max((a.depth for a in self.teachers.values()), default=0)
+
+    def forward(self, summary, patches) -> dict[str, dict[str, torch.Tensor]]:
         """``{teacher: {kind: adaptor output on the student's grid}}``."""
         return {name: head(summary, patches) for name, head in self.teachers.items()}
 
 
 # ---------------------------------------------------------------------------------- tokens and grids
+def student_tokens(model: nn.Module, images: torch.Tensor, blocks: int = 0):
+    """The student's ``(summary, patches, grid)`` the heads take, in float32 at least. ``blocks=0``: its
+    pooled features ``(B, D)`` and patch tokens ``(B, N, D)`` (``model(images, tokens=True)``, the contract's
+    :class:`~vitscale.models.contract.Tokens`); ``blocks=L`` (a ladder, :attr:`AdaptorHeads.depth`):
+    lists of the last ``L`` blocks' class tokens and patch tokens, oldest first, each through the final
+    norm — the linear probe's path (``model(images, intermediates=L)``,
+    :func:`vitscale.eval.probe.read_features`; UNIC reads ``x[:, 0]`` and ``x[:, 1 + registers:]`` after
+    every block, ``modeling/unic.py`` lines 18-26). Through the model's call, so FSDP2 gathers it."""
+    if not blocks:
+        s = model(images, tokens=True)
+        return _f32(s.pooled), _f32(s.patches), tuple(s.grid)
+    P = model.num_prefix_tokens
+    every = model(images, intermediates=blocks)
+    grid = tuple(model.token_grid(tuple(images.shape[-2:])))
+    return [_f32(t[:, 0]) for t in every], [_f32(t[:, P:]) for t in every], grid
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 at least (autocast's bf16 up; a float64 student's kept)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def split_tokens(tokens: torch.Tensor, num_prefix: int, summary: str = "class_token") -> tuple[torch.Tensor, torch.Tensor]:
     """A ViT's output tokens ``(B, P + N, D)`` (``P`` prefix tokens: class token, registers) as
     ``(summary (B, D), patches (B, N, D))``: the summary is the first token (``class_token``, DINOv2's
@@ -214,14 +283,18 @@ class FeatureDistillParts(nn.Module):
     teacher's adaptor heads (:class:`AdaptorHeads`, ``heads.*``: parameters) and its standardisers
     per token kind (:class:`~vitscale.tasks.feature_distill_norm.FeatureStandardizer`, ``norms.*``:
     buffers), built from the ``distill.teachers`` entries and the teachers' feature widths
-    (``teacher_dims``). ``forward`` gives the batch's loss and metrics
+    (``teacher_dims``; ``student_blocks``: the student's depth, for a teacher's ``head_ladder``).
+    ``forward`` gives the batch's loss and metrics
     (:func:`~vitscale.tasks.feature_distill_loss.feature_distill_loss`); :meth:`handover` an
     adaptor's output in its teacher's own space."""
 
-    def __init__(self, student_dim: int, teachers, teacher_dims: dict[str, int]):
+    def __init__(self, student_dim: int, teachers, teacher_dims: dict[str, int], student_blocks: int = 0):
         super().__init__()
+        if student_blocks < 1 and any(t.head_ladder for t in teachers):
+            raise ValueError("a teacher's heads are a ladder (head_ladder): give the student's depth, student_blocks")
         self.heads = AdaptorHeads(student_dim, [(t.name, teacher_dims[t.name], tuple(t.tokens), t.head_hidden_dim,
-                                                 t.head_num_inner) for t in teachers])  # fmt: skip
+                                                 t.head_num_inner, student_blocks if t.head_ladder else 0,
+                                                 t.head_ladder_hidden_dim) for t in teachers])  # fmt: skip
         self.norms = nn.ModuleDict({
             t.name: nn.ModuleDict({k: FeatureStandardizer(teacher_dims[t.name], t.standardize, t.standardize_images) for k in t.tokens})
             for t in teachers
@@ -242,8 +315,9 @@ class FeatureDistillParts(nn.Module):
         lines = []
         for name, adaptor in self.heads.teachers.items():
             std = "; ".join(f"{k}: {n.describe()}" for k, n in self.norms[name].items())
-            lines.append(f"distill: teacher {name!r}: heads {'+'.join(adaptor.kinds)} {adaptor.in_dim}->{adaptor.out_dim}, "
-                         f"standardised {std}")  # fmt: skip
+            ladder = f" (a ladder: the sum over the student's {adaptor.depth} blocks)" if adaptor.depth else ""
+            lines.append(f"distill: teacher {name!r}: heads {'+'.join(adaptor.kinds)} {adaptor.in_dim}->{adaptor.out_dim}"
+                         f"{ladder}, standardised {std}")  # fmt: skip
         return lines
 
     def check(self, student_dim: int, student_grid: tuple[int, int], teachers: dict[str, TeacherFeatures]) -> None:
@@ -264,12 +338,17 @@ class FeatureDistillParts(nn.Module):
             out[name] = {k: n(f.summary if k == "summary" else f.patches, group) for k, n in norms.items()}
         return out
 
-    def forward(self, summary: torch.Tensor | None, patches: torch.Tensor | None, grid: tuple[int, int],
-                teachers: dict[str, TeacherFeatures], *, group=None, drop: float = 0.0, seed: int = 0, step: int = 0,
-                index: torch.Tensor | None = None, count: torch.Tensor | None = None):  # fmt: skip
-        """``(loss, metrics)`` of the student's ``summary (B, D)`` and ``patches (B, gh*gw, D)`` on
-        ``grid`` against ``teachers`` (the teachers' outputs, by name): the heads' outputs, the patch
-        ones resampled to each teacher's grid, against the standardised teacher features."""
+    def student_inputs(self, model: nn.Module, images: torch.Tensor):
+        """The student's tokens these heads take (:func:`student_tokens`: every block's with a ladder)."""
+        return student_tokens(model, images, self.heads.depth)
+
+    def forward(self, summary, patches, grid: tuple[int, int], teachers: dict[str, TeacherFeatures], *, group=None,
+                drop: float = 0.0, seed: int = 0, step: int = 0, index: torch.Tensor | None = None,
+                count: torch.Tensor | None = None):  # fmt: skip
+        """``(loss, metrics)`` of the student's ``summary (B, D)`` and ``patches (B, gh*gw, D)`` (lists of
+        them per block with a ladder: :meth:`student_inputs`) on ``grid`` against ``teachers`` (the
+        teachers' outputs, by name): the heads' outputs, the patch ones resampled to each teacher's grid,
+        against the standardised teacher features."""
         preds = self.heads(summary, patches)
         for name, p in preds.items():
             if "patch" in p:
@@ -277,7 +356,7 @@ class FeatureDistillParts(nn.Module):
         return feature_distill_loss(preds, self.targets(teachers, group), self.specs, drop=drop, seed=seed, step=step,
                                     index=index, count=count)  # fmt: skip
 
-    def handover(self, name: str, summary: torch.Tensor | None, patches: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    def handover(self, name: str, summary, patches) -> dict[str, torch.Tensor]:
         """Teacher ``name``'s adaptor outputs for the student's tokens, de-standardised: estimates of
         the teacher's own features (on the student's grid) — RADIO's use of its adaptors."""
         out = self.heads.teachers[name](summary, patches)
@@ -285,4 +364,4 @@ class FeatureDistillParts(nn.Module):
 
 
 __all__ = ["GRID_MODES", "TOKEN_KINDS", "AdaptorHeads", "AdaptorMLP", "FeatureDistillParts", "TeacherAdaptor", "TeacherFeatures",
-           "check_match", "match_grid", "split_tokens"]  # fmt: skip
+           "check_match", "match_grid", "split_tokens", "student_tokens"]  # fmt: skip
