@@ -6,7 +6,9 @@ and PHI-S statistics included); the exported weights are the student's backbone 
 weight set ``vitscale convert --key adaptors`` writes; ``vitscale eval`` of a checkpoint gives the numbers the
 run logged for it (heads read from it, teachers read again), and leaves the entry out or refuses it without
 them. Bad teachers are refused in one line before the first step with nothing written; a teacher whose features are not finite stops the run one step later,
-naming the teacher and the step, the checkpoint before it intact."""
+naming the teacher and the step, the checkpoint before it intact. UNIC's ladder of projectors
+(``head_ladder``) trains, evaluates, resumes exactly and is exported with the heads; a student without a
+class token is refused it in one line."""
 
 from __future__ import annotations
 
@@ -251,3 +253,59 @@ def test_vitscale_eval_of_a_checkpoint_gives_the_runs_last_feature_distill_numbe
     assert len(err) == 1 and "left out" in err[0] and f"distill.teachers[vit]={a}: no such file" in err[0], err
     rc, _, err = evaluate(f"checkpoint.path={run}", "evals=[{kind: feature_distill}]")
     assert rc == 2 and len(err) == 1 and f"distill.teachers[vit]={a}: no such file" in err[0], err
+
+
+# ------------------------------------------------------------------------------- UNIC's ladder of projectors
+LADDER = ["model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=3", "model.pool=token",
+          "train.max_steps=4", "train.log_every=1", "train.batch_size=8", "log.progress=none", "log.report=false",
+          "log.flops=false", "data.num_workers=0", "checkpoint.every=2", "checkpoint.keep=5",
+          "evals=[{kind: feature_distill, every: 0}]"]  # fmt: skip
+
+
+def test_a_ladder_of_projectors_trains_evaluates_resumes_exactly_and_exports(teacher_files, tmp_path, capsys):
+    """``head_ladder: true``: heads on the student's 3 blocks, summed (UNIC); 4 steps, its val-split numbers
+    through the ladder (``vitscale eval`` of the run gives them again), a resume from the step-2
+    checkpoint continues the curve exactly (the ladder's weights and optimizer state in the checkpoint),
+    and the ``adaptors`` weight set holds the ladder."""
+    teachers = f"distill.teachers=[{{name: g, path: {teacher_files['ok']}, head_ladder: true}}]"
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["train", "digits_vit", "train.task=feature_distill", teachers, *LADDER, f"train.output_dir={run}"]) == 0
+    assert "distill: teacher 'g': heads summary+patch 32->32 (a ladder: the sum over the student's 3 blocks)" in capsys.readouterr().out
+    rows = [r for r in read_metrics(run) if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["loss"] < rows[0]["loss"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["val_g_loss"] > 0 and -1 <= summary["val_g_patch_cos"] <= 1
+    capsys.readouterr()  # vitscale eval of the run: the ladder read from its checkpoint, the run's numbers
+    assert main(["eval", str(run / "config.yaml"), f"checkpoint.path={run}"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    for k in ("val_g_loss", "val_g_summary_cos", "val_g_patch_cos"):
+        assert got[k] == pytest.approx(summary[k], abs=1e-6), k
+
+    part = tmp_path / "part"  # resume from the step-2 checkpoint: the same curve
+    (part / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run / "checkpoints" / "step_00000002", part / "checkpoints" / "step_00000002")
+    assert main(["train", "digits_vit", "train.task=feature_distill", teachers, *LADDER, f"train.output_dir={part}"]) == 0
+    keys = ("loss", "train_g_loss", "train_g_summary_cos", "train_g_patch_cos")
+    again = [r for r in read_metrics(part) if "loss" in r]
+    assert [[r[k] for k in keys] for r in again] == [[r[k] for k in keys] for r in rows[2:]]
+    assert json.loads((part / "summary.json").read_text())["val_g_loss"] == summary["val_g_loss"]
+
+    out = tmp_path / "adaptors.safetensors"
+    assert main(["convert", str(run), str(out), "--key", "adaptors"]) == 0
+    with safe_open(out, "pt") as f:
+        names = set(f.keys())
+    for kind in ("summary", "patch"):  # the last block's head and the ladder's on blocks 1 and 2
+        assert f"teachers.g.heads.{kind}.fc1.weight" in names
+        assert {f"teachers.g.ladder.{kind}.{b}.fc1.weight" for b in (0, 1)} <= names
+
+
+def test_a_ladder_on_a_student_without_a_class_token_is_refused_in_one_line(teacher_files, tmp_path, capsys):
+    run = tmp_path / "run"
+    capsys.readouterr()
+    rc = main(["train", "digits_vit", "train.task=feature_distill", "model.class_token=false",
+               f"distill.teachers=[{{name: g, path: {teacher_files['ok']}, head_ladder: true}}]", *QUICK,
+               f"train.output_dir={run}"])  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1 and "distill.teachers[g].head_ladder: the ladder reads every block's class token" in err[0], err
+    assert not run.exists()

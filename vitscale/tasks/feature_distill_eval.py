@@ -219,11 +219,10 @@ class FeatureDistillEvaluator(Evaluator):
             with _gathered(parts):
                 for batch in self.loader:
                     images = batch["image"].to(c.device, non_blocking=True)
-                    with c.autocast():
-                        s = model(images, tokens=True)
+                    with c.autocast():  # the tokens the heads take: every block's for a ladder (as the loss reads them)
+                        summary, patches, grid = parts.student_inputs(model, images)
                     feats = {name: task._features(name, images, timed=False) for name in task.entries}
-                    got = batch_values(parts, s.pooled.float(), s.patches.float(), tuple(s.grid), feats, self.specs,
-                                       self.clips)  # fmt: skip
+                    got = batch_values(parts, summary, patches, grid, feats, self.specs, self.clips)
                     for k, v in got.items():
                         rows.setdefault(k, []).append(v.float())
                     labels.append(batch["label"].to(c.device))
