@@ -20,7 +20,7 @@ Per seed:
   ``param_groups_weight_decay``, which ``main_pretrain.py`` line 179 calls as ``add_weight_decay``) with
   the recipe's betas and weight decay, trained on **the batches of vitscale's own training loader** for
   that run (the same images, crops and order: ``vitscale.run.assemble`` of the same config) for the
-  same steps, at the learning rate vitscale's schedule gives each step (``Schedule.of_run``), on the
+  same steps, at the learning rate vitscale's schedule gives each step (``Schedule.build`` of the run's ``schedule``), on the
   recipe's thread count;
 - **reference without its final LayerNorm**: the same with ``model.norm`` replaced by the identity
   before training (the decoder then reads the blocks' output, as vitscale's MAE did on a mean-pooled
@@ -180,7 +180,8 @@ def train_reference(mae, seed: int, final_norm: bool, work: Path, extra: list[st
     opt = torch.optim.AdamW(groups, lr=peak, betas=tuple(cfg.optim.betas))  # line 180
     for g in opt.param_groups:
         g["initial_lr"] = peak
-    schedule = Schedule.of_run(run, opt, peak)
+    schedule = Schedule.build(cfg.schedule, optimizer=opt, peak_lr=peak, steps_per_epoch=run.steps_per_epoch,
+                              total_steps=run.total_steps)
     batches = (b for _ in itertools.count() for b in run.loaders.train)
     losses, t0 = {}, time.perf_counter()
     for step in range(1, run.total_steps + 1):

@@ -352,8 +352,9 @@ class DinoTask(PretrainingTask):
         notices = [*frozen, f"dino: {crops}; head {dc.head_nlayers} layers -> {dc.head_bottleneck_dim} -> "
                    f"{dc.head_n_prototypes} prototypes ({dc.head_last_layer}{', batch norm' if dc.head_use_bn else ''}; "
                    f"{n_params / 1e6:.2f}M params, not exported); "
-                   f"centring {dc.centering}; teacher temperature {dc.warmup_teacher_temp} -> {dc.teacher_temp} over "
-                   f"{self.temp_warmup} steps, momentum {dc.momentum_teacher} -> {dc.final_momentum_teacher} over {self.total}; "
+                   f"centring {dc.centering}; teacher temperature "
+                   + (f"{dc.warmup_teacher_temp} -> {dc.teacher_temp} over {self.temp_warmup} steps" if self.temp_warmup
+                      else f"{dc.teacher_temp} from the start") + f", momentum {dc.momentum_teacher} -> {dc.final_momentum_teacher} over {self.total}; "
                    f"prototypes frozen for {self.freeze_steps} steps; iBOT {'on' if self.ibot else 'off'}, KoLeo "
                    f"{dc.koleo_loss_weight}; patch embedding at {dc.patch_embed_lr_mult:g} x the learning rate"
                    + (f"; the backbone frozen for {dc.freeze_backbone_steps} steps (the heads warm up)"
