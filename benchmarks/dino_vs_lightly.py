@@ -77,7 +77,6 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,10 +84,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from ssl_digits import QUIET, train  # noqa: E402  (the benchmarks' one `vitscale train` runner)
 
 CONFIG = "digits_dino"
 STEPS = 600  # 0.64 of an epoch of 60,000 at batch 64 (937 steps an epoch): ~6 CPU-minutes a run
-QUIET = ["log.progress=none", "log.report=false"]
 DINO_V1 = [  # imagenet_dino_vits16's method keys (facebookresearch/dino main_dino.py lines cited there)
     "dino.head_last_layer=normalized", "dino.head_use_bn=false", "dino.koleo_loss_weight=0.0",
     "dino.ibot_loss_weight=0.0", "dino.centering=softmax", "dino.center_momentum=0.9", "dino.student_temp=0.1",
@@ -268,12 +268,7 @@ def pixels(cfg) -> dict:
 
 
 def vitscale_side(args, seed: int, run: Path) -> dict:
-    cmd = [sys.executable, "-m", "vitscale", "train", CONFIG, *args, f"train.seed={seed}", f"train.output_dir={run}", *QUIET]
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
-    wall = time.perf_counter() - t0
-    summary = json.loads((run / "summary.json").read_text())
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary, rows, wall = train([CONFIG, *args, f"train.seed={seed}"], run)
     train_s = [r["elapsed_s"] for r in rows if "elapsed_s" in r]
     return {"seed": seed, "wall_s": wall, "last_loss": [r["loss"] for r in rows if "loss" in r][-1],
             "losses": {r["step"]: r["loss"] for r in rows if "loss" in r},

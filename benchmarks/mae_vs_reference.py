@@ -68,7 +68,6 @@ import io
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -77,9 +76,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from ssl_digits import QUIET, train  # noqa: E402  (the benchmarks' one `vitscale train` runner)
 
 CONFIG = "digits_mae"
-QUIET = ["log.progress=none", "log.report=false"]
 READOUTS = {  # name -> (model overrides of the evaluation, the key the final LayerNorm is loaded under)
     "normed_of_mean": ([], "fc_norm"),
     "mean_of_normed": (["model.overrides.fc_norm=false"], "norm"),
@@ -238,12 +238,7 @@ def vitscale_side(seed: int, work: Path, extra: list[str]) -> tuple[dict, dict, 
     from safetensors.torch import load_file
 
     run = work / f"vitscale_{seed}"
-    cmd = [sys.executable, "-m", "vitscale", "train", CONFIG, *extra, f"train.seed={seed}", f"train.output_dir={run}", *QUIET]
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
-    wall = time.perf_counter() - t0
-    summary = json.loads((run / "summary.json").read_text())
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary, rows, wall = train([CONFIG, *extra, f"train.seed={seed}"], run)
     sd = load_file(run / "model.safetensors")
     head = {k: v for k, v in sd.items() if k.startswith("head.")}
     encoder = {("final." + k[8:] if k.startswith("fc_norm.") else k): v for k, v in sd.items() if not k.startswith("head.")}

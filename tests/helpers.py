@@ -156,3 +156,26 @@ def tiny_run(out: Path, *overrides: str, recipe: str = "digits_vit") -> Path:
 
 
 __all__ = ["assert_curves_close", "assert_follow_one_process", "assert_same_batch", "hub_cache", "no_hang", "randomize", "take", "read_losses", "tiny_run", "TINY_RUN", "read_metrics", "rel_each", "rel_l2", "rel_max", "two_rank_curves"]
+
+
+def doc_commands(doc: Path, heading: str) -> list[list[str]]:
+    """The first ``bash`` block after ``heading`` in the Markdown file ``doc``, one command a line
+    (comment lines left out): what a user copies from the docs, for a test to run as written."""
+    import re
+    import shlex
+
+    text = doc.read_text()
+    block = re.search(r"```bash\n(.*?)```", text[text.index(heading):], re.S).group(1)
+    return [shlex.split(line) for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def photo_jpeg(a: np.ndarray, k: int) -> bytes:
+    """A 420x320 JPEG crop ``k`` of the photo ``a`` (scikit-learn's sample photos): a real photo file."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    y, x = (k * 23) % 100, (k * 41) % 200
+    buf = BytesIO()
+    Image.fromarray(a[y:y + 320, x:x + 420]).save(buf, format="JPEG", quality=90)  # fmt: skip
+    return buf.getvalue()

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
-from io import BytesIO
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import hub_cache
-from PIL import Image
+from helpers import doc_commands, hub_cache, photo_jpeg
 from safetensors.torch import load_file
 
 import vitscale
@@ -39,21 +36,6 @@ TINY = {  # the recipe shrunk: width, depth, the crops and the head; the freeze 
 }  # fmt: skip
 
 
-def _commands() -> list[list[str]]:
-    """The shell block of the section, one command a line."""
-    text = DOC.read_text()
-    section = text[text.index("## Continuing from public weights on your own photos"):]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    return [shlex.split(line) for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-
-
-def _jpeg(a, k: int) -> bytes:
-    y, x = (k * 23) % 100, (k * 41) % 200
-    buf = BytesIO()
-    Image.fromarray(a[y:y + 320, x:x + 420]).save(buf, format="JPEG", quality=90)  # fmt: skip
-    return buf.getvalue()
-
-
 @pytest.fixture
 def home(tmp_path):
     """``photos/`` (8 crops of scikit-learn's two sample photos, two levels deep) and ``labelled/{temple,flower}/``."""
@@ -63,11 +45,11 @@ def home(tmp_path):
     for k in range(8):
         path = tmp_path / "home" / "photos" / ("2024" if k % 2 else "") / f"{k}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(_jpeg(images[k % 2], k))
+        path.write_bytes(photo_jpeg(images[k % 2], k))
     for c, name in enumerate(("temple", "flower")):
         (tmp_path / "home" / "labelled" / name).mkdir(parents=True)
         for k in range(4):
-            (tmp_path / "home" / "labelled" / name / f"{k}.jpg").write_bytes(_jpeg(images[c], 20 + k))
+            (tmp_path / "home" / "labelled" / name / f"{k}.jpg").write_bytes(photo_jpeg(images[c], 20 + k))
     return tmp_path / "home"
 
 
@@ -76,7 +58,7 @@ def test_continuing_dinov2_from_the_hub_cache_as_docs_ssl_writes_it(home, tmp_pa
     transformers = pytest.importorskip("transformers")
     from huggingface_hub import constants
 
-    commands = _commands()
+    commands = doc_commands(DOC, "## Continuing from public weights on your own photos")
     assert [c[:2] for c in commands] == [["hf", "download"], ["vitscale", "train"], ["vitscale", "eval"],
                                          ["vitscale", "convert"]]  # fmt: skip
     repo, recipe = commands[0][2], commands[1][2]

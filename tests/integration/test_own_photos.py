@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
-from io import BytesIO
 from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
+from helpers import doc_commands, photo_jpeg
 from safetensors.torch import load_file
 
 from vitscale.cli import main
@@ -34,21 +32,6 @@ TINY = {  # the recipe shrunk: width, depth, the head and the crops; 2 steps on 
 }  # fmt: skip
 
 
-def _commands() -> list[list[str]]:
-    """The first shell block of docs/ssl.md's "On your own images" section, one command a line."""
-    text = DOC.read_text()
-    section = text[text.index("## On your own images"):]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    return [shlex.split(line) for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-
-
-def _crop(a, k: int) -> bytes:
-    y, x = (k * 23) % 100, (k * 41) % 200
-    buf = BytesIO()
-    Image.fromarray(a[y:y + 320, x:x + 420]).save(buf, format="JPEG", quality=90)  # fmt: skip
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     """``photos/`` (12 crops of scikit-learn's two sample photos, nested, with a hidden ``.thumbnails``) and
@@ -60,20 +43,20 @@ def home(tmp_path_factory):
     for k, name in enumerate(PHOTOS):
         path = root / "photos" / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(_crop(images[k % 2], k))
+        path.write_bytes(photo_jpeg(images[k % 2], k))
     (root / "photos" / ".thumbnails").mkdir()
     (root / "photos" / ".thumbnails" / "0.jpg").write_bytes(b"a thumbnail cache, not read")
     for c, name in enumerate(CLASSES):
         (root / "labelled" / name).mkdir(parents=True)
         for k in range(4):
-            (root / "labelled" / name / f"{k}.jpg").write_bytes(_crop(images[c], 20 + k))
+            (root / "labelled" / name / f"{k}.jpg").write_bytes(photo_jpeg(images[c], 20 + k))
     return root
 
 
 @pytest.mark.slow  # 12 s on the shared 2-core machine: a training run, its report, an evaluation, a conversion
 def test_the_three_commands_of_docs_ssl_on_a_folder_of_photos(home, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the commands' relative paths: runs/my_photos, the exported file
-    commands = _commands()
+    commands = doc_commands(DOC, "## On your own images")
     assert [c[:2] for c in commands] == [["vitscale", "train"], ["vitscale", "eval"], ["vitscale", "convert"]]
     for cmd in commands:
         args = [a.replace("$HOME", str(home)) for a in cmd[1:]] + TINY[cmd[1]]

@@ -90,18 +90,18 @@ class ShardedBatchSampler:
         ``(epoch, index, None, repeat)`` (``None``: the transform's own size)."""
         if perm is None:
             perm = epoch_permutation(self.n, self.seed, epoch, self.shuffle)
+        pos = self._chunk(perm, b)
+        if self.repeats == 1 and not self.mixture:
+            return [(epoch, i) for i in pos]
+        if self.repeats == 1:
+            items = [(epoch, i, None, 0) for i in pos]
+        else:
+            images = perm[torch.tensor(pos, dtype=torch.long) // self.repeats].tolist()
+            items = [(epoch, i, None, p % self.repeats) for i, p in zip(images, pos)]
         if self.mixture:  # a mixture of views: the step's choice with every item (vitscale.data.views.mixture_index)
             k = mixture_index(self.mixture, self.seed, epoch, b // self.accum)
-            pos = self._chunk(perm, b)
-            if self.repeats == 1:
-                return [(epoch, i, None, 0, k) for i in pos]
-            images = perm[torch.tensor(pos, dtype=torch.long) // self.repeats].tolist()
-            return [(epoch, i, None, p % self.repeats, k) for i, p in zip(images, pos)]
-        if self.repeats == 1:
-            return [(epoch, i) for i in self._chunk(perm, b)]
-        pos = self._chunk(perm, b)
-        images = perm[torch.tensor(pos, dtype=torch.long) // self.repeats].tolist()
-        return [(epoch, i, None, p % self.repeats) for i, p in zip(images, pos)]
+            items = [(*item, k) for item in items]
+        return items
 
     def _chunk(self, perm, b: int) -> list[int]:
         """This rank's share of global micro-batch ``b``: dataset indices, or with repeats the
