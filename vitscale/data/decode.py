@@ -235,17 +235,57 @@ def _out_size(out_size, box) -> tuple[int, int]:
 
 def _crop_resize(t: torch.Tensor, box, scale: float, out_size, interpolation: str) -> torch.Tensor:
     """Cut ``box`` (original pixels) out of ``t`` decoded at 1/``scale`` and resize it to ``out_size``."""
-    from torchvision.transforms.v2 import functional as F
-
     _, h, w = t.shape
     top, left = int(round(box[0] / scale)), int(round(box[1] / scale))
     bottom = min(h, max(top + 1, int(round((box[0] + box[2]) / scale))))
     right = min(w, max(left + 1, int(round((box[1] + box[3]) / scale))))
     crop = t[:, top:bottom, left:right]  # (C, h', w') view
-    if tuple(crop.shape[-2:]) == tuple(out_size):
-        return crop
-    mode = F.InterpolationMode.BICUBIC if interpolation == "bicubic" else F.InterpolationMode.BILINEAR
-    return F.resize(crop, list(out_size), interpolation=mode, antialias=True)
+    return resize(crop, out_size, interpolation)
+
+
+INTERPOLATIONS = ("bilinear", "bicubic")
+
+
+def resize(image: torch.Tensor, size, interpolation: str = "bilinear") -> torch.Tensor:
+    """``image`` (``(..., C, H, W)``) resized to ``size`` (H, W) with antialiasing
+    (``torch.nn.functional.interpolate(..., antialias=True, align_corners=False)``); the same tensor
+    when it already has that size. Values as torchvision's ``transforms.v2.functional.resize`` of a
+    tensor gives them on an AVX2 / AVX-512 or ARM CPU (``tests/unit/test_resize.py`` compares the two):
+    ``uint8`` is resampled as ``uint8`` on the CPU (PyTorch's own uint8 kernels); on another device,
+    or for another integer type, through float32, clamped to [0, 255] for uint8 bicubic (its overshoot),
+    then rounded. torchvision is not imported for it: its package imports ``torch._dynamo`` (about a
+    second of start-up for every process that reads images)."""
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}")
+    h, w = (int(s) for s in size)
+    *lead, c, h0, w0 = image.shape
+    if (h, w) == (h0, w0) or image.numel() == 0:
+        return image if (h, w) == (h0, w0) else image.new_empty((*lead, c, h, w))
+    x = image.reshape(-1, c, h0, w0)
+    native = image.is_floating_point() and image.dtype in (torch.float32, torch.float64)
+    native = native or (image.dtype == torch.uint8 and image.device.type == "cpu")
+    y = torch.nn.functional.interpolate(x if native else x.float(), size=(h, w), mode=interpolation,
+                                        align_corners=False, antialias=True)  # fmt: skip
+    if not native:
+        if image.dtype == torch.uint8 and interpolation == "bicubic":
+            y = y.clamp_(0, 255)
+        y = (y.round_() if not image.is_floating_point() else y).to(image.dtype)
+    return y.reshape(*lead, c, h, w)
+
+
+def resized_crop(image: torch.Tensor, top: int, left: int, height: int, width: int, size,
+                 interpolation: str = "bilinear") -> torch.Tensor:  # fmt: skip
+    """The box (top, left, height, width) of ``image`` (inside it) resized to ``size``: :func:`resize`."""
+    return resize(image[..., top : top + height, left : left + width], size, interpolation)
+
+
+def pad(image: torch.Tensor, left: int, top: int, right: int, bottom: int, fill: list[int] | int = 0) -> torch.Tensor:
+    """``image`` (``(..., C, H, W)``) with ``fill`` around it: a value, or one per channel."""
+    *lead, c, h, w = image.shape
+    value = torch.as_tensor(fill, device=image.device).to(image.dtype).reshape(-1, 1, 1)
+    out = value.expand(c, h + top + bottom, w + left + right).expand(*lead, -1, -1, -1).clone()
+    out[..., top : top + h, left : left + w] = image
+    return out
 
 
 def eval_resize_size(height: int, width: int, out_size: tuple[int, int], crop_pct: float, mode: str = "center") -> tuple[int, int]:
@@ -278,12 +318,10 @@ def crop_or_pad(image: torch.Tensor, out_size: tuple[int, int], fill: list[int] 
     the missing pixels before, the rest after, then a crop at ``round((size - out) / 2)``). Returns
     the image and its window on ``image`` as (top, left, h, w) in ``image``'s pixels: ``out_size``
     at its place, starting before 0 or ending past the edge where it was padded."""
-    from torchvision.transforms.v2 import functional as F
-
     oh, ow = out_size
     _, h, w = image.shape
     dh, dw = max(0, oh - h), max(0, ow - w)
     if dh or dw:
-        image = F.pad(image, [dw // 2, dh // 2, (dw + 1) // 2, (dh + 1) // 2], fill=fill)
+        image = pad(image, dw // 2, dh // 2, (dw + 1) // 2, (dh + 1) // 2, fill)
     top, left = int(round((image.shape[-2] - oh) / 2.0)), int(round((image.shape[-1] - ow) / 2.0))
     return image[:, top : top + oh, left : left + ow], (top - dh // 2, left - dw // 2, oh, ow)

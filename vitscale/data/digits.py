@@ -179,13 +179,13 @@ class DigitsAspectData(DataConfig):
 
 def stretched(images: torch.Tensor, sizes, split: str) -> list[torch.Tensor]:
     """``images`` uint8 ``(N, C, 8, 8)``, each resized to one of ``sizes`` ((H, W)) drawn by its index."""
-    from torchvision.transforms.v2 import functional as F
+    from .decode import resize
 
     tag = SPLITS.index(split)
     out = []
     for i, img in enumerate(images):
         h, w = sizes[keyed.py_rng(tag, i, keyed.STREAM_SPLIT).randrange(len(sizes))]
-        out.append(F.resize(img, [int(h), int(w)], interpolation=F.InterpolationMode.BICUBIC, antialias=True))
+        out.append(resize(img, (h, w), "bicubic"))
     return out
 
 

@@ -21,16 +21,12 @@ import random
 from dataclasses import dataclass
 
 import torch
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms.v2 import functional as F
-
 from ..config.data import DataConfig
 from . import keyed
 from .auto_augment import build_augment
-from .decode import crop_or_pad, decode_resized_crop, eval_resize_size
+from .decode import INTERPOLATIONS, crop_or_pad, decode_resized_crop, eval_resize_size, resize, resized_crop
 from .naflex import fit_grid
 
-_INTERP = {"bilinear": InterpolationMode.BILINEAR, "bicubic": InterpolationMode.BICUBIC}
 EVAL_CROP_MODES = ("center", "squash", "border")
 
 
@@ -99,8 +95,8 @@ class SampleTransform:
         self.seed = int(seed)
         self.train = train
         self.repeat = 0  # which repeat of its image in the epoch a sample is (data.repeated_aug)
-        if cfg.interpolation not in _INTERP:
-            raise ValueError(f"data.interpolation must be one of {sorted(_INTERP)}, got {cfg.interpolation!r}")
+        if cfg.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"data.interpolation must be one of {sorted(INTERPOLATIONS)}, got {cfg.interpolation!r}")
         self.interpolation = cfg.interpolation  # evaluation's
         self.train_interpolation = cfg.train_interpolation or cfg.interpolation  # may be "random"
         if cfg.eval_crop_mode not in EVAL_CROP_MODES:
@@ -166,17 +162,16 @@ class SampleTransform:
         rng = self.rng(epoch, index)
         h0, w0 = image.shape[-2:]
         top, left, h, w = rrc_box(rng, h0, w0, self.cfg.rrc_scale, self.ratio(h0, w0))
-        mode = _INTERP[self.crop_interpolation(epoch, index)]
-        out = F.resized_crop(image, top, left, h, w, list(self.out_size(h, w)), interpolation=mode, antialias=True)
+        out = resized_crop(image, top, left, h, w, self.out_size(h, w), self.crop_interpolation(epoch, index))
         return self.finish(out, rng, (top / h0, left / w0, h / h0, w / w0), epoch, index)
 
     def tensor_eval(self, image: torch.Tensor) -> Augmented:
         h0, w0 = image.shape[-2:]
         if self.seq_len:  # NaFlex: the whole image at its aspect ratio, fitted to the sequence length
-            out = F.resize(image, list(self.out_size(h0, w0)), interpolation=_INTERP[self.interpolation], antialias=True)
+            out = resize(image, self.out_size(h0, w0), self.interpolation)
             return Augmented(out, (0.0, 0.0, 1.0, 1.0), False, [0] * 6)
         size = self.eval_size(h0, w0)
-        out = image if size == (h0, w0) else F.resize(image, list(size), interpolation=_INTERP[self.interpolation], antialias=True)
+        out = resize(image, size, self.interpolation)
         return self.eval_crop(out)
 
     # --- evaluation: resize the whole image, then crop / pad the centre ----------------------------
