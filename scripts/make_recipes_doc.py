@@ -35,7 +35,8 @@ reproduced on this project's CPU machine (no ImageNet, LAION or GPU here). Every
 `vitscale/configs/` trains as it ships in `tests/integration/test_recipes_as_shipped.py`: 2 steps at its
 own resolution on real photos (scikit-learn's sample photos as an image folder, or as captioned
 WebDataset shards), then its evaluation once; only the data paths, the files it starts from (init
-weights, a teacher, token labels: tiny real files in the format the recipe names) and the model's
+weights, a teacher, token labels: tiny real files in the format the recipe names; a previous stage's
+run: that recipe's own, of 1 step) and the model's
 width and depth are replaced, every augmentation, sampler, loss and evaluation setting is its own.
 
 This page is generated from the configs by `python scripts/make_recipes_doc.py` (`make test` checks

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from _launch import free_port, needs_cpu_fsdp
 from helpers import assert_curves_close, read_metrics
 
@@ -83,3 +84,33 @@ def test_dino_on_two_ranks_fsdp_and_tp_follows_one_process_and_resumes_on_its_cu
     again = read_metrics(part)
     for key in (*CURVES, "train_teacher_temp"):
         assert curve(again, key) == curve(got, key), key
+
+
+@needs_cpu_fsdp
+def test_a_stage_on_two_ranks_keeps_the_previous_stages_parts_bit_for_bit(tmp_path):
+    """``checkpoint.init_parts`` under torchrun: a one-process run's student heads, teacher and centres read
+    into a 2-rank FSDP2 stage (each part sharded as the run lays it out), the Gram teacher starting as the
+    kept teacher's backbone, on crops of its own; nothing moves in the stage's one step (no learning rate,
+    momenta 1), so its checkpoint holds every kept tensor as the previous run wrote it."""
+    from vitscale.checkpoint import read_weights
+
+    centring = ["dino.centering=softmax"]
+    first = tmp_path / "first"
+    p = subprocess.run([sys.executable, "-m", "vitscale", "train", "digits_dino", *ARGS, *centring, "train.max_steps=2",
+                        "evals=[]", f"train.output_dir={first}"], env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    frozen = ["optim.lr=0", "dino.momentum_teacher=1", "dino.final_momentum_teacher=1", "dino.center_momentum=1"]
+    stage = tmp_path / "stage"
+    finish(torchrun(stage, *centring, *frozen, "train.max_steps=1", "evals=[]", "dino.gram_rep_update=false",
+                    "dino.gram_teacher_crops_size=48", f"checkpoint.init_from={first}",
+                    "checkpoint.init_parts=[student,teacher,centres]"))  # fmt: skip
+    before = read_weights(first / "checkpoints" / "step_00000002", "task", prefix="task.")
+    after = read_weights(stage / "checkpoints" / "step_00000001", "task", prefix="task.")
+    kept = [k for k in before if not k.startswith("gram_teacher.")]
+    assert {"student.head.last_v", "student.ibot_head.last_v", "teacher.backbone.pos_embed", "centres.cls"} <= set(kept)
+    for k in kept:
+        assert torch.equal(after[k], before[k]), k
+    gram = [k for k in after if k.startswith("gram_teacher.")]
+    assert gram and all(torch.equal(after[k], before[f"teacher.backbone.{k[len('gram_teacher.'):]}"]) for k in gram)
+    model_before, model_after = read_weights(first / "checkpoints" / "step_00000002"), read_weights(stage / "checkpoints" / "step_00000001")
+    assert model_after.keys() == model_before.keys() and all(torch.equal(model_after[k], model_before[k]) for k in model_before)

@@ -32,8 +32,8 @@ def vitscale(*args: str) -> subprocess.CompletedProcess:
 
 
 def curve(rows):
-    return [(r["step"], r["loss"], r["train_teacher_temp"], r.get("train_gram_loss"), *(r[s] for s in SIGNALS))
-            for r in rows if "loss" in r]
+    return [(r["step"], r["loss"], r["train_teacher_temp"], r.get("train_gram_loss"), r.get("train_gram_loss_weight"),
+             r.get("train_dino_local_weight"), *(r[s] for s in SIGNALS)) for r in rows if "loss" in r]
 
 
 @pytest.mark.slow
@@ -42,7 +42,9 @@ def test_digits_dino_pretrains_reports_signals_and_knn_and_resumes_exactly(tmp_p
     run = tmp_path / "dino"
     args = [*TINY, f"dino.centering={centering}", "dino.warmup_teacher_temp=0.04", "dino.teacher_temp=0.07",
             "dino.warmup_teacher_temp_epochs=30",  # DINOv2's warm-up (the recipe has none)
-            "dino.gram_loss_weight=1.0", "dino.gram_update_frequency=3"]  # DINOv3's Gram teacher, refreshed after step 3
+            "dino.gram_loss_weight=1.0", "dino.gram_update_frequency=3",  # DINOv3's Gram teacher, refreshed after step 3,
+            "dino.gram_teacher_crops_size=48", "dino.gram_teacher_no_distortions=true",  # on crops of its own (12x12 -> 8x8)
+            "dino.gram_loss_weight_schedule=[0.5,1,2,1,2]", "dino.local_loss_weight_schedule=[1,1,0.5,1,2]"]  # scheduled weights
     p = vitscale("train", "digits_dino", *args, f"train.output_dir={run}")
     assert p.returncode == 0, p.stderr[-3000:]
     rows = read_metrics(run)
@@ -53,6 +55,10 @@ def test_digits_dino_pretrains_reports_signals_and_knn_and_resumes_exactly(tmp_p
         assert math.isfinite(r["loss"]) and 1.0 <= r["train_rankme"] <= 16
         assert 0 <= r["train_teacher_entropy"] <= log_k + 1e-4 and 0 <= r["train_teacher_kl_uniform"] <= log_k + 1e-4
         assert {"train_dino_loss", "train_koleo_loss", "train_ibot_loss", "train_gram_loss"} <= r.keys()
+    # DINOv3's linear_warmup_cosine_decay at iterations 0-3: the warm-up's start, the cosine's peak and end, the end
+    assert [r["train_gram_loss_weight"] for r in train_rows] == [0.5, 1.0, 2.0, 2.0]
+    assert [r["train_dino_local_weight"] for r in train_rows] == [1.0, 1.0, 0.5, 0.5]
+    assert "the Gram teacher on crops of its own (48 px, undistorted; its patch features resized bicubic" in p.stdout
     temps = [r["train_teacher_temp"] for r in train_rows]
     assert temps[0] == pytest.approx(0.04) and temps == sorted(temps) and temps[-1] < 0.07  # warming up
     assert 0 <= rows[-1]["knn_top1"] <= rows[-1]["knn_top5"] <= 100 and "linear_probe_top1" in rows[-1]
@@ -83,6 +89,11 @@ def test_digits_dino_pretrains_reports_signals_and_knn_and_resumes_exactly(tmp_p
                                   "at least one patch: e.g. dino.local_crops_size=4"),
     (["train.batch_size=1"], "dino.koleo_loss_weight=0.1 with 1 image per rank and micro-step: KoLeo needs a nearest "
                              "neighbour (one image gives NaN); raise train.batch_size or set dino.koleo_loss_weight=0"),
+    (["dino.gram_loss_weight=1", "dino.gram_teacher_crops_size=50"],
+     "dino.gram_teacher_crops_size=50 must be a multiple of the patch (4 pixels of vit_debug), at least one patch: e.g. 48 "
+     "(the Gram teacher's patch grid is resized to the student's)"),
+    (["dino.local_loss_weight_schedule=[1,1,0.5,2,3]"],
+     "dino.local_loss_weight_schedule=[1, 1, 0.5, 2, 3] lasts 5 steps (warm-up and cosine), longer than the 4-step run: shorten them"),
 ])  # fmt: skip
 def test_bad_settings_are_one_line_before_the_first_step(tmp_path, capsys, extra, msg):
     from vitscale.cli import main
@@ -107,6 +118,10 @@ def test_bad_settings_are_one_line_before_the_first_step(tmp_path, capsys, extra
                                                  "views are cut and augmented by the loader's workers"),
     (["data.rrc_scale=[1.0,1.0]"], "data.rrc_scale=[1.0, 1.0] with train.task=dino"),
     (["data.hflip=0"], "data.hflip=0.0 with train.task=dino"),
+    (["dino.gram_loss_weight=1", "dino.gram_teacher_crops_size=4096"], "dino: gram_teacher_crops_size=4096 must be 1 to 2048 pixels"),
+    (["dino.gram_loss_weight=1", "dino.gram_global_teacher_resize_method=area"],
+     "dino: gram_global_teacher_resize_method='area': choose one of bicubic, bilinear"),
+    (["dino.gram_loss_weight_schedule=[1,2]"], "dino: gram_loss_weight_schedule=[1.0, 2.0] must be [start, peak, end, warmup_steps]"),
 ])  # fmt: skip
 def test_bad_views_and_crop_bounds_are_refused_before_anything_is_written(tmp_path, capsys, extra, msg):
     """DINO's crop counts and sizes, its prototypes, and the data keys its views would ignore: one line,

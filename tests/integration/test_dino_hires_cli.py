@@ -37,12 +37,16 @@ def test_a_stage_keeps_the_previous_stages_heads_teacher_and_centres(tmp_path, c
     assert {"student.head.last_v", "teacher.head.last_v", "teacher.backbone.pos_embed", "centres.cls"} <= before.keys()
     stage = tmp_path / "stage"
     keep = "checkpoint.init_parts=[student,teacher,centres]"
-    args = [*TINY, *MIXTURE, *FROZEN, "dino.gram_loss_weight=1", "dino.gram_rep_update=false", "train.max_steps=1",
+    gram = ["dino.gram_loss_weight=1", "dino.gram_rep_update=false", "dino.gram_teacher_crops_sizes=[48,24]",
+            "dino.gram_teacher_no_distortions=true", "dino.gram_loss_weight_schedule=[1.5,1.5,1.5,0,0]",
+            "dino.local_loss_weight_schedule=[0.5,0.5,0.5,0,0]"]  # DINOv3's stage: the Gram teacher's own crops, 1.5x
+    args = [*TINY, *MIXTURE, *FROZEN, *gram, "train.max_steps=1",
             f"checkpoint.init_from={first}", keep, f"train.output_dir={stage}"]  # fmt: skip
     assert main(["train", "digits_dino", *args]) == 0
     log = (stage / "train.log").read_text()
     assert f"checkpoint.init_parts: teacher (29 tensors) from {first}" in log
     assert "the Gram teacher starts as the kept teacher's backbone" in log
+    assert "the Gram teacher on crops of its own (48/24 px, undistorted" in log
     after = _parts(stage, 1)
     for k, v in before.items():  # every kept tensor, bit for bit (nothing moved in the one step)
         assert torch.equal(after[k], v), k

@@ -3,7 +3,8 @@
 one's own photos — its k-NN and probe on the image folder —, or as captioned WebDataset shards for the
 CLIP recipes; the digits recipes on their built-in digits), then its evaluation once. Only the data paths
 (and the files a recipe starts from: init weights, a teacher, token labels, each a tiny real file
-written here in the format the recipe names) and the model's size (width and depth; patch size and
+written here in the format the recipe names; a stage that keeps the previous stage's parts, that
+recipe's own run of 1 step) and the model's size (width and depth; patch size and
 image size kept) are replaced, plus the batch and the step count (a DINO recipe's head warm-up on a
 frozen backbone, ``dino.freeze_backbone_steps``, the first of the 2 steps): every augmentation, sampler,
 loss, schedule and evaluation setting is the recipe's own. A new config is covered by being in the folder.
@@ -209,7 +210,14 @@ def _overrides(name: str, photos: Path, tmp: Path) -> tuple[list[str], dict]:
         ]
     # a fine-tune starts from its pretraining's weights (imagenet_vit_b16_ft512 ships init_from: null, to be set)
     init = cfg.checkpoint.init_from or ("run" if "_ft" in name else None)
-    if init:
+    if init and cfg.checkpoint.init_parts:  # a stage that keeps the previous stage's parts: that recipe's own run
+        (prev,) = [c for c in CONFIGS if load_config(c).train.output_dir == init]  # the recipe whose run folder it names
+        made["previous"] = tmp / "previous"
+        (tmp / "previous_files").mkdir(parents=True, exist_ok=True)
+        prev_over, _ = _overrides(prev, photos, tmp / "previous_files")
+        assert main(["train", prev, *prev_over, "train.max_steps=1", "evals=[]", f"train.output_dir={made['previous']}"]) == 0
+        over.append(f"checkpoint.init_from={made['previous']}")
+    elif init:
         kind = _starts(init)
         headless = {"num_classes": 0} if kind == "timm" and "in21k" in init else {}  # ImageNet-21k's backbone
         file = {"timm": "init.pth", "transformers": "init"}.get(kind, "init.safetensors")  # transformers: a folder
@@ -310,6 +318,17 @@ def _heads_warm_up_on_the_start(run, log, made):
         torch.testing.assert_close(teacher[k], want, rtol=3e-7, atol=1e-8)  # about 2 float32 ulp
 
 
+def _stage_keeps_the_previous_teacher(run, log, made):
+    """The previous stage's teacher kept (its backbone and heads), the student and the Gram teacher starting
+    as it, the Gram teacher on crops of its own."""
+    assert "checkpoint.init_parts: teacher (" in log and str(made["previous"]) in log
+    assert "the Gram teacher starts as the kept teacher's backbone" in log
+    assert "the Gram teacher on crops of its own (768/1152/1152/1152/1152 px, undistorted" in log
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert [r["train_gram_loss_weight"] for r in rows] == [1.5, 1.5] and all("train_gram_loss" in r for r in rows)
+    assert [r["train_dino_local_weight"] for r in rows] == [0.5, 0.5]
+
+
 CHECKS = {  # what else a recipe's own run shows
     "imagenet21k_vit_b16_ft384": (_pos_embed_resampled,),
     "imagenet_vit_b16_ft512": (_pos_embed_resampled,),
@@ -318,4 +337,5 @@ CHECKS = {  # what else a recipe's own run shows
     "imagenet_deit3_b16": (_bce_from_log2,),
     "clip_b32_locked_image": (_image_tower_locked,),
     "dino_vits14_continue": (_heads_warm_up_on_the_start,),
+    "imagenet_dinov3_vitl16_hires": (_stage_keeps_the_previous_teacher,),
 }

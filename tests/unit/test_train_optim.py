@@ -93,6 +93,18 @@ def test_constant_schedule():
     assert [lr_factor(s, t, 10, 2, 1.0) for t in (1, 2, 3, 10)] == [0.5, 1.0, 1.0, 1.0]
 
 
+def test_a_cosine_warmup_is_dinov3s_rising_cosine_from_zero():
+    """DINOv3's high-resolution stage (``schedules.lr`` start 0, peak 0, end E, cosine_epochs 10: a cosine from
+    0 up to E, then E, dinov3/train/cosine_lr_scheduler.py lines 76-85) as warmup_shape=cosine of 10 steps."""
+    import numpy as np
+
+    s = ScheduleConfig(name="constant", warmup_steps=10, warmup_shape="cosine")
+    got = [lr_factor(s, t, 30, 10, 1.0) for t in range(1, 31)]
+    want = np.concatenate([(0 - 1) * (np.cos(np.linspace(0, np.pi, 10)) + 1) / 2 + 1, np.full(20, 1.0)])
+    assert got == pytest.approx(want.tolist(), abs=1e-12) and got[0] == 0.0 and got[9] == 1.0
+    assert lr_factor(ScheduleConfig(name="constant", warmup_shape="cosine"), 1, 30, 1, 1.0) == 1.0  # a 1-step warm-up
+
+
 def test_ema_update():
     model = torch.nn.Linear(3, 2)
     ema = EMA(model, decay=0.9)

@@ -147,6 +147,11 @@ class ScheduleConfig:
     """Linear warmup steps from 0 to the peak LR."""
     warmup_epochs: float = 0.0
     """Warmup in epochs (converted to steps; used when warmup_steps is 0)."""
+    warmup_shape: Literal["linear", "cosine"] = "linear"
+    """linear (update ``s`` of ``w`` at ``s / w`` of the peak) | cosine (a half cosine from 0 at the first
+    update to the peak at update ``w``: ``(1 - cos(pi (s - 1) / (w - 1))) / 2``, DINOv3's rising cosine
+    from a peak of 0 to its end, ``schedules.lr`` of ``dinov3_vit7b16_high_res_adapt.yaml`` lines 203-209
+    through ``dinov3/train/cosine_lr_scheduler.py`` lines 76-85)."""
     cooldown_steps: int = 0
     """rsqrt / constant: linear cooldown to 0 over the last steps. cosine: the last steps at ``min_lr``,
     the cosine ending that many steps before the run does (timm's ``--cooldown-epochs``)."""

@@ -29,6 +29,11 @@ The collate stacks them crop-major (every sample's crop 0, then every sample's c
 group's crops — uint8 until the loader normalises them as it normalises ``image`` (on the device when
 it has one: :meth:`vitscale.data.loader.ResumableLoader.postprocess`). Such a batch has no ``image``.
 
+A group may be cut from another group's boxes (:attr:`Crops.like`: DINOv3's Gram teacher's crops of the
+global crops, larger): crop for crop the same box at its own size, with the other group's flip, and its
+distortions or none (:attr:`Crops.distort`); it draws nothing of its own, so the other groups' draws,
+and their view numbers, are those of a run without it.
+
 A mixture (:attr:`Views.mixture`: the same groups at other sizes, DINOv3's crop-size pairs) cuts one
 choice per optimizer step, drawn from ``(train.seed, epoch, step)`` (:func:`mixture_index`) and handed
 to the workers with each sample by the sampler (:class:`vitscale.data.sampler.ShardedBatchSampler`);
@@ -59,6 +64,9 @@ MAX_CROPS = 64
 sample's views outgrow any step."""
 MAX_CROP_SIDE = 1024
 """Largest crop side in pixels (DINOv3's high-resolution adaptation: 512-768)."""
+MAX_LIKE_SIDE = 2048
+"""Largest side of a group cut from another group's boxes (:attr:`Crops.like`: DINOv3's Gram teacher's
+crops, 768-1152 in its high-resolution stage, ``dinov3_vit7b16_high_res_adapt.yaml`` lines 180-185)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,15 @@ class Crops:
     """Probability of the Gaussian blur of each crop of the group (one value: every crop)."""
     solarize: tuple[float, ...] = (0.0,)
     """Probability of solarising each crop of the group (one value: every crop)."""
+    like: str | None = None
+    """Another group whose boxes this one cuts, crop for crop, at its own ``size`` (``count`` the same;
+    no draws of its own): DINOv3's Gram teacher crops of the global crops (facebookresearch/dinov3 at
+    6876159, ``dinov3/data/augmentations.py`` lines 66-108, 193-201). Its own augmentation fields are
+    unused: with ``distort`` it shares that group's flip and distortions (both cut at the larger of the
+    two sizes, distorted once, each resized from it: lines 98-103, 174-176, 199-200), without only its
+    flip (the box resized and flipped, undistorted: lines 89-96, 196-197)."""
+    distort: bool = True
+    """With ``like``: share the other group's distortions (True) or only its flip (False)."""
 
     def p(self, values: tuple[float, ...], k: int) -> float:
         return float(values[k] if len(values) > 1 else values[0])
@@ -156,8 +173,10 @@ views) by a run whose task declares views, so refused when not at their defaults
 
 def check_views(views: Views, cfg_data, img_size: tuple[int, int], task: str) -> None:
     """One-line :class:`ConfigError` for a run whose views cannot be cut as asked: a ``data.*``
-    augmentation key off its default (:data:`IGNORED_KEYS`), a crop group without a bound, or a crop
-    larger than the loader's image ``img_size`` (``data.img_size``, else the model's)."""
+    augmentation key off its default (:data:`IGNORED_KEYS`), a crop group without a bound, a crop
+    larger than the loader's image ``img_size`` (``data.img_size``, else the model's; a group cut from
+    another's boxes, :attr:`Crops.like`, at most :data:`MAX_LIKE_SIDE`: the teacher's larger view of
+    the same box), or a group cut from the boxes of a group that is not there."""
     defaults = {f.name: f.default for f in dataclasses.fields(type(cfg_data)) if f.default is not dataclasses.MISSING}
     for f in dataclasses.fields(type(cfg_data)):
         if f.default_factory is not dataclasses.MISSING:
@@ -172,7 +191,15 @@ def check_views(views: Views, cfg_data, img_size: tuple[int, int], task: str) ->
                               f"loader's workers as the task declares them (docs/data.md \"Views\"), so the loader's own "
                               f"crop and augmentation are not applied: leave data.{key} out")  # fmt: skip
     side = min(img_size)
-    for name, c in (item for v in views.choices() for item in v.crops):
+    for v in views.choices():
+        groups = dict(v.crops)
+        for name, c in v.crops:
+            if c.like is not None and (c.like not in groups or groups[c.like].like is not None or c.count != groups[c.like].count):
+                raise ConfigError(f"the {name} crops of train.task={task} are cut from the {c.like} crops' boxes: {c.like} must be "
+                                  f"a group of its own with as many crops ({c.count})")  # fmt: skip
+            if c.like is not None and c.count and not 1 <= c.size <= MAX_LIKE_SIDE:
+                raise ConfigError(f"the {name} crops of train.task={task} are {c.size} px: at most {MAX_LIKE_SIDE} px")
+    for name, c in (item for v in views.choices() for item in v.crops if item[1].like is None):
         if c.count and not 1 <= c.size <= min(side, MAX_CROP_SIDE):
             raise ConfigError(f"the {name} crops of train.task={task} are {c.size} px, larger than the loader's image "
                               f"({img_size[0]}x{img_size[1]}, data.img_size or the model's): at most {min(side, MAX_CROP_SIDE)} px")  # fmt: skip
@@ -225,6 +252,7 @@ class ViewTransform(SampleTransform):
         self.views = views
         self.augment = None  # the loader's own augmentation is not applied (check_views refuses its keys)
         self.jitter = {name: ColorJitter(*c.jitter_strength) for name, c in views.crops}
+        self._likes = _likes(views)
 
     def variant(self, k: int) -> ViewTransform:
         """This transform cutting choice ``k`` of the views' mixture (:func:`mixture_index`, a step's,
@@ -233,11 +261,14 @@ class ViewTransform(SampleTransform):
             return self
         other = copy.copy(self)
         other.views = self.views.mixture[int(k)][1]
+        other._likes = _likes(other.views)
         return other
 
     def _rngs(self, epoch: int, index: int) -> list[tuple[str, int, Crops, random.Random]]:
         out, v = [], 0
         for name, c in self.views.crops:
+            if c.like is not None:  # cut from another group's boxes: no draws of its own
+                continue
             for k in range(c.count):
                 out.append((name, k, c, keyed.py_rng(self.seed, epoch, index, keyed.STREAM_VIEW_CROP, self.repeat, v)))
                 v += 1
@@ -263,7 +294,9 @@ class ViewTransform(SampleTransform):
             boxes.extend(rrc_box(rng, *size, c.scale, c.ratio) for _, _, c, rng in draws)
             if tuple(size) != (h, w):
                 return 1
-            return min((draft_factor(b[2], b[3], c.size, c.size) for b, (_, _, c, _) in zip(boxes, draws)), default=8)
+            side = {name: max([c.size] + [o.size for _, o in self._likes.get(name, ())]) for name, c in self.views.crops}
+            return min((draft_factor(b[2], b[3], side[name], side[name]) for b, (name, _, _, _) in zip(boxes, draws)),
+                       default=8)  # fmt: skip
 
         t, scale, _ = decode_reduced(src, factor, num_channels=self.num_channels, fast=fast, max_pixels=self.cfg.max_image_pixels)
         return self._cut(t, scale, tuple(size), boxes, draws, epoch, slot)
@@ -280,15 +313,29 @@ class ViewTransform(SampleTransform):
         if tuple(size) != tuple(arr.shape[:2]):  # a small image, upsampled once to the boxes' grid
             img, scale = img.resize((size[1], size[0]), Image.Resampling.BICUBIC), 1.0
         crops: dict[str, list[torch.Tensor]] = {name: [] for name, _ in self.views.crops}
+        bicubic = Image.Resampling.BICUBIC
         for (top, left, h, w), (name, k, c, rng) in zip(boxes, draws, strict=True):
             box = (left / scale, top / scale, min(img.width, (left + w) / scale), min(img.height, (top + h) / scale))
-            crops[name].append(pil_to_uint8_tensor(self._augment(img.resize((c.size, c.size), Image.Resampling.BICUBIC, box=box),
-                                                                 rng, name, k, c)))  # fmt: skip
+            likes = self._likes.get(name, ())
+            state = rng.getstate() if likes else None  # after the box: the flip is the next draw
+            shared = [(o_name, o) for o_name, o in likes if o.distort]
+            side = max([c.size] + [o.size for _, o in shared])  # with groups that share the distortions: cut at
+            x = self._augment(img.resize((side, side), bicubic, box=box), rng, name, k, c)  # the largest, distorted once
+            for o_name, o in ((name, c), *shared):  # and each resized from it (DINOv3, augmentations.py lines 98-103)
+                crops[o_name].append(pil_to_uint8_tensor(x if o.size == side else x.resize((o.size, o.size), bicubic)))
+            for o_name, o in likes:
+                if not o.distort:  # the same box and flip, undistorted (augmentations.py lines 89-96, 196-197)
+                    again = random.Random()
+                    again.setstate(state)
+                    crops[o_name].append(pil_to_uint8_tensor(self._augment(img.resize((o.size, o.size), bicubic, box=box),
+                                                                           again, name, k, c, flip_only=True)))  # fmt: skip
         return Augmented(ViewSample(crops, self._masks(epoch, index)), (0.0, 0.0, 1.0, 1.0), False, [0] * 6)
 
-    def _augment(self, x: Image.Image, rng: random.Random, name: str, k: int, c: Crops) -> Image.Image:
+    def _augment(self, x: Image.Image, rng: random.Random, name: str, k: int, c: Crops, flip_only: bool = False) -> Image.Image:
         if rng.random() < c.flip:
             x = x.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        if flip_only:
+            return x
         if rng.random() < c.jitter:
             jitter = self.jitter[name]
             x = jitter.apply(x, jitter.draw(rng))
@@ -308,7 +355,7 @@ class ViewTransform(SampleTransform):
         for name, c in self.views.crops:
             if name == m.crops:
                 break
-            first += c.count
+            first += c.count if c.like is None else 0
         gh, gw = m.grid
         rows = []
         for k in range(self.views.group(m.crops).count):
@@ -316,6 +363,15 @@ class ViewTransform(SampleTransform):
             n = int(gh * gw * rng.uniform(*m.ratio)) if rng.random() < m.probability else 0
             rows.append(block_mask(rng, gh, gw, n).flatten())
         return torch.stack(rows)
+
+
+def _likes(views: Views) -> dict[str, tuple[tuple[str, Crops], ...]]:
+    """The groups cut from each group's boxes (:attr:`Crops.like`), by that group's name."""
+    out: dict[str, list] = {}
+    for name, c in views.crops:
+        if c.like is not None:
+            out.setdefault(c.like, []).append((name, c))
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def collate_views(samples: list[ViewSample]) -> dict[str, torch.Tensor]:

@@ -26,9 +26,12 @@ facebookresearch/dinov2 at b8931f7 (``dinov2/train/ssl_meta_arch.py``, ``dinov2/
   where it normalises after pooling).
 - **Losses** (:mod:`vitscale.tasks.dino_loss`): the DINO class-token cross-entropy between the
   student's crops and the teacher's targets of the other global crops (targets by a running softmax
-  centre or Sinkhorn-Knopp, ``dino.centering``, at the teacher temperature of this step), KoLeo on the
+  centre or Sinkhorn-Knopp, ``dino.centering``, at the teacher temperature of this step; the local
+  crops' terms weighted by DINOv3's ``dino.local_loss_weight_schedule``), KoLeo on the
   student's class tokens of each global crop, and iBOT's cross-entropy on the masked patches of the
-  global crops (``ssl_meta_arch.py`` lines 132-346).
+  global crops (``ssl_meta_arch.py`` lines 132-346); DINOv3's Gram loss (:mod:`vitscale.tasks.gram`) on
+  the global crops' patch features, its teacher on the global crops or on larger crops of its own
+  (the views' ``gram``), its weight ``dino.gram_loss_weight`` or scheduled.
 - **The prototypes** have learning rate 0 for the first ``dino.freeze_last_layer_epochs``, as DINOv2's
   ``last_layer_lr_schedule`` (``dinov2/train/train.py`` lines 98-100): their own parameter group,
   scheduled by the module (:meth:`DinoModule.hyper`); their gradient still counts in the clipping norm
@@ -72,8 +75,9 @@ from .dino_loss import (
     softmax_centered,
     teacher_temp_at,
     update_center,
+    warmup_cosine_at,
 )
-from .gram import gram_loss, refreshes_after
+from .gram import gram_loss, refreshes_after, resize_patches
 from .health import RankWatch, TeacherWatch
 from .module import Hyper, ParamGroup, PartsPlan, TrainModule, freeze_unreached, trainable
 
@@ -278,6 +282,12 @@ class DinoTask(PretrainingTask):
                     fix = f"{max(p, size // p * p)}" if mixed else f"dino.{key}={max(p, size // p * p)}"
                     raise ConfigError(f"{shown} must be a multiple of the patch ({p} pixels of {name}), at least "
                                      f"one patch: e.g. {fix}")  # fmt: skip
+        for size in dc.gram_crops():
+            if size is not None and (size < p or size % p):
+                key = "gram_teacher_crops_sizes has" if dc.gram_teacher_crops_sizes else "gram_teacher_crops_size="
+                raise ConfigError(f"dino.{key}{' ' if key[-1] == 's' else ''}{size}{', which' if key[-1] == 's' else ''} must be "
+                                  f"a multiple of the patch ({p} pixels of {name}), at least one patch: e.g. "
+                                  f"{max(p, size // p * p)} (the Gram teacher's patch grid is resized to the student's)")  # fmt: skip
         micro = cfg.train.batch_size // max(dims.dp_size * cfg.train.grad_accum, 1)
         if dc.koleo_loss_weight > 0 and micro < 2:
             raise ConfigError(f"dino.koleo_loss_weight={dc.koleo_loss_weight} with {micro} image per rank and "
@@ -290,6 +300,8 @@ class DinoTask(PretrainingTask):
         if steps and dc.freeze_backbone_steps >= steps:  # an epoch-long run is checked once its length is known
             raise ConfigError(f"dino.freeze_backbone_steps={dc.freeze_backbone_steps} freezes the backbone for the whole "
                               f"{steps}-step run: lower it (e.g. {max(steps // 10, 1)})")  # fmt: skip
+        if steps:
+            check_schedules(dc, steps)
         if dc.student_from_teacher and "teacher" not in cfg.checkpoint.init_parts:
             raise ConfigError("dino.student_from_teacher=true starts the student from the previous stage's teacher: keep it "
                              "with checkpoint.init_parts=[teacher] (and checkpoint.init_from that stage's run folder)")  # fmt: skip
@@ -332,6 +344,7 @@ class DinoTask(PretrainingTask):
         if dc.freeze_backbone_steps >= self.total:
             raise ConfigError(f"dino.freeze_backbone_steps={dc.freeze_backbone_steps} freezes the backbone for the whole "
                               f"{self.total}-step run: lower it (e.g. {max(self.total // 10, 1)})")  # fmt: skip
+        check_schedules(dc, self.total)
         device = next(model.parameters()).device
         unreached = self._freeze_unreached(device)
         with torch.random.fork_rng(devices=[]):
@@ -361,16 +374,26 @@ class DinoTask(PretrainingTask):
                       if dc.freeze_backbone_steps else ""),
                    "dino: the k-NN and probe evaluations read the student's backbone"]  # fmt: skip
         gram = None
+        weight = (f"weight {dc.gram_loss_weight}" if not dc.gram_loss_weight_schedule else
+                  "weight " + _shown_schedule(dc.gram_loss_weight_schedule))  # fmt: skip
         if dc.gram_loss_weight > 0 and not dc.gram_ema_teacher:  # laid out as the teacher, starting as it does
             gram = teacher_backbone(run, model).requires_grad_(False)
             keep_root_gathered(run, gram)
-            notices.append(f"dino: Gram anchoring (DINOv3), weight {dc.gram_loss_weight}: the Gram teacher loaded from "
+            sizes = dc.gram_crops()
+            crops = ("on the global crops" if sizes[0] is None else
+                     f"on crops of its own ({'/'.join(str(v) for v in sizes)} px, "
+                     f"{'undistorted' if dc.gram_teacher_no_distortions else 'distorted as the global crops'}; its patch "
+                     f"features resized {dc.gram_global_teacher_resize_method}"
+                     f"{' antialiased' if dc.gram_global_teacher_resize_antialias else ''} to the student's grid)")  # fmt: skip
+            notices.append(f"dino: Gram anchoring (DINOv3), {weight}: the Gram teacher {crops}, loaded from "
                            f"the EMA teacher after update {dc.gram_it_load_ema_teacher}"
                            + (f", refreshed every {dc.gram_update_frequency} from update {dc.gram_it_first_update}"
                               + (f" ({dc.gram_max_updates} times at most)" if dc.gram_max_updates is not None else "")
                               if dc.gram_rep_update else ""))  # fmt: skip
         elif dc.gram_loss_weight > 0:
-            notices.append(f"dino: Gram anchoring (DINOv3), weight {dc.gram_loss_weight}, against the EMA teacher")
+            notices.append(f"dino: Gram anchoring (DINOv3), {weight}, against the EMA teacher")
+        if dc.local_loss_weight_schedule:
+            notices.append("dino: the DINO loss's local-crop terms weighted " + _shown_schedule(dc.local_loss_weight_schedule))
         schedules = {"dc": dc, "total": self.total, "freeze_steps": self.freeze_steps, "wd0": self.wd0}
         module = DinoModule(model, student, teacher, DinoCentres(dc.head_n_prototypes).to(device), schedules, notices,
                             gram)  # fmt: skip
@@ -469,10 +492,13 @@ class DinoTask(PretrainingTask):
                 s_head = self.student.ibot_head if self.student.ibot_head is not None else self.student.head
                 s_patch_logits = s_head(s_patch)
         t_list = [t_targets[:B], t_targets[B:]]
+        w_local = warmup_cosine_at(it, dc.local_loss_weight_schedule, self.total) if dc.local_loss_weight_schedule else 1.0
         l_dino = dino_loss([s_glob[:B], s_glob[B:]], list(s_loc.chunk(dc.local_crops_number)) if s_loc is not None else [],
-                           t_list, dc.student_temp)  # fmt: skip
+                           t_list, dc.student_temp, local_weight=w_local)  # fmt: skip
         total = dc.loss_weight * l_dino
         metrics = {"train_dino_loss": l_dino.detach()}
+        if dc.local_loss_weight_schedule:  # DINOv3 logs it as dino_local_loss_weight (ssl_meta_arch.py line 623)
+            metrics["train_dino_local_weight"] = torch.tensor(w_local, device=images.device)
         if dc.koleo_loss_weight > 0:
             l_koleo = sum(koleo_loss(c) for c in s_cls.chunk(2))
             total = total + dc.koleo_loss_weight * l_koleo
@@ -481,12 +507,24 @@ class DinoTask(PretrainingTask):
             l_ibot = ibot_loss(s_patch_logits, t_patch_targets, weights, 2 * B, dc.student_temp)
             total = total + dc.ibot_loss_weight * l_ibot
             metrics["train_ibot_loss"] = l_ibot.detach()
-        if self.module.gram_active(it):  # DINOv3's Gram anchoring of the global crops' patch features
+        w_gram = (warmup_cosine_at(it, dc.gram_loss_weight_schedule, self.total) if dc.gram_loss_weight_schedule
+                  else dc.gram_loss_weight)  # fmt: skip
+        if self.module.gram_active(it) and w_gram > 0:  # DINOv3's Gram anchoring of the global crops' patch features
+            # (a scheduled weight of 0 skips the Gram teacher's pass: DINOv3 computes the loss and adds it times 0)
             g_net = teacher["backbone"] if dc.gram_ema_teacher else self.module.gram_teacher
             with torch.no_grad(), self.autocast():
-                g_patch = (t_tok if dc.gram_ema_teacher else g_net(glob, tokens=True, keep=every)).patches
-                if not dc.gram_ema_teacher:
+                if dc.gram_ema_teacher:
+                    g_patch = t_tok.patches
+                else:  # its own crops (the views' "gram", cut from the global crops' boxes), else the global crops
+                    g_in = batch.get("gram", glob)
+                    g_grid = (g_in.shape[-2] // p, g_in.shape[-1] // p)
+                    g_keep = torch.arange(g_grid[0] * g_grid[1], device=images.device)[None].expand(2 * B, -1)
+                    g_patch = g_net(g_in, tokens=True, keep=g_keep).patches
                     release(g_net)
+                    s_grid = (glob.shape[-2] // p, glob.shape[-1] // p)
+                    if g_grid != s_grid:  # to the student's grid (ssl_meta_arch.py lines 493-510)
+                        g_patch = resize_patches(g_patch, g_grid, s_grid, dc.gram_global_teacher_resize_method,
+                                                 dc.gram_global_teacher_resize_antialias)  # fmt: skip
             with self.autocast():
                 s_all = s_tok.patches  # (2B, N, D), the student's on its (masked) crops
             if dc.gram_tokens_used != "all":  # the patches the iBOT masks cover, or the others
@@ -495,8 +533,10 @@ class DinoTask(PretrainingTask):
                 s_all, g_patch = s_all[chosen], g_patch[chosen]
             l_gram = gram_loss(s_all, g_patch, normalized=dc.gram_normalized, img_level=dc.gram_img_level,
                                remove_neg=dc.gram_remove_neg, remove_only_teacher_neg=dc.gram_remove_only_teacher_neg)  # fmt: skip
-            total = total + dc.gram_loss_weight * l_gram
+            total = total + w_gram * l_gram
             metrics["train_gram_loss"] = l_gram.detach()
+        if dc.gram_loss_weight_schedule:  # DINOv3 logs it as gram_loss_weight (ssl_meta_arch.py line 664)
+            metrics["train_gram_loss_weight"] = torch.tensor(float(w_gram), device=images.device)
         metrics["train_teacher_temp"] = torch.tensor(temp, device=images.device)
         self.rank.keep(t_cls[:B].float())
         self.watch.keep(t_targets)
@@ -507,6 +547,28 @@ class DinoTask(PretrainingTask):
         m2, w2 = self.watch.read(step)
         return {**m1, **m2}, [*w1, *w2]
 
+
+
+def check_schedules(dc: DinoConfig, total: int) -> None:
+    """A loss-weight schedule that does not fit the run is refused in one line (DINOv3 asserts it,
+    ``dinov3/train/cosine_lr_scheduler.py`` line 83)."""
+    for key in ("local_loss_weight_schedule", "gram_loss_weight_schedule"):
+        v = getattr(dc, key)
+        if v and int(v[3]) + (int(v[4]) if len(v) > 4 else 0) > total:
+            raise ConfigError(f"dino.{key}={_listed(v)} lasts {int(v[3]) + (int(v[4]) if len(v) > 4 else 0)} steps (warm-up "
+                              f"and cosine), longer than the {total}-step run: shorten them")  # fmt: skip
+
+
+def _listed(v) -> str:
+    return "[" + ", ".join(f"{x:g}" for x in v) + "]"
+
+
+def _shown_schedule(v) -> str:
+    start, peak, end, warmup = v[0], v[1], v[2], int(v[3])
+    cosine = f"over {int(v[4])} steps" if len(v) > 4 else "over the rest of the run"
+    if start == peak == end:
+        return f"{end:g} throughout"
+    return f"{start:g} -> {peak:g} over {warmup} steps, then a cosine to {end:g} {cosine}"
 
 
 register_task(DinoTask)

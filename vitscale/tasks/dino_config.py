@@ -14,12 +14,15 @@ from typing import ClassVar
 
 from vitscale.config.ranges import COUNT_MAX
 from vitscale.config.schema import Config
-from vitscale.data.views import MAX_CROP_SIDE, MAX_CROPS
+from vitscale.data.views import MAX_CROP_SIDE, MAX_CROPS, MAX_LIKE_SIDE
 
 CENTERINGS = ("softmax", "sinkhorn_knopp")
 LAST_LAYERS = ("weight_norm", "normalized", "linear")
 """The forms of the heads' last layer, the prototypes (:mod:`vitscale.tasks.dino_head`)."""
 GRAM_TOKENS = ("all", "masked", "unmasked")
+GRAM_RESIZES = ("bicubic", "bilinear")
+"""The resizes of the Gram teacher's patch features to the student's grid: ``F.interpolate``'s modes that
+take DINOv3's ``align_corners=False`` and ``antialias`` (``ssl_meta_arch.py`` lines 500-506)."""
 MAX_PROTOTYPES = 262144
 """Most prototypes of a head (DINOv3's ViT-7B: 262,144): past it the heads' last layers alone outgrow a step."""
 
@@ -28,6 +31,19 @@ def _pair(key: str, v, lo: float, hi: float, closed_lo: bool = False) -> tuple[f
     if len(v) != 2 or not (v[0] <= v[1]) or not ((lo <= v[0]) if closed_lo else (lo < v[0])) or v[1] > hi:
         raise ValueError(f"{key}={list(v)} must be [min, max] with {lo} {'<=' if closed_lo else '<'} min <= max <= {hi}")
     return float(v[0]), float(v[1])
+
+
+def check_weight_schedule(key: str, v) -> None:
+    """``[start, peak, end, warmup_steps(, cosine_steps)]``: weights finite and >= 0, whole step counts >= 0."""
+    if not v:
+        return
+    if len(v) not in (4, 5):
+        raise ValueError(f"{key}={list(v)} must be [start, peak, end, warmup_steps] or [start, peak, end, warmup_steps, "
+                         "cosine_steps] (DINOv3's {start, peak, end, warmup_epochs, cosine_epochs}, epochs as steps), or [] for none")  # fmt: skip
+    if not all(0 <= w < float("inf") for w in v[:3]):
+        raise ValueError(f"{key}={list(v)}: the weights (start, peak, end) must be finite numbers >= 0")
+    if not all(0 <= n <= COUNT_MAX and float(n).is_integer() for n in v[3:]):
+        raise ValueError(f"{key}={list(v)}: warmup_steps and cosine_steps must be whole optimizer steps >= 0")
 
 
 @dataclass
@@ -49,6 +65,8 @@ class DinoConfig:
         "patch_embed_lr_mult": (0.0, 1e3), "freeze_backbone_steps": (0, COUNT_MAX), "gram_loss_weight": (0.0, 1e6),
         "gram_it_load_ema_teacher": (0, COUNT_MAX), "gram_update_frequency": (1, COUNT_MAX),
         "gram_it_first_update": (0, COUNT_MAX), "gram_max_updates": (0, COUNT_MAX),
+        "gram_teacher_crops_size": (1, MAX_LIKE_SIDE), "gram_teacher_crops_sizes": (1, MAX_LIKE_SIDE),
+        "local_loss_weight_schedule": (0.0, COUNT_MAX), "gram_loss_weight_schedule": (0.0, COUNT_MAX),
     }  # fmt: skip
     """The bounds of its number fields, inclusive (``vitscale.config.ranges``: every number has a range)."""
 
@@ -218,6 +236,50 @@ class DinoConfig:
     """Which of the global crops' patches enter the loss: ``all``, ``masked`` or ``unmasked`` (by the iBOT
     masks; ``gram.tokens_used`` line 60; the last two need ``gram_img_level: false``)."""
 
+    gram_teacher_crops_size: int | None = None
+    """The side of the Gram teacher's own crops (``crops.gram_teacher_crops_size``, default 159: null;
+    512 in ``dinov3_vit7b16_gram_anchor.yaml`` line 165, against global crops of 256): each global crop's
+    box and flip cut again at this side (``dinov3/data/augmentations.py`` lines 66-108, 193-201), read by
+    the Gram teacher, whose patch features are then resized to the student's grid
+    (``gram_global_teacher_resize_method``). A multiple of the patch, at most 2048. None: the Gram teacher
+    reads the student's global crops themselves (DINOv3 refuses a Gram teacher without crops of its own,
+    ``dinov3/train/ssl_meta_arch.py`` lines 248-249; its crops at the global side with distortions are
+    those crops). Not with ``gram_ema_teacher`` (lines 250-251)."""
+    gram_teacher_crops_sizes: list[int] = field(default_factory=list)
+    """With a mixture of crop sizes, the Gram teacher's side of each pair (``crops.gram_teacher_crops_size``
+    as a list, ``dinov3_vit7b16_high_res_adapt.yaml`` lines 180-185: [768, 1152, 1152, 1152, 1152]; its
+    lengths asserted equal to the pairs', ``dinov3/train/train.py`` line 356). Empty: as
+    ``gram_teacher_crops_size`` at every pair (None: the global crops)."""
+    gram_teacher_no_distortions: bool = False
+    """The Gram teacher's crops undistorted: only the box and the flip of their global crop, no colour
+    jitter, greyscale, blur or solarisation (``crops.gram_teacher_no_distortions``, default 163: false;
+    true in both 7B stages, ``dinov3_vit7b16_gram_anchor.yaml`` line 169, ``high_res_adapt`` line 189;
+    ``augmentations.py`` lines 89-96, 195-197). False: the global crop's own distortions, both crops
+    distorted once at the larger side and resized from it (lines 98-103, 174-176, 198-200)."""
+    gram_global_teacher_resize_method: str = "bicubic"
+    """How the Gram teacher's patch features, on the grid of its larger crops, are resized to the
+    student's (``gram.global_teacher_resize_method``, default line 61; ``ssl_meta_arch.py`` lines 493-510:
+    ``F.interpolate`` of the ``(D, N, N)`` feature maps, ``align_corners=False``): ``bicubic`` or
+    ``bilinear``."""
+    gram_global_teacher_resize_antialias: bool = False
+    """Antialias that resize (``gram.global_teacher_resize_antialias``, default line 62: false)."""
+    local_loss_weight_schedule: list[float] = field(default_factory=list)
+    """A weight of the DINO loss's local-crop terms by optimizer update, ``[start, peak, end, warmup_steps]``
+    or ``[start, peak, end, warmup_steps, cosine_steps]`` (``dino.reweight_dino_local_loss`` and
+    ``dino.local_loss_weight_schedule`` {start, peak, end, warmup_epochs, cosine_epochs}, default lines
+    25-30; DINOv3's epochs are ``OFFICIAL_EPOCH_LENGTH`` iterations, given here as steps): linear from
+    ``start`` to ``peak`` over the warm-up, a cosine from ``peak`` to ``end`` over ``cosine_steps`` (the
+    rest of the run when not given), then ``end`` (``dinov3/train/cosine_lr_scheduler.py``
+    ``linear_warmup_cosine_decay`` lines 54-85, applied in ``ssl_meta_arch.py`` lines 149-163, 617-624: the
+    local terms' share of the loss times the weight; 0.5 throughout in the high-resolution stage,
+    ``high_res_adapt`` lines 25-30; 1 to 0.5 in the Gram-anchoring stage). Empty: weight 1 (default 25:
+    ``reweight_dino_local_loss`` false)."""
+    gram_loss_weight_schedule: list[float] = field(default_factory=list)
+    """The Gram loss's weight by optimizer update, in place of ``gram_loss_weight`` (which still turns the
+    loss on), as ``local_loss_weight_schedule`` (``gram.loss_weight_schedule``, default line 63: null;
+    ``ssl_meta_arch.py`` lines 187-203, 659-665; 1.5 throughout in ``high_res_adapt`` lines 63-68, 0 for
+    1,000 epochs then a one-epoch cosine to 2.0 in ``gram_anchor`` lines 64-69). Empty: ``gram_loss_weight``."""
+
     def __post_init__(self):
         self.global_crops_scale = list(_pair("global_crops_scale", self.global_crops_scale, 0.0, 1.0))
         self.local_crops_scale = list(_pair("local_crops_scale", self.local_crops_scale, 0.0, 1.0))
@@ -280,6 +342,15 @@ class DinoConfig:
             raise ValueError(f"freeze_backbone_steps={self.freeze_backbone_steps} must be >= 0 (0 = the backbone trains from the start)")
         self._check_gram()
 
+    def gram_crops(self) -> list[int | None]:
+        """The Gram teacher's crop side of each pair of :meth:`pairs` (None: it reads the global crops)."""
+        own = self.gram_loss_weight > 0 and not self.gram_ema_teacher
+        if not own:
+            return [None] * len(self.pairs())
+        if self.gram_teacher_crops_sizes:
+            return list(self.gram_teacher_crops_sizes)
+        return [self.gram_teacher_crops_size] * len(self.pairs())
+
     def pairs(self) -> list[tuple[int, int, float]]:
         """``(global side, local side, share of the steps)`` of each crop-size pair: the mixture's, else
         the one pair of ``global_crops_size`` and ``local_crops_size``."""
@@ -332,6 +403,35 @@ class DinoConfig:
         if self.gram_ema_teacher and self.gram_rep_update and self.gram_loss_weight > 0:
             raise ValueError("gram_ema_teacher=true uses the EMA teacher itself: there is no copy to refresh, set "
                              "gram_rep_update=false (DINOv3 asserts the same)")  # fmt: skip
+        if self.gram_global_teacher_resize_method not in GRAM_RESIZES:
+            raise ValueError(f"gram_global_teacher_resize_method={self.gram_global_teacher_resize_method!r}: choose one of "
+                             f"{', '.join(GRAM_RESIZES)} (DINOv3: bicubic)")  # fmt: skip
+        size, sizes = self.gram_teacher_crops_size, list(self.gram_teacher_crops_sizes)
+        if size is not None and not 1 <= size <= MAX_LIKE_SIDE:
+            raise ValueError(f"gram_teacher_crops_size={size} must be 1 to {MAX_LIKE_SIDE} pixels (DINOv3: 512 for global "
+                             "crops of 256), or null for the global crops")  # fmt: skip
+        if not all(1 <= v <= MAX_LIKE_SIDE for v in sizes):
+            raise ValueError(f"gram_teacher_crops_sizes={sizes} must be sides of 1 to {MAX_LIKE_SIDE} pixels (DINOv3: 768 "
+                             "and 1152 for global crops of 512 and 768)")  # fmt: skip
+        if sizes and not self.global_local_crop_pairs_ratios:
+            raise ValueError(f"gram_teacher_crops_sizes={sizes} lists one side per crop-size pair of a mixture "
+                             "(dino.global_local_crop_pairs_ratios): without one set gram_teacher_crops_size")  # fmt: skip
+        if sizes and len(sizes) != len(self.global_local_crop_pairs_ratios):
+            raise ValueError(f"gram_teacher_crops_sizes={sizes} must have one entry per crop-size pair ("
+                             f"{len(self.global_local_crop_pairs_ratios)}; DINOv3 asserts the same, train.py line 356)")  # fmt: skip
+        if sizes and size not in (None, sizes[0]):
+            raise ValueError(f"gram_teacher_crops_size={size} with gram_teacher_crops_sizes={sizes}: the mixture sets the "
+                             f"sizes; leave gram_teacher_crops_size out or set it to the first pair's, {sizes[0]}")  # fmt: skip
+        if self.gram_ema_teacher and (size is not None or sizes) and self.gram_loss_weight > 0:
+            raise ValueError("gram_ema_teacher=true reads the EMA teacher's own output on the global crops: leave "
+                             "gram_teacher_crops_size(s) out (DINOv3 refuses the same, ssl_meta_arch.py lines 250-251)")  # fmt: skip
+        for key in ("local_loss_weight_schedule", "gram_loss_weight_schedule"):
+            check_weight_schedule(key, getattr(self, key))
+        for key in ("gram_loss_weight_schedule", "gram_teacher_crops_size", "gram_teacher_crops_sizes"):
+            v = getattr(self, key)
+            if self.gram_loss_weight == 0 and v not in (None, []):
+                raise ValueError(f"{key}={v} is for the Gram loss, which is off: set gram_loss_weight > 0 (DINOv3's "
+                                 "gram.use_loss) or leave it out")  # fmt: skip
 
 
 @dataclass

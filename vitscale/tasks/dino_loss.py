@@ -70,12 +70,15 @@ def cross_entropy(targets: torch.Tensor, student_logits: torch.Tensor, student_t
 
 
 def dino_loss(student_global: list[torch.Tensor], student_local: list[torch.Tensor],
-              teacher_global: list[torch.Tensor], student_temp: float) -> torch.Tensor:  # fmt: skip
+              teacher_global: list[torch.Tensor], student_temp: float, local_weight: float = 1.0) -> torch.Tensor:  # fmt: skip
     """DINOv2's class-token loss (``dinov2/train/ssl_meta_arch.py`` lines 147-148, 278-304): each
     student global crop against the teacher's targets of the *other* global crop, each local crop
     against both, every pair's mean over the batch, summed and divided by the reference's term count
     (lines 147-148): ``(n_g - 1) n_g`` global terms plus ``max(n_g x local_crops_number, 1)`` local ones,
-    so 3 (not the 2 pairs) at 0 local crops, as DINOv2 divides."""
+    so 3 (not the 2 pairs) at 0 local crops, as DINOv2 divides. ``local_weight`` scales the local terms
+    (DINOv3's ``reweight_dino_local_loss``: its local terms' mean times their share of the terms times
+    the weight, plus the global terms' mean times theirs, facebookresearch/dinov3
+    ``dinov3/train/ssl_meta_arch.py`` lines 601-633, is this sum with the local pairs weighted)."""
     n_g = len(teacher_global)
     pairs = (n_g - 1) * n_g + max(n_g * len(student_local), 1)
     total = student_global[0].new_zeros((), dtype=torch.float32)
@@ -83,10 +86,12 @@ def dino_loss(student_global: list[torch.Tensor], student_local: list[torch.Tens
         for j, t in enumerate(teacher_global):
             if i != j:
                 total = total + cross_entropy(t, s, student_temp).mean()
+    plain = local_weight == 1.0  # the local terms summed on (DINOv2's order), or apart and weighted
+    local = total if plain else student_global[0].new_zeros((), dtype=torch.float32)
     for s in student_local:
         for t in teacher_global:
-            total = total + cross_entropy(t, s, student_temp).mean()
-    return total / pairs
+            local = local + cross_entropy(t, s, student_temp).mean()
+    return (local if plain else total + local_weight * local) / pairs
 
 
 def ibot_loss(student_masked: torch.Tensor, teacher_masked: torch.Tensor, weights: torch.Tensor, n_crops: int,
@@ -133,5 +138,22 @@ def momentum_at(it: int, base: float, final: float, total: int) -> float:
     return final + 0.5 * (base - final) * (1 + math.cos(math.pi * it / total))
 
 
+def warmup_cosine_at(it: int, schedule, total: int) -> float:
+    """DINOv3's ``linear_warmup_cosine_decay`` (``dinov3/train/cosine_lr_scheduler.py`` lines 54-85) at
+    optimizer iteration ``it`` (0-based) of a ``total``-iteration run, ``schedule`` being ``[start, peak,
+    end, warmup, cosine]`` (``cosine`` left out: the rest of the run): ``linspace(start, peak, warmup,
+    endpoint=False)``, then ``end + (peak - end) (1 + cos(pi j / (cosine - 1))) / 2`` for the ``j``-th of
+    the cosine's iterations (its linspace from 0 to pi includes both ends), then ``end``."""
+    start, peak, end, warmup = float(schedule[0]), float(schedule[1]), float(schedule[2]), int(schedule[3])
+    cosine = int(schedule[4]) if len(schedule) > 4 else max(total - warmup, 0)
+    if it < warmup:
+        return start + (peak - start) * it / warmup
+    j = it - warmup
+    if j < cosine:
+        c = math.cos(math.pi * j / (cosine - 1)) if cosine > 1 else 1.0
+        return end + (peak - end) * (1 + c) / 2
+    return end
+
+
 __all__ = ["cross_entropy", "dino_loss", "ibot_loss", "koleo_loss", "momentum_at", "sinkhorn_knopp",
-           "softmax_centered", "teacher_temp_at", "update_center"]  # fmt: skip
+           "softmax_centered", "teacher_temp_at", "update_center", "warmup_cosine_at"]  # fmt: skip

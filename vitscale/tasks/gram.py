@@ -11,7 +11,9 @@ patches (a ``(B N, B N)`` one), optionally with negative similarities set to 0 o
 a frozen copy of the EMA teacher's backbone, loaded from it after update ``dino.gram_it_load_ema_teacher``
 and, with ``rep_update``, refreshed from it every ``update_frequency`` updates from update
 ``it_first_update`` on, at most ``max_updates`` times (``train.py`` lines 535-544) — or the EMA teacher
-itself (``gram.ema_teacher``). Held by the DINO task's training module (:class:`vitscale.tasks.dino.DinoModule`).
+itself (``gram.ema_teacher``). With crops of its own (``dino.gram_teacher_crops_size``: the global crops'
+boxes again, larger, :mod:`vitscale.tasks.dino_crops`) its patch features are resized to the student's
+grid (:func:`resize_patches`). Held by the DINO task's training module (:class:`vitscale.tasks.dino.DinoModule`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,20 @@ def gram_loss(student: torch.Tensor, teacher: torch.Tensor, *, normalized: bool 
     return F.mse_loss(g_s, g_t)
 
 
+def resize_patches(patches: torch.Tensor, grid: tuple[int, int], to: tuple[int, int], mode: str = "bicubic",
+                   antialias: bool = False) -> torch.Tensor:  # fmt: skip
+    """The Gram teacher's patch features ``(B, gh gw, D)`` on its crops' ``grid`` resized to the student's
+    grid ``to``: as ``(B, D, gh, gw)`` maps by ``F.interpolate`` (``mode``, ``align_corners=False``,
+    ``antialias``), back to ``(B, th tw, D)`` (``dinov3/train/ssl_meta_arch.py`` lines 493-510); in
+    float32 (the Gram loss's precision)."""
+    b, n, d = patches.shape
+    if n != grid[0] * grid[1]:
+        raise ValueError(f"gram: {n} patch features are not a {grid[0]}x{grid[1]} grid")
+    maps = patches.float().transpose(1, 2).reshape(b, d, *grid)
+    maps = F.interpolate(maps, size=tuple(to), mode=mode, align_corners=False, antialias=antialias)
+    return maps.flatten(2).transpose(1, 2)
+
+
 def refreshes_after(step: int, *, load_at: int, rep_update: bool, every: int, first: int, most: int | None) -> bool:
     """Whether the Gram teacher takes the EMA teacher's weights after optimizer update ``step``
     (1-based; update ``step`` is DINOv3's iteration ``step - 1``): the first load "before iteration
@@ -67,4 +83,4 @@ def refreshes_before(step: int, *, first: int, every: int) -> int:
     return (step - 1) // every - (start - 1) // every
 
 
-__all__ = ["gram_loss", "refreshes_after", "refreshes_before"]
+__all__ = ["gram_loss", "refreshes_after", "refreshes_before", "resize_patches"]

@@ -16,6 +16,8 @@ def lr_factor(cfg: ScheduleConfig, step: int, total_steps: int, warmup_steps: in
     """The LR at ``step`` divided by the peak LR."""
     w = max(warmup_steps, 0)
     if w and step <= w:
+        if cfg.warmup_shape == "cosine":  # DINOv3's rising cosine: 0 at the first update, the peak at the w-th
+            return (1.0 - math.cos(math.pi * (step - 1) / (w - 1))) / 2 if w > 1 else 1.0
         return step / w
     name = cfg.name
     if name == "cosine":  # then, over the last cooldown_steps, flat at min_lr (timm's --cooldown-epochs)
