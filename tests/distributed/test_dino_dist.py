@@ -26,7 +26,7 @@ ARGS = [
     "dino.local_crops_number=1", "dino.head_n_prototypes=64", "dino.head_bottleneck_dim=16", "dino.head_hidden_dim=32",
     "dino.ibot_separate_head=true", "dino.koleo_loss_weight=0", "dino.freeze_last_layer_epochs=0.02",
     "train.batch_size=16", "train.max_steps=4", "train.log_every=1", "schedule.warmup_steps=1", "eval.every=0",
-    "eval.probe_l2=[1e-3]", "checkpoint.every=2", "checkpoint.keep=5", "log.progress=none", "log.report=false",
+    "eval.probe_l2=[1e-3]", "checkpoint.every=2", "checkpoint.keep=5", "log.progress=none", "log.report=false", "log.tensorboard=false",
     "log.flops=false",
     # DINOv3's Gram anchoring, its teacher refreshed after step 3; per image (a batch-level Gram matrix, like
     # KoLeo, depends on the split of the batch over the ranks)

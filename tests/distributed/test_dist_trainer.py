@@ -25,7 +25,7 @@ ARGS = [
     f"train.max_steps={STEPS}", "train.epochs=0", "train.log_every=1", "train.batch_size=8", "model.num_layers=2",
     "schedule.name=constant", "schedule.warmup_steps=0", "log.progress=none", "eval.every=0",
     f"checkpoint.every={CKPT_AT}", "checkpoint.keep=5", "checkpoint.export_safetensors=false",
-    "log.flops=false", "log.report=false",
+    "log.flops=false", "log.report=false", "log.tensorboard=false",
 ]  # fmt: skip
 
 

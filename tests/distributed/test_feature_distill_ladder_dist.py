@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 STEPS, TOL = 4, 2e-4
 RUN = ["train.task=feature_distill", "train.max_steps=4", "train.log_every=1", "train.batch_size=8", "log.progress=none",
-       "log.report=false", "log.flops=false", "checkpoint.every=2", "checkpoint.keep=5", "eval.every=0", "evals=[]",
+       "log.report=false", "log.tensorboard=false", "log.flops=false", "checkpoint.every=2", "checkpoint.keep=5", "eval.every=0", "evals=[]",
        "model.num_layers=3", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.pool=token",
        "schedule.warmup_steps=0"]  # fmt: skip
 

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 STEPS, TOL = 4, 2e-4
 STOP_STEPS = 16  # the signalled job's length: the signal lands well before its end
 RUN = ["train.task=feature_distill", "train.max_steps=4", "train.log_every=1", "train.batch_size=12", "log.progress=none",
-       "log.report=false", "log.flops=false", "checkpoint.every=2", "checkpoint.keep=5", "eval.every=0", "evals=[]",
+       "log.report=false", "log.tensorboard=false", "log.flops=false", "checkpoint.every=2", "checkpoint.keep=5", "eval.every=0", "evals=[]",
        "model.num_layers=1", "model.hidden_size=32", "model.ffn_hidden_size=64", "schedule.warmup_steps=0"]  # fmt: skip
 WIDE = ["model.hidden_size=48"]
 

@@ -28,7 +28,7 @@ DIGITS_VIT = {"patch_dim": 4, "hidden_size": 96, "ffn_hidden_size": 192, "num_at
 def _args(root: Path) -> list[str]:
     return [
         f"train.max_steps={STEPS}", "train.epochs=0", "train.log_every=1", "train.batch_size=8", "schedule.name=constant",
-        "schedule.warmup_steps=0", "log.progress=none", "eval.every=0", "log.flops=false", "log.report=false",
+        "schedule.warmup_steps=0", "log.progress=none", "eval.every=0", "log.flops=false", "log.report=false", "log.tensorboard=false",
         f"checkpoint.init_from={root / 'timm.pth'}", "model.freeze=patch_embed.*", "optim.layer_decay=0.8",
         f"distill.teacher={root / 'timm.pth'}", "distill.teacher_model=vit_debug",
         f"distill.teacher_overrides={json.dumps(DIGITS_VIT)}", "distill.kind=soft",

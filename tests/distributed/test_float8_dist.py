@@ -31,7 +31,7 @@ ARGS = [
     f"train.max_steps={STEPS}", "train.epochs=0", "train.log_every=1", "train.batch_size=8", "model.num_layers=2",
     "schedule.name=constant", "schedule.warmup_steps=0", "log.progress=none", "eval.every=0",
     f"checkpoint.every={CKPT_AT}", "checkpoint.keep=5", "log.flops=false", "precision.fp8=tensorwise",
-    "precision.fp8_filter=all",
+    "precision.fp8_filter=all", "log.report=false", "log.tensorboard=false",
 ]  # fmt: skip
 
 

@@ -20,7 +20,7 @@ ARGS = [
     "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=1", "model.num_attention_heads=2",
     "mae.decoder_width=16", "mae.decoder_depth=1", "mae.decoder_heads=2", "train.max_steps=4", "train.log_every=1",
     "train.batch_size=16", "schedule.name=constant", "schedule.warmup_steps=0", "eval.every=0", "eval.probe_l2=[1e-3]",
-    "checkpoint.every=0", "log.progress=none", "log.report=false", "log.flops=false", "train.ema_decay=0.9",
+    "checkpoint.every=0", "log.progress=none", "log.report=false", "log.tensorboard=false", "log.flops=false", "train.ema_decay=0.9",
 ]  # fmt: skip
 
 

@@ -35,12 +35,13 @@ STEPS, CKPT_AT = 6, 3
 TRAIN = [
     f"train.max_steps={STEPS}", "train.epochs=0", "train.batch_size=16", "model.num_layers=2", "train.ema_decay=0.5",
     "schedule.name=constant", "schedule.warmup_steps=0", "log.progress=none", "log.flops=false", "eval.every=0",
-    f"checkpoint.every={CKPT_AT}", "checkpoint.keep=5",
+    f"checkpoint.every={CKPT_AT}", "checkpoint.keep=5", "log.report=false", "log.tensorboard=false",
 ]  # fmt: skip
 VIT_EVAL = ["eval.batch_size=64"]  # 300 val digits: batches 64 x 4 + 44, dealt 3 / 2 (+ 1 padding) to 2 ranks
 PROBE = ["eval.probe=linear", "eval.probe_l2=[0.01]"]
 CLIP_TRAIN = ["train.max_steps=3", "train.epochs=0", "train.batch_size=32", "model.overrides.vision.num_layers=1",
-              "model.overrides.text.num_layers=1", "log.progress=none", "log.flops=false", "eval.every=0"]  # fmt: skip
+              "model.overrides.text.num_layers=1", "log.progress=none", "log.flops=false", "eval.every=0", "log.report=false",
+              "log.tensorboard=false"]  # fmt: skip
 LABEL = ["teacher.splits=[val]", "teacher.batch_size=64"]
 TP = ["parallel.tp=2", "parallel.dp_shard=1"]
 

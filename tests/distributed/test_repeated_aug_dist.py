@@ -17,7 +17,7 @@ STEPS, CKPT_AT, TOL = 5, 2, 2e-4
 ARGS = [
     f"train.max_steps={STEPS}", "train.epochs=0", "train.log_every=1", "train.batch_size=8", "model.num_layers=1",
     "schedule.name=constant", "schedule.warmup_steps=0", "log.progress=none", "eval.every=0", "log.flops=false",
-    f"checkpoint.every={CKPT_AT}", "checkpoint.keep=5", "checkpoint.export_safetensors=false", "log.report=false",
+    f"checkpoint.every={CKPT_AT}", "checkpoint.keep=5", "checkpoint.export_safetensors=false", "log.report=false", "log.tensorboard=false",
     "data.repeated_aug=3", "data.rrc_scale=[0.3,1.0]",
 ]  # fmt: skip
 

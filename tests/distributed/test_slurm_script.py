@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, needs_cpu_fsdp]
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["train.max_steps=40", "train.log_every=1", "train.batch_size=8", "model.num_layers=2", "log.progress=plain",
-        "eval.every=0", "checkpoint.export_safetensors=false", "log.flops=false", "log.report=false"]  # fmt: skip
+        "eval.every=0", "checkpoint.export_safetensors=false", "log.flops=false", "log.report=false", "log.tensorboard=false"]  # fmt: skip
 
 SRUN = """#!/bin/bash
 # srun stand-in: `srun ... -w NODE hostname --ip-address` answers 127.0.0.1; otherwise run the command here

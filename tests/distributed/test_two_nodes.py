@@ -30,7 +30,7 @@ TOL = 2e-4  # as tests/distributed/test_dist_trainer.py
 ARGS = [
     f"train.max_steps={STEPS}", "train.epochs=0", "train.log_every=1", "train.batch_size=8", "model.num_layers=2",
     "schedule.name=constant", "schedule.warmup_steps=0", "log.progress=plain", "eval.every=0", "checkpoint.every=2",
-    "checkpoint.keep=5", "checkpoint.export_safetensors=false", "log.flops=false", "log.report=false",
+    "checkpoint.keep=5", "checkpoint.export_safetensors=false", "log.flops=false", "log.report=false", "log.tensorboard=false",
 ]  # fmt: skip
 
 

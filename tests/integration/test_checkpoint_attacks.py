@@ -22,7 +22,7 @@ import torch
 from vitscale.cli import main
 
 TINY = ["model.num_layers=1", "train.batch_size=32", "data.num_workers=0", "log.flops=false", "eval.every=0", "log.progress=none",
-        "log.report=false"]  # fmt: skip
+        "log.report=false", "log.tensorboard=false"]  # fmt: skip
 STEP = "step_00000002"
 
 

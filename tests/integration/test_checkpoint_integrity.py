@@ -23,7 +23,7 @@ from vitscale.cli import main
 
 # a constant LR: step N gets the same LR whatever train.max_steps is, so a longer resumed run repeats steps exactly
 TINY = ["model.num_layers=1", "train.batch_size=32", "data.num_workers=0", "log.flops=false", "eval.every=0",
-        "log.progress=none", "checkpoint.every=2", "checkpoint.keep=5", "train.log_every=1", "log.report=false",
+        "log.progress=none", "checkpoint.every=2", "checkpoint.keep=5", "train.log_every=1", "log.report=false", "log.tensorboard=false",
         "schedule.name=constant", "schedule.warmup_steps=0"]  # fmt: skip
 LONGER = ["checkpoint.allow_changes=train.max_steps"]  # resuming a run to train it longer
 

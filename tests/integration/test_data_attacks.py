@@ -22,7 +22,7 @@ from PIL import Image
 from vitscale.cli import main
 
 REPO = Path(__file__).parents[2]
-QUIET = ["data.num_workers=0", "log.flops=false", "eval.every=0", "log.progress=plain", "log.report=false"]
+QUIET = ["data.num_workers=0", "log.flops=false", "eval.every=0", "log.progress=plain", "log.report=false", "log.tensorboard=false"]
 TINY_VIT = ["model.num_layers=1", "model.hidden_size=16", "model.ffn_hidden_size=32"]
 
 

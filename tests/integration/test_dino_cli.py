@@ -23,7 +23,7 @@ TINY = ["model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=1"
         "dino.local_crops_number=1", "dino.head_n_prototypes=64", "dino.head_bottleneck_dim=16",
         "dino.head_hidden_dim=32", "dino.freeze_last_layer_epochs=0.02", "train.batch_size=16", "train.max_steps=4",
         "train.log_every=1", "schedule.warmup_steps=1", "checkpoint.every=2", "checkpoint.keep=5",
-        "eval.probe_l2=[1e-3]", "log.progress=plain"]  # fmt: skip
+        "eval.probe_l2=[1e-3]", "log.progress=plain", "log.tensorboard=false"]  # fmt: skip
 SIGNALS = ("train_rankme", "train_teacher_entropy", "train_teacher_kl_uniform")
 
 

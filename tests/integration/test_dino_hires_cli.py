@@ -17,7 +17,7 @@ from vitscale.cli import main
 TINY = ["model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=1", "model.num_attention_heads=2",
         "dino.local_crops_number=1", "dino.head_n_prototypes=64", "dino.head_bottleneck_dim=16", "dino.head_hidden_dim=32",
         "dino.ibot_separate_head=false", "dino.centering=softmax", "train.batch_size=16", "evals=[]",
-        "log.progress=plain", "log.flops=false"]  # fmt: skip
+        "log.progress=plain", "log.flops=false", "log.tensorboard=false", "log.report=false"]  # fmt: skip
 # the stage: the previous stage's crops at a mixture of two sizes (DINOv3's pairs, scaled to 32 px digits)
 MIXTURE = ["dino.global_crops_sizes=[32,16]", "dino.local_crops_sizes=[16,8]", "dino.global_local_crop_pairs_ratios=[0.7,0.3]"]
 # nothing moves in the stage's one step: no learning rate, a teacher momentum of 1, the softmax centre's momentum 1

@@ -21,7 +21,7 @@ from vitscale.cli import main
 REPO = Path(__file__).resolve().parents[2]
 SERVE = REPO / "scripts" / "serve_onnx.py"
 TINY = ["train.max_steps=2", "train.epochs=0", "train.batch_size=16", "eval.every=0", "checkpoint.every=0", "log.progress=none",
-        "log.report=false"]  # fmt: skip
+        "log.report=false", "log.tensorboard=false"]  # fmt: skip
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 

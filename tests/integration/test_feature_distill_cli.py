@@ -24,7 +24,7 @@ from safetensors import safe_open
 
 from vitscale.cli import main
 
-RUN = ["train.max_steps=4", "train.log_every=1", "train.batch_size=16", "log.progress=plain", "log.report=false",
+RUN = ["train.max_steps=4", "train.log_every=1", "train.batch_size=16", "log.progress=plain", "log.report=false", "log.tensorboard=false",
        "log.flops=false", "checkpoint.every=2", "checkpoint.keep=5", "eval.probe_l2=[1e-3]", "data.num_workers=0"]  # fmt: skip
 
 

@@ -19,7 +19,7 @@ TINY = [
     "model.name=vit_debug", "model.hidden_size=32", "model.ffn_hidden_size=64", "model.num_layers=2",
     "model.num_attention_heads=2", "data.format=synthetic", "data.num_classes=10", "data.synthetic_size=96",
     "data.val_split=0.25", "train.batch_size=16", "train.cpu_threads=1", "train.log_every=1", "eval.batch_size=32",
-    "log.progress=plain", "log.flops=false", "log.report=false",
+    "log.progress=plain", "log.flops=false", "log.report=false", "log.tensorboard=false",
 ]  # fmt: skip
 
 

@@ -29,7 +29,7 @@ BACKBONE = [
 ]
 TINY = [*BACKBONE, "mae.decoder_width=16", "mae.decoder_depth=1", "mae.decoder_heads=2", "train.max_steps=4",
         "train.log_every=1", "schedule.warmup_steps=1", "checkpoint.every=2", "checkpoint.keep=5", "eval.probe_l2=[1e-3]",
-        "log.progress=plain"]  # fmt: skip
+        "log.progress=plain", "log.tensorboard=false"]  # fmt: skip
 
 
 def vitscale(*args: str) -> subprocess.CompletedProcess:

@@ -76,7 +76,7 @@ HERE = Path(__file__).resolve().parent
 CLI = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import test_new_data_format; test_new_data_format.register(); "
        "from vitscale.cli import main; sys.exit(main(sys.argv[1:]))")  # fmt: skip
 SHORT = ["train.max_steps=60", "train.epochs=0", "train.batch_size=32", "model.num_layers=1", "eval.every=0",
-         "train.log_every=30", "log.progress=none", "log.report=false", "checkpoint.export_safetensors=false"]  # fmt: skip
+         "train.log_every=30", "log.progress=none", "log.report=false", "log.tensorboard=false", "checkpoint.export_safetensors=false"]  # fmt: skip
 
 
 def vitscale(*argv: str) -> subprocess.CompletedProcess:

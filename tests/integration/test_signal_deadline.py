@@ -84,7 +84,7 @@ def test_sigterm_during_a_step_waiting_on_a_silent_stream_exits_at_the_deadline(
            f"data.train_path=pipe:cat {shard}; exec sleep 30", "data.num_classes=10", "data.samples_per_epoch=24",
            "data.shuffle_buffer=0", "data.num_workers=0", "data.remote_timeout_s=120", "train.batch_size=8", "train.max_steps=10", "checkpoint.every=1",
            "checkpoint.signal_deadline=1", "model.num_layers=1", "model.hidden_size=16", "model.ffn_hidden_size=32",
-           "log.flops=false", "log.progress=plain", "log.report=false", "eval.every=0", f"train.output_dir={out}"]  # fmt: skip
+           "log.flops=false", "log.progress=plain", "log.report=false", "log.tensorboard=false", "eval.every=0", f"train.output_dir={out}"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
     try:
         step2 = out / "checkpoints" / "step_00000002"

@@ -21,7 +21,8 @@ except ConfigError as err:
     NO_TORCHAO = str(err)
 
 ARGS = ["train.max_steps=30", "train.epochs=0", "train.log_every=5", "model.num_layers=2", "eval.every=0",
-        "log.progress=plain", "checkpoint.every=0", "log.flops=false", "schedule.warmup_steps=5"]  # fmt: skip
+        "log.progress=plain", "checkpoint.every=0", "log.flops=false", "schedule.warmup_steps=5", "log.report=false",
+        "log.tensorboard=false"]  # fmt: skip
 
 
 def _run(capsys, *args: str) -> str:

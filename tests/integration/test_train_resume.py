@@ -18,7 +18,7 @@ TINY = [
     "data.format=synthetic", "data.num_classes=10", "data.synthetic_size=96", "data.val_split=0.25",
     "data.num_workers=0", "train.label_smoothing=0.1", "train.batch_size=16", "train.cpu_threads=1", "train.grad_accum=2", "train.log_every=1", "train.ema_decay=0.9",
     "optim.lr=1e-3", "schedule.warmup_steps=3", "eval.every=4", "eval.batch_size=32", "log.progress=plain",
-    "log.report=false",
+    "log.report=false", "log.tensorboard=false",
 ]  # fmt: skip
 # every stochastic feature, for the in-process resume test
 AUG = ["data.auto_augment=rand-m9-mstd0.5-inc1", "data.random_erasing=0.25", "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0"]
